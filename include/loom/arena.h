@@ -1,0 +1,35 @@
+/* arena.h - one allocation per lifetime class of memory.
+ *
+ * Params, grads, optimizer state and activations each live in one arena; a
+ * tensor is a pointer into it. Sizes are planned before anything runs: first
+ * a plan pass counts bytes (loom_arena_reserve on a NULL-base arena), then
+ * loom_arena_commit allocates once, then the same sequence of
+ * loom_arena_alloc calls hands out pointers. The step loop never calls malloc.
+ */
+#ifndef LOOM_ARENA_H
+#define LOOM_ARENA_H
+
+#include <stddef.h>
+#include "loom/status.h"
+
+typedef struct loom_arena {
+    const char *name; /* "params", "grads", ... for messages and reports */
+    char *base;       /* NULL while planning */
+    size_t used;      /* bytes handed out (or planned) so far */
+    size_t cap;       /* bytes committed */
+} loom_arena;
+
+#define LOOM_ARENA_ALIGN 64
+
+void loom_arena_init(loom_arena *a, const char *name);
+/* Planning: count n bytes (aligned) without memory. */
+void loom_arena_reserve(loom_arena *a, size_t nbytes);
+/* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. */
+loom_status loom_arena_commit(loom_arena *a);
+/* Hand out n bytes, 64-byte aligned. Returns NULL while planning or when the
+ * arena would overflow (a planning bug: the caller reports LOOM_EINTERNAL). */
+void *loom_arena_alloc(loom_arena *a, size_t nbytes);
+void loom_arena_reset(loom_arena *a); /* used = 0, keep memory */
+void loom_arena_free(loom_arena *a);
+
+#endif

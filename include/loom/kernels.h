@@ -1,0 +1,104 @@
+/* kernels.h - CPU compute kernels: forward/backward pairs, float32.
+ *
+ * Each kernel returns void and trusts its shapes: the model validates every
+ * size once, up front. Backward kernels ACCUMULATE (+=) into parameter
+ * gradients (dw, db, dwte, ...) so a tied or shared weight can collect from
+ * several places, and also into activation gradients (dinp) unless the comment
+ * says "writes". Pointers marked "may be NULL" skip that output.
+ *
+ * Weights of linear layers are stored [in, out] (C, OC), as Hugging Face's
+ * GPT-2 Conv1D stores them; the tied LM head uses the embedding (V, C).
+ * Shapes use B batch, T time, C channels, NH heads, HS = C/NH, V vocab,
+ * N = B*T rows.
+ *
+ * Matmuls go to BLAS (OpenBLAS); elementwise loops are written to vectorize.
+ * No kernel allocates memory.
+ */
+#ifndef LOOM_KERNELS_H
+#define LOOM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Threads for BLAS (and OpenMP where built with it). */
+void loom_kernels_set_threads(int n);
+int loom_kernels_get_threads(void);
+
+/* Measured single-precision GEMM throughput in FLOP/s with the current thread
+ * count (a few large sgemm calls, best of several). */
+double loom_kernels_calibrate_sgemm(void);
+
+/* out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C).  writes out. */
+void loom_encoder_fwd(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                      int B, int T, int C);
+/* dwte (V,C) += ..., dwpe (maxT,C) += ... from dout (B,T,C). */
+void loom_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                      int B, int T, int C);
+
+/* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
+ * rstd (N). writes out, mean, rstd. */
+void loom_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                        const float *b, int N, int C);
+/* dinp (N,C) +=, dw (C) +=, db (C) +=. */
+void loom_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C);
+
+/* out (N,OC) = inp (N,C) @ w (C,OC) + b (OC). b may be NULL. writes out. */
+void loom_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
+                     int N, int C, int OC);
+/* dinp (N,C) += dout @ w^T; dw (C,OC) += inp^T @ dout; db (OC) += colsum(dout).
+ * dinp, dw, db may be NULL. */
+void loom_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC);
+
+/* The tied LM head: out (N,V) = inp (N,C) @ wte (V,C)^T. writes out. */
+void loom_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V);
+/* dinp (N,C) += dout (N,V) @ wte; dwte (V,C) += dout^T @ inp. Either may be NULL. */
+void loom_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+                        const float *wte, int N, int C, int V);
+
+/* GELU, tanh approximation (as GPT-2 and torch's approximate='tanh').
+ * fwd writes out (n); bwd: dinp += gelu'(inp) * dout. */
+void loom_gelu_fwd(float *out, const float *inp, size_t n);
+void loom_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* out = a + b (n). writes out; out may alias a or b. */
+void loom_residual_fwd(float *out, const float *a, const float *b, size_t n);
+/* da += dout; db += dout. */
+void loom_residual_bwd(float *da, float *db, const float *dout, size_t n);
+
+/* Causal multi-head self-attention with softmax scale 1/sqrt(HS).
+ * qkv (B,T,3C) holds [q | k | v] along the last axis, each C = NH*HS laid out
+ * head by head. Writes out (B,T,C) and att (B,NH,T,T), the softmax
+ * probabilities (entries above the diagonal are 0). */
+void loom_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B,T,3C) += from dout (B,T,C). scratch: loom_attention_scratch_floats(T)
+ * floats, not preserved. */
+void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH);
+size_t loom_attention_scratch_floats(int T);
+
+/* Softmax + cross-entropy per row. logits (N,V) -> probs (N,V) (probs may alias
+ * logits), losses (N) = -log probs[target]. A target < 0 is ignored: loss 0. */
+void loom_softmax_xent_fwd(float *losses, float *probs, const float *logits,
+                           const int32_t *targets, int N, int V);
+/* dlogits (N,V) WRITES (probs - onehot(target)) * dloss; dlogits may alias probs.
+ * Rows with target < 0 get 0. */
+void loom_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets,
+                           float dloss, int N, int V);
+
+/* AdamW exactly as torch.optim.AdamW (decoupled decay, bias correction):
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+ * t is the 1-based step count. */
+void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, int t);
+
+/* Sum of squares in double (for gradient norms). */
+double loom_sumsq(const float *x, size_t n);
+/* x *= s. */
+void loom_scale(float *x, size_t n, float s);
+/* 1 if every x[i] is finite. */
+int loom_all_finite(const float *x, size_t n);
+
+#endif

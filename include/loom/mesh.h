@@ -1,0 +1,74 @@
+/* mesh.h - the device mesh: layout (dp, tp, pp, cp, ep) -> coordinates and groups.
+ *
+ * The world of N ranks is a 4-D grid tp x cp x dp x pp (N = tp*cp*dp*pp).
+ * The order of axes, innermost first, is configurable; by default TP is
+ * innermost (neighbouring ranks share the fastest links), then CP, DP, and PP
+ * outermost. Worked example, 8 ranks, dp=2 tp=2 pp=2, order tp,cp,dp,pp:
+ *
+ *   rank:  0 1 2 3 4 5 6 7
+ *   tp  :  0 1 0 1 0 1 0 1      tp groups {0,1} {2,3} {4,5} {6,7}
+ *   dp  :  0 0 1 1 0 0 1 1      dp groups {0,2} {1,3} {4,6} {5,7}
+ *   pp  :  0 0 0 0 1 1 1 1      pp groups {0,4} {1,5} {2,6} {3,7}
+ *
+ * rank = sum over axes of coord[axis] * stride[axis], stride of the innermost
+ * axis 1 and each next axis the product of the sizes inside it. EP is not a
+ * fifth factor: expert-parallel groups are formed inside the dp x cp
+ * sub-mesh (ep must divide dp*cp), consecutive in that sub-mesh.
+ *
+ * Pure functions (layout checks, coordinates) need no MPI; loom_mesh_create is
+ * collective over the world.
+ */
+#ifndef LOOM_MESH_H
+#define LOOM_MESH_H
+
+#include <stddef.h>
+#include "loom/comm.h"
+#include "loom/status.h"
+
+typedef enum { LOOM_AXIS_TP, LOOM_AXIS_CP, LOOM_AXIS_DP, LOOM_AXIS_PP, LOOM_AXIS_COUNT } loom_axis;
+
+typedef struct loom_layout {
+    int dp, tp, pp, cp, ep;
+    loom_axis order[LOOM_AXIS_COUNT]; /* innermost first */
+} loom_layout;
+
+const char *loom_axis_name(loom_axis a); /* "tp", "cp", "dp", "pp" */
+
+/* All degrees 1, order tp,cp,dp,pp. */
+void loom_layout_default(loom_layout *l);
+/* Parse "tp,cp,dp,pp" (each axis exactly once) into l->order. LOOM_EUSAGE on error. */
+loom_status loom_layout_parse_order(const char *s, loom_layout *l);
+/* Degree of an axis. */
+int loom_layout_degree(const loom_layout *l, loom_axis a);
+/* Checks that need only the world size: degrees >= 1, product == world_size,
+ * ep divides dp*cp. Message names the numbers ("dp=2 x tp=2 x pp=1 x cp=1 = 4
+ * ranks, but the job has 8"). */
+loom_status loom_layout_check(const loom_layout *l, int world_size);
+
+/* rank -> coordinates (indexed by loom_axis) and back; pure. */
+void loom_layout_coords(const loom_layout *l, int rank, int coords[LOOM_AXIS_COUNT]);
+int loom_layout_rank(const loom_layout *l, const int coords[LOOM_AXIS_COUNT]);
+
+typedef struct loom_mesh {
+    loom_layout layout;
+    int rank, world_size;
+    int coords[LOOM_AXIS_COUNT];
+    int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank;
+    loom_comm *world; /* not owned */
+    loom_comm *tp, *cp, *dp, *pp;
+    loom_comm *dpcp; /* dp x cp: the group that reduces gradients when cp > 1 */
+    loom_comm *ep;
+} loom_mesh;
+
+/* Collective over world. Calls loom_layout_check first, so every rank fails
+ * the same way before any communication. */
+loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh **out);
+void loom_mesh_free(loom_mesh *m);
+/* The comm of an axis. */
+loom_comm *loom_mesh_comm(const loom_mesh *m, loom_axis a);
+
+/* The layout as a small text table (degrees, order, and rank -> coordinates
+ * for up to 64 ranks), for `loom train` to print. Returns bytes written. */
+size_t loom_mesh_format(const loom_layout *l, int world_size, char *buf, size_t cap);
+
+#endif
