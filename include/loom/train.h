@@ -1,0 +1,96 @@
+/* train.h - the training loop, optimizer, LR schedule, evaluation and
+ * parameter files.
+ *
+ * loom_train_run is collective over the world: every rank calls it with the
+ * same config. All checks that depend only on the config (layout, batch
+ * divisibility, model sizes) run before the first collective so every rank
+ * fails the same way; checks that could differ between ranks (a file missing
+ * on one node) are agreed on with one all-reduce of the status, so no rank is
+ * left waiting. Rank 0 alone prints, writes metrics and writes parameters.
+ */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom/comm.h"
+#include "loom/mesh.h"
+#include "loom/model.h"
+#include "loom/status.h"
+
+#define LOOM_PATH_MAX 1024
+
+typedef struct loom_train_config {
+    loom_layout layout;
+    char model[LOOM_PATH_MAX];       /* built-in name or config.json */
+    char data[LOOM_PATH_MAX];        /* token shard (.bin) */
+    char metrics[LOOM_PATH_MAX];     /* JSONL output, "" = none */
+    char save_params[LOOM_PATH_MAX]; /* safetensors output, "" = none */
+    char load_params[LOOM_PATH_MAX]; /* safetensors input, "" = init from seed */
+    int steps;
+    uint64_t seed;
+    int batch;          /* global, in sequences */
+    int seq;            /* T */
+    float lr, min_lr_frac; /* cosine decays lr to lr * min_lr_frac */
+    int warmup;         /* linear warmup steps */
+    float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
+    int threads;        /* per rank; 0 = auto */
+    double peak_flops;  /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
+    int log_every;      /* plain log line every N steps */
+    int progress;       /* -1 auto (terminal), 0 off, 1 on */
+    int quiet;
+} loom_train_config;
+
+void loom_train_config_default(loom_train_config *c);
+
+/* What a finished run reports. */
+typedef struct loom_train_result {
+    int steps_done;
+    double final_loss;
+    double tokens_per_s; /* mean over the run after the first step */
+    double mfu;
+} loom_train_result;
+
+loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_train_result *res);
+
+typedef struct loom_eval_config {
+    char model[LOOM_PATH_MAX], data[LOOM_PATH_MAX], load_params[LOOM_PATH_MAX];
+    int batch, seq, batches, threads;
+} loom_eval_config;
+/* Mean loss over sequences 0 .. batch*batches-1 read sequentially. Collective. */
+loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *mean_loss);
+
+/* Learning rate at 0-based step s of n: linear warmup to lr over `warmup`
+ * steps, then cosine down to lr * min_frac at the last step. */
+float loom_lr_at(const loom_train_config *c, int s);
+
+/* AdamW state for one model: m and v in one arena, t the step count. */
+typedef struct loom_adamw {
+    float *m, *v;
+    size_t n;
+    int t;
+    loom_arena arena;
+} loom_adamw;
+loom_status loom_adamw_create(loom_adamw *o, size_t n);
+void loom_adamw_free(loom_adamw *o);
+/* One step over every parameter of the table; decay only where p->decay. */
+void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float beta2, float eps,
+                     float wd);
+
+/* Parameters as safetensors with Hugging Face GPT-2 names. Save writes the
+ * whole table (PATH.tmp then rename). Load accepts the "transformer." prefix
+ * and skips the tied lm_head.weight and the attn.bias / attn.masked_bias mask
+ * buffers; any missing tensor or wrong shape is LOOM_EDATA naming it. */
+loom_status loom_params_save(const loom_gpt *m, const char *path);
+loom_status loom_params_load(loom_gpt *m, const char *path);
+
+/* Data parallelism, plain: sum gradients over the group (the loss is already
+ * scaled by 1 / global tokens, so a sum is the mean). Identity for one rank.
+ * Collective over dp. */
+loom_status loom_dp_grad_sync(loom_comm *dp, float *grads, size_t n);
+
+/* Every rank's status made the worst of all ranks' (one all-reduce over
+ * world), so ranks agree on failing before any further collective. */
+loom_status loom_comm_agree(loom_comm *world, loom_status local);
+
+#endif

@@ -1,0 +1,22 @@
+#!/bin/sh
+# setup.sh - install what loom needs on Debian 12 (run as root, or with sudo
+# available), then configure and build into build/.
+#   OpenMPI (the distributed engine), OpenBLAS (CPU matmuls), cJSON (configs,
+#   safetensors headers), python3-torch + numpy (the test oracle), fortunes
+#   (the built-in default corpus), cmake + a C compiler.
+set -eu
+cd "$(dirname "$0")/.."
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev python3 python3-numpy python3-torch fortunes-min fortunes"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    echo "setup: installing$missing"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${LOOM_CMAKE_FLAGS:-}
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,178 @@
+/* config.c - GPT-2 model configurations: built-in names and Hugging Face
+ * config.json files. Local, no collectives. */
+#include "loom/model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { const char *name; int n_layer, n_head, n_embd, vocab_size, n_positions; } builtin;
+
+static const builtin BUILTINS[] = {
+    {"tiny", 2, 4, 64, 256, 128},     /* tests: runs in milliseconds */
+    {"mini", 4, 4, 256, 256, 256},    /* the default: byte-level, trains in minutes on a laptop */
+    {"gpt2-small", 12, 12, 768, 50257, 1024},
+    {"gpt2-medium", 24, 16, 1024, 50257, 1024},
+    {"gpt2-large", 36, 20, 1280, 50257, 1024},
+    {"gpt2-xl", 48, 25, 1600, 50257, 1024},
+};
+#define N_BUILTINS (sizeof BUILTINS / sizeof BUILTINS[0])
+
+loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) {
+    const char *lookup = strcmp(name, "gpt2") == 0 ? "gpt2-small" : name;
+    for (size_t i = 0; i < N_BUILTINS; i++) {
+        const builtin *b = &BUILTINS[i];
+        if (strcmp(b->name, lookup) != 0) continue;
+        memset(cfg, 0, sizeof *cfg);
+        snprintf(cfg->name, sizeof cfg->name, "%s", b->name);
+        cfg->n_layer = b->n_layer;
+        cfg->n_head = b->n_head;
+        cfg->n_embd = b->n_embd;
+        cfg->vocab_size = b->vocab_size;
+        cfg->n_positions = b->n_positions;
+        return LOOM_OK;
+    }
+    char known[256] = "";
+    for (size_t i = 0; i < N_BUILTINS; i++) {
+        strncat(known, BUILTINS[i].name, sizeof known - strlen(known) - 3);
+        if (i + 1 < N_BUILTINS) strcat(known, ", ");
+    }
+    return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)",
+                     name, known);
+}
+
+loom_status loom_model_config_check(const loom_model_config *c) {
+    if (c->n_layer < 1 || c->n_head < 1 || c->n_embd < 1 || c->vocab_size < 2 || c->n_positions < 1)
+        return loom_fail(LOOM_ECONFIG,
+                         "model %s: sizes must be positive (n_layer=%d n_head=%d n_embd=%d "
+                         "vocab_size=%d n_positions=%d)",
+                         c->name, c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->n_positions);
+    if (c->n_embd % c->n_head)
+        return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name,
+                         c->n_head, c->n_embd);
+    return LOOM_OK;
+}
+
+static char *read_file(const char *path, loom_status *st) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *st = loom_fail(LOOM_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (1 << 24)) {
+        fclose(f);
+        *st = loom_fail(LOOM_ECONFIG, "%s: not a config file (size %ld bytes)", path, n);
+        return NULL;
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        *st = loom_fail(LOOM_EIO, "%s: read failed", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    *st = LOOM_OK;
+    return buf;
+}
+
+/* Keys of Hugging Face's GPT2Config that do not change the architecture. */
+static const char *HF_IGNORED[] = {
+    "architectures", "model_type", "attn_pdrop", "embd_pdrop", "resid_pdrop", "bos_token_id",
+    "eos_token_id", "initializer_range", "summary_activation", "summary_first_dropout",
+    "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
+    "torch_dtype", "transformers_version", "use_cache", "_name_or_path", "output_past",
+    "pad_token_id", "n_special", "predict_special_tokens", "gradient_checkpointing", "id2label",
+    "label2id", "tokenizer_class", "prefix", "name",
+};
+
+static int is_ignored(const char *key) {
+    for (size_t i = 0; i < sizeof HF_IGNORED / sizeof HF_IGNORED[0]; i++)
+        if (strcmp(key, HF_IGNORED[i]) == 0) return 1;
+    return 0;
+}
+
+static loom_status get_int(const char *path, const cJSON *item, int *out) {
+    double v = item->valuedouble;
+    if (!cJSON_IsNumber(item) || !(v >= 1 && v <= 1e9) || v != (double)(long)v)
+        return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be a positive integer", path, item->string);
+    *out = (int)v;
+    return LOOM_OK;
+}
+
+/* Keys that would change the architecture are accepted only at GPT-2's values. */
+static loom_status check_arch_key(const char *path, const cJSON *it, int n_embd_seen) {
+    const char *k = it->string;
+    if (strcmp(k, "activation_function") == 0) {
+        if (!cJSON_IsString(it) || (strcmp(it->valuestring, "gelu_new") != 0 &&
+                                    strcmp(it->valuestring, "gelu_pytorch_tanh") != 0))
+            return loom_fail(LOOM_ECONFIG, "%s: activation_function must be \"gelu_new\" (GELU tanh)",
+                             path);
+    } else if (strcmp(k, "layer_norm_epsilon") == 0) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != 1e-5)
+            return loom_fail(LOOM_ECONFIG, "%s: layer_norm_epsilon must be 1e-05", path);
+    } else if (strcmp(k, "tie_word_embeddings") == 0) {
+        if (!cJSON_IsTrue(it))
+            return loom_fail(LOOM_ECONFIG, "%s: tie_word_embeddings must be true", path);
+    } else if (strcmp(k, "n_inner") == 0) {
+        if (!cJSON_IsNull(it) && !(cJSON_IsNumber(it) && n_embd_seen > 0 &&
+                                   it->valuedouble == 4.0 * n_embd_seen))
+            return loom_fail(LOOM_ECONFIG, "%s: n_inner must be null (4 * n_embd)", path);
+    } else if (strcmp(k, "scale_attn_weights") == 0) {
+        if (!cJSON_IsTrue(it)) return loom_fail(LOOM_ECONFIG, "%s: scale_attn_weights must be true", path);
+    } else if (strcmp(k, "scale_attn_by_inverse_layer_idx") == 0 ||
+               strcmp(k, "reorder_and_upcast_attn") == 0 || strcmp(k, "add_cross_attention") == 0) {
+        if (!cJSON_IsFalse(it)) return loom_fail(LOOM_ECONFIG, "%s: %s must be false", path, k);
+    } else if (!is_ignored(k)) {
+        return loom_fail(LOOM_ECONFIG, "%s: unknown key \"%s\"", path, k);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
+    loom_status st;
+    char *text = read_file(path, &st);
+    if (!text) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return loom_fail(LOOM_ECONFIG, "%s: not a JSON object", path);
+    }
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->name, sizeof cfg->name, "%s", path);
+    struct { const char *key; int *dst; } req[] = {
+        {"n_layer", &cfg->n_layer}, {"n_head", &cfg->n_head}, {"n_embd", &cfg->n_embd},
+        {"vocab_size", &cfg->vocab_size}, {"n_positions", &cfg->n_positions},
+    };
+    st = LOOM_OK;
+    const cJSON *n_embd = cJSON_GetObjectItemCaseSensitive(root, "n_embd");
+    int n_embd_seen = cJSON_IsNumber(n_embd) ? n_embd->valueint : 0;
+    for (const cJSON *it = root->child; it && st == LOOM_OK; it = it->next) {
+        int matched = 0;
+        for (size_t i = 0; i < 5; i++)
+            if (strcmp(it->string, req[i].key) == 0) {
+                st = get_int(path, it, req[i].dst);
+                matched = 1;
+            }
+        if (!matched && strcmp(it->string, "n_ctx") != 0) st = check_arch_key(path, it, n_embd_seen);
+    }
+    for (size_t i = 0; i < 5 && st == LOOM_OK; i++)
+        if (*req[i].dst == 0) st = loom_fail(LOOM_ECONFIG, "%s: missing \"%s\"", path, req[i].key);
+    cJSON_Delete(root);
+    return st == LOOM_OK ? loom_model_config_check(cfg) : st;
+}
+
+loom_status loom_model_config_resolve(const char *s, loom_model_config *cfg) {
+    size_t n = strlen(s);
+    if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0))
+        return loom_model_config_load(s, cfg);
+    LOOM_TRY(loom_model_config_builtin(s, cfg));
+    return loom_model_config_check(cfg);
+}

@@ -1,0 +1,52 @@
+/* internal.h - pieces shared by the trainer's files; not public API. */
+#ifndef LOOM_TRAIN_INTERNAL_H
+#define LOOM_TRAIN_INTERNAL_H
+
+#include <stdio.h>
+
+#include "loom/data.h"
+#include "loom/train.h"
+
+typedef struct loom_step_stats {
+    double loss, grad_norm, seconds, tokens_per_s, mfu;
+    float lr;
+    uint64_t comm_bytes; /* bytes this rank moved in the DP group this step */
+} loom_step_stats;
+
+/* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0
+ * writes; on other ranks every call is a no-op. */
+typedef struct loom_report {
+    const loom_train_config *cfg;
+    int active;   /* rank 0 */
+    int bar;      /* progress bar on a terminal */
+    FILE *metrics;
+    char metrics_tmp[LOOM_PATH_MAX + 8];
+    double t_start;
+} loom_report;
+
+loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank);
+loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s);
+/* Success: rename metrics into place and print the summary. Failure: keep
+ * the partial metrics under the .tmp name and say so. */
+void loom_report_close(loom_report *r, loom_status st, const loom_train_result *res);
+
+typedef struct loom_train_run_state {
+    const loom_train_config *cfg;
+    loom_mesh *mesh;
+    loom_gpt *model;
+    loom_adamw opt;
+    int have_opt, have_tokens;
+    loom_tokens tokens;
+    int32_t *inputs, *targets; /* (B_l, T) */
+    double flops_per_token, peak_flops;
+    uint64_t comm_bytes_prev;
+    loom_report report;
+} loom_train_run_state;
+
+/* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0
+ * (cached in ~/.cache/loom) and broadcast. Collective over world. */
+loom_status loom_peak_flops(loom_comm *world, double given, double *out);
+/* LOOM_ECANTCREAT unless the directory of `path` is writable. */
+loom_status loom_check_output_path(const char *path, const char *flag);
+
+#endif

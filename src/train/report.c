@@ -1,0 +1,92 @@
+/* report.c - what a training run shows and writes: a progress bar on a
+ * terminal, one plain line per step otherwise, metrics as JSONL, and a final
+ * summary. Rank 0 only; local, no collectives. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom/comm.h"
+#include "loom/log.h"
+#include "train/internal.h"
+
+loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank) {
+    memset(r, 0, sizeof *r);
+    r->cfg = c;
+    r->active = rank == 0 && !c->quiet;
+    r->bar = r->active && (c->progress == 1 || (c->progress == -1 && isatty(STDERR_FILENO)));
+    r->t_start = loom_comm_wtime();
+    if (rank != 0 || !c->metrics[0]) return LOOM_OK;
+    snprintf(r->metrics_tmp, sizeof r->metrics_tmp, "%s.tmp", c->metrics);
+    r->metrics = fopen(r->metrics_tmp, "w");
+    if (!r->metrics)
+        return loom_fail(LOOM_ECANTCREAT, "--metrics %s: cannot create %s: %s", c->metrics,
+                         r->metrics_tmp, strerror(errno));
+    return LOOM_OK;
+}
+
+static void human_rate(char *buf, size_t n, double x) {
+    if (x >= 1e6) snprintf(buf, n, "%.2fM", x / 1e6);
+    else if (x >= 1e3) snprintf(buf, n, "%.1fk", x / 1e3);
+    else snprintf(buf, n, "%.0f", x);
+}
+
+static void draw_bar(const loom_report *r, int step, const loom_step_stats *s) {
+    const int width = 24, total = r->cfg->steps;
+    int filled = (int)((double)(step + 1) / total * width);
+    char bar[32], rate[32];
+    for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+    bar[width] = '\0';
+    human_rate(rate, sizeof rate, s->tokens_per_s);
+    double elapsed = loom_comm_wtime() - r->t_start;
+    double eta = elapsed / (step + 1) * (total - step - 1);
+    fprintf(stderr, "\r\033[Kstep %d/%d [%s] loss %.4f | lr %.2e | norm %.3f | %s tok/s | MFU %.1f%% | eta %.0fs",
+            step + 1, total, bar, s->loss, s->lr, s->grad_norm, rate, 100 * s->mfu, eta);
+    if (step + 1 == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
+    if (r->metrics) {
+        int n = fprintf(r->metrics,
+                        "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                        "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
+                        "\"dp_comm_bytes\": %llu}\n",
+                        step + 1, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
+                        1e3 * s->seconds, (unsigned long long)s->comm_bytes);
+        if (n < 0 || fflush(r->metrics) != 0)
+            return loom_fail(LOOM_EIO, "--metrics %s: write failed: %s", r->cfg->metrics,
+                             strerror(errno));
+    }
+    if (!r->active) return LOOM_OK;
+    if (r->bar) {
+        draw_bar(r, step, s);
+    } else if ((step + 1) % r->cfg->log_every == 0 || step + 1 == r->cfg->steps) {
+        loom_info("step %d/%d loss %.6f lr %.3e grad_norm %.4f tok/s %.0f mfu %.2f%% dp_bytes %llu",
+                  step + 1, r->cfg->steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s,
+                  100 * s->mfu, (unsigned long long)s->comm_bytes);
+    }
+    return LOOM_OK;
+}
+
+void loom_report_close(loom_report *r, loom_status st, const loom_train_result *res) {
+    const loom_train_config *c = r->cfg;
+    if (r->metrics) {
+        fclose(r->metrics);
+        r->metrics = NULL;
+        if (st == LOOM_OK && rename(r->metrics_tmp, c->metrics) != 0)
+            loom_error("--metrics %s: cannot rename %s: %s", c->metrics, r->metrics_tmp,
+                       strerror(errno));
+        else if (st != LOOM_OK)
+            loom_warn("metrics up to the failure are in %s (%s left as it was)", r->metrics_tmp,
+                      c->metrics);
+    }
+    if (!r->active || st != LOOM_OK) return;
+    if (r->bar) fputc('\n', stderr);
+    char rate[32];
+    human_rate(rate, sizeof rate, res->tokens_per_s);
+    loom_info("done: %d steps in %.1f s, final loss %.4f, %s tok/s, MFU %.1f%%%s%s%s%s",
+              res->steps_done, loom_comm_wtime() - r->t_start, res->final_loss, rate,
+              100 * res->mfu, c->metrics[0] ? "; metrics -> " : "", c->metrics,
+              c->save_params[0] ? "; params -> " : "", c->save_params);
+}

@@ -1,0 +1,247 @@
+/* trainer.c - the training loop: data -> forward -> backward -> DP gradient
+ * sync -> clip -> AdamW, with logging, metrics and parameter files.
+ *
+ * Collective over the world (see train.h for how ranks agree on failures).
+ * Axis: dp for the gradient sync and the loss all-reduce. Every rank holds the
+ * full model (plain DP); rank 0 alone prints and writes files.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom/data.h"
+#include "loom/kernels.h"
+#include "loom/log.h"
+#include "loom/train.h"
+#include "train/internal.h"
+
+void loom_train_config_default(loom_train_config *c) {
+    memset(c, 0, sizeof *c);
+    loom_layout_default(&c->layout);
+    snprintf(c->model, sizeof c->model, "mini");
+    c->steps = 100;
+    c->seed = 1337;
+    c->batch = 8;
+    c->seq = 128;
+    c->lr = 3e-4f;
+    c->min_lr_frac = 0.1f;
+    c->warmup = 0;
+    c->weight_decay = 0.1f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.95f;
+    c->eps = 1e-8f;
+    c->grad_clip = 1.0f;
+    c->log_every = 1;
+    c->progress = -1;
+}
+
+/* Checks that depend only on the config: identical on every rank. */
+static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
+    const loom_layout *l = &c->layout;
+    LOOM_TRY(loom_layout_check(l, world));
+    const struct { const char *flag; int deg; const char *issue; } later[] = {
+        {"--tp", l->tp, "tensor parallelism"}, {"--pp", l->pp, "pipeline parallelism"},
+        {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
+    };
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
+        if (later[i].deg > 1)
+            return loom_fail(LOOM_EUSAGE, "%s %d: %s is not available in this build yet; use --dp",
+                             later[i].flag, later[i].deg, later[i].issue);
+    if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
+    if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
+    if (c->batch % l->dp)
+        return loom_fail(LOOM_EUSAGE, "dp=%d does not divide --batch %d (global sequences per step)",
+                         l->dp, c->batch);
+    if (c->seq < 1) return loom_fail(LOOM_EUSAGE, "--seq %d: must be >= 1", c->seq);
+    if (c->seq > mc->n_positions)
+        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq,
+                         mc->n_positions, mc->name);
+    if (!(c->lr > 0 && isfinite(c->lr))) return loom_fail(LOOM_EUSAGE, "--lr %g: must be > 0", c->lr);
+    if (c->warmup < 0 || c->warmup > c->steps)
+        return loom_fail(LOOM_EUSAGE, "--warmup %d: must be between 0 and --steps %d", c->warmup,
+                         c->steps);
+    if (!(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
+        return loom_fail(LOOM_EUSAGE, "--beta1 %g / --beta2 %g: must be in [0, 1)", c->beta1, c->beta2);
+    if (!(c->min_lr_frac >= 0 && c->min_lr_frac <= 1))
+        return loom_fail(LOOM_EUSAGE, "--min-lr-frac %g: must be in [0, 1]", c->min_lr_frac);
+    if (c->weight_decay < 0 || c->eps <= 0)
+        return loom_fail(LOOM_EUSAGE, "--weight-decay must be >= 0 and --eps > 0");
+    if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required (make one with `loom data`)");
+    return LOOM_OK;
+}
+
+/* The directory of an output must exist and be writable before we train for
+ * an hour and then fail to save. */
+loom_status loom_check_output_path(const char *path, const char *flag) {
+    if (!path[0]) return LOOM_OK;
+    char dir[LOOM_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (access(dir, W_OK) != 0)
+        return loom_fail(LOOM_ECANTCREAT, "%s %s: directory %s is not writable: %s", flag, path, dir,
+                         strerror(errno));
+    return LOOM_OK;
+}
+
+/* Open the shard and check it can feed this run. */
+static loom_status open_data(const loom_train_config *c, const loom_model_config *mc,
+                             loom_tokens *tok) {
+    LOOM_TRY(loom_tokens_open(c->data, tok));
+    char why[64];
+    snprintf(why, sizeof why, "--seq %d", c->seq);
+    loom_status st = loom_data_check_len(tok, (size_t)c->seq + 1, why);
+    if (st == LOOM_OK) st = loom_tokens_check_vocab(tok, mc->vocab_size);
+    if (st != LOOM_OK) loom_tokens_close(tok);
+    return st;
+}
+
+/* Params from the seed, or rank 0 reads the file and broadcasts. Collective. */
+static loom_status init_params(const loom_train_config *c, loom_gpt *m, loom_comm *world) {
+    if (!c->load_params[0]) {
+        loom_gpt_init_params(m, c->seed);
+        return LOOM_OK;
+    }
+    loom_status st = loom_comm_rank(world) == 0 ? loom_params_load(m, c->load_params) : LOOM_OK;
+    LOOM_TRY(loom_comm_agree(world, st));
+    return loom_comm_bcast(world, m->param_mem, m->num_params * sizeof(float), 0);
+}
+
+static void report_memory(const loom_gpt *m, const loom_adamw *opt) {
+    double mb = 1024.0 * 1024.0;
+    loom_info("memory per rank: params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
+              "activations %.1f MB",
+              m->a_params.cap / mb, m->a_grads.cap / mb, opt->arena.cap / mb,
+              loom_gpt_activation_bytes(m) / mb);
+}
+
+/* One optimizer step on this rank's slice of the global batch. */
+static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats *out) {
+    const loom_train_config *c = s->cfg;
+    loom_gpt *m = s->model;
+    const int Bl = c->batch / c->layout.dp, T = c->seq;
+    double t0 = loom_comm_wtime();
+    loom_data_sample(&s->tokens, c->seed, step, c->batch, (int64_t)s->mesh->dp_rank * Bl, Bl, T,
+                     s->inputs, s->targets);
+    loom_gpt_zero_grad(m);
+    double loss_sum = 0;
+    loom_gpt_forward(m, s->inputs, s->targets, Bl, T, &loss_sum);
+    loom_gpt_backward(m, 1.0f / ((float)c->batch * (float)T));
+    LOOM_TRY(loom_dp_grad_sync(s->mesh->dp, m->grad_mem, m->num_params));
+    LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
+    out->loss = loss_sum / ((double)c->batch * T);
+    out->grad_norm = sqrt(loom_sumsq(m->grad_mem, m->num_params));
+    if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
+        loom_status st = loom_fail(LOOM_EDATA,
+                                   "step %d: non-finite %s (loss %g, grad norm %g); stopping "
+                                   "before the update, nothing saved (try a lower --lr)",
+                                   step + 1, isfinite(out->loss) ? "gradient" : "loss", out->loss,
+                                   out->grad_norm);
+        if (s->mesh->rank != 0) loom_fail(st, "%s", ""); /* seen by all: rank 0 reports */
+        return st;
+    }
+    if (c->grad_clip > 0 && out->grad_norm > c->grad_clip)
+        loom_scale(m->grad_mem, m->num_params, c->grad_clip / (float)(out->grad_norm + 1e-6));
+    out->lr = loom_lr_at(c, step);
+    loom_adamw_step(&s->opt, m, out->lr, c->beta1, c->beta2, c->eps, c->weight_decay);
+    out->seconds = loom_comm_wtime() - t0;
+    out->tokens_per_s = (double)c->batch * T / out->seconds;
+    out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    out->comm_bytes = s->comm_bytes_prev;
+    return LOOM_OK;
+}
+
+static loom_status setup(loom_train_run_state *s, const loom_train_config *c, loom_comm *world) {
+    int world_size = loom_comm_size(world), rank = loom_comm_rank(world);
+    loom_model_config mc;
+    loom_status st = loom_model_config_resolve(c->model, &mc);
+    if (st == LOOM_OK) st = check_config(c, &mc, world_size);
+    LOOM_TRY(loom_comm_agree(world, st));
+
+    st = open_data(c, &mc, &s->tokens);
+    s->have_tokens = st == LOOM_OK;
+    if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->save_params, "--save-params");
+    if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->metrics, "--metrics");
+    LOOM_TRY(loom_comm_agree(world, st));
+
+    LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
+    const int Bl = c->batch / c->layout.dp;
+    st = loom_gpt_create(&mc, Bl, c->seq, &s->model);
+    if (st == LOOM_OK) st = loom_adamw_create(&s->opt, s->model->num_params);
+    if (st == LOOM_OK) {
+        s->have_opt = 1;
+        s->inputs = malloc((size_t)Bl * c->seq * sizeof(int32_t));
+        s->targets = malloc((size_t)Bl * c->seq * sizeof(int32_t));
+        if (!s->inputs || !s->targets) st = loom_fail(LOOM_EOS, "out of memory for the batch");
+    }
+    LOOM_TRY(loom_comm_agree(world, st));
+    LOOM_TRY(init_params(c, s->model, world));
+    s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
+    return loom_peak_flops(world, c->peak_flops, &s->peak_flops);
+}
+
+static void teardown(loom_train_run_state *s) {
+    free(s->inputs);
+    free(s->targets);
+    if (s->have_opt) loom_adamw_free(&s->opt);
+    loom_gpt_free(s->model);
+    loom_mesh_free(s->mesh);
+    if (s->have_tokens) loom_tokens_close(&s->tokens);
+}
+
+static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
+    const loom_train_config *c = s->cfg;
+    loom_step_stats st_step = {0};
+    double tok_time = 0, tokens = 0;
+    for (int step = 0; step < c->steps; step++) {
+        loom_comm_reset_stats(s->mesh->dp);
+        LOOM_TRY(train_step(s, step, &st_step));
+        const loom_comm_stats *cs = loom_comm_get_stats(s->mesh->dp);
+        s->comm_bytes_prev = 0;
+        for (int op = 0; op < LOOM_OP_COUNT; op++) s->comm_bytes_prev += cs->bytes[op];
+        st_step.comm_bytes = s->comm_bytes_prev;
+        if (step > 0 || c->steps == 1) {
+            tok_time += st_step.seconds;
+            tokens += (double)c->batch * c->seq;
+        }
+        LOOM_TRY(loom_report_step(&s->report, step, &st_step));
+        res->steps_done = step + 1;
+        res->final_loss = st_step.loss;
+    }
+    res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
+    res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    return LOOM_OK;
+}
+
+loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_train_result *res) {
+    loom_train_run_state s;
+    memset(&s, 0, sizeof s);
+    memset(res, 0, sizeof *res);
+    s.cfg = c;
+    loom_status st = setup(&s, c, world);
+    int rank = loom_comm_rank(world);
+    if (st == LOOM_OK && rank == 0) {
+        char table[8192];
+        loom_mesh_format(&c->layout, s.mesh->world_size, table, sizeof table);
+        loom_info("%s", table);
+        loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d, %.2fM parameters",
+                  s.model->cfg.name, s.model->cfg.n_layer, s.model->cfg.n_embd,
+                  s.model->cfg.n_head, s.model->cfg.vocab_size, s.model->num_params / 1e6);
+        report_memory(s.model, &s.opt);
+    }
+    if (st == LOOM_OK) {
+        st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
+        if (st == LOOM_OK) st = run_steps(&s, res);
+        if (st == LOOM_OK && rank == 0 && c->save_params[0])
+            st = loom_params_save(s.model, c->save_params);
+        st = loom_comm_agree(world, st);
+    }
+    loom_report_close(&s.report, st, res);
+    teardown(&s);
+    return st;
+}

@@ -1,0 +1,95 @@
+"""Shared helpers for loom's script tests: run the real `loom` binary (under
+the project's real MPI launcher for several ranks), make small data, compare
+runs. Paths come from the environment ctest sets: LOOM, LOOM_RUN, LOOM_SRC."""
+import json
+import os
+import subprocess
+import sys
+
+SRC = os.environ.get("LOOM_SRC", os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(SRC, "tests", "oracle"))
+import st  # noqa: E402  (safetensors reader, numpy only)
+
+LOOM = os.environ.get("LOOM", os.path.join(SRC, "build", "loom"))
+LOOM_RUN = os.environ.get("LOOM_RUN", os.path.join(SRC, "scripts", "loomrun"))
+
+failures = 0
+passes = 0
+
+
+def check(cond, msg):
+    """Record one assertion; print failures as they happen."""
+    global failures, passes
+    if cond:
+        passes += 1
+    else:
+        failures += 1
+        print("FAIL: " + msg, flush=True)
+
+
+def done():
+    print("%d passed, %d failed" % (passes, failures))
+    sys.exit(1 if failures else 0)
+
+
+def run(args, np=None, check_ok=True, timeout=600):
+    """Run `loom ARGS` (on np ranks through loomrun if np); return the process."""
+    cmd = ([LOOM_RUN, "-np", str(np), LOOM] if np else [LOOM]) + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check_ok and p.returncode != 0:
+        print("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
+        raise SystemExit(1)
+    return p
+
+
+def make_text_data(tmp, name="train.bin"):
+    """A byte-level shard of real English text shipped by every Debian system."""
+    out = os.path.join(tmp, name)
+    run(["data", "--input", "/usr/share/common-licenses/GPL-3", "--out", out, "--val", ""])
+    return out
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def max_rel_err(a, b):
+    """max|a-b| / max|b| over one tensor (the max-norm relative error)."""
+    import numpy as np
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    den = max(float(np.max(np.abs(b))), 1e-30) if b.size else 1.0
+    return float(np.max(np.abs(a - b))) / den if b.size else 0.0
+
+
+def l2_rel_err(a, b):
+    """||a-b||_2 / ||b||_2 over one tensor (the norm-wise relative error)."""
+    import numpy as np
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    return float(np.linalg.norm(a - b)) / max(float(np.linalg.norm(b)), 1e-30)
+
+
+def compare_runs(ref_metrics, ref_params, metrics, params, label, tol=1e-5):
+    """Loss at every step and every final parameter within tol (relative)."""
+    m0, m1 = read_metrics(ref_metrics), read_metrics(metrics)
+    check(len(m0) == len(m1) and len(m0) > 0, "%s: %d vs %d steps logged" % (label, len(m1), len(m0)))
+    worst = 0.0
+    for a, b in zip(m1, m0):
+        e = abs(a["loss"] - b["loss"]) / abs(b["loss"])
+        worst = max(worst, e)
+        check(e <= tol, "%s: step %d loss %.9g vs one rank %.9g (rel %.2e)" % (label, b["step"], a["loss"], b["loss"], e))
+    p0, _ = st.load(ref_params)
+    p1, _ = st.load(params)
+    check(sorted(p0) == sorted(p1), "%s: parameter names differ" % label)
+    worst_p = 0.0
+    for name in p0:
+        if name not in p1:
+            continue
+        e = l2_rel_err(p1[name], p0[name])
+        print("  %-28s l2 %.2e max %.2e" % (name, e, max_rel_err(p1[name], p0[name])))
+        worst_p = max(worst_p, e)
+        check(e <= tol, "%s: parameter %s rel err %.2e" % (label, name, e))
+    print("%s: %d steps, worst loss rel err %.2e, worst parameter rel err %.2e" % (label, len(m0), worst, worst_p))
+    return worst, worst_p

@@ -1,0 +1,119 @@
+/* oracle_dump.c - writes what the PyTorch oracle checks (invariant 2).
+ *
+ * On a small GPT-2 with every parameter random (biases and LayerNorm weights
+ * included, so each one matters), random tokens and targets: the initial
+ * parameters, logits, mean loss, every gradient, and the parameters after one
+ * AdamW step, as one safetensors file. tests/oracle/check_oracle.py recomputes
+ * all of it in PyTorch (float64) and compares.
+ *
+ * usage: oracle_dump OUT.safetensors [n_layer n_head n_embd vocab n_positions B T]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/model.h"
+#include "loom/rng.h"
+#include "loom/safetensors.h"
+#include "loom/train.h"
+
+#define MAXP 512
+
+static int arg(int argc, char **argv, int i, int dflt) { return argc > i ? atoi(argv[i]) : dflt; }
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: oracle_dump OUT.safetensors [L NH C V maxT B T]\n");
+        return 64;
+    }
+    loom_model_config cfg = {.name = "oracle"};
+    cfg.n_layer = arg(argc, argv, 2, 2);
+    cfg.n_head = arg(argc, argv, 3, 4);
+    cfg.n_embd = arg(argc, argv, 4, 32);
+    cfg.vocab_size = arg(argc, argv, 5, 67);
+    cfg.n_positions = arg(argc, argv, 6, 16);
+    const int B = arg(argc, argv, 7, 3), T = arg(argc, argv, 8, 11);
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+
+    loom_gpt *m;
+    if (loom_gpt_create(&cfg, B, T, &m) != LOOM_OK) {
+        fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
+        return 1;
+    }
+    loom_gpt_init_params(m, 42);
+    /* make every parameter matter: jitter all of them */
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *p = &m->params[i];
+        loom_rng_key k = loom_rng_key_make(7, p->name);
+        for (size_t j = 0; j < p->numel; j++)
+            m->param_mem[p->offset + j] += 0.1f * loom_rng_normal(k, j);
+    }
+    int32_t *in = malloc((size_t)B * T * 4), *tg = malloc((size_t)B * T * 4);
+    loom_rng_key tk = loom_rng_key_make(3, "tokens");
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(loom_rng_u64(tk, 2 * (uint64_t)i) % (uint64_t)cfg.vocab_size);
+        tg[i] = (int32_t)(loom_rng_u64(tk, 2 * (uint64_t)i + 1) % (uint64_t)cfg.vocab_size);
+    }
+    float *params0 = malloc(m->num_params * sizeof(float));
+    memcpy(params0, m->param_mem, m->num_params * sizeof(float));
+
+    double loss_sum = 0;
+    loom_gpt_zero_grad(m);
+    loom_gpt_forward(m, in, tg, B, T, &loss_sum);
+    float loss = (float)(loss_sum / (B * T));
+    /* logits are overwritten by the softmax: recompute them without targets */
+    size_t nlog = (size_t)B * T * cfg.vocab_size;
+    float *logits = malloc(nlog * sizeof(float));
+    loom_gpt_forward(m, in, NULL, B, T, NULL);
+    memcpy(logits, m->logits, nlog * sizeof(float));
+    loom_gpt_forward(m, in, tg, B, T, NULL);
+    loom_gpt_backward(m, 1.0f / (float)(B * T));
+    float *grads = malloc(m->num_params * sizeof(float));
+    memcpy(grads, m->grad_mem, m->num_params * sizeof(float));
+    loom_adamw opt;
+    loom_adamw_create(&opt, m->num_params);
+    loom_adamw_step(&opt, m, lr, b1, b2, eps, wd);
+
+    loom_st_writer *w;
+    if (loom_st_writer_create(argv[1], &w) != LOOM_OK) return 1;
+    char v[7][32];
+    const char *keys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "n_positions", "B", "T"};
+    int vals[] = {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.n_positions, B, T};
+    for (int i = 0; i < 7; i++) {
+        snprintf(v[i], sizeof v[i], "%d", vals[i]);
+        loom_st_writer_metadata(w, keys[i], v[i]);
+    }
+    char h[5][32];
+    snprintf(h[0], 32, "%.9g", lr);
+    snprintf(h[1], 32, "%.9g", b1);
+    snprintf(h[2], 32, "%.9g", b2);
+    snprintf(h[3], 32, "%.9g", eps);
+    snprintf(h[4], 32, "%.9g", wd);
+    loom_st_writer_metadata(w, "lr", h[0]);
+    loom_st_writer_metadata(w, "beta1", h[1]);
+    loom_st_writer_metadata(w, "beta2", h[2]);
+    loom_st_writer_metadata(w, "eps", h[3]);
+    loom_st_writer_metadata(w, "weight_decay", h[4]);
+    int64_t bt[2] = {B, T}, btv[3] = {B, T, cfg.vocab_size}, one[1] = {1};
+    loom_st_writer_add(w, "tokens.inputs", LOOM_ST_I32, 2, bt, in);
+    loom_st_writer_add(w, "tokens.targets", LOOM_ST_I32, 2, bt, tg);
+    loom_st_writer_add(w, "out.logits", LOOM_ST_F32, 3, btv, logits);
+    loom_st_writer_add(w, "out.loss", LOOM_ST_F32, 1, one, &loss);
+    static char names[3][MAXP][LOOM_PARAM_NAME_MAX + 8];
+    const char *prefix[3] = {"param.", "grad.", "step."};
+    const float *src[3] = {params0, grads, m->param_mem};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < m->n_params && i < MAXP; i++) {
+            const loom_param *p = &m->params[i];
+            snprintf(names[s][i], sizeof names[s][i], "%s%s", prefix[s], p->name);
+            loom_st_writer_add(w, names[s][i], LOOM_ST_F32, p->ndim, p->shape, src[s] + p->offset);
+        }
+    loom_status st = loom_st_writer_finish(w);
+    if (st != LOOM_OK) fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
+    else printf("oracle_dump: %d parameters, loss %.6f -> %s\n", m->n_params, loss, argv[1]);
+    loom_adamw_free(&opt);
+    loom_gpt_free(m);
+    free(in); free(tg); free(params0); free(logits); free(grads);
+    return st == LOOM_OK ? 0 : 1;
+}

@@ -1,0 +1,58 @@
+/* cli.h - table-driven flags for the loom command: parsing, --help, and JSON
+ * config files whose keys are the flag names. Only the CLI calls exit(). */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom/status.h"
+
+typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_STRLIST } cli_type;
+
+#define CLI_LIST_MAX 64
+
+typedef struct cli_strlist {
+    int n;
+    const char *items[CLI_LIST_MAX];
+} cli_strlist;
+
+typedef struct cli_opt {
+    const char *name; /* without dashes: "steps" */
+    cli_type type;
+    void *dst;        /* int*, uint64_t*, float*, double*, char[cap], int* (flag), cli_strlist* */
+    size_t cap;       /* OPT_STR: buffer size */
+    const char *metavar;
+    const char *help;
+} cli_opt;
+
+typedef struct cli_cmd {
+    const char *name, *usage, *summary, *details;
+    cli_opt *opts;
+    int n_opts;
+} cli_cmd;
+
+/* Parse argv[0..argc) (after the subcommand). --help prints help and sets
+ * *help. `--config FILE` (when allow_config) is applied first, then flags
+ * override it. LOOM_EUSAGE / LOOM_ECONFIG with a message on error. */
+loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_config, int *help);
+void cli_print_help(const cli_cmd *cmd, FILE *out);
+
+/* Subcommands. Each returns the process exit code. */
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_data(int argc, char **argv);
+
+/* Default corpus and where `loom data` writes it. */
+#define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"
+#define LOOM_DEFAULT_TRAIN "data/fortunes_train.bin"
+#define LOOM_DEFAULT_VAL "data/fortunes_val.bin"
+/* Build the default shards from the default corpus. */
+loom_status cli_build_default_data(const char *train, const char *val, int verbose);
+
+/* Print the error of a failed status (if it has a message) and return the
+ * exit code. */
+int cli_fail(loom_status st);
+
+#endif

@@ -1,0 +1,100 @@
+/* cmd_data.c - `loom data`: text -> byte-level token shards. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "loom/data.h"
+#include "loom/log.h"
+
+/* The default corpus: every fortune file of the Debian package (not the
+ * .dat indexes or .u8 variants), in name order. */
+static loom_status default_inputs(cli_strlist *l, char names[][512]) {
+    struct dirent **ents;
+    int n = scandir(LOOM_DEFAULT_CORPUS_DIR, &ents, NULL, alphasort);
+    if (n < 0)
+        return loom_fail(LOOM_ENOINPUT,
+                         "default corpus %s not found: install it with `apt-get install "
+                         "fortunes-min fortunes` or give --input FILE",
+                         LOOM_DEFAULT_CORPUS_DIR);
+    for (int i = 0; i < n; i++) {
+        const char *d = ents[i]->d_name;
+        size_t k = strlen(d);
+        int skip = d[0] == '.' || (k > 4 && (strcmp(d + k - 4, ".dat") == 0)) ||
+                   (k > 3 && strcmp(d + k - 3, ".u8") == 0);
+        struct stat sb;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", LOOM_DEFAULT_CORPUS_DIR, d);
+        if (!skip && l->n < CLI_LIST_MAX && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            memcpy(names[l->n], path, sizeof path);
+            l->items[l->n] = names[l->n];
+            l->n++;
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    if (l->n == 0)
+        return loom_fail(LOOM_ENOINPUT, "default corpus %s has no text files", LOOM_DEFAULT_CORPUS_DIR);
+    return LOOM_OK;
+}
+
+static void ensure_dir_of(const char *path) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return;
+    *slash = '\0';
+    mkdir(dir, 0755); /* only the last level, as `mkdir` would; errors surface at write */
+}
+
+static loom_status build(const cli_strlist *in, const char *train, const char *val, double frac,
+                         int verbose) {
+    ensure_dir_of(train);
+    if (val && *val) ensure_dir_of(val);
+    size_t nt = 0, nv = 0;
+    LOOM_TRY(loom_data_build_bytes(in->items, in->n, train, val && *val ? val : NULL, frac, &nt, &nv));
+    if (verbose && val && *val)
+        loom_info("%d input file(s): %zu tokens -> %s, %zu tokens -> %s", in->n, nt, train, nv, val);
+    else if (verbose)
+        loom_info("%d input file(s): %zu tokens -> %s", in->n, nt, train);
+    return LOOM_OK;
+}
+
+static loom_status build_default(const char *train, const char *val, double frac, int verbose) {
+    static char names[CLI_LIST_MAX][512];
+    cli_strlist in = {0};
+    LOOM_TRY(default_inputs(&in, names));
+    return build(&in, train, val, frac, verbose);
+}
+
+loom_status cli_build_default_data(const char *train, const char *val, int verbose) {
+    return build_default(train, val, 0.05, verbose);
+}
+
+int cmd_data(int argc, char **argv) {
+    static char out[1024] = LOOM_DEFAULT_TRAIN, val[1024] = LOOM_DEFAULT_VAL;
+    static cli_strlist inputs;
+    static double frac = 0.05;
+    static cli_opt opts[] = {
+        {"input", OPT_STRLIST, &inputs, 0, "FILE", "text file to tokenize (repeat for several; default: the fortunes corpus)"},
+        {"out", OPT_STR, out, sizeof out, "PATH", "training shard to write (default " LOOM_DEFAULT_TRAIN ")"},
+        {"val", OPT_STR, val, sizeof val, "PATH", "validation shard (default " LOOM_DEFAULT_VAL "; \"\" for none)"},
+        {"val-fraction", OPT_DOUBLE, &frac, 0, "F", "share of tokens, from the end, for validation (default 0.05)"},
+    };
+    static const cli_cmd cmd = {
+        "data", "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F]",
+        "Tokenize text byte by byte (vocab 256) into llm.c-format shards: a 256 x int32\n"
+        "header (magic 20240520, version 1, token count) followed by uint16 tokens.\n"
+        "Outputs are written to PATH.tmp and renamed when complete.",
+        "With no --input, the corpus is every fortune file under " LOOM_DEFAULT_CORPUS_DIR "\n"
+        "(Debian packages fortunes-min and fortunes), real English text.\n",
+        opts, sizeof opts / sizeof opts[0]};
+    int help;
+    loom_status st = cli_parse(&cmd, argc, argv, 0, &help);
+    if (st != LOOM_OK || help) return cli_fail(st);
+    if (!(frac >= 0 && frac < 1)) return cli_fail(loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac));
+    if (inputs.n == 0) return cli_fail(build_default(out, val, frac, 1));
+    return cli_fail(build(&inputs, out, val, frac, 1));
+}

@@ -1,0 +1,148 @@
+/* cmd_train.c - `loom train` and `loom eval`: flags -> config -> the trainer.
+ * Both start MPI (a plain `build/loom train` is a one-rank job). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "loom/comm.h"
+#include "loom/kernels.h"
+#include "loom/log.h"
+#include "loom/train.h"
+
+/* --threads 0: OMP_NUM_THREADS if set, else every core for a one-rank job
+ * and one thread per rank otherwise (ranks usually fill the cores). */
+static int pick_threads(int asked, int world) {
+    if (asked > 0) return asked;
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return world == 1 && cores > 0 ? (int)cores : 1;
+}
+
+/* Start MPI; errors before this point are printed by every rank, so parse
+ * flags after it and let rank 0 alone speak for errors all ranks share. */
+static loom_status start(int *argc, char ***argv, loom_comm **world) {
+    LOOM_TRY(loom_comm_init(argc, argv, world));
+    loom_log_set_rank(loom_comm_rank(*world), loom_comm_size(*world));
+    return LOOM_OK;
+}
+
+/* A parse error is the same on every rank: rank 0 reports it. */
+static int finish(loom_comm *world, loom_status st) {
+    if (st != LOOM_OK && world && loom_comm_rank(world) != 0) loom_fail(st, "%s", "");
+    int code = cli_fail(st);
+    if (world) loom_comm_finalize(world);
+    return code;
+}
+
+int cmd_train(int argc, char **argv) {
+    static loom_train_config c;
+    static char order[64] = "tp,cp,dp,pp";
+    static int no_progress, progress;
+    loom_train_config_default(&c);
+    snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
+    cli_opt opts[] = {
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl) or a Hugging Face GPT-2 config.json (default mini)"},
+        {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN ", built from the fortunes corpus if missing)"},
+        {"steps", OPT_INT, &c.steps, 0, "N", "optimizer steps (default 100)"},
+        {"batch", OPT_INT, &c.batch, 0, "B", "global batch in sequences, split over dp (default 8)"},
+        {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},
+        {"seed", OPT_U64, &c.seed, 0, "S", "seed for parameters and data order (default 1337)"},
+        {"lr", OPT_FLOAT, &c.lr, 0, "X", "peak learning rate (default 3e-4)"},
+        {"warmup", OPT_INT, &c.warmup, 0, "N", "linear warmup steps, then cosine decay (default 0)"},
+        {"min-lr-frac", OPT_FLOAT, &c.min_lr_frac, 0, "F", "final lr as a fraction of --lr (default 0.1)"},
+        {"weight-decay", OPT_FLOAT, &c.weight_decay, 0, "X", "AdamW decoupled weight decay on matrices (default 0.1)"},
+        {"beta1", OPT_FLOAT, &c.beta1, 0, "X", "AdamW beta1 (default 0.9)"},
+        {"beta2", OPT_FLOAT, &c.beta2, 0, "X", "AdamW beta2 (default 0.95)"},
+        {"eps", OPT_FLOAT, &c.eps, 0, "X", "AdamW epsilon (default 1e-8)"},
+        {"grad-clip", OPT_FLOAT, &c.grad_clip, 0, "X", "clip the global gradient norm to X; 0 = off (default 1.0)"},
+        {"dp", OPT_INT, &c.layout.dp, 0, "N", "data-parallel degree (default 1)"},
+        {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
+        {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
+        {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree (default 1)"},
+        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree, inside dp x cp (default 1)"},
+        {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
+        {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
+        {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X", "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
+        {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
+        {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE", "write final parameters (safetensors, HF GPT-2 names)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "start from these parameters instead of the seed"},
+        {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
+        {"progress", OPT_FLAG, &progress, 0, NULL, "force the progress bar"},
+        {"no-progress", OPT_FLAG, &no_progress, 0, NULL, "plain log lines even on a terminal"},
+        {"quiet", OPT_FLAG, &c.quiet, 0, NULL, "print errors only"},
+    };
+    const cli_cmd cmd = {
+        "train", "loom train [options]   (many ranks: scripts/loomrun -np N build/loom train --dp N ...)",
+        "Train a GPT-2 model. Every layout computes the same run as one device: the\n"
+        "loss at each step and the final parameters agree with a one-rank run.",
+        "A JSON file given with --config FILE holds flag names as keys, e.g.\n"
+        "  {\"model\": \"tiny\", \"steps\": 20, \"lr\": 1e-3, \"dp\": 2}\n"
+        "and flags on the command line override it. Unknown keys or wrong types: exit 78.\n"
+        "The world size must equal dp x tp x pp x cp. Metrics and parameter files are\n"
+        "written to FILE.tmp and renamed when complete; a failed run leaves existing\n"
+        "files as they were.\n",
+        opts, sizeof opts / sizeof opts[0]};
+
+    loom_comm *world = NULL;
+    loom_status st = start(&argc, &argv, &world);
+    if (st != LOOM_OK) return cli_fail(st);
+    int help;
+    st = cli_parse(&cmd, argc, argv, 1, &help);
+    if (st == LOOM_OK && help) return finish(world, LOOM_OK);
+    if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
+    if (st == LOOM_OK && c.log_every < 1) st = loom_fail(LOOM_EUSAGE, "--log-every %d: must be >= 1", c.log_every);
+    if (st != LOOM_OK) return finish(world, st);
+    c.progress = no_progress ? 0 : progress ? 1 : -1;
+    loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
+
+    /* the default shard is built on first use */
+    if (strcmp(c.data, LOOM_DEFAULT_TRAIN) == 0 && access(c.data, F_OK) != 0) {
+        if (loom_comm_rank(world) == 0) {
+            loom_info("building the default data set %s from %s", c.data, LOOM_DEFAULT_CORPUS_DIR);
+            st = cli_build_default_data(LOOM_DEFAULT_TRAIN, LOOM_DEFAULT_VAL, 1);
+        }
+        st = loom_comm_agree(world, st);
+        if (st != LOOM_OK) return finish(world, st);
+    }
+    loom_train_result res;
+    st = loom_train_run(&c, world, &res);
+    int code = cli_fail(st);
+    loom_comm_finalize(world);
+    return code;
+}
+
+int cmd_eval(int argc, char **argv) {
+    static loom_eval_config c = {.model = "mini", .data = LOOM_DEFAULT_VAL, .batch = 8, .seq = 128,
+                                 .batches = 1, .threads = 0};
+    cli_opt opts[] = {
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or config.json (default mini)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters (safetensors) to evaluate (required)"},
+        {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard (default " LOOM_DEFAULT_VAL ")"},
+        {"batch", OPT_INT, &c.batch, 0, "B", "sequences per batch (default 8)"},
+        {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},
+        {"batches", OPT_INT, &c.batches, 0, "N", "number of batches (default 1)"},
+        {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
+    };
+    const cli_cmd cmd = {
+        "eval", "loom eval --load-params FILE [--model NAME|FILE] [--data PATH] [--batch B] [--seq T] [--batches N]",
+        "Mean cross-entropy of the parameters on the shard read sequentially: sequence j\n"
+        "(j = 0 .. B*N-1) has inputs tokens[j*T .. j*T+T-1] and targets one token later.\n"
+        "The last line printed is `loss <value>`.",
+        NULL, opts, sizeof opts / sizeof opts[0]};
+    loom_comm *world = NULL;
+    loom_status st = start(&argc, &argv, &world);
+    if (st != LOOM_OK) return cli_fail(st);
+    int help;
+    st = cli_parse(&cmd, argc, argv, 0, &help);
+    if (st != LOOM_OK || help) return finish(world, st);
+    loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
+    double loss = 0;
+    st = loom_eval_run(&c, world, &loss);
+    if (st == LOOM_OK && loom_comm_rank(world) == 0) printf("loss %.6f\n", loss);
+    int code = cli_fail(st);
+    loom_comm_finalize(world);
+    return code;
+}
