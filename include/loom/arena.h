@@ -24,12 +24,16 @@ typedef struct loom_arena {
 void loom_arena_init(loom_arena *a, const char *name);
 /* Planning: count n bytes (aligned) without memory. */
 void loom_arena_reserve(loom_arena *a, size_t nbytes);
-/* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. */
+/* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. LOOM_EOS when
+ * the memory cannot be had (message names the arena and the size);
+ * LOOM_EINTERNAL if the arena is already committed. */
 loom_status loom_arena_commit(loom_arena *a);
-/* Hand out n bytes, 64-byte aligned. Returns NULL while planning or when the
- * arena would overflow (a planning bug: the caller reports LOOM_EINTERNAL). */
+/* Hand out n bytes (rounded up to 64), 64-byte aligned. Returns NULL while
+ * planning (without counting: planning is loom_arena_reserve's job) or when
+ * the arena would overflow (a planning bug: the caller reports
+ * LOOM_EINTERNAL); a failed call does not advance `used`. */
 void *loom_arena_alloc(loom_arena *a, size_t nbytes);
-void loom_arena_reset(loom_arena *a); /* used = 0, keep memory */
-void loom_arena_free(loom_arena *a);
+void loom_arena_reset(loom_arena *a); /* used = 0, keep memory (not re-zeroed) */
+void loom_arena_free(loom_arena *a);   /* back to the empty planning state */
 
 #endif

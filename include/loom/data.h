@@ -40,24 +40,31 @@ static inline uint32_t loom_tokens_get(const loom_tokens *t, size_t i) {
 /* LOOM_EDATA if any token >= vocab_size, naming the file, the index, the
  * token and the vocab size. */
 loom_status loom_tokens_check_vocab(const loom_tokens *t, int vocab_size);
-/* Write a v1 (all tokens < 65536) or v2 shard to path.tmp then rename. */
+/* Write a v1 (all tokens < 65536) or v2 shard to path.tmp, fsync, rename.
+ * LOOM_EDATA for n = 0 or n > INT32_MAX; LOOM_ECANTCREAT / LOOM_EIO when the
+ * file cannot be created / written (path is then untouched). */
 loom_status loom_tokens_write(const char *path, const uint32_t *tokens, size_t n);
 
 /* Byte-level tokenizer (vocab 256): token = byte value. Reads the input files
- * in order, concatenated, and writes the first (1 - val_fraction) of the
- * tokens to train_path and the rest to val_path (val_path may be NULL: all to
- * train). Reports the counts through n_train / n_val (may be NULL). */
+ * in order, concatenated, and writes the last round(total * val_fraction)
+ * tokens to val_path and the rest to train_path (val_path may be NULL: all to
+ * train). Reports the counts through n_train / n_val (may be NULL). Missing
+ * input: LOOM_ENOINPUT naming it; no bytes, or an empty split: LOOM_EDATA;
+ * val_fraction outside [0, 1): LOOM_EUSAGE. The outputs are written only
+ * when everything succeeded. */
 loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const char *train_path,
                                   const char *val_path, double val_fraction, size_t *n_train,
                                   size_t *n_val);
 
 /* Sampled training batch: for j in [0, n): sample g = first + j of step `step`
  * (global_batch samples per step) fills inputs[j*T .. j*T+T) and the targets
- * shifted by one. Requires t->n >= T + 1 (checked by loom_data_check_seq). */
+ * shifted by one. Requires t->n >= T + 1 (checked by loom_data_check_len);
+ * with fewer tokens the batch is all zeros. */
 void loom_data_sample(const loom_tokens *t, uint64_t seed, int64_t step, int64_t global_batch,
                       int64_t first, int n, int T, int32_t *inputs, int32_t *targets);
 /* Sequential batch for eval: sequence j (j = first .. first+n-1) has inputs
- * tokens[j*T .. j*T+T) and targets tokens[j*T+1 .. j*T+T]. */
+ * tokens[j*T .. j*T+T) and targets tokens[j*T+1 .. j*T+T]. j wraps modulo the
+ * (t->n - 1) / T whole sequences the shard holds; none: all zeros. */
 void loom_data_sequential(const loom_tokens *t, int64_t first, int n, int T, int32_t *inputs,
                           int32_t *targets);
 /* LOOM_EDATA unless the shard has at least `need` tokens, naming the file and

@@ -18,18 +18,26 @@ void loom_philox4x32(const uint32_t key[2], const uint32_t ctr[4], uint32_t out[
 /* 64-bit FNV-1a of a string; names a stream. */
 uint64_t loom_rng_hash(const char *name);
 
-/* Stream key for (seed, name). */
+/* Stream key for (seed, name): the first two words of
+ * philox(key = (seed lo, seed hi), ctr = (hash lo, hash hi, 0, 0x6c6f6f6d "loom")),
+ * hash = loom_rng_hash(name). */
 typedef struct { uint32_t k[2]; } loom_rng_key;
 loom_rng_key loom_rng_key_make(uint64_t seed, const char *name);
 
-/* Uniform in [0, 1) with 24 random bits, for element `index`. */
+/* Element `index` of a stream uses the block r = philox(key, ctr = (index lo,
+ * index hi, 0, 0)). */
+/* Uniform in [0, 1) with 24 random bits: (r0 >> 8) / 2^24. */
 float loom_rng_uniform(loom_rng_key key, uint64_t index);
-/* 64 random bits for element `index`. */
+/* 64 random bits: r0 | r1 << 32. */
 uint64_t loom_rng_u64(loom_rng_key key, uint64_t index);
-/* Standard normal (Box-Muller on one Philox block), for element `index`. */
+/* Standard normal (Box-Muller on one Philox block, in double, rounded once):
+ * u1 = (((r0|r1<<32) >> 11) + 1) / 2^53 in (0, 1], u2 = ((r2|r3<<32) >> 11) /
+ * 2^53, z = sqrt(-2 ln u1) cos(2 pi u2). */
 float loom_rng_normal(loom_rng_key key, uint64_t index);
 
-/* Fill out[0..n) with normal(0, std) for global indices first..first+n. */
+/* Fill out[0..n) with normal(0, std) for global indices first..first+n:
+ * out[i] = std * loom_rng_normal(key, first + i) exactly, so a shard of a
+ * tensor fills the same numbers as the whole. Threads with OpenMP. */
 void loom_rng_fill_normal(loom_rng_key key, uint64_t first, float *out, size_t n, float std);
 
 #endif

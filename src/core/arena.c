@@ -1,0 +1,73 @@
+/* arena.c - bump allocators, one per lifetime class of memory.
+ *
+ * Implements include/loom/arena.h. An arena lives in two phases: while its
+ * base is NULL, loom_arena_reserve() only counts bytes (each request rounded up
+ * to LOOM_ARENA_ALIGN, so every pointer handed out later stays aligned);
+ * loom_arena_commit() then allocates exactly that many zeroed bytes once, and
+ * loom_arena_alloc() replays the same requests as pointers into it. Local to
+ * the calling rank; nothing here is collective or thread-safe.
+ */
+#include "loom/arena.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* n rounded up to the alignment, or SIZE_MAX when that overflows. */
+static size_t arena_round_up(size_t n) {
+    if (n > SIZE_MAX - (LOOM_ARENA_ALIGN - 1)) return SIZE_MAX;
+    return (n + LOOM_ARENA_ALIGN - 1) & ~(size_t)(LOOM_ARENA_ALIGN - 1);
+}
+
+/* a + b, saturating at SIZE_MAX (a plan that large can never commit). */
+static size_t arena_add(size_t a, size_t b) {
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+void loom_arena_init(loom_arena *a, const char *name) {
+    a->name = name ? name : "arena";
+    a->base = NULL;
+    a->used = 0;
+    a->cap = 0;
+}
+
+void loom_arena_reserve(loom_arena *a, size_t nbytes) {
+    a->used = arena_add(a->used, arena_round_up(nbytes));
+}
+
+loom_status loom_arena_commit(loom_arena *a) {
+    if (a->base)
+        return loom_fail(LOOM_EINTERNAL, "arena %s: committed twice", a->name);
+    size_t cap = a->used;
+    if (cap == SIZE_MAX)
+        return loom_fail(LOOM_EOS, "arena %s: planned size overflows size_t", a->name);
+    /* Allocate at least one aligned block so an empty arena has a base too. */
+    size_t bytes = cap ? cap : LOOM_ARENA_ALIGN;
+    char *base = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
+    if (!base)
+        return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name,
+                         cap, (double)cap / (1024.0 * 1024.0));
+    memset(base, 0, bytes);
+    a->base = base;
+    a->cap = cap;
+    a->used = 0;
+    return LOOM_OK;
+}
+
+void *loom_arena_alloc(loom_arena *a, size_t nbytes) {
+    if (!a->base) return NULL;
+    size_t n = arena_round_up(nbytes);
+    if (n > a->cap - a->used) return NULL;
+    void *p = a->base + a->used;
+    a->used += n;
+    return p;
+}
+
+void loom_arena_reset(loom_arena *a) { a->used = 0; }
+
+void loom_arena_free(loom_arena *a) {
+    free(a->base);
+    a->base = NULL;
+    a->used = 0;
+    a->cap = 0;
+}

@@ -1,0 +1,285 @@
+/* test_data.c - token shards, the byte tokenizer and the batch sampler.
+ *
+ * Shards: v1/v2 round trips, and every malformed shard (truncated, bad magic,
+ * bad version, count mismatch, empty, missing) fails with the right status
+ * and a message naming the file and the numbers. Tokenizer: bytes in, bytes
+ * out, inputs concatenated, the val split, nothing written on failure.
+ * Sampler: a pure function of its arguments, start positions exactly as
+ * specified, slicing a batch across data-parallel ranks gives the same
+ * samples, targets are the inputs shifted by one. */
+#include "check.h"
+#include "loom/data.h"
+#include "loom/rng.h"
+
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char scratch[64];
+
+static const char *path_of(const char *name) {
+    static char buf[8][256];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, 256, "%s/%s", scratch, name);
+    return p;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(data, 1, n, fp) != n) CHECK(0, "cannot write %s", path);
+    if (fp) fclose(fp);
+}
+
+static size_t file_size(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return 0;
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp);
+    fclose(fp);
+    return n;
+}
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* A shard with the given header words and n_payload bytes of payload. */
+static void write_shard_raw(const char *path, int32_t magic, int32_t version, int32_t count, size_t payload) {
+    size_t total = 1024 + payload;
+    unsigned char *b = calloc(1, total);
+    int32_t hdr[3] = {magic, version, count};
+    memcpy(b, hdr, sizeof hdr);
+    write_bytes(path, b, total);
+    free(b);
+}
+
+static void expect_open_fails(const char *label, const char *path, loom_status want, const char *w1,
+                              const char *w2) {
+    loom_tokens t;
+    loom_clear_error();
+    loom_status st = loom_tokens_open(path, &t);
+    CHECK(st == want, "%s: status %d, expected %d (%s)", label, st, want, loom_errmsg());
+    CHECK(t.map == NULL && t.n == 0, "%s: nothing mapped after a failure", label);
+    CHECK(strstr(loom_errmsg(), path) != NULL, "%s: message does not name the file: %s", label, loom_errmsg());
+    CHECK(!w1 || strstr(loom_errmsg(), w1), "%s: message lacks '%s': %s", label, w1, loom_errmsg());
+    CHECK(!w2 || strstr(loom_errmsg(), w2), "%s: message lacks '%s': %s", label, w2, loom_errmsg());
+    if (st == LOOM_OK) loom_tokens_close(&t);
+}
+
+static void test_round_trip(void) {
+    uint32_t v1[5] = {0, 1, 50256, 65535, 7};
+    uint32_t v2[4] = {0, 65536, 100000, 4000000000u};
+    const char *p1 = path_of("v1.bin"), *p2 = path_of("v2.bin");
+    CHECK(loom_tokens_write(p1, v1, 5) == LOOM_OK, "write v1: %s", loom_errmsg());
+    CHECK(loom_tokens_write(p2, v2, 4) == LOOM_OK, "write v2: %s", loom_errmsg());
+    CHECK(file_size(p1) == 1024 + 5 * 2 && file_size(p2) == 1024 + 4 * 4, "shard sizes");
+    CHECK(!exists(path_of("v1.bin.tmp")), "no tmp left");
+    loom_tokens t;
+    CHECK(loom_tokens_open(p1, &t) == LOOM_OK, "open v1: %s", loom_errmsg());
+    CHECK(t.version == 1 && t.n == 5, "v1: version %d n %zu", t.version, t.n);
+    for (size_t i = 0; i < 5 && i < t.n; i++) CHECK(loom_tokens_get(&t, i) == v1[i], "v1 token %zu", i);
+    loom_tokens_close(&t);
+    CHECK(loom_tokens_open(p2, &t) == LOOM_OK, "open v2: %s", loom_errmsg());
+    CHECK(t.version == 2 && t.n == 4, "v2: version %d n %zu", t.version, t.n);
+    for (size_t i = 0; i < 4 && i < t.n; i++) CHECK(loom_tokens_get(&t, i) == v2[i], "v2 token %zu", i);
+    loom_tokens_close(&t);
+    CHECK(t.map == NULL, "close unmaps");
+
+    CHECK(loom_tokens_write(path_of("empty.bin"), v1, 0) == LOOM_EDATA, "writing 0 tokens is LOOM_EDATA");
+    CHECK(!exists(path_of("empty.bin")) && !exists(path_of("empty.bin.tmp")), "nothing written");
+    const char *nodir = path_of("no/such/dir.bin");
+    CHECK(loom_tokens_write(nodir, v1, 5) == LOOM_ECANTCREAT, "missing dir: %s", loom_errmsg());
+    CHECK(strstr(loom_errmsg(), nodir) != NULL, "message names the path: %s", loom_errmsg());
+}
+
+static void test_malformed(void) {
+    const char *p = path_of("bad.bin");
+    uint32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    CHECK(loom_tokens_write(p, toks, 10) == LOOM_OK, "write: %s", loom_errmsg());
+    CHECK(truncate(p, 1024 + 20 - 3) == 0, "truncate");
+    expect_open_fails("truncated tokens", p, LOOM_EDATA, "10 tokens", "17 bytes");
+    CHECK(truncate(p, 100) == 0, "truncate");
+    expect_open_fails("truncated header", p, LOOM_EDATA, "100 bytes", NULL);
+    write_bytes(p, "", 0);
+    expect_open_fails("empty file", p, LOOM_EDATA, "0 bytes", NULL);
+    write_shard_raw(p, 20240521, 1, 10, 20);
+    expect_open_fails("bad magic", p, LOOM_EDATA, "20240521", NULL);
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 3, 10, 20);
+    expect_open_fails("bad version", p, LOOM_EDATA, "version 3", NULL);
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 1, 11, 20);
+    expect_open_fails("count larger than the file", p, LOOM_EDATA, "11 tokens", "20 bytes");
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 2, 4, 20);
+    expect_open_fails("count smaller than the file", p, LOOM_EDATA, "4 tokens", "20 bytes");
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 2, -1, 20);
+    expect_open_fails("negative count", p, LOOM_EDATA, "tokens", NULL);
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 1, 0, 0);
+    expect_open_fails("empty shard", p, LOOM_EDATA, "empty", NULL);
+    expect_open_fails("missing file", path_of("missing.bin"), LOOM_ENOINPUT, NULL, NULL);
+    expect_open_fails("directory", scratch, LOOM_ENOINPUT, NULL, NULL);
+}
+
+static void test_vocab_and_len(void) {
+    uint32_t toks[6] = {1, 2, 255, 300, 4, 256};
+    const char *p = path_of("vocab.bin");
+    CHECK(loom_tokens_write(p, toks, 6) == LOOM_OK, "write: %s", loom_errmsg());
+    loom_tokens t;
+    CHECK(loom_tokens_open(p, &t) == LOOM_OK, "open: %s", loom_errmsg());
+    CHECK(loom_tokens_check_vocab(&t, 301) == LOOM_OK, "all tokens < 301");
+    CHECK(loom_tokens_check_vocab(&t, 256) == LOOM_EDATA, "token 300 >= 256");
+    const char *m = loom_errmsg();
+    CHECK(strstr(m, p) && strstr(m, "300") && strstr(m, "index 3") && strstr(m, "256"),
+          "message names file, token, index and vocab: %s", m);
+    CHECK(loom_tokens_check_vocab(&t, 0) == LOOM_EUSAGE, "vocab 0");
+    CHECK(loom_data_check_len(&t, 6, "--seq 5") == LOOM_OK, "6 tokens suffice");
+    CHECK(loom_data_check_len(&t, 7, "--seq 6") == LOOM_EDATA, "7 tokens needed");
+    m = loom_errmsg();
+    CHECK(strstr(m, p) && strstr(m, "--seq 6") && strstr(m, "6 tokens") && strstr(m, "7"), "message: %s", m);
+    loom_tokens_close(&t);
+}
+
+/* A v2 shard whose token at position i is i + 1000, so a window's first
+ * input tells where it starts. */
+static void open_counting_shard(loom_tokens *t, size_t n) {
+    uint32_t *toks = malloc(n * sizeof *toks);
+    for (size_t i = 0; i < n; i++) toks[i] = (uint32_t)(i + 70000);
+    const char *p = path_of("count.bin");
+    CHECK(loom_tokens_write(p, toks, n) == LOOM_OK, "write: %s", loom_errmsg());
+    CHECK(loom_tokens_open(p, t) == LOOM_OK, "open: %s", loom_errmsg());
+    free(toks);
+}
+
+static void test_sampler(void) {
+    enum { N = 1000, T = 16, B = 8 };
+    loom_tokens t;
+    open_counting_shard(&t, N);
+    int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
+    loom_data_sample(&t, 1234, 5, B, 0, B, T, in, tg);
+    loom_data_sample(&t, 1234, 5, B, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0, "same arguments, same batch");
+
+    /* Start positions as specified: u64(key(seed, "data"), s*B + g) % (n - T). */
+    loom_rng_key key = loom_rng_key_make(1234, "data");
+    int bad_pos = 0, bad_shift = 0, bad_window = 0;
+    for (int j = 0; j < B; j++) {
+        uint64_t pos = loom_rng_u64(key, 5 * B + (uint64_t)j) % (N - T);
+        bad_pos += in[j * T] != (int32_t)(pos + 70000);
+        for (int i = 0; i < T; i++) {
+            bad_window += in[j * T + i] != in[j * T] + i;
+            bad_shift += tg[j * T + i] != in[j * T + i] + 1;
+        }
+    }
+    CHECK(bad_pos == 0, "%d samples start at the wrong position", bad_pos);
+    CHECK(bad_window == 0, "%d inputs are not a contiguous window", bad_window);
+    CHECK(bad_shift == 0, "%d targets are not the inputs shifted by one", bad_shift);
+
+    /* Data-parallel slicing: samples [0, 4) and [4, 8) are the batch's halves. */
+    loom_data_sample(&t, 1234, 5, B, 0, B / 2, T, in2, tg2);
+    loom_data_sample(&t, 1234, 5, B, B / 2, B / 2, T, in2 + B / 2 * T, tg2 + B / 2 * T);
+    CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0, "two halves equal the whole");
+
+    loom_data_sample(&t, 1234, 6, B, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) != 0, "another step gives another batch");
+    loom_data_sample(&t, 1235, 5, B, 0, B, T, in2, tg2);
+    CHECK(memcmp(in, in2, sizeof in) != 0, "another seed gives another batch");
+
+    /* Every start in [0, n - T) is reachable and none beyond: the last target
+     * is at most token n - 1. With n = T + 1 the only window is the file. */
+    int32_t lo = INT32_MAX, hi = 0;
+    for (int s = 0; s < 20000; s++) {
+        loom_data_sample(&t, 7, s, 1, 0, 1, T, in2, tg2);
+        lo = in2[0] < lo ? in2[0] : lo;
+        hi = tg2[T - 1] > hi ? tg2[T - 1] : hi;
+    }
+    CHECK(lo == 70000 && hi == 70000 + N - 1, "windows span [%d, %d]", lo - 70000, hi - 70000);
+    loom_tokens_close(&t);
+
+    open_counting_shard(&t, T + 1);
+    loom_data_sample(&t, 99, 3, 4, 2, 1, T, in2, tg2);
+    CHECK(in2[0] == 70000 && tg2[T - 1] == 70000 + T, "n = T + 1: the one window");
+    loom_tokens_close(&t);
+}
+
+static void test_sequential(void) {
+    enum { T = 4 };
+    loom_tokens t;
+    open_counting_shard(&t, 13); /* (13 - 1) / 4 = 3 whole sequences */
+    int32_t in[3 * T], tg[3 * T];
+    loom_data_sequential(&t, 1, 3, T, in, tg);
+    const int starts[3] = {4, 8, 0}; /* sequence 3 wraps to sequence 0 */
+    int bad = 0;
+    for (int j = 0; j < 3; j++) {
+        for (int i = 0; i < T; i++) {
+            bad += in[j * T + i] != 70000 + starts[j] + i;
+            bad += tg[j * T + i] != 70000 + starts[j] + i + 1;
+        }
+    }
+    CHECK(bad == 0, "%d sequential tokens wrong", bad);
+    loom_tokens_close(&t);
+}
+
+static void test_build_bytes(void) {
+    const char *a = path_of("a.txt"), *b = path_of("b.txt");
+    write_bytes(a, "Hello, ", 7);
+    write_bytes(b, "w\xc3\xb6rld\n\xff\x00!", 11);
+    const char *text = "Hello, w\xc3\xb6rld\n\xff\x00!";
+    const char *inputs[2] = {a, b};
+    const char *train = path_of("train.bin"), *val = path_of("val.bin");
+    size_t nt = 0, nv = 0;
+    CHECK(loom_data_build_bytes(inputs, 2, train, val, 0.2, &nt, &nv) == LOOM_OK, "build: %s", loom_errmsg());
+    CHECK(nt == 14 && nv == 4, "18 bytes x 0.2 = 3.6 rounds to 4 val: train %zu val %zu", nt, nv);
+    loom_tokens t;
+    CHECK(loom_tokens_open(train, &t) == LOOM_OK, "open train: %s", loom_errmsg());
+    CHECK(t.version == 1 && t.n == 14, "train: v%d, %zu tokens", t.version, t.n);
+    int bad = 0;
+    for (size_t i = 0; i < t.n && i < 14; i++) bad += loom_tokens_get(&t, i) != (unsigned char)text[i];
+    CHECK(bad == 0, "train tokens are the bytes (%d differ)", bad);
+    loom_tokens_close(&t);
+    CHECK(loom_tokens_open(val, &t) == LOOM_OK, "open val: %s", loom_errmsg());
+    bad = t.n != 4;
+    for (size_t i = 0; i < t.n && i < 4; i++) bad += loom_tokens_get(&t, i) != (unsigned char)text[14 + i];
+    CHECK(bad == 0, "val holds the tail");
+    loom_tokens_close(&t);
+
+    const char *all = path_of("all.bin");
+    CHECK(loom_data_build_bytes(inputs, 2, all, NULL, 0.25, &nt, &nv) == LOOM_OK, "no val: %s", loom_errmsg());
+    CHECK(nt == 18 && nv == 0, "without val everything goes to train: %zu %zu", nt, nv);
+    CHECK(file_size(all) == 1024 + 18 * 2, "all.bin size");
+
+    /* Failures write nothing: the earlier train/val shards stay as they were. */
+    size_t old_train = file_size(train), old_val = file_size(val);
+    const char *missing[3] = {a, path_of("nope.txt"), b};
+    CHECK(loom_data_build_bytes(missing, 3, train, val, 0.1, NULL, NULL) == LOOM_ENOINPUT, "missing input");
+    CHECK(strstr(loom_errmsg(), "nope.txt") != NULL, "message names the input: %s", loom_errmsg());
+    const char *empty = path_of("empty.txt");
+    write_bytes(empty, "", 0);
+    CHECK(loom_data_build_bytes(&empty, 1, train, val, 0.1, NULL, NULL) == LOOM_EDATA, "empty input");
+    CHECK(loom_data_build_bytes(inputs, 2, train, val, 0.01, NULL, NULL) == LOOM_EDATA, "val rounds to 0");
+    CHECK(loom_data_build_bytes(inputs, 2, train, val, 1.5, NULL, NULL) == LOOM_EUSAGE, "fraction 1.5");
+    CHECK(loom_data_build_bytes(inputs, 2, train, path_of("no/dir/val.bin"), 0.5, NULL, NULL) ==
+              LOOM_ECANTCREAT, "unwritable val: %s", loom_errmsg());
+    CHECK(file_size(train) == old_train && file_size(val) == old_val, "outputs untouched by failures");
+    CHECK(!exists(path_of("train.bin.tmp")) && !exists(path_of("val.bin.tmp")), "no tmp files left");
+}
+
+int main(void) {
+    snprintf(scratch, sizeof scratch, "/tmp/loom-data-XXXXXX");
+    if (!mkdtemp(scratch)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_round_trip();
+    test_malformed();
+    test_vocab_and_len();
+    test_sampler();
+    test_sequential();
+    test_build_bytes();
+    nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return check_done();
+}
