@@ -39,7 +39,6 @@ typedef struct loom_train_run_state {
     loom_tokens tokens;
     int32_t *inputs, *targets; /* (B_l, T) */
     double flops_per_token, peak_flops;
-    uint64_t comm_bytes_prev;
     loom_report report;
 } loom_train_run_state;
 

@@ -152,7 +152,6 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
     out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
-    out->comm_bytes = s->comm_bytes_prev;
     return LOOM_OK;
 }
 
@@ -202,9 +201,8 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         loom_comm_reset_stats(s->mesh->dp);
         LOOM_TRY(train_step(s, step, &st_step));
         const loom_comm_stats *cs = loom_comm_get_stats(s->mesh->dp);
-        s->comm_bytes_prev = 0;
-        for (int op = 0; op < LOOM_OP_COUNT; op++) s->comm_bytes_prev += cs->bytes[op];
-        st_step.comm_bytes = s->comm_bytes_prev;
+        st_step.comm_bytes = 0;
+        for (int op = 0; op < LOOM_OP_COUNT; op++) st_step.comm_bytes += cs->bytes[op];
         if (step > 0 || c->steps == 1) {
             tok_time += st_step.seconds;
             tokens += (double)c->batch * c->seq;
