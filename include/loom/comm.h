@@ -10,12 +10,20 @@
  *   reduce_scatter   count_per_rank * elem * size   (the full input)
  *   allgather        bytes_per_rank * size         (the full output)
  *   alltoall(v)      bytes this rank sends
- *   send / recv      bytes sent / received
+ *   send / recv      bytes sent / bytes posted to receive (the `bytes` argument)
  *   bcast            bytes of the buffer
  *
  * Every function here is collective over its group except send/recv and
  * the stats getters. Failures return LOOM_EUNAVAIL with a message naming the
- * rank, the op and the group ("rank 3: allreduce on group tp(0) failed: ...").
+ * rank, the op and the group ("rank 3: allreduce on group tp failed: ...").
+ * A size that does not fit MPI's int counts (count, bytes_per_rank, each
+ * alltoallv entry) is refused with LOOM_EUNAVAIL before any communication.
+ * A blocking call counts its stats when it succeeds; a non-blocking one counts
+ * calls and bytes when it starts and its seconds when wait/test completes it.
+ *
+ * Hang watchdog: with LOOM_COMM_TIMEOUT=<seconds> in the environment, a
+ * blocking call or a wait that has not completed after that long prints
+ * "rank R: <op> on group <g> has not completed after N s" and aborts the job.
  * Only src/comm/comm_mpi.c includes mpi.h.
  */
 #ifndef LOOM_COMM_H
@@ -54,10 +62,13 @@ typedef struct loom_comm_stats {
 size_t loom_dtype_size(loom_dtype t);
 const char *loom_comm_op_name(loom_comm_op op);
 
-/* Start the runtime (MPI_Init_thread) and return the world group. Safe to call
- * outside mpirun: the world is then one rank. */
+/* Start the runtime (MPI_Init_thread, FUNNELED; an already initialised MPI
+ * is reused and then left for its owner to finalize) and return the world
+ * group, a duplicate of MPI_COMM_WORLD named "world". Safe to call outside
+ * mpirun: the world is then one rank. Also tells log.h this process's rank.
+ * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number. */
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world);
-/* Free the world group and finalize the runtime. */
+/* Free the world group and finalize the runtime (if loom started it). */
 void loom_comm_finalize(loom_comm *world);
 /* Abort every rank of the job with exit code `code` (after printing). Used when
  * a failure seen by one rank only would otherwise leave the others hanging. */
@@ -68,12 +79,16 @@ int loom_comm_size(const loom_comm *c);
 const char *loom_comm_name(const loom_comm *c);
 
 /* Split `parent` into groups by `color`, ordered by `key` (collective over
- * parent). `name` is copied, e.g. "tp". */
+ * parent). `name` is copied, e.g. "tp"; the new group has its own stats.
+ * color < 0: this rank joins no group and *out is NULL. */
 loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
                             loom_comm **out);
 void loom_comm_free(loom_comm *c);
 
-/* Blocking collectives. */
+/* Blocking collectives. allreduce works in place. reduce_scatter reduces
+ * send (size * count_per_rank elements) into recv (count_per_rank); with
+ * send == recv it is in place and the result lands at the start of the buffer.
+ * allgather with send == recv + rank * bytes_per_rank is in place. */
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype t, loom_redop op);
 loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv,
                                      size_t count_per_rank, loom_dtype t, loom_redop op);
@@ -91,7 +106,8 @@ loom_status loom_comm_recv(loom_comm *c, void *buf, size_t bytes, int peer, int 
 
 /* Non-blocking variants. *req is allocated by the call and released by
  * loom_comm_wait (or loom_comm_test when it reports completion). Buffers must
- * stay valid until then. */
+ * stay valid until then, and the group must not be freed before. On a failed
+ * start *req is NULL. wait(NULL) and test(NULL) succeed at once. */
 loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t,
                                  loom_redop op, loom_req **req);
 loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv,
@@ -104,14 +120,16 @@ loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int pee
 loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
                             loom_req **req);
 loom_status loom_comm_wait(loom_req *req);
-/* *done = 1 and req released when complete; *done = 0 otherwise. */
+/* *done = 1 and req released when complete (or failed: then the status says
+ * why); *done = 0 otherwise. */
 loom_status loom_comm_test(loom_req *req, int *done);
 
 /* Statistics of this group on this rank. */
 const loom_comm_stats *loom_comm_get_stats(const loom_comm *c);
 void loom_comm_reset_stats(loom_comm *c);
 
-/* Seconds since an arbitrary epoch (MPI_Wtime), for timing. */
+/* Seconds since an arbitrary epoch (a monotonic clock), for timing; works
+ * before loom_comm_init too. */
 double loom_comm_wtime(void);
 
 #endif

@@ -45,9 +45,14 @@ int loom_layout_degree(const loom_layout *l, loom_axis a);
  * ranks, but the job has 8"). */
 loom_status loom_layout_check(const loom_layout *l, int world_size);
 
-/* rank -> coordinates (indexed by loom_axis) and back; pure. */
+/* rank -> coordinates (indexed by loom_axis) and back; pure. The layout's
+ * degrees and order must be valid (loom_layout_check). */
 void loom_layout_coords(const loom_layout *l, int rank, int coords[LOOM_AXIS_COUNT]);
 int loom_layout_rank(const loom_layout *l, const int coords[LOOM_AXIS_COUNT]);
+/* Rank inside the dp x cp group (the members ordered by world rank, so the
+ * inner of cp and dp counts fastest: cp_rank + cp * dp_rank by default).
+ * The EP group is dpcp_rank / ep and ep_rank = dpcp_rank % ep. Pure. */
+int loom_layout_dpcp_rank(const loom_layout *l, const int coords[LOOM_AXIS_COUNT]);
 
 typedef struct loom_mesh {
     loom_layout layout;
@@ -57,18 +62,21 @@ typedef struct loom_mesh {
     loom_comm *world; /* not owned */
     loom_comm *tp, *cp, *dp, *pp;
     loom_comm *dpcp; /* dp x cp: the group that reduces gradients when cp > 1 */
-    loom_comm *ep;
+    loom_comm *ep;   /* ep consecutive ranks of dpcp (see loom_layout_dpcp_rank) */
 } loom_mesh;
 
 /* Collective over world. Calls loom_layout_check first, so every rank fails
- * the same way before any communication. */
+ * the same way before any communication. Every group exists (size 1 for a
+ * degree of 1) and is named after its axis: "tp", "cp", "dp", "pp", "dpcp",
+ * "ep". */
 loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh **out);
 void loom_mesh_free(loom_mesh *m);
-/* The comm of an axis. */
+/* The comm of an axis (NULL for an axis out of range). */
 loom_comm *loom_mesh_comm(const loom_mesh *m, loom_axis a);
 
 /* The layout as a small text table (degrees, order, and rank -> coordinates
- * for up to 64 ranks), for `loom train` to print. Returns bytes written. */
+ * for up to 64 ranks), for `loom train` to print. Returns bytes written, not
+ * counting the terminating NUL (the text is cut to fit cap). Pure. */
 size_t loom_mesh_format(const loom_layout *l, int world_size, char *buf, size_t cap);
 
 #endif

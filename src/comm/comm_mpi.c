@@ -1,0 +1,554 @@
+/* comm_mpi.c - the communicator over MPI (the only file in loom that includes
+ * mpi.h). Not tied to a mesh axis: every group, the world included, is a
+ * loom_comm wrapping its own MPI communicator.
+ *
+ * Collective over the group: loom_comm_init / loom_comm_finalize (over the
+ * world), loom_comm_split, loom_comm_free and every blocking or non-blocking
+ * collective. Not collective: send / recv and their non-blocking forms, wait,
+ * test, the accessors and the statistics.
+ *
+ * Each call is described once as an mpi_call (op, buffers, MPI counts) and
+ * then either run blocking, or started as a request. Statistics follow the
+ * byte convention of comm.h: a blocking call counts its calls, bytes and
+ * seconds when it returns successfully; a non-blocking call counts calls and
+ * bytes when it starts and its seconds (start to completion) in wait / test.
+ *
+ * Failures: every communicator has MPI_ERRORS_RETURN, and an MPI error comes
+ * back as LOOM_EUNAVAIL with "rank R: <op> on group <g> failed: <MPI's
+ * string>" (R is the world rank). A size that does not fit MPI's int counts is
+ * refused before any communication; that check is local to the rank, like any
+ * argument check in MPI, so callers must pass consistent sizes on all ranks.
+ *
+ * Hang watchdog: when LOOM_COMM_TIMEOUT=<seconds> is set, blocking calls and
+ * waits poll with MPI_Test, and a call still incomplete after that many
+ * seconds prints "rank R: <op> on group <g> has not completed after N s" and
+ * aborts the job.
+ */
+#include "loom/comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "loom/log.h"
+
+struct loom_comm {
+    MPI_Comm mpi;
+    int rank, size;
+    char name[64];
+    loom_comm_stats stats;
+    int *counts;            /* (4, size) scratch for alltoallv's int arrays */
+    struct loom_req *spare; /* released requests, reused by the next start */
+};
+
+struct loom_req {
+    MPI_Request mpi;
+    loom_comm *c;
+    loom_comm_op op;
+    double t0; /* when the call started */
+    struct loom_req *next;
+};
+
+/* Everything MPI needs for one call of any op, blocking or non-blocking. */
+typedef struct mpi_call {
+    loom_comm_op op;
+    const void *send; /* may be MPI_IN_PLACE */
+    void *recv;
+    int count;        /* elements (typed ops) or bytes; per rank for gather/scatter */
+    MPI_Datatype type;
+    MPI_Op redop;
+    int peer, tag;    /* peer is the root for bcast */
+    const int *send_counts, *send_displs, *recv_counts, *recv_displs; /* alltoallv */
+} mpi_call;
+
+/* Process-wide state of the runtime, not of any group. */
+static int g_world_rank = -1;   /* rank in MPI_COMM_WORLD, for messages */
+static int g_started_mpi;       /* we called MPI_Init_thread, so we finalize */
+static int g_live_worlds;       /* loom_comm_init calls not yet finalized */
+static double g_timeout_s;      /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
+
+double loom_comm_wtime(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- failures and the watchdog ---------------------------------------- */
+
+static loom_status fail_mpi(const loom_comm *c, const char *op, int err) {
+    char text[MPI_MAX_ERROR_STRING] = "unknown MPI error";
+    int len = 0;
+    if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) strcpy(text, "unknown MPI error");
+    return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s failed: %s", g_world_rank, op,
+                     c->name, text);
+}
+
+/* A size_t count as MPI's int, or a message naming the value; `index` >= 0
+ * names the entry of a per-rank array. */
+static loom_status to_int(const loom_comm *c, loom_comm_op op, const char *what, int index,
+                          size_t n, int *out) {
+    if (n > (size_t)INT_MAX) {
+        char name[48];
+        if (index >= 0) snprintf(name, sizeof name, "%s[%d]", what, index);
+        else snprintf(name, sizeof name, "%s", what);
+        return loom_fail(LOOM_EUNAVAIL,
+                         "rank %d: %s on group %s: %s=%zu does not fit MPI's int count (max %d)",
+                         g_world_rank, loom_comm_op_name(op), c->name, name, n, INT_MAX);
+    }
+    *out = (int)n;
+    return LOOM_OK;
+}
+
+static void watchdog_fire(const loom_comm *c, loom_comm_op op) {
+    fprintf(stderr,
+            "loom: error: rank %d: %s on group %s has not completed after %g s "
+            "(LOOM_COMM_TIMEOUT); aborting the job\n",
+            g_world_rank, loom_comm_op_name(op), c->name, g_timeout_s);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, LOOM_EUNAVAIL);
+}
+
+/* MPI_Wait, or with the watchdog on, MPI_Test in a loop until the deadline. */
+static int wait_watched(const loom_comm *c, loom_comm_op op, MPI_Request *r) {
+    if (g_timeout_s <= 0) return MPI_Wait(r, MPI_STATUS_IGNORE);
+    double deadline = loom_comm_wtime() + g_timeout_s;
+    for (;;) {
+        int done = 0;
+        int err = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+        if (err != MPI_SUCCESS || done) return err;
+        if (loom_comm_wtime() > deadline) watchdog_fire(c, op);
+        sched_yield();
+    }
+}
+
+static loom_status read_timeout(void) {
+    const char *s = getenv("LOOM_COMM_TIMEOUT");
+    g_timeout_s = 0;
+    if (!s || !*s) return LOOM_OK;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || !(v >= 0))
+        return loom_fail(LOOM_EUSAGE, "LOOM_COMM_TIMEOUT='%s' is not a number of seconds", s);
+    g_timeout_s = v;
+    return LOOM_OK;
+}
+
+/* ---- running one call ------------------------------------------------- */
+
+static int run_blocking_mpi(const mpi_call *k, MPI_Comm comm) {
+    switch (k->op) {
+    case LOOM_OP_ALLREDUCE:
+        return MPI_Allreduce(k->send, k->recv, k->count, k->type, k->redop, comm);
+    case LOOM_OP_REDUCE_SCATTER:
+        return MPI_Reduce_scatter_block(k->send, k->recv, k->count, k->type, k->redop, comm);
+    case LOOM_OP_ALLGATHER:
+        return MPI_Allgather(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm);
+    case LOOM_OP_ALLTOALL:
+        return MPI_Alltoall(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm);
+    case LOOM_OP_ALLTOALLV:
+        return MPI_Alltoallv(k->send, k->send_counts, k->send_displs, MPI_BYTE, k->recv,
+                             k->recv_counts, k->recv_displs, MPI_BYTE, comm);
+    case LOOM_OP_SEND: return MPI_Send(k->send, k->count, MPI_BYTE, k->peer, k->tag, comm);
+    case LOOM_OP_RECV:
+        return MPI_Recv(k->recv, k->count, MPI_BYTE, k->peer, k->tag, comm, MPI_STATUS_IGNORE);
+    case LOOM_OP_BCAST: return MPI_Bcast(k->recv, k->count, MPI_BYTE, k->peer, comm);
+    case LOOM_OP_BARRIER: return MPI_Barrier(comm);
+    case LOOM_OP_COUNT: break;
+    }
+    return MPI_ERR_OTHER;
+}
+
+static int start_mpi(const mpi_call *k, MPI_Comm comm, MPI_Request *r) {
+    switch (k->op) {
+    case LOOM_OP_ALLREDUCE:
+        return MPI_Iallreduce(k->send, k->recv, k->count, k->type, k->redop, comm, r);
+    case LOOM_OP_REDUCE_SCATTER:
+        return MPI_Ireduce_scatter_block(k->send, k->recv, k->count, k->type, k->redop, comm, r);
+    case LOOM_OP_ALLGATHER:
+        return MPI_Iallgather(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm, r);
+    case LOOM_OP_ALLTOALL:
+        return MPI_Ialltoall(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm, r);
+    case LOOM_OP_ALLTOALLV:
+        return MPI_Ialltoallv(k->send, k->send_counts, k->send_displs, MPI_BYTE, k->recv,
+                              k->recv_counts, k->recv_displs, MPI_BYTE, comm, r);
+    case LOOM_OP_SEND: return MPI_Isend(k->send, k->count, MPI_BYTE, k->peer, k->tag, comm, r);
+    case LOOM_OP_RECV: return MPI_Irecv(k->recv, k->count, MPI_BYTE, k->peer, k->tag, comm, r);
+    case LOOM_OP_BCAST: return MPI_Ibcast(k->recv, k->count, MPI_BYTE, k->peer, comm, r);
+    case LOOM_OP_BARRIER: return MPI_Ibarrier(comm, r);
+    case LOOM_OP_COUNT: break;
+    }
+    return MPI_ERR_OTHER;
+}
+
+static void account(loom_comm *c, loom_comm_op op, size_t bytes, double seconds) {
+    c->stats.calls[op]++;
+    c->stats.bytes[op] += bytes;
+    c->stats.seconds[op] += seconds;
+}
+
+/* Run k to completion on c; count `bytes` if it succeeds. */
+static loom_status run_blocking(loom_comm *c, const mpi_call *k, size_t bytes) {
+    double t0 = loom_comm_wtime();
+    int err;
+    if (g_timeout_s > 0) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        err = start_mpi(k, c->mpi, &r);
+        if (err == MPI_SUCCESS) err = wait_watched(c, k->op, &r);
+    } else {
+        err = run_blocking_mpi(k, c->mpi);
+    }
+    if (err != MPI_SUCCESS) return fail_mpi(c, loom_comm_op_name(k->op), err);
+    account(c, k->op, bytes, loom_comm_wtime() - t0);
+    return LOOM_OK;
+}
+
+static loom_req *req_take(loom_comm *c) {
+    loom_req *r = c->spare;
+    if (r) c->spare = r->next;
+    else r = malloc(sizeof *r);
+    return r;
+}
+
+static void req_release(loom_req *r) {
+    r->next = r->c->spare;
+    r->c->spare = r;
+}
+
+/* Start k on c as *out; count calls and bytes now, seconds at completion. */
+static loom_status run_started(loom_comm *c, const mpi_call *k, size_t bytes, loom_req **out) {
+    *out = NULL;
+    loom_req *r = req_take(c);
+    if (!r)
+        return loom_fail(LOOM_EOS, "rank %d: %s on group %s: out of memory for a request",
+                         g_world_rank, loom_comm_op_name(k->op), c->name);
+    *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .t0 = loom_comm_wtime()};
+    int err = start_mpi(k, c->mpi, &r->mpi);
+    if (err != MPI_SUCCESS) {
+        req_release(r);
+        return fail_mpi(c, loom_comm_op_name(k->op), err);
+    }
+    account(c, k->op, bytes, 0.0);
+    *out = r;
+    return LOOM_OK;
+}
+
+/* ---- runtime and groups ----------------------------------------------- */
+
+static loom_status comm_wrap(MPI_Comm mpi, const char *name, loom_comm **out) {
+    loom_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        MPI_Comm_free(&mpi);
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for group %s", g_world_rank, name);
+    }
+    c->mpi = mpi;
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+    int err = MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+    if (err == MPI_SUCCESS) err = MPI_Comm_rank(mpi, &c->rank);
+    if (err == MPI_SUCCESS) err = MPI_Comm_size(mpi, &c->size);
+    if (err != MPI_SUCCESS) {
+        loom_status st = fail_mpi(c, "create", err);
+        loom_comm_free(c);
+        return st;
+    }
+    c->counts = malloc(4 * (size_t)c->size * sizeof *c->counts);
+    if (!c->counts) {
+        loom_comm_free(c);
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for group %s", g_world_rank, name);
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+static loom_status start_runtime(int *argc, char ***argv) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) return loom_fail(LOOM_EUNAVAIL, "MPI was already finalized; cannot restart it");
+    if (inited) return LOOM_OK;
+    int provided = MPI_THREAD_SINGLE;
+    int err = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (err != MPI_SUCCESS) return loom_fail(LOOM_EUNAVAIL, "MPI_Init_thread failed (code %d)", err);
+    g_started_mpi = 1;
+    if (provided < MPI_THREAD_FUNNELED)
+        loom_warn("MPI provides thread level %d, below MPI_THREAD_FUNNELED", provided);
+    return LOOM_OK;
+}
+
+loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
+    *world = NULL;
+    LOOM_TRY(read_timeout());
+    LOOM_TRY(start_runtime(argc, argv));
+    int world_size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    loom_log_set_rank(g_world_rank, world_size);
+    MPI_Comm dup = MPI_COMM_NULL;
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
+        return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI_Comm_dup of the world failed", g_world_rank);
+    LOOM_TRY(comm_wrap(dup, "world", world));
+    g_live_worlds++;
+    return LOOM_OK;
+}
+
+void loom_comm_finalize(loom_comm *world) {
+    if (world) {
+        loom_comm_free(world);
+        g_live_worlds--;
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (g_live_worlds <= 0 && g_started_mpi && !finalized) MPI_Finalize();
+}
+
+void loom_comm_abort(loom_comm *c, int code) {
+    const char *msg = loom_errmsg();
+    fprintf(stderr, "loom: error: rank %d: aborting the job from group %s with exit code %d%s%s\n",
+            g_world_rank, c ? c->name : "world", code, msg[0] ? ": " : "", msg);
+    fflush(stderr);
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    _Exit(code); /* not reached when MPI_Abort works */
+}
+
+int loom_comm_rank(const loom_comm *c) { return c->rank; }
+int loom_comm_size(const loom_comm *c) { return c->size; }
+const char *loom_comm_name(const loom_comm *c) { return c->name; }
+
+loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
+                            loom_comm **out) {
+    *out = NULL;
+    MPI_Comm mpi = MPI_COMM_NULL;
+    int err = MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &mpi);
+    if (err != MPI_SUCCESS) return fail_mpi(parent, "split", err);
+    if (mpi == MPI_COMM_NULL) return LOOM_OK;
+    return comm_wrap(mpi, name, out);
+}
+
+void loom_comm_free(loom_comm *c) {
+    if (!c) return;
+    while (c->spare) {
+        loom_req *r = c->spare;
+        c->spare = r->next;
+        free(r);
+    }
+    if (c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+    free(c->counts);
+    free(c);
+}
+
+/* ---- describing each op ----------------------------------------------- */
+
+static MPI_Datatype mpi_type(loom_dtype t) {
+    switch (t) {
+    case LOOM_F32: return MPI_FLOAT;
+    case LOOM_F64: return MPI_DOUBLE;
+    case LOOM_I32: return MPI_INT32_T;
+    case LOOM_I64: return MPI_INT64_T;
+    case LOOM_U8: return MPI_UINT8_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(loom_redop op) {
+    switch (op) {
+    case LOOM_SUM: return MPI_SUM;
+    case LOOM_MAX: return MPI_MAX;
+    case LOOM_MIN: return MPI_MIN;
+    }
+    return MPI_OP_NULL;
+}
+
+/* Calls with one count (everything but alltoallv); `count` is checked. */
+static loom_status describe(loom_comm *c, loom_comm_op op, const void *send, void *recv,
+                            size_t count, mpi_call *k) {
+    *k = (mpi_call){.op = op, .send = send, .recv = recv, .type = MPI_BYTE, .redop = MPI_OP_NULL};
+    return to_int(c, op, "count", -1, count, &k->count);
+}
+
+static loom_status describe_reduce(loom_comm *c, loom_comm_op op, const void *send, void *recv,
+                                   size_t count, loom_dtype t, loom_redop rop, mpi_call *k) {
+    LOOM_TRY(describe(c, op, send, recv, count, k));
+    k->type = mpi_type(t);
+    k->redop = mpi_op(rop);
+    return LOOM_OK;
+}
+
+/* send == recv + rank * bytes_per_rank means "my block is already in place". */
+static const void *gather_send(const loom_comm *c, const void *send, void *recv, size_t bytes) {
+    return send == (const char *)recv + (size_t)c->rank * bytes ? MPI_IN_PLACE : send;
+}
+
+static loom_status describe_alltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
+                                      const size_t *send_displ, void *recv,
+                                      const size_t *recv_bytes, const size_t *recv_displ,
+                                      mpi_call *k, size_t *sent) {
+    int n = c->size;
+    *k = (mpi_call){.op = LOOM_OP_ALLTOALLV, .send = send, .recv = recv, .type = MPI_BYTE,
+                    .send_counts = c->counts, .send_displs = c->counts + n,
+                    .recv_counts = c->counts + 2 * n, .recv_displs = c->counts + 3 * n};
+    *sent = 0;
+    for (int i = 0; i < n; i++) {
+        LOOM_TRY(to_int(c, k->op, "send_bytes", i, send_bytes[i], &c->counts[i]));
+        LOOM_TRY(to_int(c, k->op, "send_displ", i, send_displ[i], &c->counts[n + i]));
+        LOOM_TRY(to_int(c, k->op, "recv_bytes", i, recv_bytes[i], &c->counts[2 * n + i]));
+        LOOM_TRY(to_int(c, k->op, "recv_displ", i, recv_displ[i], &c->counts[3 * n + i]));
+        *sent += send_bytes[i];
+    }
+    return LOOM_OK;
+}
+
+/* ---- blocking calls --------------------------------------------------- */
+
+loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype t,
+                                loom_redop op) {
+    mpi_call k;
+    LOOM_TRY(describe_reduce(c, LOOM_OP_ALLREDUCE, MPI_IN_PLACE, buf, count, t, op, &k));
+    return run_blocking(c, &k, count * loom_dtype_size(t));
+}
+
+loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv,
+                                     size_t count_per_rank, loom_dtype t, loom_redop op) {
+    mpi_call k;
+    const void *s = send == recv ? MPI_IN_PLACE : send;
+    LOOM_TRY(describe_reduce(c, LOOM_OP_REDUCE_SCATTER, s, recv, count_per_rank, t, op, &k));
+    return run_blocking(c, &k, count_per_rank * loom_dtype_size(t) * (size_t)c->size);
+}
+
+loom_status loom_comm_allgather(loom_comm *c, const void *send, void *recv,
+                                size_t bytes_per_rank) {
+    mpi_call k;
+    const void *s = gather_send(c, send, recv, bytes_per_rank);
+    LOOM_TRY(describe(c, LOOM_OP_ALLGATHER, s, recv, bytes_per_rank, &k));
+    return run_blocking(c, &k, bytes_per_rank * (size_t)c->size);
+}
+
+loom_status loom_comm_alltoall(loom_comm *c, const void *send, void *recv, size_t bytes_per_rank) {
+    mpi_call k;
+    LOOM_TRY(describe(c, LOOM_OP_ALLTOALL, send, recv, bytes_per_rank, &k));
+    return run_blocking(c, &k, bytes_per_rank * (size_t)c->size);
+}
+
+loom_status loom_comm_alltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
+                                const size_t *send_displ, void *recv, const size_t *recv_bytes,
+                                const size_t *recv_displ) {
+    mpi_call k;
+    size_t sent = 0;
+    LOOM_TRY(describe_alltoallv(c, send, send_bytes, send_displ, recv, recv_bytes, recv_displ, &k,
+                                &sent));
+    return run_blocking(c, &k, sent);
+}
+
+loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root) {
+    mpi_call k;
+    LOOM_TRY(describe(c, LOOM_OP_BCAST, NULL, buf, bytes, &k));
+    k.peer = root;
+    return run_blocking(c, &k, bytes);
+}
+
+loom_status loom_comm_barrier(loom_comm *c) {
+    mpi_call k;
+    LOOM_TRY(describe(c, LOOM_OP_BARRIER, NULL, NULL, 0, &k));
+    return run_blocking(c, &k, 0);
+}
+
+loom_status loom_comm_send(loom_comm *c, const void *buf, size_t bytes, int peer, int tag) {
+    mpi_call k;
+    LOOM_TRY(describe(c, LOOM_OP_SEND, buf, NULL, bytes, &k));
+    k.peer = peer;
+    k.tag = tag;
+    return run_blocking(c, &k, bytes);
+}
+
+loom_status loom_comm_recv(loom_comm *c, void *buf, size_t bytes, int peer, int tag) {
+    mpi_call k;
+    LOOM_TRY(describe(c, LOOM_OP_RECV, NULL, buf, bytes, &k));
+    k.peer = peer;
+    k.tag = tag;
+    return run_blocking(c, &k, bytes);
+}
+
+/* ---- non-blocking calls ----------------------------------------------- */
+
+loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t,
+                                 loom_redop op, loom_req **req) {
+    mpi_call k;
+    *req = NULL;
+    LOOM_TRY(describe_reduce(c, LOOM_OP_ALLREDUCE, MPI_IN_PLACE, buf, count, t, op, &k));
+    return run_started(c, &k, count * loom_dtype_size(t), req);
+}
+
+loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv,
+                                      size_t count_per_rank, loom_dtype t, loom_redop op,
+                                      loom_req **req) {
+    mpi_call k;
+    *req = NULL;
+    const void *s = send == recv ? MPI_IN_PLACE : send;
+    LOOM_TRY(describe_reduce(c, LOOM_OP_REDUCE_SCATTER, s, recv, count_per_rank, t, op, &k));
+    return run_started(c, &k, count_per_rank * loom_dtype_size(t) * (size_t)c->size, req);
+}
+
+loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv,
+                                 size_t bytes_per_rank, loom_req **req) {
+    mpi_call k;
+    *req = NULL;
+    const void *s = gather_send(c, send, recv, bytes_per_rank);
+    LOOM_TRY(describe(c, LOOM_OP_ALLGATHER, s, recv, bytes_per_rank, &k));
+    return run_started(c, &k, bytes_per_rank * (size_t)c->size, req);
+}
+
+loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
+                            loom_req **req) {
+    mpi_call k;
+    *req = NULL;
+    LOOM_TRY(describe(c, LOOM_OP_SEND, buf, NULL, bytes, &k));
+    k.peer = peer;
+    k.tag = tag;
+    return run_started(c, &k, bytes, req);
+}
+
+loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
+                            loom_req **req) {
+    mpi_call k;
+    *req = NULL;
+    LOOM_TRY(describe(c, LOOM_OP_RECV, NULL, buf, bytes, &k));
+    k.peer = peer;
+    k.tag = tag;
+    return run_started(c, &k, bytes, req);
+}
+
+/* Count the seconds of a finished request (or report its error), then
+ * release it. */
+static loom_status req_finish(loom_req *r, int err) {
+    loom_comm *c = r->c;
+    loom_comm_op op = r->op;
+    if (err == MPI_SUCCESS) c->stats.seconds[op] += loom_comm_wtime() - r->t0;
+    req_release(r);
+    return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(op), err);
+}
+
+loom_status loom_comm_wait(loom_req *req) {
+    if (!req) return LOOM_OK;
+    return req_finish(req, wait_watched(req->c, req->op, &req->mpi));
+}
+
+loom_status loom_comm_test(loom_req *req, int *done) {
+    *done = 1;
+    if (!req) return LOOM_OK;
+    int flag = 0;
+    int err = MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE);
+    *done = flag || err != MPI_SUCCESS;
+    if (!*done) return LOOM_OK;
+    return req_finish(req, err);
+}
+
+/* ---- statistics ------------------------------------------------------- */
+
+const loom_comm_stats *loom_comm_get_stats(const loom_comm *c) { return &c->stats; }
+
+void loom_comm_reset_stats(loom_comm *c) { memset(&c->stats, 0, sizeof c->stats); }

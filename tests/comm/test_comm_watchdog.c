@@ -1,0 +1,54 @@
+/* test_comm_watchdog.c - the hang watchdog (LOOM_COMM_TIMEOUT).
+ *
+ *   test_comm_watchdog bad-env   one process: a malformed LOOM_COMM_TIMEOUT
+ *                                makes loom_comm_init fail with LOOM_EUSAGE
+ *   test_comm_watchdog recv      every rank receives a message nobody sends
+ *   test_comm_watchdog wait      the same through irecv + wait
+ *
+ * In the last two modes the job must abort with "rank R: recv on group world
+ * has not completed after N s"; CTest matches that line, so the test
+ * passes by hanging and being stopped, never by returning. Collective over
+ * the world in those modes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "loom/comm.h"
+
+static int test_bad_env(void) {
+    setenv("LOOM_COMM_TIMEOUT", "ten", 1);
+    loom_comm *w = NULL;
+    loom_status st = loom_comm_init(NULL, NULL, &w);
+    CHECK(st == LOOM_EUSAGE, "init with LOOM_COMM_TIMEOUT=ten returned %d", st);
+    CHECK(strstr(loom_errmsg(), "LOOM_COMM_TIMEOUT='ten'") != NULL, "message: %s", loom_errmsg());
+    CHECK(w == NULL, "no world on failure");
+    return check_done();
+}
+
+static int hang(int argc, char **argv, int nonblocking) {
+    loom_comm *w = NULL;
+    if (loom_comm_init(&argc, &argv, &w) != LOOM_OK) {
+        fprintf(stderr, "init: %s\n", loom_errmsg());
+        return 1;
+    }
+    int x = 0, from = (loom_comm_rank(w) + 1) % loom_comm_size(w);
+    if (nonblocking) {
+        loom_req *req = NULL;
+        if (loom_comm_irecv(w, &x, sizeof x, from, 42, &req) == LOOM_OK) loom_comm_wait(req);
+    } else {
+        loom_comm_recv(w, &x, sizeof x, from, 42);
+    }
+    fprintf(stderr, "the watchdog did not fire\n");
+    loom_comm_finalize(w);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "bad-env") == 0) return test_bad_env();
+    if (strcmp(mode, "recv") == 0) return hang(argc, argv, 0);
+    if (strcmp(mode, "wait") == 0) return hang(argc, argv, 1);
+    fprintf(stderr, "usage: test_comm_watchdog bad-env|recv|wait\n");
+    return 64;
+}
