@@ -20,7 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Threads for BLAS (and OpenMP where built with it). */
+/* Compute threads. Built with OpenMP, loom runs one thread pool: OpenBLAS is
+ * set to 1 thread and the kernels split rows (and attention heads) over n
+ * OpenMP threads themselves, because two spinning pools slow each other down.
+ * Without OpenMP, n goes to OpenBLAS. Call before sizing attention scratch. */
 void loom_kernels_set_threads(int n);
 int loom_kernels_get_threads(void);
 
@@ -39,7 +42,7 @@ void loom_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t
  * rstd (N). writes out, mean, rstd. */
 void loom_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
                         const float *b, int N, int C);
-/* dinp (N,C) +=, dw (C) +=, db (C) +=. */
+/* dinp (N,C) +=, dw (C) +=, db (C) +=; each may be NULL. */
 void loom_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C);
 
@@ -76,7 +79,7 @@ void loom_attention_fwd(float *out, float *att, const float *qkv, int B, int T, 
  * floats, not preserved. */
 void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH);
-size_t loom_attention_scratch_floats(int T);
+size_t loom_attention_scratch_floats(int T); /* T*T x the current thread count */
 
 /* Softmax + cross-entropy per row. logits (N,V) -> probs (N,V) (probs may alias
  * logits), losses (N) = -log probs[target]. A target < 0 is ignored: loss 0. */

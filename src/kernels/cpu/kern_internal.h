@@ -1,0 +1,174 @@
+/* kern_internal.h - helpers shared by the CPU kernels (private to src/kernels/cpu).
+ *
+ * gcc does not vectorize a plain float reduction (sum += x[i]) without
+ * -ffast-math, because that reorders additions, nor a loop that calls expf.
+ * So this header provides an inline, branch-free expf (and a sqrtf, which
+ * gcc keeps scalar under -fmath-errno) and reductions that keep
+ * KERN_LANES independent partial results; both compile to SIMD code under
+ * -O3 -march=native. It also provides KERN_PARALLEL_FOR, the one OpenMP
+ * construct the kernels use, which is a no-op without OpenMP or with one
+ * thread, and kern_sgemm, the threaded sgemm every matmul goes through.
+ */
+#ifndef LOOM_KERN_INTERNAL_H
+#define LOOM_KERN_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+
+/* Independent accumulators in the lane-parallel reductions: two AVX2 or one
+ * AVX-512 register of floats. */
+#define KERN_LANES 16
+
+/* Flat elementwise kernels are split into blocks of this many elements, the
+ * unit of work one OpenMP thread takes. */
+#define KERN_BLOCK 16384
+
+#ifdef LOOM_HAVE_OPENMP
+#define KERN_PRAGMA_(x) _Pragma(#x)
+/* The next for-loop runs on nth OpenMP threads when nth > 1. Use it at
+ * statement level (it expands to a statement without OpenMP). */
+#define KERN_PARALLEL_FOR(nth) \
+    KERN_PRAGMA_(omp parallel for schedule(static) num_threads(nth) if ((nth) > 1))
+#else
+#define KERN_PARALLEL_FOR(nth) (void)(nth);
+#endif
+
+/* One row-major sgemm, C (M,N) = alpha op(A) op(B) + beta C, as plain data
+ * so that kern_sgemm can split it. ta, tb: CblasNoTrans or CblasTrans. */
+typedef struct {
+    int ta, tb;
+    int M, N, K;
+    float alpha;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float beta;
+    float *C;
+    int ldc;
+} kern_gemm;
+
+/* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
+void kern_sgemm(const kern_gemm *g);
+
+/* Index of the calling thread inside a KERN_PARALLEL_FOR loop (0 outside). */
+int kern_thread_id(void);
+
+/* exp(a) for float a, within ~2 ulp for results in the normal range.
+ * a < -87.3365 (result below FLT_MIN) gives 0, a > 88.72 gives +inf, NaN
+ * gives NaN; results for 88 < a <= 88.72 saturate at exp(88). Method: round
+ * a/ln2 to an integer k with the 1.5*2^23 trick, reduce r = a - k ln2 in two
+ * steps (Cody-Waite; ln2_hi has 16 significant bits so k*ln2_hi is exact),
+ * evaluate the degree-7 Taylor polynomial of exp(r) on |r| <= ln2/2
+ * (truncation < 1e-8 relative) and scale by 2^k built in the exponent bits. */
+static inline float kern_expf(float a) {
+    const float lo = -87.33654f, hi = 88.0f;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const uint32_t magic_bits = 0x4B400000u;
+    float x = a < lo ? lo : (a > hi ? hi : a);
+    float t = x * 1.44269504088896341f + magic;
+    float kf = t - magic;
+    float r = x - kf * 0.693145751953125f;
+    r = r - kf * 1.428606820309417232e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t sb = (tb - magic_bits + 127u) << 23; /* bits of 2^k */
+    float s;
+    memcpy(&s, &sb, sizeof s);
+    float y = p * s;
+    y = a < lo ? 0.0f : y;
+    y = a > 88.72283f ? INFINITY : y;
+    return y;
+}
+
+/* sqrt(x), correctly rounded (equal to sqrtf for every float: checked over
+ * all mantissas of [1,4) and all subnormals), but written without libm:
+ * gcc keeps sqrtf scalar unless built with -fno-math-errno. Method: the
+ * classic bit-trick estimate of 1/sqrt(x), two float Newton steps (~1e-7),
+ * then two Heron steps in double (error ~1e-27, so the final rounding to
+ * float is exact). Subnormals are scaled by 2^24 first. 0, +inf and NaN
+ * return themselves, x < 0 gives NaN. */
+static inline float kern_sqrtf(float x) {
+    const float tiny = 0x1p-126f; /* FLT_MIN */
+    float xs = x < tiny ? x * 0x1p24f : x;
+    uint32_t u;
+    memcpy(&u, &xs, sizeof u);
+    u = 0x5f375a86u - (u >> 1);
+    float r;
+    memcpy(&r, &u, sizeof r);
+    r = r * (1.5f - 0.5f * xs * r * r);
+    r = r * (1.5f - 0.5f * xs * r * r);
+    double d = xs, s = d * r;
+    s = 0.5 * (s + d / s);
+    s = 0.5 * (s + d / s);
+    float y = (float)s * (x < tiny ? 0x1p-12f : 1.0f);
+    y = x > 0.0f && x < INFINITY ? y : x;
+    return x < 0.0f ? NAN : y;
+}
+
+/* sum of x[0..n) */
+static inline float kern_sum(const float *x, int n) {
+    float acc[KERN_LANES] = {0};
+    int i = 0;
+    for (; i + KERN_LANES <= n; i += KERN_LANES)
+        for (int l = 0; l < KERN_LANES; l++) acc[l] += x[i + l];
+    float s = 0.0f;
+    for (; i < n; i++) s += x[i];
+    for (int l = 0; l < KERN_LANES; l++) s += acc[l];
+    return s;
+}
+
+/* sum of x[i]*y[i] over [0..n) */
+static inline float kern_dot(const float *x, const float *y, int n) {
+    float acc[KERN_LANES] = {0};
+    int i = 0;
+    for (; i + KERN_LANES <= n; i += KERN_LANES)
+        for (int l = 0; l < KERN_LANES; l++) acc[l] += x[i + l] * y[i + l];
+    float s = 0.0f;
+    for (; i < n; i++) s += x[i] * y[i];
+    for (int l = 0; l < KERN_LANES; l++) s += acc[l];
+    return s;
+}
+
+/* max of x[0..n), n >= 1. NaNs are skipped here; callers see them again in
+ * the exp pass, so they still propagate to the result. */
+static inline float kern_max(const float *x, int n) {
+    float acc[KERN_LANES];
+    for (int l = 0; l < KERN_LANES; l++) acc[l] = -INFINITY;
+    int i = 0;
+    for (; i + KERN_LANES <= n; i += KERN_LANES)
+        for (int l = 0; l < KERN_LANES; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+    float m = -INFINITY;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int l = 0; l < KERN_LANES; l++) m = acc[l] > m ? acc[l] : m;
+    return m;
+}
+
+/* x[i] = exp(x[i] - m) over [0..n) */
+static inline void kern_exp_shift(float *x, int n, float m) {
+    for (int i = 0; i < n; i++) x[i] = kern_expf(x[i] - m);
+}
+
+/* x[i] *= s over [0..n) */
+static inline void kern_scale_row(float *x, int n, float s) {
+    for (int i = 0; i < n; i++) x[i] *= s;
+}
+
+/* y[i] += x[i] over [0..n) */
+static inline void kern_add_row(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += x[i];
+}
+
+#endif

@@ -1,0 +1,84 @@
+/* matmul.c - linear layers and the tied LM head, forward and backward.
+ *
+ * Every product is one row-major sgemm through kern_sgemm (gemm.c), which
+ * shares the output rows out over the kernel threads. Linear weights are [in, out] (C, OC) as in Hugging
+ * Face's GPT-2 Conv1D; the LM head multiplies by the embedding wte (V, C)
+ * transposed. Backward passes accumulate (beta = 1) into every gradient they
+ * are given. The bias gradient is a column sum, split over threads by column
+ * slices so that no two threads write the same float.
+ */
+#include <cblas.h>
+
+#include "kern_internal.h"
+
+/* Columns per thread task in the bias-gradient column sum. */
+#define MM_BIAS_COLS 64
+
+void loom_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
+                     int N, int C, int OC) {
+    /* out (N,OC), inp (N,C), w (C,OC), b (OC) or NULL */
+    float beta = 0.0f;
+    if (b) {
+        for (int i = 0; i < N; i++) memcpy(out + (size_t)i * OC, b, (size_t)OC * sizeof *b);
+        beta = 1.0f;
+    }
+    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = OC, .K = C,
+                   .alpha = 1.0f, .A = inp, .lda = C, .B = w, .ldb = OC, .beta = beta,
+                   .C = out, .ldc = OC};
+    kern_sgemm(&g);
+}
+
+/* db (OC) += sum over rows of dout (N,OC). */
+static void mm_bias_bwd(float *db, const float *dout, int N, int OC) {
+    int nth = loom_kernels_get_threads();
+    int cols = nth > 1 ? MM_BIAS_COLS : OC;
+    int ntask = (OC + cols - 1) / cols;
+    KERN_PARALLEL_FOR(nth)
+    for (int task = 0; task < ntask; task++) {
+        int c0 = task * cols;
+        int nc = OC - c0 < cols ? OC - c0 : cols;
+        for (int i = 0; i < N; i++) kern_add_row(db + c0, dout + (size_t)i * OC + c0, nc);
+    }
+}
+
+void loom_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC) {
+    /* dinp (N,C) +=, dw (C,OC) +=, db (OC) +=; dout (N,OC), inp (N,C), w (C,OC) */
+    if (dinp) { /* dout @ w^T */
+        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = C, .K = OC,
+                       .alpha = 1.0f, .A = dout, .lda = OC, .B = w, .ldb = OC, .beta = 1.0f,
+                       .C = dinp, .ldc = C};
+        kern_sgemm(&g);
+    }
+    if (dw) { /* inp^T @ dout */
+        kern_gemm g = {.ta = CblasTrans, .tb = CblasNoTrans, .M = C, .N = OC, .K = N,
+                       .alpha = 1.0f, .A = inp, .lda = C, .B = dout, .ldb = OC, .beta = 1.0f,
+                       .C = dw, .ldc = OC};
+        kern_sgemm(&g);
+    }
+    if (db) mm_bias_bwd(db, dout, N, OC);
+}
+
+void loom_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V) {
+    /* out (N,V), inp (N,C), wte (V,C) */
+    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = V, .K = C, .alpha = 1.0f,
+                   .A = inp, .lda = C, .B = wte, .ldb = C, .beta = 0.0f, .C = out, .ldc = V};
+    kern_sgemm(&g);
+}
+
+void loom_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+                        const float *wte, int N, int C, int V) {
+    /* dinp (N,C) +=, dwte (V,C) +=; dout (N,V), inp (N,C), wte (V,C) */
+    if (dinp) { /* dout @ wte */
+        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = V,
+                       .alpha = 1.0f, .A = dout, .lda = V, .B = wte, .ldb = C, .beta = 1.0f,
+                       .C = dinp, .ldc = C};
+        kern_sgemm(&g);
+    }
+    if (dwte) { /* dout^T @ inp */
+        kern_gemm g = {.ta = CblasTrans, .tb = CblasNoTrans, .M = V, .N = C, .K = N,
+                       .alpha = 1.0f, .A = dout, .lda = V, .B = inp, .ldb = C, .beta = 1.0f,
+                       .C = dwte, .ldc = C};
+        kern_sgemm(&g);
+    }
+}

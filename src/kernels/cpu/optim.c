@@ -1,0 +1,58 @@
+/* optim.c - the AdamW update, following torch.optim.AdamW (torch 1.13,
+ * single-tensor path) operation by operation:
+ *   p *= 1 - lr*wd
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ * The per-step scalars are computed in double, as Python computes them, and
+ * rounded to float once. The loop is elementwise and shared out over threads
+ * in blocks; every rank calls it on its own shard, nothing is collective.
+ */
+#include "kern_internal.h"
+
+/* Per-step constants of the update, already rounded to float. */
+typedef struct {
+    float decay;     /* 1 - lr*wd */
+    float b1, c1;    /* beta1, 1 - beta1 */
+    float b2, c2;    /* beta2, 1 - beta2 */
+    float bc2_sqrt;  /* sqrt(1 - beta2^t) */
+    float step_size; /* lr / (1 - beta1^t) */
+    float eps;
+} adamw_consts;
+
+/* The update of one block; kern_sqrtf equals sqrtf but lets gcc vectorize. */
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
+                       const adamw_consts *k) {
+    const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
+    const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = m[i] * b1 + c1 * gi;
+        float vi = v[i] * b2 + c2 * gi * gi;
+        float denom = kern_sqrtf(vi) / bc2s + eps;
+        p[i] = p[i] * decay + neg_step * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, int t) {
+    /* p (n), g (n), m (n), v (n) */
+    adamw_consts k = {
+        .decay = (float)(1.0 - (double)lr * (double)wd),
+        .b1 = beta1,
+        .c1 = (float)(1.0 - (double)beta1),
+        .b2 = beta2,
+        .c2 = (float)(1.0 - (double)beta2),
+        .bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t)),
+        .step_size = (float)((double)lr / (1.0 - pow((double)beta1, (double)t))),
+        .eps = eps,
+    };
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t b = 0; b < nblk; b++) {
+        size_t lo = b * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        adamw_span(p + lo, g + lo, m + lo, v + lo, len, &k);
+    }
+}

@@ -1,0 +1,171 @@
+/* util.c - thread control, sgemm calibration and flat-vector helpers.
+ *
+ * One thread count drives every kernel. Built with OpenMP, loom keeps a
+ * single pool: OpenMP threads split the elementwise loops and the rows of
+ * every sgemm (gemm.c) while OpenBLAS itself runs on one thread; without
+ * OpenMP the count goes to OpenBLAS. Until loom_kernels_set_threads is
+ * called the count is what OpenBLAS chose at start-up (OPENBLAS_NUM_THREADS
+ * or the cores). Also here: the residual add and the whole-buffer helpers the
+ * trainer uses for gradient norms, clipping and blow-up detection. Nothing
+ * here is collective; callers reduce across ranks.
+ */
+#include <cblas.h>
+#include <stdlib.h>
+#include <time.h>
+
+#ifdef LOOM_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+#include "kern_internal.h"
+
+static int kern_nthreads; /* 0: not set yet */
+
+void loom_kernels_set_threads(int n) {
+    if (n < 1) n = 1;
+    kern_nthreads = n;
+#ifdef LOOM_HAVE_OPENMP
+    openblas_set_num_threads(1);
+    omp_set_num_threads(n);
+#else
+    openblas_set_num_threads(n);
+#endif
+}
+
+/* The first call (from the main thread, before any kernel runs its loops)
+ * adopts OpenBLAS's start-up count, so that the setting above applies. */
+int loom_kernels_get_threads(void) {
+    if (kern_nthreads == 0) loom_kernels_set_threads(openblas_get_num_threads());
+    return kern_nthreads;
+}
+
+int kern_thread_id(void) {
+#ifdef LOOM_HAVE_OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static double kern_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best time of `reps` n x n x n sgemms on a, b -> c, threaded as the
+ * matmul kernels are. */
+static double kern_time_sgemm(float *c, const float *a, const float *b, int n, int reps) {
+    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = n, .N = n, .K = n,
+                   .alpha = 1.0f, .A = a, .lda = n, .B = b, .ldb = n, .beta = 0.0f, .C = c,
+                   .ldc = n};
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = kern_now();
+        kern_sgemm(&g);
+        double dt = kern_now() - t0;
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+
+/* Times 1024^3 sgemms (512^3 if one takes over 0.25 s), best of several.
+ * Allocates its own buffers (this is a set-up call, not a step kernel);
+ * returns 0 if that fails. */
+double loom_kernels_calibrate_sgemm(void) {
+    int n = 1024;
+    size_t nn = (size_t)n * n;
+    float *buf = malloc(3 * nn * sizeof *buf);
+    if (!buf) return 0.0;
+    float *a = buf, *b = buf + nn, *c = buf + 2 * nn;
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+        b[i] = (float)(i % 13) * 0.0625f - 0.375f;
+    }
+    double t = kern_time_sgemm(c, a, b, n, 1); /* warm-up: threads, pages */
+    if (t > 0.25) n = 512;
+    t = kern_time_sgemm(c, a, b, n, 3);
+    free(buf);
+    return 2.0 * (double)n * n * n / (t > 0 ? t : 1e-9);
+}
+
+/* ---- residual ---------------------------------------------------------- */
+
+void loom_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+    /* out (n), a (n), b (n); out may alias a or b (elementwise, same index) */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, hi = lo + KERN_BLOCK < n ? lo + KERN_BLOCK : n;
+        for (size_t i = lo; i < hi; i++) out[i] = a[i] + b[i];
+    }
+}
+
+void loom_residual_bwd(float *da, float *db, const float *dout, size_t n) {
+    /* da (n) +=, db (n) +=, dout (n) */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        kern_add_row(da + lo, dout + lo, (int)len);
+        kern_add_row(db + lo, dout + lo, (int)len);
+    }
+}
+
+/* ---- whole-buffer helpers --------------------------------------------- */
+
+/* Sum of squares of one block, KERN_LANES double accumulators. */
+static double kern_sumsq_block(const float *x, size_t n) {
+    double acc[KERN_LANES] = {0};
+    size_t i = 0;
+    for (; i + KERN_LANES <= n; i += KERN_LANES)
+        for (int l = 0; l < KERN_LANES; l++) acc[l] += (double)x[i + l] * (double)x[i + l];
+    double s = 0.0;
+    for (; i < n; i++) s += (double)x[i] * (double)x[i];
+    for (int l = 0; l < KERN_LANES; l++) s += acc[l];
+    return s;
+}
+
+double loom_sumsq(const float *x, size_t n) {
+    /* x (n) */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    double total = 0.0;
+#ifdef LOOM_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1) reduction(+ : total)
+#else
+    (void)nth;
+#endif
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        total += kern_sumsq_block(x + lo, len);
+    }
+    return total;
+}
+
+void loom_scale(float *x, size_t n, float s) {
+    /* x (n) *= s */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        kern_scale_row(x + lo, (int)len, s);
+    }
+}
+
+/* A float is inf or NaN exactly when its exponent bits are all ones; testing
+ * the bits keeps the loop integer-only and vectorizable. */
+int loom_all_finite(const float *x, size_t n) {
+    /* x (n) */
+    const uint32_t expo = 0x7f800000u;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (uint32_t)((u & expo) == expo);
+    }
+    return bad == 0;
+}

@@ -1,0 +1,214 @@
+/* test_kernels_loss.c - softmax cross-entropy, AdamW and the flat-vector
+ * helpers against plain double references: probabilities and losses,
+ * ignored targets, logits of 1e4, aliasing, the gradient against central
+ * finite differences of dloss * sum(losses); AdamW over several steps against
+ * the torch formula in double; sumsq, scale and all_finite.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kref.h"
+#include "loom/kernels.h"
+
+/* ---- softmax cross-entropy ------------------------------------------------ */
+
+typedef struct {
+    int N, V;
+    double *logits;          /* (N,V) */
+    const int32_t *targets;  /* (N) */
+    double dloss;
+    double *probs, *losses;  /* (N,V), (N) */
+} xent_ref;
+
+/* L = dloss * sum of the losses of the rows that count. */
+static double xent_objective(void *ctx) {
+    xent_ref *x = ctx;
+    double L = 0;
+    for (int i = 0; i < x->N; i++) {
+        const double *z = x->logits + (size_t)i * x->V;
+        double *p = x->probs + (size_t)i * x->V;
+        double mx = z[0], sum = 0;
+        for (int j = 1; j < x->V; j++) mx = z[j] > mx ? z[j] : mx;
+        for (int j = 0; j < x->V; j++) sum += exp(z[j] - mx);
+        for (int j = 0; j < x->V; j++) p[j] = exp(z[j] - mx) / sum;
+        int t = x->targets[i];
+        x->losses[i] = t < 0 ? 0.0 : log(sum) - (z[t] - mx);
+        L += x->dloss * x->losses[i];
+    }
+    return L;
+}
+
+static void test_xent(int N, int V, double range, int alias) {
+    char what[96];
+    snprintf(what, sizeof what, "softmax_xent N=%d V=%d range=%g alias=%d", N, V, range, alias);
+    size_t nv = (size_t)N * V;
+    float *logits = kr_rand_floats(nv, -range, range);
+    int32_t *targets = malloc((size_t)N * sizeof *targets);
+    for (int i = 0; i < N; i++) targets[i] = kr_randint(V);
+    if (N > 2) targets[2] = -1; /* ignored */
+    float dloss = 1.0f / (float)N;
+    xent_ref ref = {N, V, kr_widen(logits, nv), targets, dloss, kr_doubles(nv),
+                    kr_doubles((size_t)N)};
+    xent_objective(&ref);
+
+    float *losses = kr_floats((size_t)N), *probs = alias ? logits : kr_floats(nv);
+    if (!alias) kr_fill_nan(probs, nv);
+    loom_softmax_xent_fwd(losses, probs, logits, targets, N, V);
+    double e = kr_err(probs, ref.probs, nv);
+    CHECK(e <= KR_FWD_TOL, "%s: probs rel err %.3g", what, e);
+    e = kr_err(losses, ref.losses, (size_t)N);
+    CHECK(e <= KR_FWD_TOL, "%s: losses rel err %.3g", what, e);
+    CHECK(loom_all_finite(probs, nv) && loom_all_finite(losses, (size_t)N), "%s: not finite",
+          what);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double s = 0;
+        for (int j = 0; j < V; j++) s += probs[(size_t)i * V + j];
+        worst = fabs(s - 1) > worst ? fabs(s - 1) : worst;
+    }
+    CHECK(worst <= 1e-6, "%s: a row of probs sums to 1 %+.3g", what, worst);
+    if (N > 2) CHECK(losses[2] == 0.0f, "%s: ignored row has loss %g", what, losses[2]);
+
+    double *fd = kr_doubles(nv);
+    kr_fd_grad(fd, ref.logits, nv, xent_objective, &ref);
+    float *dlogits = alias ? probs : kr_floats(nv);
+    if (!alias) kr_fill_nan(dlogits, nv); /* bwd writes, never reads */
+    loom_softmax_xent_bwd(dlogits, probs, targets, dloss, N, V);
+    e = kr_err(dlogits, fd, nv);
+    CHECK(e <= KR_BWD_TOL, "%s: dlogits vs finite differences rel err %.3g", what, e);
+    if (N > 2) {
+        int nonzero = 0;
+        for (int j = 0; j < V; j++) nonzero += dlogits[(size_t)2 * V + j] != 0.0f;
+        CHECK(nonzero == 0, "%s: ignored row has %d nonzero gradients", what, nonzero);
+    }
+
+    free(fd), free(ref.logits), free(ref.probs), free(ref.losses);
+    if (!alias) free(probs), free(dlogits);
+    free(logits), free(targets), free(losses);
+}
+
+/* Logits of size 1e4: probabilities, losses and gradients stay finite and
+ * match the double log-sum-exp. */
+static void test_xent_large(void) {
+    int N = 4, V = 9;
+    float logits[4 * 9];
+    int32_t targets[4] = {0, 3, 8, -1};
+    for (int i = 0; i < N * V; i++) logits[i] = (float)kr_uniform(-1e4, 1e4);
+    logits[1 * V + 3] = 1e4f; /* row 1: its target is the max */
+    xent_ref ref = {N, V, kr_widen(logits, (size_t)N * V), targets, 1.0, kr_doubles((size_t)N * V),
+                    kr_doubles((size_t)N)};
+    xent_objective(&ref);
+    float losses[4], probs[4 * 9];
+    loom_softmax_xent_fwd(losses, probs, logits, targets, N, V);
+    CHECK(loom_all_finite(losses, 4) && loom_all_finite(probs, 36), "large logits: not finite");
+    double e = kr_err(losses, ref.losses, (size_t)N);
+    CHECK(e <= KR_FWD_TOL, "large logits: losses rel err %.3g", e);
+    loom_softmax_xent_bwd(probs, probs, targets, 1.0f, N, V);
+    CHECK(loom_all_finite(probs, 36), "large logits: dlogits not finite");
+    free(ref.logits), free(ref.probs), free(ref.losses);
+}
+
+/* ---- AdamW -------------------------------------------------------------------- */
+
+/* torch.optim.AdamW's single-tensor update in double. */
+static void adamw_ref(double *p, const double *g, double *m, double *v, size_t n, double lr,
+                      double b1, double b2, double eps, double wd, int t) {
+    double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+        p[i] *= 1 - lr * wd;
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        p[i] -= lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + eps);
+    }
+}
+
+static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float wd, int t0,
+                       int steps) {
+    char what[96];
+    snprintf(what, sizeof what, "adamw n=%zu b2=%g wd=%g t0=%d", n, b2, wd, t0);
+    float *p = kr_rand_floats(n, -1, 1), *m = kr_rand_floats(n, -0.01, 0.01);
+    float *v = kr_rand_floats(n, 0, 1e-4);
+    if (t0 == 1) memset(m, 0, n * sizeof *m), memset(v, 0, n * sizeof *v);
+    double *pd = kr_widen(p, n), *md = kr_widen(m, n), *vd = kr_widen(v, n);
+    double *gd = kr_doubles(n);
+    for (int s = 0; s < steps; s++) {
+        float *g = kr_rand_floats(n, -1, 1);
+        for (size_t i = 0; i < n; i += 7) g[i] = 0.0f; /* eps-dominated entries */
+        for (size_t i = 0; i < n; i++) gd[i] = g[i];
+        loom_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t0 + s);
+        adamw_ref(pd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + s);
+        free(g);
+    }
+    double ep = kr_err(p, pd, n), em = kr_err(m, md, n), ev = kr_err(v, vd, n);
+    CHECK(ep <= KR_FWD_TOL && em <= KR_FWD_TOL && ev <= KR_FWD_TOL,
+          "%s: rel err p %.3g m %.3g v %.3g", what, ep, em, ev);
+    /* the parameter change itself, not only the parameter, must agree; small
+     * parameters, so that rounding p0 + dp to float hides little of dp */
+    float *p0 = kr_rand_floats(n, -0.01, 0.01), *g = kr_rand_floats(n, -1, 1);
+    float *pc = kr_copy(p0, n);
+    double *pcd = kr_widen(p0, n), *dd = kr_doubles(n);
+    for (size_t i = 0; i < n; i++) gd[i] = g[i], md[i] = m[i], vd[i] = v[i];
+    loom_adamw_update(pc, g, m, v, n, lr, b1, b2, eps, wd, t0 + steps);
+    adamw_ref(pcd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + steps);
+    for (size_t i = 0; i < n; i++) {
+        pc[i] -= p0[i];
+        dd[i] = pcd[i] - (double)p0[i];
+    }
+    double ed = kr_err(pc, dd, n);
+    CHECK(ed <= KR_FWD_TOL, "%s: update rel err %.3g", what, ed);
+    free(p), free(m), free(v), free(pd), free(md), free(vd), free(gd);
+    free(p0), free(g), free(pc), free(pcd), free(dd);
+}
+
+/* ---- sumsq, scale, all_finite ------------------------------------------------ */
+
+static void test_vector_helpers(size_t n) {
+    float *x = kr_rand_floats(n, -2, 2);
+    double want = 0;
+    for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+    double got = loom_sumsq(x, n);
+    CHECK(fabs(got - want) <= 1e-10 * want, "sumsq n=%zu: %.17g want %.17g", n, got, want);
+
+    float *y = kr_copy(x, n);
+    loom_scale(y, n, 0.3f);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += y[i] != x[i] * 0.3f;
+    CHECK(bad == 0, "scale n=%zu: %d entries differ from x * s", n, bad);
+
+    CHECK(loom_all_finite(x, n), "all_finite n=%zu: finite data reported non-finite", n);
+    float specials[3] = {INFINITY, -INFINITY, NAN};
+    size_t where[3] = {0, n / 2, n - 1};
+    for (int s = 0; s < 3; s++)
+        for (int w = 0; w < 3; w++) {
+            float keep = x[where[w]];
+            x[where[w]] = specials[s];
+            CHECK(!loom_all_finite(x, n), "all_finite n=%zu: missed %g at %zu", n, specials[s],
+                  where[w]);
+            x[where[w]] = keep;
+        }
+    x[0] = 3.4e38f; /* large but finite, and a subnormal */
+    x[n - 1] = 1e-45f;
+    CHECK(loom_all_finite(x, n), "all_finite n=%zu: FLT_MAX-ish or subnormal flagged", n);
+    free(x), free(y);
+}
+
+int main(void) {
+    loom_kernels_set_threads(1);
+    kr_seed(4);
+    test_xent(7, 11, 3.0, 0);
+    test_xent(7, 11, 3.0, 1);
+    test_xent(1, 2, 1.0, 0);
+    test_xent(16, 64, 5.0, 0);
+    test_xent(5, 300, 8.0, 1);
+    test_xent_large();
+    test_adamw(1001, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 5);
+    test_adamw(1001, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 5);
+    test_adamw(40000, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1000, 3); /* several blocks */
+    test_vector_helpers(1);
+    test_vector_helpers(1000);
+    test_vector_helpers(100003);
+    return check_done();
+}

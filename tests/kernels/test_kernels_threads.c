@@ -1,0 +1,140 @@
+/* test_kernels_threads.c - the multi-threaded paths agree with one thread.
+ *
+ * Runs each kernel at sizes that give several OpenMP blocks, column slices
+ * and (b, h) pairs, first on one thread and then on two, and compares every
+ * output (the one-thread paths are checked against double references in the
+ * other kernel tests). Also checks the thread setting itself, the attention
+ * scratch size and the sgemm calibration.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kref.h"
+#include "loom/kernels.h"
+
+#define B 3
+#define T 80
+#define C 96
+#define NH 4
+#define V 50
+#define N (B * T)
+
+/* All the inputs, and one buffer per output, of every kernel. */
+typedef struct {
+    int32_t tok[N], tgt[N];
+    float *wte, *wpe, *x, *w, *bias, *qkv, *dy, *dqkv_in;
+    /* outputs */
+    float *enc, *dwte, *dwpe, *ln, *mean, *rstd, *dln, *dlnw, *dlnb, *mm, *dmmx, *dmmw, *dmmb;
+    float *att_out, *att, *dqkv, *gelu, *dgelu, *probs, *losses, *p, *m, *v;
+    double sumsq;
+} run_t;
+
+static void run_alloc(run_t *r) {
+    r->enc = kr_floats(N * C), r->dwte = calloc(V * C, sizeof(float)), r->dwpe = calloc(T * C, sizeof(float));
+    r->ln = kr_floats(N * C), r->mean = kr_floats(N), r->rstd = kr_floats(N);
+    r->dln = calloc(N * C, sizeof(float)), r->dlnw = calloc(C, sizeof(float)), r->dlnb = calloc(C, sizeof(float));
+    r->mm = kr_floats(N * 3 * C), r->dmmx = calloc(N * C, sizeof(float)), r->dmmw = calloc(C * 3 * C, sizeof(float));
+    r->dmmb = calloc(3 * C, sizeof(float)), r->att_out = kr_floats(N * C), r->att = kr_floats(B * NH * T * T);
+    r->dqkv = calloc(N * 3 * C, sizeof(float)), r->gelu = kr_floats(N * 3 * C), r->dgelu = calloc(N * 3 * C, sizeof(float));
+    r->probs = kr_floats(N * V), r->losses = kr_floats(N);
+    r->p = kr_copy(r->x, N * C), r->m = calloc(N * C, sizeof(float)), r->v = calloc(N * C, sizeof(float));
+}
+
+static void run_kernels(run_t *r) {
+    float *scratch = kr_floats(loom_attention_scratch_floats(T));
+    loom_encoder_fwd(r->enc, r->tok, r->wte, r->wpe, B, T, C);
+    loom_encoder_bwd(r->dwte, r->dwpe, r->dy, r->tok, B, T, C);
+    loom_layernorm_fwd(r->ln, r->mean, r->rstd, r->x, r->w, r->bias, N, C);
+    loom_layernorm_bwd(r->dln, r->dlnw, r->dlnb, r->dy, r->x, r->w, r->mean, r->rstd, N, C);
+    loom_matmul_fwd(r->mm, r->x, r->wte, r->bias, N, C, 3 * C); /* wte as a (C,3C) weight */
+    loom_matmul_bwd(r->dmmx, r->dmmw, r->dmmb, r->dqkv_in, r->x, r->wte, N, C, 3 * C);
+    loom_attention_fwd(r->att_out, r->att, r->qkv, B, T, C, NH);
+    loom_attention_bwd(r->dqkv, scratch, r->dy, r->qkv, r->att, B, T, C, NH);
+    loom_gelu_fwd(r->gelu, r->qkv, N * 3 * C);
+    loom_gelu_bwd(r->dgelu, r->qkv, r->dqkv_in, N * 3 * C);
+    loom_softmax_xent_fwd(r->losses, r->probs, r->qkv, r->tgt, N, V); /* rows of qkv as logits */
+    loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    r->sumsq = loom_sumsq(r->qkv, N * 3 * C);
+    free(scratch);
+}
+
+static void compare(const float *a, const float *b, size_t n, const char *what) {
+    double *bd = kr_widen(b, n);
+    double e = kr_err(a, bd, n);
+    CHECK(e <= KR_FWD_TOL, "2 threads vs 1: %s rel err %.3g", what, e);
+    free(bd);
+}
+
+static void test_two_threads(void) {
+    run_t one, two;
+    kr_seed(5);
+    for (int i = 0; i < N; i++) one.tok[i] = kr_randint(V), one.tgt[i] = kr_randint(V);
+    one.wte = kr_rand_floats(V * C > C * 3 * C ? V * C : C * 3 * C, -1, 1);
+    one.wpe = kr_rand_floats(T * C, -1, 1), one.x = kr_rand_floats(N * C, -1, 1);
+    one.w = kr_rand_floats(C, 0.5, 1.5), one.bias = kr_rand_floats(3 * C, -1, 1);
+    one.qkv = kr_rand_floats(N * 3 * C, -2, 2), one.dy = kr_rand_floats(N * C, -1, 1);
+    one.dqkv_in = kr_rand_floats(N * 3 * C, -1, 1);
+    two = one;
+    run_alloc(&one);
+    run_alloc(&two);
+    loom_kernels_set_threads(1);
+    run_kernels(&one);
+    loom_kernels_set_threads(2);
+    CHECK(loom_kernels_get_threads() == 2, "get_threads %d after set_threads(2)",
+          loom_kernels_get_threads());
+    run_kernels(&two);
+    loom_kernels_set_threads(1);
+
+    compare(two.enc, one.enc, N * C, "encoder out");
+    compare(two.dwte, one.dwte, V * C, "encoder dwte");
+    compare(two.dwpe, one.dwpe, T * C, "encoder dwpe");
+    compare(two.ln, one.ln, N * C, "layernorm out");
+    compare(two.dln, one.dln, N * C, "layernorm dinp");
+    compare(two.dlnw, one.dlnw, C, "layernorm dw");
+    compare(two.dlnb, one.dlnb, C, "layernorm db");
+    compare(two.mm, one.mm, N * 3 * C, "matmul out");
+    compare(two.dmmx, one.dmmx, N * C, "matmul dinp");
+    compare(two.dmmw, one.dmmw, C * 3 * C, "matmul dw");
+    compare(two.dmmb, one.dmmb, 3 * C, "matmul db");
+    compare(two.att_out, one.att_out, N * C, "attention out");
+    compare(two.att, one.att, B * NH * T * T, "attention att");
+    compare(two.dqkv, one.dqkv, N * 3 * C, "attention dqkv");
+    compare(two.gelu, one.gelu, N * 3 * C, "gelu out");
+    compare(two.dgelu, one.dgelu, N * 3 * C, "gelu dinp");
+    compare(two.probs, one.probs, N * V, "softmax probs");
+    compare(two.losses, one.losses, N, "softmax losses");
+    compare(two.p, one.p, N * C, "adamw p");
+    CHECK(fabs(two.sumsq - one.sumsq) <= 1e-12 * one.sumsq, "sumsq %.17g vs %.17g", two.sumsq,
+          one.sumsq);
+
+    run_t *runs[2] = {&one, &two};
+    for (int k = 0; k < 2; k++) {
+        run_t *r = runs[k];
+        float *bufs[] = {r->enc, r->dwte, r->dwpe, r->ln, r->mean, r->rstd, r->dln, r->dlnw,
+                         r->dlnb, r->mm, r->dmmx, r->dmmw, r->dmmb, r->att_out, r->att, r->dqkv,
+                         r->gelu, r->dgelu, r->probs, r->losses, r->p, r->m, r->v};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    }
+    free(one.wte), free(one.wpe), free(one.x), free(one.w), free(one.bias), free(one.qkv);
+    free(one.dy), free(one.dqkv_in);
+}
+
+static void test_settings(void) {
+    loom_kernels_set_threads(3);
+    CHECK(loom_attention_scratch_floats(10) == 300, "scratch for T=10 on 3 threads: %zu",
+          loom_attention_scratch_floats(10));
+    loom_kernels_set_threads(0); /* clamps to 1 */
+    CHECK(loom_kernels_get_threads() == 1, "set_threads(0) gives %d", loom_kernels_get_threads());
+    double flops = loom_kernels_calibrate_sgemm();
+    printf("sgemm on 1 thread: %.1f GFLOP/s\n", flops * 1e-9);
+    CHECK(flops > 1e9 && flops < 1e14, "calibrate_sgemm: %.3g FLOP/s", flops);
+}
+
+int main(void) {
+    test_two_threads();
+    test_settings();
+    return check_done();
+}
