@@ -1,6 +1,6 @@
 # Thin wrapper over CMake for the README's commands.
 NP ?= 4
-STEPS ?= 200
+STEPS ?= 300
 .PHONY: all setup build run test test-asan bench clean
 
 all: build

@@ -33,9 +33,11 @@ typedef struct cli_cmd {
     int n_opts;
 } cli_cmd;
 
-/* Parse argv[0..argc) (after the subcommand). --help prints help and sets
- * *help. `--config FILE` (when allow_config) is applied first, then flags
- * override it. LOOM_EUSAGE / LOOM_ECONFIG with a message on error. */
+/* Parse argv[0..argc) (after the subcommand). --help sets *help and stops;
+ * the caller prints the help (rank 0 only under MPI). `--config FILE` (when
+ * allow_config) is applied first, then flags override it. LOOM_EUSAGE for a
+ * bad flag, LOOM_ECONFIG for a bad config file, LOOM_ENOINPUT for a missing
+ * one, each with a message naming the flag or key. */
 loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_config, int *help);
 void cli_print_help(const cli_cmd *cmd, FILE *out);
 
@@ -50,6 +52,10 @@ int cmd_data(int argc, char **argv);
 #define LOOM_DEFAULT_VAL "data/fortunes_val.bin"
 /* Build the default shards from the default corpus. */
 loom_status cli_build_default_data(const char *train, const char *val, int verbose);
+
+/* 1 if paths a and b name the same file: the same inode when both exist,
+ * else the same canonical directory and file name. "" names no file. */
+int cli_same_file(const char *a, const char *b);
 
 /* Print the error of a failed status (if it has a message) and return the
  * exit code. */

@@ -1,5 +1,6 @@
 /* cmd_data.c - `loom data`: text -> byte-level token shards. */
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,37 @@ loom_status cli_build_default_data(const char *train, const char *val, int verbo
     return build_default(train, val, 0.05, verbose);
 }
 
+/* Everything that can be known before reading a byte: an output that is
+ * empty, a directory, or the same file as an input or the other output would
+ * fail late or destroy that file. */
+static loom_status check_args(const cli_strlist *in, const char *out, const char *val, double frac) {
+    if (!(frac >= 0 && frac < 1))
+        return loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac);
+    if (!out[0]) return loom_fail(LOOM_EUSAGE, "--out needs a file name");
+    struct stat sb;
+    const char *outs[2] = {out, val}, *flags[2] = {"--out", "--val"};
+    for (int k = 0; k < 2; k++) {
+        if (!outs[k][0]) continue;
+        size_t n = strlen(outs[k]);
+        if (outs[k][n - 1] == '/' || (stat(outs[k], &sb) == 0 && S_ISDIR(sb.st_mode)))
+            return loom_fail(LOOM_ECANTCREAT, "%s %s: is a directory; give a file name", flags[k],
+                             outs[k]);
+        for (int i = 0; i < in->n; i++)
+            if (cli_same_file(outs[k], in->items[i]))
+                return loom_fail(LOOM_EUSAGE, "%s %s is also an --input; it would be overwritten",
+                                 flags[k], outs[k]);
+    }
+    if (val[0] && cli_same_file(out, val))
+        return loom_fail(LOOM_EUSAGE, "--out %s and --val %s are the same file", out, val);
+    for (int i = 0; i < in->n; i++) {
+        if (stat(in->items[i], &sb) != 0)
+            return loom_fail(LOOM_ENOINPUT, "input %s: cannot open: %s", in->items[i], strerror(errno));
+        if (S_ISDIR(sb.st_mode))
+            return loom_fail(LOOM_ENOINPUT, "input %s: is a directory, not a text file", in->items[i]);
+    }
+    return LOOM_OK;
+}
+
 int cmd_data(int argc, char **argv) {
     static char out[1024] = LOOM_DEFAULT_TRAIN, val[1024] = LOOM_DEFAULT_VAL;
     static cli_strlist inputs;
@@ -93,8 +125,13 @@ int cmd_data(int argc, char **argv) {
         opts, sizeof opts / sizeof opts[0]};
     int help;
     loom_status st = cli_parse(&cmd, argc, argv, 0, &help);
-    if (st != LOOM_OK || help) return cli_fail(st);
-    if (!(frac >= 0 && frac < 1)) return cli_fail(loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac));
+    if (st != LOOM_OK) return cli_fail(st);
+    if (help) {
+        cli_print_help(&cmd, stdout);
+        return 0;
+    }
+    st = check_args(&inputs, out, val, frac);
+    if (st != LOOM_OK) return cli_fail(st);
     if (inputs.n == 0) return cli_fail(build_default(out, val, frac, 1));
     return cli_fail(build(&inputs, out, val, frac, 1));
 }

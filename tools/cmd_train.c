@@ -1,5 +1,6 @@
 /* cmd_train.c - `loom train` and `loom eval`: flags -> config -> the trainer.
  * Both start MPI (a plain `build/loom train` is a one-rank job). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +23,66 @@ static int pick_threads(int asked, int world) {
 }
 
 /* Start MPI; errors before this point are printed by every rank, so parse
- * flags after it and let rank 0 alone speak for errors all ranks share. */
+ * flags after it. */
 static loom_status start(int *argc, char ***argv, loom_comm **world) {
     LOOM_TRY(loom_comm_init(argc, argv, world));
     loom_log_set_rank(loom_comm_rank(*world), loom_comm_size(*world));
     return LOOM_OK;
 }
 
-/* A parse error is the same on every rank: rank 0 reports it. */
+/* Flags are checked on every rank and the outcome agreed on (one collective,
+ * loom_comm_agree): the lowest failing rank keeps its message and the others
+ * stay quiet, so an error every rank shares is printed once, and an error
+ * only one rank sees (a config file missing on one node) is still printed and
+ * still stops every rank. */
+static loom_status agree(loom_comm *world, loom_status st) { return loom_comm_agree(world, st); }
+
 static int finish(loom_comm *world, loom_status st) {
-    if (st != LOOM_OK && world && loom_comm_rank(world) != 0) loom_fail(st, "%s", "");
     int code = cli_fail(st);
     if (world) loom_comm_finalize(world);
     return code;
+}
+
+static void help_once(loom_comm *world, const cli_cmd *cmd) {
+    if (loom_comm_rank(world) == 0) cli_print_help(cmd, stdout);
+}
+
+/* Two settings that must not name the same file (an output over an input or
+ * over another output would destroy it). */
+static loom_status distinct(const char *flag_a, const char *a, const char *flag_b, const char *b) {
+    if (cli_same_file(a, b))
+        return loom_fail(LOOM_EUSAGE, "%s %s and %s %s are the same file; one would overwrite the other",
+                         flag_a, a, flag_b, b);
+    return LOOM_OK;
+}
+
+/* Checks of flag values the trainer does not make. */
+static loom_status check_train_flags(const loom_train_config *c) {
+    if (c->log_every < 1) return loom_fail(LOOM_EUSAGE, "--log-every %d: must be >= 1", c->log_every);
+    if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
+    if (c->peak_flops < 0)
+        return loom_fail(LOOM_EUSAGE, "--peak-flops %g: must be > 0 (or 0 to measure)", c->peak_flops);
+    if (c->grad_clip < 0)
+        return loom_fail(LOOM_EUSAGE, "--grad-clip %g: must be >= 0 (0 = off)", c->grad_clip);
+    LOOM_TRY(distinct("--save-params", c->save_params, "--metrics", c->metrics));
+    LOOM_TRY(distinct("--save-params", c->save_params, "--data", c->data));
+    LOOM_TRY(distinct("--metrics", c->metrics, "--data", c->data));
+    LOOM_TRY(distinct("--metrics", c->metrics, "--load-params", c->load_params));
+    return LOOM_OK;
+}
+
+/* The default shard is built on first use, by rank 0, if any rank lacks it. */
+static loom_status ensure_default_data(loom_comm *world, const char *data) {
+    if (strcmp(data, LOOM_DEFAULT_TRAIN) != 0) return LOOM_OK;
+    int32_t missing = access(data, F_OK) != 0;
+    LOOM_TRY(loom_comm_allreduce(world, &missing, 1, LOOM_I32, LOOM_MAX));
+    if (!missing) return LOOM_OK;
+    loom_status st = LOOM_OK;
+    if (loom_comm_rank(world) == 0 && access(data, F_OK) != 0) {
+        loom_info("building the default data set %s from %s", data, LOOM_DEFAULT_CORPUS_DIR);
+        st = cli_build_default_data(LOOM_DEFAULT_TRAIN, LOOM_DEFAULT_VAL, 1);
+    }
+    return agree(world, st);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -91,27 +139,22 @@ int cmd_train(int argc, char **argv) {
     if (st != LOOM_OK) return cli_fail(st);
     int help;
     st = cli_parse(&cmd, argc, argv, 1, &help);
-    if (st == LOOM_OK && help) return finish(world, LOOM_OK);
+    if (st == LOOM_OK && help) {
+        help_once(world, &cmd);
+        return finish(world, LOOM_OK);
+    }
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
-    if (st == LOOM_OK && c.log_every < 1) st = loom_fail(LOOM_EUSAGE, "--log-every %d: must be >= 1", c.log_every);
+    if (st == LOOM_OK) st = check_train_flags(&c);
+    st = agree(world, st);
     if (st != LOOM_OK) return finish(world, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
     loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
 
-    /* the default shard is built on first use */
-    if (strcmp(c.data, LOOM_DEFAULT_TRAIN) == 0 && access(c.data, F_OK) != 0) {
-        if (loom_comm_rank(world) == 0) {
-            loom_info("building the default data set %s from %s", c.data, LOOM_DEFAULT_CORPUS_DIR);
-            st = cli_build_default_data(LOOM_DEFAULT_TRAIN, LOOM_DEFAULT_VAL, 1);
-        }
-        st = loom_comm_agree(world, st);
-        if (st != LOOM_OK) return finish(world, st);
-    }
+    st = ensure_default_data(world, c.data);
+    if (st != LOOM_OK) return finish(world, st);
     loom_train_result res;
     st = loom_train_run(&c, world, &res);
-    int code = cli_fail(st);
-    loom_comm_finalize(world);
-    return code;
+    return finish(world, st);
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -137,12 +180,24 @@ int cmd_eval(int argc, char **argv) {
     if (st != LOOM_OK) return cli_fail(st);
     int help;
     st = cli_parse(&cmd, argc, argv, 0, &help);
-    if (st != LOOM_OK || help) return finish(world, st);
+    if (st == LOOM_OK && help) {
+        help_once(world, &cmd);
+        return finish(world, LOOM_OK);
+    }
+    if (st == LOOM_OK && c.threads < 0)
+        st = loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c.threads);
+    st = agree(world, st);
+    if (st != LOOM_OK) return finish(world, st);
     loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
     double loss = 0;
     st = loom_eval_run(&c, world, &loss);
+    /* a blow-up is bad data, never a printed "loss nan" with exit 0; the
+     * loss is all-reduced, so every rank sees it and rank 0 reports it */
+    if (st == LOOM_OK && !isfinite(loss)) {
+        st = loom_fail(LOOM_EDATA, "non-finite loss (%g) on %s with parameters %s", loss, c.data,
+                       c.load_params);
+        if (loom_comm_rank(world) != 0) loom_clear_error();
+    }
     if (st == LOOM_OK && loom_comm_rank(world) == 0) printf("loss %.6f\n", loss);
-    int code = cli_fail(st);
-    loom_comm_finalize(world);
-    return code;
+    return finish(world, st);
 }
