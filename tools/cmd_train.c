@@ -108,6 +108,7 @@ int cmd_train(int argc, char **argv) {
         {"grad-clip", OPT_FLOAT, &c.grad_clip, 0, "X", "clip the global gradient norm to X; 0 = off (default 1.0)"},
         {"dp", OPT_INT, &c.layout.dp, 0, "N", "data-parallel degree (default 1)"},
         {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
+        {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
         {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree (default 1)"},
         {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree, inside dp x cp (default 1)"},

@@ -90,6 +90,34 @@ void loom_softmax_xent_fwd(float *losses, float *probs, const float *logits,
 void loom_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets,
                            float dloss, int N, int V);
 
+/* ---- vocabulary-parallel embedding and cross-entropy ----------------------
+ * A rank holds rows [v0, v0 + V_l) of the (padded) vocabulary; V_valid <= V_l
+ * of them are real tokens, the rest padding that never takes part. */
+
+/* out (N,C) WRITES wte_l[tok - v0] for tokens in this rank's range, 0 else. */
+void loom_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+                    int C);
+/* dwte_l (V_l,C) += dout rows of in-range tokens. */
+void loom_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
+                    int C);
+/* out (n,C) += wpe[(row0 + i) % T]: positions of rows row0 .. row0+n-1 of (B*T). */
+void loom_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C);
+/* dwpe (maxT,C) += the same rows of dout (n,C). */
+void loom_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C);
+/* rowmax (N) WRITES the max over the valid local columns (-inf if none). */
+void loom_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid);
+/* logits (N,V_l) become exp(logit - gmax) (padding 0); rowsum (N) WRITES
+ * their sum; tgt (N) WRITES logit[target] - gmax where the target is local, 0 else. */
+void loom_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
+                    const int32_t *targets, int v0, int N, int V_l, int V_valid);
+/* losses (N) WRITES log(gsum) - gtgt (0 for target < 0); probs /= gsum. */
+void loom_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
+                       const int32_t *targets, int N, int V_l);
+/* dlogits (N,V_l) WRITES (probs - onehot(target)) * dloss (may alias probs);
+ * rows with target < 0 get 0. */
+void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
+                    int N, int V_l);
+
 /* AdamW exactly as torch.optim.AdamW (decoupled decay, bias correction):
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
  *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)

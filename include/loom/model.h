@@ -1,16 +1,32 @@
-/* model.h - the GPT-2 model: config, parameter table, forward and backward.
+/* model.h - the GPT-2 model: config, sharded parameter table, and the
+ * forward / backward of one model part.
+ *
+ * A model part is what one rank computes: transformer blocks
+ * [layer_begin, layer_end), plus the token/position embedding if it is the
+ * first pipeline stage and ln_f + the tied LM head if it is the last, with
+ * every matrix cut by tensor parallelism (attention by heads, MLP by columns
+ * then rows, the vocabulary by rows of wte). One device is the part with all
+ * layers, both ends and tp = 1: the same code.
  *
  * The parameter table drives everything that touches parameters - init,
- * optimizer, gradient sync, checkpoints, parity checks - by name, never by
- * magic index. Names and shapes are Hugging Face GPT-2's (linear weights
- * stored [in, out] as its Conv1D does), so a table row *is* a safetensors
- * entry. Every element is initialised from the counter RNG keyed by
- * (seed, name, global element index) (invariant 1).
+ * optimizer, gradient sync, ZeRO, checkpoints, parity checks - by name,
+ * never by magic index. Names and global shapes are Hugging Face GPT-2's
+ * (linear weights stored [in, out] as its Conv1D does); each row also says
+ * how this rank's local tensor maps into the global one, so every element is
+ * initialised from the counter RNG keyed by (seed, name, global index)
+ * whatever the layout (invariant 1).
  *
- * Memory: four arenas, one per lifetime class - params, grads, activations
- * (planned for the largest micro-batch B x T given at creation) and scratch
- * for the backward pass. Forward and backward never allocate. This file is
- * local compute only: no collectives.
+ * Memory: params and grads are flat buffers in parameter-table order, which
+ * groups them in units: unit -1 is the "outer" parameters (wte, wpe, ln_f),
+ * unit l is block l. Activations live in slots, one per micro-batch in
+ * flight (pipeline schedules keep several alive); backward scratch is shared.
+ * Everything is planned and allocated at creation; forward and backward do
+ * not allocate.
+ *
+ * Collectives: forward and backward are collective over the TP group (the
+ * regions of parallel.h). Hooks let data-parallel strategies act per unit
+ * (gather parameters before use, start gradient reductions once a unit's
+ * gradients are complete).
  */
 #ifndef LOOM_MODEL_H
 #define LOOM_MODEL_H
@@ -18,10 +34,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom/arena.h"
+#include "loom/parallel.h"
 #include "loom/status.h"
 
 typedef struct loom_model_config {
-    char name[64];
+    char name[256];
     int n_layer, n_head, n_embd, vocab_size, n_positions;
 } loom_model_config;
 
@@ -34,96 +51,193 @@ loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg);
 loom_status loom_model_config_load(const char *path, loom_model_config *cfg);
 /* NAME or FILE.json (anything containing '/' or ending in .json is a file). */
 loom_status loom_model_config_resolve(const char *name_or_path, loom_model_config *cfg);
-/* Sizes positive, n_head divides n_embd. */
+/* Sizes positive and bounded, n_head divides n_embd. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
+
+/* How this rank's part is cut. */
+typedef struct loom_model_part {
+    loom_tp tp;                  /* tensor (+ sequence) parallel group */
+    int layer_begin, layer_end;  /* blocks [begin, end) */
+    int has_embed, has_head;     /* first / last pipeline stage */
+} loom_model_part;
+/* The whole model on one device. */
+loom_model_part loom_model_part_whole(const loom_model_config *cfg);
+/* Degrees the config must admit: tp divides n_head (and so n_embd and 4 n_embd);
+ * with sp, tp divides T. Messages name both numbers. */
+loom_status loom_model_check_tp(const loom_model_config *cfg, int tp, int sp, int T);
 
 typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
 
 #define LOOM_PARAM_NAME_MAX 64
+#define LOOM_UNIT_OUTER (-1)
 
 typedef struct loom_param {
     char name[LOOM_PARAM_NAME_MAX]; /* "h.3.mlp.c_fc.weight" */
     int ndim;
-    int64_t shape[2];               /* global shape */
-    size_t numel;
-    size_t offset;                  /* floats from the start of the params (and grads) buffer */
-    int decay;                      /* weight decay applies (ndim >= 2) */
+    int64_t shape[2];   /* global shape (1-D: shape[1] = 1) */
+    int64_t lshape[2];  /* this rank's local shape */
+    size_t numel;       /* local elements */
+    size_t offset;      /* floats from the start of the flat params (and grads) buffer */
+    int split_dim;      /* -1: replicated over tp; 0: rows split; 1: columns split */
+    int split_parts;    /* the split axis is this many equal parts, each split over tp (3 for QKV) */
+    int64_t split_valid;/* rows beyond this global extent are padding (vocab), else = shape */
+    int sp_partial;     /* replicated, but its gradient is partial per tp rank under SP */
+    int unit;           /* LOOM_UNIT_OUTER or the block index */
+    int decay;          /* weight decay applies (ndim >= 2) */
     loom_init_kind init;
     float init_std;
 } loom_param;
 
-/* Per-layer views into the parameter buffer (or the gradient buffer). */
+/* Global flat index of local element `i` of p on tp rank `tp_rank`, or -1
+ * for padding that has no global element. */
+int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i);
+
+/* Views of one block's weights (or gradients), local shapes. */
 typedef struct loom_gpt_layer_w {
     float *ln1_w, *ln1_b;   /* (C) */
-    float *qkv_w, *qkv_b;   /* (C, 3C), (3C) */
-    float *proj_w, *proj_b; /* (C, C), (C) */
+    float *qkv_w, *qkv_b;   /* (C, 3C_l), (3C_l) */
+    float *proj_w, *proj_b; /* (C_l, C), (C) */
     float *ln2_w, *ln2_b;   /* (C) */
-    float *fc_w, *fc_b;     /* (C, 4C), (4C) */
-    float *fcp_w, *fcp_b;   /* (4C, C), (C) */
+    float *fc_w, *fc_b;     /* (C, 4C_l), (4C_l) */
+    float *fcp_w, *fcp_b;   /* (4C_l, C), (C) */
 } loom_gpt_layer_w;
 
 typedef struct loom_gpt_weights {
-    float *wte;           /* (V, C) */
+    float *wte;           /* (V_l, C) rows [tp_rank V_l, ...) of the padded vocab */
     float *wpe;           /* (maxT, C) */
-    loom_gpt_layer_w *h;  /* n_layer entries */
     float *lnf_w, *lnf_b; /* (C) */
+    loom_gpt_layer_w *h;  /* indexed by local block (l - layer_begin) */
 } loom_gpt_weights;
 
 typedef struct loom_gpt_layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *qkv;                       /* (B,T,3C) */
-    float *atty;                      /* (B,T,C) */
-    float *att;                       /* (B,NH,T,T) */
-    float *res2;                      /* (B,T,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *fch, *fch_gelu;            /* (B,T,4C) */
-    float *res3;                      /* (B,T,C) residual after the MLP */
+    float *ln1, *ln1_mean, *ln1_rstd; /* (Nx,C) (Nx) (Nx) */
+    float *ln1g;                      /* (N,C) gathered (SP), else = ln1 */
+    float *qkv;                       /* (N,3C_l) */
+    float *atty;                      /* (N,C_l) */
+    float *att;                       /* (B,NH_l,T,T) */
+    float *res2;                      /* (Nx,C) */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (Nx,C) (Nx) (Nx) */
+    float *ln2g;                      /* (N,C) gathered (SP), else = ln2 */
+    float *fch, *fch_gelu;            /* (N,4C_l) */
+    float *res3;                      /* (Nx,C) */
 } loom_gpt_layer_acts;
 
-typedef struct loom_gpt {
+/* Output gradients kept between the input-gradient (B) and weight-gradient
+ * (W) halves of the backward pass, per block. */
+typedef struct loom_gpt_dsave {
+    float *dfcp;  /* (N,C)    d(mlp c_proj out), gathered */
+    float *dfch;  /* (N,4C_l) d(c_fc out) */
+    float *dln2;  /* (Nx,C)   d(ln_2 out) */
+    float *dproj; /* (N,C)    d(attn c_proj out), gathered */
+    float *dqkv;  /* (N,3C_l) d(c_attn out) */
+    float *dln1;  /* (Nx,C)   d(ln_1 out) */
+} loom_gpt_dsave;
+
+typedef struct loom_gpt_slot {
+    int32_t *inputs, *targets; /* (B,T) */
+    float *x;                  /* (Nx,C) input of the first block: embedding output or received */
+    loom_gpt_layer_acts *acts; /* per local block */
+    float *lnf, *lnf_mean, *lnf_rstd, *lnfg; /* (Nx,C) (Nx) (Nx) (N,C) */
+    float *logits;             /* (N,V_l) softmax probabilities after forward, dlogits after B */
+    float *losses;             /* (N) */
+    float *dx;                 /* (Nx,C) gradient of x (sent to the previous stage) */
+    float *dlnf;               /* (Nx,C) saved for W */
+    loom_gpt_dsave *ds;        /* per local block (split backward), else NULL */
+    int have_targets;
+} loom_gpt_slot;
+
+typedef struct loom_gpt loom_gpt;
+
+/* Per-unit callbacks for data-parallel strategies; any may be NULL. */
+typedef struct loom_gpt_hooks {
+    void *ctx;
+    loom_status (*pre_forward)(void *ctx, loom_gpt *m, int unit);
+    loom_status (*post_forward)(void *ctx, loom_gpt *m, int unit);
+    loom_status (*pre_backward)(void *ctx, loom_gpt *m, int unit);
+    /* the unit's gradients are complete for this backward */
+    loom_status (*post_backward)(void *ctx, loom_gpt *m, int unit);
+} loom_gpt_hooks;
+
+typedef struct loom_gpt_opts {
+    int B, T;            /* micro-batch planned for (the largest that will run) */
+    int n_slots;         /* micro-batches in flight (default 1) */
+    int split_backward;  /* keep B and W apart (zero-bubble schedules) */
+} loom_gpt_opts;
+
+struct loom_gpt {
     loom_model_config cfg;
-    int B, T; /* planned micro-batch */
+    loom_model_part part;
+    loom_gpt_opts opts;
+    int B, T, N, Nx;     /* N = B*T rows; Nx = N / tp with SP, else N */
+    int C, C_l, NH_l, V_l, L_l; /* local sizes; L_l local blocks */
+    int vocab_start;     /* first global vocab row of wte on this rank */
     int n_params;
     loom_param *params;
-    size_t num_params; /* floats */
+    size_t num_params;   /* floats in the flat buffers */
     float *param_mem, *grad_mem;
     loom_gpt_weights w, g; /* views into param_mem and grad_mem */
-    /* activations (B, T planned) */
-    int32_t *inputs, *targets;  /* (B,T) copies of the current batch */
-    float *encoded;             /* (B,T,C) */
-    loom_gpt_layer_acts *acts;  /* n_layer */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *logits;              /* (B,T,V) probabilities after forward */
-    float *losses;              /* (B,T) */
-    /* backward scratch */
-    float *dres, *dc, *d3c, *d4c_a, *d4c_b; /* (B,T,C) (B,T,C) (B,T,3C) (B,T,4C) x2 */
+    loom_gpt_slot *slots;
+    /* backward scratch, shared by all slots */
+    float *dres, *dfull, *d4c, *datty, *dlnfull, *dlnf; /* (Nx,C) (N,C) (N,4C_l) (N,C_l) (N,C) (Nx,C) */
+    float *xmax, *xsum;         /* (N), (2N): sums then target logits, one all-reduce */
+    int V_valid_l;              /* real (unpadded) vocab rows on this rank */
+    loom_gpt_dsave scratch_ds;  /* dsave used when not splitting */
     float *att_scratch;
-    int cur_B, cur_T;           /* shape of the last forward */
-    int have_targets;
+    loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
-} loom_gpt;
+};
 
-/* Build the table and plan + allocate memory for micro-batches up to B x T.
- * LOOM_EUSAGE if T > n_positions; LOOM_EOS if memory cannot be had. */
-loom_status loom_gpt_create(const loom_model_config *cfg, int B, int T, loom_gpt **out);
+/* Build the table for this part and plan + allocate memory.
+ * LOOM_EUSAGE for sizes the part cannot run (T > n_positions, tp not
+ * dividing n_head, ...); LOOM_EOS when memory cannot be had. Local. */
+loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part *part,
+                            const loom_gpt_opts *opts, loom_gpt **out);
 void loom_gpt_free(loom_gpt *m);
-/* Every parameter element from the counter RNG: normal(0, 0.02) for weights,
- * 0.02/sqrt(2*n_layer) for the residual projections (attn.c_proj, mlp.c_proj),
- * zeros for biases, ones for LayerNorm weights. */
+/* Every local element from the counter RNG at its global index: normal(0,
+ * 0.02) for weights, 0.02/sqrt(2 n_layer) for the residual projections
+ * (attn.c_proj, mlp.c_proj), zeros for biases and vocab padding, ones for
+ * LayerNorm weights. */
 void loom_gpt_init_params(loom_gpt *m, uint64_t seed);
 const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name);
-/* Bytes per lifetime class, for reports. */
+/* Float range [*offset, *offset + *count) of a unit in the flat buffers. */
+void loom_gpt_unit_range(const loom_gpt *m, int unit, size_t *offset, size_t *count);
+/* Point a unit's weight views (params) and gradient views (grads) at other
+ * storage laid out like its range of the flat buffers (either may be NULL to
+ * keep). ZeRO-3 keeps parameters sharded and binds gathered copies. */
+void loom_gpt_bind_unit(loom_gpt *m, int unit, float *params, float *grads);
 size_t loom_gpt_activation_bytes(const loom_gpt *m);
 
-/* Forward on inputs (B,T); with targets (may be NULL) also the per-token
- * losses and their sum in *loss_sum (may be NULL). B, T at most the planned. */
-void loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                      double *loss_sum);
-/* Backward of sum(losses) * dloss into the gradient buffer (accumulates, so
- * micro-batches add up; zero with loom_gpt_zero_grad). Needs a forward with
- * targets just before. */
-void loom_gpt_backward(loom_gpt *m, float dloss);
+/* Forward of micro-batch `slot`. The first stage reads inputs (B,T); later
+ * stages read the slot's x buffer (filled by the caller through
+ * loom_gpt_input(m, slot)). The last stage with targets computes the losses
+ * and adds their sum to *loss_sum (may be NULL). B x T as planned. */
+loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const int32_t *targets,
+                             double *loss_sum);
+/* The slot's input buffer (Nx,C) for stages after the first. */
+float *loom_gpt_input(loom_gpt *m, int slot);
+/* The slot's output (Nx,C) for stages before the last. */
+const float *loom_gpt_output(const loom_gpt *m, int slot);
+
+/* Backward of micro-batch `slot`: from the loss scaled by dloss per token on
+ * the last stage, else from dy (Nx,C), the gradient of the output. Gradients
+ * accumulate into grad_mem (zero with loom_gpt_zero_grad). The input
+ * gradient is left in loom_gpt_input_grad(m, slot) on stages after the first. */
+loom_status loom_gpt_backward(loom_gpt *m, int slot, const float *dy, float dloss);
+/* The two halves of loom_gpt_backward (needs opts.split_backward):
+ * input gradients first (what the previous stage waits for), weight
+ * gradients later. */
+loom_status loom_gpt_backward_input(loom_gpt *m, int slot, const float *dy, float dloss);
+loom_status loom_gpt_backward_weight(loom_gpt *m, int slot);
+float *loom_gpt_input_grad(loom_gpt *m, int slot);
 void loom_gpt_zero_grad(loom_gpt *m);
+/* After the last backward of a step: sum the gradients that sequence
+ * parallelism leaves partial per TP rank (norms, wpe). Collective over tp. */
+loom_status loom_gpt_finish_grads(loom_gpt *m);
+
+/* The table of the whole model on one device (tp = 1), without memory:
+ * names, global shapes and offsets of a full parameter file. */
+loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,
+                                   size_t *total);
 
 /* Model FLOPs per token for a forward+backward at sequence length T
  * (6 x matmul parameters incl. the LM head + 12 L C T for attention). */

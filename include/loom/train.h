@@ -34,6 +34,7 @@ typedef struct loom_train_config {
     float lr, min_lr_frac; /* cosine decays lr to lr * min_lr_frac */
     int warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
+    int sp;             /* Megatron sequence parallelism inside the TP group */
     int threads;        /* per rank; 0 = auto */
     double peak_flops;  /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
     int log_every;      /* plain log line every N steps */
@@ -77,12 +78,15 @@ void loom_adamw_free(loom_adamw *o);
 void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float beta2, float eps,
                      float wd);
 
-/* Parameters as safetensors with Hugging Face GPT-2 names. Save writes the
- * whole table (PATH.tmp then rename). Load accepts the "transformer." prefix
- * and skips the tied lm_head.weight and the attn.bias / attn.masked_bias mask
- * buffers; any missing tensor or wrong shape is LOOM_EDATA naming it. */
-loom_status loom_params_save(const loom_gpt *m, const char *path);
-loom_status loom_params_load(loom_gpt *m, const char *path);
+/* Parameters as safetensors with Hugging Face GPT-2 names, the whole model
+ * whatever the layout. Save assembles the shards and rank 0 writes PATH.tmp
+ * then renames it. Load accepts the "transformer." prefix and skips the tied
+ * lm_head.weight and the attn.bias / attn.masked_bias mask buffers; a missing
+ * tensor, wrong shape or non-finite value is LOOM_EDATA naming it. Both are
+ * collective over mesh->world; with mesh NULL, one process reads or writes
+ * alone. */
+loom_status loom_params_save(const loom_gpt *m, const loom_mesh *mesh, const char *path);
+loom_status loom_params_load(loom_gpt *m, const loom_mesh *mesh, const char *path);
 
 /* Data parallelism, plain: sum gradients over the group (the loss is already
  * scaled by 1 / global tokens, so a sum is the mean). Identity for one rank.

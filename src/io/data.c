@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +67,9 @@ static loom_status tokens_check_header(loom_tokens *t) {
         return loom_fail(LOOM_EDATA, "file %s: version %d, expected 1 (uint16) or 2 (uint32)", t->path,
                          hdr[1]);
     size_t tsize = hdr[1] == 1 ? 2 : 4;
-    size_t count = (uint32_t)hdr[2];
+    if (hdr[2] < 0) /* llm.c reads the count as int32: say what it would read */
+        return loom_fail(LOOM_EDATA, "file %s: header says %d tokens, a negative count", t->path, hdr[2]);
+    size_t count = (size_t)hdr[2];
     size_t have = t->map_len - SHARD_HEADER_BYTES;
     if (count == 0) return loom_fail(LOOM_EDATA, "file %s: empty shard (header says 0 tokens)", t->path);
     if (have != count * tsize)
@@ -211,6 +214,11 @@ typedef struct byte_buf {
 static loom_status read_append(const char *path, byte_buf *b) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return loom_fail(LOOM_ENOINPUT, "input %s: cannot open: %s", path, strerror(errno));
+    struct stat sb; /* Linux opens a directory for reading; the first read then fails */
+    if (fstat(fileno(fp), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(fp);
+        return loom_fail(LOOM_ENOINPUT, "input %s: is a directory, not a file", path);
+    }
     loom_status st = LOOM_OK;
     for (;;) {
         if (b->cap - b->len < 65536) {
@@ -253,6 +261,62 @@ static loom_status split_sizes(size_t total, const char *val_path, double val_fr
     return LOOM_OK;
 }
 
+/* Canonical "realdir/name" of a path whose file may not exist yet; 0 when
+ * its directory cannot be resolved. */
+static int canonical_path(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char *dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+    if (!dir) return 0;
+    char *real = realpath(dir, NULL);
+    free(dir);
+    if (!real) return 0;
+    int ok = snprintf(out, cap, "%s/%s", strcmp(real, "/") == 0 ? "" : real, base) < (int)cap;
+    free(real);
+    return ok;
+}
+
+/* Whether paths a and b name one file: the same inode when both exist, else
+ * the same canonical name (one may exist: a link to it is then missed, but
+ * nothing is lost - writes go through tmp + rename). */
+static int same_file(const char *a, const char *b) {
+    if (strcmp(a, b) == 0) return 1;
+    struct stat sa, sb;
+    int ha = stat(a, &sa) == 0, hb = stat(b, &sb) == 0;
+    if (ha && hb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    return canonical_path(a, ca, sizeof ca) && canonical_path(b, cb, sizeof cb) && strcmp(ca, cb) == 0;
+}
+
+/* Whether writing `out` (through out.tmp) would touch the file at `other`. */
+static int write_touches(const char *out, const char *other) {
+    char *tmp = tmp_path(out);
+    int hit = same_file(out, other) || (tmp && same_file(tmp, other));
+    free(tmp);
+    return hit;
+}
+
+/* Refuse outputs that name an input, each other, or each other's PATH.tmp:
+ * the val shard would overwrite the train shard, or an input be replaced. */
+static loom_status check_outputs(const char *const *inputs, int n_inputs, const char *train_path,
+                                 const char *val_path) {
+    if (!train_path || !train_path[0]) return loom_fail(LOOM_EUSAGE, "the train shard needs a file name");
+    if (val_path && !val_path[0]) return loom_fail(LOOM_EUSAGE, "the val shard needs a file name (or none)");
+    if (val_path && (write_touches(train_path, val_path) || write_touches(val_path, train_path)))
+        return loom_fail(LOOM_EUSAGE,
+                         "train shard %s and val shard %s are the same file (or one is the other's .tmp); "
+                         "the val split would overwrite the train split",
+                         train_path, val_path);
+    const char *outs[2] = {train_path, val_path}, *what[2] = {"train", "val"};
+    for (int k = 0; k < 2; k++) {
+        if (!outs[k]) continue;
+        for (int i = 0; i < n_inputs; i++)
+            if (write_touches(outs[k], inputs[i]))
+                return loom_fail(LOOM_EUSAGE, "%s shard %s would overwrite input %s", what[k], outs[k],
+                                 inputs[i]);
+    }
+    return LOOM_OK;
+}
+
 /* Write both splits to tmp files, then commit both (or neither). */
 static loom_status write_splits(const uint8_t *bytes, size_t n_train, size_t n_val, const char *train_path,
                                 const char *val_path) {
@@ -278,7 +342,7 @@ loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const
                                   size_t *n_val) {
     byte_buf b = {0};
     size_t nt = 0, nv = 0;
-    loom_status st = LOOM_OK;
+    loom_status st = check_outputs(inputs, n_inputs, train_path, val_path);
     for (int i = 0; i < n_inputs && st == LOOM_OK; i++) st = read_append(inputs[i], &b);
     if (st == LOOM_OK) st = split_sizes(b.len, val_path, val_fraction, &nt, &nv);
     if (st == LOOM_OK) st = write_splits(b.p, nt, nv, train_path, val_path);

@@ -98,6 +98,9 @@ static loom_status check_order(const loom_layout *l) {
     return LOOM_OK;
 }
 
+/* "rank" or "ranks" after the number n. */
+static const char *ranks_word(long long n) { return n == 1 ? "rank" : "ranks"; }
+
 loom_status loom_layout_check(const loom_layout *l, int world_size) {
     LOOM_TRY(check_degrees(l));
     LOOM_TRY(check_order(l));
@@ -110,9 +113,10 @@ loom_status loom_layout_check(const loom_layout *l, int world_size) {
         if (ranks > INT_MAX) ranks = (long long)INT_MAX + 1;
     }
     if (ranks != world_size)
-        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d x cp=%d = %s%lld ranks, but the job has %d ranks",
+        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d x cp=%d = %s%lld %s, but the job has %d %s",
                          l->dp, l->tp, l->pp, l->cp, ranks > INT_MAX ? "more than " : "",
-                         ranks > INT_MAX ? (long long)INT_MAX : ranks, world_size);
+                         ranks > INT_MAX ? (long long)INT_MAX : ranks, ranks_word(ranks), world_size,
+                         ranks_word(world_size));
     if ((l->dp * l->cp) % l->ep != 0)
         return loom_fail(LOOM_EUSAGE, "ep=%d must divide dp*cp=%d (dp=%d, cp=%d)", l->ep,
                          l->dp * l->cp, l->dp, l->cp);
@@ -240,8 +244,8 @@ static void text_add(text *t, const char *fmt, ...) {
 }
 
 static void format_header(const loom_layout *l, int world_size, text *t) {
-    text_add(t, "mesh: %d ranks = tp %d x cp %d x dp %d x pp %d; ep %d inside dp x cp\n", world_size,
-             l->tp, l->cp, l->dp, l->pp, l->ep);
+    text_add(t, "mesh: %d %s = tp %d x cp %d x dp %d x pp %d; ep %d inside dp x cp\n", world_size,
+             ranks_word(world_size), l->tp, l->cp, l->dp, l->pp, l->ep);
     text_add(t, "order (innermost first): %s,%s,%s,%s\n", loom_axis_name(l->order[0]),
              loom_axis_name(l->order[1]), loom_axis_name(l->order[2]), loom_axis_name(l->order[3]));
 }
@@ -268,7 +272,7 @@ size_t loom_mesh_format(const loom_layout *l, int world_size, char *buf, size_t 
     if (cap) buf[0] = '\0';
     format_header(l, world_size, &t);
     if (world_size > 64 || !layout_printable(l)) {
-        text_add(&t, "(no rank table for this layout of %d ranks)\n", world_size);
+        text_add(&t, "(no rank table for this layout of %d %s)\n", world_size, ranks_word(world_size));
     } else {
         text_add(&t, "%6s", "rank");
         for (int i = 0; i < LOOM_AXIS_COUNT; i++) text_add(&t, " %4s", loom_axis_name(l->order[i]));

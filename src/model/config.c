@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct { const char *name; int n_layer, n_head, n_embd, vocab_size, n_positions; } builtin;
 
@@ -49,6 +50,17 @@ loom_status loom_model_config_check(const loom_model_config *c) {
                          "model %s: sizes must be positive (n_layer=%d n_head=%d n_embd=%d "
                          "vocab_size=%d n_positions=%d)",
                          c->name, c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->n_positions);
+    /* Bounds that keep every size product (12 * n_layer * n_embd^2 parameters,
+     * vocab_size * n_embd, n_positions * n_embd) far inside 64 bits and every
+     * single dimension inside int. */
+    const struct { const char *key; int value, max; } bound[] = {
+        {"n_layer", c->n_layer, 1024},         {"n_embd", c->n_embd, 65536},
+        {"vocab_size", c->vocab_size, 1 << 24}, {"n_positions", c->n_positions, 1 << 20},
+    };
+    for (size_t i = 0; i < sizeof bound / sizeof bound[0]; i++)
+        if (bound[i].value > bound[i].max)
+            return loom_fail(LOOM_ECONFIG, "model %s: %s=%d exceeds the supported maximum %d", c->name,
+                             bound[i].key, bound[i].value, bound[i].max);
     if (c->n_embd % c->n_head)
         return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name,
                          c->n_head, c->n_embd);
@@ -61,9 +73,14 @@ static char *read_file(const char *path, loom_status *st) {
         *st = loom_fail(LOOM_ENOINPUT, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    struct stat sb; /* Linux opens a directory for reading; its "size" is nonsense */
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        *st = loom_fail(LOOM_ENOINPUT, "%s: is a directory, not a config file", path);
+        return NULL;
+    }
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) != 0) n = -1;
     if (n < 0 || n > (1 << 24)) {
         fclose(f);
         *st = loom_fail(LOOM_ECONFIG, "%s: not a config file (size %ld bytes)", path, n);
@@ -78,6 +95,12 @@ static char *read_file(const char *path, loom_status *st) {
     }
     buf[n] = '\0';
     fclose(f);
+    if (memchr(buf, '\0', (size_t)n)) { /* the parser would stop there and miss the rest */
+        size_t at = (size_t)((char *)memchr(buf, '\0', (size_t)n) - buf);
+        free(buf);
+        *st = loom_fail(LOOM_ECONFIG, "%s: not a config file (a NUL byte at byte %zu)", path, at);
+        return NULL;
+    }
     *st = LOOM_OK;
     return buf;
 }
@@ -139,12 +162,29 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
     loom_status st;
     char *text = read_file(path, &st);
     if (!text) return st;
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the value */
+    if (!root) {
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        int line = 1;
+        for (size_t i = 0; i < at && text[i]; i++) line += text[i] == '\n';
+        st = loom_fail(LOOM_ECONFIG, "%s: not valid JSON, or text after the JSON value (line %d, byte %zu)",
+                       path, line, at);
+        free(text);
+        return st;
+    }
     free(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return loom_fail(LOOM_ECONFIG, "%s: not a JSON object", path);
     }
+    for (const cJSON *it = root->child; it; it = it->next)
+        for (const cJSON *o = it->next; o; o = o->next)
+            if (strcmp(it->string, o->string) == 0) {
+                st = loom_fail(LOOM_ECONFIG, "%s: key \"%s\" appears twice", path, it->string);
+                cJSON_Delete(root);
+                return st;
+            }
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->name, sizeof cfg->name, "%s", path);
     struct { const char *key; int *dst; } req[] = {
@@ -152,6 +192,7 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
         {"vocab_size", &cfg->vocab_size}, {"n_positions", &cfg->n_positions},
     };
     st = LOOM_OK;
+    int n_ctx = 0;
     const cJSON *n_embd = cJSON_GetObjectItemCaseSensitive(root, "n_embd");
     int n_embd_seen = cJSON_IsNumber(n_embd) ? n_embd->valueint : 0;
     for (const cJSON *it = root->child; it && st == LOOM_OK; it = it->next) {
@@ -161,10 +202,14 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
                 st = get_int(path, it, req[i].dst);
                 matched = 1;
             }
-        if (!matched && strcmp(it->string, "n_ctx") != 0) st = check_arch_key(path, it, n_embd_seen);
+        if (!matched && strcmp(it->string, "n_ctx") == 0) st = get_int(path, it, &n_ctx);
+        else if (!matched) st = check_arch_key(path, it, n_embd_seen);
     }
     for (size_t i = 0; i < 5 && st == LOOM_OK; i++)
         if (*req[i].dst == 0) st = loom_fail(LOOM_ECONFIG, "%s: missing \"%s\"", path, req[i].key);
+    if (st == LOOM_OK && n_ctx && n_ctx != cfg->n_positions) /* GPT-2 has one context length */
+        st = loom_fail(LOOM_ECONFIG, "%s: \"n_ctx\"=%d must equal \"n_positions\"=%d", path, n_ctx,
+                       cfg->n_positions);
     cJSON_Delete(root);
     return st == LOOM_OK ? loom_model_config_check(cfg) : st;
 }

@@ -1,10 +1,16 @@
-/* gpt.c - GPT-2 forward and backward on one device, llm.c style.
+/* gpt.c - GPT-2 forward and backward of one model part, llm.c style.
  *
- * The single-device model: the spec every parallel layout is compared with
- * (invariant 1) and the thing checked against PyTorch (invariant 2). The
- * backward pass is the exact mirror of the forward. Parameters, gradients and
- * activations each live in one arena; tensors are views into them. No
- * collectives here: parallel strategies wrap this compute with their regions.
+ * The single-device model is the part with every block, both ends and tp=1:
+ * the spec every layout is compared with (invariant 1) and what is checked
+ * against PyTorch (invariant 2). Tensor parallelism cuts each block as
+ * Megatron does; the collectives are the regions of parallel.h, called at the
+ * exact points the math needs them. The backward is the mirror of the
+ * forward, in two halves: the input-gradient half (B) walks the blocks in
+ * reverse and keeps each matmul's output gradient; the weight-gradient half
+ * (W) turns those into parameter gradients. A full backward runs W for each
+ * block right after its B; zero-bubble schedules run them apart.
+ *
+ * Collective over the TP group (forward, both backward halves, finish_grads).
  */
 #include "loom/model.h"
 
@@ -14,73 +20,26 @@
 #include <string.h>
 
 #include "loom/kernels.h"
-#include "loom/rng.h"
+#include "model/internal.h"
 
-/* ---- the parameter table ------------------------------------------------ */
-
-static void add_param(loom_param *p, int *n, size_t *off, const char *name, int64_t d0, int64_t d1,
-                      loom_init_kind init, float std) {
-    loom_param *q = &p[(*n)++];
-    snprintf(q->name, sizeof q->name, "%s", name);
-    q->ndim = d1 > 0 ? 2 : 1;
-    q->shape[0] = d0;
-    q->shape[1] = d1 > 0 ? d1 : 0;
-    q->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
-    q->offset = *off;
-    q->decay = q->ndim >= 2;
-    q->init = init;
-    q->init_std = std;
-    /* keep every tensor 64-byte aligned inside the flat buffer */
-    *off += (q->numel + 15) & ~(size_t)15;
+loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
+    loom_model_part p;
+    memset(&p, 0, sizeof p);
+    p.tp.size = 1;
+    p.layer_begin = 0;
+    p.layer_end = cfg->n_layer;
+    p.has_embed = p.has_head = 1;
+    return p;
 }
 
-/* Fills p[] (capacity 4 + 12 L + 2) in the order a Hugging Face GPT-2 file
- * lists them; returns the float count of the flat buffer. */
-static size_t build_table(const loom_model_config *c, loom_param *p, int *n) {
-    const int64_t C = c->n_embd, V = c->vocab_size, L = c->n_layer;
-    const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)L);
-    size_t off = 0;
-    char nm[LOOM_PARAM_NAME_MAX];
-    *n = 0;
-    add_param(p, n, &off, "wte.weight", V, C, LOOM_INIT_NORMAL, std);
-    add_param(p, n, &off, "wpe.weight", c->n_positions, C, LOOM_INIT_NORMAL, std);
-    for (int l = 0; l < L; l++) {
-#define P(suffix, d0, d1, init, s)                                                                 \
-    snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);                                                  \
-    add_param(p, n, &off, nm, d0, d1, init, s)
-        P("ln_1.weight", C, 0, LOOM_INIT_ONES, 0);
-        P("ln_1.bias", C, 0, LOOM_INIT_ZEROS, 0);
-        P("attn.c_attn.weight", C, 3 * C, LOOM_INIT_NORMAL, std);
-        P("attn.c_attn.bias", 3 * C, 0, LOOM_INIT_ZEROS, 0);
-        P("attn.c_proj.weight", C, C, LOOM_INIT_NORMAL, res_std);
-        P("attn.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
-        P("ln_2.weight", C, 0, LOOM_INIT_ONES, 0);
-        P("ln_2.bias", C, 0, LOOM_INIT_ZEROS, 0);
-        P("mlp.c_fc.weight", C, 4 * C, LOOM_INIT_NORMAL, std);
-        P("mlp.c_fc.bias", 4 * C, 0, LOOM_INIT_ZEROS, 0);
-        P("mlp.c_proj.weight", 4 * C, C, LOOM_INIT_NORMAL, res_std);
-        P("mlp.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
-#undef P
-    }
-    add_param(p, n, &off, "ln_f.weight", C, 0, LOOM_INIT_ONES, 0);
-    add_param(p, n, &off, "ln_f.bias", C, 0, LOOM_INIT_ZEROS, 0);
-    return off;
-}
-
-/* Point the named views at a flat buffer laid out by build_table. */
-static void bind_weights(const loom_gpt *m, float *base, loom_gpt_weights *w) {
-    const loom_param *p = m->params;
-    int i = 0;
-    w->wte = base + p[i++].offset;
-    w->wpe = base + p[i++].offset;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        loom_gpt_layer_w *h = &w->h[l];
-        float **slot[] = {&h->ln1_w, &h->ln1_b, &h->qkv_w, &h->qkv_b, &h->proj_w, &h->proj_b,
-                          &h->ln2_w, &h->ln2_b, &h->fc_w,  &h->fc_b,  &h->fcp_w, &h->fcp_b};
-        for (size_t k = 0; k < sizeof slot / sizeof slot[0]; k++) *slot[k] = base + p[i++].offset;
-    }
-    w->lnf_w = base + p[i++].offset;
-    w->lnf_b = base + p[i++].offset;
+loom_status loom_model_check_tp(const loom_model_config *cfg, int tp, int sp, int T) {
+    if (tp < 1) return loom_fail(LOOM_EUSAGE, "tp=%d: must be >= 1", tp);
+    if (cfg->n_head % tp)
+        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide n_head=%d of model %s", tp, cfg->n_head,
+                         cfg->name);
+    if (sp && T % tp)
+        return loom_fail(LOOM_EUSAGE, "--sp needs tp=%d to divide the sequence length --seq %d", tp, T);
+    return LOOM_OK;
 }
 
 /* ---- memory planning ---------------------------------------------------- */
@@ -94,88 +53,149 @@ static void *take(loom_arena *a, size_t bytes) {
     return loom_arena_alloc(a, bytes);
 }
 
-/* Walk every activation once; run on a planning arena it counts bytes, on the
- * committed one it hands out the pointers. */
-static void layout_acts(loom_gpt *m, loom_arena *a) {
-    const size_t B = (size_t)m->B, T = (size_t)m->T, C = (size_t)m->cfg.n_embd;
-    const size_t NH = (size_t)m->cfg.n_head, V = (size_t)m->cfg.vocab_size, BT = B * T;
-#define A(ptr, type, count) ptr = (type *)take(a, (count) * sizeof(type))
-    A(m->inputs, int32_t, BT);
-    A(m->targets, int32_t, BT);
-    A(m->encoded, float, BT * C);
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        loom_gpt_layer_acts *x = &m->acts[l];
-        A(x->ln1, float, BT * C);
-        A(x->ln1_mean, float, BT);
-        A(x->ln1_rstd, float, BT);
-        A(x->qkv, float, BT * 3 * C);
-        A(x->atty, float, BT * C);
-        A(x->att, float, B * NH * T * T);
-        A(x->res2, float, BT * C);
-        A(x->ln2, float, BT * C);
-        A(x->ln2_mean, float, BT);
-        A(x->ln2_rstd, float, BT);
-        A(x->fch, float, BT * 4 * C);
-        A(x->fch_gelu, float, BT * 4 * C);
-        A(x->res3, float, BT * C);
-    }
-    A(m->lnf, float, BT * C);
-    A(m->lnf_mean, float, BT);
-    A(m->lnf_rstd, float, BT);
-    A(m->logits, float, BT * V);
-    A(m->losses, float, BT);
-    A(m->dres, float, BT * C);
-    A(m->dc, float, BT * C);
-    A(m->d3c, float, BT * 3 * C);
-    A(m->d4c_a, float, BT * 4 * C);
-    A(m->d4c_b, float, BT * 4 * C);
-    A(m->att_scratch, float, loom_attention_scratch_floats(m->T));
-#undef A
+#define F(n) ((size_t)(n) * sizeof(float))
+
+static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d) {
+    const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
+    d->dfcp = take(a, F(N * C));
+    d->dfch = take(a, F(N * 4 * Cl));
+    d->dln2 = take(a, F(Nx * C));
+    d->dproj = take(a, F(N * C));
+    d->dqkv = take(a, F(N * 3 * Cl));
+    d->dln1 = take(a, F(Nx * C));
 }
 
-loom_status loom_gpt_create(const loom_model_config *cfg, int B, int T, loom_gpt **out) {
-    *out = NULL;
-    LOOM_TRY(loom_model_config_check(cfg));
-    if (B < 1 || T < 1)
-        return loom_fail(LOOM_EUSAGE, "batch %d x sequence %d: both must be >= 1", B, T);
-    if (T > cfg->n_positions)
-        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", T,
-                         cfg->n_positions);
-    loom_gpt *m = calloc(1, sizeof *m);
-    int max_params = 4 + 12 * cfg->n_layer + 2;
-    if (m) {
-        m->params = calloc((size_t)max_params, sizeof *m->params);
-        m->acts = calloc((size_t)cfg->n_layer, sizeof *m->acts);
-        m->w.h = calloc((size_t)cfg->n_layer, sizeof *m->w.h);
-        m->g.h = calloc((size_t)cfg->n_layer, sizeof *m->g.h);
+static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
+    const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
+    const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
+    const int sp = m->part.tp.sp;
+    s->inputs = take(a, N * sizeof(int32_t));
+    s->targets = take(a, N * sizeof(int32_t));
+    s->x = take(a, F(Nx * C));
+    s->dx = take(a, F(Nx * C));
+    for (int l = 0; l < m->L_l; l++) {
+        loom_gpt_layer_acts *x = &s->acts[l];
+        x->ln1 = take(a, F(Nx * C));
+        x->ln1_mean = take(a, F(Nx));
+        x->ln1_rstd = take(a, F(Nx));
+        x->ln1g = sp ? take(a, F(N * C)) : x->ln1;
+        x->qkv = take(a, F(N * 3 * Cl));
+        x->atty = take(a, F(N * Cl));
+        x->att = take(a, F(B * NHl * T * T));
+        x->res2 = take(a, F(Nx * C));
+        x->ln2 = take(a, F(Nx * C));
+        x->ln2_mean = take(a, F(Nx));
+        x->ln2_rstd = take(a, F(Nx));
+        x->ln2g = sp ? take(a, F(N * C)) : x->ln2;
+        x->fch = take(a, F(N * 4 * Cl));
+        x->fch_gelu = take(a, F(N * 4 * Cl));
+        x->res3 = take(a, F(Nx * C));
+        if (s->ds) layout_dsave(m, a, &s->ds[l]);
     }
-    if (!m || !m->params || !m->acts || !m->w.h || !m->g.h) {
-        loom_gpt_free(m);
-        return loom_fail(LOOM_EOS, "out of memory creating the model");
+    if (m->part.has_head) {
+        s->lnf = take(a, F(Nx * C));
+        s->lnf_mean = take(a, F(Nx));
+        s->lnf_rstd = take(a, F(Nx));
+        s->lnfg = sp ? take(a, F(N * C)) : s->lnf;
+        s->logits = take(a, F(N * (size_t)m->V_l));
+        s->losses = take(a, F(N));
+        if (s->ds) s->dlnf = take(a, F(Nx * C));
     }
-    m->cfg = *cfg;
-    m->B = B;
-    m->T = T;
-    m->num_params = build_table(cfg, m->params, &m->n_params);
+}
 
-    loom_arena_init(&m->a_params, "params");
-    loom_arena_init(&m->a_grads, "grads");
-    loom_arena_init(&m->a_acts, "activations");
-    loom_arena_reserve(&m->a_params, m->num_params * sizeof(float));
-    loom_arena_reserve(&m->a_grads, m->num_params * sizeof(float));
-    layout_acts(m, &m->a_acts); /* plan */
-    loom_status st = loom_arena_commit(&m->a_params);
+static void layout_acts(loom_gpt *m, loom_arena *a) {
+    const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
+    for (int s = 0; s < m->opts.n_slots; s++) layout_slot(m, a, &m->slots[s]);
+    m->dres = take(a, F(Nx * C));
+    m->dfull = take(a, F(N * C));
+    m->d4c = take(a, F(N * 4 * Cl));
+    m->datty = take(a, F(N * Cl));
+    m->dlnfull = take(a, F(N * C));
+    m->dlnf = take(a, F(Nx * C));
+    m->xmax = take(a, F(N));
+    m->xsum = take(a, F(2 * N));
+    layout_dsave(m, a, &m->scratch_ds);
+    m->att_scratch = take(a, F(loom_attention_scratch_floats(m->T)));
+}
+
+static loom_status alloc_tables(loom_gpt *m) {
+    int L_l = m->L_l, S = m->opts.n_slots;
+    m->params = calloc((size_t)loom_gpt_max_params(&m->part), sizeof *m->params);
+    m->w.h = calloc((size_t)(L_l ? L_l : 1), sizeof *m->w.h);
+    m->g.h = calloc((size_t)(L_l ? L_l : 1), sizeof *m->g.h);
+    m->slots = calloc((size_t)S, sizeof *m->slots);
+    if (!m->params || !m->w.h || !m->g.h || !m->slots)
+        return loom_fail(LOOM_EOS, "out of memory creating the model");
+    for (int s = 0; s < S; s++) {
+        m->slots[s].acts = calloc((size_t)(L_l ? L_l : 1), sizeof *m->slots[s].acts);
+        if (!m->slots[s].acts) return loom_fail(LOOM_EOS, "out of memory creating the model");
+        if (m->opts.split_backward) {
+            m->slots[s].ds = calloc((size_t)(L_l ? L_l : 1), sizeof *m->slots[s].ds);
+            if (!m->slots[s].ds) return loom_fail(LOOM_EOS, "out of memory creating the model");
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_part(const loom_model_config *cfg, const loom_model_part *p,
+                              const loom_gpt_opts *o) {
+    LOOM_TRY(loom_model_config_check(cfg));
+    LOOM_TRY(loom_model_check_tp(cfg, p->tp.size, p->tp.sp, o->T));
+    if (o->B < 1 || o->T < 1)
+        return loom_fail(LOOM_EUSAGE, "batch %d x sequence %d: both must be >= 1", o->B, o->T);
+    if (o->T > cfg->n_positions)
+        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T,
+                         cfg->n_positions);
+    if (p->layer_begin < 0 || p->layer_end > cfg->n_layer || p->layer_begin > p->layer_end)
+        return loom_fail(LOOM_EINTERNAL, "model part: blocks [%d, %d) of %d", p->layer_begin,
+                         p->layer_end, cfg->n_layer);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part *part,
+                            const loom_gpt_opts *opts, loom_gpt **out) {
+    *out = NULL;
+    LOOM_TRY(check_part(cfg, part, opts));
+    loom_gpt *m = calloc(1, sizeof *m);
+    if (!m) return loom_fail(LOOM_EOS, "out of memory creating the model");
+    m->cfg = *cfg;
+    m->part = *part;
+    m->opts = *opts;
+    if (m->opts.n_slots < 1) m->opts.n_slots = 1;
+    const int tp = part->tp.size;
+    m->B = opts->B;
+    m->T = opts->T;
+    m->N = m->B * m->T;
+    m->Nx = part->tp.sp ? m->N / tp : m->N;
+    m->C = cfg->n_embd;
+    m->C_l = cfg->n_embd / tp;
+    m->NH_l = cfg->n_head / tp;
+    m->V_l = (cfg->vocab_size + tp - 1) / tp;
+    m->vocab_start = part->tp.rank * m->V_l;
+    int valid = cfg->vocab_size - m->vocab_start;
+    m->V_valid_l = valid < 0 ? 0 : valid > m->V_l ? m->V_l : valid;
+    m->L_l = part->layer_end - part->layer_begin;
+    loom_status st = alloc_tables(m);
+    if (st == LOOM_OK) {
+        m->num_params = loom_gpt_build_table(m);
+        loom_arena_init(&m->a_params, "params");
+        loom_arena_init(&m->a_grads, "grads");
+        loom_arena_init(&m->a_acts, "activations");
+        loom_arena_reserve(&m->a_params, F(m->num_params));
+        loom_arena_reserve(&m->a_grads, F(m->num_params));
+        layout_acts(m, &m->a_acts); /* plan */
+        st = loom_arena_commit(&m->a_params);
+    }
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_grads);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_acts);
     if (st != LOOM_OK) {
         loom_gpt_free(m);
         return st;
     }
-    m->param_mem = loom_arena_alloc(&m->a_params, m->num_params * sizeof(float));
-    m->grad_mem = loom_arena_alloc(&m->a_grads, m->num_params * sizeof(float));
+    m->param_mem = loom_arena_alloc(&m->a_params, F(m->num_params));
+    m->grad_mem = loom_arena_alloc(&m->a_grads, F(m->num_params));
     layout_acts(m, &m->a_acts); /* hand out */
-    bind_weights(m, m->param_mem, &m->w);
-    bind_weights(m, m->grad_mem, &m->g);
+    loom_gpt_bind_all(m);
     *out = m;
     return LOOM_OK;
 }
@@ -185,35 +205,20 @@ void loom_gpt_free(loom_gpt *m) {
     loom_arena_free(&m->a_params);
     loom_arena_free(&m->a_grads);
     loom_arena_free(&m->a_acts);
+    for (int s = 0; m->slots && s < m->opts.n_slots; s++) {
+        free(m->slots[s].acts);
+        free(m->slots[s].ds);
+    }
+    free(m->slots);
     free(m->params);
-    free(m->acts);
     free(m->w.h);
     free(m->g.h);
     free(m);
 }
 
-void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {
-    for (int i = 0; i < m->n_params; i++) {
-        const loom_param *p = &m->params[i];
-        float *x = m->param_mem + p->offset;
-        if (p->init == LOOM_INIT_NORMAL) {
-            loom_rng_fill_normal(loom_rng_key_make(seed, p->name), 0, x, p->numel, p->init_std);
-        } else {
-            float v = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
-            for (size_t k = 0; k < p->numel; k++) x[k] = v;
-        }
-    }
-}
-
-const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name) {
-    for (int i = 0; i < m->n_params; i++)
-        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
-    return NULL;
-}
-
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->a_acts.cap; }
 
-void loom_gpt_zero_grad(loom_gpt *m) { memset(m->grad_mem, 0, m->num_params * sizeof(float)); }
+void loom_gpt_zero_grad(loom_gpt *m) { memset(m->grad_mem, 0, F(m->num_params)); }
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
@@ -221,102 +226,289 @@ double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     return 6.0 * matmul_params + 12.0 * L * C * (double)T;
 }
 
-/* ---- forward ------------------------------------------------------------ */
+float *loom_gpt_input(loom_gpt *m, int slot) { return m->slots[slot].x; }
+float *loom_gpt_input_grad(loom_gpt *m, int slot) { return m->slots[slot].dx; }
 
-void loom_gpt_forward(loom_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                      double *loss_sum) {
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, N = B * T;
-    m->cur_B = B;
-    m->cur_T = T;
-    m->have_targets = targets != NULL;
-    memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
-    if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+/* Output of local block li (li = -1: the part's input). */
+static const float *block_out(const loom_gpt_slot *s, int li) {
+    return li >= 0 ? s->acts[li].res3 : s->x;
+}
+const float *loom_gpt_output(const loom_gpt *m, int slot) {
+    return block_out(&m->slots[slot], m->L_l - 1);
+}
 
-    loom_encoder_fwd(m->encoded, m->inputs, m->w.wte, m->w.wpe, B, T, C);
-    const float *res = m->encoded; /* (B,T,C) the residual stream entering layer l */
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        const loom_gpt_layer_w *w = &m->w.h[l];
-        loom_gpt_layer_acts *a = &m->acts[l];
-        loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, N, C);
-        loom_matmul_fwd(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, 3 * C);
-        loom_attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH);
-        loom_matmul_fwd(a->res2, a->atty, w->proj_w, w->proj_b, N, C, C); /* attn out */
-        loom_residual_fwd(a->res2, res, a->res2, (size_t)N * C);
-        loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C);
-        loom_matmul_fwd(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, 4 * C);
-        loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        loom_matmul_fwd(a->res3, a->fch_gelu, w->fcp_w, w->fcp_b, N, 4 * C, C); /* mlp out */
-        loom_residual_fwd(a->res3, a->res2, a->res3, (size_t)N * C);
-        res = a->res3;
-    }
-    loom_layernorm_fwd(m->lnf, m->lnf_mean, m->lnf_rstd, res, m->w.lnf_w, m->w.lnf_b, N, C);
-    loom_matmul_nt_fwd(m->logits, m->lnf, m->w.wte, N, C, V);
-    if (!targets) return;
-    loom_softmax_xent_fwd(m->losses, m->logits, m->logits, m->targets, N, V);
-    if (loss_sum) {
-        double s = 0;
-        for (int i = 0; i < N; i++) s += m->losses[i];
-        *loss_sum = s;
+static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.has_head; }
+
+#define HOOK(name, unit)                                                                           \
+    do {                                                                                           \
+        if (m->hooks.name) LOOM_TRY(m->hooks.name(m->hooks.ctx, m, unit));                         \
+    } while (0)
+
+/* ---- the TP regions around a block's two matmuls ------------------------ */
+
+/* Into a column-parallel matmul: x (Nx,C) -> xg (N,C). */
+static loom_status col_in_fwd(loom_gpt *m, float *x, float *xg) {
+    if (m->part.tp.sp) return loom_sp_gather_fwd(&m->part.tp, x, xg, (size_t)m->Nx * m->C);
+    return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
+}
+/* Its conjugate: partial dxg (N,C) -> dx (Nx,C) summed over tp. */
+static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
+    if (m->part.tp.sp) return loom_sp_gather_bwd(&m->part.tp, dxg, dx, (size_t)m->Nx * m->C);
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dxg, (size_t)m->N * m->C));
+    memcpy(dx, dxg, F((size_t)m->N * m->C));
+    return LOOM_OK;
+}
+/* Out of a row-parallel matmul: partial y (N,C) -> out (Nx,C) summed (y == out without SP). */
+static loom_status row_out_fwd(loom_gpt *m, float *y, float *out) {
+    if (m->part.tp.sp) return loom_sp_reduce_scatter_fwd(&m->part.tp, y, out, (size_t)m->Nx * m->C);
+    return loom_tp_reduce_fwd(&m->part.tp, out, (size_t)m->N * m->C);
+}
+/* Its conjugate: dout (Nx,C) -> dy (N,C) as the matmul's output gradient. */
+static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
+    if (m->part.tp.sp)
+        return loom_sp_reduce_scatter_bwd(&m->part.tp, dout, dy, (size_t)m->Nx * m->C);
+    memcpy(dy, dout, F((size_t)m->N * m->C));
+    return loom_tp_reduce_bwd(&m->part.tp, dy, (size_t)m->N * m->C);
+}
+
+/* out (n,C) += res (n,C) + bias (C) */
+static void add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * C;
+        const float *r = res + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] += r[c] + bias[c];
     }
 }
 
-/* ---- backward: the forward, mirrored ------------------------------------ */
+/* ---- forward ------------------------------------------------------------ */
 
-/* dqkv_b (3C) += column sums of dqkv (N,3C) for the query and value parts.
+static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
+    const int sp = m->part.tp.sp;
+    float *full = sp ? m->dfull : s->x; /* (N,C) partial over tp */
+    loom_embed_fwd(full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
+    LOOM_TRY(row_out_fwd(m, full, s->x));
+    loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    return LOOM_OK;
+}
+
+static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
+    const loom_gpt_layer_w *w = &m->w.h[li];
+    loom_gpt_layer_acts *a = &s->acts[li];
+    const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l, sp = m->part.tp.sp;
+    const float *res = block_out(s, li - 1); /* (Nx,C) */
+    /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
+    loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
+    LOOM_TRY(col_in_fwd(m, a->ln1, a->ln1g));
+    loom_matmul_fwd(a->qkv, a->ln1g, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
+    loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
+    float *y = sp ? m->dfull : a->res2;
+    loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
+    LOOM_TRY(row_out_fwd(m, y, a->res2));
+    add_bias_residual(a->res2, res, w->proj_b, Nx, C);
+    /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
+    loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
+    LOOM_TRY(col_in_fwd(m, a->ln2, a->ln2g));
+    loom_matmul_fwd(a->fch, a->ln2g, w->fc_w, w->fc_b, N, C, 4 * Cl);
+    loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
+    y = sp ? m->dfull : a->res3;
+    loom_matmul_fwd(y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
+    LOOM_TRY(row_out_fwd(m, y, a->res3));
+    add_bias_residual(a->res3, a->res2, w->fcp_b, Nx, C);
+    return LOOM_OK;
+}
+
+/* ln_f, the tied LM head, and the vocab-parallel cross-entropy. */
+static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
+    const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
+    const loom_tp *tp = &m->part.tp;
+    loom_layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
+                       m->w.lnf_b, Nx, C);
+    LOOM_TRY(col_in_fwd(m, s->lnf, s->lnfg));
+    loom_matmul_nt_fwd(s->logits, s->lnfg, m->w.wte, N, C, Vl);
+    if (!s->have_targets) return LOOM_OK;
+    loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
+    LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
+    float *sum = m->xsum, *tgt = m->xsum + N;
+    loom_vxent_exp(s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
+    LOOM_TRY(loom_tp_allreduce(tp, m->xsum, 2 * (size_t)N, LOOM_SUM));
+    loom_vxent_finish(s->losses, s->logits, sum, tgt, s->targets, N, Vl);
+    if (loss_sum)
+        for (int i = 0; i < N; i++) *loss_sum += s->losses[i];
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const int32_t *targets,
+                             double *loss_sum) {
+    loom_gpt_slot *s = &m->slots[slot];
+    s->have_targets = targets != NULL;
+    if (targets) memcpy(s->targets, targets, (size_t)m->N * sizeof(int32_t));
+    if (has_outer(m)) HOOK(pre_forward, LOOM_UNIT_OUTER);
+    if (m->part.has_embed) {
+        memcpy(s->inputs, inputs, (size_t)m->N * sizeof(int32_t));
+        LOOM_TRY(embed_fwd(m, s));
+    }
+    for (int li = 0; li < m->L_l; li++) {
+        HOOK(pre_forward, m->part.layer_begin + li);
+        LOOM_TRY(block_fwd(m, s, li));
+        HOOK(post_forward, m->part.layer_begin + li);
+    }
+    if (m->part.has_head) LOOM_TRY(head_fwd(m, s, loss_sum));
+    if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
+    return LOOM_OK;
+}
+
+/* ---- backward, input half (B): the forward mirrored ---------------------- */
+
+/* The head: d(loss) -> m->dres = d(last block output); keeps dlogits (in
+ * s->logits) and d(ln_f out) (in dlnf) for W. */
+static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float dloss, float *dlnf) {
+    const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
+    loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, N, Vl);
+    memset(m->dlnfull, 0, F((size_t)N * C));
+    loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, s->lnfg, m->w.wte, N, C, Vl);
+    LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
+    memset(m->dres, 0, F((size_t)Nx * C));
+    loom_layernorm_bwd(m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
+                       s->lnf_mean, s->lnf_rstd, Nx, C);
+    return LOOM_OK;
+}
+
+/* m->dres = d(block output) -> d(block input); keeps output gradients in d. */
+static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_gpt_dsave *d) {
+    const loom_gpt_layer_w *w = &m->w.h[li];
+    const loom_gpt_layer_acts *a = &s->acts[li];
+    const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
+    float *dres = m->dres;
+    /* MLP branch; the residual passes dres through unchanged */
+    LOOM_TRY(row_out_bwd(m, dres, d->dfcp));
+    memset(m->d4c, 0, F((size_t)N * 4 * Cl));
+    loom_matmul_bwd(m->d4c, NULL, NULL, d->dfcp, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+    memset(d->dfch, 0, F((size_t)N * 4 * Cl));
+    loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
+    memset(m->dlnfull, 0, F((size_t)N * C));
+    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, a->ln2g, w->fc_w, N, C, 4 * Cl);
+    LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
+    loom_layernorm_bwd(dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
+    /* attention branch */
+    LOOM_TRY(row_out_bwd(m, dres, d->dproj));
+    memset(m->datty, 0, F((size_t)N * Cl));
+    loom_matmul_bwd(m->datty, NULL, NULL, d->dproj, a->atty, w->proj_w, N, Cl, C);
+    memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
+    loom_attention_bwd(d->dqkv, m->att_scratch, m->datty, a->qkv, a->att, m->B, m->T, Cl, m->NH_l);
+    memset(m->dlnfull, 0, F((size_t)N * C));
+    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, a->ln1g, w->qkv_w, N, C, 3 * Cl);
+    LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
+    loom_layernorm_bwd(dres, NULL, NULL, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
+                       a->ln1_rstd, Nx, C);
+    return LOOM_OK;
+}
+
+/* ---- backward, weight half (W) ------------------------------------------ */
+
+/* dqkv_b (3C_l) += column sums of dqkv (N,3C_l) for the query and value parts.
  * The key bias gets exactly zero: adding b to every key adds q.b to all
  * scores of a query, which the softmax cancels, so its true gradient is 0.
  * Summing dK would give rounding noise instead, and AdamW turns noise of any
  * size into steps of up to lr - a random walk that would differ between
  * layouts. Exact zeros keep the parameter where the math says it stays. */
-static void qkv_bias_grad(float *db, const float *dqkv, int N, int C) {
+static void qkv_bias_grad(float *db, const float *dqkv, int N, int Cl) {
     for (int i = 0; i < N; i++) {
-        const float *row = dqkv + (size_t)i * 3 * C;
-        for (int j = 0; j < C; j++) db[j] += row[j];
-        for (int j = 2 * C; j < 3 * C; j++) db[j] += row[j];
+        const float *row = dqkv + (size_t)i * 3 * Cl;
+        for (int j = 0; j < Cl; j++) db[j] += row[j];
+        for (int j = 2 * Cl; j < 3 * Cl; j++) db[j] += row[j];
     }
 }
 
-void loom_gpt_backward(loom_gpt *m, float dloss) {
-    const int B = m->cur_B, T = m->cur_T, N = B * T;
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
-    const size_t NC = (size_t)N * C;
-    float *dres = m->dres; /* (B,T,C) gradient of the residual stream */
+static void block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const loom_gpt_dsave *d) {
+    const loom_gpt_layer_w *w = &m->w.h[li];
+    loom_gpt_layer_w *g = &m->g.h[li];
+    const loom_gpt_layer_acts *a = &s->acts[li];
+    const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
+    loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, d->dfcp, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+    loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, a->ln2g, w->fc_w, N, C, 4 * Cl);
+    loom_layernorm_bwd(NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
+                       a->ln2_rstd, Nx, C);
+    loom_matmul_bwd(NULL, g->proj_w, g->proj_b, d->dproj, a->atty, w->proj_w, N, Cl, C);
+    loom_matmul_bwd(NULL, g->qkv_w, NULL, d->dqkv, a->ln1g, w->qkv_w, N, C, 3 * Cl);
+    qkv_bias_grad(g->qkv_b, d->dqkv, N, Cl);
+    loom_layernorm_bwd(NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w,
+                       a->ln1_mean, a->ln1_rstd, Nx, C);
+}
 
-    loom_softmax_xent_bwd(m->logits, m->logits, m->targets, dloss, N, V); /* dlogits in place */
-    memset(m->dc, 0, NC * sizeof(float));
-    loom_matmul_nt_bwd(m->dc, m->g.wte, m->logits, m->lnf, m->w.wte, N, C, V);
-    const float *res_last = m->cfg.n_layer ? m->acts[m->cfg.n_layer - 1].res3 : m->encoded;
-    memset(dres, 0, NC * sizeof(float));
-    loom_layernorm_bwd(dres, m->g.lnf_w, m->g.lnf_b, m->dc, res_last, m->w.lnf_w, m->lnf_mean,
-                       m->lnf_rstd, N, C);
+static void head_bwd_weight(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
+    loom_matmul_nt_bwd(NULL, m->g.wte, s->logits, s->lnfg, m->w.wte, m->N, m->C, m->V_l);
+    loom_layernorm_bwd(NULL, m->g.lnf_w, m->g.lnf_b, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
+                       s->lnf_mean, s->lnf_rstd, m->Nx, m->C);
+}
 
-    for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
-        const loom_gpt_layer_w *w = &m->w.h[l];
-        loom_gpt_layer_w *g = &m->g.h[l];
-        const loom_gpt_layer_acts *a = &m->acts[l];
-        const float *res_in = l ? m->acts[l - 1].res3 : m->encoded;
-        float *dfch_gelu = m->d4c_a, *dfch = m->d4c_b;
-        /* MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres is d(res3) = d(res2) so far */
-        memset(dfch_gelu, 0, NC * 4 * sizeof(float));
-        loom_matmul_bwd(dfch_gelu, g->fcp_w, g->fcp_b, dres, a->fch_gelu, w->fcp_w, N, 4 * C, C);
-        memset(dfch, 0, NC * 4 * sizeof(float));
-        loom_gelu_bwd(dfch, a->fch, dfch_gelu, NC * 4);
-        memset(m->dc, 0, NC * sizeof(float));
-        loom_matmul_bwd(m->dc, g->fc_w, g->fc_b, dfch, a->ln2, w->fc_w, N, C, 4 * C);
-        loom_layernorm_bwd(dres, g->ln2_w, g->ln2_b, m->dc, a->res2, w->ln2_w, a->ln2_mean,
-                           a->ln2_rstd, N, C);
-        /* attention branch: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in)))) */
-        float *datty = m->dc;
-        memset(datty, 0, NC * sizeof(float));
-        loom_matmul_bwd(datty, g->proj_w, g->proj_b, dres, a->atty, w->proj_w, N, C, C);
-        memset(m->d3c, 0, NC * 3 * sizeof(float));
-        loom_attention_bwd(m->d3c, m->att_scratch, datty, a->qkv, a->att, B, T, C, NH);
-        float *dln1 = m->d4c_a; /* reuse: (B,T,C) fits in (B,T,4C) */
-        memset(dln1, 0, NC * sizeof(float));
-        loom_matmul_bwd(dln1, g->qkv_w, NULL, m->d3c, a->ln1, w->qkv_w, N, C, 3 * C);
-        qkv_bias_grad(g->qkv_b, m->d3c, N, C);
-        loom_layernorm_bwd(dres, g->ln1_w, g->ln1_b, dln1, res_in, w->ln1_w, a->ln1_mean,
-                           a->ln1_rstd, N, C);
+/* From s->dx = d(embedding output). */
+static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
+    const int sp = m->part.tp.sp;
+    float *full = sp ? m->dfull : s->dx; /* (N,C) */
+    LOOM_TRY(row_out_bwd(m, s->dx, full));
+    loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
+    loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    return LOOM_OK;
+}
+
+/* ---- the two halves together or apart ------------------------------------ */
+
+static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss, int split) {
+    loom_gpt_slot *s = &m->slots[slot];
+    const size_t nx = (size_t)m->Nx * m->C;
+    if (has_outer(m)) HOOK(pre_backward, LOOM_UNIT_OUTER);
+    if (m->part.has_head) {
+        float *dlnf = split ? s->dlnf : m->dlnf;
+        LOOM_TRY(head_bwd_input(m, s, dloss, dlnf));
+        if (!split) head_bwd_weight(m, s, dlnf);
+    } else {
+        memcpy(m->dres, dy, F(nx));
     }
-    loom_encoder_bwd(m->g.wte, m->g.wpe, dres, m->inputs, B, T, C);
+    for (int li = m->L_l - 1; li >= 0; li--) {
+        int unit = m->part.layer_begin + li;
+        loom_gpt_dsave *d = split ? &s->ds[li] : &m->scratch_ds;
+        HOOK(pre_backward, unit);
+        LOOM_TRY(block_bwd_input(m, s, li, d));
+        if (!split) {
+            block_bwd_weight(m, s, li, d);
+            HOOK(post_backward, unit);
+        }
+    }
+    memcpy(s->dx, m->dres, F(nx));
+    if (!split && m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
+    if (!split && has_outer(m)) HOOK(post_backward, LOOM_UNIT_OUTER);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_backward(loom_gpt *m, int slot, const float *dy, float dloss) {
+    return backward(m, slot, dy, dloss, 0);
+}
+
+loom_status loom_gpt_backward_input(loom_gpt *m, int slot, const float *dy, float dloss) {
+    if (!m->opts.split_backward)
+        return loom_fail(LOOM_EINTERNAL, "backward_input needs a model created with split_backward");
+    return backward(m, slot, dy, dloss, 1);
+}
+
+loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
+    loom_gpt_slot *s = &m->slots[slot];
+    if (!m->opts.split_backward)
+        return loom_fail(LOOM_EINTERNAL, "backward_weight needs a model created with split_backward");
+    if (m->part.has_head) head_bwd_weight(m, s, s->dlnf);
+    for (int li = m->L_l - 1; li >= 0; li--) {
+        block_bwd_weight(m, s, li, &s->ds[li]);
+        HOOK(post_backward, m->part.layer_begin + li);
+    }
+    if (m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
+    if (has_outer(m)) HOOK(post_backward, LOOM_UNIT_OUTER);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_finish_grads(loom_gpt *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *p = &m->params[i];
+        if (p->sp_partial)
+            LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, m->grad_mem + p->offset, p->numel));
+    }
+    return LOOM_OK;
 }

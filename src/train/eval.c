@@ -1,6 +1,8 @@
 /* eval.c - `loom eval`: mean loss of given parameters on a shard read
  * sequentially. Collective over the world: each batch of `batch` sequences is
  * split evenly over the ranks and the loss sums are all-reduced. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,12 @@ static loom_status eval_check(const loom_eval_config *c, int world, const loom_m
     if (c->seq > mc->n_positions)
         return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq,
                          mc->n_positions, mc->name);
+    /* tokens read: batch x batches x seq, + 1 for the last target */
+    size_t need;
+    if (__builtin_mul_overflow((size_t)c->batch, (size_t)c->batches, &need) ||
+        __builtin_mul_overflow(need, (size_t)c->seq, &need) || need == SIZE_MAX)
+        return loom_fail(LOOM_EUSAGE, "--batch %d x --batches %d x --seq %d tokens is more than %zu", c->batch,
+                         c->batches, c->seq, (size_t)SIZE_MAX);
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required");
     return LOOM_OK;
@@ -36,12 +44,14 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *m
     if (st == LOOM_OK) {
         char why[96];
         snprintf(why, sizeof why, "--batch %d x --batches %d x --seq %d", c->batch, c->batches, T);
-        st = loom_data_check_len(&tok, (size_t)c->batch * c->batches * T + 1, why);
+        st = loom_data_check_len(&tok, (size_t)c->batch * (size_t)c->batches * (size_t)T + 1, why);
     }
     if (st == LOOM_OK) st = loom_tokens_check_vocab(&tok, mc.vocab_size);
     loom_gpt *m = NULL;
-    if (st == LOOM_OK) st = loom_gpt_create(&mc, Bl, T, &m);
-    if (st == LOOM_OK) st = loom_params_load(m, c->load_params);
+    loom_model_part part = loom_model_part_whole(&mc);
+    loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1};
+    if (st == LOOM_OK) st = loom_gpt_create(&mc, &part, &opts, &m);
+    if (st == LOOM_OK) st = loom_params_load(m, NULL, c->load_params);
     int32_t *in = malloc((size_t)Bl * T * sizeof *in), *tg = malloc((size_t)Bl * T * sizeof *tg);
     if (st == LOOM_OK && (!in || !tg)) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     st = loom_comm_agree(world, st);
@@ -50,11 +60,20 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *m
     for (int b = 0; b < c->batches && st == LOOM_OK; b++) {
         double s = 0;
         loom_data_sequential(&tok, (int64_t)b * c->batch + (int64_t)rank * Bl, Bl, T, in, tg);
-        loom_gpt_forward(m, in, tg, Bl, T, &s);
+        st = loom_gpt_forward(m, 0, in, tg, &s);
         sum += s;
     }
     if (st == LOOM_OK) st = loom_comm_allreduce(world, &sum, 1, LOOM_F64, LOOM_SUM);
-    if (st == LOOM_OK) *mean_loss = sum / ((double)c->batch * c->batches * T);
+    double mean = sum / ((double)c->batch * c->batches * T);
+    if (st == LOOM_OK && !isfinite(mean)) { /* every rank holds the same sum; rank 0 says it */
+        loom_status bad = LOOM_OK;
+        if (rank == 0)
+            bad = loom_fail(LOOM_EDATA, "non-finite loss %s: parameters %s on %s (--batch %d x --batches %d x --seq %d)",
+                            isnan(mean) ? "nan" : mean > 0 ? "inf" : "-inf", c->load_params, c->data,
+                            c->batch, c->batches, T);
+        st = loom_comm_agree(world, bad);
+    }
+    if (st == LOOM_OK) *mean_loss = mean;
     free(in);
     free(tg);
     loom_gpt_free(m);

@@ -24,11 +24,17 @@ typedef struct loom_report {
     double t_start;
 } loom_report;
 
+/* Open: LOOM_ECANTCREAT when --metrics is a directory or its .tmp cannot be
+ * created. */
 loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank);
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s);
-/* Success: rename metrics into place and print the summary. Failure: keep
- * the partial metrics under the .tmp name and say so. */
-void loom_report_close(loom_report *r, loom_status st, const loom_train_result *res);
+/* Close, given the run's status st. Success: rename metrics into place and
+ * print the summary; returns LOOM_OK, or LOOM_EIO / LOOM_ECANTCREAT (with the
+ * message set, the metrics left under the .tmp name, no summary) when the
+ * metrics cannot be completed or renamed. Failure: keep the partial metrics
+ * under the .tmp name, say so and return st unchanged. Local (rank 0 writes;
+ * on other ranks it returns st). */
+loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_result *res);
 
 typedef struct loom_train_run_state {
     const loom_train_config *cfg;

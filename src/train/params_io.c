@@ -1,35 +1,102 @@
 /* params_io.c - model parameters to and from safetensors, by Hugging Face
- * GPT-2 name. Local (rank 0 calls save; the trainer broadcasts after load). */
+ * GPT-2 name, whatever the layout.
+ *
+ * Save: every rank scatters the elements it is the primary holder of (dp and
+ * cp coordinate 0; tp rank 0 for tensors tensor parallelism does not cut; the
+ * first pipeline stage for the tied wte) into a zeroed full-model buffer at
+ * their global indices; one all-reduce (sum) over the world assembles the
+ * model, since each element has exactly one contributor; rank 0 writes it.
+ * Load: rank 0 reads and checks the file, the full model is broadcast, each
+ * rank keeps its own elements. Both are collective over the world (mesh NULL:
+ * one process, no communication).
+ */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/safetensors.h"
 #include "loom/train.h"
 
-loom_status loom_params_save(const loom_gpt *m, const char *path) {
-    loom_st_writer *w;
-    LOOM_TRY(loom_st_writer_create(path, &w));
-    loom_status st = loom_st_writer_metadata(w, "format", "pt");
+typedef struct {
+    loom_param *p;
+    int n;
+    size_t total;
+    float *full;
+} whole_model;
+
+static loom_status whole_open(const loom_gpt *m, whole_model *w) {
+    memset(w, 0, sizeof *w);
+    LOOM_TRY(loom_param_table_whole(&m->cfg, &w->p, &w->n, &w->total));
+    w->full = calloc(w->total ? w->total : 1, sizeof(float));
+    if (!w->full) {
+        free(w->p);
+        return loom_fail(LOOM_EOS, "out of memory for a full copy of the parameters (%zu floats)",
+                         w->total);
+    }
+    return LOOM_OK;
+}
+
+static void whole_close(whole_model *w) {
+    free(w->p);
+    free(w->full);
+}
+
+static const loom_param *whole_find(const whole_model *w, const char *name) {
+    for (int i = 0; i < w->n; i++)
+        if (strcmp(w->p[i].name, name) == 0) return &w->p[i];
+    return NULL;
+}
+
+static int is_primary(const loom_gpt *m, const loom_mesh *mesh, const loom_param *p) {
+    if (mesh && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
+    if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
+    return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
+}
+
+static loom_status write_file(const whole_model *w, const loom_model_config *c, const char *path) {
+    loom_st_writer *wr;
+    LOOM_TRY(loom_st_writer_create(path, &wr));
+    loom_status st = loom_st_writer_metadata(wr, "format", "pt");
     char v[32];
-    const loom_model_config *c = &m->cfg;
     const struct { const char *k; int v; } meta[] = {
         {"n_layer", c->n_layer}, {"n_head", c->n_head}, {"n_embd", c->n_embd},
         {"vocab_size", c->vocab_size}, {"n_positions", c->n_positions},
     };
     for (size_t i = 0; i < sizeof meta / sizeof meta[0] && st == LOOM_OK; i++) {
         snprintf(v, sizeof v, "%d", meta[i].v);
-        st = loom_st_writer_metadata(w, meta[i].k, v);
+        st = loom_st_writer_metadata(wr, meta[i].k, v);
     }
-    for (int i = 0; i < m->n_params && st == LOOM_OK; i++) {
-        const loom_param *p = &m->params[i];
-        st = loom_st_writer_add(w, p->name, LOOM_ST_F32, p->ndim, p->shape,
-                                m->param_mem + p->offset);
-    }
+    for (int i = 0; i < w->n && st == LOOM_OK; i++)
+        st = loom_st_writer_add(wr, w->p[i].name, LOOM_ST_F32, w->p[i].ndim, w->p[i].shape,
+                                w->full + w->p[i].offset);
     if (st != LOOM_OK) {
-        loom_st_writer_abort(w);
+        loom_st_writer_abort(wr);
         return st;
     }
-    return loom_st_writer_finish(w);
+    return loom_st_writer_finish(wr);
+}
+
+loom_status loom_params_save(const loom_gpt *m, const loom_mesh *mesh, const char *path) {
+    whole_model w;
+    loom_status st = whole_open(m, &w);
+    if (mesh) st = loom_comm_agree(mesh->world, st);
+    if (st != LOOM_OK) return st;
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        const loom_param *g = whole_find(&w, p->name);
+        if (!g || !is_primary(m, mesh, p)) continue;
+        const float *src = m->param_mem + p->offset;
+        for (size_t i = 0; i < p->numel; i++) {
+            int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
+            if (gi >= 0) w.full[g->offset + (size_t)gi] = src[i];
+        }
+    }
+    if (mesh && mesh->world_size > 1)
+        st = loom_comm_allreduce(mesh->world, w.full, w.total, LOOM_F32, LOOM_SUM);
+    if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_file(&w, &m->cfg, path);
+    whole_close(&w);
+    return st;
 }
 
 /* Tensors a GPT-2 file may carry that are not parameters of the table. */
@@ -55,14 +122,14 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-static loom_status load_one(loom_gpt *m, const loom_st_file *f, const char *path,
-                            const loom_st_tensor *t, unsigned char *seen) {
+static loom_status read_one(whole_model *w, const loom_model_config *c, const loom_st_file *f,
+                            const char *path, const loom_st_tensor *t, unsigned char *seen) {
     const char *name = strip_prefix(t->name);
     if (is_skippable(name)) return LOOM_OK;
-    const loom_param *p = loom_gpt_find_param(m, name);
+    const loom_param *p = whole_find(w, name);
     if (!p)
         return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" is not a parameter of model %s", path,
-                         t->name, m->cfg.name);
+                         t->name, c->name);
     int same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
@@ -70,27 +137,52 @@ static loom_status load_one(loom_gpt *m, const loom_st_file *f, const char *path
         shape_str(a, sizeof a, t->ndim, t->shape);
         shape_str(b, sizeof b, p->ndim, p->shape);
         return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" has shape %s, model %s needs %s", path,
-                         t->name, a, m->cfg.name, b);
+                         t->name, a, c->name, b);
     }
-    seen[p - m->params] = 1;
-    return loom_st_read_f32(f, t, m->param_mem + p->offset);
+    float *dst = w->full + p->offset;
+    LOOM_TRY(loom_st_read_f32(f, t, dst));
+    size_t numel = (size_t)(p->shape[0] * p->shape[1]);
+    for (size_t i = 0; i < numel; i++)
+        if (!isfinite(dst[i]))
+            return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" element %zu is non-finite (%g)", path,
+                             t->name, i, dst[i]);
+    seen[p - w->p] = 1;
+    return LOOM_OK;
 }
 
-loom_status loom_params_load(loom_gpt *m, const char *path) {
+static loom_status read_file_full(whole_model *w, const loom_model_config *c, const char *path) {
     loom_st_file *f;
     LOOM_TRY(loom_st_open(path, &f));
-    unsigned char seen[4 + 12 * 1024 + 2];
-    loom_status st = LOOM_OK;
-    if ((size_t)m->n_params > sizeof seen)
-        st = loom_fail(LOOM_EINTERNAL, "model has too many parameters to load");
-    else
-        memset(seen, 0, (size_t)m->n_params);
+    unsigned char *seen = calloc((size_t)w->n, 1);
+    loom_status st = seen ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
     for (int i = 0; i < loom_st_count(f) && st == LOOM_OK; i++)
-        st = load_one(m, f, path, loom_st_at(f, i), seen);
-    for (int i = 0; i < m->n_params && st == LOOM_OK; i++)
+        st = read_one(w, c, f, path, loom_st_at(f, i), seen);
+    for (int i = 0; i < w->n && st == LOOM_OK; i++)
         if (!seen[i])
             st = loom_fail(LOOM_EDATA, "%s: missing tensor \"%s\" needed by model %s", path,
-                           m->params[i].name, m->cfg.name);
+                           w->p[i].name, c->name);
+    free(seen);
     loom_st_close(f);
+    return st;
+}
+
+loom_status loom_params_load(loom_gpt *m, const loom_mesh *mesh, const char *path) {
+    whole_model w;
+    loom_status st = whole_open(m, &w);
+    int root = !mesh || mesh->rank == 0;
+    if (st == LOOM_OK && root) st = read_file_full(&w, &m->cfg, path);
+    if (mesh) st = loom_comm_agree(mesh->world, st);
+    if (st == LOOM_OK && mesh && mesh->world_size > 1)
+        st = loom_comm_bcast(mesh->world, w.full, w.total * sizeof(float), 0);
+    for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
+        const loom_param *p = &m->params[k];
+        const loom_param *g = whole_find(&w, p->name);
+        float *dst = m->param_mem + p->offset;
+        for (size_t i = 0; i < p->numel; i++) {
+            int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
+            dst[i] = gi >= 0 ? w.full[g->offset + (size_t)gi] : 0.0f;
+        }
+    }
+    whole_close(&w);
     return st;
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/comm.h"
@@ -17,6 +18,9 @@ loom_status loom_report_open(loom_report *r, const loom_train_config *c, int ran
     r->bar = r->active && (c->progress == 1 || (c->progress == -1 && isatty(STDERR_FILENO)));
     r->t_start = loom_comm_wtime();
     if (rank != 0 || !c->metrics[0]) return LOOM_OK;
+    struct stat sb; /* a directory there would refuse the final rename: fail before training */
+    if (stat(c->metrics, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return loom_fail(LOOM_ECANTCREAT, "--metrics %s: is a directory; give a file name", c->metrics);
     snprintf(r->metrics_tmp, sizeof r->metrics_tmp, "%s.tmp", c->metrics);
     r->metrics = fopen(r->metrics_tmp, "w");
     if (!r->metrics)
@@ -69,19 +73,25 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
     return LOOM_OK;
 }
 
-void loom_report_close(loom_report *r, loom_status st, const loom_train_result *res) {
+loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_result *res) {
     const loom_train_config *c = r->cfg;
     if (r->metrics) {
-        fclose(r->metrics);
+        int closed = fclose(r->metrics) == 0;
+        int err = errno;
         r->metrics = NULL;
-        if (st == LOOM_OK && rename(r->metrics_tmp, c->metrics) != 0)
-            loom_error("--metrics %s: cannot rename %s: %s", c->metrics, r->metrics_tmp,
-                       strerror(errno));
-        else if (st != LOOM_OK)
+        if (st == LOOM_OK && !closed) {
+            st = loom_fail(LOOM_EIO, "--metrics %s: writing %s failed: %s; %s left as it was", c->metrics,
+                           r->metrics_tmp, strerror(err), c->metrics);
+        } else if (st == LOOM_OK && rename(r->metrics_tmp, c->metrics) != 0) {
+            err = errno;
+            st = loom_fail(LOOM_ECANTCREAT, "--metrics %s: cannot rename %s over it: %s; the metrics are in %s",
+                           c->metrics, r->metrics_tmp, strerror(err), r->metrics_tmp);
+        } else if (st != LOOM_OK) {
             loom_warn("metrics up to the failure are in %s (%s left as it was)", r->metrics_tmp,
                       c->metrics);
+        }
     }
-    if (!r->active || st != LOOM_OK) return;
+    if (!r->active || st != LOOM_OK) return st;
     if (r->bar) fputc('\n', stderr);
     char rate[32];
     human_rate(rate, sizeof rate, res->tokens_per_s);
@@ -89,4 +99,5 @@ void loom_report_close(loom_report *r, loom_status st, const loom_train_result *
               res->steps_done, loom_comm_wtime() - r->t_start, res->final_loss, rate,
               100 * res->mfu, c->metrics[0] ? "; metrics -> " : "", c->metrics,
               c->save_params[0] ? "; params -> " : "", c->save_params);
+    return LOOM_OK;
 }

@@ -43,13 +43,15 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     const loom_layout *l = &c->layout;
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
-        {"--tp", l->tp, "tensor parallelism"}, {"--pp", l->pp, "pipeline parallelism"},
+        {"--pp", l->pp, "pipeline parallelism"},
         {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
     };
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
         if (later[i].deg > 1)
             return loom_fail(LOOM_EUSAGE, "%s %d: %s is not available in this build yet; use --dp",
                              later[i].flag, later[i].deg, later[i].issue);
+    LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
+    if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
     if (c->batch % l->dp)
@@ -101,15 +103,29 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
     return st;
 }
 
-/* Params from the seed, or rank 0 reads the file and broadcasts. Collective. */
-static loom_status init_params(const loom_train_config *c, loom_gpt *m, loom_comm *world) {
+/* Params from the seed, or from the file (rank 0 reads, all keep their
+ * shard). Collective. */
+static loom_status init_params(const loom_train_config *c, loom_gpt *m, const loom_mesh *mesh) {
     if (!c->load_params[0]) {
         loom_gpt_init_params(m, c->seed);
         return LOOM_OK;
     }
-    loom_status st = loom_comm_rank(world) == 0 ? loom_params_load(m, c->load_params) : LOOM_OK;
-    LOOM_TRY(loom_comm_agree(world, st));
-    return loom_comm_bcast(world, m->param_mem, m->num_params * sizeof(float), 0);
+    return loom_params_load(m, mesh, c->load_params);
+}
+
+/* The global gradient norm: tensors TP cuts are summed over the TP group,
+ * replicated ones counted once (every TP rank holds the same copy).
+ * Collective over tp. */
+static loom_status grad_norm(const loom_gpt *m, double *out) {
+    double sq[2] = {0, 0}; /* [0] cut by tp, [1] replicated */
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *p = &m->params[i];
+        sq[p->split_dim < 0] += loom_sumsq(m->grad_mem + p->offset, p->numel);
+    }
+    if (m->part.tp.size > 1)
+        LOOM_TRY(loom_comm_allreduce(m->part.tp.comm, sq, 1, LOOM_F64, LOOM_SUM));
+    *out = sqrt(sq[0] + sq[1]);
+    return LOOM_OK;
 }
 
 static void report_memory(const loom_gpt *m, const loom_adamw *opt) {
@@ -130,12 +146,13 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
                      s->inputs, s->targets);
     loom_gpt_zero_grad(m);
     double loss_sum = 0;
-    loom_gpt_forward(m, s->inputs, s->targets, Bl, T, &loss_sum);
-    loom_gpt_backward(m, 1.0f / ((float)c->batch * (float)T));
+    LOOM_TRY(loom_gpt_forward(m, 0, s->inputs, s->targets, &loss_sum));
+    LOOM_TRY(loom_gpt_backward(m, 0, NULL, 1.0f / ((float)c->batch * (float)T)));
+    LOOM_TRY(loom_gpt_finish_grads(m));
     LOOM_TRY(loom_dp_grad_sync(s->mesh->dp, m->grad_mem, m->num_params));
     LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
-    out->grad_norm = sqrt(loom_sumsq(m->grad_mem, m->num_params));
+    LOOM_TRY(grad_norm(m, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
         loom_status st = loom_fail(LOOM_EDATA,
                                    "step %d: non-finite %s (loss %g, grad norm %g); stopping "
@@ -170,7 +187,11 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
 
     LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
     const int Bl = c->batch / c->layout.dp;
-    st = loom_gpt_create(&mc, Bl, c->seq, &s->model);
+    loom_model_part part = loom_model_part_whole(&mc);
+    part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
+                        .sp = c->sp};
+    loom_gpt_opts opts = {.B = Bl, .T = c->seq, .n_slots = 1};
+    st = loom_gpt_create(&mc, &part, &opts, &s->model);
     if (st == LOOM_OK) st = loom_adamw_create(&s->opt, s->model->num_params);
     if (st == LOOM_OK) {
         s->have_opt = 1;
@@ -179,7 +200,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         if (!s->inputs || !s->targets) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     }
     LOOM_TRY(loom_comm_agree(world, st));
-    LOOM_TRY(init_params(c, s->model, world));
+    LOOM_TRY(init_params(c, s->model, s->mesh));
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops);
 }
@@ -235,11 +256,11 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     if (st == LOOM_OK) {
         st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
         if (st == LOOM_OK) st = run_steps(&s, res);
-        if (st == LOOM_OK && rank == 0 && c->save_params[0])
-            st = loom_params_save(s.model, c->save_params);
+        if (st == LOOM_OK && c->save_params[0]) st = loom_params_save(s.model, s.mesh, c->save_params);
         st = loom_comm_agree(world, st);
     }
-    loom_report_close(&s.report, st, res);
+    loom_status cst = loom_report_close(&s.report, st, res);
+    if (st == LOOM_OK) st = loom_comm_agree(world, cst); /* all ranks agreed just before */
     teardown(&s);
     return st;
 }

@@ -113,21 +113,27 @@ def model_config(path, **kw):
 
 def layouts(data):
     d = ["--data", data] + FAST
-    expect_all([
+    cases = [
         ("dp=3 on 2 ranks", ["train", "--dp", 3] + d, 64, ["dp=3", "has 2 ranks"], 2),
         ("dp=2 on 4 ranks", ["train", "--dp", 2] + d, 64, ["dp=2", "has 4 ranks"], 4),
         ("dp=2 on 1 rank", ["train", "--dp", 2] + d, 64, ["dp=2", "has 1 rank"]),
         ("dp=2 batch 3", ["train"] + d + ["--dp", 2, "--batch", 3], 64, ["dp=2", "--batch 3"], 2),
-        ("tp=2 on 2 ranks", ["train", "--tp", 2] + d, 64, ["--tp 2", "not available"], 2),
-        ("tp=2 on 1 rank", ["train", "--tp", 2] + d, 64, ["tp=2"]),
         ("pp=2 on 2 ranks", ["train", "--pp", 2] + d, 64, ["--pp 2", "not available"], 2),
+        ("tp=2 on 1 rank", ["train", "--tp", 2] + d, 64, ["tp=2"]),
+        ("tp=3 does not divide n_head", ["train", "--tp", 3, "--dp", 1] + d, 64, ["tp=3", "n_head=4"], 3),
+        ("sp without tp", ["train", "--sp"] + d, 64, ["--sp"]),
+        ("sp with seq not divisible by tp", ["train", "--tp", 2, "--sp"] + d + ["--seq", 15], 64, ["tp=2", "--seq 15"], 2),
         ("mesh order tp,dp", ["train", "--mesh-order", "tp,dp"] + d, 64, ["tp,dp"]),
         ("mesh order xx", ["train", "--mesh-order", "tp,cp,xx,pp"] + d, 64, ["'xx'"]),
         ("mesh order twice", ["train", "--mesh-order", "tp,dp,dp,pp"] + d, 64, ["dp", "twice"]),
         ("dp=0", ["train", "--dp", 0] + d, 64, ["dp=0"]),
         ("dp=-2", ["train", "--dp", -2] + d, 64, ["dp=-2"]),
         ("ep=3", ["train", "--ep", 3] + d, 64, ["ep=3"]),
-    ])
+        ("dp=1 on 2 ranks", ["train", "--dp", 1] + d, 64, ["dp=1", "= 1 rank, but the job has 2 ranks"], 2),
+    ]
+    procs = dict(zip([c[0] for c in cases], expect_all(cases)))
+    for label, p in procs.items():  # one rank is "1 rank"
+        lt.check("1 ranks" not in p.stderr, "%s: says '1 ranks':\n%s" % (label, tail(p.stderr)))
 
 
 # ---- 2. flags -----------------------------------------------------------
@@ -170,6 +176,9 @@ def data_files(tmp, data):
     toks = list(np.arange(200) % 256)
     toks[77] = 300
     vocab = write_shard(os.path.join(tmp, "vocab.bin"), toks, 2)
+    negative = os.path.join(tmp, "negative.bin")
+    with open(negative, "wb") as f:
+        f.write(np.array([20240520, 1, -5] + [0] * 253, np.int32).tobytes() + b"\0" * 20)
     garbage = os.path.join(tmp, "garbage.bin")
     open(garbage, "wb").write(b"hello")
     missing = os.path.join(tmp, "nosuch.bin")
@@ -187,6 +196,7 @@ def data_files(tmp, data):
         ("token >= vocab", tr(vocab), 65, [vocab, "300", "256"]),
         ("token >= vocab, 2 ranks", tr(vocab) + ["--dp", 2], 65, [vocab, "300"], 2),
         ("garbage shard", tr(garbage), 65, [garbage, "5 bytes"]),
+        ("negative token count", tr(negative), 65, [negative, "-5 tokens"]),
         ("data is a directory", tr(tmp), 66, [tmp]),
         ("data missing input", ["data", "--input", "/nonexistent", "--out", out, "--val", ""], 66,
          ["/nonexistent"]),
@@ -225,7 +235,34 @@ def configs(tmp, data):
     m_layer = model_config(os.path.join(tmp, "m_layer.json"), n_layer=None)
     m_key = model_config(os.path.join(tmp, "m_key.json"), foo=1)
     m_type = model_config(os.path.join(tmp, "m_type.json"), n_embd="64")
+    good = open(model_config(os.path.join(tmp, "m_good.json"))).read()
+    m_trail = write_text(os.path.join(tmp, "m_trail.json"), good + ' {"n_layer": 3}\n')
+    m_twice = write_text(os.path.join(tmp, "m_twice.json"), good[:-1] + ', "n_layer": 3}')
+    m_ctx = model_config(os.path.join(tmp, "m_ctx.json"), n_ctx=64)
+    m_ctx0 = model_config(os.path.join(tmp, "m_ctx0.json"), n_ctx=0)
+    m_ctx_ok = model_config(os.path.join(tmp, "m_ctx_ok.json"), n_ctx=128)
+    m_nul = write_text(os.path.join(tmp, "m_nul.json"), good + '\0{"n_layer": 3}')
+    # sizes past the bounds that keep 64-bit size arithmetic safe (never allocated)
+    m_layers = model_config(os.path.join(tmp, "m_layers.json"), n_layer=1025)
+    m_embd = model_config(os.path.join(tmp, "m_embd.json"), n_embd=65540)
+    m_vocab = model_config(os.path.join(tmp, "m_vocab.json"), vocab_size=(1 << 24) + 1)
+    m_pos = model_config(os.path.join(tmp, "m_pos.json"), n_positions=(1 << 20) + 1)
     d = ["train", "--data", data] + FAST
+    expect_all([
+        ("model trailing text", d + ["--model", m_trail], 78, [m_trail]),
+        ("model key twice", d + ["--model", m_twice], 78, [m_twice, '"n_layer"', "twice"]),
+        ("model n_ctx != n_positions", d + ["--model", m_ctx], 78, [m_ctx, '"n_ctx"=64', '"n_positions"=128']),
+        ("model n_ctx 0", d + ["--model", m_ctx0], 78, [m_ctx0, '"n_ctx"']),
+        ("model NUL byte", d + ["--model", m_nul], 78, [m_nul, "NUL"]),
+        ("model n_layer too large", d + ["--model", m_layers], 78, [m_layers, "n_layer=1025", "1024"]),
+        ("model n_embd too large", d + ["--model", m_embd], 78, [m_embd, "n_embd=65540", "65536"]),
+        ("model vocab too large", d + ["--model", m_vocab], 78, [m_vocab, "vocab_size=16777217", "16777216"]),
+        ("model n_positions too large", d + ["--model", m_pos], 78, [m_pos, "n_positions=1048577", "1048576"]),
+        ("model n_layer too large, 2 ranks", d + ["--model", m_layers, "--dp", 2], 78, ["n_layer=1025"], 2),
+        ("model config is a directory", d + ["--model", tmp + "/"], 66, [tmp, "directory"]),
+    ])
+    p = lt.run(d + ["--model", m_ctx_ok], check_ok=False)
+    lt.check(p.returncode == 0, "model with n_ctx == n_positions: exit %d\n%s" % (p.returncode, tail(p.stderr)))
     expect_all([
         ("model n_head", d + ["--model", m_head], 78, [m_head, "n_head=3", "n_embd=64"]),
         ("model n_head, 2 ranks", d + ["--model", m_head, "--dp", 2], 78, ["n_head=3", "n_embd=64"], 2),
@@ -255,7 +292,7 @@ def blowup_and_outputs(tmp, data, params):
     lt.check((sha(P), sha(M)) == before, "blow-up on 2 ranks changed the existing params / metrics")
     lt.check(not os.path.exists(P + ".tmp"), "a failed run left %s.tmp" % P)
 
-    # a NaN weight: stops before the first update, nothing written
+    # a NaN weight: refused while loading, naming the tensor; nothing written
     tensors, meta = st.load(params)
     w = tensors["wte.weight"].copy()
     w[3, 5] = np.nan
@@ -263,12 +300,23 @@ def blowup_and_outputs(tmp, data, params):
     nan_st = os.path.join(tmp, "nan.safetensors")
     st.save(nan_st, tensors, meta)
     expect("NaN weight", ["train", "--data", data, "--load-params", nan_st, "--save-params", P,
-                          "--metrics", M] + FAST, 65, ["non-finite", "step 1"])
+                          "--metrics", M] + FAST, 65, ["non-finite", "wte.weight"])
     lt.check((sha(P), sha(M)) == before, "NaN-weight run changed the existing params / metrics")
     ev = ["eval", "--model", "tiny", "--load-params", nan_st, "--data", data, "--batch", 2, "--seq", 16]
+    # finite weights so large that the logits overflow: the loss itself is
+    # non-finite, which eval must report instead of printing "loss nan"
+    tensors, meta = st.load(params)
+    tensors = dict(tensors)
+    tensors["ln_f.weight"] = np.full_like(tensors["ln_f.weight"], 1e30)
+    tensors["wte.weight"] = tensors["wte.weight"] * np.float32(1e10)
+    huge_st = os.path.join(tmp, "huge.safetensors")
+    st.save(huge_st, tensors, meta)
+    ev_huge = ["eval", "--model", "tiny", "--load-params", huge_st, "--data", data, "--batch", 2, "--seq", 16]
     expect_all([
         ("eval NaN weight", ev, 65, ["non-finite", nan_st]),
         ("eval NaN weight, 2 ranks", ev, 65, ["non-finite", nan_st], 2),
+        ("eval overflowing loss", ev_huge, 65, ["non-finite loss", huge_st, data]),
+        ("eval overflowing loss, 2 ranks", ev_huge, 65, ["non-finite loss", huge_st, data], 2),
     ])
 
     # failures detected up front: bad data, bad params with the same outputs
@@ -293,6 +341,23 @@ def blowup_and_outputs(tmp, data, params):
     for p in procs:
         lt.check("step 1" not in p.stderr, "output into a missing directory: trained before failing:\n"
                  + tail(p.stderr))
+
+    # --metrics naming a directory: the final rename could only fail, so the
+    # run fails before training (it used to train, then log the failed
+    # rename and exit 0)
+    mdir = os.path.join(tmp, "metrics_dir")
+    os.mkdir(mdir)
+    write_text(os.path.join(mdir, "keep.txt"), "keep")
+    procs = expect_all([
+        ("metrics is a directory", ["train", "--data", data, "--metrics", mdir] + FAST, 73,
+         ["--metrics", mdir, "directory"]),
+        ("metrics is a directory, 2 ranks", ["train", "--data", data, "--metrics", mdir, "--dp", 2] + FAST, 73,
+         ["--metrics", mdir, "directory"], 2),
+    ])
+    for p in procs:
+        lt.check("step 1" not in p.stderr, "--metrics DIR: trained before failing:\n" + tail(p.stderr))
+    lt.check(os.listdir(mdir) == ["keep.txt"] and not os.path.exists(mdir + ".tmp"),
+             "--metrics DIR: the directory changed or a tmp file was left")
 
     # an output naming an input or the other output is refused, nothing touched
     data_sha = sha(data)
@@ -379,6 +444,8 @@ def evals(data, params):
     n = shard_tokens(data)
     expect_all([
         ("eval too many batches", ev + ["--batches", 100000], 65, [data, str(n), "3200001"]),
+        ("eval token count overflows", ev + ["--batch", 2000000000, "--batches", 2000000000], 64,
+         ["--batch 2000000000", "--batches 2000000000", "--seq 16"]),
         ("eval without params", ["eval", "--model", "tiny", "--data", data], 64, ["--load-params"]),
         ("eval batch not divisible", ev + ["--batch", 3], 64, ["2 ranks", "--batch 3"], 2),
         ("eval missing data", ev + ["--data", data + ".nosuch"], 66, [data + ".nosuch"]),

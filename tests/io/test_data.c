@@ -117,8 +117,9 @@ static void test_malformed(void) {
     expect_open_fails("count larger than the file", p, LOOM_EDATA, "11 tokens", "20 bytes");
     write_shard_raw(p, LOOM_TOKENS_MAGIC, 2, 4, 20);
     expect_open_fails("count smaller than the file", p, LOOM_EDATA, "4 tokens", "20 bytes");
-    write_shard_raw(p, LOOM_TOKENS_MAGIC, 2, -1, 20);
-    expect_open_fails("negative count", p, LOOM_EDATA, "tokens", NULL);
+    write_shard_raw(p, LOOM_TOKENS_MAGIC, 2, -5, 20);
+    expect_open_fails("negative count", p, LOOM_EDATA, "-5 tokens", "negative");
+    CHECK(!strstr(loom_errmsg(), "4294967291"), "negative count printed as unsigned: %s", loom_errmsg());
     write_shard_raw(p, LOOM_TOKENS_MAGIC, 1, 0, 0);
     expect_open_fails("empty shard", p, LOOM_EDATA, "empty", NULL);
     expect_open_fails("missing file", path_of("missing.bin"), LOOM_ENOINPUT, NULL, NULL);
@@ -268,6 +269,76 @@ static void test_build_bytes(void) {
     CHECK(!exists(path_of("train.bin.tmp")) && !exists(path_of("val.bin.tmp")), "no tmp files left");
 }
 
+static int same_bytes(const char *path, const char *want, size_t n) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return 0;
+    char buf[256];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    fclose(fp);
+    return got == n && memcmp(buf, want, n) == 0;
+}
+
+/* Invariant 5: outputs that name each other or an input are refused before
+ * anything is written, and a directory given as input is a missing input. */
+static void test_build_bytes_refusals(void) {
+    const char *in = path_of("in.txt");
+    write_bytes(in, "some text to tokenize, long enough for a val split!", 51);
+    const char *inputs[1] = {in};
+    const char *train = path_of("keep_train.bin"), *val = path_of("keep_val.bin");
+    write_bytes(train, "OLD TRAIN", 9);
+    write_bytes(val, "OLD VAL", 7);
+
+    /* the same path twice: the val split used to overwrite the train split */
+    loom_clear_error();
+    loom_status st = loom_data_build_bytes(inputs, 1, train, train, 0.2, NULL, NULL);
+    const char *m = loom_errmsg();
+    CHECK(st == LOOM_EUSAGE, "train == val: status %d, expected %d (%s)", st, LOOM_EUSAGE, m);
+    CHECK(strstr(m, "train shard") && strstr(m, "val shard") && strstr(m, train), "train == val message: %s", m);
+    CHECK(same_bytes(train, "OLD TRAIN", 9), "train == val: the existing train file changed");
+    CHECK(!exists(path_of("keep_train.bin.tmp")), "train == val: a tmp file was left");
+
+    /* the same file spelled two ways, existing and not yet existing */
+    char dotted[256], fresh_a[256], fresh_b[256];
+    snprintf(dotted, sizeof dotted, "%s/./keep_train.bin", scratch);
+    st = loom_data_build_bytes(inputs, 1, train, dotted, 0.2, NULL, NULL);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), dotted), "train == ./val: %d %s", st, loom_errmsg());
+    snprintf(fresh_a, sizeof fresh_a, "%s/fresh.bin", scratch);
+    snprintf(fresh_b, sizeof fresh_b, "%s/../%s/fresh.bin", scratch, strrchr(scratch, '/') + 1);
+    st = loom_data_build_bytes(inputs, 1, fresh_a, fresh_b, 0.2, NULL, NULL);
+    CHECK(st == LOOM_EUSAGE, "new train == new val (other spelling): %d %s", st, loom_errmsg());
+    CHECK(!exists(fresh_a) && !exists(path_of("fresh.bin.tmp")), "refused build created a file");
+
+    /* val = train's tmp file: writing train.tmp would clobber the val file */
+    const char *val_tmp = path_of("keep_train.bin.tmp");
+    write_bytes(val_tmp, "OLD VAL", 7);
+    st = loom_data_build_bytes(inputs, 1, train, val_tmp, 0.2, NULL, NULL);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), val_tmp), "val == train.tmp: %d %s", st, loom_errmsg());
+    CHECK(same_bytes(val_tmp, "OLD VAL", 7) && same_bytes(train, "OLD TRAIN", 9), "val == train.tmp: files changed");
+    unlink(val_tmp);
+
+    /* an output over an input */
+    st = loom_data_build_bytes(inputs, 1, in, val, 0.2, NULL, NULL);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), in), "train == input: %d %s", st, loom_errmsg());
+    st = loom_data_build_bytes(inputs, 1, train, in, 0.2, NULL, NULL);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), in), "val == input: %d %s", st, loom_errmsg());
+    CHECK(file_size(in) == 51, "refused build changed the input");
+    CHECK(same_bytes(train, "OLD TRAIN", 9) && same_bytes(val, "OLD VAL", 7), "refusals changed the outputs");
+
+    /* a directory as input: a missing input, not an I/O error */
+    const char *dir_in[2] = {in, scratch};
+    loom_clear_error();
+    st = loom_data_build_bytes(dir_in, 2, train, val, 0.2, NULL, NULL);
+    m = loom_errmsg();
+    CHECK(st == LOOM_ENOINPUT, "directory input: status %d, expected %d (%s)", st, LOOM_ENOINPUT, m);
+    CHECK(strstr(m, scratch) && strstr(m, "is a directory"), "directory input message: %s", m);
+    CHECK(same_bytes(train, "OLD TRAIN", 9) && same_bytes(val, "OLD VAL", 7), "directory input changed outputs");
+
+    /* distinct outputs still work */
+    size_t nt = 0, nv = 0;
+    CHECK(loom_data_build_bytes(inputs, 1, train, val, 0.2, &nt, &nv) == LOOM_OK, "build: %s", loom_errmsg());
+    CHECK(nt == 41 && nv == 10, "51 bytes x 0.2 -> 41 train, 10 val: %zu %zu", nt, nv);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "/tmp/loom-data-XXXXXX");
     if (!mkdtemp(scratch)) {
@@ -280,6 +351,7 @@ int main(void) {
     test_sampler();
     test_sequential();
     test_build_bytes();
+    test_build_bytes_refusals();
     nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return check_done();
 }

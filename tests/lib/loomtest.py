@@ -88,7 +88,6 @@ def compare_runs(ref_metrics, ref_params, metrics, params, label, tol=1e-5):
         if name not in p1:
             continue
         e = l2_rel_err(p1[name], p0[name])
-        print("  %-28s l2 %.2e max %.2e" % (name, e, max_rel_err(p1[name], p0[name])))
         worst_p = max(worst_p, e)
         check(e <= tol, "%s: parameter %s rel err %.2e" % (label, name, e))
     print("%s: %d steps, worst loss rel err %.2e, worst parameter rel err %.2e" % (label, len(m0), worst, worst_p))

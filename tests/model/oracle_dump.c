@@ -37,7 +37,9 @@ int main(int argc, char **argv) {
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
 
     loom_gpt *m;
-    if (loom_gpt_create(&cfg, B, T, &m) != LOOM_OK) {
+    loom_model_part part = loom_model_part_whole(&cfg);
+    loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
+    if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK) {
         fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
         return 1;
     }
@@ -60,15 +62,15 @@ int main(int argc, char **argv) {
 
     double loss_sum = 0;
     loom_gpt_zero_grad(m);
-    loom_gpt_forward(m, in, tg, B, T, &loss_sum);
+    loom_gpt_forward(m, 0, in, tg, &loss_sum);
     float loss = (float)(loss_sum / (B * T));
     /* logits are overwritten by the softmax: recompute them without targets */
     size_t nlog = (size_t)B * T * cfg.vocab_size;
     float *logits = malloc(nlog * sizeof(float));
-    loom_gpt_forward(m, in, NULL, B, T, NULL);
-    memcpy(logits, m->logits, nlog * sizeof(float));
-    loom_gpt_forward(m, in, tg, B, T, NULL);
-    loom_gpt_backward(m, 1.0f / (float)(B * T));
+    loom_gpt_forward(m, 0, in, NULL, NULL);
+    memcpy(logits, m->slots[0].logits, nlog * sizeof(float));
+    loom_gpt_forward(m, 0, in, tg, NULL);
+    loom_gpt_backward(m, 0, NULL, 1.0f / (float)(B * T));
     float *grads = malloc(m->num_params * sizeof(float));
     memcpy(grads, m->grad_mem, m->num_params * sizeof(float));
     loom_adamw opt;

@@ -1,0 +1,58 @@
+/* parallel.h - the communication regions parallel strategies insert into the
+ * model, as conjugate forward/backward pairs (Megatron's f and g operators).
+ *
+ * Tensor parallelism (axis tp):
+ *   loom_tp_copy      forward: identity          backward: all-reduce
+ *   loom_tp_reduce    forward: all-reduce        backward: identity
+ * Sequence parallelism (axis tp, rows of the (B*T, C) activations split into
+ * tp contiguous blocks):
+ *   loom_sp_gather          forward: all-gather rows   backward: reduce-scatter
+ *   loom_sp_reduce_scatter  forward: reduce-scatter    backward: all-gather rows
+ * A layer calls the forward half where the math needs it and the backward
+ * half at the mirrored point of its backward, so a reader sees every
+ * collective. Each is the identity (a copy at most) at degree 1, so the
+ * single-device run is the same code. All are collective over tp.
+ */
+#ifndef LOOM_PARALLEL_H
+#define LOOM_PARALLEL_H
+
+#include <stddef.h>
+#include "loom/comm.h"
+#include "loom/status.h"
+
+typedef struct loom_tp {
+    loom_comm *comm; /* NULL when tp_size == 1 */
+    int size, rank;
+    int sp;          /* sequence parallelism on */
+} loom_tp;
+
+/* f: forward identity; backward sums the partial input gradients, in place. */
+static inline loom_status loom_tp_copy_fwd(const loom_tp *tp, float *x, size_t n) {
+    (void)tp; (void)x; (void)n;
+    return LOOM_OK;
+}
+loom_status loom_tp_copy_bwd(const loom_tp *tp, float *dx, size_t n);
+/* g: forward sums the partial outputs, in place; backward identity. */
+loom_status loom_tp_reduce_fwd(const loom_tp *tp, float *x, size_t n);
+static inline loom_status loom_tp_reduce_bwd(const loom_tp *tp, float *dx, size_t n) {
+    (void)tp; (void)dx; (void)n;
+    return LOOM_OK;
+}
+/* x_l (n_l floats, this rank's rows) -> x (tp * n_l floats, all rows in rank order). */
+loom_status loom_sp_gather_fwd(const loom_tp *tp, const float *x_l, float *x, size_t n_l);
+/* dx (tp * n_l, partial on each rank) -> dx_l (n_l) summed over the group. */
+loom_status loom_sp_gather_bwd(const loom_tp *tp, const float *dx, float *dx_l, size_t n_l);
+/* x (tp * n_l, partial) -> x_l (n_l) summed. */
+loom_status loom_sp_reduce_scatter_fwd(const loom_tp *tp, const float *x, float *x_l, size_t n_l);
+/* dx_l (n_l) -> dx (tp * n_l) gathered. */
+loom_status loom_sp_reduce_scatter_bwd(const loom_tp *tp, const float *dx_l, float *dx, size_t n_l);
+
+/* Sum a replicated parameter's partial gradient over tp (SP makes the
+ * gradients of norms, row-parallel biases and wpe partial). In place. */
+loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n);
+
+/* Element-wise reduction of n floats over the TP group, in place (the
+ * vocab-parallel softmax statistics). */
+loom_status loom_tp_allreduce(const loom_tp *tp, float *x, size_t n, loom_redop op);
+
+#endif

@@ -1,0 +1,215 @@
+/* params.c - the sharded parameter table of one model part: names, global
+ * and local shapes, how tensor parallelism cuts each tensor, and the init of
+ * every local element from its global index. Local; no collectives.
+ *
+ * Cuts (Megatron's): c_attn and c_fc are column-parallel (their biases
+ * split alike; c_attn's three q|k|v parts are split separately so each rank
+ * owns whole heads), attn.c_proj and mlp.c_proj are row-parallel (biases
+ * replicated), wte is split by vocabulary rows (padded to a multiple of tp),
+ * LayerNorms and wpe are replicated.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/model.h"
+#include "loom/rng.h"
+#include "model/internal.h"
+
+typedef struct {
+    const char *suffix;
+    int rows_mult, cols_mult; /* global shape in units of C (cols 0 = 1-D) */
+    int split_dim, parts;
+    loom_init_kind init;
+    int residual_proj;        /* std scaled by 1/sqrt(2L) */
+    int sp_partial;           /* gradient from this rank's rows only under SP (norms);
+                                 row-parallel biases see the gathered gradient: complete */
+} block_param;
+
+/* One block, in Hugging Face's order. */
+static const block_param BLOCK[] = {
+    {"ln_1.weight", 1, 0, -1, 1, LOOM_INIT_ONES, 0, 1},
+    {"ln_1.bias", 1, 0, -1, 1, LOOM_INIT_ZEROS, 0, 1},
+    {"attn.c_attn.weight", 1, 3, 1, 3, LOOM_INIT_NORMAL, 0, 0},
+    {"attn.c_attn.bias", 3, 0, 0, 3, LOOM_INIT_ZEROS, 0, 0},
+    {"attn.c_proj.weight", 1, 1, 0, 1, LOOM_INIT_NORMAL, 1, 0},
+    {"attn.c_proj.bias", 1, 0, -1, 1, LOOM_INIT_ZEROS, 0, 0},
+    {"ln_2.weight", 1, 0, -1, 1, LOOM_INIT_ONES, 0, 1},
+    {"ln_2.bias", 1, 0, -1, 1, LOOM_INIT_ZEROS, 0, 1},
+    {"mlp.c_fc.weight", 1, 4, 1, 1, LOOM_INIT_NORMAL, 0, 0},
+    {"mlp.c_fc.bias", 4, 0, 0, 1, LOOM_INIT_ZEROS, 0, 0},
+    {"mlp.c_proj.weight", 4, 1, 0, 1, LOOM_INIT_NORMAL, 1, 0},
+    {"mlp.c_proj.bias", 1, 0, -1, 1, LOOM_INIT_ZEROS, 0, 0},
+};
+#define N_BLOCK (int)(sizeof BLOCK / sizeof BLOCK[0])
+
+int loom_gpt_max_params(const loom_model_part *part) {
+    return 5 + N_BLOCK * (part->layer_end - part->layer_begin);
+}
+
+/* Append one entry; local shape from the global one and the cut. */
+static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim,
+                int parts, int64_t valid, loom_init_kind init, float std, int sp_partial, int unit) {
+    const int tp = m->part.tp.size;
+    loom_param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = c > 0 ? 2 : 1;
+    p->shape[0] = r;
+    p->shape[1] = c > 0 ? c : 1;
+    p->lshape[0] = p->shape[0];
+    p->lshape[1] = p->shape[1];
+    if (split_dim >= 0) p->lshape[split_dim] = p->shape[split_dim] / tp; /* wte: the padded rows */
+    p->numel = (size_t)(p->lshape[0] * p->lshape[1]);
+    p->offset = *off;
+    p->split_dim = split_dim;
+    p->split_parts = parts;
+    p->split_valid = valid;
+    p->sp_partial = sp_partial && m->part.tp.sp;
+    p->unit = unit;
+    p->decay = p->ndim >= 2;
+    p->init = init;
+    p->init_std = std;
+    *off += (p->numel + 15) & ~(size_t)15; /* 64-byte aligned tensors */
+}
+
+size_t loom_gpt_build_table(loom_gpt *m) {
+    const loom_model_config *c = &m->cfg;
+    const int64_t C = c->n_embd, V = c->vocab_size, tp = m->part.tp.size;
+    const int64_t V_pad = (V + tp - 1) / tp * tp;
+    const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)c->n_layer);
+    size_t off = 0;
+    m->n_params = 0;
+    /* wte rows: the padded vocabulary is what gets split; rows >= V are padding */
+    if (m->part.has_embed || m->part.has_head) {
+        add(m, &off, "wte.weight", V_pad, C, 0, 1, V, LOOM_INIT_NORMAL, std, 0, LOOM_UNIT_OUTER);
+        m->params[m->n_params - 1].shape[0] = V; /* the global tensor is unpadded */
+    }
+    if (m->part.has_embed)
+        add(m, &off, "wpe.weight", c->n_positions, C, -1, 1, c->n_positions, LOOM_INIT_NORMAL, std, 1,
+            LOOM_UNIT_OUTER);
+    if (m->part.has_head) {
+        add(m, &off, "ln_f.weight", C, 0, -1, 1, C, LOOM_INIT_ONES, 0, 1, LOOM_UNIT_OUTER);
+        add(m, &off, "ln_f.bias", C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 1, LOOM_UNIT_OUTER);
+    }
+    char name[LOOM_PARAM_NAME_MAX];
+    for (int l = m->part.layer_begin; l < m->part.layer_end; l++)
+        for (int k = 0; k < N_BLOCK; k++) {
+            const block_param *b = &BLOCK[k];
+            snprintf(name, sizeof name, "h.%d.%s", l, b->suffix);
+            int64_t r = b->rows_mult * C, cols = b->cols_mult * C;
+            int64_t valid = b->split_dim == 1 ? cols : r;
+            float s = b->init == LOOM_INIT_NORMAL ? (b->residual_proj ? res_std : std) : 0.0f;
+            add(m, &off, name, r, cols, b->split_dim, b->parts, valid, b->init, s, b->sp_partial, l);
+        }
+    return off;
+}
+
+/* The global index of local coordinate x along a split axis of global
+ * extent `ext` (padded), local extent `lext`, in `parts` parts. */
+static int64_t global_coord(int64_t x, int64_t ext, int64_t lext, int parts, int tp_rank) {
+    int64_t lpart = lext / parts, part = x / lpart, xi = x % lpart;
+    return part * (ext / parts) + (int64_t)tp_rank * lpart + xi;
+}
+
+int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i) {
+    int64_t r = (int64_t)i / p->lshape[1], c = (int64_t)i % p->lshape[1];
+    int64_t gr = r, gc = c;
+    /* with one part (the only case with padding) the part index is 0 and the
+     * global extent does not enter */
+    if (p->split_dim == 0) {
+        gr = global_coord(r, p->shape[0], p->lshape[0], p->split_parts, tp_rank);
+        if (gr >= p->split_valid) return -1;
+    } else if (p->split_dim == 1) {
+        gc = global_coord(c, p->shape[1], p->lshape[1], p->split_parts, tp_rank);
+    }
+    return gr * p->shape[1] + gc;
+}
+
+void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {
+    const int tp_rank = m->part.tp.rank;
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        float *x = m->param_mem + p->offset;
+        loom_rng_key key = loom_rng_key_make(seed, p->name);
+        for (size_t i = 0; i < p->numel; i++) {
+            int64_t g = loom_param_global_index(p, tp_rank, i);
+            if (g < 0) x[i] = 0.0f;
+            else if (p->init == LOOM_INIT_NORMAL) x[i] = p->init_std * loom_rng_normal(key, (uint64_t)g);
+            else x[i] = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+        }
+    }
+}
+
+const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    return NULL;
+}
+
+void loom_gpt_unit_range(const loom_gpt *m, int unit, size_t *offset, size_t *count) {
+    size_t lo = (size_t)-1, hi = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *p = &m->params[i];
+        if (p->unit != unit) continue;
+        if (p->offset < lo) lo = p->offset;
+        size_t end = p->offset + ((p->numel + 15) & ~(size_t)15);
+        if (end > hi) hi = end;
+    }
+    *offset = lo == (size_t)-1 ? 0 : lo;
+    *count = lo == (size_t)-1 ? 0 : hi - lo;
+}
+
+/* Views of one unit into `base` (which holds the unit's range). */
+static void bind_views(loom_gpt *m, int unit, float *base, loom_gpt_weights *w) {
+    size_t lo, n;
+    loom_gpt_unit_range(m, unit, &lo, &n);
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *p = &m->params[i];
+        if (p->unit != unit) continue;
+        float *v = base + (p->offset - lo);
+        const char *nm = p->name;
+        if (unit == LOOM_UNIT_OUTER) {
+            if (!strcmp(nm, "wte.weight")) w->wte = v;
+            else if (!strcmp(nm, "wpe.weight")) w->wpe = v;
+            else if (!strcmp(nm, "ln_f.weight")) w->lnf_w = v;
+            else if (!strcmp(nm, "ln_f.bias")) w->lnf_b = v;
+            continue;
+        }
+        loom_gpt_layer_w *h = &w->h[unit - m->part.layer_begin];
+        float **slot[N_BLOCK] = {&h->ln1_w, &h->ln1_b, &h->qkv_w, &h->qkv_b, &h->proj_w, &h->proj_b,
+                                 &h->ln2_w, &h->ln2_b, &h->fc_w,  &h->fc_b,  &h->fcp_w, &h->fcp_b};
+        const char *suffix = strchr(nm + 2, '.') + 1; /* after "h.<l>." */
+        for (int k = 0; k < N_BLOCK; k++)
+            if (!strcmp(suffix, BLOCK[k].suffix)) *slot[k] = v;
+    }
+}
+
+void loom_gpt_bind_unit(loom_gpt *m, int unit, float *params, float *grads) {
+    if (params) bind_views(m, unit, params, &m->w);
+    if (grads) bind_views(m, unit, grads, &m->g);
+}
+
+void loom_gpt_bind_all(loom_gpt *m) {
+    size_t lo, n;
+    for (int u = LOOM_UNIT_OUTER; u < m->part.layer_end; u++) {
+        if (u >= 0 && u < m->part.layer_begin) continue;
+        loom_gpt_unit_range(m, u, &lo, &n);
+        loom_gpt_bind_unit(m, u, m->param_mem + lo, m->grad_mem + lo);
+    }
+}
+
+loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,
+                                   size_t *total) {
+    loom_gpt tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *cfg;
+    tmp.part = loom_model_part_whole(cfg);
+    tmp.params = calloc((size_t)loom_gpt_max_params(&tmp.part), sizeof *tmp.params);
+    if (!tmp.params) return loom_fail(LOOM_EOS, "out of memory for the parameter table");
+    *total = loom_gpt_build_table(&tmp);
+    *out = tmp.params;
+    *n = tmp.n_params;
+    return LOOM_OK;
+}
