@@ -45,6 +45,7 @@ void cli_print_help(const cli_cmd *cmd, FILE *out);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);
+int cmd_sim(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"
