@@ -35,6 +35,9 @@ typedef struct loom_train_config {
     int warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
     int sp;             /* Megatron sequence parallelism inside the TP group */
+    int grad_accum;     /* micro-batches per step on each DP rank (communication on the last) */
+    int zero;           /* ZeRO stage 0..3 */
+    double bucket_mb;   /* DDP gradient bucket size */
     int threads;        /* per rank; 0 = auto */
     double peak_flops;  /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
     int log_every;      /* plain log line every N steps */
@@ -85,8 +88,10 @@ void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float be
  * tensor, wrong shape or non-finite value is LOOM_EDATA naming it. Both are
  * collective over mesh->world; with mesh NULL, one process reads or writes
  * alone. */
-loom_status loom_params_save(const loom_gpt *m, const loom_mesh *mesh, const char *path);
-loom_status loom_params_load(loom_gpt *m, const loom_mesh *mesh, const char *path);
+loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
+                             const char *path);
+loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
+                             const char *path);
 
 /* Data parallelism, plain: sum gradients over the group (the loss is already
  * scaled by 1 / global tokens, so a sum is the mean). Identity for one rank.

@@ -5,7 +5,10 @@
 #include <stdio.h>
 
 #include "loom/data.h"
+#include "loom/dp.h"
 #include "loom/train.h"
+
+#define LOOM_MAX_PARTS 64 /* pipeline chunks per rank (virtual stages) */
 
 typedef struct loom_step_stats {
     double loss, grad_norm, seconds, tokens_per_s, mfu;
@@ -39,9 +42,11 @@ loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_r
 typedef struct loom_train_run_state {
     const loom_train_config *cfg;
     loom_mesh *mesh;
-    loom_gpt *model;
-    loom_adamw opt;
-    int have_opt, have_tokens;
+    loom_model_config model_cfg;
+    loom_gpt *parts[LOOM_MAX_PARTS]; /* one per pipeline chunk on this rank */
+    int n_parts;
+    loom_dp_engine *dp;
+    int have_tokens;
     loom_tokens tokens;
     int32_t *inputs, *targets; /* (B_l, T) */
     double flops_per_token, peak_flops;

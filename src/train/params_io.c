@@ -77,24 +77,30 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
     return loom_st_writer_finish(wr);
 }
 
-loom_status loom_params_save(const loom_gpt *m, const loom_mesh *mesh, const char *path) {
-    whole_model w;
-    loom_status st = whole_open(m, &w);
-    if (mesh) st = loom_comm_agree(mesh->world, st);
-    if (st != LOOM_OK) return st;
+/* Scatter the elements this part is the primary holder of into w->full. */
+static void contribute(const loom_gpt *m, const loom_mesh *mesh, whole_model *w) {
     for (int k = 0; k < m->n_params; k++) {
         const loom_param *p = &m->params[k];
-        const loom_param *g = whole_find(&w, p->name);
+        const loom_param *g = whole_find(w, p->name);
         if (!g || !is_primary(m, mesh, p)) continue;
         const float *src = m->param_mem + p->offset;
         for (size_t i = 0; i < p->numel; i++) {
             int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
-            if (gi >= 0) w.full[g->offset + (size_t)gi] = src[i];
+            if (gi >= 0) w->full[g->offset + (size_t)gi] = src[i];
         }
     }
+}
+
+loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
+                             const char *path) {
+    whole_model w;
+    loom_status st = whole_open(parts[0], &w);
+    if (mesh) st = loom_comm_agree(mesh->world, st);
+    if (st != LOOM_OK) return st;
+    for (int i = 0; i < n_parts; i++) contribute(parts[i], mesh, &w);
     if (mesh && mesh->world_size > 1)
         st = loom_comm_allreduce(mesh->world, w.full, w.total, LOOM_F32, LOOM_SUM);
-    if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_file(&w, &m->cfg, path);
+    if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_file(&w, &parts[0]->cfg, path);
     whole_close(&w);
     return st;
 }
@@ -166,23 +172,29 @@ static loom_status read_file_full(whole_model *w, const loom_model_config *c, co
     return st;
 }
 
-loom_status loom_params_load(loom_gpt *m, const loom_mesh *mesh, const char *path) {
-    whole_model w;
-    loom_status st = whole_open(m, &w);
-    int root = !mesh || mesh->rank == 0;
-    if (st == LOOM_OK && root) st = read_file_full(&w, &m->cfg, path);
-    if (mesh) st = loom_comm_agree(mesh->world, st);
-    if (st == LOOM_OK && mesh && mesh->world_size > 1)
-        st = loom_comm_bcast(mesh->world, w.full, w.total * sizeof(float), 0);
-    for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
+/* Keep this part's elements of the full model. */
+static void extract(loom_gpt *m, const whole_model *w) {
+    for (int k = 0; k < m->n_params; k++) {
         const loom_param *p = &m->params[k];
-        const loom_param *g = whole_find(&w, p->name);
+        const loom_param *g = whole_find(w, p->name);
         float *dst = m->param_mem + p->offset;
         for (size_t i = 0; i < p->numel; i++) {
             int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
-            dst[i] = gi >= 0 ? w.full[g->offset + (size_t)gi] : 0.0f;
+            dst[i] = gi >= 0 ? w->full[g->offset + (size_t)gi] : 0.0f;
         }
     }
+}
+
+loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
+                             const char *path) {
+    whole_model w;
+    loom_status st = whole_open(parts[0], &w);
+    int root = !mesh || mesh->rank == 0;
+    if (st == LOOM_OK && root) st = read_file_full(&w, &parts[0]->cfg, path);
+    if (mesh) st = loom_comm_agree(mesh->world, st);
+    if (st == LOOM_OK && mesh && mesh->world_size > 1)
+        st = loom_comm_bcast(mesh->world, w.full, w.total * sizeof(float), 0);
+    for (int i = 0; i < n_parts && st == LOOM_OK; i++) extract(parts[i], &w);
     whole_close(&w);
     return st;
 }

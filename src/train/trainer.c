@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "loom/data.h"
+#include "loom/dp.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/train.h"
@@ -35,6 +36,8 @@ void loom_train_config_default(loom_train_config *c) {
     c->eps = 1e-8f;
     c->grad_clip = 1.0f;
     c->log_every = 1;
+    c->grad_accum = 1;
+    c->bucket_mb = 25.0;
     c->progress = -1;
 }
 
@@ -57,6 +60,15 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->batch % l->dp)
         return loom_fail(LOOM_EUSAGE, "dp=%d does not divide --batch %d (global sequences per step)",
                          l->dp, c->batch);
+    if (c->grad_accum < 1)
+        return loom_fail(LOOM_EUSAGE, "--grad-accum %d: must be >= 1", c->grad_accum);
+    if ((c->batch / l->dp) % c->grad_accum)
+        return loom_fail(LOOM_EUSAGE,
+                         "--grad-accum %d does not divide the %d sequences per DP rank "
+                         "(--batch %d / dp=%d)",
+                         c->grad_accum, c->batch / l->dp, c->batch, l->dp);
+    if (c->zero < 0 || c->zero > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", c->zero);
+    if (!(c->bucket_mb >= 0)) return loom_fail(LOOM_EUSAGE, "--bucket-mb %g: must be >= 0", c->bucket_mb);
     if (c->seq < 1) return loom_fail(LOOM_EUSAGE, "--seq %d: must be >= 1", c->seq);
     if (c->seq > mc->n_positions)
         return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq,
@@ -105,54 +117,52 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
 
 /* Params from the seed, or from the file (rank 0 reads, all keep their
  * shard). Collective. */
-static loom_status init_params(const loom_train_config *c, loom_gpt *m, const loom_mesh *mesh) {
+static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
     if (!c->load_params[0]) {
-        loom_gpt_init_params(m, c->seed);
+        for (int i = 0; i < s->n_parts; i++) loom_gpt_init_params(s->parts[i], c->seed);
         return LOOM_OK;
     }
-    return loom_params_load(m, mesh, c->load_params);
+    return loom_params_load(s->parts, s->n_parts, s->mesh, c->load_params);
 }
 
-/* The global gradient norm: tensors TP cuts are summed over the TP group,
- * replicated ones counted once (every TP rank holds the same copy).
- * Collective over tp. */
-static loom_status grad_norm(const loom_gpt *m, double *out) {
-    double sq[2] = {0, 0}; /* [0] cut by tp, [1] replicated */
-    for (int i = 0; i < m->n_params; i++) {
-        const loom_param *p = &m->params[i];
-        sq[p->split_dim < 0] += loom_sumsq(m->grad_mem + p->offset, p->numel);
-    }
-    if (m->part.tp.size > 1)
-        LOOM_TRY(loom_comm_allreduce(m->part.tp.comm, sq, 1, LOOM_F64, LOOM_SUM));
-    *out = sqrt(sq[0] + sq[1]);
-    return LOOM_OK;
-}
-
-static void report_memory(const loom_gpt *m, const loom_adamw *opt) {
+static void report_memory(const loom_dp_engine *e) {
     double mb = 1024.0 * 1024.0;
+    loom_dp_memory mem;
+    loom_dp_memory_bytes(e, &mem);
     loom_info("memory per rank: params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
               "activations %.1f MB",
-              m->a_params.cap / mb, m->a_grads.cap / mb, opt->arena.cap / mb,
-              loom_gpt_activation_bytes(m) / mb);
+              mem.params / mb, mem.grads / mb, mem.optimizer / mb, mem.activations / mb);
+}
+
+/* Forward and backward of this rank's micro-batches (pp = 1): K
+ * micro-batches of B_l / K sequences each; gradients accumulate and the DP
+ * engine communicates during the last one's backward. */
+static loom_status run_micro_batches(loom_train_run_state *s, int step, double *loss_sum) {
+    const loom_train_config *c = s->cfg;
+    const int Bl = c->batch / c->layout.dp, K = c->grad_accum, Bm = Bl / K, T = c->seq;
+    const float dloss = 1.0f / ((float)c->batch * (float)T);
+    for (int k = 0; k < K; k++) {
+        int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
+        loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, T, s->inputs, s->targets);
+        loom_dp_set_last_micro(s->dp, k == K - 1);
+        LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
+        LOOM_TRY(loom_gpt_backward(s->parts[0], 0, NULL, dloss));
+    }
+    return LOOM_OK;
 }
 
 /* One optimizer step on this rank's slice of the global batch. */
 static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats *out) {
     const loom_train_config *c = s->cfg;
-    loom_gpt *m = s->model;
-    const int Bl = c->batch / c->layout.dp, T = c->seq;
-    double t0 = loom_comm_wtime();
-    loom_data_sample(&s->tokens, c->seed, step, c->batch, (int64_t)s->mesh->dp_rank * Bl, Bl, T,
-                     s->inputs, s->targets);
-    loom_gpt_zero_grad(m);
-    double loss_sum = 0;
-    LOOM_TRY(loom_gpt_forward(m, 0, s->inputs, s->targets, &loss_sum));
-    LOOM_TRY(loom_gpt_backward(m, 0, NULL, 1.0f / ((float)c->batch * (float)T)));
-    LOOM_TRY(loom_gpt_finish_grads(m));
-    LOOM_TRY(loom_dp_grad_sync(s->mesh->dp, m->grad_mem, m->num_params));
+    const int T = c->seq;
+    double t0 = loom_comm_wtime(), loss_sum = 0;
+    LOOM_TRY(loom_dp_begin_step(s->dp));
+    LOOM_TRY(run_micro_batches(s, step, &loss_sum));
+    for (int i = 0; i < s->n_parts; i++) LOOM_TRY(loom_gpt_finish_grads(s->parts[i]));
+    LOOM_TRY(loom_dp_finish_grads(s->dp));
     LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
-    LOOM_TRY(grad_norm(m, &out->grad_norm));
+    LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
         loom_status st = loom_fail(LOOM_EDATA,
                                    "step %d: non-finite %s (loss %g, grad norm %g); stopping "
@@ -162,10 +172,11 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
         if (s->mesh->rank != 0) loom_fail(st, "%s", ""); /* seen by all: rank 0 reports */
         return st;
     }
+    float scale = 1.0f;
     if (c->grad_clip > 0 && out->grad_norm > c->grad_clip)
-        loom_scale(m->grad_mem, m->num_params, c->grad_clip / (float)(out->grad_norm + 1e-6));
+        scale = c->grad_clip / (float)(out->grad_norm + 1e-6);
     out->lr = loom_lr_at(c, step);
-    loom_adamw_step(&s->opt, m, out->lr, c->beta1, c->beta2, c->eps, c->weight_decay);
+    LOOM_TRY(loom_dp_step(s->dp, out->lr, scale));
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
     out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
@@ -186,30 +197,33 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     LOOM_TRY(loom_comm_agree(world, st));
 
     LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
-    const int Bl = c->batch / c->layout.dp;
+    const int Bm = c->batch / c->layout.dp / c->grad_accum;
     loom_model_part part = loom_model_part_whole(&mc);
     part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                         .sp = c->sp};
-    loom_gpt_opts opts = {.B = Bl, .T = c->seq, .n_slots = 1};
-    st = loom_gpt_create(&mc, &part, &opts, &s->model);
-    if (st == LOOM_OK) st = loom_adamw_create(&s->opt, s->model->num_params);
+    loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1};
+    s->n_parts = 1;
+    st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
+    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb};
+    loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
+    if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
     if (st == LOOM_OK) {
-        s->have_opt = 1;
-        s->inputs = malloc((size_t)Bl * c->seq * sizeof(int32_t));
-        s->targets = malloc((size_t)Bl * c->seq * sizeof(int32_t));
+        s->inputs = malloc((size_t)Bm * c->seq * sizeof(int32_t));
+        s->targets = malloc((size_t)Bm * c->seq * sizeof(int32_t));
         if (!s->inputs || !s->targets) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     }
     LOOM_TRY(loom_comm_agree(world, st));
-    LOOM_TRY(init_params(c, s->model, s->mesh));
+    LOOM_TRY(init_params(c, s));
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
+    s->model_cfg = mc;
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops);
 }
 
 static void teardown(loom_train_run_state *s) {
     free(s->inputs);
     free(s->targets);
-    if (s->have_opt) loom_adamw_free(&s->opt);
-    loom_gpt_free(s->model);
+    loom_dp_engine_free(s->dp);
+    for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
     loom_mesh_free(s->mesh);
     if (s->have_tokens) loom_tokens_close(&s->tokens);
 }
@@ -248,15 +262,15 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         char table[8192];
         loom_mesh_format(&c->layout, s.mesh->world_size, table, sizeof table);
         loom_info("%s", table);
-        loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d, %.2fM parameters",
-                  s.model->cfg.name, s.model->cfg.n_layer, s.model->cfg.n_embd,
-                  s.model->cfg.n_head, s.model->cfg.vocab_size, s.model->num_params / 1e6);
-        report_memory(s.model, &s.opt);
+        const loom_model_config *mc = &s.model_cfg;
+        loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
+                  mc->n_embd, mc->n_head, mc->vocab_size);
+        report_memory(s.dp);
     }
     if (st == LOOM_OK) {
         st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
         if (st == LOOM_OK) st = run_steps(&s, res);
-        if (st == LOOM_OK && c->save_params[0]) st = loom_params_save(s.model, s.mesh, c->save_params);
+        if (st == LOOM_OK && c->save_params[0]) st = loom_params_save(s.parts, s.n_parts, s.mesh, c->save_params);
         st = loom_comm_agree(world, st);
     }
     loom_status cst = loom_report_close(&s.report, st, res);
