@@ -10,10 +10,16 @@
 
 #define LOOM_MAX_PARTS 64 /* pipeline chunks per rank (virtual stages) */
 
+/* The mesh groups whose traffic a step reports. */
+#define LOOM_REPORT_GROUPS 7
+extern const char *const loom_report_group_names[LOOM_REPORT_GROUPS]; /* tp cp dp pp dpcp ep world */
+
 typedef struct loom_step_stats {
     double loss, grad_norm, seconds, tokens_per_s, mfu;
     float lr;
-    uint64_t comm_bytes; /* bytes this rank moved in the DP group this step */
+    uint64_t comm_bytes; /* bytes this rank moved this step, all groups */
+    loom_comm_stats comm[LOOM_REPORT_GROUPS]; /* per group, loom_report_group_names order */
+    loom_dp_memory mem;  /* bytes per rank by lifetime class */
 } loom_step_stats;
 
 /* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0

@@ -50,23 +50,66 @@ static void draw_bar(const loom_report *r, int step, const loom_step_stats *s) {
     fflush(stderr);
 }
 
+const char *const loom_report_group_names[LOOM_REPORT_GROUPS] = {"tp", "cp", "dp", "pp",
+                                                                   "dpcp", "ep", "world"};
+
+/* "comm": {"tp": {"allreduce": {"calls": 4, "bytes": 8192, "ms": 0.1}, ...}, ...}
+ * with only the groups and ops that moved something. */
+static void write_comm_json(FILE *f, const loom_step_stats *s) {
+    fprintf(f, "\"comm\": {");
+    int first_group = 1;
+    for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
+        const loom_comm_stats *c = &s->comm[g];
+        int first_op = 1;
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            if (!c->calls[op]) continue;
+            if (first_op) fprintf(f, "%s\"%s\": {", first_group ? "" : ", ", loom_report_group_names[g]);
+            fprintf(f, "%s\"%s\": {\"calls\": %llu, \"bytes\": %llu, \"ms\": %.4f}", first_op ? "" : ", ",
+                    loom_comm_op_name((loom_comm_op)op), (unsigned long long)c->calls[op],
+                    (unsigned long long)c->bytes[op], 1e3 * c->seconds[op]);
+            first_op = first_group = 0;
+        }
+        if (!first_op) fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+/* The collectives of one step as a table, printed once so a user sees what
+ * each group does (calls and bytes per step, on rank 0). */
+static void print_comm_table(const loom_step_stats *s) {
+    loom_info("collectives per step on rank 0 (group, op, calls, bytes, time):");
+    for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            const loom_comm_stats *c = &s->comm[g];
+            if (!c->calls[op]) continue;
+            loom_info("  %-6s %-15s %6llu  %12llu B  %8.2f ms", loom_report_group_names[g],
+                      loom_comm_op_name((loom_comm_op)op), (unsigned long long)c->calls[op],
+                      (unsigned long long)c->bytes[op], 1e3 * c->seconds[op]);
+        }
+}
+
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
     if (r->metrics) {
         int n = fprintf(r->metrics,
                         "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                         "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
-                        "\"dp_comm_bytes\": %llu}\n",
+                        "\"comm_bytes\": %llu, \"mem\": {\"params\": %zu, \"grads\": %zu, "
+                        "\"optimizer\": %zu, \"activations\": %zu}, ",
                         step + 1, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
-                        1e3 * s->seconds, (unsigned long long)s->comm_bytes);
+                        1e3 * s->seconds, (unsigned long long)s->comm_bytes, s->mem.params,
+                        s->mem.grads, s->mem.optimizer, s->mem.activations);
+        write_comm_json(r->metrics, s);
+        if (n >= 0) n = fprintf(r->metrics, "}\n");
         if (n < 0 || fflush(r->metrics) != 0)
             return loom_fail(LOOM_EIO, "--metrics %s: write failed: %s", r->cfg->metrics,
                              strerror(errno));
     }
     if (!r->active) return LOOM_OK;
+    if (step == 0) print_comm_table(s);
     if (r->bar) {
         draw_bar(r, step, s);
     } else if ((step + 1) % r->cfg->log_every == 0 || step + 1 == r->cfg->steps) {
-        loom_info("step %d/%d loss %.6f lr %.3e grad_norm %.4f tok/s %.0f mfu %.2f%% dp_bytes %llu",
+        loom_info("step %d/%d loss %.6f lr %.3e grad_norm %.4f tok/s %.0f mfu %.2f%% comm %llu B",
                   step + 1, r->cfg->steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s,
                   100 * s->mfu, (unsigned long long)s->comm_bytes);
     }

@@ -232,12 +232,17 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_step_stats st_step = {0};
     double tok_time = 0, tokens = 0;
+    loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
+                                             s->mesh->dpcp, s->mesh->ep, s->mesh->world};
+    loom_dp_memory_bytes(s->dp, &st_step.mem);
     for (int step = 0; step < c->steps; step++) {
-        loom_comm_reset_stats(s->mesh->dp);
+        for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         LOOM_TRY(train_step(s, step, &st_step));
-        const loom_comm_stats *cs = loom_comm_get_stats(s->mesh->dp);
         st_step.comm_bytes = 0;
-        for (int op = 0; op < LOOM_OP_COUNT; op++) st_step.comm_bytes += cs->bytes[op];
+        for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
+            st_step.comm[g] = *loom_comm_get_stats(groups[g]);
+            for (int op = 0; op < LOOM_OP_COUNT; op++) st_step.comm_bytes += st_step.comm[g].bytes[op];
+        }
         if (step > 0 || c->steps == 1) {
             tok_time += st_step.seconds;
             tokens += (double)c->batch * c->seq;
