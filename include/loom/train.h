@@ -36,6 +36,11 @@ typedef struct loom_train_config {
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
     int sp;             /* Megatron sequence parallelism inside the TP group */
     int grad_accum;     /* micro-batches per step on each DP rank (communication on the last) */
+    char schedule[32];  /* pipeline schedule: gpipe, 1f1b, interleaved, zb */
+    int micro_batches;  /* pipeline micro-batches per step per DP rank (0: pp) */
+    int virtual_stages; /* chunks per pipeline rank (interleaved) */
+    char stage_layers[256]; /* "3,3,2,2": blocks per virtual stage; "" = balanced */
+    char trace[LOOM_PATH_MAX]; /* directory for per-rank Chrome traces, "" = none */
     int zero;           /* ZeRO stage 0..3 */
     double bucket_mb;   /* DDP gradient bucket size */
     int threads;        /* per rank; 0 = auto */

@@ -6,6 +6,8 @@
 
 #include "loom/data.h"
 #include "loom/dp.h"
+#include "loom/pipeline.h"
+#include "loom/pp_exec.h"
 #include "loom/train.h"
 
 #define LOOM_MAX_PARTS 64 /* pipeline chunks per rank (virtual stages) */
@@ -20,6 +22,8 @@ typedef struct loom_step_stats {
     uint64_t comm_bytes; /* bytes this rank moved this step, all groups */
     loom_comm_stats comm[LOOM_REPORT_GROUPS]; /* per group, loom_report_group_names order */
     loom_dp_memory mem;  /* bytes per rank by lifetime class */
+    double pp_bubble;    /* measured pipeline bubble this step (-1: no pipeline) */
+    int pp_peak_live;    /* most activation sets alive at once on this rank */
 } loom_step_stats;
 
 /* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0
@@ -53,6 +57,12 @@ typedef struct loom_train_run_state {
     int n_parts;
     loom_dp_engine *dp;
     int have_tokens;
+    /* pipeline (pp > 1 or virtual stages > 1) */
+    int pipelined;
+    loom_schedule *sched;
+    loom_pp_exec *exec;
+    loom_comm *embed_group; /* first and last pipeline rank: the tied wte gradient */
+    int step;               /* the step being run (for the data callback) */
     loom_tokens tokens;
     int32_t *inputs, *targets; /* (B_l, T) */
     double flops_per_token, peak_flops;
@@ -62,6 +72,16 @@ typedef struct loom_train_run_state {
 /* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0
  * (cached in ~/.cache/loom) and broadcast. Collective over world. */
 loom_status loom_peak_flops(loom_comm *world, double given, double *out);
+/* Pipeline pieces of the trainer (pipeline.c). */
+loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_config *mc);
+loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm);
+loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum);
+void loom_train_pp_teardown(loom_train_run_state *s);
+/* Measured bubble of the last step over the pp group. Collective over pp. */
+loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble);
+/* Per-rank Chrome trace of the last step's pipeline actions. */
+loom_status loom_train_pp_write_trace(loom_train_run_state *s, const char *dir);
+
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);
 

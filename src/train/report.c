@@ -98,6 +98,8 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                         step + 1, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
                         1e3 * s->seconds, (unsigned long long)s->comm_bytes, s->mem.params,
                         s->mem.grads, s->mem.optimizer, s->mem.activations);
+        if (s->pp_bubble >= 0)
+            fprintf(r->metrics, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
         write_comm_json(r->metrics, s);
         if (n >= 0) n = fprintf(r->metrics, "}\n");
         if (n < 0 || fflush(r->metrics) != 0)

@@ -37,8 +37,14 @@ void loom_train_config_default(loom_train_config *c) {
     c->grad_clip = 1.0f;
     c->log_every = 1;
     c->grad_accum = 1;
+    snprintf(c->schedule, sizeof c->schedule, "1f1b");
+    c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->progress = -1;
+}
+
+static int is_pipelined(const loom_train_config *c) {
+    return c->layout.pp > 1 || c->virtual_stages > 1;
 }
 
 /* Checks that depend only on the config: identical on every rank. */
@@ -46,7 +52,6 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     const loom_layout *l = &c->layout;
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
-        {"--pp", l->pp, "pipeline parallelism"},
         {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
     };
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
@@ -84,6 +89,10 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->weight_decay < 0 || c->eps <= 0)
         return loom_fail(LOOM_EUSAGE, "--weight-decay must be >= 0 and --eps > 0");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required (make one with `loom data`)");
+    if (c->virtual_stages < 1)
+        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be >= 1", c->virtual_stages);
+    if (is_pipelined(c)) LOOM_TRY(loom_train_pp_check(c, mc));
+    else if (c->trace[0]) return loom_fail(LOOM_EUSAGE, "--trace records pipeline actions: it needs --pp > 1 or --virtual-stages > 1");
     return LOOM_OK;
 }
 
@@ -157,7 +166,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     const int T = c->seq;
     double t0 = loom_comm_wtime(), loss_sum = 0;
     LOOM_TRY(loom_dp_begin_step(s->dp));
-    LOOM_TRY(run_micro_batches(s, step, &loss_sum));
+    if (s->pipelined) LOOM_TRY(loom_train_pp_step(s, step, &loss_sum));
+    else LOOM_TRY(run_micro_batches(s, step, &loss_sum));
     for (int i = 0; i < s->n_parts; i++) LOOM_TRY(loom_gpt_finish_grads(s->parts[i]));
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
@@ -197,13 +207,19 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     LOOM_TRY(loom_comm_agree(world, st));
 
     LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
-    const int Bm = c->batch / c->layout.dp / c->grad_accum;
-    loom_model_part part = loom_model_part_whole(&mc);
-    part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
-                        .sp = c->sp};
-    loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1};
-    s->n_parts = 1;
-    st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
+    const int micro = is_pipelined(c) ? (c->micro_batches > 0 ? c->micro_batches : c->layout.pp)
+                                      : c->grad_accum;
+    const int Bm = c->batch / c->layout.dp / micro;
+    if (is_pipelined(c)) {
+        st = loom_train_pp_setup(s, &mc, Bm);
+    } else {
+        loom_model_part part = loom_model_part_whole(&mc);
+        part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
+                            .sp = c->sp};
+        loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1};
+        s->n_parts = 1;
+        st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
+    }
     loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
@@ -223,6 +239,7 @@ static void teardown(loom_train_run_state *s) {
     free(s->inputs);
     free(s->targets);
     loom_dp_engine_free(s->dp);
+    if (s->pipelined) loom_train_pp_teardown(s);
     for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
     loom_mesh_free(s->mesh);
     if (s->have_tokens) loom_tokens_close(&s->tokens);
@@ -238,6 +255,12 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     for (int step = 0; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         LOOM_TRY(train_step(s, step, &st_step));
+        st_step.pp_bubble = -1;
+        if (s->pipelined) {
+            LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
+            st_step.pp_peak_live = loom_pp_exec_peak_live(s->exec);
+            if (c->trace[0] && step == c->steps - 1) LOOM_TRY(loom_train_pp_write_trace(s, c->trace));
+        }
         st_step.comm_bytes = 0;
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
             st_step.comm[g] = *loom_comm_get_stats(groups[g]);

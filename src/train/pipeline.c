@@ -1,0 +1,193 @@
+/* pipeline.c - the trainer's pipeline-parallel path (axis pp): check the
+ * schedule flags, cut the model into one part per virtual stage this rank
+ * holds, run a step through the executor, and reduce the tied embedding's
+ * gradient between the first and the last stage. Collective over pp (and the
+ * world at setup).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/data.h"
+#include "loom/log.h"
+#include "train/internal.h"
+
+static int micro_batches(const loom_train_config *c) {
+    return c->micro_batches > 0 ? c->micro_batches : c->layout.pp;
+}
+
+loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_config *mc) {
+    const int pp = c->layout.pp, v = c->virtual_stages, m = micro_batches(c);
+    loom_sched_kind k;
+    LOOM_TRY(loom_schedule_parse(c->schedule, &k));
+    LOOM_TRY(loom_schedule_check(k, pp, m, v));
+    LOOM_TRY(loom_partition_check(mc->n_layer, pp, v));
+    if (c->stage_layers[0]) {
+        int counts[LOOM_MAX_PARTS * 64];
+        if (pp * v > (int)(sizeof counts / sizeof counts[0]))
+            return loom_fail(LOOM_EUSAGE, "pp=%d x v=%d virtual stages: too many", pp, v);
+        LOOM_TRY(loom_partition_parse(c->stage_layers, mc->n_layer, pp, v, counts));
+    }
+    if (v > LOOM_MAX_PARTS)
+        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: at most %d", v, LOOM_MAX_PARTS);
+    if (c->grad_accum != 1)
+        return loom_fail(LOOM_EUSAGE,
+                         "--grad-accum %d with a pipeline: use --micro-batches (pipelines "
+                         "accumulate over their micro-batches)", c->grad_accum);
+    int per_rank = c->batch / c->layout.dp;
+    if (per_rank % m)
+        return loom_fail(LOOM_EUSAGE,
+                         "--micro-batches %d does not divide the %d sequences per DP rank "
+                         "(--batch %d / dp=%d)", m, per_rank, c->batch, c->layout.dp);
+    return LOOM_OK;
+}
+
+/* Relative costs for balancing: a block ~ 24 C^2 + 4 T C FLOPs per token
+ * forward, the LM head 2 V C, the embedding a lookup. */
+static void stage_counts(const loom_train_config *c, const loom_model_config *mc, int *counts) {
+    const int pp = c->layout.pp, v = c->virtual_stages;
+    if (c->stage_layers[0] &&
+        loom_partition_parse(c->stage_layers, mc->n_layer, pp, v, counts) == LOOM_OK)
+        return;
+    double C = mc->n_embd, block = 24.0 * C * C + 4.0 * c->seq * C;
+    loom_partition_balance(mc->n_layer, pp, v, 0.01, 2.0 * mc->vocab_size * C / block, counts);
+}
+
+loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm) {
+    const loom_train_config *c = s->cfg;
+    const int pp = c->layout.pp, v = c->virtual_stages, r = s->mesh->pp_rank, S = pp * v;
+    loom_sched_kind kind;
+    LOOM_TRY(loom_schedule_parse(c->schedule, &kind));
+    LOOM_TRY(loom_schedule_build(kind, pp, micro_batches(c), v, &s->sched));
+    LOOM_TRY(loom_schedule_validate(s->sched));
+    int counts[LOOM_MAX_PARTS * 64], first[LOOM_MAX_PARTS * 64 + 1];
+    stage_counts(c, mc, counts);
+    first[0] = 0;
+    for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
+    loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = loom_schedule_peak_live(s->sched, r),
+                          .split_backward = s->sched->split_backward};
+    s->n_parts = v;
+    for (int ch = 0; ch < v; ch++) {
+        int vs = loom_pp_vstage(pp, r, ch);
+        loom_model_part part = loom_model_part_whole(mc);
+        part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp};
+        part.layer_begin = first[vs];
+        part.layer_end = first[vs + 1];
+        part.has_embed = vs == 0;
+        part.has_head = vs == S - 1;
+        LOOM_TRY(loom_gpt_create(mc, &part, &opts, &s->parts[ch]));
+    }
+    LOOM_TRY(loom_pp_exec_create(s->sched, r, s->parts, s->mesh->pp, &s->exec));
+    s->pipelined = 1;
+    if (pp > 1) {
+        int ends = r == 0 || r == pp - 1;
+        LOOM_TRY(loom_comm_split(s->mesh->pp, ends ? 0 : -1, r, "embed", &s->embed_group));
+    }
+    if (s->mesh->rank == 0) {
+        char line[512];
+        size_t n = 0;
+        for (int i = 0; i < S && n < sizeof line; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%s%d", i ? "," : "", counts[i]);
+        loom_info("pipeline: %s, pp=%d, %d micro-batches, %d virtual stage(s) per rank; blocks per "
+                  "virtual stage %s",
+                  c->schedule, pp, micro_batches(c), v, line);
+    }
+    return LOOM_OK;
+}
+
+void loom_train_pp_teardown(loom_train_run_state *s) {
+    loom_pp_exec_free(s->exec);
+    loom_schedule_free(s->sched);
+    if (s->embed_group) loom_comm_free(s->embed_group);
+}
+
+static void pp_batch(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+    loom_train_run_state *s = ctx;
+    const loom_train_config *c = s->cfg;
+    const int Bl = c->batch / c->layout.dp, Bm = Bl / micro_batches(c), T = c->seq;
+    int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)mb * Bm;
+    /* the sampler fills both; a stage that needs one passes a scratch for the other */
+    int32_t *in = inputs ? inputs : s->inputs, *tg = targets ? targets : s->targets;
+    loom_data_sample(&s->tokens, c->seed, s->step, c->batch, first, Bm, T, in, tg);
+}
+
+static void pp_before_backward(void *ctx, int mb, int last) {
+    (void)mb;
+    loom_dp_set_last_micro(((loom_train_run_state *)ctx)->dp, last);
+}
+
+/* The tied wte: stage 0 used it for the embedding, stage S-1 for the head;
+ * each holds a copy with half the gradient. Sum them on both (or, when one
+ * rank holds both ends, in place). */
+static loom_status tie_embeddings(loom_train_run_state *s) {
+    loom_gpt *first = NULL, *last = NULL;
+    for (int i = 0; i < s->n_parts; i++) {
+        if (s->parts[i]->part.has_embed) first = s->parts[i];
+        if (s->parts[i]->part.has_head) last = s->parts[i];
+    }
+    if (first == last && first) return LOOM_OK; /* one part holds both: already summed */
+    loom_gpt *mine = first ? first : last;
+    if (!mine) return LOOM_OK;
+    const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
+    if (first && last) { /* both ends on this rank (pp = 1, v > 1) */
+        const loom_param *q = loom_gpt_find_param(last, "wte.weight");
+        float *a = first->grad_mem + p->offset, *b = last->grad_mem + q->offset;
+        for (size_t i = 0; i < p->numel; i++) a[i] = b[i] = a[i] + b[i];
+        return LOOM_OK;
+    }
+    return loom_comm_allreduce(s->embed_group, mine->grad_mem + p->offset, p->numel, LOOM_F32, LOOM_SUM);
+}
+
+loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum) {
+    const loom_train_config *c = s->cfg;
+    loom_pp_exec_io io = {.ctx = s, .batch = pp_batch, .before_backward = pp_before_backward};
+    s->step = step;
+    LOOM_TRY(loom_pp_exec_run(s->exec, &io, 1.0f / ((float)c->batch * (float)c->seq), loss_sum));
+    LOOM_TRY(tie_embeddings(s));
+    /* the loss lives on the last stage: every stage reports the same number */
+    return loom_comm_allreduce(s->mesh->pp, loss_sum, 1, LOOM_F64, LOOM_SUM);
+}
+
+static int is_compute(loom_pp_kind k) { return k == LOOM_PP_F || k == LOOM_PP_B || k == LOOM_PP_W; }
+
+loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble) {
+    int n;
+    const loom_pp_event *ev = loom_pp_exec_events(s->exec, &n);
+    double busy = 0, t0 = n ? ev[0].t0 : 0, t1 = n ? ev[n - 1].t1 : 0;
+    for (int i = 0; i < n; i++)
+        if (is_compute(ev[i].a.kind)) busy += ev[i].t1 - ev[i].t0;
+    /* the step starts together on every rank (the previous step ended in
+     * collectives); the span is the longest rank's */
+    double span = t1 - t0;
+    LOOM_TRY(loom_comm_allreduce(s->mesh->pp, &busy, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(s->mesh->pp, &span, 1, LOOM_F64, LOOM_MAX));
+    int pp = loom_comm_size(s->mesh->pp);
+    *bubble = span > 0 ? 1.0 - busy / (pp * span) : 0.0;
+    return LOOM_OK;
+}
+
+loom_status loom_train_pp_write_trace(loom_train_run_state *s, const char *dir) {
+    char path[LOOM_PATH_MAX + 64], tmp[LOOM_PATH_MAX + 80];
+    snprintf(path, sizeof path, "%s/trace_rank%d.json", dir, s->mesh->rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return loom_fail(LOOM_ECANTCREAT, "--trace %s: cannot create %s: %s", dir, tmp, strerror(errno));
+    int n;
+    const loom_pp_event *ev = loom_pp_exec_events(s->exec, &n);
+    double base = n ? ev[0].t0 : 0;
+    fprintf(f, "{\"traceEvents\": [\n");
+    for (int i = 0; i < n; i++) {
+        char name[96];
+        loom_pp_action_format(&ev[i].a, s->cfg->virtual_stages, name, sizeof name);
+        fprintf(f, "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %d}",
+                i ? ",\n" : "", name, 1e6 * (ev[i].t0 - base), 1e6 * (ev[i].t1 - ev[i].t0),
+                s->mesh->rank, s->mesh->pp_rank);
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        return loom_fail(LOOM_EIO, "--trace %s: cannot write %s", dir, path);
+    }
+    return LOOM_OK;
+}
