@@ -128,6 +128,21 @@ loom_status loom_comm_test(loom_req *req, int *done);
 const loom_comm_stats *loom_comm_get_stats(const loom_comm *c);
 void loom_comm_reset_stats(loom_comm *c);
 
+/* Tracing: when on, every completed call of every group of this process is
+ * kept as an event (op, group, bytes, start, end) in a ring of `capacity`
+ * events (the oldest dropped first). Local; capacity 0 turns it off. */
+typedef struct loom_comm_event {
+    loom_comm_op op;
+    char group[16];
+    uint64_t bytes;
+    double t0, t1; /* loom_comm_wtime at start and at completion */
+} loom_comm_event;
+void loom_comm_trace(size_t capacity);
+/* Events oldest first: *n of them; the pointer is valid until the next call
+ * into the communicator. */
+const loom_comm_event *loom_comm_trace_events(size_t *n);
+void loom_comm_trace_clear(void);
+
 /* Seconds since an arbitrary epoch (a monotonic clock), for timing; works
  * before loom_comm_init too. */
 double loom_comm_wtime(void);

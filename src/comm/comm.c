@@ -3,6 +3,12 @@
  * and nothing here talks to MPI (see comm_mpi.c for the MPI backend). */
 #include "loom/comm.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+
 size_t loom_dtype_size(loom_dtype t) {
     switch (t) {
     case LOOM_F32: return 4;
@@ -28,4 +34,38 @@ const char *loom_comm_op_name(loom_comm_op op) {
     case LOOM_OP_COUNT: break;
     }
     return "unknown";
+}
+
+/* ---- tracing: a ring of the last events ---------------------------------- */
+
+static loom_comm_event *g_ring, *g_linear;
+static size_t g_cap, g_head, g_count;
+
+void loom_comm_trace(size_t capacity) {
+    free(g_ring);
+    free(g_linear);
+    g_ring = capacity ? calloc(capacity, sizeof *g_ring) : NULL;
+    g_linear = capacity ? calloc(capacity, sizeof *g_linear) : NULL;
+    g_cap = g_ring && g_linear ? capacity : 0;
+    g_head = g_count = 0;
+}
+
+void loom_comm_trace_clear(void) { g_head = g_count = 0; }
+
+void loom_comm_trace_record(loom_comm_op op, const char *group, uint64_t bytes, double t0, double t1) {
+    if (!g_cap) return;
+    loom_comm_event *e = &g_ring[(g_head + g_count) % g_cap];
+    if (g_count < g_cap) g_count++;
+    else g_head = (g_head + 1) % g_cap;
+    e->op = op;
+    snprintf(e->group, sizeof e->group, "%s", group);
+    e->bytes = bytes;
+    e->t0 = t0;
+    e->t1 = t1;
+}
+
+const loom_comm_event *loom_comm_trace_events(size_t *n) {
+    for (size_t i = 0; i < g_count; i++) g_linear[i] = g_ring[(g_head + i) % g_cap];
+    *n = g_count;
+    return g_linear;
 }

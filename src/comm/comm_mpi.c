@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/comm_internal.h"
 #include "loom/log.h"
 
 struct loom_comm {
@@ -50,6 +51,7 @@ struct loom_req {
     loom_comm *c;
     loom_comm_op op;
     double t0; /* when the call started */
+    size_t bytes;
     struct loom_req *next;
 };
 
@@ -202,7 +204,9 @@ static loom_status run_blocking(loom_comm *c, const mpi_call *k, size_t bytes) {
         err = run_blocking_mpi(k, c->mpi);
     }
     if (err != MPI_SUCCESS) return fail_mpi(c, loom_comm_op_name(k->op), err);
-    account(c, k->op, bytes, loom_comm_wtime() - t0);
+    double t1 = loom_comm_wtime();
+    account(c, k->op, bytes, t1 - t0);
+    loom_comm_trace_record(k->op, c->name, bytes, t0, t1);
     return LOOM_OK;
 }
 
@@ -225,7 +229,7 @@ static loom_status run_started(loom_comm *c, const mpi_call *k, size_t bytes, lo
     if (!r)
         return loom_fail(LOOM_EOS, "rank %d: %s on group %s: out of memory for a request",
                          g_world_rank, loom_comm_op_name(k->op), c->name);
-    *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .t0 = loom_comm_wtime()};
+    *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .t0 = loom_comm_wtime(), .bytes = bytes};
     int err = start_mpi(k, c->mpi, &r->mpi);
     if (err != MPI_SUCCESS) {
         req_release(r);
@@ -527,7 +531,11 @@ loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int
 static loom_status req_finish(loom_req *r, int err) {
     loom_comm *c = r->c;
     loom_comm_op op = r->op;
-    if (err == MPI_SUCCESS) c->stats.seconds[op] += loom_comm_wtime() - r->t0;
+    if (err == MPI_SUCCESS) {
+        double t1 = loom_comm_wtime();
+        c->stats.seconds[op] += t1 - r->t0;
+        loom_comm_trace_record(op, c->name, r->bytes, r->t0, t1);
+    }
     req_release(r);
     return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(op), err);
 }

@@ -8,9 +8,11 @@
 #include "loom/dp.h"
 #include "loom/pipeline.h"
 #include "loom/pp_exec.h"
+#include "loom/trace.h"
 #include "loom/train.h"
 
 #define LOOM_MAX_PARTS 64 /* pipeline chunks per rank (virtual stages) */
+#define LOOM_MAX_PHASES 256 /* traced phases of one step */
 
 /* The mesh groups whose traffic a step reports. */
 #define LOOM_REPORT_GROUPS 7
@@ -63,6 +65,9 @@ typedef struct loom_train_run_state {
     loom_pp_exec *exec;
     loom_comm *embed_group; /* first and last pipeline rank: the tied wte gradient */
     int step;               /* the step being run (for the data callback) */
+    /* phases of the traced step (non-pipelined runs) */
+    struct { char name[32]; double t0, t1; } phase[LOOM_MAX_PHASES];
+    int n_phase, tracing;
     loom_tokens tokens;
     int32_t *inputs, *targets; /* (B_l, T) */
     double flops_per_token, peak_flops;
@@ -79,8 +84,8 @@ loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_s
 void loom_train_pp_teardown(loom_train_run_state *s);
 /* Measured bubble of the last step over the pp group. Collective over pp. */
 loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble);
-/* Per-rank Chrome trace of the last step's pipeline actions. */
-loom_status loom_train_pp_write_trace(loom_train_run_state *s, const char *dir);
+/* The last step's pipeline actions as trace events (row 0 of this rank). */
+void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);

@@ -4,7 +4,6 @@
  * gradient between the first and the last stage. Collective over pp (and the
  * world at setup).
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,27 +166,13 @@ loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble) {
     return LOOM_OK;
 }
 
-loom_status loom_train_pp_write_trace(loom_train_run_state *s, const char *dir) {
-    char path[LOOM_PATH_MAX + 64], tmp[LOOM_PATH_MAX + 80];
-    snprintf(path, sizeof path, "%s/trace_rank%d.json", dir, s->mesh->rank);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return loom_fail(LOOM_ECANTCREAT, "--trace %s: cannot create %s: %s", dir, tmp, strerror(errno));
+void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t) {
     int n;
     const loom_pp_event *ev = loom_pp_exec_events(s->exec, &n);
-    double base = n ? ev[0].t0 : 0;
-    fprintf(f, "{\"traceEvents\": [\n");
     for (int i = 0; i < n; i++) {
         char name[96];
         loom_pp_action_format(&ev[i].a, s->cfg->virtual_stages, name, sizeof name);
-        fprintf(f, "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %d}",
-                i ? ",\n" : "", name, 1e6 * (ev[i].t0 - base), 1e6 * (ev[i].t1 - ev[i].t0),
-                s->mesh->rank, s->mesh->pp_rank);
+        loom_trace_event(t, name, is_compute(ev[i].a.kind) ? "compute" : "pipeline", ev[i].t0,
+                         ev[i].t1, s->mesh->rank, 0);
     }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        remove(tmp);
-        return loom_fail(LOOM_EIO, "--trace %s: cannot write %s", dir, path);
-    }
-    return LOOM_OK;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/data.h"
@@ -92,7 +93,6 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->virtual_stages < 1)
         return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be >= 1", c->virtual_stages);
     if (is_pipelined(c)) LOOM_TRY(loom_train_pp_check(c, mc));
-    else if (c->trace[0]) return loom_fail(LOOM_EUSAGE, "--trace records pipeline actions: it needs --pp > 1 or --virtual-stages > 1");
     return LOOM_OK;
 }
 
@@ -143,6 +143,15 @@ static void report_memory(const loom_dp_engine *e) {
               mem.params / mb, mem.grads / mb, mem.optimizer / mb, mem.activations / mb);
 }
 
+/* Keep one phase of the traced step (a no-op when not tracing). */
+static void phase(loom_train_run_state *s, const char *what, int k, double t0, double t1) {
+    if (!s->tracing || s->n_phase == LOOM_MAX_PHASES) return;
+    snprintf(s->phase[s->n_phase].name, sizeof s->phase[0].name, k >= 0 ? "%s%d" : "%s", what, k);
+    s->phase[s->n_phase].t0 = t0;
+    s->phase[s->n_phase].t1 = t1;
+    s->n_phase++;
+}
+
 /* Forward and backward of this rank's micro-batches (pp = 1): K
  * micro-batches of B_l / K sequences each; gradients accumulate and the DP
  * engine communicates during the last one's backward. */
@@ -154,8 +163,12 @@ static loom_status run_micro_batches(loom_train_run_state *s, int step, double *
         int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
         loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, T, s->inputs, s->targets);
         loom_dp_set_last_micro(s->dp, k == K - 1);
+        double t0 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
+        double t1 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_backward(s->parts[0], 0, NULL, dloss));
+        phase(s, "F", k, t0, t1);
+        phase(s, "B", k, t1, loom_comm_wtime());
     }
     return LOOM_OK;
 }
@@ -168,8 +181,10 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     LOOM_TRY(loom_dp_begin_step(s->dp));
     if (s->pipelined) LOOM_TRY(loom_train_pp_step(s, step, &loss_sum));
     else LOOM_TRY(run_micro_batches(s, step, &loss_sum));
+    double t1 = loom_comm_wtime();
     for (int i = 0; i < s->n_parts; i++) LOOM_TRY(loom_gpt_finish_grads(s->parts[i]));
     LOOM_TRY(loom_dp_finish_grads(s->dp));
+    phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
@@ -186,7 +201,9 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     if (c->grad_clip > 0 && out->grad_norm > c->grad_clip)
         scale = c->grad_clip / (float)(out->grad_norm + 1e-6);
     out->lr = loom_lr_at(c, step);
+    double t2 = loom_comm_wtime();
     LOOM_TRY(loom_dp_step(s->dp, out->lr, scale));
+    phase(s, "optimizer", -1, t2, loom_comm_wtime());
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
     out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
@@ -206,6 +223,16 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->metrics, "--metrics");
     LOOM_TRY(loom_comm_agree(world, st));
 
+    if (c->trace[0]) {
+        if (rank == 0) mkdir(c->trace, 0755); /* one level, as mkdir(1); errors surface below */
+        LOOM_TRY(loom_comm_barrier(world));
+        st = access(c->trace, W_OK) == 0
+                 ? LOOM_OK
+                 : loom_fail(LOOM_ECANTCREAT, "--trace %s: not a writable directory: %s", c->trace,
+                             strerror(errno));
+        LOOM_TRY(loom_comm_agree(world, st));
+        loom_comm_trace(1 << 16);
+    }
     LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
     const int micro = is_pipelined(c) ? (c->micro_batches > 0 ? c->micro_batches : c->layout.pp)
                                       : c->grad_accum;
@@ -245,6 +272,36 @@ static void teardown(loom_train_run_state *s) {
     if (s->have_tokens) loom_tokens_close(&s->tokens);
 }
 
+/* The traced step of this rank: its compute (pipeline actions or phases) on
+ * row 0, each group's collectives on a row of their own. */
+static loom_status write_trace(loom_train_run_state *s, double base) {
+    char path[LOOM_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/trace_rank%d.json", s->cfg->trace, s->mesh->rank);
+    loom_trace *t;
+    LOOM_TRY(loom_trace_open(path, base, &t));
+    const int pid = s->mesh->rank;
+    loom_trace_name_row(t, pid, 0, s->pipelined ? "pipeline" : "compute");
+    for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
+        char row[32];
+        snprintf(row, sizeof row, "comm %s", loom_report_group_names[g]);
+        loom_trace_name_row(t, pid, g + 1, row);
+    }
+    if (s->pipelined) loom_train_pp_trace(s, t);
+    for (int i = 0; i < s->n_phase; i++)
+        loom_trace_event(t, s->phase[i].name, "compute", s->phase[i].t0, s->phase[i].t1, pid, 0);
+    size_t n;
+    const loom_comm_event *ev = loom_comm_trace_events(&n);
+    for (size_t i = 0; i < n; i++) {
+        int row = LOOM_REPORT_GROUPS + 1;
+        for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
+            if (strcmp(ev[i].group, loom_report_group_names[g]) == 0) row = g + 1;
+        char name[64];
+        snprintf(name, sizeof name, "%s %llu B", loom_comm_op_name(ev[i].op), (unsigned long long)ev[i].bytes);
+        loom_trace_event(t, name, ev[i].group, ev[i].t0, ev[i].t1, pid, row);
+    }
+    return loom_trace_close(t);
+}
+
 static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_step_stats st_step = {0};
@@ -254,13 +311,16 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_dp_memory_bytes(s->dp, &st_step.mem);
     for (int step = 0; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
+        s->tracing = c->trace[0] && step == c->steps - 1;
+        if (s->tracing) loom_comm_trace_clear();
+        double t_step = loom_comm_wtime();
         LOOM_TRY(train_step(s, step, &st_step));
         st_step.pp_bubble = -1;
         if (s->pipelined) {
             LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
             st_step.pp_peak_live = loom_pp_exec_peak_live(s->exec);
-            if (c->trace[0] && step == c->steps - 1) LOOM_TRY(loom_train_pp_write_trace(s, c->trace));
         }
+        if (s->tracing) LOOM_TRY(loom_comm_agree(s->mesh->world, write_trace(s, t_step)));
         st_step.comm_bytes = 0;
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
             st_step.comm[g] = *loom_comm_get_stats(groups[g]);
