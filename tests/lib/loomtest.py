@@ -92,3 +92,20 @@ def compare_runs(ref_metrics, ref_params, metrics, params, label, tol=1e-5):
         check(e <= tol, "%s: parameter %s rel err %.2e" % (label, name, e))
     print("%s: %d steps, worst loss rel err %.2e, worst parameter rel err %.2e" % (label, len(m0), worst, worst_p))
     return worst, worst_p
+
+
+def write_model(tmp, **cfg):
+    """A Hugging Face style config.json for a test model; returns its path."""
+    path = os.path.join(tmp, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def train(tmp, tag, np, args):
+    """`loom train ARGS` on np ranks (None: one process, no mpirun) writing
+    TMP/TAG.jsonl and TMP/TAG.safetensors; returns (metrics, params)."""
+    safe = "".join(ch if ch.isalnum() or ch in "_-." else "_" for ch in tag)
+    m, p = os.path.join(tmp, safe + ".jsonl"), os.path.join(tmp, safe + ".safetensors")
+    run(["train", "--metrics", m, "--save-params", p] + list(args), np=np)
+    return m, p

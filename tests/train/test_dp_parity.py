@@ -19,22 +19,15 @@ COMMON = ["--model", "tiny", "--steps", STEPS, "--batch", 8, "--seq", 32, "--lr"
           "--warmup", 2, "--seed", 11, "--grad-clip", "1.0", "--peak-flops", "1e11", "--no-progress"]
 
 
-def train(tmp, data, dp, np):
-    tag = "dp%d_np%s" % (dp, np)
-    metrics = os.path.join(tmp, tag + ".jsonl")
-    params = os.path.join(tmp, tag + ".safetensors")
-    lt.run(["train", "--data", data, "--dp", dp, "--metrics", metrics, "--save-params", params] + COMMON, np=np)
-    return metrics, params
-
-
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        ref = train(tmp, data, 1, None)  # one rank, no mpirun at all
+        common = ["--data", data] + COMMON
+        ref = lt.train(tmp, "ref", None, common)  # one rank, no mpirun at all
         losses = [m["loss"] for m in lt.read_metrics(ref[0])]
         lt.check(losses[-1] < losses[0] - 0.5, "training must learn: loss %.3f -> %.3f" % (losses[0], losses[-1]))
         for dp in (1, 2, 4, 8):
-            run = train(tmp, data, dp, dp)
+            run = lt.train(tmp, "dp%d" % dp, dp, common + ["--dp", dp])
             lt.compare_runs(ref[0], ref[1], run[0], run[1], "dp=%d" % dp)
     lt.done()
 

@@ -7,7 +7,6 @@ parameter tensor within 1e-5 (||p - p_1|| / ||p_1||).
 
 Also the executor's own count of live activation sets on the first stage:
 at most p for 1f1b (exactly min(p, m)) against m for gpipe."""
-import json
 import os
 import sys
 import tempfile
@@ -23,15 +22,11 @@ COMMON = ["--steps", STEPS, "--batch", 16, "--seq", 16, "--lr", "1e-3", "--warmu
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        model = os.path.join(tmp, "config.json")
-        with open(model, "w") as f:
-            json.dump({"n_layer": 8, "n_head": 4, "n_embd": 32, "vocab_size": 256, "n_positions": 32}, f)
+        model = lt.write_model(tmp, n_layer=8, n_head=4, n_embd=32, vocab_size=256, n_positions=32)
+        common = ["--model", model, "--data", data] + COMMON
 
         def train(tag, np, flags):
-            m, p = os.path.join(tmp, tag + ".jsonl"), os.path.join(tmp, tag + ".safetensors")
-            lt.run(["train", "--model", model, "--data", data, "--metrics", m, "--save-params", p]
-                   + COMMON + flags, np=np)
-            return m, p
+            return lt.train(tmp, tag, np, common + flags)
 
         ref = train("ref", None, [])
         for pp in (2, 4):
@@ -41,7 +36,7 @@ def main():
                     if sched == "interleaved":
                         flags += ["--virtual-stages", 2]
                     label = "pp=%d %s m=%d" % (pp, sched, m)
-                    run = train(label.replace(" ", "_").replace("=", ""), pp, flags)
+                    run = train(label, pp, flags)
                     lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
                     peak = lt.read_metrics(run[0])[-1]["pp_peak_live"]
                     if sched == "1f1b":

@@ -6,7 +6,6 @@ within 1e-5 (norm-wise relative, ||p - p_1|| / ||p_1||).
 
 The model has 8 heads (so tp = 8 divides them) and a vocabulary of 253, which
 no tp > 1 divides: the padded vocabulary rows must never change the loss."""
-import json
 import os
 import sys
 import tempfile
@@ -36,17 +35,11 @@ LAYOUTS = [  # (label, ranks, flags)
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        model = os.path.join(tmp, "config.json")
-        with open(model, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 8, "n_embd": 64, "vocab_size": 253, "n_positions": 64}, f)
-        def train(tag, np, flags):
-            m, p = os.path.join(tmp, tag + ".jsonl"), os.path.join(tmp, tag + ".safetensors")
-            lt.run(["train", "--model", model, "--data", data, "--metrics", m, "--save-params", p]
-                   + COMMON + flags, np=np)
-            return m, p
-        ref = train("ref", None, [])
+        model = lt.write_model(tmp, n_layer=2, n_head=8, n_embd=64, vocab_size=253, n_positions=64)
+        common = ["--model", model, "--data", data] + COMMON
+        ref = lt.train(tmp, "ref", None, common)
         for label, np, flags in LAYOUTS:
-            run = train(label.replace(" ", "_").replace("=", ""), np, flags)
+            run = lt.train(tmp, label, np, common + flags)
             lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
     lt.done()
 
