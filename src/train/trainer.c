@@ -134,6 +134,23 @@ static loom_status init_params(const loom_train_config *c, loom_train_run_state 
     return loom_params_load(s->parts, s->n_parts, s->mesh, c->load_params);
 }
 
+/* What tensor parallelism costs each block, in words (the table after the
+ * first step has the measured totals). */
+static void report_tp_regions(const loom_train_run_state *s) {
+    const loom_train_config *c = s->cfg;
+    if (c->layout.tp == 1) return;
+    const loom_gpt *m = s->parts[0];
+    double kb = (double)m->N * m->C * sizeof(float) / 1024.0;
+    if (c->sp)
+        loom_info("tp=%d with sp: each block issues, per micro-batch, forward 2 all-gathers + 2 "
+                  "reduce-scatters and backward 2 all-gathers + 2 reduce-scatters of the (B*T, C) "
+                  "activations (%.1f KB each, counted whole)", c->layout.tp, kb);
+    else
+        loom_info("tp=%d: each block issues, per micro-batch, 2 all-reduces forward (after attention "
+                  "and MLP) and 2 backward (into their inputs) of the (B*T, C) activations (%.1f KB each)",
+                  c->layout.tp, kb);
+}
+
 static void report_memory(const loom_dp_engine *e) {
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
@@ -354,6 +371,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
                   mc->n_embd, mc->n_head, mc->vocab_size);
         report_memory(s.dp);
+        report_tp_regions(&s);
     }
     if (st == LOOM_OK) {
         st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
