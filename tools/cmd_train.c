@@ -157,6 +157,7 @@ int cmd_train(int argc, char **argv) {
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
+    if (c.quiet) loom_log_set_level(LOOM_LOG_WARN);
     loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
 
     st = ensure_default_data(world, c.data);

@@ -107,7 +107,7 @@ static void layout_acts(loom_gpt *m, loom_arena *a) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
     for (int s = 0; s < m->opts.n_slots; s++) layout_slot(m, a, &m->slots[s]);
     m->dres = take(a, F(Nx * C));
-    m->dfull = take(a, F(N * C));
+    m->dfull = m->part.tp.sp ? take(a, F(N * C)) : NULL; /* SP's gathered rows */
     m->d4c = take(a, F(N * 4 * Cl));
     m->datty = take(a, F(N * Cl));
     m->dlnfull = take(a, F(N * C));
@@ -507,8 +507,11 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
 loom_status loom_gpt_finish_grads(loom_gpt *m) {
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *p = &m->params[i];
-        if (p->sp_partial)
-            LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, m->grad_mem + p->offset, p->numel));
+        if (!p->sp_partial) continue;
+        size_t n = p->numel;
+        /* wpe rows past the sequence length get no gradient on any rank */
+        if (strcmp(p->name, "wpe.weight") == 0) n = (size_t)m->T * m->C;
+        LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, m->grad_mem + p->offset, n));
     }
     return LOOM_OK;
 }

@@ -202,7 +202,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     for (int i = 0; i < s->n_parts; i++) LOOM_TRY(loom_gpt_finish_grads(s->parts[i]));
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
-    LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
+    if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {

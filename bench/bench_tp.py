@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""Tensor-parallel throughput on 2 ranks: tokens/s for tp=1 and tp=2 (with
+and without --sp), and the share of step time spent in TP communication.
+
+usage: bench/bench_tp.py [--loom build/loom] [--steps N] [--layers L] [--embd H]
+                         [--heads A] [--seq T] [--batch B] [--no-sp] [--json FILE]
+
+Same model, same global batch, same data and seed on every row:
+  tp=1      1 rank,  1 thread  (plain `loom train`, the single-device run)
+  tp=2      2 ranks, 1 thread each (scripts/loomrun -np 2 ... --tp 2)
+  tp=2 sp   the same with --sp
+(dp=2 on 2 ranks is not the comparison: it does not split the model.)
+Every run uses OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 and --threads 1.
+
+Figures come from loom's --metrics JSONL (rank 0), median over the steps
+after the first WARMUP: tokens/s is "tokens_per_s"; the TP share of a step is
+the sum of "comm" -> "tp" -> op -> "ms" over "step_ms" (time inside TP
+collectives, including waiting for the slower rank there). Default model:
+4 layers, d_model 256, 8 heads, vocab 256 (byte-level), seq 128, batch 8.
+
+Exit 0 if every row ran, 1 otherwise.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOM_RUN = os.path.join(ROOT, "scripts", "loomrun")
+TEXT = "/usr/share/common-licenses/GPL-3"
+WARMUP = 2
+
+
+class BenchError(Exception):
+    pass
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run(cmd, env):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise BenchError("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
+    return p
+
+
+def median_after_warmup(xs):
+    if len(xs) <= WARMUP:
+        raise BenchError("need more than %d steps to skip warm-up, got %d" % (WARMUP, len(xs)))
+    return statistics.median(xs[WARMUP:])
+
+
+def bench_row(loom, ranks, flags, base, env, metrics):
+    cmd = ([LOOM_RUN, "-np", str(ranks)] if ranks > 1 else []) + [loom, "train"] + base + flags + [
+        "--metrics", metrics]
+    run(cmd, env)
+    with open(metrics) as f:
+        steps = [json.loads(line) for line in f if line.strip()]
+    tp_ms = [sum(op["ms"] for op in m["comm"].get("tp", {}).values()) for m in steps]
+    tp_bytes = [sum(op["bytes"] for op in m["comm"].get("tp", {}).values()) for m in steps]
+    return {
+        "tokens_per_s": median_after_warmup([m["tokens_per_s"] for m in steps]),
+        "step_ms": median_after_warmup([m["step_ms"] for m in steps]),
+        "tp_ms": median_after_warmup(tp_ms),
+        "tp_share": median_after_warmup([t / m["step_ms"] for t, m in zip(tp_ms, steps)]),
+        "tp_bytes": tp_bytes[-1],
+        "activations": steps[-1]["mem"]["activations"],
+        "loss": steps[-1]["loss"],
+        "cmd": " ".join(cmd),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(ROOT, "build", "loom")))
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--embd", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--no-sp", action="store_true", help="skip the tp=2 --sp row")
+    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    a = ap.parse_args()
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    rows = [("tp=1", 1, ["--tp", "1"]), ("tp=2", 2, ["--tp", "2"])]
+    if not a.no_sp:
+        rows.append(("tp=2 sp", 2, ["--tp", "2", "--sp"]))
+    results = []
+    try:
+        if not os.access(a.loom, os.X_OK):
+            raise BenchError("%s: not an executable loom binary (build it, or pass --loom)" % a.loom)
+        with tempfile.TemporaryDirectory() as tmp:
+            data = os.path.join(tmp, "train.bin")
+            run([a.loom, "data", "--input", TEXT, "--out", data, "--val", ""], env)
+            model = os.path.join(tmp, "model.json")
+            with open(model, "w") as f:
+                json.dump({"n_layer": a.layers, "n_head": a.heads, "n_embd": a.embd, "vocab_size": 256,
+                           "n_positions": a.seq}, f)
+            base = ["--model", model, "--data", data, "--steps", str(a.steps), "--batch", str(a.batch),
+                    "--seq", str(a.seq), "--seed", "1", "--threads", "1", "--peak-flops", "1e11",
+                    "--no-progress", "--quiet"]
+            for label, ranks, flags in rows:
+                r = bench_row(a.loom, ranks, flags, base, env, os.path.join(tmp, "m.jsonl"))
+                r.update(label=label, ranks=ranks)
+                results.append(r)
+    except BenchError as e:
+        print("bench_tp: %s" % e, file=sys.stderr)
+        return 1
+
+    print("loom tensor parallelism, %s (%d cores)" % (cpu_model(), os.cpu_count() or 0))
+    print("model: %d layers, d_model %d, %d heads, vocab 256, seq %d, global batch %d; %d steps, "
+          "median after %d warm-up; 1 thread per rank" % (a.layers, a.embd, a.heads, a.seq, a.batch,
+                                                          a.steps, WARMUP))
+    base_rate = results[0]["tokens_per_s"]
+    print("%-8s %5s %10s %8s %9s %9s %8s %12s %12s" % ("layout", "ranks", "tokens/s", "vs tp=1", "step ms",
+                                                      "TP ms", "TP share", "TP MB/step", "act MB/rank"))
+    for r in results:
+        print("%-8s %5d %10.0f %7.2fx %9.1f %9.2f %7.1f%% %12.2f %12.2f" % (
+            r["label"], r["ranks"], r["tokens_per_s"], r["tokens_per_s"] / base_rate, r["step_ms"],
+            r["tp_ms"], 100 * r["tp_share"], r["tp_bytes"] / 1e6, r["activations"] / 1e6))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
