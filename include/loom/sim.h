@@ -8,6 +8,8 @@
  *   B          b * scale[stage] in split schedules (input gradient only),
  *              (b + w) * scale[stage] otherwise (a full backward)
  *   W          w * scale[stage]
+ *              (with per-stage costs `stage` set, stage[s].f, .b, .w replace
+ *              f, b, w times scale: measured costs, see loom_sim_trace_read)
  *   OPT_STEP   opt
  *   SEND/RECV  0 on the rank; a message arrives `comm` after its SEND, and
  *              its RECV ends at max(arrival, the rank's clock).
@@ -27,6 +29,11 @@
 #include "loom/pipeline.h"
 #include "loom/status.h"
 
+/* The f, b, w of one virtual stage (loom_sim_costs.stage). */
+typedef struct loom_sim_stage_cost {
+    double f, b, w;
+} loom_sim_stage_cost;
+
 typedef struct loom_sim_costs {
     double f;                  /* forward of one chunk */
     double b;                  /* input-gradient part of its backward */
@@ -34,11 +41,16 @@ typedef struct loom_sim_costs {
     double comm;               /* latency of one activation or gradient message */
     double opt;                /* OPT_STEP */
     const double *stage_scale; /* (pp*v) per virtual stage factor on f, b, w; NULL: all 1 */
+    /* (pp*v) each virtual stage's own f, b, w; when set, it replaces f, b,
+     * w and stage_scale (NULL: not used). A schedule that does not split the
+     * backward runs b + w as its B, so measured costs give b = the measured
+     * full backward and w = 0. */
+    const loom_sim_stage_cost *stage;
 } loom_sim_costs;
 
-/* f = b = w = 1, comm = opt = 0, no scale. */
+/* f = b = w = 1, comm = opt = 0, no scale, no per-stage costs. */
 void loom_sim_costs_default(loom_sim_costs *c);
-/* LOOM_EUSAGE unless every cost (and stage scale) is in [0, 1e9] ("--cost-f
+/* LOOM_EUSAGE unless every cost (stage scale, per-stage cost) is in [0, 1e9] ("--cost-f
  * -1: must be a finite number >= 0 (at most 1e9)"). */
 loom_status loom_sim_costs_check(const loom_sim_costs *c, int n_stages);
 
@@ -56,6 +68,12 @@ typedef struct loom_sim_result {
  * the validator), LOOM_EUSAGE for bad costs, LOOM_EOS when out of memory. */
 loom_status loom_sim_run(const loom_schedule *s, const loom_sim_costs *c, loom_sim_result **out);
 void loom_sim_free(loom_sim_result *r);
+/* The same with every action's duration given: dur[i] for the flat index i
+ * (n_total entries, each finite and >= 0; compute is F, B, W and OPT_STEP,
+ * the rest counts as idle), comm the message latency. `loom sim
+ * --from-trace` replays each action at its own measured duration with it. */
+loom_status loom_sim_run_durations(const loom_schedule *s, const double *dur, double comm,
+                                   loom_sim_result **out);
 
 /* Duration of one action under the cost model (see the table above). */
 double loom_sim_duration(const loom_schedule *s, int rank, const loom_pp_action *a, const loom_sim_costs *c);
@@ -89,5 +107,71 @@ size_t loom_sim_format_timeline(const loom_schedule *s, const loom_sim_result *r
  * Written to PATH.tmp and renamed, so an existing file is replaced whole or
  * not at all. LOOM_ECANTCREAT / LOOM_EIO naming the path. */
 loom_status loom_sim_write_trace(const loom_schedule *s, const loom_sim_result *r, const char *path);
+
+/* ---- measured traces (`loom sim --from-trace DIR`) -------------------------
+ *
+ * DIR is what `loom train --trace DIR` writes: DIR/trace_rank<R>.json for
+ * every world rank R = 0..N-1, Chrome trace-event JSON ({"traceEvents": [...]}
+ * or a bare array). The pipeline actions of a rank are its "X" events whose
+ * name is an action label (loom_pp_action_format: "F3", "B3.1", "W3",
+ * "SEND_ACT mb 3 chunk 0 -> rank 1", "RECV_GRAD mb 3 chunk 0 from rank 1",
+ * "OPT_STEP"), in time order; other events (phases, collectives) are not
+ * actions. Each file's actions must be exactly the list of one rank of s (its
+ * pipeline rank; with dp, tp or cp > 1 several files share one): this is what
+ * proves the trace belongs to this schedule, pp, micro-batches and v.
+ *
+ * From the matched actions (times in ms: the trace's microseconds / 1000):
+ *   mean[s]     mean duration of the F, B and W of virtual stage s over
+ *               every file; schedules that do not split the backward have
+ *               no W: b = the mean of their (full) B, w = 0.
+ *   comm        message latency: the median, over the messages whose RECV
+ *               started before their SEND ended (the receiver waited), of
+ *               RECV end - SEND end; 0 when no receiver waited. Ranks' clocks
+ *               are aligned on the end of the first all-reduce of the "pp"
+ *               group after the pipeline (the trainer's loss all-reduce,
+ *               which every pp rank leaves at about the same time); without
+ *               one, times are taken as they are (aligned = 0).
+ *   delay       per message, RECV end - max(SEND end, RECV start): how long
+ *               the message took once both sides were ready. A transport
+ *               without background progress shows delays of whole compute
+ *               actions here (the simulator's constant latency cannot model
+ *               that; see docs/pipeline.md).
+ *   bubble      the measured bubble of the traced step, as `loom train`'s
+ *               pp_bubble: 1 - sum of F, B, W time / (pp x the longest span
+ *               from a rank's first action start to its last action end),
+ *               averaged over the pp groups when there are several.
+ *   dur         (n_total) each action's own duration in the first pp group
+ *               (F, B, W, SEND as measured; RECV and OPT_STEP 0: their time
+ *               is waiting, which the replay computes), for
+ *               loom_sim_run_durations.
+ * Files of one pipeline rank are paired with the other ranks' in world-rank
+ * order (the k-th file of each pipeline rank forms pp group k), which is the
+ * mesh's order when pp is outermost (the default, tp,cp,dp,pp).
+ *
+ * Errors: LOOM_ENOINPUT when DIR or a trace_rank<R>.json in 0..N-1 is
+ * missing or unreadable; LOOM_EDATA for malformed JSON, an event with a bad
+ * ts or dur, or actions that are not those of a rank of s - naming the
+ * file, the first differing action and, when another layout fits every
+ * file, its flags ("the traces match --schedule gpipe --pp 2
+ * --micro-batches 8"). LOOM_EOS when out of memory. */
+typedef struct loom_sim_trace {
+    int n_files;                /* trace_rank0..n_files-1.json */
+    int per_rank;               /* files per pipeline rank (n_files / pp) */
+    int n_stages;               /* pp * v */
+    loom_sim_stage_cost *mean;  /* (n_stages) ms */
+    double comm;                /* ms */
+    int comm_samples;           /* messages the latency is the median of */
+    int aligned;                /* 1: clocks aligned on a pp all-reduce */
+    int n_msgs;                 /* messages seen (all groups) */
+    double delay_median, delay_max; /* ms */
+    int n_late;                 /* messages delayed more than late_threshold */
+    double late_threshold;      /* ms: a tenth of the mean F/B/W action (at least 0.05 ms) */
+    double bubble;              /* measured, as pp_bubble */
+    double compute_mean;        /* mean F/B/W duration, ms */
+    double *dur;                /* (n_total) ms */
+} loom_sim_trace;
+
+loom_status loom_sim_trace_read(const loom_schedule *s, const char *dir, loom_sim_trace **out);
+void loom_sim_trace_free(loom_sim_trace *t);
 
 #endif

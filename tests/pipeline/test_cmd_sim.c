@@ -89,7 +89,8 @@ int main(void) {
         rmdir(dir);
     }
 
-    CHECK(sim("--help", NULL) == 0 && strstr(out, "usage: loom sim"), "--help:\n%s", out);
+    CHECK(sim("--help", NULL) == 0 && strstr(out, "usage: loom sim") && strstr(out, "--from-trace DIR"),
+          "--help:\n%s", out);
 
     expect_usage(
         "interleaved needs --micro-batches divisible by pp=4, got 6",
