@@ -10,8 +10,53 @@
  *   loom_dp_grad_norm           the exact global norm (tp, pp, dp shards)
  *   loom_dp_step                clip scale, AdamW on what this rank owns,
  *                               parameters made whole again where sharded
+ * and, before saving parameters, loom_dp_gather_params.
  * The engine covers every model part of this rank (one per pipeline chunk).
  * Collective over the mesh groups named in each function.
+ *
+ * Buckets. Each part's flat gradient buffer is cut into buckets: runs of
+ * whole units (a unit is never split) taken in the order their gradients
+ * complete in the backward (blocks L-1 .. 0, then the outer unit), each
+ * closed once it reaches bucket_mb; bucket_mb = 0 gives one bucket per unit,
+ * and ZeRO-3 always uses one bucket per unit (a unit is what it gathers).
+ * A bucket's non-blocking reduction starts in the post-backward hook that
+ * completes it (on the last micro-batch at zero 0/1); every hook tests what
+ * is in flight once (Open MPI progresses non-blocking collectives only
+ * inside MPI calls). At zero 0/1 a bucket whose gradients
+ * the caller still completes after the backward (SP partials summed by
+ * loom_gpt_finish_grads, the pipeline's shared tied embedding) is reduced
+ * in loom_dp_finish_grads instead.
+ *
+ * Shards (ZeRO >= 1). Bucket b of n_b floats is padded to P_b = N * S_b,
+ * S_b = ceil(n_b / N) (N = dp size); rank r owns floats [r S_b, (r+1) S_b)
+ * of the bucket, the padding [n_b, P_b) sitting at the end of rank N-1's
+ * slice. A rank's shard is its slices of every bucket, back to back:
+ * S = sum_b S_b floats, at most (number of buckets) x (N-1) floats of
+ * padding over Psi / N. The model pads every tensor to 16 floats, so for
+ * N dividing 16 there is no padding at all. ZeRO-1 reduces a padded bucket
+ * in loom_dp_finish_grads through a scratch of P_b floats (counted with the
+ * gradients); ZeRO-1/2 gather a padded bucket in loom_dp_step, blocking,
+ * through that scratch or the bucket's staging buffer.
+ *
+ * Per stage, per rank (Psi = the part's flat floats, P = sum_b P_b; bytes
+ * are 4 x floats; "slots" = two buffers of the largest bucket without the
+ * outer unit, used in turn, plus one of the bucket holding it):
+ *   zero 0  all-reduce of Psi per step; params Psi, grads Psi, optimizer 2 Psi
+ *   zero 1  reduce-scatter of P + all-gather of P per step; params Psi,
+ *           grads Psi (+ the scratch), optimizer 2 S; gradients accumulate
+ *           over micro-batches in the model's full buffer
+ *   zero 2  reduce-scatter of P per micro-batch (a rank keeps only its
+ *           slice, so micro-batches cannot accumulate locally) + all-gather
+ *           of P per step; params Psi, grads S + slots (staging: a bucket's
+ *           gradients for one backward), optimizer 2 S
+ *   zero 3  as zero 2, plus each unit all-gathered before its forward and
+ *           again before its backward (P twice per micro-batch), the next
+ *           unit's gather started while the current one runs; params S +
+ *           slots (gathered units), grads S + slots, optimizer 2 S
+ * Bytes follow comm.h's convention (all-reduce: the buffer; reduce-scatter:
+ * the full input; all-gather: the full output). ZeRO >= 1 adds one 16-byte
+ * all-reduce over dp for the gradient norm. At dp = 1 nothing is
+ * communicated over dp.
  */
 #ifndef LOOM_DP_H
 #define LOOM_DP_H
@@ -25,6 +70,14 @@
 typedef struct loom_dp_config {
     int zero;          /* 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters */
     double bucket_mb;  /* gradient bucket size for overlapped reductions (0: one per unit) */
+    /* 1: the engine sums over tp the gradients sequence parallelism leaves
+     * partial (before reducing them over dp, so their buckets overlap the
+     * backward too) and the caller must not call loom_gpt_finish_grads.
+     * 0: the caller calls loom_gpt_finish_grads after the backward; at
+     * zero 0/1 the engine then defers the buckets holding such gradients to
+     * loom_dp_finish_grads. ZeRO-2/3 always sum them in the engine (the
+     * model's own gradient buffer is not used there). */
+    int sum_tp_partials;
 } loom_dp_config;
 
 typedef struct loom_adamw_hparams {
@@ -32,28 +85,66 @@ typedef struct loom_adamw_hparams {
 } loom_adamw_hparams;
 
 /* Bytes per rank by lifetime class, from the engine's and the model's own
- * accounting. */
+ * accounting: what the stage needs (buffers the model allocates but the
+ * stage leaves unused - its gradients at zero 2/3, its parameters at zero 3 -
+ * are not counted). */
 typedef struct loom_dp_memory {
     size_t params, grads, optimizer, activations;
 } loom_dp_memory;
 
+/* Where the last step's DP communication time went, on this rank. */
+typedef struct loom_dp_timing {
+    double exposed_s;  /* inside loom_dp_finish_grads: gradient communication
+                          the backward did not hide (blocking reductions of
+                          deferred buckets included) */
+    double reduce_s;   /* gradient reductions, start to completion, summed */
+    double gather_s;   /* waiting for parameter all-gathers (ZeRO-3 before a
+                          unit runs, ZeRO-1/2 after the update) */
+    double poll_s;     /* inside the model's hooks testing what is in flight
+                          (MPI progresses only inside calls): communication
+                          work done during the forward/backward */
+    int reductions;    /* gradient reductions issued this step */
+    int overlapped;    /* of which were started during the backward */
+    /* When loom_dp_finish_grads began (the backward's compute was over) and
+     * when every reduction had completed, in seconds on loom_comm_wtime's
+     * clock (monotonic; comparable between the ranks of one host, so
+     * max t_synced - max t_backward_end over the ranks is the communication
+     * time no rank could hide, free of the ranks' skew). */
+    double t_backward_end, t_synced;
+} loom_dp_timing;
+
 typedef struct loom_dp_engine loom_dp_engine;
 
-/* Local: sizes buffers and installs hooks on the parts. */
+/* Local: sizes buffers and installs hooks on the parts. LOOM_EUSAGE for a
+ * stage the parts cannot run (ZeRO-2/3 with a split backward or a tied
+ * embedding shared between parts - pipelines), LOOM_EOS without memory.
+ * The parameters in the parts' param_mem when the first step begins are the
+ * starting point (ZeRO-3 takes its shards from them then). */
 loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_dp_config *cfg, const loom_adamw_hparams *hp,
                                   loom_dp_engine **out);
+/* Gives the parts back their own parameter and gradient buffers and no hooks. */
 void loom_dp_engine_free(loom_dp_engine *e);
 
 loom_status loom_dp_begin_step(loom_dp_engine *e);
 void loom_dp_set_last_micro(loom_dp_engine *e, int last);
-/* Collective over dp. */
+/* Collective over dp (and tp for partial gradients the engine sums). */
 loom_status loom_dp_finish_grads(loom_dp_engine *e);
 /* Collective over tp, pp and dp. */
 loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm);
 /* grads *= grad_scale, then AdamW; collective over dp (parameter gathers). */
 loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale);
+/* Make every part's param_mem hold the full current parameters (ZeRO-3
+ * keeps only shards between steps; the other stages keep param_mem whole and
+ * return at once). Collective over dp. */
+loom_status loom_dp_gather_params(loom_dp_engine *e);
 void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out);
+/* Timings of the last step (reset by loom_dp_begin_step). With the
+ * environment variable LOOM_DP_TIMINGS=PREFIX set, every rank also appends
+ * them as one JSON line per step to PREFIX.rank<R>.jsonl (R the world rank;
+ * the file is opened when the engine is created - LOOM_ECANTCREAT if it
+ * cannot be), for benchmarks that need every rank's view. */
+void loom_dp_get_timing(const loom_dp_engine *e, loom_dp_timing *out);
 
 /* One rank's parameter-gradient sum of squares split by whether tensor
  * parallelism cuts the tensor (summed over tp) or replicates it (counted

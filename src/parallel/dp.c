@@ -1,50 +1,336 @@
-/* dp.c - the data-parallel engine, plain DDP: after the last micro-batch's
- * backward, every part's gradients are all-reduced (summed) over the DP
- * group; each rank then runs AdamW on its full replica. Axis: dp.
- * Collective over dp: loom_dp_finish_grads; over tp, pp, dp:
- * loom_dp_grad_norm. At dp = 1 no communication is issued.
+/* dp.c - the data-parallel engine of dp.h: per-unit hooks that reduce each
+ * gradient bucket as soon as the backward completes it (all-reduce at
+ * zero 0, reduce-scatter at zero 1-3), the exact global norm over shards,
+ * AdamW on this rank's shard, and the parameter all-gathers of zero 1/2.
+ * Axis: dp. ZeRO-3's parameter side is zero3.c; the plan is dp_layout.c.
+ *
+ * Collective over dp: the hooks (so the model's forward and backward),
+ * loom_dp_finish_grads, loom_dp_step and loom_dp_gather_params; over tp too
+ * where the engine sums partial SP gradients; over tp, pp and dp:
+ * loom_dp_grad_norm. At dp = 1 nothing is communicated over dp.
+ *
+ * Gradient storage: zero 0/1 use the model's own grad_mem (the caller may
+ * still touch it after the backward: loom_gpt_finish_grads, the pipeline's
+ * tied embedding - the buckets holding those gradients are deferred to
+ * loom_dp_finish_grads); zero 2/3 bind each bucket's units to a staging
+ * buffer for one backward and keep only the reduced slice (gshard).
  * Also: loom_comm_agree, which every multi-rank path uses to fail together.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/dp.h"
 #include "loom/kernels.h"
 #include "loom/train.h"
+#include "parallel/dp_internal.h"
 
-struct loom_dp_engine {
-    loom_gpt **parts;
-    int n_parts;
-    const loom_mesh *mesh;
-    loom_dp_config cfg;
-    loom_adamw_hparams hp;
-    loom_adamw *opt; /* one per part */
-    int last_micro;
-};
+#define F sizeof(float)
 
 loom_status loom_dp_grad_sync(loom_comm *dp, float *grads, size_t n) {
     if (loom_comm_size(dp) == 1) return LOOM_OK;
     return loom_comm_allreduce(dp, grads, n, LOOM_F32, LOOM_SUM);
 }
 
+/* ---- in-flight gradient reductions -------------------------------------- */
+
+/* A finished reduction. zero 2/3: add the reduced slice (at the start of the
+ * staging buffer) into the shard and give the buffer back. */
+static void reduce_done(dp_part *p, dp_bucket *b) {
+    loom_dp_engine *e = p->e;
+    e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
+    b->rs = NULL;
+    if (e->cfg.zero < 2) {
+        b->gstate = DP_DONE;
+        return;
+    }
+    const float *src = p->stage[b->slot];
+    float *dst = p->gshard + b->so;
+    for (size_t i = 0; i < b->S; i++) dst[i] += src[i];
+    p->stage_owner[b->slot] = -1;
+    b->gstate = DP_IDLE;
+}
+
+static loom_status wait_reduce(dp_part *p, dp_bucket *b) {
+    if (b->gstate != DP_REDUCING) return LOOM_OK;
+    loom_req *r = b->rs;
+    b->rs = NULL;
+    LOOM_TRY(loom_comm_wait(r));
+    reduce_done(p, b);
+    return LOOM_OK;
+}
+
+/* One pass of loom_comm_test over everything in flight. */
+static loom_status poll_once(loom_dp_engine *e) {
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        for (int k = 0; k < p->n_buckets; k++) {
+            dp_bucket *b = &p->buckets[k];
+            if (b->rs) {
+                int done = 0;
+                loom_status st = loom_comm_test(b->rs, &done);
+                if (done) {
+                    b->rs = NULL; /* released by test */
+                    LOOM_TRY(st);
+                    reduce_done(p, b);
+                }
+            }
+            if (e->cfg.zero == 3) LOOM_TRY(loom_dp_z3_test(p, b));
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Drive what is in flight: Open MPI progresses non-blocking collectives
+ * only inside MPI calls, so every hook tests each request once (a
+ * rendezvous handshake then proceeds, and where the transport moves data on
+ * its own - RDMA, a progress thread - the transfer runs behind the compute).
+ * Hooks do not spin: where data moves only inside calls (shared memory on
+ * busy cores), spinning would just move the copy work into the backward of
+ * the slowest rank, and wait there for peers still computing. */
+loom_status loom_dp_progress(loom_dp_engine *e) {
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(poll_once(e));
+    e->timing.poll_s += loom_comm_wtime() - t0;
+    return LOOM_OK;
+}
+
+/* ---- starting reductions ------------------------------------------------- */
+
+/* Sum over tp the gradients SP left partial, in the bucket's buffer `g`
+ * (laid out like the model's flat range from b->lo). Collective over tp. */
+static loom_status sum_partials(dp_part *p, const dp_bucket *b, float *g) {
+    const loom_gpt *m = p->m;
+    if (!b->has_partial) return LOOM_OK;
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *q = &m->params[i];
+        if (!q->sp_partial || q->offset < b->lo || q->offset >= b->lo + b->n) continue;
+        /* wpe rows past the sequence length get no gradient on any rank */
+        size_t n = strcmp(q->name, "wpe.weight") == 0 ? (size_t)m->T * m->C : q->numel;
+        LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, g + (q->offset - b->lo), n));
+    }
+    return LOOM_OK;
+}
+
+static void count_reduction(loom_dp_engine *e, dp_bucket *b, int overlapped) {
+    b->rs_t0 = loom_comm_wtime();
+    if (e->N == 1) return;
+    e->timing.reductions++;
+    e->timing.overlapped += overlapped;
+}
+
+/* zero 0/1: all-reduce, or reduce-scatter in place (the slice lands at the
+ * bucket's start); a padded bucket goes through the scratch, blocking. */
+static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
+    loom_dp_engine *e = p->e;
+    float *g = p->m->grad_mem + b->lo;
+    if (e->cfg.sum_tp_partials) LOOM_TRY(sum_partials(p, b, g));
+    count_reduction(e, b, overlapped);
+    b->gstate = DP_DONE;
+    if (e->N == 1) return LOOM_OK;
+    if (e->cfg.zero == 0 || b->P == b->n) {
+        loom_status st = e->cfg.zero == 0
+                             ? loom_comm_iallreduce(e->dp, g, b->n, LOOM_F32, LOOM_SUM, &b->rs)
+                             : loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
+        if (st == LOOM_OK) b->gstate = DP_REDUCING;
+        return st;
+    }
+    memcpy(p->scratch, g, b->n * F);
+    memset(p->scratch + b->n, 0, (b->P - b->n) * F);
+    LOOM_TRY(loom_comm_reduce_scatter(e->dp, p->scratch, p->scratch, b->S, LOOM_F32, LOOM_SUM));
+    memcpy(g, p->scratch, b->S * F);
+    e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
+    return LOOM_OK;
+}
+
+/* zero 2/3: reduce-scatter the staging buffer in place. */
+static loom_status start_reduce23(dp_part *p, dp_bucket *b) {
+    loom_dp_engine *e = p->e;
+    float *g = p->stage[b->slot];
+    LOOM_TRY(sum_partials(p, b, g));
+    count_reduction(e, b, 1);
+    b->gstate = DP_REDUCING;
+    if (e->N == 1) {
+        reduce_done(p, b);
+        return LOOM_OK;
+    }
+    loom_status st = loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
+    if (st != LOOM_OK) b->gstate = DP_IDLE;
+    return st;
+}
+
+/* zero 2/3: bind the bucket's units to its staging buffer, zeroed, once its
+ * previous user's reduction is complete. */
+static loom_status acquire_stage(dp_part *p, int bi) {
+    dp_bucket *b = &p->buckets[bi];
+    if (b->gstate == DP_ACQUIRED) return LOOM_OK;
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(wait_reduce(p, b)); /* its own reduction from the previous micro-batch */
+    int owner = p->stage_owner[b->slot];
+    if (owner >= 0) {
+        dp_bucket *o = &p->buckets[owner];
+        if (o->gstate != DP_REDUCING)
+            return loom_fail(LOOM_EINTERNAL,
+                             "ZeRO-%d: gradient buffer %d is still accumulating bucket %d when "
+                             "bucket %d needs it (unexpected hook order)",
+                             p->e->cfg.zero, b->slot, owner, bi);
+        LOOM_TRY(wait_reduce(p, o));
+    }
+    p->e->timing.exposed_s += loom_comm_wtime() - t0;
+    float *buf = p->stage[b->slot];
+    memset(buf, 0, b->P * F);
+    for (int i = b->u_begin; i < b->u_end; i++) {
+        const dp_unit *u = &p->units[i];
+        loom_gpt_bind_unit(p->m, u->unit, NULL, buf + (u->lo - b->lo));
+    }
+    p->stage_owner[b->slot] = bi;
+    b->gstate = DP_ACQUIRED;
+    return LOOM_OK;
+}
+
+/* ---- hooks --------------------------------------------------------------- */
+
+static loom_status hook_pre_forward(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    LOOM_TRY(loom_dp_progress(p->e));
+    return p->e->cfg.zero == 3 ? loom_dp_z3_use(p, unit, 0) : LOOM_OK;
+}
+
+static loom_status hook_post_forward(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    if (p->e->cfg.zero == 3) loom_dp_z3_release(p, unit);
+    return loom_dp_progress(p->e);
+}
+
+static loom_status hook_pre_backward(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    LOOM_TRY(loom_dp_progress(p->e));
+    if (p->e->cfg.zero < 2) return LOOM_OK;
+    int ui = loom_dp_unit_index(p, unit);
+    if (ui < 0) return LOOM_OK;
+    LOOM_TRY(acquire_stage(p, p->units[ui].bucket));
+    return p->e->cfg.zero == 3 ? loom_dp_z3_use(p, unit, 1) : LOOM_OK;
+}
+
+/* The unit's gradients are complete: when that completes its bucket, reduce
+ * it now (zero 2/3 every micro-batch; zero 0/1 on the last one, unless the
+ * bucket is deferred or padded). */
+static loom_status hook_post_backward(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    loom_dp_engine *e = p->e;
+    if (e->cfg.zero == 3) loom_dp_z3_release(p, unit);
+    LOOM_TRY(loom_dp_progress(e));
+    int ui = loom_dp_unit_index(p, unit);
+    if (ui < 0) return LOOM_OK;
+    dp_bucket *b = &p->buckets[p->units[ui].bucket];
+    if (++b->done_units < b->u_end - b->u_begin) return LOOM_OK;
+    b->done_units = 0;
+    if (e->cfg.zero >= 2) return start_reduce23(p, b);
+    if (e->last_micro && !b->defer && (e->cfg.zero == 0 || b->P == b->n))
+        return start_reduce01(p, b, 1);
+    return LOOM_OK;
+}
+
+/* ---- creation ------------------------------------------------------------ */
+
+static loom_status check_stage(const loom_dp_engine *e) {
+    const int z = e->cfg.zero;
+    if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
+    if (z < 2) return LOOM_OK;
+    for (int i = 0; i < e->n_parts; i++) {
+        const loom_gpt *m = e->parts[i];
+        if (m->opts.split_backward)
+            return loom_fail(LOOM_EUSAGE,
+                             "--zero %d with a split backward (zero-bubble schedule): not "
+                             "supported yet; use --zero 1 or another --schedule", z);
+        if (!(m->part.has_embed && m->part.has_head) && loom_gpt_find_param(m, "wte.weight"))
+            return loom_fail(LOOM_EUSAGE,
+                             "--zero %d with the tied embedding split between pipeline stages: "
+                             "not supported yet; use --zero 1", z);
+    }
+    return LOOM_OK;
+}
+
+static float *take(loom_arena *a, size_t floats) {
+    if (!a->base) {
+        loom_arena_reserve(a, floats * F);
+        return NULL;
+    }
+    return floats ? loom_arena_alloc(a, floats * F) : NULL;
+}
+
+/* Plan (arenas uncommitted) or hand out (committed) the part's buffers. */
+static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
+    const int z = e->cfg.zero;
+    p->opt_m = take(&p->a_opt, p->S);
+    p->opt_v = take(&p->a_opt, p->S);
+    if (z == 1) p->scratch = take(&p->a_grads, p->scratch_floats);
+    if (z >= 2) {
+        p->gshard = take(&p->a_grads, p->S);
+        for (int k = 0; k < DP_SLOTS; k++) p->stage[k] = take(&p->a_grads, p->slot_floats[k]);
+    }
+    if (z == 3) {
+        p->pshard = take(&p->a_params, p->S);
+        for (int k = 0; k < DP_SLOTS; k++) p->gather[k] = take(&p->a_params, p->slot_floats[k]);
+    }
+}
+
+static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
+    p->e = e;
+    p->m = m;
+    for (int k = 0; k < DP_SLOTS; k++) p->stage_owner[k] = p->gather_owner[k] = -1;
+    loom_arena_init(&p->a_grads, "grad shards");
+    loom_arena_init(&p->a_params, "parameter shards");
+    loom_arena_init(&p->a_opt, "optimizer");
+    LOOM_TRY(loom_dp_layout_build(e, p));
+    layout_buffers(e, p);
+    LOOM_TRY(loom_arena_commit(&p->a_grads));
+    LOOM_TRY(loom_arena_commit(&p->a_params));
+    LOOM_TRY(loom_arena_commit(&p->a_opt));
+    layout_buffers(e, p);
+    m->hooks = (loom_gpt_hooks){.ctx = p, .pre_forward = hook_pre_forward,
+                                .post_forward = hook_post_forward,
+                                .pre_backward = hook_pre_backward,
+                                .post_backward = hook_post_backward};
+    return LOOM_OK;
+}
+
 loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_dp_config *cfg, const loom_adamw_hparams *hp,
                                   loom_dp_engine **out) {
     *out = NULL;
-    if (cfg->zero != 0)
-        return loom_fail(LOOM_EUSAGE, "--zero %d: ZeRO is not available in this build yet", cfg->zero);
     loom_dp_engine *e = calloc(1, sizeof *e);
     if (!e) return loom_fail(LOOM_EOS, "out of memory");
-    e->parts = parts;
-    e->n_parts = n_parts;
-    e->mesh = mesh;
     e->cfg = *cfg;
     e->hp = *hp;
-    e->opt = calloc((size_t)n_parts, sizeof *e->opt);
-    loom_status st = e->opt ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
-    for (int i = 0; i < n_parts && st == LOOM_OK; i++)
-        st = loom_adamw_create(&e->opt[i], parts[i]->num_params);
+    e->mesh = mesh;
+    e->dp = mesh->dp;
+    e->N = loom_comm_size(mesh->dp);
+    e->r = loom_comm_rank(mesh->dp);
+    e->parts = parts;
+    e->n_parts = n_parts;
+    loom_status st = check_stage(e);
+    const char *log = getenv("LOOM_DP_TIMINGS");
+    if (st == LOOM_OK && log && log[0]) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s.rank%d.jsonl", log, mesh->rank);
+        e->timing_log = fopen(path, "a");
+        if (!e->timing_log)
+            st = loom_fail(LOOM_ECANTCREAT, "LOOM_DP_TIMINGS: cannot open %s: %s", path,
+                           strerror(errno));
+    }
+    if (st == LOOM_OK && n_parts < 1)
+        st = loom_fail(LOOM_EINTERNAL, "data-parallel engine: %d model parts", n_parts);
+    if (st == LOOM_OK) {
+        e->p = calloc((size_t)n_parts, sizeof *e->p);
+        if (!e->p) st = loom_fail(LOOM_EOS, "out of memory");
+    }
+    for (int i = 0; i < n_parts && st == LOOM_OK; i++) st = part_create(e, &e->p[i], parts[i]);
     if (st != LOOM_OK) {
         loom_dp_engine_free(e);
         return st;
@@ -53,25 +339,86 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     return LOOM_OK;
 }
 
+static int in_flight(const dp_part *p) {
+    for (int k = 0; k < p->n_buckets; k++)
+        if (p->buckets[k].rs || p->buckets[k].ag) return 1;
+    return 0;
+}
+
 void loom_dp_engine_free(loom_dp_engine *e) {
     if (!e) return;
-    for (int i = 0; e->opt && i < e->n_parts; i++) loom_adamw_free(&e->opt[i]);
-    free(e->opt);
+    for (int i = 0; e->p && i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        if (!p->m) continue;
+        memset(&p->m->hooks, 0, sizeof p->m->hooks);
+        for (int u = 0; p->units && u < p->n_units; u++) { /* the model's own storage again */
+            const dp_unit *du = &p->units[u];
+            loom_gpt_bind_unit(p->m, du->unit, p->m->param_mem + du->lo, p->m->grad_mem + du->lo);
+        }
+        /* a failed step can leave requests in flight: leak their buffers
+         * rather than free memory MPI may still write */
+        if (!in_flight(p)) {
+            loom_arena_free(&p->a_grads);
+            loom_arena_free(&p->a_params);
+            loom_arena_free(&p->a_opt);
+        }
+        loom_dp_layout_free(p);
+    }
+    if (e->timing_log) fclose(e->timing_log);
+    free(e->p);
     free(e);
 }
 
+/* ---- the step ------------------------------------------------------------ */
+
 loom_status loom_dp_begin_step(loom_dp_engine *e) {
-    for (int i = 0; i < e->n_parts; i++) loom_gpt_zero_grad(e->parts[i]);
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        if (!e->started && e->cfg.zero == 3) LOOM_TRY(loom_dp_z3_load_shards(p));
+        if (e->cfg.zero < 2) loom_gpt_zero_grad(p->m);
+        else memset(p->gshard, 0, p->S * F);
+        for (int k = 0; k < p->n_buckets; k++) {
+            dp_bucket *b = &p->buckets[k];
+            if (b->rs || b->gstate == DP_REDUCING || b->gstate == DP_ACQUIRED)
+                return loom_fail(LOOM_EINTERNAL, "data-parallel step begun with bucket %d busy", k);
+            b->gstate = DP_IDLE;
+            b->done_units = 0;
+        }
+    }
+    e->started = 1;
     e->last_micro = 0;
+    memset(&e->timing, 0, sizeof e->timing);
     return LOOM_OK;
 }
 
 void loom_dp_set_last_micro(loom_dp_engine *e, int last) { e->last_micro = last; }
 
 loom_status loom_dp_finish_grads(loom_dp_engine *e) {
-    for (int i = 0; i < e->n_parts; i++)
-        LOOM_TRY(loom_dp_grad_sync(e->mesh->dp, e->parts[i]->grad_mem, e->parts[i]->num_params));
+    double t0 = loom_comm_wtime();
+    /* what the backward did not start, in bucket order on every rank */
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        for (int k = 0; k < p->n_buckets; k++) {
+            dp_bucket *b = &p->buckets[k];
+            if (e->cfg.zero >= 2 && b->gstate == DP_ACQUIRED)
+                return loom_fail(LOOM_EINTERNAL, "ZeRO-%d: bucket %d's backward did not complete",
+                                 e->cfg.zero, k);
+            if (e->cfg.zero < 2 && b->gstate == DP_IDLE) LOOM_TRY(start_reduce01(p, b, 0));
+        }
+    }
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        for (int k = 0; k < p->n_buckets; k++) LOOM_TRY(wait_reduce(p, &p->buckets[k]));
+        if (e->cfg.zero == 3) LOOM_TRY(loom_dp_z3_wait_all(p));
+    }
+    e->timing.t_backward_end = t0;
+    e->timing.t_synced = loom_comm_wtime();
+    e->timing.exposed_s += e->timing.t_synced - t0;
     return LOOM_OK;
+}
+
+static const float *grad_base(const loom_dp_engine *e, const dp_part *p) {
+    return e->cfg.zero >= 2 ? p->gshard : p->m->grad_mem;
 }
 
 void loom_dp_sumsq_parts(loom_gpt **parts, int n_parts, const float *const *grads, double sq[2]) {
@@ -88,9 +435,18 @@ void loom_dp_sumsq_parts(loom_gpt **parts, int n_parts, const float *const *grad
 }
 
 loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm) {
-    double sq[2];
-    loom_dp_sumsq_parts(e->parts, e->n_parts, NULL, sq);
-    if (loom_comm_size(e->mesh->tp) > 1)
+    double sq[2] = {0, 0};
+    for (int i = 0; i < e->n_parts; i++) {
+        const dp_part *p = &e->p[i];
+        const float *g = grad_base(e, p);
+        for (int k = 0; k < p->n_segs; k++) {
+            const dp_seg *s = &p->segs[k];
+            if (!s->skip_norm) sq[s->replicated] += loom_sumsq(g + s->g_off, s->n);
+        }
+    }
+    if (e->cfg.zero >= 1 && e->N > 1) /* shards: every rank holds a different part */
+        LOOM_TRY(loom_comm_allreduce(e->dp, sq, 2, LOOM_F64, LOOM_SUM));
+    if (loom_comm_size(e->mesh->tp) > 1) /* cut tensors: sum; replicated ones: once */
         LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
     double total = sq[0] + sq[1];
     if (loom_comm_size(e->mesh->pp) > 1)
@@ -99,24 +455,88 @@ loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm) {
     return LOOM_OK;
 }
 
-loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
+/* zero 1/2: every rank's updated slice to every rank, bucket by bucket, in
+ * place in param_mem; padded buckets through a scratch, blocking. */
+static loom_status gather_params12(loom_dp_engine *e) {
+    const size_t r = (size_t)e->r;
     for (int i = 0; i < e->n_parts; i++) {
-        loom_gpt *m = e->parts[i];
-        if (grad_scale != 1.0f) loom_scale(m->grad_mem, m->num_params, grad_scale);
-        loom_adamw_step(&e->opt[i], m, lr, e->hp.beta1, e->hp.beta2, e->hp.eps, e->hp.weight_decay);
+        dp_part *p = &e->p[i];
+        float *x = p->m->param_mem;
+        for (int k = 0; k < p->n_buckets; k++) {
+            dp_bucket *b = &p->buckets[k];
+            if (b->P == b->n) {
+                b->ag_t0 = loom_comm_wtime();
+                LOOM_TRY(loom_comm_iallgather(e->dp, x + b->mine_lo, x + b->lo, b->S * F, &b->ag));
+                continue;
+            }
+            float *s = e->cfg.zero == 1 ? p->scratch : p->stage[b->slot];
+            memset(s + r * b->S, 0, b->S * F);
+            memcpy(s + r * b->S, x + b->mine_lo, b->mine_n * F);
+            LOOM_TRY(loom_comm_allgather(e->dp, s + r * b->S, s, b->S * F));
+            memcpy(x + b->lo, s, b->n * F);
+        }
     }
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        for (int k = 0; k < p->n_buckets; k++) {
+            loom_req *r_ = p->buckets[k].ag;
+            p->buckets[k].ag = NULL;
+            LOOM_TRY(loom_comm_wait(r_));
+        }
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
+    const loom_adamw_hparams *h = &e->hp;
+    e->t++;
+    for (int i = 0; i < e->n_parts; i++) {
+        dp_part *p = &e->p[i];
+        float *x = e->cfg.zero == 3 ? p->pshard : p->m->param_mem;
+        float *g = (float *)grad_base(e, p);
+        for (int k = 0; k < p->n_segs; k++) {
+            const dp_seg *s = &p->segs[k];
+            if (grad_scale != 1.0f) loom_scale(g + s->g_off, s->n, grad_scale);
+            loom_adamw_update(x + s->p_off, g + s->g_off, p->opt_m + s->s_off, p->opt_v + s->s_off,
+                              s->n, lr, h->beta1, h->beta2, h->eps, s->decay ? h->weight_decay : 0.0f,
+                              e->t);
+        }
+    }
+    if ((e->cfg.zero == 1 || e->cfg.zero == 2) && e->N > 1) {
+        double t0 = loom_comm_wtime();
+        LOOM_TRY(gather_params12(e));
+        e->timing.gather_s += loom_comm_wtime() - t0;
+    }
+    if (e->timing_log) {
+        const loom_dp_timing *t = &e->timing;
+        fprintf(e->timing_log,
+                "{\"step\": %d, \"t_backward_end\": %.6f, \"t_synced\": %.6f, \"exposed_ms\": %.4f, "
+                "\"reduce_ms\": %.4f, \"gather_ms\": %.4f, \"poll_ms\": %.4f, \"reductions\": %d, "
+                "\"overlapped\": %d}\n",
+                e->t, t->t_backward_end, t->t_synced, 1e3 * t->exposed_s, 1e3 * t->reduce_s,
+                1e3 * t->gather_s, 1e3 * t->poll_s, t->reductions, t->overlapped);
+        fflush(e->timing_log);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_dp_gather_params(loom_dp_engine *e) {
+    if (e->cfg.zero != 3 || !e->started) return LOOM_OK;
+    for (int i = 0; i < e->n_parts; i++) LOOM_TRY(loom_dp_z3_materialize(&e->p[i]));
     return LOOM_OK;
 }
 
 void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < e->n_parts; i++) {
-        out->params += e->parts[i]->a_params.cap;
-        out->grads += e->parts[i]->a_grads.cap;
-        out->optimizer += e->opt[i].arena.cap;
+        out->params += e->p[i].mem_params;
+        out->grads += e->p[i].mem_grads;
+        out->optimizer += e->p[i].mem_opt;
         out->activations += loom_gpt_activation_bytes(e->parts[i]);
     }
 }
+
+void loom_dp_get_timing(const loom_dp_engine *e, loom_dp_timing *out) { *out = e->timing; }
 
 loom_status loom_comm_agree(loom_comm *world, loom_status local) {
     /* the lowest failing rank speaks for all: its status, its message */

@@ -100,6 +100,11 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                         s->mem.grads, s->mem.optimizer, s->mem.activations);
         if (s->pp_bubble >= 0)
             fprintf(r->metrics, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
+        fprintf(r->metrics,
+                "\"dp\": {\"exposed_ms\": %.4f, \"reduce_ms\": %.4f, \"gather_ms\": %.4f, "
+                "\"reductions\": %d, \"overlapped\": %d}, ",
+                1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s,
+                s->dp.reductions, s->dp.overlapped);
         write_comm_json(r->metrics, s);
         if (n >= 0) n = fprintf(r->metrics, "}\n");
         if (n < 0 || fflush(r->metrics) != 0)

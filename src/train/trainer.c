@@ -199,7 +199,6 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     if (s->pipelined) LOOM_TRY(loom_train_pp_step(s, step, &loss_sum));
     else LOOM_TRY(run_micro_batches(s, step, &loss_sum));
     double t1 = loom_comm_wtime();
-    for (int i = 0; i < s->n_parts; i++) LOOM_TRY(loom_gpt_finish_grads(s->parts[i]));
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
@@ -264,7 +263,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
-    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb};
+    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
     if (st == LOOM_OK) {
@@ -332,6 +331,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         if (s->tracing) loom_comm_trace_clear();
         double t_step = loom_comm_wtime();
         LOOM_TRY(train_step(s, step, &st_step));
+        loom_dp_get_timing(s->dp, &st_step.dp);
         st_step.pp_bubble = -1;
         if (s->pipelined) {
             LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
@@ -376,6 +376,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     if (st == LOOM_OK) {
         st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
         if (st == LOOM_OK) st = run_steps(&s, res);
+        if (st == LOOM_OK && c->save_params[0]) st = loom_dp_gather_params(s.dp);
         if (st == LOOM_OK && c->save_params[0]) st = loom_params_save(s.parts, s.n_parts, s.mesh, c->save_params);
         st = loom_comm_agree(world, st);
     }

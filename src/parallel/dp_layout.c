@@ -1,0 +1,162 @@
+/* dp_layout.c - the data-parallel engine's plan for one model part: its
+ * units in backward order, the buckets cut from them, this rank's slice of
+ * every bucket (the shard layout of dp.h, padding included), the optimizer
+ * segments (one per parameter run inside the slice) and the sizes of every
+ * buffer the stage needs. Axis: dp (sizes only). Local; no collectives.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/dp_internal.h"
+
+static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.has_head; }
+
+int loom_dp_unit_index(const dp_part *p, int unit) {
+    const loom_gpt *m = p->m;
+    if (unit == LOOM_UNIT_OUTER) return has_outer(m) ? p->n_units - 1 : -1;
+    if (unit < m->part.layer_begin || unit >= m->part.layer_end) return -1;
+    return m->part.layer_end - 1 - unit;
+}
+
+/* Units in the order their gradients complete: blocks L-1 .. 0, then outer. */
+static loom_status build_units(dp_part *p) {
+    const loom_gpt *m = p->m;
+    p->n_units = m->L_l + has_outer(m);
+    p->units = calloc((size_t)(p->n_units ? p->n_units : 1), sizeof *p->units);
+    if (!p->units) return loom_fail(LOOM_EOS, "out of memory for the data-parallel plan");
+    for (int i = 0; i < p->n_units; i++) {
+        dp_unit *u = &p->units[i];
+        u->unit = i < m->L_l ? m->part.layer_end - 1 - i : LOOM_UNIT_OUTER;
+        loom_gpt_unit_range(m, u->unit, &u->lo, &u->n);
+    }
+    return LOOM_OK;
+}
+
+/* Does [lo, lo+n) hold a parameter matching the test? */
+static int range_has(const loom_gpt *m, size_t lo, size_t n,
+                     int (*test)(const loom_gpt *, const loom_param *)) {
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *q = &m->params[i];
+        if (q->offset >= lo && q->offset < lo + n && test(m, q)) return 1;
+    }
+    return 0;
+}
+static int is_partial(const loom_gpt *m, const loom_param *q) { (void)m; return q->sp_partial; }
+/* The tied wte whose other half lives on another part (a pipeline's first
+ * and last stage): its gradient is completed by the caller after the backward. */
+static int is_shared_wte(const loom_gpt *m, const loom_param *q) {
+    return !(m->part.has_embed && m->part.has_head) && strcmp(q->name, "wte.weight") == 0;
+}
+
+/* Greedy cut of the backward order: a bucket closes once it reaches the cap
+ * (one unit per bucket at cap 0, and always at zero 3). */
+static loom_status build_buckets(const loom_dp_engine *e, dp_part *p) {
+    const double cap = e->cfg.zero == 3 ? 0.0 : e->cfg.bucket_mb * 1024.0 * 1024.0 / sizeof(float);
+    p->buckets = calloc((size_t)(p->n_units ? p->n_units : 1), sizeof *p->buckets);
+    if (!p->buckets) return loom_fail(LOOM_EOS, "out of memory for the data-parallel plan");
+    p->n_buckets = 0;
+    for (int i = 0; i < p->n_units;) {
+        dp_bucket *b = &p->buckets[p->n_buckets];
+        b->u_begin = i;
+        b->lo = p->units[i].lo;
+        b->n = 0;
+        do {
+            const dp_unit *u = &p->units[i];
+            if (b->n && u->lo + u->n != b->lo)
+                return loom_fail(LOOM_EINTERNAL, "data-parallel plan: unit %d not adjacent to its bucket",
+                                 u->unit);
+            if (u->lo < b->lo) b->lo = u->lo;
+            b->n += u->n;
+            p->units[i].bucket = p->n_buckets;
+            b->outer |= u->unit == LOOM_UNIT_OUTER;
+            i++;
+        } while (i < p->n_units && (double)b->n < cap);
+        b->u_end = i;
+        p->n_buckets++;
+    }
+    return LOOM_OK;
+}
+
+/* Slices (dp.h's padding), flags, slots. */
+static void build_slices(const loom_dp_engine *e, dp_part *p) {
+    const int zero = e->cfg.zero;
+    const size_t N = zero ? (size_t)e->N : 1, r = zero ? (size_t)e->r : 0;
+    const int own_partials = zero >= 2 || e->cfg.sum_tp_partials;
+    size_t so = 0;
+    for (int k = 0; k < DP_SLOTS; k++) p->slot_floats[k] = 0;
+    p->scratch_floats = 0;
+    for (int bi = 0; bi < p->n_buckets; bi++) {
+        dp_bucket *b = &p->buckets[bi];
+        b->S = (b->n + N - 1) / N;
+        b->P = N * b->S;
+        b->so = so;
+        so += b->S;
+        b->mine_lo = b->lo + r * b->S;
+        size_t start = r * b->S;
+        b->mine_n = start >= b->n ? 0 : (b->n - start < b->S ? b->n - start : b->S);
+        b->has_partial = range_has(p->m, b->lo, b->n, is_partial);
+        b->defer = (b->has_partial && !own_partials) || range_has(p->m, b->lo, b->n, is_shared_wte);
+        b->slot = b->outer ? DP_SLOT_OUTER : bi % 2;
+        if (b->P > p->slot_floats[b->slot]) p->slot_floats[b->slot] = b->P;
+        if (zero == 1 && b->P != b->n && b->P > p->scratch_floats) p->scratch_floats = b->P;
+    }
+    p->S = so;
+}
+
+/* One segment per (parameter, bucket) overlap with this rank's slice. */
+static loom_status build_segs(const loom_dp_engine *e, dp_part *p) {
+    const loom_gpt *m = p->m;
+    const int zero = e->cfg.zero;
+    p->segs = calloc((size_t)m->n_params * (size_t)(p->n_buckets ? p->n_buckets : 1), sizeof *p->segs);
+    if (!p->segs) return loom_fail(LOOM_EOS, "out of memory for the data-parallel plan");
+    p->n_segs = 0;
+    for (int bi = 0; bi < p->n_buckets; bi++) {
+        const dp_bucket *b = &p->buckets[bi];
+        size_t lo = b->mine_lo, hi = b->mine_lo + b->mine_n;
+        for (int i = 0; i < m->n_params; i++) {
+            const loom_param *q = &m->params[i];
+            size_t a = q->offset > lo ? q->offset : lo;
+            size_t z = q->offset + q->numel < hi ? q->offset + q->numel : hi;
+            if (a >= z) continue;
+            dp_seg *s = &p->segs[p->n_segs++];
+            size_t in_slice = a - b->mine_lo;
+            s->param = i;
+            s->n = z - a;
+            s->s_off = b->so + in_slice;
+            s->p_off = zero == 3 ? s->s_off : a;
+            /* zero 1: the reduced slice lands at the bucket's start */
+            s->g_off = zero >= 2 ? s->s_off : b->lo + in_slice;
+            s->decay = q->decay;
+            s->replicated = q->split_dim < 0;
+            s->skip_norm = !m->part.has_embed && strcmp(q->name, "wte.weight") == 0;
+        }
+    }
+    return LOOM_OK;
+}
+
+static void plan_memory(const loom_dp_engine *e, dp_part *p) {
+    const int zero = e->cfg.zero;
+    const size_t F = sizeof(float), slots = p->slot_floats[0] + p->slot_floats[1] + p->slot_floats[2];
+    const size_t flat = p->m->num_params;
+    p->mem_opt = 2 * p->S * F;
+    p->mem_params = zero == 3 ? (p->S + slots) * F : flat * F;
+    p->mem_grads = zero >= 2 ? (p->S + slots) * F : (flat + p->scratch_floats) * F;
+}
+
+loom_status loom_dp_layout_build(loom_dp_engine *e, dp_part *p) {
+    LOOM_TRY(build_units(p));
+    LOOM_TRY(build_buckets(e, p));
+    build_slices(e, p);
+    LOOM_TRY(build_segs(e, p));
+    plan_memory(e, p);
+    return LOOM_OK;
+}
+
+void loom_dp_layout_free(dp_part *p) {
+    free(p->units);
+    free(p->buckets);
+    free(p->segs);
+    p->units = NULL;
+    p->buckets = NULL;
+    p->segs = NULL;
+}
