@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -50,34 +52,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 
 TEXT = "/usr/share/games/fortunes/fortunes"
-WARMUP = 2
 LR = 1e-4
 # bench_train's "small" with 8 blocks: the last block's gradients (which
 # nothing in the backward comes after, so no bucket holding them can be
 # hidden) are 1/8 of the blocks'
 MODEL = {"n_layer": 8, "n_head": 4, "n_embd": 256, "vocab_size": 256, "n_positions": 256}
-
-
-class BenchError(Exception):
-    pass
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def run(cmd, env, what):
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    if p.returncode != 0:
-        tail = "\n".join(p.stdout.strip().splitlines()[-15:])
-        raise BenchError("%s failed (exit %d): %s\n%s" % (what, p.returncode, " ".join(cmd), tail))
 
 
 def read_jsonl(path):

@@ -50,40 +50,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOM_RUN = os.path.join(ROOT, "scripts", "loomrun")
 TEXT = "/usr/share/common-licenses/GPL-3"
-WARMUP = 2
 TARGET = 0.05
-
-
-class BenchError(Exception):
-    pass
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def run(cmd, env):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        raise BenchError("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
-    return p
-
-
-def median_after_warmup(xs):
-    if len(xs) <= WARMUP:
-        raise BenchError("need more than %d steps to skip warm-up, got %d" % (WARMUP, len(xs)))
-    return statistics.median(xs[WARMUP:])
 
 
 def sim_value(text, label):

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -36,7 +38,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 import torch_gpt2  # noqa: E402
 
 FORTUNES = "/usr/share/games/fortunes/fortunes"
-WARMUP = 2
 LR = 1e-4
 
 # name: (model config, batch B, sequence T, default steps)
@@ -44,27 +45,6 @@ CONFIGS = {
     "small": (torch_gpt2.Config(n_layer=4, n_head=4, n_embd=256, vocab_size=256, n_positions=256), 8, 256, 12),
     "gpt2s": (torch_gpt2.Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024), 1, 256, 6),
 }
-
-
-class BenchError(Exception):
-    pass
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def median_after_warmup(rates):
-    if len(rates) <= WARMUP:
-        raise BenchError("need more than %d steps to skip warm-up, got %d" % (WARMUP, len(rates)))
-    return statistics.median(rates[WARMUP:])
 
 
 def bench_torch(cfg, B, T, steps, tokens, seed=0):
