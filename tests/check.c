@@ -1,5 +1,9 @@
 #include "check.h"
 
+#include <ftw.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,7 +29,23 @@ double check_max_rel_err(const float *a, const float *b, size_t n) {
     return num / (den > 1e-30 ? den : 1e-30);
 }
 
+static char scratch_[128];
+
+const char *check_scratch_dir(const char *tag) {
+    snprintf(scratch_, sizeof scratch_, "/tmp/loom-%s-XXXXXX", tag);
+    if (mkdtemp(scratch_)) return scratch_;
+    scratch_[0] = '\0';
+    CHECK(0, "cannot make a scratch directory under /tmp");
+    return NULL;
+}
+
+static int remove_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
 int check_done(void) {
+    if (scratch_[0]) nftw(scratch_, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     printf("%d passed, %d failed\n", check_passed_, check_failed_);
     return check_failed_ ? 1 : 0;
 }

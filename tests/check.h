@@ -20,6 +20,11 @@ void check_report_(const char *file, int line, const char *fmt, ...)
         else { check_failed_++; check_report_(__FILE__, __LINE__, __VA_ARGS__); } \
     } while (0)
 
+/* A fresh directory /tmp/loom-TAG-XXXXXX for this test program; check_done()
+ * removes it with everything in it. NULL (after a failed check) if it cannot
+ * be made. */
+const char *check_scratch_dir(const char *tag);
+
 /* relative error max|a-b| / max(max|b|, tiny) over n floats */
 double check_max_rel_err(const float *a, const float *b, size_t n);
 int check_done(void);

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static char scratch[64];
+static const char *scratch; /* check_scratch_dir */
 
 static const char *path_of(const char *name) {
     static char buf[8][256];
@@ -44,11 +44,6 @@ static size_t file_size(const char *path) {
 }
 
 static int exists(const char *path) { return access(path, F_OK) == 0; }
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
 
 /* A shard with the given header words and n_payload bytes of payload. */
 static void write_shard_raw(const char *path, int32_t magic, int32_t version, int32_t count, size_t payload) {
@@ -340,11 +335,8 @@ static void test_build_bytes_refusals(void) {
 }
 
 int main(void) {
-    snprintf(scratch, sizeof scratch, "/tmp/loom-data-XXXXXX");
-    if (!mkdtemp(scratch)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    scratch = check_scratch_dir("data");
+    if (!scratch) return check_done();
     test_round_trip();
     test_malformed();
     test_vocab_and_len();
@@ -352,6 +344,5 @@ int main(void) {
     test_sequential();
     test_build_bytes();
     test_build_bytes_refusals();
-    nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return check_done();
 }

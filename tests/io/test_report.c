@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char scratch[64];
+static const char *scratch; /* check_scratch_dir */
 
 static const char *path_of(const char *name) {
     static char buf[8][256];
@@ -32,11 +32,6 @@ static int exists(const char *path) { return access(path, F_OK) == 0; }
 static int is_dir(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
 }
 
 /* Lines in a file, -1 if it cannot be read. */
@@ -145,15 +140,11 @@ static void test_directory_refused_at_open(void) {
 }
 
 int main(void) {
-    snprintf(scratch, sizeof scratch, "/tmp/loom-report-XXXXXX");
-    if (!mkdtemp(scratch)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    scratch = check_scratch_dir("report");
+    if (!scratch) return check_done();
     test_success();
     test_rename_fails();
     test_failed_run_keeps_old();
     test_directory_refused_at_open();
-    nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return check_done();
 }

@@ -22,7 +22,7 @@
 
 /* ---- scratch files ---- */
 
-static char scratch[64];
+static const char *scratch; /* check_scratch_dir */
 
 static const char *path_of(const char *name) {
     static char buf[8][256];
@@ -65,11 +65,6 @@ static void write_st_raw(const char *path, uint64_t hlen, const char *header, si
 
 static void write_st(const char *path, const char *header, size_t data_len) {
     write_st_raw(path, strlen(header), header, data_len);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
 }
 
 /* ---- round trip ---- */
@@ -458,11 +453,8 @@ static void test_writer_failures(void) {
 }
 
 int main(void) {
-    snprintf(scratch, sizeof scratch, "/tmp/loom-st-XXXXXX");
-    if (!mkdtemp(scratch)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    scratch = check_scratch_dir("st");
+    if (!scratch) return check_done();
     test_round_trip();
     test_f16_bf16_conversion();
     test_many_tensors();
@@ -470,6 +462,5 @@ int main(void) {
     test_truncation_and_corruption();
     test_writer_misuse();
     test_writer_failures();
-    nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return check_done();
 }
