@@ -98,11 +98,6 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
 loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const char *path);
 
-/* Data parallelism, plain: sum gradients over the group (the loss is already
- * scaled by 1 / global tokens, so a sum is the mean). Identity for one rank.
- * Collective over dp. */
-loom_status loom_dp_grad_sync(loom_comm *dp, float *grads, size_t n);
-
 /* Every rank's status made the worst of all ranks' (one all-reduce over
  * world), so ranks agree on failing before any further collective. */
 loom_status loom_comm_agree(loom_comm *world, loom_status local);

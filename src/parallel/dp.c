@@ -28,11 +28,6 @@
 
 #define F sizeof(float)
 
-loom_status loom_dp_grad_sync(loom_comm *dp, float *grads, size_t n) {
-    if (loom_comm_size(dp) == 1) return LOOM_OK;
-    return loom_comm_allreduce(dp, grads, n, LOOM_F32, LOOM_SUM);
-}
-
 /* ---- in-flight gradient reductions -------------------------------------- */
 
 /* A finished reduction. zero 2/3: add the reduced slice (at the start of the
