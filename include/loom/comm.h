@@ -128,6 +128,13 @@ loom_status loom_comm_test(loom_req *req, int *done);
 const loom_comm_stats *loom_comm_get_stats(const loom_comm *c);
 void loom_comm_reset_stats(loom_comm *c);
 
+/* Agree on failure before going on: the lowest rank whose `local` status is
+ * not LOOM_OK speaks for all - every rank returns its status, and the other
+ * ranks' messages are cleared so the error is printed once. Collective over
+ * c; use it wherever a check could fail on some ranks only, so no rank is
+ * left waiting in a later collective. */
+loom_status loom_comm_agree(loom_comm *c, loom_status local);
+
 /* Tracing: when on, every completed call of every group of this process is
  * kept as an event (op, group, bytes, start, end) in a ring of `capacity`
  * events (the oldest dropped first). Local; capacity 0 turns it off. */

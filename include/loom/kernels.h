@@ -31,13 +31,6 @@ int loom_kernels_get_threads(void);
  * count (a few large sgemm calls, best of several). */
 double loom_kernels_calibrate_sgemm(void);
 
-/* out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (maxT,C).  writes out. */
-void loom_encoder_fwd(float *out, const int32_t *inp, const float *wte, const float *wpe,
-                      int B, int T, int C);
-/* dwte (V,C) += ..., dwpe (maxT,C) += ... from dout (B,T,C). */
-void loom_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
-                      int B, int T, int C);
-
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */
 void loom_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -81,18 +74,13 @@ void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const fl
                         const float *att, int B, int T, int C, int NH);
 size_t loom_attention_scratch_floats(int T); /* T*T x the current thread count */
 
-/* Softmax + cross-entropy per row. logits (N,V) -> probs (N,V) (probs may alias
- * logits), losses (N) = -log probs[target]. A target < 0 is ignored: loss 0. */
-void loom_softmax_xent_fwd(float *losses, float *probs, const float *logits,
-                           const int32_t *targets, int N, int V);
-/* dlogits (N,V) WRITES (probs - onehot(target)) * dloss; dlogits may alias probs.
- * Rows with target < 0 get 0. */
-void loom_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets,
-                           float dloss, int N, int V);
-
 /* ---- vocabulary-parallel embedding and cross-entropy ----------------------
  * A rank holds rows [v0, v0 + V_l) of the (padded) vocabulary; V_valid <= V_l
- * of them are real tokens, the rest padding that never takes part. */
+ * of them are real tokens, the rest padding that never takes part. With one
+ * rank, v0 = 0 and V_l = V_valid = V.
+ * Embedding: loom_embed_fwd on every rank, SUM over ranks, loom_pos_fwd.
+ * Cross-entropy: loom_vxent_max, all-reduce MAX of rowmax; loom_vxent_exp,
+ * all-reduce SUM of [rowsum | tgt]; loom_vxent_finish; later loom_vxent_bwd. */
 
 /* out (N,C) WRITES wte_l[tok - v0] for tokens in this rank's range, 0 else. */
 void loom_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,

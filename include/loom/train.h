@@ -98,8 +98,4 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
 loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const char *path);
 
-/* Every rank's status made the worst of all ranks' (one all-reduce over
- * world), so ranks agree on failing before any further collective. */
-loom_status loom_comm_agree(loom_comm *world, loom_status local);
-
 #endif

@@ -69,3 +69,19 @@ const loom_comm_event *loom_comm_trace_events(size_t *n) {
     *n = g_count;
     return g_linear;
 }
+
+/* ---- agreeing on failure ------------------------------------------------ */
+
+loom_status loom_comm_agree(loom_comm *world, loom_status local) {
+    /* the lowest failing rank speaks for all: its status, its message */
+    const int none = 1 << 30;
+    int me = local != LOOM_OK ? loom_comm_rank(world) : none, first = me;
+    loom_status st = loom_comm_allreduce(world, &first, 1, LOOM_I32, LOOM_MIN);
+    if (st != LOOM_OK) return st;
+    if (first == none) return LOOM_OK;
+    int code = (int)local;
+    st = loom_comm_bcast(world, &code, sizeof code, first);
+    if (st != LOOM_OK) return st;
+    if (me != first) loom_fail((loom_status)code, "%s", "");
+    return (loom_status)code;
+}

@@ -14,7 +14,6 @@
  * tied embedding - the buckets holding those gradients are deferred to
  * loom_dp_finish_grads); zero 2/3 bind each bucket's units to a staging
  * buffer for one backward and keep only the reduced slice (gshard).
- * Also: loom_comm_agree, which every multi-rank path uses to fail together.
  */
 #include <errno.h>
 #include <math.h>
@@ -533,16 +532,3 @@ void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out) {
 
 void loom_dp_get_timing(const loom_dp_engine *e, loom_dp_timing *out) { *out = e->timing; }
 
-loom_status loom_comm_agree(loom_comm *world, loom_status local) {
-    /* the lowest failing rank speaks for all: its status, its message */
-    const int none = 1 << 30;
-    int me = local != LOOM_OK ? loom_comm_rank(world) : none, first = me;
-    loom_status st = loom_comm_allreduce(world, &first, 1, LOOM_I32, LOOM_MIN);
-    if (st != LOOM_OK) return st;
-    if (first == none) return LOOM_OK;
-    int code = (int)local;
-    st = loom_comm_bcast(world, &code, sizeof code, first);
-    if (st != LOOM_OK) return st;
-    if (me != first) loom_fail((loom_status)code, "%s", "");
-    return (loom_status)code;
-}
