@@ -51,7 +51,7 @@ struct bench {
     float *wte, *wpe, *x, *dx, *x2, *mean, *rstd, *lnw, *lnb, *dlnw, *dlnb;
     float *qkv, *dqkv, *wqkv, *dwqkv, *bqkv, *dbqkv, *att, *scratch, *y, *dy;
     float *wproj, *dwproj, *h, *dh, *hg, *wfc, *dwfc, *wfc2, *dwfc2, *b4, *db4;
-    float *logits, *losses, *dwte, *dwpe;
+    float *logits, *losses, *dwte, *dwpe, *xstat; /* xstat (3N): row max, sums, targets */
     float *p, *g, *m, *v;
     size_t nparams;
     double total_ms;
@@ -81,8 +81,15 @@ static void report(bench *b, const char *name, bench_fn fn, double flops, int co
 
 #define MM_FLOPS(n, k, m) (2.0 * (double)(n) * (double)(k) * (double)(m))
 
-static void f_enc(bench *b) { loom_encoder_fwd(b->x, b->tok, b->wte, b->wpe, b->B, b->T, b->C); }
-static void f_enc_b(bench *b) { loom_encoder_bwd(b->dwte, b->dwpe, b->dx, b->tok, b->B, b->T, b->C); }
+/* embedding as one rank holding the whole vocabulary (v0 = 0) */
+static void f_enc(bench *b) {
+    loom_embed_fwd(b->x, b->tok, b->wte, 0, b->V, b->N, b->C);
+    loom_pos_fwd(b->x, b->wpe, 0, b->N, b->T, b->C);
+}
+static void f_enc_b(bench *b) {
+    loom_embed_bwd(b->dwte, b->dx, b->tok, 0, b->V, b->N, b->C);
+    loom_pos_bwd(b->dwpe, b->dx, 0, b->N, b->T, b->C);
+}
 static void f_ln(bench *b) {
     loom_layernorm_fwd(b->x2, b->mean, b->rstd, b->x, b->lnw, b->lnb, b->N, b->C);
 }
@@ -117,11 +124,15 @@ static void f_head(bench *b) { loom_matmul_nt_fwd(b->logits, b->x2, b->wte, b->N
 static void f_head_b(bench *b) {
     loom_matmul_nt_bwd(b->dx, b->dwte, b->logits, b->x2, b->wte, b->N, b->C, b->V);
 }
+/* the vocab-parallel cross-entropy on one slice (no all-reduces needed) */
 static void f_xent(bench *b) {
-    loom_softmax_xent_fwd(b->losses, b->logits, b->logits, b->tgt, b->N, b->V);
+    float *rowmax = b->xstat, *sum = b->xstat + b->N;
+    loom_vxent_max(rowmax, b->logits, b->N, b->V, b->V);
+    loom_vxent_exp(b->logits, sum, sum + b->N, rowmax, b->tgt, 0, b->N, b->V, b->V);
+    loom_vxent_finish(b->losses, b->logits, sum, sum + b->N, b->tgt, b->N, b->V);
 }
 static void f_xent_b(bench *b) {
-    loom_softmax_xent_bwd(b->logits, b->logits, b->tgt, 1.0f / (float)b->N, b->N, b->V);
+    loom_vxent_bwd(b->logits, b->logits, b->tgt, 1.0f / (float)b->N, 0, b->N, b->V);
 }
 static void f_adamw(bench *b) {
     loom_adamw_update(b->p, b->g, b->m, b->v, b->nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10);
@@ -141,6 +152,7 @@ static void bench_alloc(bench *b, int layers) {
     b->h = buf(N * 4 * C), b->dh = buf(N * 4 * C), b->hg = buf(N * 4 * C), b->wfc = buf(C * 4 * C);
     b->dwfc = buf(C * 4 * C), b->wfc2 = buf(4 * C * C), b->dwfc2 = buf(4 * C * C);
     b->b4 = buf(4 * C), b->db4 = buf(4 * C), b->logits = buf(N * (size_t)b->V), b->losses = buf(N);
+    b->xstat = buf(3 * (size_t)N);
     b->nparams = (size_t)b->V * C + T * C + (size_t)layers * (12 * C * C + 13 * C) + 2 * C;
     b->p = buf(b->nparams), b->g = buf(b->nparams), b->m = buf(b->nparams);
     b->v = buf(b->nparams);

@@ -1,4 +1,4 @@
-/* test_kernels_dense.c - encoder, matmul, tied LM head and residual kernels
+/* test_kernels_dense.c - matmul, tied LM head and residual kernels
  * against plain double references: forward values, backward against central
  * finite differences of L = sum(out * R), accumulation (+=) semantics and
  * NULL gradient outputs. Odd and round sizes.
@@ -11,60 +11,6 @@
 #include "check.h"
 #include "kref.h"
 #include "loom/kernels.h"
-
-/* ---- encoder ----------------------------------------------------------- */
-
-typedef struct {
-    int B, T, C;
-    const int32_t *inp;   /* (B,T) */
-    double *wte, *wpe;    /* (V,C), (T,C) */
-    const double *r;      /* (B,T,C) */
-    double *out;          /* (B,T,C) */
-} enc_ref;
-
-static double enc_objective(void *ctx) {
-    enc_ref *e = ctx;
-    for (int i = 0; i < e->B * e->T; i++)
-        for (int c = 0; c < e->C; c++)
-            e->out[(size_t)i * e->C + c] =
-                e->wte[(size_t)e->inp[i] * e->C + c] + e->wpe[(size_t)(i % e->T) * e->C + c];
-    return kr_dot(e->out, e->r, (size_t)e->B * e->T * e->C);
-}
-
-static void test_encoder(int B, int T, int C, int V) {
-    char what[96];
-    snprintf(what, sizeof what, "encoder B=%d T=%d C=%d V=%d", B, T, C, V);
-    size_t N = (size_t)B * T;
-    int32_t *inp = malloc(N * sizeof *inp);
-    for (size_t i = 0; i < N; i++) inp[i] = kr_randint(V);
-    inp[0] = inp[N - 1]; /* a repeated token: its dwte row collects twice */
-    float *wte = kr_rand_floats((size_t)V * C, -1, 1), *wpe = kr_rand_floats((size_t)T * C, -1, 1);
-    float *out = kr_floats(N * C), *dout = kr_rand_floats(N * C, -1, 1);
-    kr_fill_nan(out, N * C);
-    loom_encoder_fwd(out, inp, wte, wpe, B, T, C);
-
-    enc_ref ref = {B, T, C, inp, kr_widen(wte, (size_t)V * C), kr_widen(wpe, (size_t)T * C),
-                   kr_widen(dout, N * C), kr_doubles(N * C)};
-    enc_objective(&ref);
-    double e = kr_err(out, ref.out, N * C);
-    CHECK(e <= KR_FWD_TOL, "%s: forward rel err %.3g", what, e);
-
-    kr_acc dwte = kr_acc_new((size_t)V * C), dwpe = kr_acc_new((size_t)T * C);
-    loom_encoder_bwd(dwte.g, dwpe.g, dout, inp, B, T, C);
-    kr_acc_snap(&dwte);
-    kr_acc_snap(&dwpe);
-    loom_encoder_bwd(dwte.g, dwpe.g, dout, inp, B, T, C);
-    double *fd_wte = kr_doubles((size_t)V * C), *fd_wpe = kr_doubles((size_t)T * C);
-    kr_fd_grad(fd_wte, ref.wte, (size_t)V * C, enc_objective, &ref);
-    kr_fd_grad(fd_wpe, ref.wpe, (size_t)T * C, enc_objective, &ref);
-    kr_acc_check(&dwte, fd_wte, "encoder dwte");
-    kr_acc_check(&dwpe, fd_wpe, "encoder dwpe");
-
-    kr_acc_free(&dwte);
-    kr_acc_free(&dwpe);
-    free(fd_wte), free(fd_wpe), free(ref.wte), free(ref.wpe), free((void *)ref.r), free(ref.out);
-    free(inp), free(wte), free(wpe), free(out), free(dout);
-}
 
 /* ---- matmul (N,C) @ (C,OC) + b ------------------------------------------ */
 
@@ -241,8 +187,6 @@ static void test_residual(size_t n) {
 int main(void) {
     loom_kernels_set_threads(1);
     kr_seed(1);
-    test_encoder(2, 5, 12, 7);
-    test_encoder(4, 16, 64, 32);
     test_matmul(7, 12, 20, 1);
     test_matmul(7, 12, 20, 0);
     test_matmul(1, 5, 3, 1);

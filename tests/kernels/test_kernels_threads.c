@@ -20,6 +20,9 @@
 #define C 96
 #define NH 4
 #define V 50
+#define V0 10 /* the embedding slice [V0, V0 + VS) of the vocabulary */
+#define VS 30
+#define VL (V + 6) /* cross-entropy: one slice with 6 padding columns */
 #define N (B * T)
 
 /* All the inputs, and one buffer per output, of every kernel. */
@@ -27,26 +30,32 @@ typedef struct {
     int32_t tok[N], tgt[N];
     float *wte, *wpe, *x, *w, *bias, *qkv, *dy, *dqkv_in;
     /* outputs */
-    float *enc, *dwte, *dwpe, *ln, *mean, *rstd, *dln, *dlnw, *dlnb, *mm, *dmmx, *dmmw, *dmmb;
+    float *enc, *dwte, *dwpe, *dlogits, *ln, *mean, *rstd, *dln, *dlnw, *dlnb, *mm, *dmmx, *dmmw, *dmmb;
     float *att_out, *att, *dqkv, *gelu, *dgelu, *probs, *losses, *p, *m, *v;
     double sumsq;
 } run_t;
 
 static void run_alloc(run_t *r) {
-    r->enc = kr_floats(N * C), r->dwte = calloc(V * C, sizeof(float)), r->dwpe = calloc(T * C, sizeof(float));
+    r->enc = kr_floats(N * C), r->dwte = calloc(VS * C, sizeof(float)), r->dwpe = calloc(T * C, sizeof(float));
     r->ln = kr_floats(N * C), r->mean = kr_floats(N), r->rstd = kr_floats(N);
     r->dln = calloc(N * C, sizeof(float)), r->dlnw = calloc(C, sizeof(float)), r->dlnb = calloc(C, sizeof(float));
     r->mm = kr_floats(N * 3 * C), r->dmmx = calloc(N * C, sizeof(float)), r->dmmw = calloc(C * 3 * C, sizeof(float));
     r->dmmb = calloc(3 * C, sizeof(float)), r->att_out = kr_floats(N * C), r->att = kr_floats(B * NH * T * T);
     r->dqkv = calloc(N * 3 * C, sizeof(float)), r->gelu = kr_floats(N * 3 * C), r->dgelu = calloc(N * 3 * C, sizeof(float));
-    r->probs = kr_floats(N * V), r->losses = kr_floats(N);
+    r->probs = kr_copy(r->qkv, N * VL), r->losses = kr_floats(N); /* rows of qkv as logits */
+    r->dlogits = kr_floats(N * VL);
     r->p = kr_copy(r->x, N * C), r->m = calloc(N * C, sizeof(float)), r->v = calloc(N * C, sizeof(float));
 }
 
 static void run_kernels(run_t *r) {
     float *scratch = kr_floats(loom_attention_scratch_floats(T));
-    loom_encoder_fwd(r->enc, r->tok, r->wte, r->wpe, B, T, C);
-    loom_encoder_bwd(r->dwte, r->dwpe, r->dy, r->tok, B, T, C);
+    float *xbuf = kr_floats(3 * N);
+    loom_embed_fwd(r->enc, r->tok, r->wte + V0 * C, V0, VS, N, C);
+    loom_pos_fwd(r->enc, r->wpe, 0, N / 2, T, C);
+    loom_pos_fwd(r->enc + (N / 2) * C, r->wpe, N / 2, N - N / 2, T, C); /* row0 != 0 */
+    loom_embed_bwd(r->dwte, r->dy, r->tok, V0, VS, N, C);
+    loom_pos_bwd(r->dwpe, r->dy, 0, N / 2, T, C);
+    loom_pos_bwd(r->dwpe, r->dy + (N / 2) * C, N / 2, N - N / 2, T, C);
     loom_layernorm_fwd(r->ln, r->mean, r->rstd, r->x, r->w, r->bias, N, C);
     loom_layernorm_bwd(r->dln, r->dlnw, r->dlnb, r->dy, r->x, r->w, r->mean, r->rstd, N, C);
     loom_matmul_fwd(r->mm, r->x, r->wte, r->bias, N, C, 3 * C); /* wte as a (C,3C) weight */
@@ -55,7 +64,11 @@ static void run_kernels(run_t *r) {
     loom_attention_bwd(r->dqkv, scratch, r->dy, r->qkv, r->att, B, T, C, NH);
     loom_gelu_fwd(r->gelu, r->qkv, N * 3 * C);
     loom_gelu_bwd(r->dgelu, r->qkv, r->dqkv_in, N * 3 * C);
-    loom_softmax_xent_fwd(r->losses, r->probs, r->qkv, r->tgt, N, V); /* rows of qkv as logits */
+    loom_vxent_max(xbuf, r->probs, N, VL, V);
+    loom_vxent_exp(r->probs, xbuf + N, xbuf + 2 * N, xbuf, r->tgt, 0, N, VL, V);
+    loom_vxent_finish(r->losses, r->probs, xbuf + N, xbuf + 2 * N, r->tgt, N, VL);
+    loom_vxent_bwd(r->dlogits, r->probs, r->tgt, 1.0f / N, 0, N, VL);
+    free(xbuf);
     loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
     r->sumsq = loom_sumsq(r->qkv, N * 3 * C);
     free(scratch);
@@ -72,6 +85,7 @@ static void test_two_threads(void) {
     run_t one, two;
     kr_seed(5);
     for (int i = 0; i < N; i++) one.tok[i] = kr_randint(V), one.tgt[i] = kr_randint(V);
+    one.tgt[1] = -1; /* ignored */
     one.wte = kr_rand_floats(V * C > C * 3 * C ? V * C : C * 3 * C, -1, 1);
     one.wpe = kr_rand_floats(T * C, -1, 1), one.x = kr_rand_floats(N * C, -1, 1);
     one.w = kr_rand_floats(C, 0.5, 1.5), one.bias = kr_rand_floats(3 * C, -1, 1);
@@ -88,9 +102,9 @@ static void test_two_threads(void) {
     run_kernels(&two);
     loom_kernels_set_threads(1);
 
-    compare(two.enc, one.enc, N * C, "encoder out");
-    compare(two.dwte, one.dwte, V * C, "encoder dwte");
-    compare(two.dwpe, one.dwpe, T * C, "encoder dwpe");
+    compare(two.enc, one.enc, N * C, "embed+pos out");
+    compare(two.dwte, one.dwte, VS * C, "embed dwte");
+    compare(two.dwpe, one.dwpe, T * C, "pos dwpe");
     compare(two.ln, one.ln, N * C, "layernorm out");
     compare(two.dln, one.dln, N * C, "layernorm dinp");
     compare(two.dlnw, one.dlnw, C, "layernorm dw");
@@ -104,8 +118,9 @@ static void test_two_threads(void) {
     compare(two.dqkv, one.dqkv, N * 3 * C, "attention dqkv");
     compare(two.gelu, one.gelu, N * 3 * C, "gelu out");
     compare(two.dgelu, one.dgelu, N * 3 * C, "gelu dinp");
-    compare(two.probs, one.probs, N * V, "softmax probs");
-    compare(two.losses, one.losses, N, "softmax losses");
+    compare(two.probs, one.probs, N * VL, "vxent probs");
+    compare(two.losses, one.losses, N, "vxent losses");
+    compare(two.dlogits, one.dlogits, N * VL, "vxent dlogits");
     compare(two.p, one.p, N * C, "adamw p");
     CHECK(fabs(two.sumsq - one.sumsq) <= 1e-12 * one.sumsq, "sumsq %.17g vs %.17g", two.sumsq,
           one.sumsq);
@@ -115,7 +130,8 @@ static void test_two_threads(void) {
         run_t *r = runs[k];
         float *bufs[] = {r->enc, r->dwte, r->dwpe, r->ln, r->mean, r->rstd, r->dln, r->dlnw,
                          r->dlnb, r->mm, r->dmmx, r->dmmw, r->dmmb, r->att_out, r->att, r->dqkv,
-                         r->gelu, r->dgelu, r->probs, r->losses, r->p, r->m, r->v};
+                         r->gelu, r->dgelu, r->probs, r->losses, r->dlogits, r->p, r->m,
+                         r->v};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
     free(one.wte), free(one.wpe), free(one.x), free(one.w), free(one.bias), free(one.qkv);
