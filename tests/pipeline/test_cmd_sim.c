@@ -12,85 +12,53 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "sim_capture.h"
 
-int cmd_sim(int argc, char **argv);
-
-static char out[1 << 16];
-
-/* Run `loom sim ARGS...` (NULL-terminated); stdout and stderr go to out. */
-static int sim(const char *first, ...) {
-    char *argv[64];
-    int argc = 0;
-    va_list ap;
-    va_start(ap, first);
-    for (const char *a = first; a && argc < 63; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
-    va_end(ap);
-    argv[argc] = NULL;
-    char path[] = "/tmp/loom_cmd_simXXXXXX";
-    const int fd = mkstemp(path);
-    fflush(stdout);
-    fflush(stderr);
-    const int o1 = dup(1), o2 = dup(2);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const int rc = cmd_sim(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(o1, 1);
-    dup2(o2, 2);
-    close(o1);
-    close(o2);
-    const ssize_t n = pread(fd, out, sizeof out - 1, 0);
-    out[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return rc;
-}
 
 static void expect_usage(const char *msg, int rc) {
     CHECK(rc == 64, "exit %d, want 64 (%s)", rc, msg);
-    CHECK(strstr(out, msg) != NULL, "output lacks '%s':\n%s", msg, out);
+    CHECK(strstr(sim_out, msg) != NULL, "output lacks '%s':\n%s", msg, sim_out);
 }
 
 int main(void) {
     int rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "1f1b", NULL);
-    CHECK(rc == 0, "1f1b exit %d:\n%s", rc, out);
-    CHECK(strstr(out, "stage 0: F0 F1 F2 F3 .. .. .. .. .. .. B0 B0 F4 B1 B1") != NULL, "1f1b timeline:\n%s",
-          out);
-    CHECK(strstr(out, "bubble    0.272727 (simulated)") && strstr(out, "closed    0.272727 (p-1)/(m+p-1)"),
-          "1f1b bubble lines:\n%s", out);
+    CHECK(rc == 0, "1f1b exit %d:\n%s", rc, sim_out);
+    CHECK(strstr(sim_out, "stage 0: F0 F1 F2 F3 .. .. .. .. .. .. B0 B0 F4 B1 B1") != NULL, "1f1b timeline:\n%s",
+          sim_out);
+    CHECK(strstr(sim_out, "bubble    0.272727 (simulated)") && strstr(sim_out, "closed    0.272727 (p-1)/(m+p-1)"),
+          "1f1b bubble lines:\n%s", sim_out);
 
     rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "zb", NULL);
-    CHECK(rc == 0 && strstr(out, "bubble    0.111111 (simulated)") && strstr(out, "closed    0.111111"),
-          "zb:\n%s", out);
-    CHECK(strstr(out, "stage 3: .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 W0 F4") != NULL, "zb timeline:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "bubble    0.111111 (simulated)") && strstr(sim_out, "closed    0.111111"),
+          "zb:\n%s", sim_out);
+    CHECK(strstr(sim_out, "stage 3: .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 W0 F4") != NULL, "zb timeline:\n%s", sim_out);
 
     rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "interleaved", "--virtual-stages", "2", NULL);
-    CHECK(rc == 0 && strstr(out, "bubble    0.157895 (simulated)") && strstr(out, "closed    0.157895"),
-          "interleaved:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "bubble    0.157895 (simulated)") && strstr(sim_out, "closed    0.157895"),
+          "interleaved:\n%s", sim_out);
 
     rc = sim("--pp", "2", "--micro-batches", "4", "--schedule", "gpipe", "--cost-comm", "0.5", NULL);
-    CHECK(rc == 0 && strstr(out, "applies only with --cost-comm 0"), "latency note:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "applies only with --cost-comm 0"), "latency note:\n%s", sim_out);
 
     rc = sim("--pp", "2", "--micro-batches", "4", "--layers", "12", "--cost-head", "6", NULL);
-    CHECK(rc == 0 && strstr(out, "layers per virtual stage (12 layers, embedding 0, head 6): 9 3"),
-          "layers:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "layers per virtual stage (12 layers, embedding 0, head 6): 9 3"),
+          "layers:\n%s", sim_out);
 
     char dir[] = "/tmp/loom_cmd_sim_dirXXXXXX", trace[256], bad[300];
     if (mkdtemp(dir)) {
         snprintf(trace, sizeof trace, "%s/t.json", dir);
         rc = sim("--schedule", "zb", "--trace", trace, NULL);
         struct stat sb;
-        CHECK(rc == 0 && stat(trace, &sb) == 0 && sb.st_size > 100, "trace written: exit %d\n%s", rc, out);
+        CHECK(rc == 0 && stat(trace, &sb) == 0 && sb.st_size > 100, "trace written: exit %d\n%s", rc, sim_out);
         snprintf(bad, sizeof bad, "%s/no/such/dir/t.json", dir);
         rc = sim("--schedule", "zb", "--trace", bad, NULL);
-        CHECK(rc == 73 && strstr(out, "cannot create"), "bad trace path: exit %d\n%s", rc, out);
+        CHECK(rc == 73 && strstr(sim_out, "cannot create"), "bad trace path: exit %d\n%s", rc, sim_out);
         unlink(trace);
         rmdir(dir);
     }
 
-    CHECK(sim("--help", NULL) == 0 && strstr(out, "usage: loom sim") && strstr(out, "--from-trace DIR"),
-          "--help:\n%s", out);
+    CHECK(sim("--help", NULL) == 0 && strstr(sim_out, "usage: loom sim") && strstr(sim_out, "--from-trace DIR"),
+          "--help:\n%s", sim_out);
 
     expect_usage(
         "interleaved needs --micro-batches divisible by pp=4, got 6",

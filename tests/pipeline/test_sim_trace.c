@@ -5,7 +5,7 @@
  *     phases and collectives; rank 1's clock 0.5 ms ahead), timed by hand:
  *     stage 0 F = 1 ms, B = 2 ms; stage 1 F = 2 ms, B = 3 ms; messages
  *     arrive 0.1 ms after their SEND. Every number the command prints is
- *     worked out below from that timeline, not from the simulator.
+ *     worked sim_out below from that timeline, not from the simulator.
  *  2. Round trip for every schedule (interleaved with v = 2, zb split):
  *     the simulator's own timeline written as traces reads back as the same
  *     per-stage costs, latency and bubble.
@@ -22,42 +22,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "sim_capture.h"
 #include "loom/sim.h"
 #include "loom/status.h"
 
-int cmd_sim(int argc, char **argv);
-
-static char out[1 << 17];
-
-/* Run `loom sim ARGS...` (NULL-terminated); stdout and stderr go to out. */
-static int sim(const char *first, ...) {
-    char *argv[64];
-    int argc = 0;
-    va_list ap;
-    va_start(ap, first);
-    for (const char *a = first; a && argc < 63; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
-    va_end(ap);
-    argv[argc] = NULL;
-    char path[] = "/tmp/loom_sim_traceXXXXXX";
-    const int fd = mkstemp(path);
-    fflush(stdout);
-    fflush(stderr);
-    const int o1 = dup(1), o2 = dup(2);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const int rc = cmd_sim(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(o1, 1);
-    dup2(o2, 2);
-    close(o1);
-    close(o2);
-    const ssize_t n = pread(fd, out, sizeof out - 1, 0);
-    out[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return rc;
-}
 
 static char root[] = "/tmp/loom_sim_trace_dirXXXXXX";
 
@@ -177,26 +145,26 @@ static void test_hand_written(void) {
 
     /* the command prints the same numbers */
     int rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"), NULL);
-    CHECK(rc == 0, "from-trace exit %d:\n%s", rc, out);
-    CHECK(strstr(out, "bubble    0.393939 (simulated") && strstr(out, "replayed  0.393939") &&
-              strstr(out, "measured  0.393939") && strstr(out, "diff      +0.000000") &&
-              strstr(out, "closed    0.333333 (p-1)/(m+p-1)"),
-          "bubble lines:\n%s", out);
-    CHECK(strstr(out, "comm 0.1000 ms: median of RECV end - SEND end over the 3 messages") != NULL, "comm:\n%s",
-          out);
-    CHECK(strstr(out, "  0                0     0      1.000      2.000          -") &&
-              strstr(out, "  1                1     0      2.000      3.000          -"),
-          "per-stage costs:\n%s", out);
-    CHECK(strstr(out, "warning") == NULL, "no transport warning:\n%s", out);
-    CHECK(strstr(out, "makespan  13.2 ms") != NULL, "makespan:\n%s", out);
+    CHECK(rc == 0, "from-trace exit %d:\n%s", rc, sim_out);
+    CHECK(strstr(sim_out, "bubble    0.393939 (simulated") && strstr(sim_out, "replayed  0.393939") &&
+              strstr(sim_out, "measured  0.393939") && strstr(sim_out, "diff      +0.000000") &&
+              strstr(sim_out, "closed    0.333333 (p-1)/(m+p-1)"),
+          "bubble lines:\n%s", sim_out);
+    CHECK(strstr(sim_out, "comm 0.1000 ms: median of RECV end - SEND end over the 3 messages") != NULL, "comm:\n%s",
+          sim_out);
+    CHECK(strstr(sim_out, "  0                0     0      1.000      2.000          -") &&
+              strstr(sim_out, "  1                1     0      2.000      3.000          -"),
+          "per-stage costs:\n%s", sim_out);
+    CHECK(strstr(sim_out, "warning") == NULL, "no transport warning:\n%s", sim_out);
+    CHECK(strstr(sim_out, "makespan  13.2 ms") != NULL, "makespan:\n%s", sim_out);
 
     /* --cost-comm overrides the estimate */
     rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"),
              "--cost-comm", "0", NULL);
     /* comm 0: rank 1 runs F0 [1,3] F1 [3,5] B0 [5,8] B1 [8,11]; rank 0 B0 [8,10] B1 [11,13] */
-    CHECK(rc == 0 && strstr(out, "comm 0 ms (--cost-comm; the trace's estimate is 0.1000 ms)") &&
-              strstr(out, "makespan  13 ms"),
-          "--cost-comm 0:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "comm 0 ms (--cost-comm; the trace's estimate is 0.1000 ms)") &&
+              strstr(sim_out, "makespan  13 ms"),
+          "--cost-comm 0:\n%s", sim_out);
 
     /* without the all-reduce the clocks stay 0.5 ms apart: rank 0's messages
      * seem 0.6 ms late, rank 1's -0.4 (clamped); the estimate says so */
@@ -207,8 +175,8 @@ static void test_hand_written(void) {
     put_file("noalign", "trace_rank0.json", RANK0);
     put_file("noalign", "trace_rank1.json", r1);
     rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("noalign"), NULL);
-    CHECK(rc == 0 && strstr(out, "(clocks not aligned)") && strstr(out, "measured  0.393939"),
-          "no all-reduce:\n%s", out);
+    CHECK(rc == 0 && strstr(sim_out, "(clocks not aligned)") && strstr(sim_out, "measured  0.393939"),
+          "no all-reduce:\n%s", sim_out);
 }
 
 /* ---- 2. round trip for every schedule ------------------------------------------ */
@@ -287,18 +255,18 @@ static void test_round_trip(void) {
     /* through the command, interleaved needs --virtual-stages and prints chunk labels */
     int rc = sim("--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--virtual-stages", "2",
                  "--from-trace", dir_of("rt2"), NULL);
-    CHECK(rc == 0 && strstr(out, "diff      +0.000000") && strstr(out, "F0.1"), "interleaved from trace:\n%s",
-          out);
+    CHECK(rc == 0 && strstr(sim_out, "diff      +0.000000") && strstr(sim_out, "F0.1"), "interleaved from trace:\n%s",
+          sim_out);
     rc = sim("--pp", "3", "--micro-batches", "6", "--schedule", "zb", "--from-trace", dir_of("rt3"), NULL);
-    CHECK(rc == 0 && strstr(out, "B and W separate") && strstr(out, "diff      +0.000000"), "zb from trace:\n%s",
-          out);
+    CHECK(rc == 0 && strstr(sim_out, "B and W separate") && strstr(sim_out, "diff      +0.000000"), "zb from trace:\n%s",
+          sim_out);
 }
 
 /* ---- 3. bad directories ---------------------------------------------------------- */
 
 static void expect(int want, const char *msg, int rc) {
-    CHECK(rc == want, "exit %d, want %d (%s):\n%s", rc, want, msg, out);
-    CHECK(strstr(out, msg) != NULL, "output lacks '%s':\n%s", msg, out);
+    CHECK(rc == want, "exit %d, want %d (%s):\n%s", rc, want, msg, sim_out);
+    CHECK(strstr(sim_out, msg) != NULL, "output lacks '%s':\n%s", msg, sim_out);
 }
 
 #define GPIPE2 "--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace"
