@@ -39,6 +39,20 @@ const char *check_scratch_dir(const char *tag) {
     return NULL;
 }
 
+const char *check_scratch_path(const char *name) {
+    static char buf[8][256];
+    static int next;
+    char *p = buf[next++ % 8];
+    snprintf(p, sizeof buf[0], "%s/%s", scratch_, name);
+    return p;
+}
+
+void check_write_bytes(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(data, 1, n, fp) != n) CHECK(0, "cannot write %s", path);
+    if (fp) fclose(fp);
+}
+
 static int remove_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);

@@ -25,6 +25,11 @@ void check_report_(const char *file, int line, const char *fmt, ...)
  * be made. */
 const char *check_scratch_dir(const char *tag);
 
+/* SCRATCH/name in one of 8 rotating buffers (check_scratch_dir first). */
+const char *check_scratch_path(const char *name);
+/* Write n bytes to path; a failed check if it cannot. */
+void check_write_bytes(const char *path, const void *data, size_t n);
+
 /* relative error max|a-b| / max(max|b|, tiny) over n floats */
 double check_max_rel_err(const float *a, const float *b, size_t n);
 int check_done(void);

@@ -20,20 +20,6 @@
 
 static const char *scratch; /* check_scratch_dir */
 
-static const char *path_of(const char *name) {
-    static char buf[8][256];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 256, "%s/%s", scratch, name);
-    return p;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(data, 1, n, fp) != n) CHECK(0, "cannot write %s", path);
-    if (fp) fclose(fp);
-}
-
 static size_t file_size(const char *path) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return 0;
@@ -51,7 +37,7 @@ static void write_shard_raw(const char *path, int32_t magic, int32_t version, in
     unsigned char *b = calloc(1, total);
     int32_t hdr[3] = {magic, version, count};
     memcpy(b, hdr, sizeof hdr);
-    write_bytes(path, b, total);
+    check_write_bytes(path, b, total);
     free(b);
 }
 
@@ -71,11 +57,11 @@ static void expect_open_fails(const char *label, const char *path, loom_status w
 static void test_round_trip(void) {
     uint32_t v1[5] = {0, 1, 50256, 65535, 7};
     uint32_t v2[4] = {0, 65536, 100000, 4000000000u};
-    const char *p1 = path_of("v1.bin"), *p2 = path_of("v2.bin");
+    const char *p1 = check_scratch_path("v1.bin"), *p2 = check_scratch_path("v2.bin");
     CHECK(loom_tokens_write(p1, v1, 5) == LOOM_OK, "write v1: %s", loom_errmsg());
     CHECK(loom_tokens_write(p2, v2, 4) == LOOM_OK, "write v2: %s", loom_errmsg());
     CHECK(file_size(p1) == 1024 + 5 * 2 && file_size(p2) == 1024 + 4 * 4, "shard sizes");
-    CHECK(!exists(path_of("v1.bin.tmp")), "no tmp left");
+    CHECK(!exists(check_scratch_path("v1.bin.tmp")), "no tmp left");
     loom_tokens t;
     CHECK(loom_tokens_open(p1, &t) == LOOM_OK, "open v1: %s", loom_errmsg());
     CHECK(t.version == 1 && t.n == 5, "v1: version %d n %zu", t.version, t.n);
@@ -87,22 +73,22 @@ static void test_round_trip(void) {
     loom_tokens_close(&t);
     CHECK(t.map == NULL, "close unmaps");
 
-    CHECK(loom_tokens_write(path_of("empty.bin"), v1, 0) == LOOM_EDATA, "writing 0 tokens is LOOM_EDATA");
-    CHECK(!exists(path_of("empty.bin")) && !exists(path_of("empty.bin.tmp")), "nothing written");
-    const char *nodir = path_of("no/such/dir.bin");
+    CHECK(loom_tokens_write(check_scratch_path("empty.bin"), v1, 0) == LOOM_EDATA, "writing 0 tokens is LOOM_EDATA");
+    CHECK(!exists(check_scratch_path("empty.bin")) && !exists(check_scratch_path("empty.bin.tmp")), "nothing written");
+    const char *nodir = check_scratch_path("no/such/dir.bin");
     CHECK(loom_tokens_write(nodir, v1, 5) == LOOM_ECANTCREAT, "missing dir: %s", loom_errmsg());
     CHECK(strstr(loom_errmsg(), nodir) != NULL, "message names the path: %s", loom_errmsg());
 }
 
 static void test_malformed(void) {
-    const char *p = path_of("bad.bin");
+    const char *p = check_scratch_path("bad.bin");
     uint32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     CHECK(loom_tokens_write(p, toks, 10) == LOOM_OK, "write: %s", loom_errmsg());
     CHECK(truncate(p, 1024 + 20 - 3) == 0, "truncate");
     expect_open_fails("truncated tokens", p, LOOM_EDATA, "10 tokens", "17 bytes");
     CHECK(truncate(p, 100) == 0, "truncate");
     expect_open_fails("truncated header", p, LOOM_EDATA, "100 bytes", NULL);
-    write_bytes(p, "", 0);
+    check_write_bytes(p, "", 0);
     expect_open_fails("empty file", p, LOOM_EDATA, "0 bytes", NULL);
     write_shard_raw(p, 20240521, 1, 10, 20);
     expect_open_fails("bad magic", p, LOOM_EDATA, "20240521", NULL);
@@ -117,13 +103,13 @@ static void test_malformed(void) {
     CHECK(!strstr(loom_errmsg(), "4294967291"), "negative count printed as unsigned: %s", loom_errmsg());
     write_shard_raw(p, LOOM_TOKENS_MAGIC, 1, 0, 0);
     expect_open_fails("empty shard", p, LOOM_EDATA, "empty", NULL);
-    expect_open_fails("missing file", path_of("missing.bin"), LOOM_ENOINPUT, NULL, NULL);
+    expect_open_fails("missing file", check_scratch_path("missing.bin"), LOOM_ENOINPUT, NULL, NULL);
     expect_open_fails("directory", scratch, LOOM_ENOINPUT, NULL, NULL);
 }
 
 static void test_vocab_and_len(void) {
     uint32_t toks[6] = {1, 2, 255, 300, 4, 256};
-    const char *p = path_of("vocab.bin");
+    const char *p = check_scratch_path("vocab.bin");
     CHECK(loom_tokens_write(p, toks, 6) == LOOM_OK, "write: %s", loom_errmsg());
     loom_tokens t;
     CHECK(loom_tokens_open(p, &t) == LOOM_OK, "open: %s", loom_errmsg());
@@ -145,7 +131,7 @@ static void test_vocab_and_len(void) {
 static void open_counting_shard(loom_tokens *t, size_t n) {
     uint32_t *toks = malloc(n * sizeof *toks);
     for (size_t i = 0; i < n; i++) toks[i] = (uint32_t)(i + 70000);
-    const char *p = path_of("count.bin");
+    const char *p = check_scratch_path("count.bin");
     CHECK(loom_tokens_write(p, toks, n) == LOOM_OK, "write: %s", loom_errmsg());
     CHECK(loom_tokens_open(p, t) == LOOM_OK, "open: %s", loom_errmsg());
     free(toks);
@@ -221,12 +207,12 @@ static void test_sequential(void) {
 }
 
 static void test_build_bytes(void) {
-    const char *a = path_of("a.txt"), *b = path_of("b.txt");
-    write_bytes(a, "Hello, ", 7);
-    write_bytes(b, "w\xc3\xb6rld\n\xff\x00!", 11);
+    const char *a = check_scratch_path("a.txt"), *b = check_scratch_path("b.txt");
+    check_write_bytes(a, "Hello, ", 7);
+    check_write_bytes(b, "w\xc3\xb6rld\n\xff\x00!", 11);
     const char *text = "Hello, w\xc3\xb6rld\n\xff\x00!";
     const char *inputs[2] = {a, b};
-    const char *train = path_of("train.bin"), *val = path_of("val.bin");
+    const char *train = check_scratch_path("train.bin"), *val = check_scratch_path("val.bin");
     size_t nt = 0, nv = 0;
     CHECK(loom_data_build_bytes(inputs, 2, train, val, 0.2, &nt, &nv) == LOOM_OK, "build: %s", loom_errmsg());
     CHECK(nt == 14 && nv == 4, "18 bytes x 0.2 = 3.6 rounds to 4 val: train %zu val %zu", nt, nv);
@@ -243,25 +229,25 @@ static void test_build_bytes(void) {
     CHECK(bad == 0, "val holds the tail");
     loom_tokens_close(&t);
 
-    const char *all = path_of("all.bin");
+    const char *all = check_scratch_path("all.bin");
     CHECK(loom_data_build_bytes(inputs, 2, all, NULL, 0.25, &nt, &nv) == LOOM_OK, "no val: %s", loom_errmsg());
     CHECK(nt == 18 && nv == 0, "without val everything goes to train: %zu %zu", nt, nv);
     CHECK(file_size(all) == 1024 + 18 * 2, "all.bin size");
 
     /* Failures write nothing: the earlier train/val shards stay as they were. */
     size_t old_train = file_size(train), old_val = file_size(val);
-    const char *missing[3] = {a, path_of("nope.txt"), b};
+    const char *missing[3] = {a, check_scratch_path("nope.txt"), b};
     CHECK(loom_data_build_bytes(missing, 3, train, val, 0.1, NULL, NULL) == LOOM_ENOINPUT, "missing input");
     CHECK(strstr(loom_errmsg(), "nope.txt") != NULL, "message names the input: %s", loom_errmsg());
-    const char *empty = path_of("empty.txt");
-    write_bytes(empty, "", 0);
+    const char *empty = check_scratch_path("empty.txt");
+    check_write_bytes(empty, "", 0);
     CHECK(loom_data_build_bytes(&empty, 1, train, val, 0.1, NULL, NULL) == LOOM_EDATA, "empty input");
     CHECK(loom_data_build_bytes(inputs, 2, train, val, 0.01, NULL, NULL) == LOOM_EDATA, "val rounds to 0");
     CHECK(loom_data_build_bytes(inputs, 2, train, val, 1.5, NULL, NULL) == LOOM_EUSAGE, "fraction 1.5");
-    CHECK(loom_data_build_bytes(inputs, 2, train, path_of("no/dir/val.bin"), 0.5, NULL, NULL) ==
+    CHECK(loom_data_build_bytes(inputs, 2, train, check_scratch_path("no/dir/val.bin"), 0.5, NULL, NULL) ==
               LOOM_ECANTCREAT, "unwritable val: %s", loom_errmsg());
     CHECK(file_size(train) == old_train && file_size(val) == old_val, "outputs untouched by failures");
-    CHECK(!exists(path_of("train.bin.tmp")) && !exists(path_of("val.bin.tmp")), "no tmp files left");
+    CHECK(!exists(check_scratch_path("train.bin.tmp")) && !exists(check_scratch_path("val.bin.tmp")), "no tmp files left");
 }
 
 static int same_bytes(const char *path, const char *want, size_t n) {
@@ -276,12 +262,12 @@ static int same_bytes(const char *path, const char *want, size_t n) {
 /* Invariant 5: outputs that name each other or an input are refused before
  * anything is written, and a directory given as input is a missing input. */
 static void test_build_bytes_refusals(void) {
-    const char *in = path_of("in.txt");
-    write_bytes(in, "some text to tokenize, long enough for a val split!", 51);
+    const char *in = check_scratch_path("in.txt");
+    check_write_bytes(in, "some text to tokenize, long enough for a val split!", 51);
     const char *inputs[1] = {in};
-    const char *train = path_of("keep_train.bin"), *val = path_of("keep_val.bin");
-    write_bytes(train, "OLD TRAIN", 9);
-    write_bytes(val, "OLD VAL", 7);
+    const char *train = check_scratch_path("keep_train.bin"), *val = check_scratch_path("keep_val.bin");
+    check_write_bytes(train, "OLD TRAIN", 9);
+    check_write_bytes(val, "OLD VAL", 7);
 
     /* the same path twice: the val split used to overwrite the train split */
     loom_clear_error();
@@ -290,7 +276,7 @@ static void test_build_bytes_refusals(void) {
     CHECK(st == LOOM_EUSAGE, "train == val: status %d, expected %d (%s)", st, LOOM_EUSAGE, m);
     CHECK(strstr(m, "train shard") && strstr(m, "val shard") && strstr(m, train), "train == val message: %s", m);
     CHECK(same_bytes(train, "OLD TRAIN", 9), "train == val: the existing train file changed");
-    CHECK(!exists(path_of("keep_train.bin.tmp")), "train == val: a tmp file was left");
+    CHECK(!exists(check_scratch_path("keep_train.bin.tmp")), "train == val: a tmp file was left");
 
     /* the same file spelled two ways, existing and not yet existing */
     char dotted[256], fresh_a[256], fresh_b[256];
@@ -301,11 +287,11 @@ static void test_build_bytes_refusals(void) {
     snprintf(fresh_b, sizeof fresh_b, "%s/../%s/fresh.bin", scratch, strrchr(scratch, '/') + 1);
     st = loom_data_build_bytes(inputs, 1, fresh_a, fresh_b, 0.2, NULL, NULL);
     CHECK(st == LOOM_EUSAGE, "new train == new val (other spelling): %d %s", st, loom_errmsg());
-    CHECK(!exists(fresh_a) && !exists(path_of("fresh.bin.tmp")), "refused build created a file");
+    CHECK(!exists(fresh_a) && !exists(check_scratch_path("fresh.bin.tmp")), "refused build created a file");
 
     /* val = train's tmp file: writing train.tmp would clobber the val file */
-    const char *val_tmp = path_of("keep_train.bin.tmp");
-    write_bytes(val_tmp, "OLD VAL", 7);
+    const char *val_tmp = check_scratch_path("keep_train.bin.tmp");
+    check_write_bytes(val_tmp, "OLD VAL", 7);
     st = loom_data_build_bytes(inputs, 1, train, val_tmp, 0.2, NULL, NULL);
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), val_tmp), "val == train.tmp: %d %s", st, loom_errmsg());
     CHECK(same_bytes(val_tmp, "OLD VAL", 7) && same_bytes(train, "OLD TRAIN", 9), "val == train.tmp: files changed");

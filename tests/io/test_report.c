@@ -19,14 +19,6 @@
 
 static const char *scratch; /* check_scratch_dir */
 
-static const char *path_of(const char *name) {
-    static char buf[8][256];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 256, "%s/%s", scratch, name);
-    return p;
-}
-
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
 static int is_dir(const char *path) {
@@ -76,24 +68,24 @@ static loom_status run_report(const loom_train_config *c, int rank, int steps, l
 
 static void test_success(void) {
     loom_train_config c;
-    const char *m = path_of("ok.jsonl");
+    const char *m = check_scratch_path("ok.jsonl");
     config_for(&c, m);
     loom_status st = run_report(&c, 0, 2, LOOM_OK, NULL);
     CHECK(st == LOOM_OK, "successful run: close gave %d (%s)", st, loom_errmsg());
     CHECK(count_lines(m) == 2, "metrics hold %d lines, expected 2", count_lines(m));
-    CHECK(!exists(path_of("ok.jsonl.tmp")), "tmp left after a successful run");
+    CHECK(!exists(check_scratch_path("ok.jsonl.tmp")), "tmp left after a successful run");
 
     /* other ranks write nothing and pass the status through */
-    const char *m1 = path_of("rank1.jsonl");
+    const char *m1 = check_scratch_path("rank1.jsonl");
     config_for(&c, m1);
     CHECK(run_report(&c, 1, 2, LOOM_OK, NULL) == LOOM_OK, "rank 1: close");
-    CHECK(!exists(m1) && !exists(path_of("rank1.jsonl.tmp")), "rank 1 wrote a metrics file");
+    CHECK(!exists(m1) && !exists(check_scratch_path("rank1.jsonl.tmp")), "rank 1 wrote a metrics file");
     CHECK(run_report(&c, 1, 2, LOOM_EDATA, NULL) == LOOM_EDATA, "rank 1: a failure passes through");
 }
 
 static void test_rename_fails(void) {
     loom_train_config c;
-    const char *m = path_of("taken.jsonl"), *tmp = path_of("taken.jsonl.tmp");
+    const char *m = check_scratch_path("taken.jsonl"), *tmp = check_scratch_path("taken.jsonl.tmp");
     config_for(&c, m);
     loom_status st = run_report(&c, 0, 2, LOOM_OK, m);
     const char *msg = loom_errmsg();
@@ -102,12 +94,12 @@ static void test_rename_fails(void) {
     CHECK(strstr(msg, "--metrics") && strstr(msg, m) && strstr(msg, tmp), "message names the flag, file and tmp: %s",
           msg);
     CHECK(count_lines(tmp) == 2, "the metrics stay in %s (%d lines)", tmp, count_lines(tmp));
-    CHECK(is_dir(m) && exists(path_of("taken.jsonl/occupied")), "what took the name is untouched");
+    CHECK(is_dir(m) && exists(check_scratch_path("taken.jsonl/occupied")), "what took the name is untouched");
 }
 
 static void test_failed_run_keeps_old(void) {
     loom_train_config c;
-    const char *m = path_of("old.jsonl");
+    const char *m = check_scratch_path("old.jsonl");
     FILE *fp = fopen(m, "w");
     CHECK(fp != NULL, "create %s", m);
     if (fp) {
@@ -118,12 +110,12 @@ static void test_failed_run_keeps_old(void) {
     loom_status st = run_report(&c, 0, 1, LOOM_EDATA, NULL);
     CHECK(st == LOOM_EDATA, "failed run: close gave %d, expected the run's %d", st, LOOM_EDATA);
     CHECK(count_lines(m) == 3, "a failed run changed the existing metrics (%d lines)", count_lines(m));
-    CHECK(count_lines(path_of("old.jsonl.tmp")) == 1, "partial metrics kept in the tmp file");
+    CHECK(count_lines(check_scratch_path("old.jsonl.tmp")) == 1, "partial metrics kept in the tmp file");
 }
 
 static void test_directory_refused_at_open(void) {
     loom_train_config c;
-    const char *d = path_of("adir");
+    const char *d = check_scratch_path("adir");
     CHECK(mkdir(d, 0755) == 0, "mkdir %s", d);
     config_for(&c, d);
     loom_report r;
@@ -132,7 +124,7 @@ static void test_directory_refused_at_open(void) {
     CHECK(st == LOOM_ECANTCREAT, "--metrics naming a directory: open gave %d, expected %d", st, LOOM_ECANTCREAT);
     CHECK(strstr(loom_errmsg(), "--metrics") && strstr(loom_errmsg(), d) && strstr(loom_errmsg(), "directory"),
           "message: %s", loom_errmsg());
-    CHECK(!exists(path_of("adir.tmp")), "a refused open created the tmp file");
+    CHECK(!exists(check_scratch_path("adir.tmp")), "a refused open created the tmp file");
     if (st == LOOM_OK) {
         loom_train_result res = {0};
         loom_report_close(&r, LOOM_EDATA, &res);

@@ -24,20 +24,6 @@
 
 static const char *scratch; /* check_scratch_dir */
 
-static const char *path_of(const char *name) {
-    static char buf[8][256];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, 256, "%s/%s", scratch, name);
-    return p;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(data, 1, n, fp) != n) CHECK(0, "cannot write %s", path);
-    if (fp) fclose(fp);
-}
-
 /* Read a whole file (caller frees); NULL if missing. */
 static unsigned char *read_bytes(const char *path, size_t *n) {
     FILE *fp = fopen(path, "rb");
@@ -59,7 +45,7 @@ static void write_st_raw(const char *path, uint64_t hlen, const char *header, si
     unsigned char *b = calloc(1, total);
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hlen >> (8 * i));
     memcpy(b + 8, header, n);
-    write_bytes(path, b, total);
+    check_write_bytes(path, b, total);
     free(b);
 }
 
@@ -128,9 +114,9 @@ static void check_tensor(const loom_st_file *f, const char *name, loom_st_dtype 
 }
 
 static void test_round_trip(void) {
-    const char *p = path_of("sample.safetensors");
+    const char *p = check_scratch_path("sample.safetensors");
     CHECK(write_sample(p) == LOOM_OK, "write: %s", loom_errmsg());
-    CHECK(!exists(path_of("sample.safetensors.tmp")), "no tmp file left");
+    CHECK(!exists(check_scratch_path("sample.safetensors.tmp")), "no tmp file left");
     loom_st_file *f = NULL;
     CHECK(loom_st_open(p, &f) == LOOM_OK, "open: %s", loom_errmsg());
     if (!f) return;
@@ -198,7 +184,7 @@ static void test_f16_bf16_conversion(void) {
     h[nf + 1] = 0x8000; /* -0 */
     uint16_t hb[8];
     for (int i = 0; i < nb; i++) hb[i] = bf16[i].h;
-    const char *p = path_of("conv.safetensors");
+    const char *p = check_scratch_path("conv.safetensors");
     loom_st_writer *w;
     CHECK(loom_st_writer_create(p, &w) == LOOM_OK, "create");
     loom_st_writer_add(w, "h", LOOM_ST_F16, 1, (int64_t[]){nf + 2}, h);
@@ -221,7 +207,7 @@ static void test_many_tensors(void) {
     enum { N = 300 };
     static int32_t vals[N];
     char name[32];
-    const char *p = path_of("many.safetensors");
+    const char *p = check_scratch_path("many.safetensors");
     loom_st_writer *w;
     CHECK(loom_st_writer_create(p, &w) == LOOM_OK, "create");
     for (int i = 0; i < N; i++) {
@@ -297,22 +283,22 @@ static const struct {
 };
 
 static void test_malformed(void) {
-    const char *p = path_of("bad.safetensors");
+    const char *p = check_scratch_path("bad.safetensors");
     for (size_t i = 0; i < sizeof bad_headers / sizeof bad_headers[0]; i++) {
         write_st(p, bad_headers[i].header, bad_headers[i].data_len);
         expect_open_fails(bad_headers[i].label, p, LOOM_EDATA, bad_headers[i].word);
     }
-    write_bytes(p, "", 0);
+    check_write_bytes(p, "", 0);
     expect_open_fails("empty file", p, LOOM_EDATA, "short");
-    write_bytes(p, "\x02\0\0\0\0\0\0", 7);
+    check_write_bytes(p, "\x02\0\0\0\0\0\0", 7);
     expect_open_fails("7-byte file", p, LOOM_EDATA, "short");
     write_st_raw(p, 1000, "{}", 4);
     expect_open_fails("header longer than file", p, LOOM_EDATA, "1000");
     write_st_raw(p, UINT64_MAX, "{}", 4);
     expect_open_fails("header length 2^64-1", p, LOOM_EDATA, "header length");
-    write_bytes(p, "\x08\0\0\0\0\0\0\0{}\0     ", 16);
+    check_write_bytes(p, "\x08\0\0\0\0\0\0\0{}\0     ", 16);
     expect_open_fails("NUL in header", p, LOOM_EDATA, "NUL");
-    expect_open_fails("missing file", path_of("does-not-exist.safetensors"), LOOM_ENOINPUT, NULL);
+    expect_open_fails("missing file", check_scratch_path("does-not-exist.safetensors"), LOOM_ENOINPUT, NULL);
     expect_open_fails("directory", scratch, LOOM_ENOINPUT, NULL);
 
     write_st(p, "{}      ", 0); /* valid: no tensors, space padding */
@@ -328,13 +314,13 @@ static void test_malformed(void) {
 /* Every truncation of a valid file is LOOM_EDATA; random header damage never
  * crashes (ASan/UBSan builds check the reads). */
 static void test_truncation_and_corruption(void) {
-    const char *src = path_of("sample.safetensors"), *p = path_of("cut.safetensors");
+    const char *src = check_scratch_path("sample.safetensors"), *p = check_scratch_path("cut.safetensors");
     size_t n;
     unsigned char *b = read_bytes(src, &n);
     if (!b) return;
     int wrong = 0;
     for (size_t len = 0; len < n; len++) {
-        write_bytes(p, b, len);
+        check_write_bytes(p, b, len);
         loom_st_file *f;
         loom_status st = loom_st_open(p, &f);
         wrong += st != LOOM_EDATA;
@@ -355,7 +341,7 @@ static void test_truncation_and_corruption(void) {
             size_t at = (size_t)((x >> 33) % (8 + hlen));
             m[at] = (x >> 20) & 1 ? (unsigned char)(x >> 24) : (unsigned char)alphabet[(x >> 24) % 23];
         }
-        write_bytes(p, m, n);
+        check_write_bytes(p, m, n);
         loom_st_file *f;
         if (loom_st_open(p, &f) != LOOM_OK) continue;
         opened++;
@@ -374,7 +360,7 @@ static void test_truncation_and_corruption(void) {
 /* ---- writer ---- */
 
 static void test_writer_misuse(void) {
-    const char *p = path_of("misuse.safetensors");
+    const char *p = check_scratch_path("misuse.safetensors");
     loom_st_writer *w;
     CHECK(loom_st_writer_create(p, &w) == LOOM_OK, "create");
     float x[4] = {0};
@@ -388,7 +374,7 @@ static void test_writer_misuse(void) {
     CHECK(loom_st_writer_add(w, "c", LOOM_ST_F32, 1, (int64_t[]){-1}, x) == LOOM_EINTERNAL, "negative dim");
     CHECK(loom_st_writer_add(w, "d", LOOM_ST_F32, 1, (int64_t[]){4}, NULL) == LOOM_EINTERNAL, "NULL data");
     loom_st_writer_abort(w);
-    CHECK(!exists(p) && !exists(path_of("misuse.safetensors.tmp")), "abort writes nothing");
+    CHECK(!exists(p) && !exists(check_scratch_path("misuse.safetensors.tmp")), "abort writes nothing");
 }
 
 static int file_equals(const char *path, const unsigned char *want, size_t n) {
@@ -412,20 +398,20 @@ static loom_status write_one(const char *path, const float *data, int64_t n) {
 
 static void test_writer_failures(void) {
     float small[4] = {1, 2, 3, 4};
-    const char *nodir = path_of("no/such/dir/x.safetensors");
+    const char *nodir = check_scratch_path("no/such/dir/x.safetensors");
     CHECK(write_one(nodir, small, 4) == LOOM_ECANTCREAT, "missing directory: %s", loom_errmsg());
     CHECK(strstr(loom_errmsg(), nodir) != NULL, "message names the path: %s", loom_errmsg());
 
     /* PATH is a directory: the rename fails, the directory stays. */
-    const char *dirpath = path_of("isdir.safetensors");
+    const char *dirpath = check_scratch_path("isdir.safetensors");
     mkdir(dirpath, 0755);
     CHECK(write_one(dirpath, small, 4) == LOOM_ECANTCREAT, "rename over a directory: %s", loom_errmsg());
     struct stat sb;
     CHECK(stat(dirpath, &sb) == 0 && S_ISDIR(sb.st_mode), "the directory is intact");
-    CHECK(!exists(path_of("isdir.safetensors.tmp")), "tmp removed after a failed rename");
+    CHECK(!exists(check_scratch_path("isdir.safetensors.tmp")), "tmp removed after a failed rename");
 
     /* An existing file survives a write that fails half way (file size limit). */
-    const char *p = path_of("keep.safetensors");
+    const char *p = check_scratch_path("keep.safetensors");
     CHECK(write_one(p, small, 4) == LOOM_OK, "first write: %s", loom_errmsg());
     size_t n;
     unsigned char *old = read_bytes(p, &n);
@@ -441,7 +427,7 @@ static void test_writer_failures(void) {
     setrlimit(RLIMIT_FSIZE, &saved);
     CHECK(st == LOOM_EIO, "write past the file size limit: status %d (%s)", st, loom_errmsg());
     CHECK(old && file_equals(p, old, n), "the existing file is untouched");
-    CHECK(!exists(path_of("keep.safetensors.tmp")), "tmp removed after a failed write");
+    CHECK(!exists(check_scratch_path("keep.safetensors.tmp")), "tmp removed after a failed write");
 
     /* And a successful write replaces it. */
     CHECK(write_one(p, big, BIG) == LOOM_OK, "second write: %s", loom_errmsg());

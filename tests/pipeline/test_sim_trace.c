@@ -5,7 +5,7 @@
  *     phases and collectives; rank 1's clock 0.5 ms ahead), timed by hand:
  *     stage 0 F = 1 ms, B = 2 ms; stage 1 F = 2 ms, B = 3 ms; messages
  *     arrive 0.1 ms after their SEND. Every number the command prints is
- *     worked sim_out below from that timeline, not from the simulator.
+ *     worked out below from that timeline, not from the simulator.
  *  2. Round trip for every schedule (interleaved with v = 2, zb split):
  *     the simulator's own timeline written as traces reads back as the same
  *     per-stage costs, latency and bubble.
