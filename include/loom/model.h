@@ -233,6 +233,9 @@ void loom_gpt_zero_grad(loom_gpt *m);
 /* After the last backward of a step: sum the gradients that sequence
  * parallelism leaves partial per TP rank (norms, wpe). Collective over tp. */
 loom_status loom_gpt_finish_grads(loom_gpt *m);
+/* The same for the tensors whose flat offset lies in [lo, lo + n), with their
+ * gradients in `grads` laid out like the flat buffer from lo (a DP bucket). */
+loom_status loom_gpt_sum_sp_partials(loom_gpt *m, float *grads, size_t lo, size_t n);
 
 /* The table of the whole model on one device (tp = 1), without memory:
  * names, global shapes and offsets of a full parameter file. */

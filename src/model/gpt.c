@@ -504,14 +504,18 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
     return LOOM_OK;
 }
 
-loom_status loom_gpt_finish_grads(loom_gpt *m) {
+loom_status loom_gpt_sum_sp_partials(loom_gpt *m, float *grads, size_t lo, size_t n) {
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *p = &m->params[i];
-        if (!p->sp_partial) continue;
-        size_t n = p->numel;
+        if (!p->sp_partial || p->offset < lo || p->offset >= lo + n) continue;
+        size_t count = p->numel;
         /* wpe rows past the sequence length get no gradient on any rank */
-        if (strcmp(p->name, "wpe.weight") == 0) n = (size_t)m->T * m->C;
-        LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, m->grad_mem + p->offset, n));
+        if (strcmp(p->name, "wpe.weight") == 0) count = (size_t)m->T * m->C;
+        LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, grads + (p->offset - lo), count));
     }
     return LOOM_OK;
+}
+
+loom_status loom_gpt_finish_grads(loom_gpt *m) {
+    return loom_gpt_sum_sp_partials(m, m->grad_mem, 0, m->num_params);
 }

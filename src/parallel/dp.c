@@ -95,16 +95,7 @@ loom_status loom_dp_progress(loom_dp_engine *e) {
 /* Sum over tp the gradients SP left partial, in the bucket's buffer `g`
  * (laid out like the model's flat range from b->lo). Collective over tp. */
 static loom_status sum_partials(dp_part *p, const dp_bucket *b, float *g) {
-    const loom_gpt *m = p->m;
-    if (!b->has_partial) return LOOM_OK;
-    for (int i = 0; i < m->n_params; i++) {
-        const loom_param *q = &m->params[i];
-        if (!q->sp_partial || q->offset < b->lo || q->offset >= b->lo + b->n) continue;
-        /* wpe rows past the sequence length get no gradient on any rank */
-        size_t n = strcmp(q->name, "wpe.weight") == 0 ? (size_t)m->T * m->C : q->numel;
-        LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, g + (q->offset - b->lo), n));
-    }
-    return LOOM_OK;
+    return b->has_partial ? loom_gpt_sum_sp_partials(p->m, g, b->lo, b->n) : LOOM_OK;
 }
 
 static void count_reduction(loom_dp_engine *e, dp_bucket *b, int overlapped) {
