@@ -109,3 +109,24 @@ def train(tmp, tag, np, args):
     m, p = os.path.join(tmp, safe + ".jsonl"), os.path.join(tmp, safe + ".safetensors")
     run(["train", "--metrics", m, "--save-params", p] + list(args), np=np)
     return m, p
+
+
+PEAK_RSS = os.path.join(SRC, "tests", "lib", "peak_rss.py")
+
+
+def peak_rss(tmp, tag, np, args, timeout=600):
+    """Run `loom ARGS` on np ranks, each under peak_rss.py; return the list of
+    per-rank peak resident bytes as the kernel measured them (ru_maxrss of
+    the loom process: its VmHWM), indexed by world rank."""
+    prefix = os.path.join(tmp, "rss_" + "".join(ch if ch.isalnum() else "_" for ch in tag))
+    cmd = [LOOM_RUN, "-np", str(np), sys.executable, PEAK_RSS, prefix, "--", LOOM]
+    p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        print("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd + [str(a) for a in args]),
+                                                 p.stdout, p.stderr))
+        raise SystemExit(1)
+    out = []
+    for r in range(np):
+        with open("%s.rank%d" % (prefix, r)) as f:
+            out.append(int(f.read()))
+    return out
