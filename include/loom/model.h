@@ -109,35 +109,47 @@ typedef struct loom_gpt_weights {
     loom_gpt_layer_w *h;  /* indexed by local block (l - layer_begin) */
 } loom_gpt_weights;
 
+/* What one block keeps from forward for backward, per slot. Nx = N/tp rows
+ * with SP, so under SP every tensor here shrinks with tp: the sequence-
+ * sharded ones by Nx, the rest by C_l / NH_l. The column-parallel matmuls
+ * (c_attn, c_fc, and the LM head) need all N rows of the LayerNorm output;
+ * as in Megatron only this rank's rows (ln1, ln2, lnf) are kept and the
+ * backward's weight half all-gathers them again into one shared (N,C)
+ * scratch, one at a time. The input-gradient half does not need them.
+ * Without SP (Nx = N) ln1, res2, ln2, res3 - (N,C) each - are replicated over
+ * tp and do not shrink: that is the memory SP exists to save. fch_gelu could
+ * be recomputed from fch, but it already shrinks with tp (4C_l columns). */
 typedef struct loom_gpt_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Nx,C) (Nx) (Nx) */
-    float *ln1g;                      /* (N,C) gathered (SP), else = ln1 */
     float *qkv;                       /* (N,3C_l) */
     float *atty;                      /* (N,C_l) */
     float *att;                       /* (B,NH_l,T,T) */
     float *res2;                      /* (Nx,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (Nx,C) (Nx) (Nx) */
-    float *ln2g;                      /* (N,C) gathered (SP), else = ln2 */
     float *fch, *fch_gelu;            /* (N,4C_l) */
     float *res3;                      /* (Nx,C) */
 } loom_gpt_layer_acts;
 
 /* Output gradients kept between the input-gradient (B) and weight-gradient
- * (W) halves of the backward pass, per block. */
+ * (W) halves of the backward pass, per block. A slot's own (split backward)
+ * under SP is `sharded`: the row-parallel output gradients dfcp and dproj
+ * are kept as this rank's (Nx,C) rows and re-gathered by W, so they shrink
+ * with tp too; the shared one of a full backward keeps them gathered. */
 typedef struct loom_gpt_dsave {
-    float *dfcp;  /* (N,C)    d(mlp c_proj out), gathered */
+    float *dfcp;  /* (N,C) or (Nx,C) sharded: d(mlp c_proj out) */
     float *dfch;  /* (N,4C_l) d(c_fc out) */
     float *dln2;  /* (Nx,C)   d(ln_2 out) */
-    float *dproj; /* (N,C)    d(attn c_proj out), gathered */
+    float *dproj; /* (N,C) or (Nx,C) sharded: d(attn c_proj out) */
     float *dqkv;  /* (N,3C_l) d(c_attn out) */
     float *dln1;  /* (Nx,C)   d(ln_1 out) */
+    int sharded;
 } loom_gpt_dsave;
 
 typedef struct loom_gpt_slot {
     int32_t *inputs, *targets; /* (B,T) */
     float *x;                  /* (Nx,C) input of the first block: embedding output or received */
     loom_gpt_layer_acts *acts; /* per local block */
-    float *lnf, *lnf_mean, *lnf_rstd, *lnfg; /* (Nx,C) (Nx) (Nx) (N,C) */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (Nx,C) (Nx) (Nx) */
     float *logits;             /* (N,V_l) softmax probabilities after forward, dlogits after B */
     float *losses;             /* (N) */
     float *dx;                 /* (Nx,C) gradient of x (sent to the previous stage) */
@@ -177,7 +189,11 @@ struct loom_gpt {
     float *param_mem, *grad_mem;
     loom_gpt_weights w, g; /* views into param_mem and grad_mem */
     loom_gpt_slot *slots;
-    /* backward scratch, shared by all slots */
+    /* scratch shared by all slots and blocks. Per slot and not per block,
+     * these do not shrink with tp: inputs, targets, losses (N each) of a
+     * slot; dfull (SP: the one gathered (N,C) copy - forward's col_in and
+     * row_out rows, backward's re-gathers), dlnfull (N,C), xmax, xsum and
+     * scratch_ds's dfcp, dproj (N,C) here. */
     float *dres, *dfull, *d4c, *datty, *dlnfull, *dlnf; /* (Nx,C) (N,C) (N,4C_l) (N,C_l) (N,C) (Nx,C) */
     float *xmax, *xsum;         /* (N), (2N): sums then target logits, one all-reduce */
     int V_valid_l;              /* real (unpadded) vocab rows on this rank */

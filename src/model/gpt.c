@@ -55,12 +55,17 @@ static void *take(loom_arena *a, size_t bytes) {
 
 #define F(n) ((size_t)(n) * sizeof(float))
 
-static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d) {
+/* sharded: a slot's own dsave under SP keeps the row-parallel output
+ * gradients as this rank's (Nx,C) rows and W re-gathers them; the shared
+ * scratch_ds (full backward) keeps them gathered, as W runs right after B. */
+static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d, int sharded) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
-    d->dfcp = take(a, F(N * C));
+    const size_t Nr = sharded ? Nx : N;
+    d->sharded = sharded;
+    d->dfcp = take(a, F(Nr * C));
     d->dfch = take(a, F(N * 4 * Cl));
     d->dln2 = take(a, F(Nx * C));
-    d->dproj = take(a, F(N * C));
+    d->dproj = take(a, F(Nr * C));
     d->dqkv = take(a, F(N * 3 * Cl));
     d->dln1 = take(a, F(Nx * C));
 }
@@ -68,7 +73,6 @@ static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d) {
 static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
     const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
     const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
-    const int sp = m->part.tp.sp;
     s->inputs = take(a, N * sizeof(int32_t));
     s->targets = take(a, N * sizeof(int32_t));
     s->x = take(a, F(Nx * C));
@@ -78,7 +82,6 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
         x->ln1 = take(a, F(Nx * C));
         x->ln1_mean = take(a, F(Nx));
         x->ln1_rstd = take(a, F(Nx));
-        x->ln1g = sp ? take(a, F(N * C)) : x->ln1;
         x->qkv = take(a, F(N * 3 * Cl));
         x->atty = take(a, F(N * Cl));
         x->att = take(a, F(B * NHl * T * T));
@@ -86,17 +89,15 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
         x->ln2 = take(a, F(Nx * C));
         x->ln2_mean = take(a, F(Nx));
         x->ln2_rstd = take(a, F(Nx));
-        x->ln2g = sp ? take(a, F(N * C)) : x->ln2;
         x->fch = take(a, F(N * 4 * Cl));
         x->fch_gelu = take(a, F(N * 4 * Cl));
         x->res3 = take(a, F(Nx * C));
-        if (s->ds) layout_dsave(m, a, &s->ds[l]);
+        if (s->ds) layout_dsave(m, a, &s->ds[l], m->part.tp.sp);
     }
     if (m->part.has_head) {
         s->lnf = take(a, F(Nx * C));
         s->lnf_mean = take(a, F(Nx));
         s->lnf_rstd = take(a, F(Nx));
-        s->lnfg = sp ? take(a, F(N * C)) : s->lnf;
         s->logits = take(a, F(N * (size_t)m->V_l));
         s->losses = take(a, F(N));
         if (s->ds) s->dlnf = take(a, F(Nx * C));
@@ -107,14 +108,14 @@ static void layout_acts(loom_gpt *m, loom_arena *a) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
     for (int s = 0; s < m->opts.n_slots; s++) layout_slot(m, a, &m->slots[s]);
     m->dres = take(a, F(Nx * C));
-    m->dfull = m->part.tp.sp ? take(a, F(N * C)) : NULL; /* SP's gathered rows */
+    m->dfull = m->part.tp.sp ? take(a, F(N * C)) : NULL; /* SP's gathered rows, one at a time */
     m->d4c = take(a, F(N * 4 * Cl));
     m->datty = take(a, F(N * Cl));
     m->dlnfull = take(a, F(N * C));
     m->dlnf = take(a, F(Nx * C));
     m->xmax = take(a, F(N));
     m->xsum = take(a, F(2 * N));
-    layout_dsave(m, a, &m->scratch_ds);
+    layout_dsave(m, a, &m->scratch_ds, 0);
     m->att_scratch = take(a, F(loom_attention_scratch_floats(m->T)));
 }
 
@@ -246,10 +247,23 @@ static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.ha
 
 /* ---- the TP regions around a block's two matmuls ------------------------ */
 
-/* Into a column-parallel matmul: x (Nx,C) -> xg (N,C). */
-static loom_status col_in_fwd(loom_gpt *m, float *x, float *xg) {
-    if (m->part.tp.sp) return loom_sp_gather_fwd(&m->part.tp, x, xg, (size_t)m->Nx * m->C);
-    return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
+/* Into a column-parallel matmul: x (Nx,C) -> *xg, its (N,C) rows. With SP
+ * they are gathered into the shared scratch m->dfull, valid until the next
+ * use of it: only the shard x is kept for backward. Without SP *xg = x. */
+static loom_status col_in_fwd(loom_gpt *m, float *x, const float **xg) {
+    *xg = x;
+    if (!m->part.tp.sp) return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
+    *xg = m->dfull;
+    return loom_sp_gather_fwd(&m->part.tp, x, m->dfull, (size_t)m->Nx * m->C);
+}
+/* Backward's re-gather (W): the (N,C) rows of a kept (Nx,C) shard into
+ * m->dfull with SP - the all-gather Megatron repeats in backward instead of
+ * keeping the gathered rows; x itself without SP (or when already full). */
+static loom_status sp_regather(loom_gpt *m, const float *x, int sharded, const float **xg) {
+    *xg = x;
+    if (!m->part.tp.sp || !sharded) return LOOM_OK;
+    *xg = m->dfull;
+    return loom_sp_gather_fwd(&m->part.tp, x, m->dfull, (size_t)m->Nx * m->C);
 }
 /* Its conjugate: partial dxg (N,C) -> dx (Nx,C) summed over tp. */
 static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
@@ -297,9 +311,10 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l, sp = m->part.tp.sp;
     const float *res = block_out(s, li - 1); /* (Nx,C) */
     /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
+    const float *xg; /* (N,C) the LayerNorm output's rows, gathered under SP */
     loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
-    LOOM_TRY(col_in_fwd(m, a->ln1, a->ln1g));
-    loom_matmul_fwd(a->qkv, a->ln1g, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
+    LOOM_TRY(col_in_fwd(m, a->ln1, &xg));
+    loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
     loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
@@ -307,8 +322,8 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     add_bias_residual(a->res2, res, w->proj_b, Nx, C);
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
     loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
-    LOOM_TRY(col_in_fwd(m, a->ln2, a->ln2g));
-    loom_matmul_fwd(a->fch, a->ln2g, w->fc_w, w->fc_b, N, C, 4 * Cl);
+    LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
+    loom_matmul_fwd(a->fch, xg, w->fc_w, w->fc_b, N, C, 4 * Cl);
     loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
     y = sp ? m->dfull : a->res3;
     loom_matmul_fwd(y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
@@ -323,8 +338,9 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
     const loom_tp *tp = &m->part.tp;
     loom_layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
                        m->w.lnf_b, Nx, C);
-    LOOM_TRY(col_in_fwd(m, s->lnf, s->lnfg));
-    loom_matmul_nt_fwd(s->logits, s->lnfg, m->w.wte, N, C, Vl);
+    const float *xg;
+    LOOM_TRY(col_in_fwd(m, s->lnf, &xg));
+    loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
     if (!s->have_targets) return LOOM_OK;
     loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
     LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
@@ -365,7 +381,7 @@ static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float dloss, fl
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
     loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, N, Vl);
     memset(m->dlnfull, 0, F((size_t)N * C));
-    loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, s->lnfg, m->w.wte, N, C, Vl);
+    loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
     memset(m->dres, 0, F((size_t)Nx * C));
     loom_layernorm_bwd(m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
@@ -379,24 +395,30 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     const loom_gpt_layer_acts *a = &s->acts[li];
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
     float *dres = m->dres;
+    /* gathered output gradients of the row-parallel matmuls: in d, or in
+     * m->dfull when d keeps only this rank's rows (a copy of dres) */
+    float *dy = d->sharded ? m->dfull : d->dfcp; /* (N,C) */
     /* MLP branch; the residual passes dres through unchanged */
-    LOOM_TRY(row_out_bwd(m, dres, d->dfcp));
+    if (d->sharded) memcpy(d->dfcp, dres, F((size_t)Nx * C));
+    LOOM_TRY(row_out_bwd(m, dres, dy));
     memset(m->d4c, 0, F((size_t)N * 4 * Cl));
-    loom_matmul_bwd(m->d4c, NULL, NULL, d->dfcp, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+    loom_matmul_bwd(m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
     memset(d->dfch, 0, F((size_t)N * 4 * Cl));
     loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
     memset(m->dlnfull, 0, F((size_t)N * C));
-    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, a->ln2g, w->fc_w, N, C, 4 * Cl);
+    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     loom_layernorm_bwd(dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
     /* attention branch */
-    LOOM_TRY(row_out_bwd(m, dres, d->dproj));
+    dy = d->sharded ? m->dfull : d->dproj;
+    if (d->sharded) memcpy(d->dproj, dres, F((size_t)Nx * C));
+    LOOM_TRY(row_out_bwd(m, dres, dy));
     memset(m->datty, 0, F((size_t)N * Cl));
-    loom_matmul_bwd(m->datty, NULL, NULL, d->dproj, a->atty, w->proj_w, N, Cl, C);
+    loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
     loom_attention_bwd(d->dqkv, m->att_scratch, m->datty, a->qkv, a->att, m->B, m->T, Cl, m->NH_l);
     memset(m->dlnfull, 0, F((size_t)N * C));
-    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, a->ln1g, w->qkv_w, N, C, 3 * Cl);
+    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
     loom_layernorm_bwd(dres, NULL, NULL, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
                        a->ln1_rstd, Nx, C);
@@ -419,26 +441,37 @@ static void qkv_bias_grad(float *db, const float *dqkv, int N, int Cl) {
     }
 }
 
-static void block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const loom_gpt_dsave *d) {
+/* Under SP each (N,C) operand below is re-gathered from the kept shard into
+ * m->dfull just before its one matmul: one full copy alive at a time. */
+static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const loom_gpt_dsave *d) {
     const loom_gpt_layer_w *w = &m->w.h[li];
     loom_gpt_layer_w *g = &m->g.h[li];
     const loom_gpt_layer_acts *a = &s->acts[li];
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
-    loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, d->dfcp, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
-    loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, a->ln2g, w->fc_w, N, C, 4 * Cl);
+    const float *full; /* (N,C) */
+    LOOM_TRY(sp_regather(m, d->dfcp, d->sharded, &full));
+    loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+    LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
+    loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
     loom_layernorm_bwd(NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
                        a->ln2_rstd, Nx, C);
-    loom_matmul_bwd(NULL, g->proj_w, g->proj_b, d->dproj, a->atty, w->proj_w, N, Cl, C);
-    loom_matmul_bwd(NULL, g->qkv_w, NULL, d->dqkv, a->ln1g, w->qkv_w, N, C, 3 * Cl);
+    LOOM_TRY(sp_regather(m, d->dproj, d->sharded, &full));
+    loom_matmul_bwd(NULL, g->proj_w, g->proj_b, full, a->atty, w->proj_w, N, Cl, C);
+    LOOM_TRY(sp_regather(m, a->ln1, 1, &full));
+    loom_matmul_bwd(NULL, g->qkv_w, NULL, d->dqkv, full, w->qkv_w, N, C, 3 * Cl);
     qkv_bias_grad(g->qkv_b, d->dqkv, N, Cl);
     loom_layernorm_bwd(NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w,
                        a->ln1_mean, a->ln1_rstd, Nx, C);
+    return LOOM_OK;
 }
 
-static void head_bwd_weight(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
-    loom_matmul_nt_bwd(NULL, m->g.wte, s->logits, s->lnfg, m->w.wte, m->N, m->C, m->V_l);
+static loom_status head_bwd_weight(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
+    const float *lnfg; /* (N,C) */
+    LOOM_TRY(sp_regather(m, s->lnf, 1, &lnfg));
+    loom_matmul_nt_bwd(NULL, m->g.wte, s->logits, lnfg, m->w.wte, m->N, m->C, m->V_l);
     loom_layernorm_bwd(NULL, m->g.lnf_w, m->g.lnf_b, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
                        s->lnf_mean, s->lnf_rstd, m->Nx, m->C);
+    return LOOM_OK;
 }
 
 /* From s->dx = d(embedding output). */
@@ -460,7 +493,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
     if (m->part.has_head) {
         float *dlnf = split ? s->dlnf : m->dlnf;
         LOOM_TRY(head_bwd_input(m, s, dloss, dlnf));
-        if (!split) head_bwd_weight(m, s, dlnf);
+        if (!split) LOOM_TRY(head_bwd_weight(m, s, dlnf));
     } else {
         memcpy(m->dres, dy, F(nx));
     }
@@ -470,7 +503,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         HOOK(pre_backward, unit);
         LOOM_TRY(block_bwd_input(m, s, li, d));
         if (!split) {
-            block_bwd_weight(m, s, li, d);
+            LOOM_TRY(block_bwd_weight(m, s, li, d));
             HOOK(post_backward, unit);
         }
     }
@@ -494,9 +527,9 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
     loom_gpt_slot *s = &m->slots[slot];
     if (!m->opts.split_backward)
         return loom_fail(LOOM_EINTERNAL, "backward_weight needs a model created with split_backward");
-    if (m->part.has_head) head_bwd_weight(m, s, s->dlnf);
+    if (m->part.has_head) LOOM_TRY(head_bwd_weight(m, s, s->dlnf));
     for (int li = m->L_l - 1; li >= 0; li--) {
-        block_bwd_weight(m, s, li, &s->ds[li]);
+        LOOM_TRY(block_bwd_weight(m, s, li, &s->ds[li]));
         HOOK(post_backward, m->part.layer_begin + li);
     }
     if (m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
