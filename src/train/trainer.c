@@ -144,7 +144,9 @@ static void report_tp_regions(const loom_train_run_state *s) {
     if (c->sp)
         loom_info("tp=%d with sp: each block issues, per micro-batch, forward 2 all-gathers + 2 "
                   "reduce-scatters and backward 2 all-gathers + 2 reduce-scatters of the (B*T, C) "
-                  "activations (%.1f KB each, counted whole)", c->layout.tp, kb);
+                  "activations, plus 2 all-gathers re-gathering the LayerNorm outputs it keeps "
+                  "sharded (4 with a split backward) (%.1f KB each, counted whole)",
+                  c->layout.tp, kb);
     else
         loom_info("tp=%d: each block issues, per micro-batch, 2 all-reduces forward (after attention "
                   "and MLP) and 2 backward (into their inputs) of the (B*T, C) activations (%.1f KB each)",

@@ -25,6 +25,15 @@ identity backward):
   block bwd, x2   g (row_out)   -                      all-gather     N*h
   block bwd, x2   f (col_in)    all-reduce  N*h        reduce-scatter N*h
   embedding bwd   g (row_out)   -                      all-gather     N*h
+  block bwd W, x2 re-gather LN  -                      all-gather     N*h
+  head bwd W      re-gather LN  -                      all-gather     N*h
+
+With SP a block keeps only its rank's rows of the LayerNorm outputs (ln_1,
+ln_2, ln_f); the weight gradients of the column-parallel matmuls (c_attn,
+c_fc, the LM head) need all N rows, so backward all-gathers them again
+(Megatron's trade: 2L+1 more all-gathers per micro-batch for (N,h) floats
+less memory per block). A split backward (zero-bubble, not run here) also
+re-gathers the two row-parallel output gradients per block in W.
 
 Once per step:
   SP grads (loom_gpt_finish_grads, SP only): one all-reduce per parameter
@@ -38,7 +47,7 @@ Once per step:
 Totals per step on each TP rank:
   without SP: all-reduce      K*(4L+4) + 1 calls,
                               K*(4*N*h*(4L+2) + 12*N) + 8 bytes
-  with SP:    all-gather      K*(4L+2) calls, K*4*N*h*(4L+2) bytes
+  with SP:    all-gather      K*(6L+3) calls, K*4*N*h*(6L+3) bytes
               reduce-scatter  K*(4L+2) calls, K*4*N*h*(4L+2) bytes
               all-reduce      2K + 4L+3 + 1 calls,
                               K*12*N + 4*h*(4L+2+s) + 8 bytes
@@ -76,6 +85,7 @@ def theory(cfg, tp, dp, sp, batch, seq, accum):
     N, K = b * seq, accum
     act = 4 * N * h  # bytes of one B.s.h activation
     n_act = 4 * L + 2  # activation collectives per micro-batch (fwd + bwd)
+    n_regather = 2 * L + 1  # SP: LayerNorm outputs gathered again for the weight gradients
     xent = (2, 4 * N + 8 * N)  # max (N floats) + sum-exp and target logit (2N floats)
     norm = (1, 8)
     if tp == 1:
@@ -85,7 +95,7 @@ def theory(cfg, tp, dp, sp, batch, seq, accum):
                               K * (n_act * act + xent[1]) + norm[1])}
     sp_grads = (4 * L + 3, 4 * (4 * L * h + s * h + 2 * h))
     return {
-        "allgather": (K * n_act, K * n_act * act),
+        "allgather": (K * (n_act + n_regather), K * (n_act + n_regather) * act),
         "reduce_scatter": (K * n_act, K * n_act * act),
         "allreduce": (K * xent[0] + sp_grads[0] + norm[0], K * xent[1] + sp_grads[1] + norm[1]),
     }
