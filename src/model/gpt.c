@@ -247,23 +247,22 @@ static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.ha
 
 /* ---- the TP regions around a block's two matmuls ------------------------ */
 
-/* Into a column-parallel matmul: x (Nx,C) -> *xg, its (N,C) rows. With SP
- * they are gathered into the shared scratch m->dfull, valid until the next
- * use of it: only the shard x is kept for backward. Without SP *xg = x. */
-static loom_status col_in_fwd(loom_gpt *m, float *x, const float **xg) {
-    *xg = x;
-    if (!m->part.tp.sp) return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
-    *xg = m->dfull;
-    return loom_sp_gather_fwd(&m->part.tp, x, m->dfull, (size_t)m->Nx * m->C);
-}
-/* Backward's re-gather (W): the (N,C) rows of a kept (Nx,C) shard into
- * m->dfull with SP - the all-gather Megatron repeats in backward instead of
- * keeping the gathered rows; x itself without SP (or when already full). */
+/* The (N,C) rows of a (Nx,C) shard x: with SP all-gathered into the shared
+ * scratch m->dfull (valid until its next use), x itself without SP or when
+ * x is not `sharded`. Backward's weight half calls it to gather again what
+ * forward gathered - Megatron's trade of an all-gather for (N,C) memory. */
 static loom_status sp_regather(loom_gpt *m, const float *x, int sharded, const float **xg) {
     *xg = x;
     if (!m->part.tp.sp || !sharded) return LOOM_OK;
     *xg = m->dfull;
     return loom_sp_gather_fwd(&m->part.tp, x, m->dfull, (size_t)m->Nx * m->C);
+}
+/* Into a column-parallel matmul: x (Nx,C) -> *xg, its (N,C) rows; under SP
+ * only the shard x is kept for backward. */
+static loom_status col_in_fwd(loom_gpt *m, float *x, const float **xg) {
+    if (m->part.tp.sp) return sp_regather(m, x, 1, xg);
+    *xg = x;
+    return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
 }
 /* Its conjugate: partial dxg (N,C) -> dx (Nx,C) summed over tp. */
 static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
