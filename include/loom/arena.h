@@ -17,6 +17,7 @@ typedef struct loom_arena {
     char *base;       /* NULL while planning */
     size_t used;      /* bytes handed out (or planned) so far */
     size_t cap;       /* bytes committed */
+    int mapped;       /* base came from mmap (large arenas), else aligned_alloc */
 } loom_arena;
 
 #define LOOM_ARENA_ALIGN 64
@@ -24,7 +25,10 @@ typedef struct loom_arena {
 void loom_arena_init(loom_arena *a, const char *name);
 /* Planning: count n bytes (aligned) without memory. */
 void loom_arena_reserve(loom_arena *a, size_t nbytes);
-/* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. LOOM_EOS when
+/* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. The memory is
+ * not touched: a large arena is mapped from the kernel's zero pages, which
+ * become resident only when first written, so bytes planned but never used
+ * (a buffer a ZeRO stage leaves alone) cost no resident memory. LOOM_EOS when
  * the memory cannot be had (message names the arena and the size);
  * LOOM_EINTERNAL if the arena is already committed. */
 loom_status loom_arena_commit(loom_arena *a);

@@ -118,8 +118,13 @@ typedef struct loom_dp_engine loom_dp_engine;
 /* Local: sizes buffers and installs hooks on the parts. LOOM_EUSAGE for a
  * stage the parts cannot run (ZeRO-2/3 with a split backward or a tied
  * embedding shared between parts - pipelines), LOOM_EOS without memory.
- * The parameters in the parts' param_mem when the first step begins are the
- * starting point (ZeRO-3 takes its shards from them then). */
+ * Storage: a part created with external_grads (external_params) gets its
+ * gradient (parameter) views bound by the engine; ZeRO-2 needs no full
+ * gradient buffer and ZeRO-3 no full parameter buffer, so the trainer
+ * creates the parts without them and sharded state is the only state.
+ * Starting point: write the parameters through loom_dp_param_runs before
+ * the first step; at ZeRO-3 a part that does have param_mem may instead
+ * hold them there, and the first loom_dp_begin_step takes its shards from it. */
 loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_dp_config *cfg, const loom_adamw_hparams *hp,
                                   loom_dp_engine **out);
@@ -136,8 +141,22 @@ loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm);
 loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale);
 /* Make every part's param_mem hold the full current parameters (ZeRO-3
  * keeps only shards between steps; the other stages keep param_mem whole and
- * return at once). Collective over dp. */
+ * return at once). Collective over dp. LOOM_EINTERNAL at ZeRO-3 for a part
+ * without param_mem (read the shards through loom_dp_param_runs instead). */
 loom_status loom_dp_gather_params(loom_dp_engine *e);
+
+/* Where this rank keeps part `part`'s parameters: runs of the part's flat
+ * layout, data[0..n) holding flat floats [lo, lo + n). ZeRO-3: this rank's
+ * slice of every unit (a run per unit, dp ranks holding disjoint runs);
+ * below: one run, the whole param_mem, on every dp rank. Valid for the
+ * engine's lifetime; *n_runs gets the count. Local. */
+typedef struct loom_param_run {
+    float *data;
+    size_t lo, n;
+} loom_param_run;
+const loom_param_run *loom_dp_param_runs(const loom_dp_engine *e, int part, int *n_runs);
+/* 1 when the runs of different dp ranks are disjoint slices (ZeRO-3). */
+int loom_dp_params_sharded(const loom_dp_engine *e);
 void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out);
 /* Timings of the last step (reset by loom_dp_begin_step). With the
  * environment variable LOOM_DP_TIMINGS=PREFIX set, every rank also appends

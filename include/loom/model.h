@@ -174,6 +174,11 @@ typedef struct loom_gpt_opts {
     int B, T;            /* micro-batch planned for (the largest that will run) */
     int n_slots;         /* micro-batches in flight (default 1) */
     int split_backward;  /* keep B and W apart (zero-bubble schedules) */
+    /* The part allocates no flat parameter (gradient) buffer: param_mem
+     * (grad_mem) is NULL and the caller binds storage per unit with
+     * loom_gpt_bind_unit before the unit runs - ZeRO-3 (ZeRO-2/3) keep only
+     * shards plus a few unit-sized buffers. */
+    int external_params, external_grads;
 } loom_gpt_opts;
 
 struct loom_gpt {
@@ -186,7 +191,7 @@ struct loom_gpt {
     int n_params;
     loom_param *params;
     size_t num_params;   /* floats in the flat buffers */
-    float *param_mem, *grad_mem;
+    float *param_mem, *grad_mem; /* NULL with opts.external_params / external_grads */
     loom_gpt_weights w, g; /* views into param_mem and grad_mem */
     loom_gpt_slot *slots;
     /* scratch shared by all slots and blocks. Per slot and not per block,
@@ -214,6 +219,10 @@ void loom_gpt_free(loom_gpt *m);
  * (attn.c_proj, mlp.c_proj), zeros for biases and vocab padding, ones for
  * LayerNorm weights. */
 void loom_gpt_init_params(loom_gpt *m, uint64_t seed);
+/* The same values for the flat range [lo, lo + n) of the part's layout,
+ * written to dst[0..n) (padding between tensors is zero): how a rank that
+ * keeps only a shard initialises it without ever holding the whole part. */
+void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst);
 const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name);
 /* Float range [*offset, *offset + *count) of a unit in the flat buffers. */
 void loom_gpt_unit_range(const loom_gpt *m, int unit, size_t *offset, size_t *count);

@@ -92,10 +92,15 @@ void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float be
  * lm_head.weight and the attn.bias / attn.masked_bias mask buffers; a missing
  * tensor, wrong shape or non-finite value is LOOM_EDATA naming it. Both are
  * collective over mesh->world; with mesh NULL, one process reads or writes
- * alone. */
+ * alone. With a DP engine `dp`, parameters are read and written where the
+ * engine keeps them (loom_dp_param_runs: ZeRO-3's shards, each dp rank its
+ * own slices, never gathered into a whole part); with dp NULL, in each
+ * part's param_mem. The file itself is still assembled in one whole-model
+ * buffer per rank (sharded checkpoints are a later issue). */
+struct loom_dp_engine;
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
-                             const char *path);
+                             const struct loom_dp_engine *dp, const char *path);
 loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
-                             const char *path);
+                             const struct loom_dp_engine *dp, const char *path);
 
 #endif

@@ -12,6 +12,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* From this size on, arenas are mapped: zero pages, resident only once written. */
+#define ARENA_MAP_MIN ((size_t)1 << 20)
 
 /* n rounded up to the alignment, or SIZE_MAX when that overflows. */
 static size_t arena_round_up(size_t n) {
@@ -29,6 +33,7 @@ void loom_arena_init(loom_arena *a, const char *name) {
     a->base = NULL;
     a->used = 0;
     a->cap = 0;
+    a->mapped = 0;
 }
 
 void loom_arena_reserve(loom_arena *a, size_t nbytes) {
@@ -43,12 +48,20 @@ loom_status loom_arena_commit(loom_arena *a) {
         return loom_fail(LOOM_EOS, "arena %s: planned size overflows size_t", a->name);
     /* Allocate at least one aligned block so an empty arena has a base too. */
     size_t bytes = cap ? cap : LOOM_ARENA_ALIGN;
-    char *base = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
+    char *base = NULL;
+    int mapped = bytes >= ARENA_MAP_MIN;
+    if (mapped) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        base = p == MAP_FAILED ? NULL : p; /* page-aligned, zero */
+    } else {
+        base = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
+        if (base) memset(base, 0, bytes);
+    }
     if (!base)
         return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name,
                          cap, (double)cap / (1024.0 * 1024.0));
-    memset(base, 0, bytes);
     a->base = base;
+    a->mapped = mapped;
     a->cap = cap;
     a->used = 0;
     return LOOM_OK;
@@ -66,7 +79,9 @@ void *loom_arena_alloc(loom_arena *a, size_t nbytes) {
 void loom_arena_reset(loom_arena *a) { a->used = 0; }
 
 void loom_arena_free(loom_arena *a) {
-    free(a->base);
+    if (a->mapped) munmap(a->base, a->cap ? a->cap : LOOM_ARENA_ALIGN);
+    else free(a->base);
+    a->mapped = 0;
     a->base = NULL;
     a->used = 0;
     a->cap = 0;

@@ -182,8 +182,8 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         loom_arena_init(&m->a_params, "params");
         loom_arena_init(&m->a_grads, "grads");
         loom_arena_init(&m->a_acts, "activations");
-        loom_arena_reserve(&m->a_params, F(m->num_params));
-        loom_arena_reserve(&m->a_grads, F(m->num_params));
+        if (!opts->external_params) loom_arena_reserve(&m->a_params, F(m->num_params));
+        if (!opts->external_grads) loom_arena_reserve(&m->a_grads, F(m->num_params));
         layout_acts(m, &m->a_acts); /* plan */
         st = loom_arena_commit(&m->a_params);
     }
@@ -193,8 +193,8 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         loom_gpt_free(m);
         return st;
     }
-    m->param_mem = loom_arena_alloc(&m->a_params, F(m->num_params));
-    m->grad_mem = loom_arena_alloc(&m->a_grads, F(m->num_params));
+    if (!opts->external_params) m->param_mem = loom_arena_alloc(&m->a_params, F(m->num_params));
+    if (!opts->external_grads) m->grad_mem = loom_arena_alloc(&m->a_grads, F(m->num_params));
     layout_acts(m, &m->a_acts); /* hand out */
     loom_gpt_bind_all(m);
     *out = m;
@@ -219,7 +219,9 @@ void loom_gpt_free(loom_gpt *m) {
 
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->a_acts.cap; }
 
-void loom_gpt_zero_grad(loom_gpt *m) { memset(m->grad_mem, 0, F(m->num_params)); }
+void loom_gpt_zero_grad(loom_gpt *m) {
+    if (m->grad_mem) memset(m->grad_mem, 0, F(m->num_params));
+}
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;

@@ -127,19 +127,27 @@ int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i) {
     return gr * p->shape[1] + gc;
 }
 
-void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {
+void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
     const int tp_rank = m->part.tp.rank;
+    memset(dst, 0, n * sizeof *dst);
     for (int k = 0; k < m->n_params; k++) {
         const loom_param *p = &m->params[k];
-        float *x = m->param_mem + p->offset;
+        size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel;
+        if (b > lo + n) b = lo + n;
+        if (a >= b) continue;
         loom_rng_key key = loom_rng_key_make(seed, p->name);
-        for (size_t i = 0; i < p->numel; i++) {
-            int64_t g = loom_param_global_index(p, tp_rank, i);
-            if (g < 0) x[i] = 0.0f;
-            else if (p->init == LOOM_INIT_NORMAL) x[i] = p->init_std * loom_rng_normal(key, (uint64_t)g);
-            else x[i] = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+        for (size_t f = a; f < b; f++) {
+            int64_t g = loom_param_global_index(p, tp_rank, f - p->offset);
+            float v = 0.0f;
+            if (g >= 0 && p->init == LOOM_INIT_NORMAL) v = p->init_std * loom_rng_normal(key, (uint64_t)g);
+            else if (g >= 0) v = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+            dst[f - lo] = v;
         }
     }
+}
+
+void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {
+    loom_gpt_init_range(m, seed, 0, m->num_params, m->param_mem);
 }
 
 const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name) {
@@ -196,7 +204,8 @@ void loom_gpt_bind_all(loom_gpt *m) {
     for (int u = LOOM_UNIT_OUTER; u < m->part.layer_end; u++) {
         if (u >= 0 && u < m->part.layer_begin) continue;
         loom_gpt_unit_range(m, u, &lo, &n);
-        loom_gpt_bind_unit(m, u, m->param_mem + lo, m->grad_mem + lo);
+        loom_gpt_bind_unit(m, u, m->param_mem ? m->param_mem + lo : NULL,
+                           m->grad_mem ? m->grad_mem + lo : NULL);
     }
 }
 

@@ -265,6 +265,29 @@ static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
     }
 }
 
+/* The parameter runs of loom_dp_param_runs, and a check that every part
+ * has the storage its stage reads: grad_mem below ZeRO-2, param_mem below
+ * ZeRO-3. */
+static loom_status build_runs(const loom_dp_engine *e, dp_part *p) {
+    const loom_gpt *m = p->m;
+    if (e->cfg.zero < 2 && !m->grad_mem)
+        return loom_fail(LOOM_EINTERNAL, "--zero %d needs the model's gradient buffer", e->cfg.zero);
+    if (e->cfg.zero < 3 && !m->param_mem)
+        return loom_fail(LOOM_EINTERNAL, "--zero %d needs the model's parameter buffer", e->cfg.zero);
+    p->n_runs = e->cfg.zero == 3 ? p->n_buckets : 1;
+    p->runs = calloc((size_t)p->n_runs, sizeof *p->runs);
+    if (!p->runs) return loom_fail(LOOM_EOS, "out of memory");
+    if (e->cfg.zero < 3) {
+        p->runs[0] = (loom_param_run){.data = m->param_mem, .lo = 0, .n = m->num_params};
+        return LOOM_OK;
+    }
+    for (int k = 0; k < p->n_buckets; k++) {
+        const dp_bucket *b = &p->buckets[k];
+        p->runs[k] = (loom_param_run){.data = p->pshard + b->so, .lo = b->mine_lo, .n = b->mine_n};
+    }
+    return LOOM_OK;
+}
+
 static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     p->e = e;
     p->m = m;
@@ -278,6 +301,7 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     LOOM_TRY(loom_arena_commit(&p->a_params));
     LOOM_TRY(loom_arena_commit(&p->a_opt));
     layout_buffers(e, p);
+    LOOM_TRY(build_runs(e, p));
     m->hooks = (loom_gpt_hooks){.ctx = p, .pre_forward = hook_pre_forward,
                                 .post_forward = hook_post_forward,
                                 .pre_backward = hook_pre_backward,
@@ -338,8 +362,10 @@ void loom_dp_engine_free(loom_dp_engine *e) {
         memset(&p->m->hooks, 0, sizeof p->m->hooks);
         for (int u = 0; p->units && u < p->n_units; u++) { /* the model's own storage again */
             const dp_unit *du = &p->units[u];
-            loom_gpt_bind_unit(p->m, du->unit, p->m->param_mem + du->lo, p->m->grad_mem + du->lo);
+            loom_gpt_bind_unit(p->m, du->unit, p->m->param_mem ? p->m->param_mem + du->lo : NULL,
+                               p->m->grad_mem ? p->m->grad_mem + du->lo : NULL);
         }
+        free(p->runs);
         /* a failed step can leave requests in flight: leak their buffers
          * rather than free memory MPI may still write */
         if (!in_flight(p)) {
@@ -359,7 +385,7 @@ void loom_dp_engine_free(loom_dp_engine *e) {
 loom_status loom_dp_begin_step(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
-        if (!e->started && e->cfg.zero == 3) LOOM_TRY(loom_dp_z3_load_shards(p));
+        if (!e->started && e->cfg.zero == 3 && p->m->param_mem) LOOM_TRY(loom_dp_z3_load_shards(p));
         if (e->cfg.zero < 2) loom_gpt_zero_grad(p->m);
         else memset(p->gshard, 0, p->S * F);
         for (int k = 0; k < p->n_buckets; k++) {
@@ -507,6 +533,9 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
 
 loom_status loom_dp_gather_params(loom_dp_engine *e) {
     if (e->cfg.zero != 3 || !e->started) return LOOM_OK;
+    for (int i = 0; i < e->n_parts; i++)
+        if (!e->parts[i]->param_mem)
+            return loom_fail(LOOM_EINTERNAL, "ZeRO-3: part %d has no parameter buffer to gather into", i);
     for (int i = 0; i < e->n_parts; i++) LOOM_TRY(loom_dp_z3_materialize(&e->p[i]));
     return LOOM_OK;
 }
@@ -522,4 +551,11 @@ void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out) {
 }
 
 void loom_dp_get_timing(const loom_dp_engine *e, loom_dp_timing *out) { *out = e->timing; }
+
+const loom_param_run *loom_dp_param_runs(const loom_dp_engine *e, int part, int *n_runs) {
+    *n_runs = e->p[part].n_runs;
+    return e->p[part].runs;
+}
+
+int loom_dp_params_sharded(const loom_dp_engine *e) { return e->cfg.zero == 3; }
 

@@ -78,6 +78,8 @@ typedef struct dp_part {
     float *opt_m, *opt_v;    /* AdamW state (S each) */
     loom_arena a_grads, a_params, a_opt;
     size_t mem_params, mem_grads, mem_opt; /* bytes this stage needs */
+    loom_param_run *runs;    /* where this rank keeps the parameters (dp.h) */
+    int n_runs;
 } dp_part;
 
 struct loom_dp_engine {

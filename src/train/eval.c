@@ -51,7 +51,7 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *m
     loom_model_part part = loom_model_part_whole(&mc);
     loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1};
     if (st == LOOM_OK) st = loom_gpt_create(&mc, &part, &opts, &m);
-    if (st == LOOM_OK) st = loom_params_load(&m, 1, NULL, c->load_params);
+    if (st == LOOM_OK) st = loom_params_load(&m, 1, NULL, NULL, c->load_params);
     int32_t *in = malloc((size_t)Bl * T * sizeof *in), *tg = malloc((size_t)Bl * T * sizeof *tg);
     if (st == LOOM_OK && (!in || !tg)) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     st = loom_comm_agree(world, st);

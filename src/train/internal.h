@@ -23,7 +23,9 @@ typedef struct loom_step_stats {
     float lr;
     uint64_t comm_bytes; /* bytes this rank moved this step, all groups */
     loom_comm_stats comm[LOOM_REPORT_GROUPS]; /* per group, loom_report_group_names order */
-    loom_dp_memory mem;  /* bytes per rank by lifetime class */
+    loom_dp_memory mem;  /* bytes per rank by lifetime class (loom's plan) */
+    size_t peak_rss;     /* this rank's peak resident bytes from the OS (VmHWM) */
+    size_t peak_rss_max; /* the largest of every rank's */
     loom_dp_timing dp;   /* where the step's DP communication time went */
     double pp_bubble;    /* measured pipeline bubble this step (-1: no pipeline) */
     int pp_peak_live;    /* most activation sets alive at once on this rank */

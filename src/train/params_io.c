@@ -2,9 +2,9 @@
  * GPT-2 name, whatever the layout.
  *
  * Save: every rank scatters the elements it is the primary holder of (dp and
- * cp coordinate 0; tp rank 0 for tensors tensor parallelism does not cut; the
- * first pipeline stage for the tied wte) into a zeroed full-model buffer at
- * their global indices; one all-reduce (sum) over the world assembles the
+ * cp coordinate 0, or each dp rank its own ZeRO-3 slices; tp rank 0 for
+ * tensors tensor parallelism does not cut; the first pipeline stage for the
+ * tied wte) into a zeroed full-model buffer at their global indices; one all-reduce (sum) over the world assembles the
  * model, since each element has exactly one contributor; rank 0 writes it.
  * Load: rank 0 reads and checks the file, the full model is broadcast, each
  * rank keeps its own elements. Both are collective over the world (mesh NULL:
@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/dp.h"
 #include "loom/safetensors.h"
 #include "loom/train.h"
 
@@ -48,10 +49,50 @@ static const loom_param *whole_find(const whole_model *w, const char *name) {
     return NULL;
 }
 
-static int is_primary(const loom_gpt *m, const loom_mesh *mesh, const loom_param *p) {
-    if (mesh && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
+/* Whether this rank writes p's elements: one holder per element - dp and
+ * cp coordinate 0 (every dp rank when the runs are dp shards: their slices
+ * are disjoint), tp rank 0 for tensors tensor parallelism does not cut, the
+ * first pipeline stage for the tied wte. */
+static int is_primary(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, const loom_param *p) {
+    if (mesh && ((!dp_sharded && mesh->dp_rank != 0) || mesh->cp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
+}
+
+/* Where part i's parameters are: the engine's runs, or the whole param_mem. */
+static const loom_param_run *part_runs(loom_gpt *m, const loom_dp_engine *dp, int i,
+                                       loom_param_run *whole, int *n) {
+    if (dp) return loom_dp_param_runs(dp, i, n);
+    *whole = (loom_param_run){.data = m->param_mem, .lo = 0, .n = m->num_params};
+    *n = 1;
+    return whole;
+}
+
+/* Visit every element of m's parameters held in `runs`: fn(ctx, p, g,
+ * local index, value pointer) with g the tensor in the whole-model table. */
+typedef void (*elem_fn)(whole_model *w, const loom_param *g, int64_t gi, float *x);
+static void walk_runs(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, whole_model *w,
+                      const loom_param_run *runs, int n_runs, int primary_only, elem_fn fn) {
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        const loom_param *g = whole_find(w, p->name);
+        if (!g || (primary_only && !is_primary(m, mesh, dp_sharded, p))) continue;
+        for (int r = 0; r < n_runs; r++) {
+            size_t a = p->offset > runs[r].lo ? p->offset : runs[r].lo;
+            size_t b = p->offset + p->numel, e = runs[r].lo + runs[r].n;
+            for (size_t f = a; f < (b < e ? b : e); f++)
+                fn(w, g, loom_param_global_index(p, m->part.tp.rank, f - p->offset),
+                   runs[r].data + (f - runs[r].lo));
+        }
+    }
+}
+
+static void put_elem(whole_model *w, const loom_param *g, int64_t gi, float *x) {
+    if (gi >= 0) w->full[g->offset + (size_t)gi] = *x;
+}
+
+static void get_elem(whole_model *w, const loom_param *g, int64_t gi, float *x) {
+    *x = gi >= 0 ? w->full[g->offset + (size_t)gi] : 0.0f;
 }
 
 static loom_status write_file(const whole_model *w, const loom_model_config *c, const char *path) {
@@ -77,27 +118,19 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
     return loom_st_writer_finish(wr);
 }
 
-/* Scatter the elements this part is the primary holder of into w->full. */
-static void contribute(const loom_gpt *m, const loom_mesh *mesh, whole_model *w) {
-    for (int k = 0; k < m->n_params; k++) {
-        const loom_param *p = &m->params[k];
-        const loom_param *g = whole_find(w, p->name);
-        if (!g || !is_primary(m, mesh, p)) continue;
-        const float *src = m->param_mem + p->offset;
-        for (size_t i = 0; i < p->numel; i++) {
-            int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
-            if (gi >= 0) w->full[g->offset + (size_t)gi] = src[i];
-        }
-    }
-}
-
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
-                             const char *path) {
+                             const loom_dp_engine *dp, const char *path) {
     whole_model w;
     loom_status st = whole_open(parts[0], &w);
     if (mesh) st = loom_comm_agree(mesh->world, st);
     if (st != LOOM_OK) return st;
-    for (int i = 0; i < n_parts; i++) contribute(parts[i], mesh, &w);
+    const int sharded = dp && loom_dp_params_sharded(dp);
+    for (int i = 0; i < n_parts; i++) { /* each element by its one holder */
+        loom_param_run whole;
+        int n;
+        const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
+        walk_runs(parts[i], mesh, sharded, &w, runs, n, 1, put_elem);
+    }
     if (mesh && mesh->world_size > 1)
         st = loom_comm_allreduce(mesh->world, w.full, w.total, LOOM_F32, LOOM_SUM);
     if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_file(&w, &parts[0]->cfg, path);
@@ -172,21 +205,8 @@ static loom_status read_file_full(whole_model *w, const loom_model_config *c, co
     return st;
 }
 
-/* Keep this part's elements of the full model. */
-static void extract(loom_gpt *m, const whole_model *w) {
-    for (int k = 0; k < m->n_params; k++) {
-        const loom_param *p = &m->params[k];
-        const loom_param *g = whole_find(w, p->name);
-        float *dst = m->param_mem + p->offset;
-        for (size_t i = 0; i < p->numel; i++) {
-            int64_t gi = loom_param_global_index(p, m->part.tp.rank, i);
-            dst[i] = gi >= 0 ? w->full[g->offset + (size_t)gi] : 0.0f;
-        }
-    }
-}
-
 loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
-                             const char *path) {
+                             const loom_dp_engine *dp, const char *path) {
     whole_model w;
     loom_status st = whole_open(parts[0], &w);
     int root = !mesh || mesh->rank == 0;
@@ -194,7 +214,12 @@ loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mes
     if (mesh) st = loom_comm_agree(mesh->world, st);
     if (st == LOOM_OK && mesh && mesh->world_size > 1)
         st = loom_comm_bcast(mesh->world, w.full, w.total * sizeof(float), 0);
-    for (int i = 0; i < n_parts && st == LOOM_OK; i++) extract(parts[i], &w);
+    for (int i = 0; i < n_parts && st == LOOM_OK; i++) { /* keep what this rank holds */
+        loom_param_run whole;
+        int n;
+        const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
+        walk_runs(parts[i], mesh, 0, &w, runs, n, 0, get_elem);
+    }
     whole_close(&w);
     return st;
 }

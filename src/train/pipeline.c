@@ -65,7 +65,8 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     first[0] = 0;
     for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
     loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = loom_schedule_peak_live(s->sched, r),
-                          .split_backward = s->sched->split_backward};
+                          .split_backward = s->sched->split_backward,
+                          .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
         int vs = loom_pp_vstage(pp, r, ch);

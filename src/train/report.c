@@ -94,10 +94,12 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                         "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                         "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
                         "\"comm_bytes\": %llu, \"mem\": {\"params\": %zu, \"grads\": %zu, "
-                        "\"optimizer\": %zu, \"activations\": %zu}, ",
+                        "\"optimizer\": %zu, \"activations\": %zu, \"peak_rss\": %zu, "
+                        "\"peak_rss_max\": %zu}, ",
                         step + 1, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
                         1e3 * s->seconds, (unsigned long long)s->comm_bytes, s->mem.params,
-                        s->mem.grads, s->mem.optimizer, s->mem.activations);
+                        s->mem.grads, s->mem.optimizer, s->mem.activations, s->peak_rss,
+                        s->peak_rss_max);
         if (s->pp_bubble >= 0)
             fprintf(r->metrics, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
         fprintf(r->metrics,

@@ -17,6 +17,7 @@
 #include "loom/dp.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
+#include "loom/sysmem.h"
 #include "loom/train.h"
 #include "train/internal.h"
 
@@ -125,13 +126,18 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
 }
 
 /* Params from the seed, or from the file (rank 0 reads, all keep their
- * shard). Collective. */
+ * shard), written where the DP engine keeps them (ZeRO-3: only this rank's
+ * slices ever exist). Collective. */
 static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
-    if (!c->load_params[0]) {
-        for (int i = 0; i < s->n_parts; i++) loom_gpt_init_params(s->parts[i], c->seed);
-        return LOOM_OK;
+    if (c->load_params[0])
+        return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
+    for (int i = 0; i < s->n_parts; i++) {
+        int n;
+        const loom_param_run *runs = loom_dp_param_runs(s->dp, i, &n);
+        for (int k = 0; k < n; k++)
+            loom_gpt_init_range(s->parts[i], c->seed, runs[k].lo, runs[k].n, runs[k].data);
     }
-    return loom_params_load(s->parts, s->n_parts, s->mesh, c->load_params);
+    return LOOM_OK;
 }
 
 /* What tensor parallelism costs each block, in words (the table after the
@@ -153,13 +159,28 @@ static void report_tp_regions(const loom_train_run_state *s) {
                   c->layout.tp, kb);
 }
 
-static void report_memory(const loom_dp_engine *e) {
+/* This rank's and every rank's largest peak RSS so far (VmHWM). Collective
+ * over the world; called outside the per-step statistics. */
+static loom_status peak_rss(const loom_train_run_state *s, size_t *mine, size_t *max) {
+    *mine = loom_sysmem_peak_rss();
+    double v = (double)*mine;
+    if (s->mesh->world_size > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->world, &v, 1, LOOM_F64, LOOM_MAX));
+    *max = (size_t)v;
+    return LOOM_OK;
+}
+
+/* loom's plan per lifetime class beside what the OS measured (rank 0's peak
+ * and the largest over the ranks, after initialisation). */
+static void report_memory(const loom_dp_engine *e, size_t rss0, size_t rss_max) {
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
     loom_dp_memory_bytes(e, &mem);
-    loom_info("memory per rank: params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
-              "activations %.1f MB",
-              mem.params / mb, mem.grads / mb, mem.optimizer / mb, mem.activations / mb);
+    loom_info("memory per rank (planned): params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
+              "activations %.1f MB, total %.1f MB; peak RSS from the OS so far: %.1f MB on rank 0, "
+              "%.1f MB the largest of all ranks (with libraries and buffers loom does not plan)",
+              mem.params / mb, mem.grads / mb, mem.optimizer / mb, mem.activations / mb,
+              (mem.params + mem.grads + mem.optimizer + mem.activations) / mb, rss0 / mb,
+              rss_max / mb);
 }
 
 /* Keep one phase of the traced step (a no-op when not tracing). */
@@ -261,7 +282,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         loom_model_part part = loom_model_part_whole(&mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                             .sp = c->sp};
-        loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1};
+        loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
+                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
@@ -349,6 +371,8 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
             tok_time += st_step.seconds;
             tokens += (double)c->batch * c->seq;
         }
+        /* after the step's statistics were taken: not counted in them */
+        LOOM_TRY(peak_rss(s, &st_step.peak_rss, &st_step.peak_rss_max));
         LOOM_TRY(loom_report_step(&s->report, step, &st_step));
         res->steps_done = step + 1;
         res->final_loss = st_step.loss;
@@ -365,6 +389,8 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     s.cfg = c;
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
+    size_t rss0 = 0, rss_max = 0;
+    if (st == LOOM_OK) st = peak_rss(&s, &rss0, &rss_max);
     if (st == LOOM_OK && rank == 0) {
         char table[8192];
         loom_mesh_format(&c->layout, s.mesh->world_size, table, sizeof table);
@@ -372,14 +398,14 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         const loom_model_config *mc = &s.model_cfg;
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
                   mc->n_embd, mc->n_head, mc->vocab_size);
-        report_memory(s.dp);
+        report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }
     if (st == LOOM_OK) {
         st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
         if (st == LOOM_OK) st = run_steps(&s, res);
-        if (st == LOOM_OK && c->save_params[0]) st = loom_dp_gather_params(s.dp);
-        if (st == LOOM_OK && c->save_params[0]) st = loom_params_save(s.parts, s.n_parts, s.mesh, c->save_params);
+        if (st == LOOM_OK && c->save_params[0])
+            st = loom_params_save(s.parts, s.n_parts, s.mesh, s.dp, c->save_params);
         st = loom_comm_agree(world, st);
     }
     loom_status cst = loom_report_close(&s.report, st, res);
