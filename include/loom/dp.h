@@ -115,9 +115,16 @@ typedef struct loom_dp_timing {
 
 typedef struct loom_dp_engine loom_dp_engine;
 
-/* Local: sizes buffers and installs hooks on the parts. LOOM_EUSAGE for a
- * stage the parts cannot run (ZeRO-2/3 with a split backward or a tied
- * embedding shared between parts - pipelines), LOOM_EOS without memory.
+/* Local: sizes buffers and installs hooks on the parts. Every stage runs
+ * with every pipeline schedule: a split backward (zero-bubble) gathers
+ * ZeRO-3 parameters for its input half and binds ZeRO-2/3 gradient staging
+ * for its weight half; the bucket holding a tied wte shared between a
+ * pipeline's first and last stage (and, at zero 0/1, a bucket of SP
+ * partials the caller sums) is deferred: at zero 2/3 it accumulates over the
+ * micro-batches in the outer unit's staging buffer, where the caller sums
+ * the two halves through the parts' gradient views, and is reduced in
+ * loom_dp_finish_grads. LOOM_EUSAGE for a --zero outside 0..3, LOOM_EOS
+ * without memory.
  * Storage: a part created with external_grads (external_params) gets its
  * gradient (parameter) views bound by the engine; ZeRO-2 needs no full
  * gradient buffer and ZeRO-3 no full parameter buffer, so the trainer

@@ -168,6 +168,13 @@ typedef struct loom_gpt_hooks {
     loom_status (*pre_backward)(void *ctx, loom_gpt *m, int unit);
     /* the unit's gradients are complete for this backward */
     loom_status (*post_backward)(void *ctx, loom_gpt *m, int unit);
+    /* Split backward only (opts.split_backward): after the unit's input
+     * gradients (B; its parameters are not needed again in this backward)
+     * and before its weight gradients (W; the gradient storage is). A split
+     * backward fires pre_backward, post_input in B and pre_weight,
+     * post_backward in W. */
+    loom_status (*post_input)(void *ctx, loom_gpt *m, int unit);
+    loom_status (*pre_weight)(void *ctx, loom_gpt *m, int unit);
 } loom_gpt_hooks;
 
 typedef struct loom_gpt_opts {

@@ -506,11 +506,14 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         if (!split) {
             LOOM_TRY(block_bwd_weight(m, s, li, d));
             HOOK(post_backward, unit);
+        } else {
+            HOOK(post_input, unit);
         }
     }
     memcpy(s->dx, m->dres, F(nx));
     if (!split && m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
     if (!split && has_outer(m)) HOOK(post_backward, LOOM_UNIT_OUTER);
+    if (split && has_outer(m)) HOOK(post_input, LOOM_UNIT_OUTER);
     return LOOM_OK;
 }
 
@@ -528,8 +531,10 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
     loom_gpt_slot *s = &m->slots[slot];
     if (!m->opts.split_backward)
         return loom_fail(LOOM_EINTERNAL, "backward_weight needs a model created with split_backward");
+    if (has_outer(m)) HOOK(pre_weight, LOOM_UNIT_OUTER);
     if (m->part.has_head) LOOM_TRY(head_bwd_weight(m, s, s->dlnf));
     for (int li = m->L_l - 1; li >= 0; li--) {
+        HOOK(pre_weight, m->part.layer_begin + li);
         LOOM_TRY(block_bwd_weight(m, s, li, &s->ds[li]));
         HOOK(post_backward, m->part.layer_begin + li);
     }

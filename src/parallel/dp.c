@@ -190,15 +190,35 @@ static loom_status hook_post_forward(void *ctx, loom_gpt *m, int unit) {
     return loom_dp_progress(p->e);
 }
 
+/* Before a unit's backward: zero 2/3 bind its gradients to a staging
+ * buffer (in a split backward, before its W instead: hook_pre_weight), and
+ * zero 3 gathers its parameters. */
 static loom_status hook_pre_backward(void *ctx, loom_gpt *m, int unit) {
-    (void)m;
     dp_part *p = ctx;
     LOOM_TRY(loom_dp_progress(p->e));
     if (p->e->cfg.zero < 2) return LOOM_OK;
     int ui = loom_dp_unit_index(p, unit);
     if (ui < 0) return LOOM_OK;
-    LOOM_TRY(acquire_stage(p, p->units[ui].bucket));
+    if (!m->opts.split_backward) LOOM_TRY(acquire_stage(p, p->units[ui].bucket));
     return p->e->cfg.zero == 3 ? loom_dp_z3_use(p, unit, 1) : LOOM_OK;
+}
+
+/* Split backward: the unit's B is done, its gathered parameters can go. */
+static loom_status hook_post_input(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    if (p->e->cfg.zero == 3) loom_dp_z3_release(p, unit);
+    return LOOM_OK;
+}
+
+/* Split backward: the unit's W is about to write its gradients. */
+static loom_status hook_pre_weight(void *ctx, loom_gpt *m, int unit) {
+    (void)m;
+    dp_part *p = ctx;
+    LOOM_TRY(loom_dp_progress(p->e));
+    if (p->e->cfg.zero < 2) return LOOM_OK;
+    int ui = loom_dp_unit_index(p, unit);
+    return ui < 0 ? LOOM_OK : acquire_stage(p, p->units[ui].bucket);
 }
 
 /* The unit's gradients are complete: when that completes its bucket, reduce
@@ -215,7 +235,8 @@ static loom_status hook_post_backward(void *ctx, loom_gpt *m, int unit) {
     dp_bucket *b = &p->buckets[p->units[ui].bucket];
     if (++b->done_units < b->u_end - b->u_begin) return LOOM_OK;
     b->done_units = 0;
-    if (e->cfg.zero >= 2) return start_reduce23(p, b);
+    if (e->cfg.zero >= 2) /* a deferred bucket accumulates in its slot until finish_grads */
+        return b->defer ? LOOM_OK : start_reduce23(p, b);
     if (e->last_micro && !b->defer && (e->cfg.zero == 0 || b->P == b->n))
         return start_reduce01(p, b, 1);
     return LOOM_OK;
@@ -226,18 +247,6 @@ static loom_status hook_post_backward(void *ctx, loom_gpt *m, int unit) {
 static loom_status check_stage(const loom_dp_engine *e) {
     const int z = e->cfg.zero;
     if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
-    if (z < 2) return LOOM_OK;
-    for (int i = 0; i < e->n_parts; i++) {
-        const loom_gpt *m = e->parts[i];
-        if (m->opts.split_backward)
-            return loom_fail(LOOM_EUSAGE,
-                             "--zero %d with a split backward (zero-bubble schedule): not "
-                             "supported yet; use --zero 1 or another --schedule", z);
-        if (!(m->part.has_embed && m->part.has_head) && loom_gpt_find_param(m, "wte.weight"))
-            return loom_fail(LOOM_EUSAGE,
-                             "--zero %d with the tied embedding split between pipeline stages: "
-                             "not supported yet; use --zero 1", z);
-    }
     return LOOM_OK;
 }
 
@@ -305,7 +314,9 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     m->hooks = (loom_gpt_hooks){.ctx = p, .pre_forward = hook_pre_forward,
                                 .post_forward = hook_post_forward,
                                 .pre_backward = hook_pre_backward,
-                                .post_backward = hook_post_backward};
+                                .post_backward = hook_post_backward,
+                                .post_input = hook_post_input,
+                                .pre_weight = hook_pre_weight};
     return LOOM_OK;
 }
 
@@ -411,9 +422,12 @@ loom_status loom_dp_finish_grads(loom_dp_engine *e) {
         dp_part *p = &e->p[i];
         for (int k = 0; k < p->n_buckets; k++) {
             dp_bucket *b = &p->buckets[k];
-            if (e->cfg.zero >= 2 && b->gstate == DP_ACQUIRED)
-                return loom_fail(LOOM_EINTERNAL, "ZeRO-%d: bucket %d's backward did not complete",
-                                 e->cfg.zero, k);
+            if (e->cfg.zero >= 2 && b->gstate == DP_ACQUIRED) {
+                if (!b->defer || b->done_units)
+                    return loom_fail(LOOM_EINTERNAL, "ZeRO-%d: bucket %d's backward did not complete",
+                                     e->cfg.zero, k);
+                LOOM_TRY(start_reduce23(p, b)); /* accumulated over the micro-batches, completed */
+            }
             if (e->cfg.zero < 2 && b->gstate == DP_IDLE) LOOM_TRY(start_reduce01(p, b, 0));
         }
     }

@@ -119,7 +119,9 @@ static void pp_before_backward(void *ctx, int mb, int last) {
 
 /* The tied wte: stage 0 used it for the embedding, stage S-1 for the head;
  * each holds a copy with half the gradient. Sum them on both (or, when one
- * rank holds both ends, in place). */
+ * rank holds both ends, in place), through the parts' gradient views: the
+ * model's own buffer at zero 0/1, the DP engine's staging buffer of the
+ * outer unit at zero 2/3 (its reduction waits for loom_dp_finish_grads). */
 static loom_status tie_embeddings(loom_train_run_state *s) {
     loom_gpt *first = NULL, *last = NULL;
     for (int i = 0; i < s->n_parts; i++) {
@@ -131,12 +133,11 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
     if (!mine) return LOOM_OK;
     const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
     if (first && last) { /* both ends on this rank (pp = 1, v > 1) */
-        const loom_param *q = loom_gpt_find_param(last, "wte.weight");
-        float *a = first->grad_mem + p->offset, *b = last->grad_mem + q->offset;
+        float *a = first->g.wte, *b = last->g.wte; /* same shape on both */
         for (size_t i = 0; i < p->numel; i++) a[i] = b[i] = a[i] + b[i];
         return LOOM_OK;
     }
-    return loom_comm_allreduce(s->embed_group, mine->grad_mem + p->offset, p->numel, LOOM_F32, LOOM_SUM);
+    return loom_comm_allreduce(s->embed_group, mine->g.wte, p->numel, LOOM_F32, LOOM_SUM);
 }
 
 loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum) {

@@ -235,15 +235,19 @@ static void check_refusals(const loom_mesh *mesh) {
     loom_gpt *m = NULL;
     loom_dp_engine *e = NULL;
     if (loom_gpt_create(&mc, &part, &o, &m) != LOOM_OK) return;
-    loom_dp_config cfg = {.zero = 2};
+    loom_dp_config cfg = {.zero = 4};
     loom_status st = loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e);
-    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "split backward"),
-          "zero 2 with a split backward: status %d (%s)", (int)st, loom_errmsg());
-    CHECK(!m->hooks.pre_backward, "a refused engine left hooks on the model");
-    cfg.zero = 1; /* zero 1 works with any backward */
-    CHECK(loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "zero 1, split backward: %s",
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "--zero 4"), "zero 4: status %d (%s)", (int)st,
           loom_errmsg());
-    loom_dp_engine_free(e);
+    CHECK(!m->hooks.pre_backward, "a refused engine left hooks on the model");
+    for (int z = 0; z <= 3; z++) { /* every stage works with a split backward */
+        cfg.zero = z;
+        e = NULL;
+        CHECK(loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK,
+              "zero %d, split backward: %s", z, loom_errmsg());
+        CHECK(!e || (m->hooks.pre_weight && m->hooks.post_input), "zero %d: split hooks missing", z);
+        loom_dp_engine_free(e);
+    }
     loom_gpt_free(m);
 }
 
