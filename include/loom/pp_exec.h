@@ -1,8 +1,9 @@
 /* pp_exec.h - the pipeline executor: runs one rank's action list (from
  * pipeline.h) on real model parts with real messages.
  *
- * It follows pipeline.h's convention literally: a RECV blocks at its place,
- * a SEND is non-blocking and its buffer (the slot's output or input
+ * It follows pipeline.h's convention: a RECV completes at its place but is
+ * posted ahead (the next two receives of each chunk and kind, into staging
+ * buffers, so messages move while this rank computes), a SEND is non-blocking and its buffer (the slot's output or input
  * gradient) stays untouched until the send completes - a slot is only reused
  * after its sends are done - and OPT_STEP waits for every send. Activation
  * slots are taken at a micro-batch's first action on a chunk (RECV_ACT or F)

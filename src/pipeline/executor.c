@@ -1,6 +1,16 @@
 /* executor.c - runs one rank's pipeline action list (see pp_exec.h and the
  * convention in pipeline.h). Axis: pp; point-to-point messages over the pp
  * group, tagged with loom_pp_tag so any posting order matches.
+ *
+ * Receives are posted ahead (convention 3 allows it): per chunk and kind
+ * (activations, output gradients) a ring of RECV_AHEAD staging buffers holds
+ * the next receives of the action list, posted at the start of the step and
+ * again as soon as a RECV action has taken its message out of a buffer. So
+ * a neighbour's send finds its receive already posted while this rank
+ * computes, and the message moves whenever MPI progresses (the
+ * communicator's progress thread), not only once this rank reaches the
+ * RECV. A RECV action waits for its message and copies it into the slot's
+ * input (or the output-gradient buffer).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +18,19 @@
 #include "loom/pp_exec.h"
 
 #define MAX_PENDING 4 /* sends in flight per slot: its output and its input gradient */
+#define RECV_AHEAD 2  /* receives of one chunk and kind posted before their action */
+
+/* The receives of one (chunk, kind) in action-list order: buf[(head + i) %
+ * RECV_AHEAD] holds the i-th oldest posted one. */
+typedef struct recv_ring {
+    loom_pp_kind kind;
+    int chunk;
+    float *buf[RECV_AHEAD];
+    loom_req *req[RECV_AHEAD];
+    int action[RECV_AHEAD]; /* the RECV action each buffer was posted for */
+    int head, count;
+    int scan;               /* next action index to look at for posting */
+} recv_ring;
 
 typedef struct slot_state {
     int mb;                       /* micro-batch held, -1 free */
@@ -27,6 +50,8 @@ struct loom_pp_exec {
     int32_t *inputs, *targets;
     int live, peak_live;
     loom_pp_event *events;
+    recv_ring *rings;   /* [2 * chunk + (kind == RECV_GRAD)] */
+    size_t act_bytes;   /* one activation (Nx,C) */
 };
 
 loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **parts, loom_comm *pp,
@@ -47,7 +72,18 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
     x->inputs = malloc((size_t)m0->N * sizeof(int32_t));
     x->targets = malloc((size_t)m0->N * sizeof(int32_t));
     x->events = calloc((size_t)x->n_actions, sizeof *x->events);
-    int ok = x->slots && x->n_slots && x->dy && x->inputs && x->targets && x->events;
+    x->rings = calloc(2 * (size_t)x->v, sizeof *x->rings);
+    x->act_bytes = (size_t)m0->Nx * m0->C * sizeof(float);
+    int ok = x->slots && x->n_slots && x->dy && x->inputs && x->targets && x->events && x->rings;
+    for (int r = 0; ok && r < 2 * x->v; r++) { /* staging only where this rank receives */
+        recv_ring *g = &x->rings[r];
+        g->kind = r % 2 ? LOOM_PP_RECV_GRAD : LOOM_PP_RECV_ACT;
+        g->chunk = r / 2;
+        int used = 0;
+        for (int i = 0; i < x->n_actions; i++)
+            used |= x->actions[i].kind == g->kind && x->actions[i].chunk == g->chunk;
+        for (int k = 0; used && ok && k < RECV_AHEAD; k++) ok = (g->buf[k] = malloc(x->act_bytes)) != NULL;
+    }
     for (int c = 0; ok && c < x->v; c++) {
         x->n_slots[c] = parts[c]->opts.n_slots;
         x->slots[c] = calloc((size_t)x->n_slots[c], sizeof *x->slots[c]);
@@ -71,7 +107,44 @@ void loom_pp_exec_free(loom_pp_exec *x) {
     free(x->inputs);
     free(x->targets);
     free(x->events);
+    for (int r = 0; x->rings && r < 2 * x->v; r++) {
+        recv_ring *g = &x->rings[r];
+        if (g->count) continue; /* a failed step left receives posted: MPI may still write */
+        for (int k = 0; k < RECV_AHEAD; k++) free(g->buf[k]);
+    }
+    free(x->rings);
     free(x);
+}
+
+/* Post the ring's next receive of the action list into its free buffer. */
+static loom_status ring_post(loom_pp_exec *x, recv_ring *g) {
+    while (g->count < RECV_AHEAD && g->scan < x->n_actions) {
+        const loom_pp_action *a = &x->actions[g->scan++];
+        if (a->kind != g->kind || a->chunk != g->chunk) continue;
+        int k = (g->head + g->count) % RECV_AHEAD;
+        g->action[k] = (int)(a - x->actions);
+        LOOM_TRY(loom_comm_irecv(x->pp, g->buf[k], x->act_bytes, a->peer,
+                                 loom_pp_tag(x->s, x->rank, a), &g->req[k]));
+        g->count++;
+    }
+    return LOOM_OK;
+}
+
+/* RECV action `i`: wait for its message (posted ahead), copy it to dst, and
+ * post the ring's next receive into the freed buffer. */
+static loom_status ring_take(loom_pp_exec *x, int i, void *dst) {
+    const loom_pp_action *a = &x->actions[i];
+    recv_ring *g = &x->rings[2 * a->chunk + (a->kind == LOOM_PP_RECV_GRAD)];
+    if (!g->count || g->action[g->head] != i)
+        return loom_fail(LOOM_EINTERNAL, "pipeline rank %d: receive for action %d was not posted ahead",
+                         x->rank, i);
+    loom_req *r = g->req[g->head];
+    g->req[g->head] = NULL;
+    LOOM_TRY(loom_comm_wait(r));
+    memcpy(dst, g->buf[g->head], x->act_bytes);
+    g->head = (g->head + 1) % RECV_AHEAD;
+    g->count--;
+    return ring_post(x, g);
 }
 
 static loom_status wait_slot(slot_state *st) {
@@ -115,8 +188,9 @@ static loom_status post_send(loom_pp_exec *x, slot_state *st, const void *buf, s
     return loom_comm_isend(x->pp, buf, bytes, a->peer, tag, &st->pending[st->n_pending++]);
 }
 
-static loom_status run_action(loom_pp_exec *x, const loom_pp_action *a, const loom_pp_exec_io *io,
-                              float dloss, double *loss_sum) {
+static loom_status run_action(loom_pp_exec *x, int i, const loom_pp_exec_io *io, float dloss,
+                              double *loss_sum) {
+    const loom_pp_action *a = &x->actions[i];
     const int c = a->chunk, mb = a->mb, m = x->s->micro_batches;
     loom_gpt *part = c >= 0 ? x->parts[c] : NULL;
     const size_t act_bytes = part ? (size_t)part->Nx * part->C * sizeof(float) : 0;
@@ -126,8 +200,7 @@ static loom_status run_action(loom_pp_exec *x, const loom_pp_action *a, const lo
     slot_state *st = k >= 0 ? &x->slots[c][k] : NULL;
     switch (a->kind) {
     case LOOM_PP_RECV_ACT:
-        return loom_comm_recv(x->pp, loom_gpt_input(part, k), act_bytes, a->peer,
-                              loom_pp_tag(x->s, x->rank, a));
+        return ring_take(x, i, loom_gpt_input(part, k));
     case LOOM_PP_F:
         io->batch(io->ctx, mb, part->part.has_embed ? x->inputs : NULL,
                   part->part.has_head ? x->targets : NULL);
@@ -135,7 +208,7 @@ static loom_status run_action(loom_pp_exec *x, const loom_pp_action *a, const lo
     case LOOM_PP_SEND_ACT:
         return post_send(x, st, loom_gpt_output(part, k), act_bytes, a);
     case LOOM_PP_RECV_GRAD:
-        return loom_comm_recv(x->pp, x->dy, act_bytes, a->peer, loom_pp_tag(x->s, x->rank, a));
+        return ring_take(x, i, x->dy);
     case LOOM_PP_B: {
         io->before_backward(io->ctx, mb, mb == m - 1);
         const float *dy = part->part.has_head ? NULL : x->dy;
@@ -166,11 +239,16 @@ static loom_status run_action(loom_pp_exec *x, const loom_pp_action *a, const lo
 loom_status loom_pp_exec_run(loom_pp_exec *x, const loom_pp_exec_io *io, float dloss,
                              double *loss_sum) {
     x->live = x->peak_live = 0;
+    for (int r = 0; r < 2 * x->v; r++) { /* this step's first receives, posted now */
+        recv_ring *g = &x->rings[r];
+        g->head = g->count = g->scan = 0;
+        if (g->buf[0]) LOOM_TRY(ring_post(x, g));
+    }
     for (int i = 0; i < x->n_actions; i++) {
         loom_pp_event *e = &x->events[i];
         e->a = x->actions[i];
         e->t0 = loom_comm_wtime();
-        LOOM_TRY(run_action(x, &x->actions[i], io, dloss, loss_sum));
+        LOOM_TRY(run_action(x, i, io, dloss, loss_sum));
         e->t1 = loom_comm_wtime();
     }
     return LOOM_OK;
