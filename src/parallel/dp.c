@@ -98,6 +98,44 @@ static loom_status sum_partials(dp_part *p, const dp_bucket *b, float *g) {
     return b->has_partial ? loom_gpt_sum_sp_partials(p->m, g, b->lo, b->n) : LOOM_OK;
 }
 
+/* Bounded reductions in flight: before a start, wait for the oldest still
+ * in flight while DP_MAX_INFLIGHT are (the start order, and so which one is
+ * waited for, is the same on every rank; waiting is local). An entry is
+ * stale once its bucket completed or restarted (rs_seq moved on). */
+#define FIFO_CAP ((int)(sizeof ((loom_dp_engine *)0)->fifo_bucket / sizeof(int)))
+static int fifo_live(const loom_dp_engine *e, int j) {
+    const dp_bucket *b = &e->fifo_part[j]->buckets[e->fifo_bucket[j]];
+    return b->gstate == DP_REDUCING && b->rs && b->rs_seq == e->fifo_seq[j];
+}
+
+static loom_status make_room(loom_dp_engine *e) {
+    int busy = 0;
+    for (int i = 0; i < e->fifo_n; i++) busy += fifo_live(e, (e->fifo_head + i) % FIFO_CAP);
+    double t0 = loom_comm_wtime();
+    while (e->fifo_n && (busy >= DP_MAX_INFLIGHT || e->fifo_n == FIFO_CAP)) {
+        int j = e->fifo_head;
+        if (fifo_live(e, j)) {
+            LOOM_TRY(wait_reduce(e->fifo_part[j], &e->fifo_part[j]->buckets[e->fifo_bucket[j]]));
+            busy--;
+        }
+        e->fifo_head = (e->fifo_head + 1) % FIFO_CAP;
+        e->fifo_n--;
+    }
+    e->timing.exposed_s += loom_comm_wtime() - t0;
+    return LOOM_OK;
+}
+
+/* b's reduction has just started (b->rs set). */
+static void record_started(dp_part *p, dp_bucket *b) {
+    loom_dp_engine *e = p->e;
+    int j = (e->fifo_head + e->fifo_n) % FIFO_CAP;
+    b->rs_seq++;
+    e->fifo_part[j] = p;
+    e->fifo_bucket[j] = (int)(b - p->buckets);
+    e->fifo_seq[j] = b->rs_seq;
+    e->fifo_n++;
+}
+
 static void count_reduction(loom_dp_engine *e, dp_bucket *b, int overlapped) {
     b->rs_t0 = loom_comm_wtime();
     if (e->N == 1) return;
@@ -115,10 +153,14 @@ static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
     b->gstate = DP_DONE;
     if (e->N == 1) return LOOM_OK;
     if (e->cfg.zero == 0 || b->P == b->n) {
+        LOOM_TRY(make_room(e));
         loom_status st = e->cfg.zero == 0
                              ? loom_comm_iallreduce(e->dp, g, b->n, LOOM_F32, LOOM_SUM, &b->rs)
                              : loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
-        if (st == LOOM_OK) b->gstate = DP_REDUCING;
+        if (st == LOOM_OK) {
+            b->gstate = DP_REDUCING;
+            record_started(p, b);
+        }
         return st;
     }
     memcpy(p->scratch, g, b->n * F);
@@ -134,6 +176,7 @@ static loom_status start_reduce23(dp_part *p, dp_bucket *b) {
     loom_dp_engine *e = p->e;
     float *g = p->stage[b->slot];
     LOOM_TRY(sum_partials(p, b, g));
+    if (e->N > 1) LOOM_TRY(make_room(e)); /* before b counts as reducing */
     count_reduction(e, b, 1);
     b->gstate = DP_REDUCING;
     if (e->N == 1) {
@@ -142,6 +185,7 @@ static loom_status start_reduce23(dp_part *p, dp_bucket *b) {
     }
     loom_status st = loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
     if (st != LOOM_OK) b->gstate = DP_IDLE;
+    else record_started(p, b);
     return st;
 }
 
@@ -409,6 +453,7 @@ loom_status loom_dp_begin_step(loom_dp_engine *e) {
     }
     e->started = 1;
     e->last_micro = 0;
+    e->fifo_head = e->fifo_n = 0; /* finish_grads completed every reduction */
     memset(&e->timing, 0, sizeof e->timing);
     return LOOM_OK;
 }
@@ -489,6 +534,11 @@ static loom_status gather_params12(loom_dp_engine *e) {
         float *x = p->m->param_mem;
         for (int k = 0; k < p->n_buckets; k++) {
             dp_bucket *b = &p->buckets[k];
+            if (k >= DP_MAX_INFLIGHT) { /* bounded in flight, as the reductions */
+                loom_req *old = p->buckets[k - DP_MAX_INFLIGHT].ag;
+                p->buckets[k - DP_MAX_INFLIGHT].ag = NULL;
+                LOOM_TRY(loom_comm_wait(old));
+            }
             if (b->P == b->n) {
                 b->ag_t0 = loom_comm_wtime();
                 LOOM_TRY(loom_comm_iallgather(e->dp, x + b->mine_lo, x + b->lo, b->S * F, &b->ag));

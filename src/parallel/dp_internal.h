@@ -17,6 +17,11 @@
 #include "loom/dp.h"
 
 #define DP_SLOTS 3      /* staging / gather buffers: two rotating, one for the outer bucket */
+/* Gradient reductions in flight at once per engine: MPI's non-blocking
+ * collectives hold temporary buffers the size of their message until they
+ * complete (tens of MB per bucket in Open MPI's libnbc), so an unbounded
+ * number of buckets in flight would cost a transient gradient-sized copy. */
+#define DP_MAX_INFLIGHT 2
 #define DP_SLOT_OUTER 2
 
 typedef enum { DP_IDLE, DP_ACQUIRED, DP_REDUCING, DP_DONE } dp_grad_state;
@@ -41,6 +46,7 @@ typedef struct dp_bucket {
     int done_units;          /* post-backward calls seen in this backward */
     dp_grad_state gstate;
     loom_req *rs;            /* in-flight gradient reduction */
+    unsigned rs_seq;         /* reductions of this bucket started so far */
     double rs_t0;
     dp_param_state pstate;   /* zero 3 */
     loom_req *ag;            /* zero 3: in-flight parameter gather */
@@ -95,6 +101,10 @@ struct loom_dp_engine {
     int t;                   /* optimizer steps taken */
     int started;             /* the first step has begun (ZeRO-3 shards loaded) */
     loom_dp_timing timing;
+    struct dp_part *fifo_part[64];   /* reductions started, oldest first (a ring) */
+    int fifo_bucket[64];
+    unsigned fifo_seq[64];           /* the bucket's rs_seq when it started */
+    int fifo_head, fifo_n;
     FILE *timing_log;        /* LOOM_DP_TIMINGS */
 };
 

@@ -32,7 +32,7 @@ import loomtest as lt  # noqa: E402
 DP = 4
 BIG = {"n_layer": 32, "n_head": 8, "n_embd": 368, "vocab_size": 256, "n_positions": 32}
 SMALL = {"n_layer": 1, "n_head": 1, "n_embd": 16, "vocab_size": 256, "n_positions": 32}
-COMMON = ["--dp", DP, "--steps", 2, "--batch", DP, "--seq", 32, "--bucket-mb", 8, "--seed", 1,
+COMMON = ["--dp", DP, "--steps", 2, "--batch", DP, "--seq", 32, "--bucket-mb", 2, "--seed", 1,
           "--threads", 1, "--peak-flops", "1e11", "--no-progress"]
 LIMIT = {1: 0.75, 2: 0.55, 3: 0.40}
 THEORY = {0: 1.0, 1: 0.625, 2: 0.4375, 3: 0.25}
