@@ -93,6 +93,7 @@ struct loom_dp_engine {
     int t;                   /* optimizer steps taken */
     int started;             /* the first step has begun (ZeRO-3 shards loaded) */
     loom_dp_timing timing;
+    double comm_call0;       /* dp group's call_seconds when the step began */
     FILE *timing_log;        /* LOOM_DP_TIMINGS */
 };
 
