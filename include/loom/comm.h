@@ -21,9 +21,18 @@
  * A blocking call counts its stats when it succeeds; a non-blocking one counts
  * calls and bytes when it starts and its seconds when wait/test completes it.
  *
- * Hang watchdog: with LOOM_COMM_TIMEOUT=<seconds> in the environment, a
- * blocking call or a wait that has not completed after that long prints
- * "rank R: <op> on group <g> has not completed after N s" and aborts the job.
+ * Progress: with MPI_THREAD_MULTIPLE (Open MPI 4.1 and MPICH provide it) a
+ * helper thread drives MPI while a non-blocking request is in flight, so
+ * non-blocking collectives and sends complete while the caller computes; it
+ * sleeps when nothing is in flight. LOOM_COMM_PROGRESS=0 turns it off; with a
+ * lower thread level it is off with a warning (work then moves only inside
+ * loom_comm calls).
+ *
+ * Hang watchdog, on by default: a call (blocking, or non-blocking from start
+ * to completion) in flight longer than LOOM_COMM_TIMEOUT seconds (default
+ * 600; 0 turns it off) prints "rank R: <op> on group <g> (call #N on that
+ * group) has not completed after S s" and aborts the job. N counts the calls
+ * started on that group on this rank, from 1.
  * Only src/comm/comm_mpi.c includes mpi.h.
  */
 #ifndef LOOM_COMM_H
@@ -57,12 +66,15 @@ typedef struct loom_comm_stats {
     uint64_t bytes[LOOM_OP_COUNT];
     double seconds[LOOM_OP_COUNT]; /* wall time inside the call (blocking) or
                                       from start to completed wait (non-blocking) */
+    double call_seconds[LOOM_OP_COUNT]; /* wall time the calling thread spent inside
+                                           loom_comm calls of this op: the whole blocking
+                                           call; start + every test + wait otherwise */
 } loom_comm_stats;
 
 size_t loom_dtype_size(loom_dtype t);
 const char *loom_comm_op_name(loom_comm_op op);
 
-/* Start the runtime (MPI_Init_thread, FUNNELED; an already initialised MPI
+/* Start the runtime (MPI_Init_thread, MULTIPLE requested; an already initialised MPI
  * is reused and then left for its owner to finalize) and return the world
  * group, a duplicate of MPI_COMM_WORLD named "world". Safe to call outside
  * mpirun: the world is then one rank. Also tells log.h this process's rank.
@@ -127,6 +139,10 @@ loom_status loom_comm_test(loom_req *req, int *done);
 /* Statistics of this group on this rank. */
 const loom_comm_stats *loom_comm_get_stats(const loom_comm *c);
 void loom_comm_reset_stats(loom_comm *c);
+/* 1 when the progress thread drives MPI (see the header comment). */
+int loom_comm_progress_thread(void);
+/* The watchdog's limit in seconds (0: off), read by loom_comm_init. */
+double loom_comm_timeout(void);
 
 /* Agree on failure before going on: the lowest rank whose `local` status is
  * not LOOM_OK speaks for all - every rank returns its status, and the other

@@ -101,8 +101,15 @@ typedef struct loom_dp_timing {
     double gather_s;   /* waiting for parameter all-gathers (ZeRO-3 before a
                           unit runs, ZeRO-1/2 after the update) */
     double poll_s;     /* inside the model's hooks testing what is in flight
-                          (MPI progresses only inside calls): communication
-                          work done during the forward/backward */
+                          (only without the communicator's progress thread:
+                          MPI then progresses only inside calls) */
+    double comm_s;     /* the calling (compute) thread's wall time inside
+                          communication calls on the dp group from the step's
+                          start to the end of loom_dp_finish_grads: starts,
+                          tests (polling), waits, blocking calls - measured by
+                          the communicator (call_seconds). Overlap of the
+                          reductions = 1 - comm_s / (the same reductions'
+                          duration run alone) */
     int reductions;    /* gradient reductions issued this step */
     int overlapped;    /* of which were started during the backward */
     /* When loom_dp_finish_grads began (the backward's compute was over) and

@@ -19,16 +19,38 @@
  * refused before any communication; that check is local to the rank, like any
  * argument check in MPI, so callers must pass consistent sizes on all ranks.
  *
- * Hang watchdog: when LOOM_COMM_TIMEOUT=<seconds> is set, blocking calls and
- * waits poll with MPI_Test, and a call still incomplete after that many
- * seconds prints "rank R: <op> on group <g> has not completed after N s" and
- * aborts the job.
+ * Progress and the watchdog: one helper thread per process ("the watch").
+ * Every call in flight - a blocking call while it runs, a non-blocking one
+ * from start to completion - is a node on one list, stamped with its op,
+ * group, start time and sequence number (the group's call count). The watch
+ * sleeps on a condition variable while the list is empty (no core spun).
+ * While a non-blocking request is in flight it calls MPI_Iprobe on a private
+ * duplicate of the world every 20 us, backing off to 1 ms: that drives MPI's
+ * progress engine (Open MPI 4.1 has no progress thread of its own, so
+ * libnbc collectives and rendezvous sends otherwise move only inside MPI
+ * calls of the compute thread). The watch never touches the caller's
+ * requests - the compute thread alone starts, tests and waits them - so the
+ * two threads share only the list (one mutex) and MPI itself, which needs
+ * MPI_THREAD_MULTIPLE. Chosen over a comm thread owning MPI because callers
+ * keep calling MPI directly (no hand-off latency on the TP path's many small
+ * blocking collectives) and the watch can be absent without changing any
+ * caller. If MPI provides less than MPI_THREAD_MULTIPLE (or
+ * LOOM_COMM_PROGRESS=0), a warning says so and the watch only times calls:
+ * non-blocking work then moves inside loom_comm calls, as before.
+ * The watchdog is on by default (LOOM_COMM_TIMEOUT, default 600 s; 0 turns
+ * it off): a call in flight longer than that prints "rank R: <op> on group
+ * <g> (call #N on that group) has not completed after S s" and aborts the
+ * job. Its cost is a mutex and a list insert per call.
+ *
+ * Honest overlap: besides each op's start-to-completion seconds, the stats
+ * count call_seconds, the wall time the calling thread spent inside loom_comm
+ * calls for that op (blocking calls, starts, tests, waits).
  */
 #include "loom/comm.h"
 
 #include <limits.h>
 #include <mpi.h>
-#include <sched.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +66,18 @@ struct loom_comm {
     loom_comm_stats stats;
     int *counts;            /* (4, size) scratch for alltoallv's int arrays */
     struct loom_req *spare; /* released requests, reused by the next start */
+    uint64_t seq;           /* calls started on this group (the watchdog's #N) */
 };
+
+/* One call in flight, on the watch's list (guarded by g_mu). */
+typedef struct inflight {
+    loom_comm_op op;
+    const char *group;
+    uint64_t seq;
+    double t0;
+    int nonblocking;
+    struct inflight *prev, *next;
+} inflight;
 
 struct loom_req {
     MPI_Request mpi;
@@ -52,6 +85,7 @@ struct loom_req {
     loom_comm_op op;
     double t0; /* when the call started */
     size_t bytes;
+    inflight node; /* on the watch's list while in flight */
     struct loom_req *next;
 };
 
@@ -72,6 +106,22 @@ static int g_world_rank = -1;   /* rank in MPI_COMM_WORLD, for messages */
 static int g_started_mpi;       /* we called MPI_Init_thread, so we finalize */
 static int g_live_worlds;       /* loom_comm_init calls not yet finalized */
 static double g_timeout_s;      /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
+
+#define LOOM_COMM_TIMEOUT_DEFAULT 600.0
+#define WATCH_PROBE_MIN_NS 20000L    /* first probe period while requests fly */
+#define WATCH_PROBE_MAX_NS 1000000L  /* backed off to this */
+
+/* The watch thread and its list (see the file header). */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static pthread_t g_watch;
+static int g_watch_on;          /* thread running */
+static int g_watch_stop;
+static int g_progress;          /* watch may call MPI (MPI_THREAD_MULTIPLE) */
+static MPI_Comm g_probe_comm = MPI_COMM_NULL;
+static inflight *g_head;
+static int g_nonblocking;       /* non-blocking nodes on the list */
+static long g_probe_ns = WATCH_PROBE_MIN_NS;
 
 double loom_comm_wtime(void) {
     struct timespec ts;
@@ -105,31 +155,121 @@ static loom_status to_int(const loom_comm *c, loom_comm_op op, const char *what,
     return LOOM_OK;
 }
 
-static void watchdog_fire(const loom_comm *c, loom_comm_op op) {
+/* Called by the watch with g_mu held; does not return. */
+static void watchdog_fire(const inflight *n, double now) {
     fprintf(stderr,
-            "loom: error: rank %d: %s on group %s has not completed after %g s "
-            "(LOOM_COMM_TIMEOUT); aborting the job\n",
-            g_world_rank, loom_comm_op_name(op), c->name, g_timeout_s);
+            "loom: error: rank %d: %s on group %s (call #%llu on that group) has not completed "
+            "after %.0f s (LOOM_COMM_TIMEOUT=%g); aborting the job\n",
+            g_world_rank, loom_comm_op_name(n->op), n->group, (unsigned long long)n->seq,
+            now - n->t0, g_timeout_s);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, LOOM_EUNAVAIL);
+    _Exit(LOOM_EUNAVAIL);
 }
 
-/* MPI_Wait, or with the watchdog on, MPI_Test in a loop until the deadline. */
-static int wait_watched(const loom_comm *c, loom_comm_op op, MPI_Request *r) {
-    if (g_timeout_s <= 0) return MPI_Wait(r, MPI_STATUS_IGNORE);
-    double deadline = loom_comm_wtime() + g_timeout_s;
-    for (;;) {
-        int done = 0;
-        int err = MPI_Test(r, &done, MPI_STATUS_IGNORE);
-        if (err != MPI_SUCCESS || done) return err;
-        if (loom_comm_wtime() > deadline) watchdog_fire(c, op);
-        sched_yield();
+static void watch_add(inflight *n, loom_comm *c, loom_comm_op op, int nonblocking) {
+    *n = (inflight){.op = op, .group = c->name, .seq = ++c->seq, .t0 = loom_comm_wtime(),
+                    .nonblocking = nonblocking};
+    if (!g_watch_on) return;
+    pthread_mutex_lock(&g_mu);
+    n->next = g_head;
+    if (g_head) g_head->prev = n;
+    g_head = n;
+    if (nonblocking) {
+        g_probe_ns = WATCH_PROBE_MIN_NS;
+        if (g_nonblocking++ == 0 && g_progress) pthread_cond_signal(&g_cv);
     }
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void watch_remove(inflight *n) {
+    if (!g_watch_on) return;
+    pthread_mutex_lock(&g_mu);
+    if (n->prev) n->prev->next = n->next;
+    else g_head = n->next;
+    if (n->next) n->next->prev = n->prev;
+    n->prev = n->next = NULL;
+    if (n->nonblocking) g_nonblocking--;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void abs_after(struct timespec *ts, long ns) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += ns;
+    ts->tv_sec += ts->tv_nsec / 1000000000L;
+    ts->tv_nsec %= 1000000000L;
+}
+
+/* The watch: idle (a timed wait, a wake-up a second at most) while no
+ * non-blocking request flies; probing with back-off while one does; checking
+ * every node's age against LOOM_COMM_TIMEOUT at each wake-up. */
+static void *watch_main(void *arg) {
+    (void)arg;
+    double idle_s = g_timeout_s > 0 && g_timeout_s < 10 ? g_timeout_s / 10 : 1.0;
+    pthread_mutex_lock(&g_mu);
+    while (!g_watch_stop) {
+        if (g_timeout_s > 0) {
+            double now = loom_comm_wtime();
+            for (inflight *n = g_head; n; n = n->next)
+                if (now - n->t0 > g_timeout_s) watchdog_fire(n, now);
+        }
+        struct timespec ts;
+        if (g_progress && g_nonblocking > 0) {
+            long ns = g_probe_ns;
+            g_probe_ns = ns * 2 > WATCH_PROBE_MAX_NS ? WATCH_PROBE_MAX_NS : ns * 2;
+            pthread_mutex_unlock(&g_mu);
+            int flag = 0;
+            MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_probe_comm, &flag, MPI_STATUS_IGNORE);
+            struct timespec d = {0, ns};
+            nanosleep(&d, NULL);
+            pthread_mutex_lock(&g_mu);
+        } else {
+            abs_after(&ts, (long)(idle_s * 1e9));
+            pthread_cond_timedwait(&g_cv, &g_mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
+static void watch_start(int thread_level) {
+    const char *p = getenv("LOOM_COMM_PROGRESS");
+    int want = !(p && strcmp(p, "0") == 0);
+    g_progress = 0;
+    if (want && thread_level < MPI_THREAD_MULTIPLE)
+        loom_warn("MPI provides thread level %d, not MPI_THREAD_MULTIPLE: no progress thread, "
+                  "non-blocking communication moves only inside loom_comm calls",
+                  thread_level);
+    if (want && thread_level >= MPI_THREAD_MULTIPLE &&
+        MPI_Comm_dup(MPI_COMM_WORLD, &g_probe_comm) == MPI_SUCCESS)
+        g_progress = 1;
+    if (!g_progress && g_timeout_s <= 0) return; /* nothing for a thread to do */
+    g_watch_stop = 0;
+    if (pthread_create(&g_watch, NULL, watch_main, NULL) != 0) {
+        loom_warn("could not start the communicator's watch thread: no progress thread, "
+                  "no hang watchdog");
+        if (g_probe_comm != MPI_COMM_NULL) MPI_Comm_free(&g_probe_comm);
+        g_progress = 0;
+        return;
+    }
+    g_watch_on = 1;
+}
+
+static void watch_stop(void) {
+    if (!g_watch_on) return;
+    pthread_mutex_lock(&g_mu);
+    g_watch_stop = 1;
+    pthread_cond_signal(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+    pthread_join(g_watch, NULL);
+    g_watch_on = 0;
+    g_progress = 0;
+    if (g_probe_comm != MPI_COMM_NULL) MPI_Comm_free(&g_probe_comm);
 }
 
 static loom_status read_timeout(void) {
     const char *s = getenv("LOOM_COMM_TIMEOUT");
-    g_timeout_s = 0;
+    g_timeout_s = LOOM_COMM_TIMEOUT_DEFAULT;
     if (!s || !*s) return LOOM_OK;
     char *end = NULL;
     double v = strtod(s, &end);
@@ -194,19 +334,16 @@ static void account(loom_comm *c, loom_comm_op op, size_t bytes, double seconds)
     c->stats.calls[op]++;
     c->stats.bytes[op] += bytes;
     c->stats.seconds[op] += seconds;
+    c->stats.call_seconds[op] += seconds;
 }
 
 /* Run k to completion on c; count `bytes` if it succeeds. */
 static loom_status run_blocking(loom_comm *c, const mpi_call *k, size_t bytes) {
-    double t0 = loom_comm_wtime();
-    int err;
-    if (g_timeout_s > 0) {
-        MPI_Request r = MPI_REQUEST_NULL;
-        err = start_mpi(k, c->mpi, &r);
-        if (err == MPI_SUCCESS) err = wait_watched(c, k->op, &r);
-    } else {
-        err = run_blocking_mpi(k, c->mpi);
-    }
+    inflight n;
+    watch_add(&n, c, k->op, 0);
+    double t0 = n.t0;
+    int err = run_blocking_mpi(k, c->mpi);
+    watch_remove(&n);
     if (err != MPI_SUCCESS) return fail_mpi(c, loom_comm_op_name(k->op), err);
     double t1 = loom_comm_wtime();
     account(c, k->op, bytes, t1 - t0);
@@ -233,13 +370,17 @@ static loom_status run_started(loom_comm *c, const mpi_call *k, size_t bytes, lo
     if (!r)
         return loom_fail(LOOM_EOS, "rank %d: %s on group %s: out of memory for a request",
                          g_world_rank, loom_comm_op_name(k->op), c->name);
-    *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .t0 = loom_comm_wtime(), .bytes = bytes};
+    *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .bytes = bytes};
+    watch_add(&r->node, c, k->op, 1);
+    r->t0 = r->node.t0;
     int err = start_mpi(k, c->mpi, &r->mpi);
     if (err != MPI_SUCCESS) {
+        watch_remove(&r->node);
         req_release(r);
         return fail_mpi(c, loom_comm_op_name(k->op), err);
     }
     account(c, k->op, bytes, 0.0);
+    c->stats.call_seconds[k->op] += loom_comm_wtime() - r->t0;
     *out = r;
     return LOOM_OK;
 }
@@ -278,11 +419,9 @@ static loom_status start_runtime(int *argc, char ***argv) {
     if (finalized) return loom_fail(LOOM_EUNAVAIL, "MPI was already finalized; cannot restart it");
     if (inited) return LOOM_OK;
     int provided = MPI_THREAD_SINGLE;
-    int err = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    int err = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (err != MPI_SUCCESS) return loom_fail(LOOM_EUNAVAIL, "MPI_Init_thread failed (code %d)", err);
     g_started_mpi = 1;
-    if (provided < MPI_THREAD_FUNNELED)
-        loom_warn("MPI provides thread level %d, below MPI_THREAD_FUNNELED", provided);
     return LOOM_OK;
 }
 
@@ -298,14 +437,18 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
         return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI_Comm_dup of the world failed", g_world_rank);
     LOOM_TRY(comm_wrap(dup, "world", world));
-    g_live_worlds++;
+    if (g_live_worlds++ == 0) {
+        int level = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&level);
+        watch_start(level);
+    }
     return LOOM_OK;
 }
 
 void loom_comm_finalize(loom_comm *world) {
     if (world) {
         loom_comm_free(world);
-        g_live_worlds--;
+        if (--g_live_worlds == 0) watch_stop();
     }
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -534,9 +677,11 @@ loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int
 
 /* Count the seconds of a finished request (or report its error), then
  * release it. */
-static loom_status req_finish(loom_req *r, int err) {
+static loom_status req_finish(loom_req *r, int err, double t_call) {
     loom_comm *c = r->c;
     loom_comm_op op = r->op;
+    watch_remove(&r->node);
+    c->stats.call_seconds[op] += loom_comm_wtime() - t_call;
     if (err == MPI_SUCCESS) {
         double t1 = loom_comm_wtime();
         c->stats.seconds[op] += t1 - r->t0;
@@ -548,17 +693,22 @@ static loom_status req_finish(loom_req *r, int err) {
 
 loom_status loom_comm_wait(loom_req *req) {
     if (!req) return LOOM_OK;
-    return req_finish(req, wait_watched(req->c, req->op, &req->mpi));
+    double t = loom_comm_wtime();
+    return req_finish(req, MPI_Wait(&req->mpi, MPI_STATUS_IGNORE), t);
 }
 
 loom_status loom_comm_test(loom_req *req, int *done) {
     *done = 1;
     if (!req) return LOOM_OK;
+    double t = loom_comm_wtime();
     int flag = 0;
     int err = MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE);
     *done = flag || err != MPI_SUCCESS;
-    if (!*done) return LOOM_OK;
-    return req_finish(req, err);
+    if (!*done) {
+        req->c->stats.call_seconds[req->op] += loom_comm_wtime() - t;
+        return LOOM_OK;
+    }
+    return req_finish(req, err, t);
 }
 
 /* ---- statistics ------------------------------------------------------- */
@@ -566,3 +716,6 @@ loom_status loom_comm_test(loom_req *req, int *done) {
 const loom_comm_stats *loom_comm_get_stats(const loom_comm *c) { return &c->stats; }
 
 void loom_comm_reset_stats(loom_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+int loom_comm_progress_thread(void) { return g_progress; }
+double loom_comm_timeout(void) { return g_timeout_s; }

@@ -27,6 +27,15 @@
 
 #define F sizeof(float)
 
+/* The compute thread's seconds inside calls on the dp group so far. */
+static double dp_call_seconds(const loom_dp_engine *e) {
+    if (!e->dp) return 0;
+    const loom_comm_stats *s = loom_comm_get_stats(e->dp);
+    double t = 0;
+    for (int op = 0; op < LOOM_OP_COUNT; op++) t += s->call_seconds[op];
+    return t;
+}
+
 /* ---- in-flight gradient reductions -------------------------------------- */
 
 /* A finished reduction. zero 2/3: add the reduced slice (at the start of the
@@ -76,7 +85,10 @@ static loom_status poll_once(loom_dp_engine *e) {
     return LOOM_OK;
 }
 
-/* Drive what is in flight: Open MPI progresses non-blocking collectives
+/* Drive what is in flight. With the communicator's progress thread MPI moves
+ * on its own and the hooks do nothing (completion is collected by the waits
+ * in acquire_stage / loom_dp_finish_grads; no start depends on a test).
+ * Without it, Open MPI progresses non-blocking collectives
  * only inside MPI calls, so every hook tests each request once (a
  * rendezvous handshake then proceeds, and where the transport moves data on
  * its own - RDMA, a progress thread - the transfer runs behind the compute).
@@ -84,6 +96,7 @@ static loom_status poll_once(loom_dp_engine *e) {
  * busy cores), spinning would just move the copy work into the backward of
  * the slowest rank, and wait there for peers still computing. */
 loom_status loom_dp_progress(loom_dp_engine *e) {
+    if (loom_comm_progress_thread()) return LOOM_OK;
     double t0 = loom_comm_wtime();
     LOOM_TRY(poll_once(e));
     e->timing.poll_s += loom_comm_wtime() - t0;
@@ -455,6 +468,7 @@ loom_status loom_dp_begin_step(loom_dp_engine *e) {
     e->last_micro = 0;
     e->fifo_head = e->fifo_n = 0; /* finish_grads completed every reduction */
     memset(&e->timing, 0, sizeof e->timing);
+    e->comm_call0 = dp_call_seconds(e);
     return LOOM_OK;
 }
 
@@ -484,6 +498,7 @@ loom_status loom_dp_finish_grads(loom_dp_engine *e) {
     e->timing.t_backward_end = t0;
     e->timing.t_synced = loom_comm_wtime();
     e->timing.exposed_s += e->timing.t_synced - t0;
+    e->timing.comm_s = dp_call_seconds(e) - e->comm_call0;
     return LOOM_OK;
 }
 
@@ -586,10 +601,11 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
         const loom_dp_timing *t = &e->timing;
         fprintf(e->timing_log,
                 "{\"step\": %d, \"t_backward_end\": %.6f, \"t_synced\": %.6f, \"exposed_ms\": %.4f, "
-                "\"reduce_ms\": %.4f, \"gather_ms\": %.4f, \"poll_ms\": %.4f, \"reductions\": %d, "
-                "\"overlapped\": %d}\n",
+                "\"reduce_ms\": %.4f, \"gather_ms\": %.4f, \"poll_ms\": %.4f, \"comm_ms\": %.4f, "
+                "\"reductions\": %d, \"overlapped\": %d, \"progress_thread\": %d}\n",
                 e->t, t->t_backward_end, t->t_synced, 1e3 * t->exposed_s, 1e3 * t->reduce_s,
-                1e3 * t->gather_s, 1e3 * t->poll_s, t->reductions, t->overlapped);
+                1e3 * t->gather_s, 1e3 * t->poll_s, 1e3 * t->comm_s, t->reductions,
+                t->overlapped, loom_comm_progress_thread());
         fflush(e->timing_log);
     }
     return LOOM_OK;

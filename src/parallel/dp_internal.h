@@ -105,6 +105,7 @@ struct loom_dp_engine {
     int fifo_bucket[64];
     unsigned fifo_seq[64];           /* the bucket's rs_seq when it started */
     int fifo_head, fifo_n;
+    double comm_call0;       /* dp group's call_seconds when the step began */
     FILE *timing_log;        /* LOOM_DP_TIMINGS */
 };
 
