@@ -8,7 +8,9 @@
  * model, since each element has exactly one contributor; rank 0 writes it.
  * Load: rank 0 reads and checks the file, the full model is broadcast, each
  * rank keeps its own elements. Both are collective over the world (mesh NULL:
- * one process, no communication).
+ * one process, no communication). Save runs after the first step, so its
+ * failures are local to the rank that hits them (out of memory, rank 0's
+ * write): they return at once and the trainer aborts the job (train.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -94,8 +96,7 @@ static void contribute(const loom_gpt *m, const loom_mesh *mesh, whole_model *w)
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const char *path) {
     whole_model w;
-    loom_status st = whole_open(parts[0], &w);
-    if (mesh) st = loom_comm_agree(mesh->world, st);
+    loom_status st = whole_open(parts[0], &w); /* local: the trainer aborts the job on failure */
     if (st != LOOM_OK) return st;
     for (int i = 0; i < n_parts; i++) contribute(parts[i], mesh, &w);
     if (mesh && mesh->world_size > 1)
