@@ -404,6 +404,8 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
     if (st != LOOM_OK) loom_report_close(&s.report, st, res); /* agreed before the first step */
     else st = fail_fast(&s, world, train_phase(&s, res));
+    /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
+    if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
     return st;
 }
