@@ -23,7 +23,9 @@
  * written as FILE.tmp and renamed when complete, so an earlier FILE survives.
  * The mechanisms: train_phase (all work after set-up, returning the first
  * failure), failed_together (set only where a failure is seen by all), and
- * fail_fast (abort unless failed_together) - see trainer.c.
+ * fail_fast (abort unless failed_together) - see trainer.c. One agreement
+ * after the phase keeps a rank that finished from exiting 0 while a peer is
+ * still writing and may yet abort.
  */
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H
