@@ -15,16 +15,20 @@ under rank_exit.py (which records how that rank ended):
     signal 9 and the others non-zero. The naming of the rank and the signal
     is Open MPI's report ("process rank 2 ... exited on signal 9"): a killed
     process cannot speak for itself, so the test accepts the launcher's line.
-(d) --save-params onto a full disk, dp=2: every rank non-zero, mpirun 74, the
+(c) --save-params onto a full disk, dp=2: every rank non-zero, mpirun 74, the
     message names rank 0 and the cause, the earlier file is intact and no
     .tmp is left on the full disk.
 
-The full disk is a 16 KiB / 64 KiB tmpfs mounted in a temporary directory.
+The full disk is a 16 KiB / 64 KiB tmpfs mounted in a temporary directory
+(for (a) filled to within 4 KiB first, so it fills after a few steps).
 Where mounting is refused, the write error comes another real way: the
 output's FILE.tmp is a symbolic link to /dev/full, whose writes fail with
 ENOSPC in the kernel; the test says which it used and never skips
 (LOOM_FAULT_NO_MOUNT=1 forces the second way, to check it where mounting works).
 Every subprocess is bounded by a timeout; leftovers are killed on failure.
+Rank end times printed include Open MPI's kill sequence, lengthened to 3 s
+per signal here (see rank_exit.py); at its default of 1 s the ranks ended
+0.1-1.6 s after the fault.
 """
 import contextlib
 import os
