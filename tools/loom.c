@@ -21,7 +21,9 @@ static const char *USAGE =
     "exit codes (sysexits):\n"
     "  0 ok, 64 usage (bad flag or layout), 65 bad data (malformed file, non-finite loss),\n"
     "  66 missing input file, 69 communication failure, 70 internal error,\n"
-    "  71 out of memory / OS error, 73 cannot create output, 74 I/O error, 78 bad config file\n"
+    "  71 out of memory / OS error, 73 cannot create output, 74 I/O error, 78 bad config file;\n"
+    "  an error on one rank after training starts aborts every rank (the launcher exits\n"
+    "  with its code; the message names the rank)\n"
     "\n"
     "example (4 data-parallel ranks on the built-in default model and data):\n"
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";

@@ -7,6 +7,25 @@
  * fails the same way; checks that could differ between ranks (a file missing
  * on one node) are agreed on with one all-reduce of the status, so no rank is
  * left waiting. Rank 0 alone prints, writes metrics and writes parameters.
+ *
+ * Failures from the first step on follow one rule. A failure every rank sees
+ * together - the non-finite loss or gradient norm, known on every rank after
+ * the loss all-reduce - returns through the normal path: rank 0 prints it,
+ * every rank returns the same status, and the CLI exits with it (65). Any
+ * other failure is local to the rank that hit it (an I/O error writing
+ * metrics, traces or the parameter file; out of memory; an internal error; a
+ * failed MPI call) while its peers wait in a collective. That rank returns at
+ * once, with no further collective, and loom_train_run aborts the whole job
+ * through loom_comm_abort: one line "loom: error: rank R: <cause> (aborting
+ * all ranks, exit code N)" and MPI_Abort with the status as the code (74 I/O
+ * error, 73 cannot create, 71 out of memory / OS, 70 internal, 69 MPI). The
+ * launcher exits with N; it ends the other ranks with a signal. Outputs are
+ * written as FILE.tmp and renamed when complete, so an earlier FILE survives.
+ * The mechanisms: train_phase (all work after set-up, returning the first
+ * failure), failed_together (set only where a failure is seen by all), and
+ * fail_fast (abort unless failed_together) - see trainer.c. One agreement
+ * after the phase keeps a rank that finished from exiting 0 while a peer is
+ * still writing and may yet abort.
  */
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H

@@ -457,8 +457,12 @@ void loom_comm_finalize(loom_comm *world) {
 
 void loom_comm_abort(loom_comm *c, int code) {
     const char *msg = loom_errmsg();
-    fprintf(stderr, "loom: error: rank %d: aborting the job from group %s with exit code %d%s%s\n",
-            g_world_rank, c ? c->name : "world", code, msg[0] ? ": " : "", msg);
+    if (msg[0])
+        fprintf(stderr, "loom: error: rank %d: %s (aborting all ranks, exit code %d)\n", g_world_rank,
+                msg, code);
+    else
+        fprintf(stderr, "loom: error: rank %d: aborting all ranks from group %s, exit code %d\n",
+                g_world_rank, c ? c->name : "world", code);
     fflush(stderr);
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);

@@ -56,11 +56,13 @@ void loom_trace_event(loom_trace *t, const char *name, const char *cat, double t
 }
 
 loom_status loom_trace_close(loom_trace *t) {
+    errno = 0;
     fprintf(t->f, "\n]}\n");
-    int bad = ferror(t->f);
-    bad |= fclose(t->f) != 0;
+    int bad = ferror(t->f) || fflush(t->f) != 0;
+    int err = errno;
+    if (fclose(t->f) != 0 && !bad) bad = 1, err = errno;
     loom_status st = LOOM_OK;
-    if (bad) st = loom_fail(LOOM_EIO, "trace %s: write failed", t->path);
+    if (bad) st = loom_fail(LOOM_EIO, "--trace %s: write failed: %s", t->path, strerror(err ? err : EIO));
     else if (rename(t->tmp, t->path) != 0)
         st = loom_fail(LOOM_ECANTCREAT, "trace %s: cannot rename %s: %s", t->path, t->tmp, strerror(errno));
     if (st != LOOM_OK) remove(t->tmp);

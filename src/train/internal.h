@@ -75,6 +75,7 @@ typedef struct loom_train_run_state {
     int32_t *inputs, *targets; /* (B_l, T) */
     double flops_per_token, peak_flops;
     loom_report report;
+    int failed_together; /* the failure being returned was seen by every rank at once */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0

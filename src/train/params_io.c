@@ -8,7 +8,9 @@
  * model, since each element has exactly one contributor; rank 0 writes it.
  * Load: rank 0 reads and checks the file, the full model is broadcast, each
  * rank keeps its own elements. Both are collective over the world (mesh NULL:
- * one process, no communication).
+ * one process, no communication). Save runs after the first step, so its
+ * failures are local to the rank that hits them (out of memory, rank 0's
+ * write): they return at once and the trainer aborts the job (train.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -121,8 +123,7 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const loom_dp_engine *dp, const char *path) {
     whole_model w;
-    loom_status st = whole_open(parts[0], &w);
-    if (mesh) st = loom_comm_agree(mesh->world, st);
+    loom_status st = whole_open(parts[0], &w); /* local: the trainer aborts the job on failure */
     if (st != LOOM_OK) return st;
     const int sharded = dp && loom_dp_params_sharded(dp);
     for (int i = 0; i < n_parts; i++) { /* each element by its one holder */

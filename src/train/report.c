@@ -90,6 +90,7 @@ static void print_comm_table(const loom_step_stats *s) {
 
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
     if (r->metrics) {
+        errno = 0;
         int n = fprintf(r->metrics,
                         "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                         "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
@@ -108,10 +109,11 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                 1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s,
                 s->dp.reductions, s->dp.overlapped);
         write_comm_json(r->metrics, s);
-        if (n >= 0) n = fprintf(r->metrics, "}\n");
-        if (n < 0 || fflush(r->metrics) != 0)
+        fputs("}\n", r->metrics);
+        /* ferror: any of the writes above failed (errno says why); fflush: the line reaches the file */
+        if (n < 0 || ferror(r->metrics) || fflush(r->metrics) != 0)
             return loom_fail(LOOM_EIO, "--metrics %s: write failed: %s", r->cfg->metrics,
-                             strerror(errno));
+                             strerror(errno ? errno : EIO));
     }
     if (!r->active) return LOOM_OK;
     if (step == 0) print_comm_table(s);
@@ -128,7 +130,8 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
 loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_result *res) {
     const loom_train_config *c = r->cfg;
     if (r->metrics) {
-        int closed = fclose(r->metrics) == 0;
+        int closed = !ferror(r->metrics); /* fclose alone misses an earlier failed write */
+        closed &= fclose(r->metrics) == 0;
         int err = errno;
         r->metrics = NULL;
         if (st == LOOM_OK && !closed) {

@@ -1,7 +1,10 @@
 /* trainer.c - the training loop: data -> forward -> backward -> DP gradient
  * sync -> clip -> AdamW, with logging, metrics and parameter files.
  *
- * Collective over the world (see train.h for how ranks agree on failures).
+ * Collective over the world. Failures (see train.h): set-up agrees on them
+ * with loom_comm_agree; from the first step on, train_phase's status goes
+ * through fail_fast, which returns a failure every rank saw together and
+ * aborts the job on any other.
  * Axis: dp for the gradient sync and the loss all-reduce. Every rank holds the
  * full model (plain DP); rank 0 alone prints and writes files.
  */
@@ -234,6 +237,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
                                    step + 1, isfinite(out->loss) ? "gradient" : "loss", out->loss,
                                    out->grad_norm);
         if (s->mesh->rank != 0) loom_fail(st, "%s", ""); /* seen by all: rank 0 reports */
+        s->failed_together = 1;
         return st;
     }
     float scale = 1.0f;
@@ -361,7 +365,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
             LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
             st_step.pp_peak_live = loom_pp_exec_peak_live(s->exec);
         }
-        if (s->tracing) LOOM_TRY(loom_comm_agree(s->mesh->world, write_trace(s, t_step)));
+        if (s->tracing) LOOM_TRY(write_trace(s, t_step)); /* local: a failure aborts */
         st_step.comm_bytes = 0;
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
             st_step.comm[g] = *loom_comm_get_stats(groups[g]);
@@ -380,6 +384,27 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
     res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
     return LOOM_OK;
+}
+
+/* Everything from the first step on: steps, the parameter file, closing the
+ * metrics. A failure here returns at once on the rank that hit it, with no
+ * further collective; fail_fast decides what happens next. */
+static loom_status train_phase(loom_train_run_state *s, loom_train_result *res) {
+    const loom_train_config *c = s->cfg;
+    loom_status st = run_steps(s, res);
+    if (st == LOOM_OK && c->save_params[0])
+        st = loom_params_save(s->parts, s->n_parts, s->mesh, s->dp, c->save_params);
+    loom_status cst = loom_report_close(&s->report, st, res);
+    return st != LOOM_OK ? st : cst;
+}
+
+/* The rule of train.h: a failure every rank saw together (failed_together)
+ * returns; any other is local to this rank, whose peers are (or will be)
+ * waiting in a collective, so it aborts the whole job with its message and
+ * its status as the exit code. */
+static loom_status fail_fast(const loom_train_run_state *s, loom_comm *world, loom_status st) {
+    if (st != LOOM_OK && !s->failed_together) loom_comm_abort(world, (int)st);
+    return st;
 }
 
 loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_train_result *res) {
@@ -401,15 +426,11 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }
-    if (st == LOOM_OK) {
-        st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
-        if (st == LOOM_OK) st = run_steps(&s, res);
-        if (st == LOOM_OK && c->save_params[0])
-            st = loom_params_save(s.parts, s.n_parts, s.mesh, s.dp, c->save_params);
-        st = loom_comm_agree(world, st);
-    }
-    loom_status cst = loom_report_close(&s.report, st, res);
-    if (st == LOOM_OK) st = loom_comm_agree(world, cst); /* all ranks agreed just before */
+    if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
+    if (st != LOOM_OK) loom_report_close(&s.report, st, res); /* agreed before the first step */
+    else st = fail_fast(&s, world, train_phase(&s, res));
+    /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
+    if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
     return st;
 }
