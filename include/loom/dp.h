@@ -10,7 +10,7 @@
  *   loom_dp_grad_norm           the exact global norm (tp, pp, dp shards)
  *   loom_dp_step                clip scale, AdamW on what this rank owns,
  *                               parameters made whole again where sharded
- * and, before saving parameters, loom_dp_gather_params.
+ * and, to initialise, load or save the parameters, loom_dp_param_runs.
  * The engine covers every model part of this rank (one per pipeline chunk).
  * Collective over the mesh groups named in each function.
  *

@@ -457,6 +457,9 @@ void loom_comm_finalize(loom_comm *world) {
 
 void loom_comm_abort(loom_comm *c, int code) {
     const char *msg = loom_errmsg();
+    char own[32]; /* messages from this file already name the rank: say it once */
+    int n = snprintf(own, sizeof own, "rank %d: ", g_world_rank);
+    if (n > 0 && strncmp(msg, own, (size_t)n) == 0) msg += n;
     if (msg[0])
         fprintf(stderr, "loom: error: rank %d: %s (aborting all ranks, exit code %d)\n", g_world_rank,
                 msg, code);

@@ -1,4 +1,4 @@
-/* sysmem.c - peak and current resident memory from /proc/self/status
+/* sysmem.c - peak resident memory from /proc/self/status
  * (sysmem.h). Reads one small file per call; 0 when it cannot (not Linux,
  * no /proc). Local to the calling process.
  */
@@ -25,4 +25,3 @@ static size_t status_kib(const char *key) {
 }
 
 size_t loom_sysmem_peak_rss(void) { return status_kib("VmHWM"); }
-size_t loom_sysmem_rss(void) { return status_kib("VmRSS"); }

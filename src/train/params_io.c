@@ -70,8 +70,10 @@ static const loom_param_run *part_runs(loom_gpt *m, const loom_dp_engine *dp, in
     return whole;
 }
 
-/* Visit every element of m's parameters held in `runs`: fn(ctx, p, g,
- * local index, value pointer) with g the tensor in the whole-model table. */
+/* Visit every element of m's parameters held in `runs` (only those this rank
+ * writes to the file when primary_only): fn(w, g, gi, x) with g the tensor
+ * in the whole-model table, gi the element's global index in it (-1 for
+ * padding) and x the element in the run. */
 typedef void (*elem_fn)(whole_model *w, const loom_param *g, int64_t gi, float *x);
 static void walk_runs(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, whole_model *w,
                       const loom_param_run *runs, int n_runs, int primary_only, elem_fn fn) {

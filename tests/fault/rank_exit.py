@@ -26,14 +26,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from peak_rss import mpi_rank  # noqa: E402  (the rank from the launcher's environment)
+from peak_rss import mpi_rank, wrapper_args  # noqa: E402  (shared with the RSS wrapper)
 
 
 def main(argv):
-    if len(argv) < 4 or argv[2] != "--":
-        sys.stderr.write("usage: rank_exit.py PREFIX -- COMMAND [ARGS...]\n")
+    args = wrapper_args(argv)
+    if args is None:
         return 64
-    prefix, cmd = argv[1], argv[3:]
+    prefix, cmd = args
     child = subprocess.Popen(cmd)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: child.send_signal(s))

@@ -26,11 +26,20 @@ def mpi_rank():
     return 0
 
 
-def main(argv):
+def wrapper_args(argv):
+    """(PREFIX, COMMAND list) of a per-rank wrapper's `NAME PREFIX -- COMMAND
+    [ARGS...]`, or None after printing the usage."""
     if len(argv) < 4 or argv[2] != "--":
-        sys.stderr.write("usage: peak_rss.py PREFIX -- COMMAND [ARGS...]\n")
+        sys.stderr.write("usage: %s PREFIX -- COMMAND [ARGS...]\n" % os.path.basename(argv[0]))
+        return None
+    return argv[1], argv[3:]
+
+
+def main(argv):
+    args = wrapper_args(argv)
+    if args is None:
         return 64
-    prefix, cmd = argv[1], argv[3:]
+    prefix, cmd = args
     code = subprocess.call(cmd)
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     with open("%s.rank%d" % (prefix, mpi_rank()), "w") as f:
