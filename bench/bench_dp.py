@@ -14,7 +14,8 @@ Prints:
     tests - i.e. any polling - waits; comm_ms in LOOM_DP_TIMINGS, measured by
     the communicator), mean over the ranks, median over steps. C_alone is the
     same reductions with nothing to hide behind: one bucket, started after
-    the backward (--bucket-mb 1e6), so the compute thread waits for all of
+    the backward (--bucket-mb 1e6 and LOOM_DP_OVERLAP=0, which also turns
+    off the early wte bucket), so the compute thread waits for all of
     it; C_overlap uses buckets of --bucket-mb, each reduced as soon as the
     backward completes it, progressed by the communicator's thread.
     For comparison the old figure, 1 - E_overlap / E_alone (E: from the last
@@ -96,7 +97,7 @@ class Loom:
         write_shard(self.data, tokens)
         self.runs = 0
 
-    def train(self, dp, bucket_mb):
+    def train(self, dp, bucket_mb, overlap=True):
         """(median tok/s, (C, E, P) in ms or None) of one run: C the compute
         thread's time in dp communication calls (mean over ranks), E the
         exposed time of the old definition (see the module doc), P the time
@@ -108,6 +109,8 @@ class Loom:
                "--dp", dp, "--bucket-mb", bucket_mb, "--metrics", tag + ".jsonl", "--peak-flops", "1e11",
                "--no-progress", "--quiet"]
         env = dict(self.env, LOOM_DP_TIMINGS=tag)
+        if not overlap:
+            env["LOOM_DP_OVERLAP"] = "0"  # every reduction after the backward (dp.h)
         if dp > 1:
             cmd = [os.path.join(ROOT, "scripts", "loomrun"), "-np", dp] + cmd
         run([str(c) for c in cmd], env, "loom train dp=%d" % dp)
@@ -242,7 +245,7 @@ def main():
             if lm:
                 jobs += [("loom dp=1", lambda: lm.train(1, a.bucket_mb)),
                          ("loom dp=2", lambda: lm.train(2, a.bucket_mb)),
-                         ("loom dp=2 alone", lambda: lm.train(2, 1e6))]
+                         ("loom dp=2 alone", lambda: lm.train(2, 1e6, overlap=False))]
             if not a.loom_only:
                 jobs += [("torch ddp=2", lambda: (bench_torch_ddp(work, a.steps, a.batch, a.seq, tokens), None))]
             for name, job in jobs:

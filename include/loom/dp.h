@@ -20,9 +20,22 @@
  * closed once it reaches bucket_mb; bucket_mb = 0 gives one bucket per unit,
  * and ZeRO-3 always uses one bucket per unit (a unit is what it gathers).
  * A bucket's non-blocking reduction starts in the post-backward hook that
- * completes it (on the last micro-batch at zero 0/1); every hook tests what
- * is in flight once (Open MPI progresses non-blocking collectives only
- * inside MPI calls). At zero 0/1 a bucket whose gradients
+ * completes it (on the last micro-batch at zero 0/1); without the
+ * communicator's progress thread every hook tests what is in flight once
+ * (Open MPI progresses non-blocking collectives only inside MPI calls).
+ * LOOM_DP_OVERLAP=0 in the environment starts every zero 0/1 reduction in
+ * loom_dp_finish_grads instead (a baseline for measuring overlap).
+ *
+ * Early wte. At zero 0, dp > 1, on a part holding both the embedding and
+ * the head (the tied wte is most of a GPT-2 gradient), wte is a bucket of
+ * its own, first: the model computes the head's share of wte's gradient
+ * before the rest of the head's backward, and on the last micro-batch its
+ * all-reduce starts there (post_head_wte), behind the whole remaining
+ * backward. The token embedding's rows of that micro-batch (B x T rows of
+ * C, with their ids) are kept out of wte and all-gathered over dp, and every
+ * rank adds all of them, in rank order, once the reduction completes - when
+ * dp x B x T <= V_l / 2, so the rows stay small next to wte itself.
+ * At zero 0/1 a bucket whose gradients
  * the caller still completes after the backward (SP partials summed by
  * loom_gpt_finish_grads, the pipeline's shared tied embedding) is reduced
  * in loom_dp_finish_grads instead.
@@ -42,6 +55,8 @@
  * are 4 x floats; "slots" = two buffers of the largest bucket without the
  * outer unit, used in turn, plus one of the bucket holding it):
  *   zero 0  all-reduce of Psi per step; params Psi, grads Psi, optimizer 2 Psi
+ *           (early wte: + two all-gathers of dp x B x T x (C + 1) x 4 bytes,
+ *           and their buffer, counted with the gradients)
  *   zero 1  reduce-scatter of P + all-gather of P per step; params Psi,
  *           grads Psi (+ the scratch), optimizer 2 S; gradients accumulate
  *           over micro-batches in the model's full buffer

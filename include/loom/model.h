@@ -175,6 +175,16 @@ typedef struct loom_gpt_hooks {
      * post_backward in W. */
     loom_status (*post_input)(void *ctx, loom_gpt *m, int unit);
     loom_status (*pre_weight)(void *ctx, loom_gpt *m, int unit);
+    /* Unsplit backward of a part with the head: the head's contribution to
+     * the wte gradient is complete (fired before the rest of the head's
+     * backward; wte then receives only the token embedding's rows). */
+    loom_status (*post_head_wte)(void *ctx, loom_gpt *m);
+    /* The token embedding's backward: rows (N,C), the gradient of the
+     * embedding output summed over tp, for token ids (N). Set *taken to
+     * keep them out of the wte gradient (the hook then owns adding them,
+     * e.g. after summing them over dp); else they are added as usual. */
+    loom_status (*embed_rows)(void *ctx, loom_gpt *m, const int32_t *ids, const float *rows,
+                              int *taken);
 } loom_gpt_hooks;
 
 typedef struct loom_gpt_opts {

@@ -28,13 +28,20 @@
  * duplicate of the world every 20 us, backing off to 1 ms: that drives MPI's
  * progress engine (Open MPI 4.1 has no progress thread of its own, so
  * libnbc collectives and rendezvous sends otherwise move only inside MPI
- * calls of the compute thread). The watch never touches the caller's
- * requests - the compute thread alone starts, tests and waits them - so the
- * two threads share only the list (one mutex) and MPI itself, which needs
- * MPI_THREAD_MULTIPLE. Chosen over a comm thread owning MPI because callers
- * keep calling MPI directly (no hand-off latency on the TP path's many small
- * blocking collectives) and the watch can be absent without changing any
- * caller. If MPI provides less than MPI_THREAD_MULTIPLE (or
+ * calls of the compute thread). It also makes the starts of non-blocking
+ * collectives: Open MPI's start of a large one does real work in the calling
+ * thread (a temporary buffer of the message's size, allocated and filled:
+ * 150-230 ms for GPT-2's 154 MB wte gradient here), so a start is queued
+ * (FIFO) and the watch makes it; the caller's test reports "not done" and
+ * its wait blocks until then. Collectives on one group must run in the same
+ * order on every rank, so before the caller makes any collective call on a
+ * group itself (blocking, a start it keeps, a split or a free) it waits until
+ * the watch has made that group's queued starts. Point-to-point starts and
+ * alltoallv's (whose count arrays live in a reused scratch) stay with the
+ * caller, as do blocking calls (no hand-off latency on the TP path's many
+ * small collectives). The two threads share the list and the queue (one
+ * mutex) and MPI itself, which needs MPI_THREAD_MULTIPLE; the watch can be
+ * absent without changing any caller. If MPI provides less than MPI_THREAD_MULTIPLE (or
  * LOOM_COMM_PROGRESS=0), a warning says so and the watch only times calls:
  * non-blocking work then moves inside loom_comm calls, as before.
  * The watchdog is on by default (LOOM_COMM_TIMEOUT, default 600 s; 0 turns
@@ -67,7 +74,20 @@ struct loom_comm {
     int *counts;            /* (4, size) scratch for alltoallv's int arrays */
     struct loom_req *spare; /* released requests, reused by the next start */
     uint64_t seq;           /* calls started on this group (the watchdog's #N) */
+    int queued;             /* its starts the watch has not made yet (g_mu) */
 };
+
+/* Everything MPI needs for one call of any op, blocking or non-blocking. */
+typedef struct mpi_call {
+    loom_comm_op op;
+    const void *send; /* may be MPI_IN_PLACE */
+    void *recv;
+    int count;        /* elements (typed ops) or bytes; per rank for gather/scatter */
+    MPI_Datatype type;
+    MPI_Op redop;
+    int peer, tag;    /* peer is the root for bcast */
+    const int *send_counts, *send_displs, *recv_counts, *recv_displs; /* alltoallv */
+} mpi_call;
 
 /* One call in flight, on the watch's list (guarded by g_mu). */
 typedef struct inflight {
@@ -87,19 +107,11 @@ struct loom_req {
     size_t bytes;
     inflight node; /* on the watch's list while in flight */
     struct loom_req *next;
+    /* A start handed to the watch (g_mu): the call, and its outcome once made */
+    mpi_call k;
+    int pending, start_err;
+    struct loom_req *qnext;
 };
-
-/* Everything MPI needs for one call of any op, blocking or non-blocking. */
-typedef struct mpi_call {
-    loom_comm_op op;
-    const void *send; /* may be MPI_IN_PLACE */
-    void *recv;
-    int count;        /* elements (typed ops) or bytes; per rank for gather/scatter */
-    MPI_Datatype type;
-    MPI_Op redop;
-    int peer, tag;    /* peer is the root for bcast */
-    const int *send_counts, *send_displs, *recv_counts, *recv_displs; /* alltoallv */
-} mpi_call;
 
 /* Process-wide state of the runtime, not of any group. */
 static int g_world_rank = -1;   /* rank in MPI_COMM_WORLD, for messages */
@@ -121,6 +133,8 @@ static int g_progress;          /* watch may call MPI (MPI_THREAD_MULTIPLE) */
 static MPI_Comm g_probe_comm = MPI_COMM_NULL;
 static inflight *g_head;
 static int g_nonblocking;       /* non-blocking nodes on the list */
+static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
+static struct loom_req *g_q_head, *g_q_tail; /* starts queued for the watch, oldest first */
 static long g_probe_ns = WATCH_PROBE_MIN_NS;
 
 double loom_comm_wtime(void) {
@@ -203,11 +217,32 @@ static void abs_after(struct timespec *ts, long ns) {
 /* The watch: idle (a timed wait, a wake-up a second at most) while no
  * non-blocking request flies; probing with back-off while one does; checking
  * every node's age against LOOM_COMM_TIMEOUT at each wake-up. */
+static int start_mpi(const mpi_call *k, MPI_Comm comm, MPI_Request *r);
+
+/* Make the queued starts, oldest first (g_mu held; released around MPI). */
+static void watch_start_queued(void) {
+    while (g_q_head) {
+        loom_req *r = g_q_head;
+        g_q_head = r->qnext;
+        if (!g_q_head) g_q_tail = NULL;
+        pthread_mutex_unlock(&g_mu);
+        MPI_Request mr = MPI_REQUEST_NULL;
+        int err = start_mpi(&r->k, r->c->mpi, &mr);
+        pthread_mutex_lock(&g_mu);
+        r->mpi = mr;
+        r->start_err = err;
+        r->pending = 0;
+        r->c->queued--;
+        pthread_cond_broadcast(&g_started_cv);
+    }
+}
+
 static void *watch_main(void *arg) {
     (void)arg;
     double idle_s = g_timeout_s > 0 && g_timeout_s < 10 ? g_timeout_s / 10 : 1.0;
     pthread_mutex_lock(&g_mu);
     while (!g_watch_stop) {
+        watch_start_queued();
         if (g_timeout_s > 0) {
             double now = loom_comm_wtime();
             for (inflight *n = g_head; n; n = n->next)
@@ -220,12 +255,12 @@ static void *watch_main(void *arg) {
             pthread_mutex_unlock(&g_mu);
             int flag = 0;
             MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_probe_comm, &flag, MPI_STATUS_IGNORE);
-            struct timespec d = {0, ns};
-            nanosleep(&d, NULL);
             pthread_mutex_lock(&g_mu);
+            abs_after(&ts, ns); /* a queued start wakes it early */
+            if (!g_q_head && !g_watch_stop) pthread_cond_timedwait(&g_cv, &g_mu, &ts);
         } else {
             abs_after(&ts, (long)(idle_s * 1e9));
-            pthread_cond_timedwait(&g_cv, &g_mu, &ts);
+            if (!g_q_head && !g_watch_stop) pthread_cond_timedwait(&g_cv, &g_mu, &ts);
         }
     }
     pthread_mutex_unlock(&g_mu);
@@ -338,7 +373,34 @@ static void account(loom_comm *c, loom_comm_op op, size_t bytes, double seconds)
 }
 
 /* Run k to completion on c; count `bytes` if it succeeds. */
+/* Collectives on a group run in the order they were called on every rank:
+ * before the calling thread makes a collective call itself, the watch must
+ * have made every start queued on that group. */
+static void flush_queued(loom_comm *c) {
+    if (!g_watch_on) return;
+    pthread_mutex_lock(&g_mu);
+    while (c->queued > 0) pthread_cond_wait(&g_started_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Wait until the watch has made r's start (if it was queued). */
+static void await_start(loom_req *r) {
+    if (!g_watch_on) return;
+    pthread_mutex_lock(&g_mu);
+    while (r->pending) pthread_cond_wait(&g_started_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int start_pending(loom_req *r) {
+    if (!g_watch_on) return 0;
+    pthread_mutex_lock(&g_mu);
+    int p = r->pending;
+    pthread_mutex_unlock(&g_mu);
+    return p;
+}
+
 static loom_status run_blocking(loom_comm *c, const mpi_call *k, size_t bytes) {
+    if (k->op != LOOM_OP_SEND && k->op != LOOM_OP_RECV) flush_queued(c);
     inflight n;
     watch_add(&n, c, k->op, 0);
     double t0 = n.t0;
@@ -363,6 +425,14 @@ static void req_release(loom_req *r) {
     r->c->spare = r;
 }
 
+/* Starts the watch can make for the caller: collectives whose arguments
+ * are all in the mpi_call (alltoallv's count arrays live in a scratch the
+ * next call reuses, and point-to-point starts are cheap). */
+static int queueable(loom_comm_op op) {
+    return op == LOOM_OP_ALLREDUCE || op == LOOM_OP_REDUCE_SCATTER || op == LOOM_OP_ALLGATHER ||
+           op == LOOM_OP_ALLTOALL || op == LOOM_OP_BCAST || op == LOOM_OP_BARRIER;
+}
+
 /* Start k on c as *out; count calls and bytes now, seconds at completion. */
 static loom_status run_started(loom_comm *c, const mpi_call *k, size_t bytes, loom_req **out) {
     *out = NULL;
@@ -373,6 +443,23 @@ static loom_status run_started(loom_comm *c, const mpi_call *k, size_t bytes, lo
     *r = (loom_req){.mpi = MPI_REQUEST_NULL, .c = c, .op = k->op, .bytes = bytes};
     watch_add(&r->node, c, k->op, 1);
     r->t0 = r->node.t0;
+    if (g_progress && queueable(k->op)) { /* the watch makes the start (file header) */
+        r->k = *k;
+        r->pending = 1;
+        pthread_mutex_lock(&g_mu);
+        c->queued++;
+        if (g_q_tail) g_q_tail->qnext = r;
+        else g_q_head = r;
+        g_q_tail = r;
+        r->qnext = NULL;
+        pthread_cond_signal(&g_cv);
+        pthread_mutex_unlock(&g_mu);
+        account(c, k->op, bytes, 0.0);
+        c->stats.call_seconds[k->op] += loom_comm_wtime() - r->t0;
+        *out = r;
+        return LOOM_OK;
+    }
+    if (k->op != LOOM_OP_SEND && k->op != LOOM_OP_RECV) flush_queued(c);
     int err = start_mpi(k, c->mpi, &r->mpi);
     if (err != MPI_SUCCESS) {
         watch_remove(&r->node);
@@ -482,6 +569,7 @@ loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *n
                             loom_comm **out) {
     *out = NULL;
     MPI_Comm mpi = MPI_COMM_NULL;
+    flush_queued(parent);
     int err = MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &mpi);
     if (err != MPI_SUCCESS) return fail_mpi(parent, "split", err);
     if (mpi == MPI_COMM_NULL) return LOOM_OK;
@@ -490,6 +578,7 @@ loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *n
 
 void loom_comm_free(loom_comm *c) {
     if (!c) return;
+    flush_queued(c);
     while (c->spare) {
         loom_req *r = c->spare;
         c->spare = r->next;
@@ -701,6 +790,8 @@ static loom_status req_finish(loom_req *r, int err, double t_call) {
 loom_status loom_comm_wait(loom_req *req) {
     if (!req) return LOOM_OK;
     double t = loom_comm_wtime();
+    await_start(req);
+    if (req->start_err != MPI_SUCCESS) return req_finish(req, req->start_err, t);
     return req_finish(req, MPI_Wait(&req->mpi, MPI_STATUS_IGNORE), t);
 }
 
@@ -709,7 +800,13 @@ loom_status loom_comm_test(loom_req *req, int *done) {
     if (!req) return LOOM_OK;
     double t = loom_comm_wtime();
     int flag = 0;
-    int err = MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE);
+    if (start_pending(req)) {
+        *done = 0;
+        req->c->stats.call_seconds[req->op] += loom_comm_wtime() - t;
+        return LOOM_OK;
+    }
+    int err = req->start_err;
+    if (err == MPI_SUCCESS) err = MPI_Test(&req->mpi, &flag, MPI_STATUS_IGNORE);
     *done = flag || err != MPI_SUCCESS;
     if (!*done) {
         req->c->stats.call_seconds[req->op] += loom_comm_wtime() - t;

@@ -376,11 +376,10 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
 
 /* ---- backward, input half (B): the forward mirrored ---------------------- */
 
-/* The head: d(loss) -> m->dres = d(last block output); keeps dlogits (in
- * s->logits) and d(ln_f out) (in dlnf) for W. */
-static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float dloss, float *dlnf) {
+/* The head, from dlogits (in s->logits, kept for W): m->dres = d(last
+ * block output); keeps d(ln_f out) in dlnf for W. */
+static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float *dlnf) {
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
-    loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, N, Vl);
     memset(m->dlnfull, 0, F((size_t)N * C));
     loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
@@ -466,13 +465,17 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
     return LOOM_OK;
 }
 
-static loom_status head_bwd_weight(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
+/* The head's share of the tied wte gradient: dlogits^T ln_f-out. */
+static loom_status head_bwd_wte(loom_gpt *m, loom_gpt_slot *s) {
     const float *lnfg; /* (N,C) */
     LOOM_TRY(sp_regather(m, s->lnf, 1, &lnfg));
     loom_matmul_nt_bwd(NULL, m->g.wte, s->logits, lnfg, m->w.wte, m->N, m->C, m->V_l);
+    return LOOM_OK;
+}
+
+static void head_bwd_lnf(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
     loom_layernorm_bwd(NULL, m->g.lnf_w, m->g.lnf_b, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
                        s->lnf_mean, s->lnf_rstd, m->Nx, m->C);
-    return LOOM_OK;
 }
 
 /* From s->dx = d(embedding output). */
@@ -480,7 +483,9 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
     const int sp = m->part.tp.sp;
     float *full = sp ? m->dfull : s->dx; /* (N,C) */
     LOOM_TRY(row_out_bwd(m, s->dx, full));
-    loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
+    int taken = 0; /* a DP engine may sum these rows over dp apart from the rest of wte */
+    if (m->hooks.embed_rows) LOOM_TRY(m->hooks.embed_rows(m->hooks.ctx, m, s->inputs, full, &taken));
+    if (!taken) loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
     loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
@@ -492,9 +497,17 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
     const size_t nx = (size_t)m->Nx * m->C;
     if (has_outer(m)) HOOK(pre_backward, LOOM_UNIT_OUTER);
     if (m->part.has_head) {
+        /* Unsplit, the head's wte gradient comes first: it is most of a
+         * GPT-2 gradient, and a DP engine can reduce it (post_head_wte)
+         * behind the rest of the backward. */
         float *dlnf = split ? s->dlnf : m->dlnf;
-        LOOM_TRY(head_bwd_input(m, s, dloss, dlnf));
-        if (!split) LOOM_TRY(head_bwd_weight(m, s, dlnf));
+        loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
+        if (!split) {
+            LOOM_TRY(head_bwd_wte(m, s));
+            if (m->hooks.post_head_wte) LOOM_TRY(m->hooks.post_head_wte(m->hooks.ctx, m));
+        }
+        LOOM_TRY(head_bwd_input(m, s, dlnf));
+        if (!split) head_bwd_lnf(m, s, dlnf);
     } else {
         memcpy(m->dres, dy, F(nx));
     }
@@ -532,7 +545,10 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
     if (!m->opts.split_backward)
         return loom_fail(LOOM_EINTERNAL, "backward_weight needs a model created with split_backward");
     if (has_outer(m)) HOOK(pre_weight, LOOM_UNIT_OUTER);
-    if (m->part.has_head) LOOM_TRY(head_bwd_weight(m, s, s->dlnf));
+    if (m->part.has_head) {
+        LOOM_TRY(head_bwd_wte(m, s));
+        head_bwd_lnf(m, s, s->dlnf);
+    }
     for (int li = m->L_l - 1; li >= 0; li--) {
         HOOK(pre_weight, m->part.layer_begin + li);
         LOOM_TRY(block_bwd_weight(m, s, li, &s->ds[li]));

@@ -120,7 +120,6 @@ static int fifo_live(const loom_dp_engine *e, int j) {
     const dp_bucket *b = &e->fifo_part[j]->buckets[e->fifo_bucket[j]];
     return b->gstate == DP_REDUCING && b->rs && b->rs_seq == e->fifo_seq[j];
 }
-
 static loom_status make_room(loom_dp_engine *e) {
     int busy = 0;
     for (int i = 0; i < e->fifo_n; i++) busy += fifo_live(e, (e->fifo_head + i) % FIFO_CAP);
@@ -138,9 +137,13 @@ static loom_status make_room(loom_dp_engine *e) {
     return LOOM_OK;
 }
 
-/* b's reduction has just started (b->rs set). */
+/* b's reduction has just started (b->rs set). The early wte's (one per
+ * part, zero 0) flies beside the DP_MAX_INFLIGHT others: it starts first
+ * and runs longest, and waiting for it would stall the very backward it is
+ * meant to hide behind; loom_dp_finish_grads waits for it. */
 static void record_started(dp_part *p, dp_bucket *b) {
     loom_dp_engine *e = p->e;
+    if (b->head_wte) return;
     int j = (e->fifo_head + e->fifo_n) % FIFO_CAP;
     b->rs_seq++;
     e->fifo_part[j] = p;
@@ -294,8 +297,54 @@ static loom_status hook_post_backward(void *ctx, loom_gpt *m, int unit) {
     b->done_units = 0;
     if (e->cfg.zero >= 2) /* a deferred bucket accumulates in its slot until finish_grads */
         return b->defer ? LOOM_OK : start_reduce23(p, b);
-    if (e->last_micro && !b->defer && (e->cfg.zero == 0 || b->P == b->n))
+    if (e->last_micro && !b->defer && !e->no_overlap && (e->cfg.zero == 0 || b->P == b->n))
         return start_reduce01(p, b, 1);
+    return LOOM_OK;
+}
+
+/* Early wte (dp_internal.h): the head has produced its share of wte's
+ * gradient; on the last micro-batch reduce it now, behind the backward. */
+static loom_status hook_post_head_wte(void *ctx, loom_gpt *m) {
+    (void)m;
+    dp_part *p = ctx;
+    LOOM_TRY(loom_dp_progress(p->e));
+    return p->early && p->e->last_micro ? start_reduce01(p, &p->buckets[0], 1) : LOOM_OK;
+}
+
+/* Early wte, last micro-batch: keep the token embedding's rows out of wte
+ * (its reduction is in flight) and gather them, with their ids, over dp. */
+static loom_status hook_embed_rows(void *ctx, loom_gpt *m, const int32_t *ids, const float *rows,
+                                   int *taken) {
+    dp_part *p = ctx;
+    loom_dp_engine *e = p->e;
+    *taken = 0;
+    if (!p->early || !e->last_micro || p->buckets[0].gstate == DP_IDLE) return LOOM_OK;
+    const size_t n = (size_t)m->N, C = (size_t)m->C, r = (size_t)e->r;
+    if (n > p->rows_max)
+        return loom_fail(LOOM_EINTERNAL, "micro-batch of %zu rows exceeds the %zu planned", n,
+                         p->rows_max);
+    memcpy(p->rows_all + r * n * C, rows, n * C * F);
+    memcpy(p->ids_all + r * n, ids, n * sizeof *ids);
+    LOOM_TRY(loom_comm_iallgather(e->dp, p->rows_all + r * n * C, p->rows_all, n * C * F,
+                                  &p->rows_req));
+    LOOM_TRY(loom_comm_iallgather(e->dp, p->ids_all + r * n, p->ids_all, n * sizeof *ids,
+                                  &p->ids_req));
+    p->rows_n = (int)n;
+    *taken = 1;
+    return LOOM_OK;
+}
+
+/* Early wte: every rank's embedding rows into the reduced wte gradient. */
+static loom_status add_gathered_rows(dp_part *p) {
+    if (!p->rows_n) return LOOM_OK;
+    loom_req *rq = p->rows_req, *iq = p->ids_req;
+    p->rows_req = p->ids_req = NULL;
+    LOOM_TRY(loom_comm_wait(rq));
+    LOOM_TRY(loom_comm_wait(iq));
+    loom_gpt *m = p->m;
+    loom_embed_bwd(m->g.wte, p->rows_all, p->ids_all, m->vocab_start, m->V_l, p->e->N * p->rows_n,
+                   m->C);
+    p->rows_n = 0;
     return LOOM_OK;
 }
 
@@ -321,6 +370,10 @@ static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
     p->opt_m = take(&p->a_opt, p->S);
     p->opt_v = take(&p->a_opt, p->S);
     if (z == 1) p->scratch = take(&p->a_grads, p->scratch_floats);
+    if (p->early) {
+        p->rows_all = take(&p->a_grads, (size_t)e->N * p->rows_max * (size_t)p->m->C);
+        p->ids_all = (int32_t *)take(&p->a_grads, (size_t)e->N * p->rows_max);
+    }
     if (z >= 2) {
         p->gshard = take(&p->a_grads, p->S);
         for (int k = 0; k < DP_SLOTS; k++) p->stage[k] = take(&p->a_grads, p->slot_floats[k]);
@@ -373,7 +426,9 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
                                 .pre_backward = hook_pre_backward,
                                 .post_backward = hook_post_backward,
                                 .post_input = hook_post_input,
-                                .pre_weight = hook_pre_weight};
+                                .pre_weight = hook_pre_weight,
+                                .post_head_wte = hook_post_head_wte,
+                                .embed_rows = hook_embed_rows};
     return LOOM_OK;
 }
 
@@ -391,6 +446,8 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     e->r = loom_comm_rank(mesh->dp);
     e->parts = parts;
     e->n_parts = n_parts;
+    const char *ov = getenv("LOOM_DP_OVERLAP");
+    e->no_overlap = ov && strcmp(ov, "0") == 0;
     loom_status st = check_stage(e);
     const char *log = getenv("LOOM_DP_TIMINGS");
     if (st == LOOM_OK && log && log[0]) {
@@ -417,6 +474,7 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
 }
 
 static int in_flight(const dp_part *p) {
+    if (p->rows_req || p->ids_req) return 1;
     for (int k = 0; k < p->n_buckets; k++)
         if (p->buckets[k].rs || p->buckets[k].ag) return 1;
     return 0;
@@ -463,6 +521,8 @@ loom_status loom_dp_begin_step(loom_dp_engine *e) {
             b->gstate = DP_IDLE;
             b->done_units = 0;
         }
+        if (p->rows_n)
+            return loom_fail(LOOM_EINTERNAL, "data-parallel step begun with embedding rows in flight");
     }
     e->started = 1;
     e->last_micro = 0;
@@ -493,6 +553,7 @@ loom_status loom_dp_finish_grads(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
         for (int k = 0; k < p->n_buckets; k++) LOOM_TRY(wait_reduce(p, &p->buckets[k]));
+        LOOM_TRY(add_gathered_rows(p));
         if (e->cfg.zero == 3) LOOM_TRY(loom_dp_z3_wait_all(p));
     }
     e->timing.t_backward_end = t0;

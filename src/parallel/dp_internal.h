@@ -10,6 +10,7 @@
 #ifndef LOOM_DP_INTERNAL_H
 #define LOOM_DP_INTERNAL_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "loom/arena.h"
@@ -43,6 +44,7 @@ typedef struct dp_bucket {
     int outer;               /* holds the outer unit */
     int defer;               /* zero 0/1: reduce in finish_grads only (see dp.c) */
     int has_partial;         /* holds gradients SP leaves partial over tp */
+    int head_wte;            /* the early wte bucket (dp_part.early): no units */
     int done_units;          /* post-backward calls seen in this backward */
     dp_grad_state gstate;
     loom_req *rs;            /* in-flight gradient reduction */
@@ -86,6 +88,20 @@ typedef struct dp_part {
     size_t mem_params, mem_grads, mem_opt; /* bytes this stage needs */
     loom_param_run *runs;    /* where this rank keeps the parameters (dp.h) */
     int n_runs;
+    /* Early wte (zero 0, a part with both the embedding and the head, dp > 1,
+     * dp x B x T <= V_l / 2): bucket 0 is the tied wte alone, reduced as soon
+     * as the head's backward has produced its share (post_head_wte, last
+     * micro-batch); the outer unit's bucket is the rest of it. The token
+     * embedding's rows of the last micro-batch are kept out of wte, gathered
+     * over dp (ids and rows) and added to the reduced gradient in
+     * loom_dp_finish_grads, in rank order on every rank. */
+    int early;
+    size_t wte_lo, wte_n;    /* wte's padded range in the flat buffers */
+    size_t rows_max;         /* rows per rank the buffers hold (B x T planned) */
+    int rows_n;              /* rows per rank gathered this step (0: none) */
+    float *rows_all;         /* (dp, rows_max, C) */
+    int32_t *ids_all;        /* (dp, rows_max) */
+    loom_req *rows_req, *ids_req;
 } dp_part;
 
 struct loom_dp_engine {
@@ -98,6 +114,7 @@ struct loom_dp_engine {
     int n_parts;
     dp_part *p;
     int last_micro;
+    int no_overlap;          /* LOOM_DP_OVERLAP=0 (dp.h) */
     int t;                   /* optimizer steps taken */
     int started;             /* the first step has begun (ZeRO-3 shards loaded) */
     loom_dp_timing timing;

@@ -48,25 +48,60 @@ static int is_shared_wte(const loom_gpt *m, const loom_param *q) {
     return !(m->part.has_embed && m->part.has_head) && strcmp(q->name, "wte.weight") == 0;
 }
 
+/* Early wte (dp_internal.h): decided here, once per part. The rows buffer
+ * must stay small next to wte itself, or reducing wte densely is cheaper. */
+static void plan_early(const loom_dp_engine *e, dp_part *p) {
+    const loom_gpt *m = p->m;
+    p->early = 0;
+    if (e->cfg.zero != 0 || e->N < 2 || e->no_overlap || !m->part.has_embed || !m->part.has_head ||
+        m->opts.split_backward)
+        return;
+    size_t rows = (size_t)m->opts.B * (size_t)m->opts.T, lo, n;
+    if ((size_t)e->N * rows > (size_t)m->V_l / 2) return;
+    loom_gpt_unit_range(m, LOOM_UNIT_OUTER, &lo, &n);
+    for (int i = 0; i < m->n_params; i++) {
+        const loom_param *q = &m->params[i];
+        if (strcmp(q->name, "wte.weight") != 0 || q->offset != lo) continue;
+        p->early = 1;
+        p->wte_lo = q->offset;
+        p->wte_n = (q->numel + 15) & ~(size_t)15;
+        p->rows_max = rows;
+    }
+}
+
+/* A unit's range as its bucket sees it: the outer unit without an early wte. */
+static void unit_span(const dp_part *p, const dp_unit *u, size_t *lo, size_t *n) {
+    int cut = p->early && u->unit == LOOM_UNIT_OUTER;
+    *lo = u->lo + (cut ? p->wte_n : 0);
+    *n = u->n - (cut ? p->wte_n : 0);
+}
+
 /* Greedy cut of the backward order: a bucket closes once it reaches the cap
- * (one unit per bucket at cap 0, and always at zero 3). */
+ * (one unit per bucket at cap 0, and always at zero 3). With an early wte,
+ * bucket 0 is wte alone. */
 static loom_status build_buckets(const loom_dp_engine *e, dp_part *p) {
     const double cap = e->cfg.zero == 3 ? 0.0 : e->cfg.bucket_mb * 1024.0 * 1024.0 / sizeof(float);
-    p->buckets = calloc((size_t)(p->n_units ? p->n_units : 1), sizeof *p->buckets);
+    p->buckets = calloc((size_t)p->n_units + 1, sizeof *p->buckets);
     if (!p->buckets) return loom_fail(LOOM_EOS, "out of memory for the data-parallel plan");
     p->n_buckets = 0;
+    if (p->early) {
+        p->buckets[0] = (dp_bucket){.lo = p->wte_lo, .n = p->wte_n, .outer = 1, .head_wte = 1};
+        p->n_buckets = 1;
+    }
     for (int i = 0; i < p->n_units;) {
         dp_bucket *b = &p->buckets[p->n_buckets];
         b->u_begin = i;
-        b->lo = p->units[i].lo;
+        unit_span(p, &p->units[i], &b->lo, &b->n);
         b->n = 0;
         do {
             const dp_unit *u = &p->units[i];
-            if (b->n && u->lo + u->n != b->lo)
+            size_t ulo, un;
+            unit_span(p, u, &ulo, &un);
+            if (b->n && ulo + un != b->lo)
                 return loom_fail(LOOM_EINTERNAL, "data-parallel plan: unit %d not adjacent to its bucket",
                                  u->unit);
-            if (u->lo < b->lo) b->lo = u->lo;
-            b->n += u->n;
+            if (ulo < b->lo) b->lo = ulo;
+            b->n += un;
             p->units[i].bucket = p->n_buckets;
             b->outer |= u->unit == LOOM_UNIT_OUTER;
             i++;
@@ -141,10 +176,13 @@ static void plan_memory(const loom_dp_engine *e, dp_part *p) {
     p->mem_opt = 2 * p->S * F;
     p->mem_params = zero == 3 ? (p->S + slots) * F : flat * F;
     p->mem_grads = zero >= 2 ? (p->S + slots) * F : (flat + p->scratch_floats) * F;
+    if (p->early) /* the gathered embedding rows and their ids */
+        p->mem_grads += (size_t)e->N * p->rows_max * ((size_t)p->m->C + 1) * F;
 }
 
 loom_status loom_dp_layout_build(loom_dp_engine *e, dp_part *p) {
     LOOM_TRY(build_units(p));
+    plan_early(e, p);
     LOOM_TRY(build_buckets(e, p));
     build_slices(e, p);
     LOOM_TRY(build_segs(e, p));

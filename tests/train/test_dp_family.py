@@ -19,6 +19,13 @@ through the real `loom` binary, against one rank and against the formulas.
    norm all-reduce; nothing at dp = 1.
 The expected sizes come from the tiny model's parameter table rebuilt here
 (every tensor padded to 16 floats, units in backward order), not from loom.
+
+Early wte (dp.c): at zero 0 with dp > 1 and dp x B x T <= V / 2, the tied wte
+is its own first bucket, reduced right after the head's backward, and the
+last micro-batch's token-embedding rows and ids are all-gathered over dp
+instead (two all-gathers of dp x B x T x (C + 1) x 4 bytes in all). The tiny
+model (V = 256) takes that path at dp = 2 with --grad-accum 4 and at
+tp = 2 x dp = 2 with --grad-accum 8, and the dense one elsewhere.
 """
 import math
 import os
@@ -46,19 +53,27 @@ def r16(n):
     return (n + 15) // 16 * 16
 
 
-def unit_sizes():
-    """Floats of each unit in the order gradients complete: blocks L-1..0, outer."""
-    outer = r16(V * C) + r16(NPOS * C) + 2 * r16(C)
+def early_rows(dp, zero, rows):
+    """Rows per rank the early-wte path gathers (0: the dense path)."""
+    return rows if zero == 0 and dp > 1 and dp * rows <= V // 2 else 0
+
+
+def unit_sizes(early=False):
+    """Floats of each unit in the order gradients complete: blocks L-1..0,
+    outer (without wte when wte is reduced early, as its own bucket)."""
+    wte = r16(V * C)
+    outer = r16(NPOS * C) + 2 * r16(C) + (0 if early else wte)
     block = sum(r16(n) for n in (C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C))
     return [("block", block)] * L + [("outer", outer)]
 
 
-def buckets(zero, bucket_mb):
+def buckets(zero, bucket_mb, early=False):
     """[(n_b, has_outer)] in backward order: units taken greedily, a bucket
-    closing once it reaches bucket_mb (one unit each at 0 and at zero 3)."""
+    closing once it reaches bucket_mb (one unit each at 0 and at zero 3);
+    an early wte first, alone."""
     cap = 0 if zero == 3 else bucket_mb * 1024 * 1024 / 4
-    out, cur, outer = [], 0, False
-    for kind, n in unit_sizes():
+    out, cur, outer = ([(r16(V * C), True)] if early else []), 0, False
+    for kind, n in unit_sizes(early):
         cur += n
         outer = outer or kind == "outer"
         if cur >= cap:
@@ -69,10 +84,12 @@ def buckets(zero, bucket_mb):
     return out
 
 
-def expected(dp, zero, K, bucket_mb):
-    """Per-rank memory and per-step dp traffic {op: (calls, bytes)} of dp.h."""
+def expected(dp, zero, K, bucket_mb, rows):
+    """Per-rank memory and per-step dp traffic {op: (calls, bytes)} of dp.h;
+    rows = B x T of one micro-batch on one rank."""
     psi = sum(n for _, n in unit_sizes())
-    bs = buckets(zero, bucket_mb)
+    er = early_rows(dp, zero, rows)
+    bs = buckets(zero, bucket_mb, er > 0)
     N = dp if zero else 1
     S = [math.ceil(n / N) for n, _ in bs]
     P = [N * s for s in S]
@@ -84,12 +101,14 @@ def expected(dp, zero, K, bucket_mb):
     shard = sum(S)
     mem = {"optimizer": 8 * shard,
            "params": 4 * (shard + sum(slots)) if zero == 3 else 4 * psi,
-           "grads": 4 * (shard + sum(slots)) if zero >= 2 else 4 * (psi + scratch)}
+           "grads": 4 * (shard + sum(slots)) if zero >= 2 else 4 * (psi + scratch + dp * er * (C + 1))}
     nb, PB = len(bs), 4 * sum(P)
     comm = {}  # nothing over dp at dp = 1 (the trainer skips its loss all-reduce too)
     if dp > 1:
         if zero == 0:
             comm["allreduce"] = (nb + 1, 4 * psi + 8)
+            if er:
+                comm["allgather"] = (2, 4 * dp * er * (C + 1))
         else:
             comm["allreduce"] = (2, 24)  # loss + the shards' sums of squares
             k_rs = K if zero >= 2 else 1
@@ -98,8 +117,8 @@ def expected(dp, zero, K, bucket_mb):
     return mem, comm, nb
 
 
-def check_accounting(label, metrics, dp, zero, K, bucket_mb):
-    mem, comm, nb = expected(dp, zero, K, bucket_mb)
+def check_accounting(label, metrics, dp, zero, K, bucket_mb, rows):
+    mem, comm, nb = expected(dp, zero, K, bucket_mb, rows)
     rows = lt.read_metrics(metrics)
     got = rows[-1]["mem"]
     for k, v in mem.items():
@@ -139,20 +158,27 @@ def main():
                                 ["--batch", BATCH, "--dp", dp, "--zero", zero, "--grad-accum", K,
                                  "--bucket-mb", mb])
                     lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
-                    check_accounting(label, run[0], dp, zero, K, mb)
+                    check_accounting(label, run[0], dp, zero, K, mb, BATCH // dp // K * 16)
         for zero in (0, 1, 2, 3):
-            for flags in (["--tp", 2], ["--tp", 2, "--sp"]):
+            # --grad-accum 8: 2 x 16 rows per micro-batch, so zero 0 takes the
+            # early-wte path with the vocabulary split (V_l = 128)
+            for flags in (["--tp", 2, "--grad-accum", 8], ["--tp", 2, "--sp", "--grad-accum", 8]):
                 label = "tp=2%s dp=2 zero=%d" % (" sp" if "--sp" in flags else "", zero)
                 run = train(label.replace(" ", "_").replace("=", ""), 4,
                             ["--batch", BATCH, "--dp", 2, "--zero", zero, "--bucket-mb", 0] + flags)
                 lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
+                gathers = lt.read_metrics(run[0])[-1]["comm"].get("dp", {}).get("allgather", {})
+                want = (2, 4 * 2 * 32 * (C + 1)) if zero == 0 else None
+                if want:
+                    got = (gathers.get("calls"), gathers.get("bytes"))
+                    lt.check(got == want, "%s: embedding-row gathers %s, expected %s" % (label, got, want))
         ref3 = train("ref3", None, ["--batch", BATCH3])
         for zero, K, mb in ((0, 1, 0), (1, 1, 0), (1, 4, 0.2), (2, 1, 0), (2, 4, 0.2), (3, 1, 0), (3, 4, 0)):
             label = "dp=3 zero=%d accum=%d bucket=%gMB (padded)" % (zero, K, mb)
             run = train("dp3_z%d_k%d" % (zero, K), 3,
                         ["--batch", BATCH3, "--dp", 3, "--zero", zero, "--grad-accum", K, "--bucket-mb", mb])
             lt.compare_runs(ref3[0], ref3[1], run[0], run[1], label)
-            check_accounting(label, run[0], 3, zero, K, mb)
+            check_accounting(label, run[0], 3, zero, K, mb, BATCH3 // 3 // K * 16)
     lt.done()
 
 
