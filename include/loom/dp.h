@@ -152,8 +152,7 @@ typedef struct loom_dp_engine loom_dp_engine;
  * gradient buffer and ZeRO-3 no full parameter buffer, so the trainer
  * creates the parts without them and sharded state is the only state.
  * Starting point: write the parameters through loom_dp_param_runs before
- * the first step; at ZeRO-3 a part that does have param_mem may instead
- * hold them there, and the first loom_dp_begin_step takes its shards from it. */
+ * the first step. */
 loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_dp_config *cfg, const loom_adamw_hparams *hp,
                                   loom_dp_engine **out);
@@ -168,12 +167,6 @@ loom_status loom_dp_finish_grads(loom_dp_engine *e);
 loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm);
 /* grads *= grad_scale, then AdamW; collective over dp (parameter gathers). */
 loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale);
-/* Make every part's param_mem hold the full current parameters (ZeRO-3
- * keeps only shards between steps; the other stages keep param_mem whole and
- * return at once). Collective over dp. LOOM_EINTERNAL at ZeRO-3 for a part
- * without param_mem (read the shards through loom_dp_param_runs instead). */
-loom_status loom_dp_gather_params(loom_dp_engine *e);
-
 /* Where this rank keeps part `part`'s parameters: runs of the part's flat
  * layout, data[0..n) holding flat floats [lo, lo + n). ZeRO-3: this rank's
  * slice of every unit (a run per unit, dp ranks holding disjoint runs);

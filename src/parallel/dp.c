@@ -5,7 +5,7 @@
  * Axis: dp. ZeRO-3's parameter side is zero3.c; the plan is dp_layout.c.
  *
  * Collective over dp: the hooks (so the model's forward and backward),
- * loom_dp_finish_grads, loom_dp_step and loom_dp_gather_params; over tp too
+ * loom_dp_finish_grads and loom_dp_step; over tp too
  * where the engine sums partial SP gradients; over tp, pp and dp:
  * loom_dp_grad_norm. At dp = 1 nothing is communicated over dp.
  *
@@ -511,7 +511,6 @@ void loom_dp_engine_free(loom_dp_engine *e) {
 loom_status loom_dp_begin_step(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
-        if (!e->started && e->cfg.zero == 3 && p->m->param_mem) LOOM_TRY(loom_dp_z3_load_shards(p));
         if (e->cfg.zero < 2) loom_gpt_zero_grad(p->m);
         else memset(p->gshard, 0, p->S * F);
         for (int k = 0; k < p->n_buckets; k++) {
@@ -524,7 +523,6 @@ loom_status loom_dp_begin_step(loom_dp_engine *e) {
         if (p->rows_n)
             return loom_fail(LOOM_EINTERNAL, "data-parallel step begun with embedding rows in flight");
     }
-    e->started = 1;
     e->last_micro = 0;
     e->fifo_head = e->fifo_n = 0; /* finish_grads completed every reduction */
     memset(&e->timing, 0, sizeof e->timing);
@@ -669,15 +667,6 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
                 t->overlapped, loom_comm_progress_thread());
         fflush(e->timing_log);
     }
-    return LOOM_OK;
-}
-
-loom_status loom_dp_gather_params(loom_dp_engine *e) {
-    if (e->cfg.zero != 3 || !e->started) return LOOM_OK;
-    for (int i = 0; i < e->n_parts; i++)
-        if (!e->parts[i]->param_mem)
-            return loom_fail(LOOM_EINTERNAL, "ZeRO-3: part %d has no parameter buffer to gather into", i);
-    for (int i = 0; i < e->n_parts; i++) LOOM_TRY(loom_dp_z3_materialize(&e->p[i]));
     return LOOM_OK;
 }
 

@@ -116,7 +116,6 @@ struct loom_dp_engine {
     int last_micro;
     int no_overlap;          /* LOOM_DP_OVERLAP=0 (dp.h) */
     int t;                   /* optimizer steps taken */
-    int started;             /* the first step has begun (ZeRO-3 shards loaded) */
     loom_dp_timing timing;
     struct dp_part *fifo_part[64];   /* reductions started, oldest first (a ring) */
     int fifo_bucket[64];
@@ -137,11 +136,9 @@ int loom_dp_unit_index(const dp_part *p, int unit);
 loom_status loom_dp_progress(loom_dp_engine *e);
 
 /* zero3.c */
-loom_status loom_dp_z3_load_shards(dp_part *p);
 loom_status loom_dp_z3_use(dp_part *p, int unit, int backward);   /* pre hooks */
 void loom_dp_z3_release(dp_part *p, int unit);                     /* post hooks */
 loom_status loom_dp_z3_test(dp_part *p, dp_bucket *b);             /* poll a gather */
 loom_status loom_dp_z3_wait_all(dp_part *p);
-loom_status loom_dp_z3_materialize(dp_part *p);
 
 #endif

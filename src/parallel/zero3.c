@@ -7,23 +7,13 @@
  * one for the outer unit (it is used from the first forward step to the
  * head, and from the head back to the embedding) and two that alternate
  * between blocks. Axis: dp. Collective over dp: every function but
- * loom_dp_z3_release and loom_dp_z3_load_shards (local).
+ * loom_dp_z3_release (local).
  */
 #include <string.h>
 
 #include "parallel/dp_internal.h"
 
 #define F sizeof(float)
-
-loom_status loom_dp_z3_load_shards(dp_part *p) {
-    const float *x = p->m->param_mem;
-    for (int k = 0; k < p->n_buckets; k++) {
-        const dp_bucket *b = &p->buckets[k];
-        memset(p->pshard + b->so, 0, b->S * F);
-        memcpy(p->pshard + b->so, x + b->mine_lo, b->mine_n * F);
-    }
-    return LOOM_OK;
-}
 
 /* Start gathering bucket bi into its buffer, which must be free. */
 static loom_status start_gather(dp_part *p, int bi) {
@@ -127,20 +117,5 @@ loom_status loom_dp_z3_wait_all(dp_part *p) {
         b->pstate = DP_NONE;
     }
     for (int s = 0; s < DP_SLOTS; s++) p->gather_owner[s] = -1;
-    return LOOM_OK;
-}
-
-/* Every unit into the model's own param_mem (in place where unpadded,
- * through its gather buffer otherwise). */
-loom_status loom_dp_z3_materialize(dp_part *p) {
-    loom_dp_engine *e = p->e;
-    float *x = p->m->param_mem;
-    for (int k = 0; k < p->n_buckets; k++) {
-        const dp_bucket *b = &p->buckets[k];
-        float *dst = b->P == b->n ? x + b->lo : p->gather[b->slot];
-        if (e->N == 1) memcpy(dst, p->pshard + b->so, b->S * F);
-        else LOOM_TRY(loom_comm_allgather(e->dp, p->pshard + b->so, dst, b->S * F));
-        if (dst != x + b->lo) memcpy(x + b->lo, dst, b->n * F);
-    }
     return LOOM_OK;
 }

@@ -8,17 +8,20 @@
  * model for 3 steps, each on its slice of a fixed global batch; every rank
  * also trains the same model alone on the whole batch with no engine (plain
  * loom_adamw_step) and checks, after every step:
- *   - every parameter tensor (param_mem after loom_dp_gather_params) within
- *     1e-5 norm-wise relative of the reference, and the gradient norm within
- *     1e-6;
+ *   - every parameter tensor, read where the engine keeps it
+ *     (loom_dp_param_runs: at ZeRO-3 each rank's slices, summed over the dp
+ *     group), within 1e-5 norm-wise relative of the reference, and the
+ *     gradient norm within 1e-6;
  *   - the dp traffic of the step, per op (calls and bytes), equals dp.h's
  *     theory, padding included (N = 3 pads every bucket);
  *   - memory by lifetime class equals dp.h's formulas, and the engine's
  *     reduction counters (all started in the backward, except padded
  *     zero-1 buckets).
- * The expected sizes are rebuilt here from the model's unit ranges. Also:
- * ZeRO-2 refuses a split backward; freeing the engine gives the model its own
- * buffers back. Collective over the world (every rank is one dp rank).
+ * The model is created as the trainer creates it (no full gradient buffer
+ * at ZeRO-2/3, no full parameter buffer at ZeRO-3) and its starting
+ * parameters are written through loom_dp_param_runs. The expected sizes are
+ * rebuilt here from the model's unit ranges. Also: freeing the engine gives
+ * the model its own buffers back (where it has them). Collective over the world (every rank is one dp rank).
  */
 #include <math.h>
 #include <stdint.h>
@@ -146,7 +149,9 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
     char label[96];
     snprintf(label, sizeof label, "N=%d zero=%d K=%d bucket=%gMB", N, zero, K, mb);
     loom_model_part part = loom_model_part_whole(&mc);
-    loom_gpt_opts ro = {.B = B_GLOBAL, .T = T, .n_slots = 1}, eo = {.B = Bm, .T = T, .n_slots = 1};
+    loom_gpt_opts ro = {.B = B_GLOBAL, .T = T, .n_slots = 1},
+                  eo = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3,
+                        .external_grads = zero >= 2};
     loom_gpt *ref = NULL, *m = NULL;
     loom_adamw opt;
     loom_dp_engine *e = NULL;
@@ -158,7 +163,10 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
     CHECK(st == LOOM_OK, "%s: engine: %s", label, loom_errmsg());
     if (st != LOOM_OK) return;
     loom_gpt_init_params(ref, 7);
-    loom_gpt_init_params(m, 7);
+    int n_runs = 0;
+    const loom_param_run *runs = loom_dp_param_runs(e, 0, &n_runs);
+    for (int k = 0; k < n_runs; k++)
+        memcpy(runs[k].data, ref->param_mem + runs[k].lo, runs[k].n * sizeof(float));
     expect x;
     theory(m, zero, N, K, mb, &x);
     loom_dp_memory mem;
@@ -187,7 +195,6 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
         loom_dp_timing t;
         loom_dp_get_timing(e, &t);
         const loom_comm_stats cs = *loom_comm_get_stats(mesh->dp);
-        if (st == LOOM_OK) st = loom_dp_gather_params(e);
         CHECK(st == LOOM_OK, "%s step %d: %s", label, s, loom_errmsg());
         if (st != LOOM_OK) break;
         CHECK(fabs(norm - want_norm) <= 1e-6 * want_norm, "%s step %d: norm %.9g, reference %.9g",
@@ -203,13 +210,21 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
               t.reductions, t.overlapped, x.reductions, x.overlapped);
         for (int i = 0; i < m->n_params; i++) {
             const loom_param *p = &m->params[i];
-            double d = 0, n2 = 0;
-            for (size_t j = 0; j < p->numel; j++) {
-                double a = m->param_mem[p->offset + j], b = ref->param_mem[p->offset + j];
-                d += (a - b) * (a - b);
-                n2 += b * b;
+            double dn[2] = {0, 0}; /* squared difference, squared reference */
+            for (int k = 0; k < n_runs; k++) {
+                size_t lo = p->offset > runs[k].lo ? p->offset : runs[k].lo;
+                size_t hi = p->offset + p->numel < runs[k].lo + runs[k].n ? p->offset + p->numel
+                                                                          : runs[k].lo + runs[k].n;
+                for (size_t j = lo; j < hi; j++) {
+                    double a = runs[k].data[j - runs[k].lo], b = ref->param_mem[j];
+                    dn[0] += (a - b) * (a - b);
+                    dn[1] += b * b;
+                }
             }
-            double err = sqrt(d) / (sqrt(n2) > 1e-30 ? sqrt(n2) : 1e-30);
+            if (loom_dp_params_sharded(e))
+                CHECK(loom_comm_allreduce(mesh->dp, dn, 2, LOOM_F64, LOOM_SUM) == LOOM_OK,
+                      "%s: allreduce: %s", label, loom_errmsg());
+            double err = sqrt(dn[0]) / (sqrt(dn[1]) > 1e-30 ? sqrt(dn[1]) : 1e-30);
             if (err > worst) worst = err;
             CHECK(err <= 1e-5, "%s step %d: %s rel err %.2e", label, s, p->name, err);
         }
@@ -218,8 +233,8 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
     loom_dp_engine_free(e);
     /* the model's own buffers again */
     const loom_param *q = loom_gpt_find_param(m, "h.1.attn.c_attn.weight");
-    CHECK(m->w.h[1].qkv_w == m->param_mem + q->offset && m->g.h[1].qkv_w == m->grad_mem + q->offset &&
-              !m->hooks.pre_forward,
+    CHECK((!m->param_mem || m->w.h[1].qkv_w == m->param_mem + q->offset) &&
+              (!m->grad_mem || m->g.h[1].qkv_w == m->grad_mem + q->offset) && !m->hooks.pre_forward,
           "%s: engine_free left the model bound elsewhere", label);
     free(in);
     free(tg);
