@@ -122,6 +122,11 @@ static double g_timeout_s;      /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
 #define LOOM_COMM_TIMEOUT_DEFAULT 600.0
 #define WATCH_PROBE_MIN_NS 20000L    /* first probe period while requests fly */
 #define WATCH_PROBE_MAX_NS 1000000L  /* backed off to this */
+/* ... or only to this while a point-to-point request flies: without a
+ * single-copy mechanism a large message crosses shared memory in fragments,
+ * each needing both sides to progress, so a 1 ms back-off would cost a
+ * millisecond per fragment. */
+#define WATCH_PROBE_P2P_NS 50000L
 
 /* The watch thread and its list (see the file header). */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -133,6 +138,7 @@ static int g_progress;          /* watch may call MPI (MPI_THREAD_MULTIPLE) */
 static MPI_Comm g_probe_comm = MPI_COMM_NULL;
 static inflight *g_head;
 static int g_nonblocking;       /* non-blocking nodes on the list */
+static int g_p2p;               /* of which sends and receives */
 static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
 static struct loom_req *g_q_head, *g_q_tail; /* starts queued for the watch, oldest first */
 static long g_probe_ns = WATCH_PROBE_MIN_NS;
@@ -191,6 +197,7 @@ static void watch_add(inflight *n, loom_comm *c, loom_comm_op op, int nonblockin
     g_head = n;
     if (nonblocking) {
         g_probe_ns = WATCH_PROBE_MIN_NS;
+        g_p2p += op == LOOM_OP_SEND || op == LOOM_OP_RECV;
         if (g_nonblocking++ == 0 && g_progress) pthread_cond_signal(&g_cv);
     }
     pthread_mutex_unlock(&g_mu);
@@ -203,7 +210,10 @@ static void watch_remove(inflight *n) {
     else g_head = n->next;
     if (n->next) n->next->prev = n->prev;
     n->prev = n->next = NULL;
-    if (n->nonblocking) g_nonblocking--;
+    if (n->nonblocking) {
+        g_nonblocking--;
+        g_p2p -= n->op == LOOM_OP_SEND || n->op == LOOM_OP_RECV;
+    }
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -251,7 +261,8 @@ static void *watch_main(void *arg) {
         struct timespec ts;
         if (g_progress && g_nonblocking > 0) {
             long ns = g_probe_ns;
-            g_probe_ns = ns * 2 > WATCH_PROBE_MAX_NS ? WATCH_PROBE_MAX_NS : ns * 2;
+            long cap = g_p2p > 0 ? WATCH_PROBE_P2P_NS : WATCH_PROBE_MAX_NS;
+            g_probe_ns = ns * 2 > cap ? cap : ns * 2;
             pthread_mutex_unlock(&g_mu);
             int flag = 0;
             MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_probe_comm, &flag, MPI_STATUS_IGNORE);
