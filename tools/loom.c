@@ -14,6 +14,7 @@ static const char *USAGE =
     "  eval      mean loss of saved parameters on a token shard\n"
     "  data      build token shards (.bin, llm.c layout) from text, byte-level or GPT-2 BPE\n"
     "  generate  continue prompts with a KV cache (greedy or sampled; --tp/--pp under mpirun)\n"
+    "  serve     HTTP completion server (OpenAI-style, streaming, continuous batching)\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  version   print the version\n"
     "\n"
@@ -41,10 +42,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, generate, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, generate, serve, version)\n", cmd);
     return 64;
 }

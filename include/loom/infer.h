@@ -81,7 +81,6 @@ int loom_sample(const float *logits, int V, const loom_sample_opts *o, uint64_t 
 /* LOOM_EUSAGE naming the bad value. */
 loom_status loom_sample_check(const loom_sample_opts *o);
 
-#endif
 
 /* ---- generation ------------------------------------------------------------ */
 
@@ -105,3 +104,5 @@ typedef struct loom_gen_opts {
  * max_len; out of memory: LOOM_EOS. */
 loom_status loom_generate(loom_infer *f, loom_comm *world, int root, int n, const loom_ids *prompts,
                           loom_gen_opts *o, loom_ids *outs);
+
+#endif
