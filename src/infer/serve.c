@@ -74,6 +74,16 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CLOCK_REALTIME now + ns, for pthread_cond_timedwait. */
+static struct timespec deadline_in(long ns) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ns;
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    return ts;
+}
+
 static void req_unref(server *s, req *r) { /* under s->mu */
     (void)s;
     if (--r->refs > 0) return;
@@ -390,13 +400,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = deadline_in(200000000);
         pthread_cond_timedwait(&s->progress, &s->mu, &ts);
     }
     size_t n = r->pend_len - r->pend_off < max ? r->pend_len - r->pend_off : max;
@@ -429,7 +433,9 @@ static enum MHD_Result completions(server *s, struct MHD_Connection *con, conn *
     if (!r) return send_error(con, MHD_HTTP_BAD_REQUEST, "invalid_request_error", msg);
     r->srv = s;
     pthread_mutex_lock(&s->mu);
-    if (s->stopping || s->n_wait >= s->cfg->queue) {
+    int free_slots = 0; /* waiters the next step admits do not count against the queue */
+    for (int i = 0; i < loom_infer_options(s->inf)->max_seqs; i++) free_slots += s->slots[i] == NULL;
+    if (s->stopping || s->n_wait >= s->cfg->queue + free_slots) {
         s->rejected++;
         int stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
@@ -773,13 +779,7 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
                 }
                 plan_step(&s, &p);
                 if (p.hdr[0] > 0 || now_s() - last_sent > 1.0) break; /* work, or a heartbeat */
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 50000000;
-                if (ts.tv_nsec >= 1000000000) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000;
-                }
+                struct timespec ts = deadline_in(50000000);
                 pthread_cond_timedwait(&s.work, &s.mu, &ts);
             }
             if (s.stopping) p.hdr[0] = p.hdr[1] = 0, p.hdr[2] = 1;
