@@ -15,6 +15,10 @@ steps by `loom train` on GPL-3 text and saved as safetensors. 20 prompts
     rank, and logits within 1e-4;
   - sampling (temperature, top-k, top-p) with one seed gives the same tokens on
     one rank and at tp=2 x pp=2, and another seed different ones;
+  - text prompts: a GPT-2-vocabulary model (config.json, vocab 50257) trained
+    a few steps on `loom data --tokenizer` shards continues --prompt TEXT
+    exactly as it continues GPT2TokenizerFast's ids of that text, and prints
+    the decoding of its ids;
   - bad input: an over-long prompt and a tp that does not divide n_head exit
     64 with a message.
 """
@@ -62,6 +66,35 @@ def hf_model(params):
     lt.check(not missing and not unexpected, "HF state dict: missing %s unexpected %s" % (missing, unexpected))
     model.tie_weights()
     return model
+
+
+def check_text_prompts(tmp):
+    import json
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import tokcorpus
+    cfg = os.path.join(tmp, "gpt2tiny.json")
+    with open(cfg, "w") as f:
+        json.dump({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 50257, "n_positions": 128}, f)
+    shard = os.path.join(tmp, "bpe.bin")
+    lt.run(["data", "--tokenizer", tokcorpus.GPT2_FILES, "--input", "/usr/share/common-licenses/GPL-3", "--out",
+            shard, "--val", ""])
+    params = os.path.join(tmp, "gpt2tiny.safetensors")
+    lt.run(["train", "--model", cfg, "--data", shard, "--steps", 20, "--lr", "3e-3", "--batch", 4, "--seq", 64,
+            "--threads", 1, "--save-params", params])
+    hf = tokcorpus.hf_fast()
+    texts = ["The GNU General Public License is", "You may convey verbatim copies of the", "\u00e9t\u00e9 \U0001f600 x"]
+    base = ["generate", "--model", cfg, "--load-params", params, "--max-tokens", 12, "--format", "jsonl",
+            "--tokenizer", tokcorpus.GPT2_FILES, "--threads", 1]
+    by_text = lt.run(base + sum([["--prompt", t] for t in texts], [])).stdout.strip().splitlines()
+    by_ids = lt.run(base + sum([["--ids", ",".join(map(str, hf(t)["input_ids"]))] for t in texts], [])).stdout
+    by_ids = by_ids.strip().splitlines()
+    ok = 0
+    for a, b in zip(by_text, by_ids):
+        a, b = json.loads(a), json.loads(b)
+        ok += a["ids"] == b["ids"] and a["text"] == hf.decode(a["ids"], clean_up_tokenization_spaces=False)
+    print("text prompts through the BPE tokenizer: %d/%d continue as their oracle ids and decode as HF" % (ok,
+                                                                                                         len(texts)))
+    lt.check(ok == len(texts) == len(by_text) == len(by_ids), "text prompts: %d/%d" % (ok, len(texts)))
 
 
 def main():
@@ -121,6 +154,8 @@ def main():
         lt.check(s1 == s4, "sampled tokens differ between one rank and tp=2 x pp=2")
         lt.check(s1 != s2 and s1 != ids1, "seed 7 vs 8 (or vs greedy) gave the same tokens")
         print("sampling: same seed same tokens at tp2 x pp2: %s; other seed differs: %s" % (s1 == s4, s1 != s2))
+
+        check_text_prompts(tmp)
 
         long_ids = ",".join(["65"] * 100)
         p = lt.run(["generate", "--model", "tiny", "--load-params", params, "--ids", long_ids, "--max-tokens", 64],
