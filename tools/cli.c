@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "loom/comm.h"
 #include "loom/log.h"
 
 #define LOOM_CLI_WHAT 1200 /* a config path and a key */
@@ -285,4 +287,28 @@ int cli_same_file(const char *a, const char *b) {
     char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
     if (!canonical(a, ca, sizeof ca) || !canonical(b, cb, sizeof cb)) return strcmp(a, b) == 0;
     return strcmp(ca, cb) == 0;
+}
+
+int cli_pick_threads(int asked, int world) {
+    if (asked > 0) return asked;
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return world == 1 && cores > 0 ? (int)cores : 1;
+}
+
+loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world) {
+    LOOM_TRY(loom_comm_init(argc, argv, world));
+    loom_log_set_rank(loom_comm_rank(*world), loom_comm_size(*world));
+    return LOOM_OK;
+}
+
+int cli_mpi_finish(loom_comm *world, loom_status st) {
+    int code = cli_fail(st);
+    if (world) loom_comm_finalize(world);
+    return code;
+}
+
+void cli_help_once(loom_comm *world, const cli_cmd *cmd) {
+    if (loom_comm_rank(world) == 0) cli_print_help(cmd, stdout);
 }

@@ -46,6 +46,8 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_sim(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"
@@ -57,6 +59,19 @@ loom_status cli_build_default_data(const char *train, const char *val, int verbo
 /* 1 if paths a and b name the same file: the same inode when both exist,
  * else the same canonical directory and file name. "" names no file. */
 int cli_same_file(const char *a, const char *b);
+
+/* Commands that run under MPI (train, eval, generate, serve). */
+typedef struct loom_comm loom_comm;
+/* --threads 0: OMP_NUM_THREADS if set, else every core for a one-rank job
+ * and one thread per rank otherwise (ranks usually fill the cores). */
+int cli_pick_threads(int asked, int world);
+/* Start MPI; errors before this point are printed by every rank, so parse
+ * flags after it. */
+loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world);
+/* Print a failure, finalize MPI, return the exit code. */
+int cli_mpi_finish(loom_comm *world, loom_status st);
+/* --help printed by rank 0 only. */
+void cli_help_once(loom_comm *world, const cli_cmd *cmd);
 
 /* Print the error of a failed status (if it has a message) and return the
  * exit code. */

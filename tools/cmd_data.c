@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "loom/data.h"
 #include "loom/log.h"
+#include "loom/tokenizer.h"
 
 /* The default corpus: every fortune file of the Debian package (not the
  * .dat indexes or .u8 variants), in name order. */
@@ -50,12 +51,27 @@ static void ensure_dir_of(const char *path) {
     mkdir(dir, 0755); /* only the last level, as `mkdir` would; errors surface at write */
 }
 
+/* One input file = one document: "<|endoftext|>" (when the vocabulary has
+ * it) then the document's tokens, as llm.c's GPT-2 shards. */
+static loom_status encode_doc(void *ctx, const char *text, size_t len, loom_ids *out) {
+    loom_tokenizer *tok = ctx;
+    if (loom_tokenizer_eot(tok) >= 0) LOOM_TRY(loom_ids_push(out, (uint32_t)loom_tokenizer_eot(tok)));
+    return loom_tokenizer_encode(tok, text, len, 0, out);
+}
+
 static loom_status build(const cli_strlist *in, const char *train, const char *val, double frac,
-                         int verbose) {
+                         const char *tok_path, int verbose) {
+    loom_tokenizer *tok = NULL;
+    if (tok_path && *tok_path) LOOM_TRY(loom_tokenizer_load(tok_path, &tok));
     ensure_dir_of(train);
     if (val && *val) ensure_dir_of(val);
     size_t nt = 0, nv = 0;
-    LOOM_TRY(loom_data_build_bytes(in->items, in->n, train, val && *val ? val : NULL, frac, &nt, &nv));
+    loom_status st =
+        tok ? loom_data_build_encoded(in->items, in->n, train, val && *val ? val : NULL, frac, encode_doc, tok,
+                                      &nt, &nv)
+            : loom_data_build_bytes(in->items, in->n, train, val && *val ? val : NULL, frac, &nt, &nv);
+    loom_tokenizer_free(tok);
+    LOOM_TRY(st);
     if (verbose && val && *val)
         loom_info("%d input file(s): %zu tokens -> %s, %zu tokens -> %s", in->n, nt, train, nv, val);
     else if (verbose)
@@ -63,15 +79,16 @@ static loom_status build(const cli_strlist *in, const char *train, const char *v
     return LOOM_OK;
 }
 
-static loom_status build_default(const char *train, const char *val, double frac, int verbose) {
+static loom_status build_default(const char *train, const char *val, double frac, const char *tok,
+                                 int verbose) {
     static char names[CLI_LIST_MAX][512];
     cli_strlist in = {0};
     LOOM_TRY(default_inputs(&in, names));
-    return build(&in, train, val, frac, verbose);
+    return build(&in, train, val, frac, tok, verbose);
 }
 
 loom_status cli_build_default_data(const char *train, const char *val, int verbose) {
-    return build_default(train, val, 0.05, verbose);
+    return build_default(train, val, 0.05, NULL, verbose);
 }
 
 /* Everything that can be known before reading a byte: an output that is
@@ -109,16 +126,21 @@ int cmd_data(int argc, char **argv) {
     static char out[1024] = LOOM_DEFAULT_TRAIN, val[1024] = LOOM_DEFAULT_VAL;
     static cli_strlist inputs;
     static double frac = 0.05;
+    static char tok[1024];
     static cli_opt opts[] = {
         {"input", OPT_STRLIST, &inputs, 0, "FILE", "text file to tokenize (repeat for several; default: the fortunes corpus)"},
         {"out", OPT_STR, out, sizeof out, "PATH", "training shard to write (default " LOOM_DEFAULT_TRAIN ")"},
         {"val", OPT_STR, val, sizeof val, "PATH", "validation shard (default " LOOM_DEFAULT_VAL "; \"\" for none)"},
         {"val-fraction", OPT_DOUBLE, &frac, 0, "F", "share of tokens, from the end, for validation (default 0.05)"},
+        {"tokenizer", OPT_STR, tok, sizeof tok, "DIR",
+         "GPT-2 BPE from DIR's tokenizer.json, vocab.json+merges.txt or encoder.json+vocab.bpe"},
     };
     static const cli_cmd cmd = {
-        "data", "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F]",
-        "Tokenize text byte by byte (vocab 256) into llm.c-format shards: a 256 x int32\n"
-        "header (magic 20240520, version 1, token count) followed by uint16 tokens.\n"
+        "data", "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
+        "Tokenize text byte by byte (vocab 256), or with GPT-2's BPE (--tokenizer), into\n"
+        "llm.c-format shards: a 256 x int32 header (magic 20240520, version 1, token\n"
+        "count) followed by uint16 tokens. With --tokenizer each input file is one\n"
+        "document, preceded by <|endoftext|> as in llm.c's GPT-2 shards.\n"
         "Outputs are written to PATH.tmp and renamed when complete.",
         "With no --input, the corpus is every fortune file under " LOOM_DEFAULT_CORPUS_DIR "\n"
         "(Debian packages fortunes-min and fortunes), real English text.\n",
@@ -132,6 +154,6 @@ int cmd_data(int argc, char **argv) {
     }
     st = check_args(&inputs, out, val, frac);
     if (st != LOOM_OK) return cli_fail(st);
-    if (inputs.n == 0) return cli_fail(build_default(out, val, frac, 1));
-    return cli_fail(build(&inputs, out, val, frac, 1));
+    if (inputs.n == 0) return cli_fail(build_default(out, val, frac, tok, 1));
+    return cli_fail(build(&inputs, out, val, frac, tok, 1));
 }

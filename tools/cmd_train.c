@@ -12,23 +12,8 @@
 #include "loom/log.h"
 #include "loom/train.h"
 
-/* --threads 0: OMP_NUM_THREADS if set, else every core for a one-rank job
- * and one thread per rank otherwise (ranks usually fill the cores). */
-static int pick_threads(int asked, int world) {
-    if (asked > 0) return asked;
-    const char *env = getenv("OMP_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return world == 1 && cores > 0 ? (int)cores : 1;
-}
-
-/* Start MPI; errors before this point are printed by every rank, so parse
- * flags after it. */
-static loom_status start(int *argc, char ***argv, loom_comm **world) {
-    LOOM_TRY(loom_comm_init(argc, argv, world));
-    loom_log_set_rank(loom_comm_rank(*world), loom_comm_size(*world));
-    return LOOM_OK;
-}
+static int pick_threads(int asked, int world) { return cli_pick_threads(asked, world); }
+static loom_status start(int *argc, char ***argv, loom_comm **world) { return cli_mpi_start(argc, argv, world); }
 
 /* Flags are checked on every rank and the outcome agreed on (one collective,
  * loom_comm_agree): the lowest failing rank keeps its message and the others
@@ -37,15 +22,8 @@ static loom_status start(int *argc, char ***argv, loom_comm **world) {
  * still stops every rank. */
 static loom_status agree(loom_comm *world, loom_status st) { return loom_comm_agree(world, st); }
 
-static int finish(loom_comm *world, loom_status st) {
-    int code = cli_fail(st);
-    if (world) loom_comm_finalize(world);
-    return code;
-}
-
-static void help_once(loom_comm *world, const cli_cmd *cmd) {
-    if (loom_comm_rank(world) == 0) cli_print_help(cmd, stdout);
-}
+static int finish(loom_comm *world, loom_status st) { return cli_mpi_finish(world, st); }
+static void help_once(loom_comm *world, const cli_cmd *cmd) { cli_help_once(world, cmd); }
 
 /* Two settings that must not name the same file (an output over an input or
  * over another output would destroy it). */

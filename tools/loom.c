@@ -12,7 +12,9 @@ static const char *USAGE =
     "commands:\n"
     "  train     train a model (run under mpirun or scripts/loomrun for many ranks)\n"
     "  eval      mean loss of saved parameters on a token shard\n"
-    "  data      build token shards (.bin, llm.c layout) from text, byte-level\n"
+    "  data      build token shards (.bin, llm.c layout) from text, byte-level or GPT-2 BPE\n"
+    "  generate  continue prompts with a KV cache (greedy or sampled; --tp/--pp under mpirun)\n"
+    "  serve     HTTP completion server (OpenAI-style, streaming, continuous batching)\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  version   print the version\n"
     "\n"
@@ -39,10 +41,12 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(cmd, "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, generate, serve, version)\n", cmd);
     return 64;
 }

@@ -56,6 +56,23 @@ loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const
                                   const char *val_path, double val_fraction, size_t *n_train,
                                   size_t *n_val);
 
+/* A growable array of token ids (the tokenizer's output). */
+typedef struct loom_ids {
+    uint32_t *v;
+    size_t n, cap;
+} loom_ids;
+void loom_ids_free(loom_ids *ids);
+loom_status loom_ids_reserve(loom_ids *ids, size_t need); /* LOOM_EOS when out of memory */
+loom_status loom_ids_push(loom_ids *ids, uint32_t id);     /* LOOM_EOS when out of memory */
+
+/* Appends the tokens of text[0..len) to out. */
+typedef loom_status (*loom_data_encode_fn)(void *ctx, const char *text, size_t len, loom_ids *out);
+/* As loom_data_build_bytes, but each input file is one document whose bytes
+ * go through encode (a BPE tokenizer); the split is by tokens. */
+loom_status loom_data_build_encoded(const char *const *inputs, int n_inputs, const char *train_path,
+                                    const char *val_path, double val_fraction, loom_data_encode_fn encode,
+                                    void *ctx, size_t *n_train, size_t *n_val);
+
 /* Sampled training batch: for j in [0, n): sample g = first + j of step `step`
  * (global_batch samples per step) fills inputs[j*T .. j*T+T) and the targets
  * shifted by one. Requires t->n >= T + 1 (checked by loom_data_check_len);

@@ -73,6 +73,14 @@ void loom_attention_fwd(float *out, float *att, const float *qkv, int B, int T, 
 void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH);
 size_t loom_attention_scratch_floats(int T); /* T*T x the current thread count */
+/* Inference: n new query rows at positions p0 .. p0+n-1 of one sequence,
+ * q (n, ldq) holding NH heads of HS = C/NH, against its cache kc, vc
+ * (p0+n, C) whose rows p0.. already hold the new keys and values. Row i
+ * attends to positions 0 .. p0+i. Writes out (n,C). scratch:
+ * loom_attention_kv_scratch_floats(n, p0+n) floats. */
+void loom_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
+                           int n, int C, int NH, float *scratch);
+size_t loom_attention_kv_scratch_floats(int n, int len);
 
 /* ---- vocabulary-parallel embedding and cross-entropy ----------------------
  * A rank holds rows [v0, v0 + V_l) of the (padded) vocabulary; V_valid <= V_l

@@ -318,9 +318,9 @@ static loom_status check_outputs(const char *const *inputs, int n_inputs, const 
 }
 
 /* Write both splits to tmp files, then commit both (or neither). */
-static loom_status write_splits(const uint8_t *bytes, size_t n_train, size_t n_val, const char *train_path,
+static loom_status write_splits(token_src train, size_t n_train, size_t n_val, const char *train_path,
                                 const char *val_path) {
-    token_src train = {.u8 = bytes}, val = {.u8 = bytes + n_train};
+    token_src val = {.u8 = train.u8 ? train.u8 + n_train : NULL, .u32 = train.u32 ? train.u32 + n_train : NULL};
     LOOM_TRY(shard_write_tmp(train_path, &train, n_train));
     if (val_path) {
         loom_status st = shard_write_tmp(val_path, &val, n_val);
@@ -345,11 +345,54 @@ loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const
     loom_status st = check_outputs(inputs, n_inputs, train_path, val_path);
     for (int i = 0; i < n_inputs && st == LOOM_OK; i++) st = read_append(inputs[i], &b);
     if (st == LOOM_OK) st = split_sizes(b.len, val_path, val_fraction, &nt, &nv);
-    if (st == LOOM_OK) st = write_splits(b.p, nt, nv, train_path, val_path);
+    if (st == LOOM_OK) st = write_splits((token_src){.u8 = b.p}, nt, nv, train_path, val_path);
     free(b.p);
     if (st != LOOM_OK) return st;
     if (n_train) *n_train = nt;
     if (n_val) *n_val = nv;
+    return LOOM_OK;
+}
+
+loom_status loom_data_build_encoded(const char *const *inputs, int n_inputs, const char *train_path,
+                                    const char *val_path, double val_fraction, loom_data_encode_fn encode,
+                                    void *ctx, size_t *n_train, size_t *n_val) {
+    loom_ids ids = {0};
+    size_t nt = 0, nv = 0;
+    loom_status st = check_outputs(inputs, n_inputs, train_path, val_path);
+    for (int i = 0; i < n_inputs && st == LOOM_OK; i++) {
+        byte_buf b = {0};
+        st = read_append(inputs[i], &b);
+        if (st == LOOM_OK) st = encode(ctx, (const char *)b.p, b.len, &ids);
+        free(b.p);
+    }
+    if (st == LOOM_OK) st = split_sizes(ids.n, val_path, val_fraction, &nt, &nv);
+    if (st == LOOM_OK) st = write_splits((token_src){.u32 = ids.v}, nt, nv, train_path, val_path);
+    loom_ids_free(&ids);
+    if (st != LOOM_OK) return st;
+    if (n_train) *n_train = nt;
+    if (n_val) *n_val = nv;
+    return LOOM_OK;
+}
+
+void loom_ids_free(loom_ids *ids) {
+    free(ids->v);
+    *ids = (loom_ids){0};
+}
+
+loom_status loom_ids_reserve(loom_ids *ids, size_t need) {
+    if (need <= ids->cap) return LOOM_OK;
+    size_t nc = ids->cap ? ids->cap : 256;
+    while (nc < need) nc *= 2;
+    uint32_t *p = realloc(ids->v, nc * sizeof *p);
+    if (!p) return loom_fail(LOOM_EOS, "out of memory for %zu token ids", need);
+    ids->v = p;
+    ids->cap = nc;
+    return LOOM_OK;
+}
+
+loom_status loom_ids_push(loom_ids *ids, uint32_t id) {
+    LOOM_TRY(loom_ids_reserve(ids, ids->n + 1));
+    ids->v[ids->n++] = id;
     return LOOM_OK;
 }
 

@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""Serving benchmark on loopback: a load generator against `loom serve`, and
+single-stream decode speed against transformers' generate.
+
+usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
+                            [--requests 40] [--prompt-len 32] [--max-tokens 32]
+                            [--seconds 60] [--skip-hf]
+
+1. Single stream: one prompt of --prompt-len tokens, 128 new greedy tokens,
+   one thread on both sides (loom generate --threads 1; torch.set_num_threads(1),
+   GPT2LMHeadModel.generate with the same weights, min_new_tokens = 128 so
+   both produce exactly 128). Reported: new tokens / wall seconds of the
+   generate call (prefill included; loom's from the time `loom generate`
+   logs around loom_generate, model loading excluded on both sides), and the
+   ratio loom / transformers.
+2. Serving, for each layout
+     tp=1        1 rank, 1 thread
+     tp=2        2 ranks (scripts/loomrun), 1 thread each
+     2 replicas  two tp=1 servers (1 thread each) on two ports, requests
+                 alternate between them (the client balances; dp=2 as two
+                 independent processes)
+   and each request rate in --rates: --requests requests with Poisson arrivals
+   (seeded), streaming, prompt --prompt-len tokens, --max-tokens new tokens at
+   temperature 0.8. Bounded: a rate stops after --seconds. Client-side
+   figures: TTFT (request sent -> first token event), inter-token latency
+   (gaps between token events), p50 / p95, completion tokens / wall seconds.
+The model (random weights from `loom train --steps 1`, --model) only fixes
+the cost per token. Numbers on a shared machine are noisy; run it alone.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import benchlib  # noqa: E402
+
+SRC = os.path.join(HERE, "..")
+LOOMRUN = os.path.join(SRC, "scripts", "loomrun")
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(q * len(xs) + 0.5)) - 1))]
+
+
+def stream_request(port, prompt, max_tokens, seed, out):
+    t0 = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": max_tokens,
+                                                          "temperature": 0.8, "seed": seed, "stream": True}))
+    r = c.getresponse()
+    if r.status != 200:
+        out.append({"status": r.status})
+        r.read()
+        c.close()
+        return
+    times = []
+    for line in r:
+        if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+            times.append(time.perf_counter())
+    c.close()
+    out.append({"status": 200, "ttft": times[0] - t0 if times else None,
+                "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": len(times)})
+
+
+def run_load(ports, rate, n, prompt_len, max_tokens, seconds, seed=1):
+    rng = random.Random(seed)
+    out, threads = [], []
+    start = time.perf_counter()
+    t = 0.0
+    for i in range(n):
+        t += rng.expovariate(rate)
+        if t > seconds:
+            break
+        delay = start + t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        prompt = [rng.randrange(32, 127) for _ in range(prompt_len)]
+        th = threading.Thread(target=stream_request, args=(ports[i % len(ports)], prompt, max_tokens, i, out))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - start
+    ok = [o for o in out if o["status"] == 200 and o["ttft"] is not None]
+    ttft = [o["ttft"] for o in ok]
+    gaps = [g for o in ok for g in o["gaps"]]
+    return {"requests": len(out), "ok": len(ok), "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+            "itl_p50": pct(gaps, 0.5), "itl_p95": pct(gaps, 0.95), "tok_s": sum(o["tokens"] for o in ok) / wall}
+
+
+def start_server(loom, args, np_, tmp, tag):
+    port_file = os.path.join(tmp, "port_" + tag)
+    cmd = ([LOOMRUN, "-np", str(np_)] if np_ > 1 else []) + [loom, "serve", "--port", "0", "--port-file", port_file,
+                                                            "--threads", "1", "--max-seqs", "16", "--queue", "256"]
+    p = subprocess.Popen(cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    for _ in range(600):
+        if os.path.exists(port_file) and open(port_file).read().strip():
+            return p, int(open(port_file).read())
+        if p.poll() is not None:
+            raise benchlib.BenchError("loom serve exited with %d" % p.returncode)
+        time.sleep(0.1)
+    raise benchlib.BenchError("loom serve did not start")
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def single_stream(loom, model, params, prompt_len, skip_hf):
+    prompt = list(range(65, 65 + prompt_len))
+    new = 128
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    best = None
+    for _ in range(3):
+        p = benchlib.run([loom, "generate", "--model", model, "--load-params", params, "--ids",
+                          ",".join(map(str, prompt)), "--max-tokens", new, "--threads", 1, "--stop", "",
+                          "--format", "ids"], env=env, what="loom generate")
+        m = re.search(r"generated (\d+) tokens .* in ([0-9.]+) s", p.stderr)
+        if not m or int(m.group(1)) != new:
+            raise benchlib.BenchError("loom generate did not report %d tokens: %s" % (new, p.stderr[-300:]))
+        dt = float(m.group(2))
+        best = dt if best is None else min(best, dt)
+    loom_tps = new / best
+    print("single stream, %d-token prompt, %d new tokens, 1 thread:" % (prompt_len, new))
+    print("  loom generate   %8.1f tokens/s (best of 3, loom_generate call: prefill + decode)" % loom_tps)
+    if skip_hf:
+        return
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    sys.path.insert(0, os.path.join(SRC, "tests", "oracle"))
+    import st
+    torch.set_num_threads(1)
+    tensors = st.load(params)[0]
+    C = tensors["wte.weight"].shape[1]
+    L = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("h."))
+    V, T = tensors["wte.weight"].shape[0], tensors["wpe.weight"].shape[0]
+    heads = {"tiny": 4, "mini": 4, "gpt2-small": 12, "gpt2": 12}[model]  # loom's built-in configs
+    cfg = GPT2Config(vocab_size=V, n_positions=T, n_embd=C, n_layer=L, n_head=heads,
+                     activation_function="gelu_new", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    m = GPT2LMHeadModel(cfg).eval()
+    m.load_state_dict({"transformer." + k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()},
+                      strict=False)
+    m.tie_weights()
+    x = torch.tensor([prompt])
+    best = None
+    with torch.no_grad():
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = m.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                             attention_mask=torch.ones_like(x))
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+    assert out.shape[1] == prompt_len + new
+    hf_tps = new / best
+    print("  transformers    %8.1f tokens/s (best of 3, generate() call only)" % hf_tps)
+    print("  ratio loom / transformers: %.2fx" % (loom_tps / hf_tps))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", default=os.path.join(SRC, "build", "loom"))
+    ap.add_argument("--model", default="mini")
+    ap.add_argument("--rates", default="5,20,80")
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--skip-hf", action="store_true")
+    a = ap.parse_args()
+    print("cpu: %s, %d cores" % (benchlib.cpu_model(), os.cpu_count()))
+    with tempfile.TemporaryDirectory() as tmp:
+        params, data = os.path.join(tmp, "p.safetensors"), os.path.join(tmp, "d.bin")
+        benchlib.run([a.loom, "data", "--input", "/usr/share/common-licenses/GPL-3", "--out", data, "--val", ""],
+                     what="loom data")
+        benchlib.run([a.loom, "train", "--model", a.model, "--steps", 1, "--batch", 1, "--seq", 16, "--threads", 1,
+                      "--save-params", params, "--data", data], what="loom train")
+        single_stream(a.loom, a.model, params, a.prompt_len, a.skip_hf)
+        base = ["--model", a.model, "--load-params", params]
+        layouts = [("tp=1", [(1, [])]), ("tp=2", [(2, ["--tp", "2"])]), ("2 replicas", [(1, []), (1, [])])]
+        print("\nserving: %d requests per rate, prompt %d, %d new tokens, streaming" % (a.requests, a.prompt_len,
+                                                                                         a.max_tokens))
+        print("%-11s %6s %5s %10s %10s %9s %9s %9s" % ("layout", "rate", "ok", "ttft p50", "ttft p95", "itl p50",
+                                                        "itl p95", "tok/s"))
+        for li, (name, servers) in enumerate(layouts):
+            procs = [start_server(a.loom, base + extra, np_, tmp, "%d_%d" % (li, i))
+                     for i, (np_, extra) in enumerate(servers)]
+            try:
+                for rate in [float(r) for r in a.rates.split(",")]:
+                    r = run_load([p for _, p in procs], rate, a.requests, a.prompt_len, a.max_tokens, a.seconds)
+                    print("%-11s %6.1f %2d/%-2d %8.1fms %8.1fms %7.2fms %7.2fms %9.1f" % (
+                        name, rate, r["ok"], r["requests"], 1e3 * r["ttft_p50"], 1e3 * r["ttft_p95"],
+                        1e3 * r["itl_p50"], 1e3 * r["itl_p95"], r["tok_s"]), flush=True)
+            finally:
+                for p, _ in procs:
+                    stop(p)
+
+
+main()

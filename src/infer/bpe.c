@@ -1,0 +1,671 @@
+/* bpe.c - GPT-2 byte-level BPE: file loading, pre-tokenization, merges,
+ * decode. See include/loom/tokenizer.h for the semantics. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loom/tokenizer.h"
+#include "unicode_table.h"
+
+/* ---- small open-addressing hash maps ---------------------------------- */
+
+/* (left id, right id) -> (rank, merged id). */
+typedef struct merge_slot {
+    uint64_t key; /* (a << 32 | b) + 1; 0 = empty */
+    uint32_t rank, id;
+} merge_slot;
+
+/* encoded pre-token cache: key bytes and ids live in pools. */
+typedef struct cache_slot {
+    uint64_t hash; /* 0 = empty */
+    uint32_t key_off, key_len, ids_off, ids_len;
+} cache_slot;
+
+#define CACHE_SLOTS (1u << 16)
+
+struct loom_tokenizer {
+    int n_vocab;
+    uint32_t *tok_off; /* (n_vocab + 1) offsets into tok_pool */
+    char *tok_pool;
+    uint32_t byte_tok[256];
+    merge_slot *merges;
+    size_t merge_mask;
+    int eot;
+    /* cache */
+    cache_slot *cache;
+    size_t cache_used;
+    char *ckeys;
+    size_t ckeys_n, ckeys_cap;
+    loom_ids cids;
+    loom_ids sym; /* scratch for one pre-token */
+};
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h | 1; /* never 0 */
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static const merge_slot *merge_find(const loom_tokenizer *t, uint32_t a, uint32_t b) {
+    uint64_t key = (((uint64_t)a << 32) | b) + 1;
+    for (size_t i = mix64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+        if (t->merges[i].key == key) return &t->merges[i];
+        if (t->merges[i].key == 0) return NULL;
+    }
+}
+
+/* ---- GPT-2's byte <-> printable code point mapping --------------------- */
+
+/* Bytes that are printable Latin-1 stand for themselves; the other 68 map, in
+ * byte order, to U+0100 onwards. */
+static int byte_is_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
+
+static void byte_to_cp_table(unsigned cp_of[256]) {
+    unsigned next = 256;
+    for (int b = 0; b < 256; b++) cp_of[b] = byte_is_printable(b) ? (unsigned)b : next++;
+}
+
+/* Decode one UTF-8 sequence at s[0..n). Returns its length; *cp = -1 for an
+ * invalid sequence (length 1). */
+static size_t utf8_next(const unsigned char *s, size_t n, long *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (len == 0 || c >= 0xF8 || len > n) goto bad;
+    long v = c & (0x3F >> (len - 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) goto bad;
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    /* overlong, surrogate, beyond U+10FFFF */
+    static const long min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < min_of[len] || (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF) goto bad;
+    *cp = v;
+    return len;
+bad:
+    *cp = -1;
+    return 1;
+}
+
+/* Vocabulary strings are in the mapped alphabet: turn one into raw bytes.
+ * Returns the byte count, or -1 if a code point is not in the alphabet. */
+static long mapped_to_bytes(const char *s, size_t n, const int byte_of_cp[324], char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        long cp;
+        i += utf8_next((const unsigned char *)s + i, n - i, &cp);
+        if (cp < 0 || cp >= 324 || byte_of_cp[cp] < 0) return -1;
+        out[o++] = (char)byte_of_cp[cp];
+    }
+    return (long)o;
+}
+
+/* ---- character classes ------------------------------------------------- */
+
+enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
+
+static int is_white_space(long cp) {
+    return (cp >= 9 && cp <= 13) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+           cp == 0x205F || cp == 0x3000;
+}
+
+static int char_class(long cp) {
+    if (cp < 0) return C_OTHER;
+    if (cp < 128) {
+        if (cp == ' ' || (cp >= 9 && cp <= 13)) return C_SPACE;
+        if ((cp | 32) >= 'a' && (cp | 32) <= 'z') return C_LETTER;
+        if (cp >= '0' && cp <= '9') return C_NUMBER;
+        return C_OTHER;
+    }
+    if (is_white_space(cp)) return C_SPACE;
+    size_t lo = 0, hi = sizeof loom_uni_ranges / sizeof loom_uni_ranges[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((unsigned long)cp < loom_uni_ranges[mid].first) hi = mid;
+        else if ((unsigned long)cp > loom_uni_ranges[mid].last) lo = mid + 1;
+        else return loom_uni_ranges[mid].cls;
+    }
+    return C_OTHER;
+}
+
+/* Class of the code point at s[i] (C_OTHER past the end: callers check),
+ * its byte length through *len. */
+static int class_at(const unsigned char *s, size_t n, size_t i, size_t *len) {
+    long cp;
+    *len = utf8_next(s + i, n - i, &cp);
+    return char_class(cp);
+}
+
+/* Length in bytes of the pre-token that starts at s[i] (i < n), following
+ * the alternatives of GPT-2's pattern in order. */
+static size_t pretoken_len(const unsigned char *s, size_t n, size_t i) {
+    /* 's 't 're 've 'm 'll 'd */
+    if (s[i] == '\'' && i + 1 < n) {
+        unsigned char a = s[i + 1], b = i + 2 < n ? s[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    }
+    size_t len, j = i;
+    int c = class_at(s, n, i, &len);
+    /* ` ?X+` for X = letter, number, other: an optional ASCII space first */
+    if (s[i] == ' ' && i + 1 < n) {
+        size_t l2;
+        int c2 = class_at(s, n, i + 1, &l2);
+        if (c2 != C_SPACE) {
+            c = c2;
+            len = 1 + l2;
+        }
+    }
+    if (c != C_SPACE) {
+        j = i + len;
+        while (j < n) {
+            size_t l;
+            if (class_at(s, n, j, &l) != c) break;
+            j += l;
+        }
+        return j - i;
+    }
+    /* \s+(?!\S) then \s+: the whole run if it ends the text, else the run
+     * less its last character, unless that leaves nothing. */
+    size_t last = i;
+    j = i;
+    while (j < n) {
+        size_t l;
+        if (class_at(s, n, j, &l) != C_SPACE) break;
+        last = j;
+        j += l;
+    }
+    if (j == n || last == i) return j - i;
+    return last - i;
+}
+
+/* ---- BPE on one pre-token ------------------------------------------------ */
+
+/* Merge the byte tokens of s[0..n) in t->sym; returns the symbol count. */
+static size_t bpe_word(loom_tokenizer *t, const unsigned char *s, size_t n) {
+    uint32_t *sym = t->sym.v;
+    for (size_t i = 0; i < n; i++) sym[i] = t->byte_tok[s[i]];
+    size_t m = n;
+    while (m > 1) {
+        uint32_t best = UINT32_MAX, a = 0, b = 0, to = 0;
+        for (size_t i = 0; i + 1 < m; i++) {
+            const merge_slot *ms = merge_find(t, sym[i], sym[i + 1]);
+            if (ms && ms->rank < best) {
+                best = ms->rank;
+                a = sym[i];
+                b = sym[i + 1];
+                to = ms->id;
+            }
+        }
+        if (best == UINT32_MAX) break;
+        size_t o = 0;
+        for (size_t i = 0; i < m;) {
+            if (i + 1 < m && sym[i] == a && sym[i + 1] == b) {
+                sym[o++] = to;
+                i += 2;
+            } else {
+                sym[o++] = sym[i++];
+            }
+        }
+        m = o;
+    }
+    return m;
+}
+
+static void cache_clear(loom_tokenizer *t) {
+    memset(t->cache, 0, CACHE_SLOTS * sizeof *t->cache);
+    t->cache_used = t->ckeys_n = 0;
+    t->cids.n = 0;
+}
+
+static loom_status encode_pretoken(loom_tokenizer *t, const unsigned char *s, size_t n, loom_ids *ids) {
+    uint64_t h = hash_bytes((const char *)s, n);
+    size_t i = h & (CACHE_SLOTS - 1);
+    for (; t->cache[i].hash; i = (i + 1) & (CACHE_SLOTS - 1)) {
+        const cache_slot *c = &t->cache[i];
+        if (c->hash == h && c->key_len == n && memcmp(t->ckeys + c->key_off, s, n) == 0) {
+            LOOM_TRY(loom_ids_reserve(ids, ids->n + c->ids_len));
+            memcpy(ids->v + ids->n, t->cids.v + c->ids_off, c->ids_len * sizeof(uint32_t));
+            ids->n += c->ids_len;
+            return LOOM_OK;
+        }
+    }
+    LOOM_TRY(loom_ids_reserve(&t->sym, n));
+    size_t m = bpe_word(t, s, n);
+    LOOM_TRY(loom_ids_reserve(ids, ids->n + m));
+    memcpy(ids->v + ids->n, t->sym.v, m * sizeof(uint32_t));
+    ids->n += m;
+    /* remember short pre-tokens; start over when the table is half full or
+     * the pools would pass 64 MiB */
+    if (n > 256) return LOOM_OK;
+    if (t->cache_used >= CACHE_SLOTS / 2 || t->ckeys_n + n > (64u << 20) || t->cids.n + m > (16u << 20)) {
+        cache_clear(t);
+        i = h & (CACHE_SLOTS - 1);
+    }
+    if (t->ckeys_n + n > t->ckeys_cap) {
+        size_t nc = t->ckeys_cap ? t->ckeys_cap * 2 : (1u << 16);
+        while (nc < t->ckeys_n + n) nc *= 2;
+        char *p = realloc(t->ckeys, nc);
+        if (!p) return LOOM_OK; /* the cache is an optimisation */
+        t->ckeys = p;
+        t->ckeys_cap = nc;
+    }
+    if (loom_ids_reserve(&t->cids, t->cids.n + m) != LOOM_OK) return LOOM_OK;
+    memcpy(t->ckeys + t->ckeys_n, s, n);
+    memcpy(t->cids.v + t->cids.n, t->sym.v, m * sizeof(uint32_t));
+    t->cache[i] = (cache_slot){h, (uint32_t)t->ckeys_n, (uint32_t)n, (uint32_t)t->cids.n, (uint32_t)m};
+    t->ckeys_n += n;
+    t->cids.n += m;
+    t->cache_used++;
+    return LOOM_OK;
+}
+
+static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_t n, loom_ids *ids) {
+    for (size_t i = 0; i < n;) {
+        size_t len = pretoken_len(s, n, i);
+        LOOM_TRY(encode_pretoken(t, s + i, len, ids));
+        i += len;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_tokenizer_encode(loom_tokenizer *t, const char *text, size_t len, int allow_special,
+                                  loom_ids *ids) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t sl = 0;
+    const char *sp = NULL;
+    if (allow_special && t->eot >= 0) sp = loom_tokenizer_token_bytes(t, (uint32_t)t->eot, &sl);
+    size_t start = 0;
+    if (sp && sl > 0) {
+        for (size_t i = 0; i + sl <= len;) {
+            const char *hit = memmem(text + i, len - i, sp, sl);
+            if (!hit) break;
+            size_t at = (size_t)(hit - text);
+            LOOM_TRY(encode_plain(t, s + start, at - start, ids));
+            LOOM_TRY(loom_ids_push(ids, (uint32_t)t->eot));
+            start = i = at + sl;
+        }
+    }
+    return encode_plain(t, s + start, len - start, ids);
+}
+
+/* ---- ids and decode ------------------------------------------------------ */
+
+int loom_tokenizer_vocab_size(const loom_tokenizer *t) { return t->n_vocab; }
+int loom_tokenizer_eot(const loom_tokenizer *t) { return t->eot; }
+
+const char *loom_tokenizer_token_bytes(const loom_tokenizer *t, uint32_t id, size_t *len) {
+    if (id >= (uint32_t)t->n_vocab) {
+        *len = 0;
+        return NULL;
+    }
+    *len = t->tok_off[id + 1] - t->tok_off[id];
+    return t->tok_pool + t->tok_off[id];
+}
+
+loom_status loom_tokenizer_decode(const loom_tokenizer *t, const uint32_t *ids, size_t n, char **out,
+                                  size_t *out_len) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] >= (uint32_t)t->n_vocab)
+            return loom_fail(LOOM_EDATA, "decode: token %u at position %zu is outside the vocabulary (%d)",
+                             ids[i], i, t->n_vocab);
+        total += t->tok_off[ids[i] + 1] - t->tok_off[ids[i]];
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return loom_fail(LOOM_EOS, "decode: out of memory (%zu bytes)", total);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        const char *b = loom_tokenizer_token_bytes(t, ids[i], &l);
+        memcpy(buf + o, b, l);
+        o += l;
+    }
+    buf[o] = '\0';
+    *out = buf;
+    *out_len = o;
+    return LOOM_OK;
+}
+
+/* ---- loading ------------------------------------------------------------- */
+
+static loom_status read_file(const char *path, char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_fail(LOOM_ENOINPUT, "tokenizer file %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return loom_fail(LOOM_ENOINPUT, "tokenizer file %s: not a regular file", path);
+    }
+    char *b = malloc((size_t)sb.st_size + 1);
+    if (!b) {
+        fclose(f);
+        return loom_fail(LOOM_EOS, "tokenizer file %s: out of memory", path);
+    }
+    size_t got = fread(b, 1, (size_t)sb.st_size, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || got != (size_t)sb.st_size) {
+        free(b);
+        return loom_fail(LOOM_EIO, "tokenizer file %s: read failed", path);
+    }
+    b[got] = '\0';
+    *buf = b;
+    *len = got;
+    return LOOM_OK;
+}
+
+/* raw bytes -> id, for resolving merges while loading. */
+typedef struct bytes_map {
+    uint64_t *hash;
+    uint32_t *id;
+    size_t mask;
+} bytes_map;
+
+typedef struct loader {
+    loom_tokenizer *t;
+    bytes_map bm;
+    int byte_of_cp[324];
+    char scratch[1024];
+    const char *file;
+} loader;
+
+static long bm_find(const loader *L, const char *s, size_t n) {
+    uint64_t h = hash_bytes(s, n);
+    for (size_t i = h & L->bm.mask; L->bm.hash[i]; i = (i + 1) & L->bm.mask) {
+        uint32_t id = L->bm.id[i];
+        size_t len;
+        const char *b = loom_tokenizer_token_bytes(L->t, id, &len);
+        if (L->bm.hash[i] == h && len == n && memcmp(b, s, n) == 0) return id;
+    }
+    return -1;
+}
+
+/* vocab: a JSON object {token string: id}. Fills tok_off/tok_pool and the
+ * bytes map. */
+static loom_status load_vocab(loader *L, const cJSON *vocab) {
+    loom_tokenizer *t = L->t;
+    if (!cJSON_IsObject(vocab)) return loom_fail(LOOM_EDATA, "%s: the vocabulary is not a JSON object", L->file);
+    int max_id = -1, count = 0;
+    size_t pool = 0;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 16777216 ||
+            e->valuedouble != (int)e->valuedouble)
+            return loom_fail(LOOM_EDATA, "%s: vocabulary entry \"%s\" has no valid id", L->file, e->string);
+        if (e->valueint > max_id) max_id = e->valueint;
+        pool += strlen(e->string);
+        count++;
+    }
+    if (count == 0) return loom_fail(LOOM_EDATA, "%s: the vocabulary is empty", L->file);
+    t->n_vocab = max_id + 1;
+    int *len_of = calloc((size_t)t->n_vocab, sizeof *len_of);
+    char *tmp = malloc(pool + 1);
+    t->tok_off = calloc((size_t)t->n_vocab + 1, sizeof *t->tok_off);
+    t->tok_pool = malloc(pool + 1);
+    size_t slots = 1;
+    while (slots < (size_t)count * 2) slots *= 2;
+    L->bm.hash = calloc(slots, sizeof *L->bm.hash);
+    L->bm.id = calloc(slots, sizeof *L->bm.id);
+    L->bm.mask = slots - 1;
+    loom_status st = LOOM_OK;
+    if (!len_of || !tmp || !t->tok_off || !t->tok_pool || !L->bm.hash || !L->bm.id) {
+        st = loom_fail(LOOM_EOS, "%s: out of memory loading the vocabulary", L->file);
+        goto done;
+    }
+    for (int i = 0; i < t->n_vocab; i++) len_of[i] = -1;
+    /* pass 1: byte lengths of each id, to lay out the pool in id order */
+    size_t o = 0;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        long nb = mapped_to_bytes(e->string, strlen(e->string), L->byte_of_cp, tmp + o);
+        if (nb < 0) {
+            /* not in the byte alphabet (an added token such as
+             * "<|endoftext|>" in some files): keep its UTF-8 text */
+            nb = (long)strlen(e->string);
+            memcpy(tmp + o, e->string, (size_t)nb);
+        }
+        if (len_of[e->valueint] >= 0) {
+            st = loom_fail(LOOM_EDATA, "%s: id %d appears twice in the vocabulary", L->file, e->valueint);
+            goto done;
+        }
+        len_of[e->valueint] = (int)nb;
+        o += (size_t)nb;
+    }
+    uint32_t off = 0;
+    for (int i = 0; i < t->n_vocab; i++) {
+        t->tok_off[i] = off;
+        off += len_of[i] > 0 ? (uint32_t)len_of[i] : 0;
+    }
+    t->tok_off[t->n_vocab] = off;
+    o = 0;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        memcpy(t->tok_pool + t->tok_off[e->valueint], tmp + o, (size_t)len_of[e->valueint]);
+        o += (size_t)len_of[e->valueint];
+    }
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        size_t n;
+        const char *b = loom_tokenizer_token_bytes(t, (uint32_t)e->valueint, &n);
+        if (bm_find(L, b, n) >= 0) continue; /* a duplicate string: the first id wins */
+        uint64_t h = hash_bytes(b, n);
+        size_t i = h & L->bm.mask;
+        while (L->bm.hash[i]) i = (i + 1) & L->bm.mask;
+        L->bm.hash[i] = h;
+        L->bm.id[i] = (uint32_t)e->valueint;
+        if (strcmp(e->string, "<|endoftext|>") == 0) t->eot = e->valueint;
+    }
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        long id = bm_find(L, &c, 1);
+        if (id < 0) {
+            st = loom_fail(LOOM_EDATA, "%s: the vocabulary has no token for byte 0x%02x", L->file, b);
+            goto done;
+        }
+        t->byte_tok[b] = (uint32_t)id;
+    }
+done:
+    free(len_of);
+    free(tmp);
+    return st;
+}
+
+static loom_status merges_alloc(loader *L, size_t n) {
+    size_t slots = 1;
+    while (slots < n * 2 + 2) slots *= 2;
+    L->t->merges = calloc(slots, sizeof *L->t->merges);
+    if (!L->t->merges) return loom_fail(LOOM_EOS, "%s: out of memory for %zu merges", L->file, n);
+    L->t->merge_mask = slots - 1;
+    return LOOM_OK;
+}
+
+/* Merge number `rank`: the tokens whose mapped strings are a and b. */
+static loom_status add_merge(loader *L, const char *a, size_t na, const char *b, size_t nb, uint32_t rank,
+                             long line) {
+    char *buf = L->scratch;
+    if (na + nb > sizeof L->scratch)
+        return loom_fail(LOOM_EDATA, "%s: merge %ld is too long", L->file, line);
+    long la = mapped_to_bytes(a, na, L->byte_of_cp, buf);
+    long lb = la < 0 ? -1 : mapped_to_bytes(b, nb, L->byte_of_cp, buf + la);
+    if (la < 0 || lb < 0)
+        return loom_fail(LOOM_EDATA, "%s: merge %ld (\"%.*s %.*s\") has a character outside GPT-2's byte alphabet",
+                         L->file, line, (int)na, a, (int)nb, b);
+    long ia = bm_find(L, buf, (size_t)la), ib = bm_find(L, buf + la, (size_t)lb),
+         ic = bm_find(L, buf, (size_t)(la + lb));
+    if (ia < 0 || ib < 0 || ic < 0)
+        return loom_fail(LOOM_EDATA, "%s: merge %ld (\"%.*s %.*s\") names a token the vocabulary lacks",
+                         L->file, line, (int)na, a, (int)nb, b);
+    uint64_t key = (((uint64_t)ia << 32) | (uint64_t)ib) + 1;
+    size_t i = mix64(key) & L->t->merge_mask;
+    for (; L->t->merges[i].key; i = (i + 1) & L->t->merge_mask)
+        if (L->t->merges[i].key == key) return LOOM_OK; /* repeated: the first rank wins */
+    L->t->merges[i] = (merge_slot){key, rank, (uint32_t)ic};
+    return LOOM_OK;
+}
+
+/* merges.txt / vocab.bpe: an optional "#version" line, then "a b" per line. */
+static loom_status load_merges_text(loader *L, char *text, size_t len) {
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    LOOM_TRY(merges_alloc(L, lines));
+    uint32_t rank = 0;
+    long lineno = 0;
+    for (char *p = text, *end = text + len; p < end;) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        char *le = nl ? nl : end;
+        lineno++;
+        size_t n = (size_t)(le - p);
+        if (n && p[n - 1] == '\r') n--;
+        if (n > 0 && !(lineno == 1 && p[0] == '#')) {
+            char *sp = memchr(p, ' ', n);
+            if (!sp || sp == p || sp == p + n - 1)
+                return loom_fail(LOOM_EDATA, "%s: line %ld is not \"a b\"", L->file, lineno);
+            LOOM_TRY(add_merge(L, p, (size_t)(sp - p), sp + 1, (size_t)(p + n - sp - 1), rank++, lineno));
+        }
+        p = le + 1;
+    }
+    return LOOM_OK;
+}
+
+static loom_status load_merges_json(loader *L, const cJSON *merges) {
+    if (!cJSON_IsArray(merges)) return loom_fail(LOOM_EDATA, "%s: model.merges is not an array", L->file);
+    LOOM_TRY(merges_alloc(L, (size_t)cJSON_GetArraySize(merges)));
+    uint32_t rank = 0;
+    for (const cJSON *m = merges->child; m; m = m->next, rank++) {
+        if (cJSON_IsString(m)) {
+            const char *s = m->valuestring, *sp = strchr(s, ' ');
+            if (!sp || sp == s || !sp[1])
+                return loom_fail(LOOM_EDATA, "%s: merge %u is not \"a b\"", L->file, rank + 1);
+            LOOM_TRY(add_merge(L, s, (size_t)(sp - s), sp + 1, strlen(sp + 1), rank, (long)rank + 1));
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) &&
+                   cJSON_IsString(m->child->next)) {
+            const char *a = m->child->valuestring, *b = m->child->next->valuestring;
+            LOOM_TRY(add_merge(L, a, strlen(a), b, strlen(b), rank, (long)rank + 1));
+        } else {
+            return loom_fail(LOOM_EDATA, "%s: merge %u is neither \"a b\" nor [a, b]", L->file, rank + 1);
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status parse_json(loader *L, const char *path, cJSON **out) {
+    char *text;
+    size_t len;
+    LOOM_TRY(read_file(path, &text, &len));
+    *out = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!*out) return loom_fail(LOOM_EDATA, "%s: not valid JSON", L->file);
+    return LOOM_OK;
+}
+
+static loom_status load_pair(loader *L, const char *vocab_path, const char *merges_path) {
+    cJSON *vocab;
+    L->file = vocab_path;
+    LOOM_TRY(parse_json(L, vocab_path, &vocab));
+    loom_status st = load_vocab(L, vocab);
+    cJSON_Delete(vocab);
+    LOOM_TRY(st);
+    char *text;
+    size_t len;
+    L->file = merges_path;
+    LOOM_TRY(read_file(merges_path, &text, &len));
+    st = load_merges_text(L, text, len);
+    free(text);
+    return st;
+}
+
+static loom_status load_hf_json(loader *L, const char *path) {
+    cJSON *root;
+    L->file = path;
+    LOOM_TRY(parse_json(L, path, &root));
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    loom_status st = LOOM_OK;
+    if (!cJSON_IsObject(model) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") != 0)))
+        st = loom_fail(LOOM_EDATA, "%s: model is not a BPE model", path);
+    if (st == LOOM_OK) st = load_vocab(L, cJSON_GetObjectItemCaseSensitive(model, "vocab"));
+    if (st == LOOM_OK) st = load_merges_json(L, cJSON_GetObjectItemCaseSensitive(model, "merges"));
+    /* added tokens: only the end-of-text token matters to GPT-2 */
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    for (const cJSON *a = cJSON_IsArray(added) ? added->child : NULL; st == LOOM_OK && a; a = a->next) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content"),
+                    *id = cJSON_GetObjectItemCaseSensitive(a, "id");
+        if (cJSON_IsString(c) && cJSON_IsNumber(id) && strcmp(c->valuestring, "<|endoftext|>") == 0 &&
+            id->valueint >= 0 && id->valueint < L->t->n_vocab)
+            L->t->eot = id->valueint;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+static int file_exists(const char *dir, const char *name, char *out, size_t cap) {
+    struct stat sb;
+    snprintf(out, cap, "%s/%s", dir, name);
+    return stat(out, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out) {
+    *out = NULL;
+    loader L = {0};
+    L.t = calloc(1, sizeof *L.t);
+    if (!L.t) return loom_fail(LOOM_EOS, "tokenizer: out of memory");
+    L.t->eot = -1;
+    unsigned cp_of[256];
+    byte_to_cp_table(cp_of);
+    for (int i = 0; i < 324; i++) L.byte_of_cp[i] = -1;
+    for (int b = 0; b < 256; b++) L.byte_of_cp[cp_of[b]] = b;
+
+    struct stat sb;
+    static char a[4096], b[4096];
+    loom_status st;
+    if (stat(path, &sb) != 0) {
+        st = loom_fail(LOOM_ENOINPUT, "tokenizer %s: %s", path, strerror(errno));
+    } else if (S_ISREG(sb.st_mode)) {
+        st = load_hf_json(&L, path);
+    } else if (file_exists(path, "tokenizer.json", a, sizeof a)) {
+        st = load_hf_json(&L, a);
+    } else if (file_exists(path, "vocab.json", a, sizeof a) && file_exists(path, "merges.txt", b, sizeof b)) {
+        st = load_pair(&L, a, b);
+    } else if (file_exists(path, "encoder.json", a, sizeof a) && file_exists(path, "vocab.bpe", b, sizeof b)) {
+        st = load_pair(&L, a, b);
+    } else {
+        st = loom_fail(LOOM_ENOINPUT,
+                       "tokenizer %s: no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe there",
+                       path);
+    }
+    free(L.bm.hash);
+    free(L.bm.id);
+    if (st == LOOM_OK) {
+        L.t->cache = calloc(CACHE_SLOTS, sizeof *L.t->cache);
+        if (!L.t->cache) st = loom_fail(LOOM_EOS, "tokenizer: out of memory");
+    }
+    if (st != LOOM_OK) {
+        loom_tokenizer_free(L.t);
+        return st;
+    }
+    *out = L.t;
+    return LOOM_OK;
+}
+
+void loom_tokenizer_free(loom_tokenizer *t) {
+    if (!t) return;
+    free(t->tok_off);
+    free(t->tok_pool);
+    free(t->merges);
+    free(t->cache);
+    free(t->ckeys);
+    loom_ids_free(&t->cids);
+    loom_ids_free(&t->sym);
+    free(t);
+}

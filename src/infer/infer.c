@@ -1,0 +1,278 @@
+/* infer.c - forward-only GPT-2 with a KV cache over the training model's
+ * parts: the weights are a loom_gpt part (same table, shards and loader as
+ * training); the step below is llm.c's forward with the attention reading a
+ * per-sequence cache, and the same TP regions (copy in, reduce out) at the
+ * same places as gpt.c's block_fwd. See include/loom/infer.h. */
+#include "loom/infer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/pipeline.h"
+#include "loom/train.h"
+
+#define PP_TAG 7301
+#define MAX_STAGES 256
+
+struct loom_infer {
+    loom_model_config cfg;
+    loom_infer_opts o;
+    const loom_mesh *mesh;
+    loom_comm *pp; /* NULL with one stage */
+    int pp_rank, pp_size;
+    loom_gpt *m;
+    int C, C_l, NH_l, V_l, L_l, tp;
+    int *len;          /* (max_seqs) cached positions per sequence */
+    float *kc, *vc;    /* (L_l, max_seqs, max_len, C_l) */
+    float *x, *ln, *mean, *rstd, *qkv, *atty, *y, *fch, *fchg, *att_scratch; /* R rows */
+    int32_t *rows_tok; /* (R) */
+    float *last, *lnf, *lnf_mean, *lnf_rstd, *logits_l, *gathered, *logits; /* S rows */
+    loom_arena arena;
+};
+
+#define F(n) ((size_t)(n) * sizeof(float))
+
+static void *take(loom_arena *a, size_t bytes) {
+    if (!a->base) {
+        loom_arena_reserve(a, bytes);
+        return NULL;
+    }
+    return loom_arena_alloc(a, bytes);
+}
+
+static void layout(loom_infer *f) {
+    loom_arena *a = &f->arena;
+    const size_t R = (size_t)f->o.max_rows, S = (size_t)f->o.max_seqs, C = (size_t)f->C, Cl = (size_t)f->C_l;
+    const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
+    f->len = take(a, S * sizeof(int));
+    f->kc = take(a, F(cache));
+    f->vc = take(a, F(cache));
+    f->x = take(a, F(R * C));
+    f->ln = take(a, F(R * C));
+    f->mean = take(a, F(R));
+    f->rstd = take(a, F(R));
+    f->qkv = take(a, F(R * 3 * Cl));
+    f->atty = take(a, F(R * Cl));
+    f->y = take(a, F(R * C));
+    f->fch = take(a, F(R * 4 * Cl));
+    f->fchg = take(a, F(R * 4 * Cl));
+    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats((int)R, f->o.max_len)));
+    f->rows_tok = take(a, R * sizeof(int32_t));
+    f->last = take(a, F(S * C));
+    f->lnf = take(a, F(S * C));
+    f->lnf_mean = take(a, F(S));
+    f->lnf_rstd = take(a, F(S));
+    f->logits_l = take(a, F(S * (size_t)f->V_l));
+    f->gathered = take(a, F(S * (size_t)f->V_l * (size_t)f->tp));
+    f->logits = take(a, F(S * (size_t)f->cfg.vocab_size));
+}
+
+static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mesh, const loom_infer_opts *o) {
+    if (o->max_seqs < 1 || o->max_rows < 1 || o->max_len < 1)
+        return loom_fail(LOOM_EUSAGE, "inference: max sequences %d, max rows %d and max length %d must be >= 1",
+                         o->max_seqs, o->max_rows, o->max_len);
+    if (o->max_len > cfg->n_positions)
+        return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s", o->max_len,
+                         cfg->n_positions, cfg->name);
+    if (!mesh) return LOOM_OK;
+    if (mesh->layout.cp > 1 || mesh->layout.ep > 1)
+        return loom_fail(LOOM_EUSAGE, "inference runs tp x pp (x dp replicas); cp=%d and ep=%d must be 1",
+                         mesh->layout.cp, mesh->layout.ep);
+    LOOM_TRY(loom_model_check_tp(cfg, mesh->layout.tp, 0, 1));
+    if (mesh->layout.pp > MAX_STAGES)
+        return loom_fail(LOOM_EUSAGE, "inference: pp=%d stages, at most %d", mesh->layout.pp, MAX_STAGES);
+    return loom_partition_check(cfg->n_layer, mesh->layout.pp, 1);
+}
+
+loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mesh, const loom_infer_opts *o,
+                              loom_infer **out) {
+    *out = NULL;
+    LOOM_TRY(loom_model_config_check(cfg));
+    LOOM_TRY(check_opts(cfg, mesh, o));
+    loom_infer *f = calloc(1, sizeof *f);
+    if (!f) return loom_fail(LOOM_EOS, "inference: out of memory");
+    f->cfg = *cfg;
+    f->o = *o;
+    f->mesh = mesh;
+    f->pp_size = mesh ? mesh->layout.pp : 1;
+    f->pp_rank = mesh ? mesh->pp_rank : 0;
+    f->pp = mesh && f->pp_size > 1 ? mesh->pp : NULL;
+    loom_model_part part = loom_model_part_whole(cfg);
+    if (mesh) {
+        part.tp = (loom_tp){.comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
+        int counts[MAX_STAGES], first = 0;
+        /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
+        double C = cfg->n_embd, block = 24.0 * C * C + 4.0 * o->max_len * C;
+        loom_status st = loom_partition_balance(cfg->n_layer, f->pp_size, 1, 0.01,
+                                                2.0 * cfg->vocab_size * C / block, counts);
+        if (st != LOOM_OK) {
+            free(f);
+            return st;
+        }
+        for (int s = 0; s < f->pp_rank; s++) first += counts[s];
+        part.layer_begin = first;
+        part.layer_end = first + counts[f->pp_rank];
+        part.has_embed = f->pp_rank == 0;
+        part.has_head = f->pp_rank == f->pp_size - 1;
+    }
+    loom_gpt_opts go = {.B = 1, .T = 1, .n_slots = 1, .external_grads = 1};
+    loom_status st = loom_gpt_create(cfg, &part, &go, &f->m);
+    if (st != LOOM_OK) {
+        free(f);
+        return st;
+    }
+    f->C = f->m->C;
+    f->C_l = f->m->C_l;
+    f->NH_l = f->m->NH_l;
+    f->V_l = f->m->V_l;
+    f->L_l = f->m->L_l;
+    f->tp = part.tp.size;
+    loom_arena_init(&f->arena, "kv cache");
+    layout(f);
+    st = loom_arena_commit(&f->arena);
+    if (st != LOOM_OK) {
+        loom_infer_free(f);
+        return st;
+    }
+    layout(f);
+    memset(f->len, 0, (size_t)o->max_seqs * sizeof(int));
+    *out = f;
+    return LOOM_OK;
+}
+
+void loom_infer_free(loom_infer *f) {
+    if (!f) return;
+    loom_gpt_free(f->m);
+    loom_arena_free(&f->arena);
+    free(f);
+}
+
+loom_status loom_infer_load(loom_infer *f, const char *path) {
+    return loom_params_load(&f->m, 1, f->mesh, NULL, path);
+}
+
+void loom_infer_init_random(loom_infer *f, uint64_t seed) { loom_gpt_init_params(f->m, seed); }
+void loom_infer_reset(loom_infer *f, int s) { f->len[s] = 0; }
+int loom_infer_len(const loom_infer *f, int s) { return f->len[s]; }
+int loom_infer_last_stage(const loom_infer *f) { return f->m->part.has_head; }
+const loom_model_config *loom_infer_config(const loom_infer *f) { return &f->cfg; }
+const loom_infer_opts *loom_infer_options(const loom_infer *f) { return &f->o; }
+size_t loom_infer_cache_bytes(const loom_infer *f) {
+    return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->C_l);
+}
+
+/* out (n,C) += res (n,C) + bias (C) */
+static void add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] += res[(size_t)i * C + c] + bias[c];
+}
+
+/* Cache rows of local block li, sequence s: (max_len, C_l). */
+static float *cache_at(const loom_infer *f, float *base, int li, int s) {
+    return base + ((size_t)li * f->o.max_seqs + (size_t)s) * (size_t)f->o.max_len * f->C_l;
+}
+
+/* One block over the R rows of the step: x (R,C) in place. */
+static loom_status block_step(loom_infer *f, int li, int n, const int *seq, const int *n_new, int R) {
+    const loom_gpt_layer_w *w = &f->m->w.h[li];
+    const loom_tp *tp = &f->m->part.tp;
+    const int C = f->C, Cl = f->C_l;
+    /* attention: x += c_proj(attn(c_attn(ln_1(x)))) with k, v appended to the cache */
+    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln1_w, w->ln1_b, R, C);
+    LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
+    loom_matmul_fwd(f->qkv, f->ln, w->qkv_w, w->qkv_b, R, C, 3 * Cl);
+    for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++) {
+        float *kc = cache_at(f, f->kc, li, seq[j]), *vc = cache_at(f, f->vc, li, seq[j]);
+        const int p0 = f->len[seq[j]];
+        for (int i = 0; i < n_new[j]; i++) {
+            const float *row = f->qkv + (size_t)(r0 + i) * 3 * Cl; /* [q | k | v] */
+            memcpy(kc + (size_t)(p0 + i) * Cl, row + Cl, F(Cl));
+            memcpy(vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, F(Cl));
+        }
+        loom_attention_kv_fwd(f->atty + (size_t)r0 * Cl, f->qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc, p0,
+                              n_new[j], Cl, f->NH_l, f->att_scratch);
+    }
+    loom_matmul_fwd(f->y, f->atty, w->proj_w, NULL, R, Cl, C);
+    LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
+    add_bias_residual(f->x, f->y, w->proj_b, R, C);
+    /* MLP: x += c_proj(gelu(c_fc(ln_2(x)))) */
+    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln2_w, w->ln2_b, R, C);
+    LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
+    loom_matmul_fwd(f->fch, f->ln, w->fc_w, w->fc_b, R, C, 4 * Cl);
+    loom_gelu_fwd(f->fchg, f->fch, (size_t)R * 4 * Cl);
+    loom_matmul_fwd(f->y, f->fchg, w->fcp_w, NULL, R, 4 * Cl, C);
+    LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
+    add_bias_residual(f->x, f->y, w->fcp_b, R, C);
+    return LOOM_OK;
+}
+
+/* ln_f and the tied LM head on each entry's last row; logits gathered over
+ * the vocabulary shards into f->logits (n, V). */
+static loom_status head_step(loom_infer *f, int n, const int *n_new) {
+    const int C = f->C, Vl = f->V_l, V = f->cfg.vocab_size;
+    for (int j = 0, r = 0; j < n; j++) {
+        r += n_new[j];
+        memcpy(f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, F(C));
+    }
+    loom_layernorm_fwd(f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
+    loom_matmul_nt_fwd(f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
+    LOOM_TRY(loom_sp_gather_fwd(&f->m->part.tp, f->logits_l, f->gathered, (size_t)n * Vl));
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < f->tp; k++) {
+            int v0 = k * Vl, cnt = V - v0 < Vl ? V - v0 : Vl;
+            if (cnt > 0)
+                memcpy(f->logits + (size_t)j * V + v0, f->gathered + ((size_t)k * n + j) * Vl, F(cnt));
+        }
+    return LOOM_OK;
+}
+
+static loom_status check_step(const loom_infer *f, int n, const int *seq, const int *n_new,
+                              const int32_t *tokens, int *rows) {
+    if (n < 1 || n > f->o.max_seqs)
+        return loom_fail(LOOM_EUSAGE, "inference step: %d sequences, between 1 and %d", n, f->o.max_seqs);
+    int R = 0;
+    for (int j = 0; j < n; j++) {
+        if (seq[j] < 0 || seq[j] >= f->o.max_seqs)
+            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d outside [0, %d)", seq[j], f->o.max_seqs);
+        for (int k = 0; k < j; k++)
+            if (seq[k] == seq[j]) return loom_fail(LOOM_EUSAGE, "inference step: sequence %d twice", seq[j]);
+        if (n_new[j] < 1 || f->len[seq[j]] + n_new[j] > f->o.max_len)
+            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d has %d positions, +%d passes max length %d",
+                             seq[j], f->len[seq[j]], n_new[j], f->o.max_len);
+        R += n_new[j];
+        if (R > f->o.max_rows)
+            return loom_fail(LOOM_EUSAGE, "inference step: more than %d new tokens", f->o.max_rows);
+    }
+    for (int r = 0; r < R; r++)
+        if (tokens[r] < 0 || tokens[r] >= f->cfg.vocab_size)
+            return loom_fail(LOOM_EUSAGE, "inference step: token %d outside the vocabulary (%d)", tokens[r],
+                             f->cfg.vocab_size);
+    *rows = R;
+    return LOOM_OK;
+}
+
+loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_new, const int32_t *tokens,
+                            const float **logits) {
+    int R = 0;
+    *logits = NULL;
+    LOOM_TRY(check_step(f, n, seq, n_new, tokens, &R));
+    const int C = f->C;
+    if (f->m->part.has_embed) {
+        memcpy(f->rows_tok, tokens, (size_t)R * sizeof(int32_t));
+        loom_embed_fwd(f->x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
+        LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, f->x, (size_t)R * C));
+        for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
+            loom_pos_fwd(f->x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
+    } else {
+        LOOM_TRY(loom_comm_recv(f->pp, f->x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
+    }
+    for (int li = 0; li < f->L_l; li++) LOOM_TRY(block_step(f, li, n, seq, n_new, R));
+    if (!f->m->part.has_head) LOOM_TRY(loom_comm_send(f->pp, f->x, F((size_t)R * C), f->pp_rank + 1, PP_TAG));
+    for (int j = 0; j < n; j++) f->len[seq[j]] += n_new[j];
+    if (f->m->part.has_head) {
+        LOOM_TRY(head_step(f, n, n_new));
+        *logits = f->logits;
+    }
+    return LOOM_OK;
+}

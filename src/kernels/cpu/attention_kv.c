@@ -1,0 +1,40 @@
+/* attention_kv.c - causal attention of new query rows against a KV cache
+ * (inference). For one sequence and head, the n new rows sit at positions
+ * p0 .. p0+n-1 and attend to cached positions 0 .. p0+i: scores are one
+ * sgemm q (n,HS) x k^T (HS, p0+n), a causal softmax per row, then one sgemm
+ * with v (p0+n, HS). The same arithmetic as attention.c's training forward
+ * for p0 = 0, so a prefill and a step-by-step decode agree within float
+ * rounding of the summation order only. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "kern_internal.h"
+
+size_t loom_attention_kv_scratch_floats(int n, int len) {
+    return (size_t)n * (size_t)len * (size_t)loom_kernels_get_threads();
+}
+
+void loom_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
+                           int n, int C, int NH, float *scratch) {
+    const int HS = C / NH, len = p0 + n;
+    const float scale = 1.0f / sqrtf((float)HS);
+    int nth = loom_kernels_get_threads();
+    if (nth > NH) nth = NH;
+    KERN_PARALLEL_FOR(nth)
+    for (int h = 0; h < NH; h++) {
+        float *s = scratch + (size_t)kern_thread_id() * n * len; /* (n, len) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, len, HS, scale, q + (size_t)h * HS, ldq,
+                    kc + (size_t)h * HS, C, 0.0f, s, len);
+        for (int i = 0; i < n; i++) {
+            float *row = s + (size_t)i * len;
+            int nk = p0 + i + 1;
+            float mx = kern_max(row, nk);
+            kern_exp_shift(row, nk, mx);
+            kern_scale_row(row, nk, 1.0f / kern_sum(row, nk));
+            memset(row + nk, 0, (size_t)(len - nk) * sizeof *row);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, HS, len, 1.0f, s, len, vc + (size_t)h * HS, C,
+                    0.0f, out + (size_t)h * HS, C);
+    }
+}

@@ -1,0 +1,115 @@
+/* cmd_serve.c - `loom serve`: an OpenAI-style completion server on
+ * loopback; rank 0 serves HTTP, every rank runs the model (tp x pp). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "loom/comm.h"
+#include "loom/infer.h"
+#include "loom/kernels.h"
+#include "loom/log.h"
+#include "loom/mesh.h"
+#include "loom/serve.h"
+#include "loom/tokenizer.h"
+
+typedef struct serve_cfg {
+    char model[1024], load_params[1024], tokenizer[1024], port_file[1024];
+    int port, tp, pp, threads, max_seqs, max_len, max_rows, queue, max_body;
+} serve_cfg;
+
+static loom_status check_flags(const serve_cfg *c, int world) {
+    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (c->tp < 1 || c->pp < 1) return loom_fail(LOOM_EUSAGE, "--tp %d and --pp %d must be >= 1", c->tp, c->pp);
+    if (c->tp * c->pp != world)
+        return loom_fail(LOOM_EUSAGE, "tp=%d x pp=%d = %d ranks, but the job has %d", c->tp, c->pp, c->tp * c->pp,
+                         world);
+    if (c->port < 0 || c->port > 65535) return loom_fail(LOOM_EUSAGE, "--port %d: must be in [0, 65535]", c->port);
+    if (c->max_seqs < 1 || c->queue < 0 || c->max_body < 64 || c->max_len < 0 || c->max_rows < 0)
+        return loom_fail(LOOM_EUSAGE, "--max-seqs %d >= 1, --queue %d >= 0, --max-body %d >= 64, --max-len %d and "
+                         "--max-rows %d >= 0 (0 = default)", c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
+    if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
+    return LOOM_OK;
+}
+
+static loom_status run(const serve_cfg *c, loom_comm *world) {
+    loom_model_config mc;
+    loom_tokenizer *tok = NULL;
+    loom_status st = loom_model_config_resolve(c->model, &mc);
+    if (st == LOOM_OK && c->tokenizer[0]) st = loom_tokenizer_load(c->tokenizer, &tok);
+    if (st == LOOM_OK && tok && loom_tokenizer_vocab_size(tok) > mc.vocab_size)
+        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
+                       loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
+    loom_layout l;
+    loom_layout_default(&l);
+    l.tp = c->tp;
+    l.pp = c->pp;
+    if (st == LOOM_OK) st = loom_layout_check(&l, loom_comm_size(world));
+    st = loom_comm_agree(world, st);
+    loom_mesh *mesh = NULL;
+    loom_infer *inf = NULL;
+    int max_len = c->max_len ? c->max_len : mc.n_positions;
+    int max_rows = c->max_rows ? c->max_rows : max_len + c->max_seqs;
+    loom_infer_opts io = {.max_seqs = c->max_seqs, .max_len = max_len, .max_rows = max_rows};
+    if (st == LOOM_OK) st = loom_mesh_create(world, &l, &mesh);
+    if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
+    if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
+    if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
+    if (st == LOOM_OK) {
+        int coords[LOOM_AXIS_COUNT] = {0};
+        coords[LOOM_AXIS_PP] = c->pp - 1;
+        loom_serve_config sc = {.port = c->port, .queue = c->queue, .max_body = c->max_body,
+                                .model_name = mc.name, .port_file = c->port_file};
+        st = loom_serve_run(&sc, inf, tok, world, loom_layout_rank(&l, coords));
+    }
+    loom_infer_free(inf);
+    loom_mesh_free(mesh);
+    loom_tokenizer_free(tok);
+    return st;
+}
+
+int cmd_serve(int argc, char **argv) {
+    static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .max_seqs = 8, .queue = 64,
+                          .max_body = 1 << 20};
+    static cli_opt opts[] = {
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters, safetensors with HF GPT-2 names (required)"},
+        {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR", "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
+        {"port", OPT_INT, &c.port, 0, "P", "TCP port on 127.0.0.1 (default 8000; 0 = any free port)"},
+        {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE", "write the bound port there once listening"},
+        {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
+        {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp = ranks"},
+        {"max-seqs", OPT_INT, &c.max_seqs, 0, "N", "KV-cache slots: requests decoding at once (default 8)"},
+        {"max-len", OPT_INT, &c.max_len, 0, "N", "positions per slot, prompt + max_tokens (default n_positions)"},
+        {"max-rows", OPT_INT, &c.max_rows, 0, "N", "tokens per model step (default max-len + max-seqs)"},
+        {"queue", OPT_INT, &c.queue, 0, "N", "requests waiting for a slot at most; more get 503 (default 64)"},
+        {"max-body", OPT_INT, &c.max_body, 0, "BYTES", "request body size limit (default 1048576)"},
+        {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
+    };
+    static const cli_cmd cmd = {
+        "serve", "loom serve --load-params FILE [--model NAME|FILE] [--tokenizer DIR] [--port P] [--tp N] [--pp N] ...",
+        "OpenAI-style completions over HTTP on 127.0.0.1 with continuous batching:\n"
+        "  POST /v1/completions {\"prompt\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\",\n"
+        "                        \"seed\", \"stream\"}  (stream: server-sent events)\n"
+        "  GET  /health         queue, KV-cache occupancy, TTFT / inter-token p50/p95/p99, tokens/s\n"
+        "The KV cache is --max-seqs slots of --max-len positions, allocated at start; a\n"
+        "request waits for a slot (at most --queue wait, then 503). Rank 0 serves HTTP,\n"
+        "every rank runs the model. SIGINT or SIGTERM stops the server.",
+        "example: scripts/loomrun -np 2 build/loom serve --model gpt2 --load-params model.safetensors \\\n"
+        "           --tokenizer DIR --tp 2 --port 8000\n"
+        "         curl -s localhost:8000/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n",
+        opts, sizeof opts / sizeof opts[0]};
+    loom_comm *world = NULL;
+    loom_status st = cli_mpi_start(&argc, &argv, &world);
+    if (st != LOOM_OK) return cli_fail(st);
+    int help;
+    st = cli_parse(&cmd, argc, argv, 0, &help);
+    if (st == LOOM_OK && help) {
+        cli_help_once(world, &cmd);
+        return cli_mpi_finish(world, LOOM_OK);
+    }
+    if (st == LOOM_OK) st = check_flags(&c, loom_comm_size(world));
+    st = loom_comm_agree(world, st);
+    if (st != LOOM_OK) return cli_mpi_finish(world, st);
+    loom_kernels_set_threads(cli_pick_threads(c.threads, loom_comm_size(world)));
+    return cli_mpi_finish(world, run(&c, world));
+}
