@@ -76,6 +76,7 @@ typedef struct loom_train_run_state {
     double flops_per_token, peak_flops;
     loom_report report;
     int failed_together; /* the failure being returned was seen by every rank at once */
+    int start_step;      /* the first step to run (a resumed checkpoint's step) */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0

@@ -22,6 +22,7 @@
 #include "loom/log.h"
 #include "loom/sysmem.h"
 #include "loom/train.h"
+#include "train/ckpt.h"
 #include "train/internal.h"
 
 void loom_train_config_default(loom_train_config *c) {
@@ -132,6 +133,7 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
  * shard), written where the DP engine keeps them (ZeRO-3: only this rank's
  * slices ever exist). Collective. */
 static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
+    if (c->resume[0]) return loom_ckpt_load(s, &s->start_step);
     if (c->load_params[0])
         return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
     for (int i = 0; i < s->n_parts; i++) {
@@ -353,7 +355,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
-    for (int step = 0; step < c->steps; step++) {
+    for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         s->tracing = c->trace[0] && step == c->steps - 1;
         if (s->tracing) loom_comm_trace_clear();
@@ -380,6 +382,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         LOOM_TRY(loom_report_step(&s->report, step, &st_step));
         res->steps_done = step + 1;
         res->final_loss = st_step.loss;
+        LOOM_TRY(loom_ckpt_after_step(s, step)); /* periodic save; a signal saves and stops */
     }
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
     res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
@@ -392,6 +395,10 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
 static loom_status train_phase(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_status st = run_steps(s, res);
+    if (st == LOOM_OK && c->save_dir[0] && s->start_step < c->steps) {
+        st = loom_ckpt_save(s, c->steps);
+        s->failed_together = st != LOOM_OK; /* agreed by every rank */
+    }
     if (st == LOOM_OK && c->save_params[0])
         st = loom_params_save(s->parts, s->n_parts, s->mesh, s->dp, c->save_params);
     loom_status cst = loom_report_close(&s->report, st, res);
@@ -412,6 +419,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     memset(&s, 0, sizeof s);
     memset(res, 0, sizeof *res);
     s.cfg = c;
+    if (c->save_dir[0]) loom_ckpt_signals(1);
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
     size_t rss0 = 0, rss_max = 0;
@@ -432,5 +440,6 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
     if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
+    if (c->save_dir[0]) loom_ckpt_signals(0);
     return st;
 }
