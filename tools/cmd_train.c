@@ -136,6 +136,7 @@ int cmd_train(int argc, char **argv) {
         {"save-every", OPT_INT, &c.save_every, 0, "N", "checkpoint every N steps (default 0: only at the end)"},
         {"keep", OPT_INT, &c.keep, 0, "K", "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
         {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR", "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
+        {"nan-policy", OPT_STR, c.nan_policy, sizeof c.nan_policy, "abort|skip", "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
         {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
         {"progress", OPT_FLAG, &progress, 0, NULL, "force the progress bar"},
         {"no-progress", OPT_FLAG, &no_progress, 0, NULL, "plain log lines even on a terminal"},

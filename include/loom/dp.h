@@ -189,6 +189,10 @@ int loom_dp_opt_sharded(const loom_dp_engine *e);
 /* AdamW's step count t (bias correction); set when resuming. Local. */
 int loom_dp_steps_taken(const loom_dp_engine *e);
 void loom_dp_set_steps_taken(loom_dp_engine *e, int t);
+/* 1 when every reduced gradient element of parts[part]->params[param] this
+ * rank updates is finite (no NaN or Inf). Call between loom_dp_finish_grads
+ * and loom_dp_step. Local. */
+int loom_dp_grad_finite(const loom_dp_engine *e, int part, int param);
 /* Timings of the last step (reset by loom_dp_begin_step). With the
  * environment variable LOOM_DP_TIMINGS=PREFIX set, every rank also appends
  * them as one JSON line per step to PREFIX.rank<R>.jsonl (R the world rank;

@@ -72,6 +72,7 @@ typedef struct loom_train_config {
     int save_every;     /* steps between checkpoints (0: only at the end) */
     int keep;           /* newest checkpoints kept in save_dir (0: all) */
     char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
+    char nan_policy[16];          /* non-finite loss/gradients: "abort" (default) or "skip" the update */
 } loom_train_config;
 
 void loom_train_config_default(loom_train_config *c);

@@ -654,3 +654,14 @@ int loom_dp_opt_runs(const loom_dp_engine *e, int part, loom_opt_run *out, int c
 
 int loom_dp_steps_taken(const loom_dp_engine *e) { return e->t; }
 void loom_dp_set_steps_taken(loom_dp_engine *e, int t) { e->t = t; }
+
+int loom_dp_grad_finite(const loom_dp_engine *e, int part, int param) {
+    const dp_part *p = &e->p[part];
+    const float *g = grad_base(e, p);
+    for (int k = 0; k < p->n_segs; k++) {
+        if (p->segs[k].param != param) continue;
+        for (size_t j = 0; j < p->segs[k].n; j++)
+            if (!isfinite(g[p->segs[k].g_off + j])) return 0;
+    }
+    return 1;
+}

@@ -47,6 +47,7 @@ void loom_train_config_default(loom_train_config *c) {
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->progress = -1;
+    snprintf(c->nan_policy, sizeof c->nan_policy, "abort");
 }
 
 static int is_pipelined(const loom_train_config *c) {
@@ -95,6 +96,8 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->weight_decay < 0 || c->eps <= 0)
         return loom_fail(LOOM_EUSAGE, "--weight-decay must be >= 0 and --eps > 0");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required (make one with `loom data`)");
+    if (strcmp(c->nan_policy, "abort") != 0 && strcmp(c->nan_policy, "skip") != 0)
+        return loom_fail(LOOM_EUSAGE, "--nan-policy %s: must be abort or skip", c->nan_policy);
     if (c->virtual_stages < 1)
         return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be >= 1", c->virtual_stages);
     if (is_pipelined(c)) LOOM_TRY(loom_train_pp_check(c, mc));
@@ -232,15 +235,17 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
+    out->skipped = 0;
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
-        loom_status st = loom_fail(LOOM_EDATA,
-                                   "step %d: non-finite %s (loss %g, grad norm %g); stopping "
-                                   "before the update, nothing saved (try a lower --lr)",
-                                   step + 1, isfinite(out->loss) ? "gradient" : "loss", out->loss,
-                                   out->grad_norm);
-        if (s->mesh->rank != 0) loom_fail(st, "%s", ""); /* seen by all: rank 0 reports */
-        s->failed_together = 1;
-        return st;
+        loom_status st = loom_train_nonfinite(s, step, out->loss, out->grad_norm);
+        s->failed_together = st != LOOM_OK;
+        if (st != LOOM_OK) return st;
+        out->skipped = 1; /* --nan-policy skip: no update this step */
+        out->lr = loom_lr_at(c, step);
+        out->seconds = loom_comm_wtime() - t0;
+        out->tokens_per_s = (double)c->batch * T / out->seconds;
+        out->mfu = 0;
+        return LOOM_OK;
     }
     float scale = 1.0f;
     if (c->grad_clip > 0 && out->grad_norm > c->grad_clip)
