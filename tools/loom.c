@@ -13,6 +13,7 @@ static const char *USAGE =
     "  train     train a model (run under mpirun or scripts/loomrun for many ranks)\n"
     "  eval      mean loss of saved parameters on a token shard\n"
     "  data      build token shards (.bin, llm.c layout) from text, byte-level\n"
+    "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  version   print the version\n"
     "\n"
@@ -41,10 +42,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(cmd, "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
+    if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, version)\n", cmd);
     return 64;
 }

@@ -36,6 +36,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "loom/ckpt.h"
 #include "loom/log.h"
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
@@ -667,7 +668,7 @@ loom_status loom_ckpt_resolve(const char *arg, char *out, size_t cap) {
             snprintf(out, cap, "%s", path);
             return LOOM_OK;
         }
-        loom_warn("--resume %s: %s is not a complete checkpoint (%s); trying older ones", arg, path,
+        loom_warn("%s: %s is not a complete checkpoint (%s); trying older ones", arg, path,
                   loom_errmsg());
     }
     int steps[4096];
@@ -678,9 +679,9 @@ loom_status loom_ckpt_resolve(const char *arg, char *out, size_t cap) {
             snprintf(out, cap, "%s", path);
             return LOOM_OK;
         }
-        loom_warn("--resume %s: skipping %s: %s", arg, path, loom_errmsg());
+        loom_warn("%s: skipping %s: %s", arg, path, loom_errmsg());
     }
-    return loom_fail(LOOM_ENOINPUT, "--resume %s: no complete checkpoint (a step_N directory with a "
+    return loom_fail(LOOM_ENOINPUT, "%s: no complete checkpoint (a step_N directory with a "
                                     "manifest whose files match their SHA-256)", arg);
 }
 
@@ -962,4 +963,85 @@ loom_status loom_ckpt_after_step(loom_train_run_state *s, int step) {
     }
     s->failed_together = 0;
     return LOOM_OK;
+}
+
+/* ---- export ----------------------------------------------------------------- */
+
+static loom_status write_hf_config(const char *out, const cJSON *model) {
+    char dir[CKPT_PATH];
+    snprintf(dir, sizeof dir, "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = '\0';
+    else dir[0] = '\0';
+    char path[CKPT_PATH + 16];
+    snprintf(path, sizeof path, "%sconfig.json", dir);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_type", "gpt2");
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+    const char *keys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "n_positions"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItem(model, keys[i]);
+        add_num(o, keys[i], cJSON_IsNumber(v) ? v->valuedouble : 0);
+    }
+    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
+    add_num(o, "layer_norm_epsilon", 1e-5);
+    cJSON_AddTrueToObject(o, "tie_word_embeddings");
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return loom_fail(LOOM_EOS, "out of memory");
+    loom_status st = write_text(path, text);
+    free(text);
+    return st;
+}
+
+loom_status loom_ckpt_export(const char *arg, const char *out) {
+    char dir[CKPT_DIR];
+    LOOM_TRY(loom_ckpt_resolve(arg, dir, sizeof dir));
+    cJSON *man;
+    LOOM_TRY(manifest_open(dir, &man));
+    const cJSON *tensors = cJSON_GetObjectItem(man, "tensors"), *t;
+    int n = cJSON_GetArraySize(tensors);
+    float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    reader rd = {.dir = dir, .man = man};
+    loom_st_writer *w = NULL;
+    loom_status st = bufs ? loom_st_writer_create(out, &w) : loom_fail(LOOM_EOS, "out of memory");
+    const cJSON *model = cJSON_GetObjectItem(man, "model");
+    if (st == LOOM_OK) st = loom_st_writer_metadata(w, "format", "pt");
+    char v[32];
+    snprintf(v, sizeof v, "%d", cJSON_GetObjectItem(man, "step")->valueint);
+    if (st == LOOM_OK) st = loom_st_writer_metadata(w, "step", v);
+    int i = 0;
+    cJSON_ArrayForEach(t, tensors) {
+        if (st != LOOM_OK) break;
+        int64_t numel = tensor_numel(man, t->string), shape[2] = {0, 1};
+        const cJSON *sh = cJSON_GetObjectItem(t, "shape");
+        int nd = cJSON_GetArraySize(sh);
+        if (numel < 0 || nd < 1 || nd > 2) {
+            st = loom_fail(LOOM_EDATA, "%s: tensor %s has a bad shape", dir, t->string);
+            break;
+        }
+        for (int d = 0; d < nd; d++) shape[d] = (int64_t)cJSON_GetArrayItem(sh, d)->valuedouble;
+        bufs[i] = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+        unsigned char *have = calloc((size_t)(numel ? numel : 1), 1);
+        if (!bufs[i] || !have) st = loom_fail(LOOM_EOS, "out of memory for %s", t->string);
+        if (st == LOOM_OK) st = fill_tensor(&rd, t->string, K_PARAM, numel, 0, numel, bufs[i], have);
+        for (int64_t g = 0; g < numel && st == LOOM_OK; g++)
+            if (!have[g])
+                st = loom_fail(LOOM_EDATA, "%s: no shard holds param element %lld of %s", dir,
+                               (long long)g, t->string);
+        free(have);
+        if (st == LOOM_OK) st = loom_st_writer_add(w, t->string, LOOM_ST_F32, nd, shape, bufs[i]);
+        i++;
+    }
+    if (w) {
+        if (st == LOOM_OK) st = loom_st_writer_finish(w);
+        else loom_st_writer_abort(w);
+    }
+    if (st == LOOM_OK) st = write_hf_config(out, model);
+    reader_close(&rd);
+    for (int k = 0; k < n && bufs; k++) free(bufs[k]);
+    free(bufs);
+    cJSON_Delete(man);
+    return st;
 }

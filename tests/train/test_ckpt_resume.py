@@ -12,6 +12,9 @@ among them, every pair changes dp, tp, pp, zero or sp): each rank reads only
 the shards it needs; the 10 resumed losses and the final parameters agree
 with the uninterrupted one-rank run within 1e-5.
 
+loom export of the 8-rank checkpoint equals that run's --save-params
+bitwise, and its config.json loads in `loom eval`.
+
 Also: the manifest names every file with a SHA-256 that matches the bytes
 (computed here with hashlib), every global element of every tensor is held
 by exactly one shard per kind, --resume DIR picks DIR/latest, and a
@@ -98,6 +101,19 @@ def main():
             diff = [k for k in pa if not np.array_equal(pa[k], pb[k])]
             lt.check(not diff, "%s: final parameters not bitwise equal: %s" % (name, diff[:5]))
             print("%s: 10 resumed steps and final parameters bitwise equal" % name)
+        # loom export: the 8-rank checkpoint at step 20 consolidated equals that
+        # run's --save-params bitwise, and its config.json loads
+        exp = os.path.join(tmp, "export", "model.safetensors")
+        os.makedirs(os.path.dirname(exp))
+        lt.run(["export", os.path.join(out["3d8"][2], "step_20"), exp])
+        pa, _ = lt.st.load(out["3d8"][1])
+        pb, meta = lt.st.load(exp)
+        lt.check(sorted(pa) == sorted(pb) and all(np.array_equal(pa[k], pb[k]) for k in pa),
+                 "export differs from --save-params")
+        lt.check(meta.get("step") == "20", "export metadata %s" % meta)
+        ev = lt.run(["eval", "--model", os.path.join(tmp, "export", "config.json"), "--load-params", exp,
+                     "--data", data, "--batch", 2, "--seq", 16])
+        lt.check("loss " in ev.stdout, "eval of the export: %s" % ev.stdout)
         ref_m, ref_p, _ = out["one"]
         ref = losses(ref_m)
         # --resume DIR: DIR/latest names step_20; a flipped byte in one of its
