@@ -16,4 +16,9 @@
  * element is named), LOOM_ECANTCREAT / LOOM_EIO for the outputs. */
 loom_status loom_ckpt_export(const char *arg, const char *out);
 
+/* Parse and validate manifest text (NUL-terminated) as --resume and export
+ * do before reading any shard: LOOM_EDATA naming the first problem. Local;
+ * the entry point of the manifest fuzzer. */
+loom_status loom_ckpt_manifest_check(const char *text);
+
 #endif

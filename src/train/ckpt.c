@@ -41,9 +41,8 @@
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
 #include "train/ckpt.h"
+#include "train/ckpt_manifest.h"
 
-#define CKPT_FORMAT "loom-checkpoint"
-#define CKPT_VERSION 1
 #define CKPT_DIR (LOOM_PATH_MAX + 64)  /* --save-dir plus step_N(.tmp) */
 #define CKPT_PATH (CKPT_DIR + 320)     /* such a directory plus a file name */
 
@@ -576,56 +575,15 @@ static const char *jstr(const cJSON *o, const char *k) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-/* The manifest of checkpoint `dir`, its shape checked (not its files). */
+/* The manifest of checkpoint `dir`, validated (ckpt_manifest.c), not its files. */
 static loom_status manifest_open(const char *dir, cJSON **out) {
     char path[CKPT_PATH];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     char *text;
     LOOM_TRY(read_text(path, &text));
-    cJSON *o = cJSON_Parse(text);
+    loom_status st = ckpt_manifest_parse(text, path, out);
     free(text);
-    if (!o) return loom_fail(LOOM_EDATA, "%s: not valid JSON", path);
-    const char *fmt = jstr(o, "format");
-    const cJSON *ver = cJSON_GetObjectItem(o, "version"), *step = cJSON_GetObjectItem(o, "step");
-    const cJSON *files = cJSON_GetObjectItem(o, "files"), *shards = cJSON_GetObjectItem(o, "shards");
-    const cJSON *tensors = cJSON_GetObjectItem(o, "tensors");
-    const char *why = NULL;
-    if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0) why = "format is not " CKPT_FORMAT;
-    else if (!cJSON_IsNumber(ver) || ver->valueint != CKPT_VERSION) why = "version is not 1";
-    else if (!cJSON_IsNumber(step) || step->valuedouble < 0) why = "no step";
-    else if (!cJSON_IsArray(files) || !cJSON_IsArray(shards) || !cJSON_IsObject(tensors))
-        why = "files, shards or tensors missing";
-    const cJSON *f;
-    cJSON_ArrayForEach(f, files) {
-        const char *name = jstr(f, "file"), *h = jstr(f, "sha256");
-        if (why) break;
-        if (!name || !h || strlen(h) != 64 || strchr(name, '/') || strcmp(name, "..") == 0)
-            why = "a file entry lacks a plain file name or a SHA-256";
-    }
-    const cJSON *sh;
-    cJSON_ArrayForEach(sh, shards) {
-        if (why) break;
-        const cJSON *runs = cJSON_GetObjectItem(sh, "runs"), *rg = cJSON_GetObjectItem(sh, "range");
-        if (!jstr(sh, "tensor") || !jstr(sh, "kind") || !jstr(sh, "file") || !jstr(sh, "key") ||
-            !cJSON_IsArray(runs) || !cJSON_IsArray(rg) || cJSON_GetArraySize(rg) != 2)
-            why = "a shard lacks tensor, kind, file, key, range or runs";
-        const cJSON *r;
-        cJSON_ArrayForEach(r, runs) {
-            if (why) break;
-            if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4) why = "a run is not [start, len, stride, count]";
-            for (int i = 0; !why && i < 4; i++) {
-                const cJSON *x = cJSON_GetArrayItem(r, i);
-                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9.0e15)
-                    why = "a run holds a value that is not a non-negative integer";
-            }
-        }
-    }
-    if (why) {
-        cJSON_Delete(o);
-        return loom_fail(LOOM_EDATA, "%s: %s", path, why);
-    }
-    *out = o;
-    return LOOM_OK;
+    return st;
 }
 
 static loom_status verify_files(const char *dir, const cJSON *man) {
