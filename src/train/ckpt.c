@@ -844,6 +844,7 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     loom_comm *world = s->mesh->world;
     char dir[CKPT_DIR] = {0};
     loom_status st = LOOM_OK;
+    double t0 = loom_comm_wtime();
     if (s->mesh->rank == 0) st = loom_ckpt_resolve(s->cfg->resume, dir, sizeof dir);
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(loom_comm_bcast(world, dir, sizeof dir, 0));
@@ -876,7 +877,8 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
-    if (st == LOOM_OK && s->mesh->rank == 0) loom_info("resumed from %s at step %d", dir, *step);
+    if (st == LOOM_OK && s->mesh->rank == 0)
+        loom_info("resumed from %s at step %d (%.3f s)", dir, *step, loom_comm_wtime() - t0);
     return st;
 }
 
