@@ -9,7 +9,7 @@
 #   (GPT2TokenizerFast, GPT2LMHeadModel; works with Debian's torch).
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -46,6 +46,12 @@ static loom_status check_train_flags(const loom_train_config *c) {
     LOOM_TRY(distinct("--save-params", c->save_params, "--data", c->data));
     LOOM_TRY(distinct("--metrics", c->metrics, "--data", c->data));
     LOOM_TRY(distinct("--metrics", c->metrics, "--load-params", c->load_params));
+    if (c->save_every < 0) return loom_fail(LOOM_EUSAGE, "--save-every %d: must be >= 0", c->save_every);
+    if (c->keep < 0) return loom_fail(LOOM_EUSAGE, "--keep %d: must be >= 0 (0 = all)", c->keep);
+    if ((c->save_every || c->keep) && !c->save_dir[0])
+        return loom_fail(LOOM_EUSAGE, "--save-every and --keep need --save-dir DIR");
+    if (c->resume[0] && c->load_params[0])
+        return loom_fail(LOOM_EUSAGE, "--resume and --load-params both set the parameters; give one");
     return LOOM_OK;
 }
 
@@ -104,6 +110,11 @@ int cmd_train(int argc, char **argv) {
         {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE", "write final parameters (safetensors, HF GPT-2 names)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "start from these parameters instead of the seed"},
+        {"save-dir", OPT_STR, c.save_dir, sizeof c.save_dir, "DIR", "sharded checkpoints DIR/step_N (each rank its own shards + a manifest), at the end and every --save-every steps; SIGTERM/SIGINT save and exit 75 (docs/checkpoints.md)"},
+        {"save-every", OPT_INT, &c.save_every, 0, "N", "checkpoint every N steps (default 0: only at the end)"},
+        {"keep", OPT_INT, &c.keep, 0, "K", "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
+        {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR", "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
+        {"nan-policy", OPT_STR, c.nan_policy, sizeof c.nan_policy, "abort|skip", "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
         {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
         {"progress", OPT_FLAG, &progress, 0, NULL, "force the progress bar"},
         {"no-progress", OPT_FLAG, &no_progress, 0, NULL, "plain log lines even on a terminal"},

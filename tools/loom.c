@@ -15,6 +15,7 @@ static const char *USAGE =
     "  data      build token shards (.bin, llm.c layout) from text, byte-level or GPT-2 BPE\n"
     "  generate  continue prompts with a KV cache (greedy or sampled; --tp/--pp under mpirun)\n"
     "  serve     HTTP completion server (OpenAI-style, streaming, continuous batching)\n"
+    "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  version   print the version\n"
     "\n"
@@ -23,7 +24,9 @@ static const char *USAGE =
     "exit codes (sysexits):\n"
     "  0 ok, 64 usage (bad flag or layout), 65 bad data (malformed file, non-finite loss),\n"
     "  66 missing input file, 69 communication failure, 70 internal error,\n"
-    "  71 out of memory / OS error, 73 cannot create output, 74 I/O error, 78 bad config file;\n"
+    "  71 out of memory / OS error, 73 cannot create output, 74 I/O error,\n"
+    "  75 stopped by SIGTERM/SIGINT after saving a checkpoint (--save-dir; resume with --resume),\n"
+    "  78 bad config file;\n"
     "  an error on one rank after training starts aborts every rank (the launcher exits\n"
     "  with its code; the message names the rank)\n"
     "\n"
@@ -43,10 +46,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 2, argv + 2);
+    if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, generate, serve, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, generate, serve, version)\n", cmd);
     return 64;
 }

@@ -180,6 +180,27 @@ const loom_param_run *loom_dp_param_runs(const loom_dp_engine *e, int part, int 
 /* 1 when the runs of different dp ranks are disjoint slices (ZeRO-3). */
 int loom_dp_params_sharded(const loom_dp_engine *e);
 void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out);
+
+/* Where this rank keeps AdamW's state for part `part` (checkpoints): one
+ * run per (parameter, bucket slice) this rank updates - param indexes
+ * m->params, floats [lo, lo + n) of the part's flat layout, m[0..n) and
+ * v[0..n) the moments. Fills at most cap runs and returns how many there
+ * are. Local. */
+typedef struct loom_opt_run {
+    int param;
+    size_t lo, n;
+    float *m, *v;
+} loom_opt_run;
+int loom_dp_opt_runs(const loom_dp_engine *e, int part, loom_opt_run *out, int cap);
+/* 1 when different dp ranks hold disjoint optimizer slices (ZeRO >= 1, dp > 1). */
+int loom_dp_opt_sharded(const loom_dp_engine *e);
+/* AdamW's step count t (bias correction); set when resuming. Local. */
+int loom_dp_steps_taken(const loom_dp_engine *e);
+void loom_dp_set_steps_taken(loom_dp_engine *e, int t);
+/* 1 when every reduced gradient element of parts[part]->params[param] this
+ * rank updates is finite (no NaN or Inf). Call between loom_dp_finish_grads
+ * and loom_dp_step. Local. */
+int loom_dp_grad_finite(const loom_dp_engine *e, int part, int param);
 /* Timings of the last step (reset by loom_dp_begin_step). With the
  * environment variable LOOM_DP_TIMINGS=PREFIX set, every rank also appends
  * them as one JSON line per step to PREFIX.rank<R>.jsonl (R the world rank;

@@ -23,6 +23,7 @@ typedef enum loom_status {
     LOOM_EOS = 71,       /* out of memory or another OS failure */
     LOOM_ECANTCREAT = 73,/* an output file cannot be created */
     LOOM_EIO = 74,       /* read or write failed part way */
+    LOOM_EINTERRUPTED = 75, /* stopped by SIGTERM/SIGINT after saving a checkpoint (EX_TEMPFAIL: resume) */
     LOOM_ECONFIG = 78,   /* a config file has unknown keys or wrong types */
 } loom_status;
 

@@ -67,6 +67,12 @@ typedef struct loom_train_config {
     int log_every;      /* plain log line every N steps */
     int progress;       /* -1 auto (terminal), 0 off, 1 on */
     int quiet;
+    /* checkpoints (docs/checkpoints.md) */
+    char save_dir[LOOM_PATH_MAX]; /* sharded checkpoints DIR/step_N, "" = none */
+    int save_every;     /* steps between checkpoints (0: only at the end) */
+    int keep;           /* newest checkpoints kept in save_dir (0: all) */
+    char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
+    char nan_policy[16];          /* non-finite loss/gradients: "abort" (default) or "skip" the update */
 } loom_train_config;
 
 void loom_train_config_default(loom_train_config *c);

@@ -33,6 +33,7 @@ const char *loom_status_name(loom_status st) {
     case LOOM_EOS: return "os";
     case LOOM_ECANTCREAT: return "cannot create";
     case LOOM_EIO: return "io";
+    case LOOM_EINTERRUPTED: return "interrupted";
     case LOOM_ECONFIG: return "config";
     }
     return "unknown";

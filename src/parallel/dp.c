@@ -689,3 +689,29 @@ const loom_param_run *loom_dp_param_runs(const loom_dp_engine *e, int part, int 
 
 int loom_dp_params_sharded(const loom_dp_engine *e) { return e->cfg.zero == 3; }
 
+
+int loom_dp_opt_sharded(const loom_dp_engine *e) { return e->cfg.zero >= 1 && e->N > 1; }
+
+int loom_dp_opt_runs(const loom_dp_engine *e, int part, loom_opt_run *out, int cap) {
+    const dp_part *p = &e->p[part];
+    for (int k = 0; k < p->n_segs && k < cap; k++) {
+        const dp_seg *s = &p->segs[k];
+        out[k] = (loom_opt_run){.param = s->param, .lo = s->flat, .n = s->n,
+                                .m = p->opt_m + s->s_off, .v = p->opt_v + s->s_off};
+    }
+    return p->n_segs;
+}
+
+int loom_dp_steps_taken(const loom_dp_engine *e) { return e->t; }
+void loom_dp_set_steps_taken(loom_dp_engine *e, int t) { e->t = t; }
+
+int loom_dp_grad_finite(const loom_dp_engine *e, int part, int param) {
+    const dp_part *p = &e->p[part];
+    const float *g = grad_base(e, p);
+    for (int k = 0; k < p->n_segs; k++) {
+        if (p->segs[k].param != param) continue;
+        for (size_t j = 0; j < p->segs[k].n; j++)
+            if (!isfinite(g[p->segs[k].g_off + j])) return 0;
+    }
+    return 1;
+}

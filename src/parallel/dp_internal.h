@@ -63,6 +63,7 @@ typedef struct dp_seg {
     size_t p_off;            /* parameters: param_mem (zero 0-2) or the shard (zero 3) */
     size_t g_off;            /* gradients: grad_mem (zero 0/1) or the shard (zero 2/3) */
     size_t s_off;            /* optimizer state */
+    size_t flat;             /* the first float in the model's flat layout */
     int decay, replicated, skip_norm;
 } dp_seg;
 

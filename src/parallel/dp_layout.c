@@ -159,6 +159,7 @@ static loom_status build_segs(const loom_dp_engine *e, dp_part *p) {
             s->n = z - a;
             s->s_off = b->so + in_slice;
             s->p_off = zero == 3 ? s->s_off : a;
+            s->flat = a;
             /* zero 1: the reduced slice lands at the bucket's start */
             s->g_off = zero >= 2 ? s->s_off : b->lo + in_slice;
             s->decay = q->decay;

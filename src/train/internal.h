@@ -29,6 +29,7 @@ typedef struct loom_step_stats {
     loom_dp_timing dp;   /* where the step's DP communication time went */
     double pp_bubble;    /* measured pipeline bubble this step (-1: no pipeline) */
     int pp_peak_live;    /* most activation sets alive at once on this rank */
+    int skipped;         /* non-finite gradients, update skipped (--nan-policy skip) */
 } loom_step_stats;
 
 /* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0
@@ -76,6 +77,7 @@ typedef struct loom_train_run_state {
     double flops_per_token, peak_flops;
     loom_report report;
     int failed_together; /* the failure being returned was seen by every rank at once */
+    int start_step;      /* the first step to run (a resumed checkpoint's step) */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0
@@ -93,5 +95,12 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);
+
+/* A non-finite loss or gradient norm at `step` (seen by every rank): name
+ * the first parameter (whole-model order) whose gradient is non-finite on
+ * any rank, then with --nan-policy skip warn and return LOOM_OK (the caller
+ * skips the update), else return LOOM_EDATA with the message. Collective
+ * over the world (nan.c). */
+loom_status loom_train_nonfinite(loom_train_run_state *s, int step, double loss, double grad_norm);
 
 #endif

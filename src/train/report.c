@@ -2,6 +2,7 @@
  * terminal, one plain line per step otherwise, metrics as JSONL, and a final
  * summary. Rank 0 only; local, no collectives. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -88,16 +89,25 @@ static void print_comm_table(const loom_step_stats *s) {
         }
 }
 
+/* %.9g, or null for NaN/Inf (not JSON numbers; a step --nan-policy skip skipped) */
+static const char *json_num(char buf[32], double x) {
+    if (isfinite(x)) snprintf(buf, 32, "%.9g", x);
+    else snprintf(buf, 32, "null");
+    return buf;
+}
+
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
+    char loss[32], gn[32];
     if (r->metrics) {
         errno = 0;
         int n = fprintf(r->metrics,
-                        "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                        "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, "
                         "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
                         "\"comm_bytes\": %llu, \"mem\": {\"params\": %zu, \"grads\": %zu, "
                         "\"optimizer\": %zu, \"activations\": %zu, \"peak_rss\": %zu, "
                         "\"peak_rss_max\": %zu}, ",
-                        step + 1, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
+                        step + 1, json_num(loss, s->loss), s->lr, json_num(gn, s->grad_norm),
+                        s->skipped ? "true" : "false", s->tokens_per_s, s->mfu,
                         1e3 * s->seconds, (unsigned long long)s->comm_bytes, s->mem.params,
                         s->mem.grads, s->mem.optimizer, s->mem.activations, s->peak_rss,
                         s->peak_rss_max);

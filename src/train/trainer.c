@@ -22,6 +22,7 @@
 #include "loom/log.h"
 #include "loom/sysmem.h"
 #include "loom/train.h"
+#include "train/ckpt.h"
 #include "train/internal.h"
 
 void loom_train_config_default(loom_train_config *c) {
@@ -46,6 +47,7 @@ void loom_train_config_default(loom_train_config *c) {
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->progress = -1;
+    snprintf(c->nan_policy, sizeof c->nan_policy, "abort");
 }
 
 static int is_pipelined(const loom_train_config *c) {
@@ -94,6 +96,8 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->weight_decay < 0 || c->eps <= 0)
         return loom_fail(LOOM_EUSAGE, "--weight-decay must be >= 0 and --eps > 0");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required (make one with `loom data`)");
+    if (strcmp(c->nan_policy, "abort") != 0 && strcmp(c->nan_policy, "skip") != 0)
+        return loom_fail(LOOM_EUSAGE, "--nan-policy %s: must be abort or skip", c->nan_policy);
     if (c->virtual_stages < 1)
         return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be >= 1", c->virtual_stages);
     if (is_pipelined(c)) LOOM_TRY(loom_train_pp_check(c, mc));
@@ -132,6 +136,7 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
  * shard), written where the DP engine keeps them (ZeRO-3: only this rank's
  * slices ever exist). Collective. */
 static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
+    if (c->resume[0]) return loom_ckpt_load(s, &s->start_step);
     if (c->load_params[0])
         return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
     for (int i = 0; i < s->n_parts; i++) {
@@ -230,15 +235,17 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
+    out->skipped = 0;
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
-        loom_status st = loom_fail(LOOM_EDATA,
-                                   "step %d: non-finite %s (loss %g, grad norm %g); stopping "
-                                   "before the update, nothing saved (try a lower --lr)",
-                                   step + 1, isfinite(out->loss) ? "gradient" : "loss", out->loss,
-                                   out->grad_norm);
-        if (s->mesh->rank != 0) loom_fail(st, "%s", ""); /* seen by all: rank 0 reports */
-        s->failed_together = 1;
-        return st;
+        loom_status st = loom_train_nonfinite(s, step, out->loss, out->grad_norm);
+        s->failed_together = st != LOOM_OK;
+        if (st != LOOM_OK) return st;
+        out->skipped = 1; /* --nan-policy skip: no update this step */
+        out->lr = loom_lr_at(c, step);
+        out->seconds = loom_comm_wtime() - t0;
+        out->tokens_per_s = (double)c->batch * T / out->seconds;
+        out->mfu = 0;
+        return LOOM_OK;
     }
     float scale = 1.0f;
     if (c->grad_clip > 0 && out->grad_norm > c->grad_clip)
@@ -353,7 +360,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
-    for (int step = 0; step < c->steps; step++) {
+    for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         s->tracing = c->trace[0] && step == c->steps - 1;
         if (s->tracing) loom_comm_trace_clear();
@@ -380,6 +387,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         LOOM_TRY(loom_report_step(&s->report, step, &st_step));
         res->steps_done = step + 1;
         res->final_loss = st_step.loss;
+        LOOM_TRY(loom_ckpt_after_step(s, step)); /* periodic save; a signal saves and stops */
     }
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
     res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
@@ -392,6 +400,10 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
 static loom_status train_phase(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_status st = run_steps(s, res);
+    if (st == LOOM_OK && c->save_dir[0] && s->start_step < c->steps) {
+        st = loom_ckpt_save(s, c->steps);
+        s->failed_together = st != LOOM_OK; /* agreed by every rank */
+    }
     if (st == LOOM_OK && c->save_params[0])
         st = loom_params_save(s->parts, s->n_parts, s->mesh, s->dp, c->save_params);
     loom_status cst = loom_report_close(&s->report, st, res);
@@ -412,6 +424,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     memset(&s, 0, sizeof s);
     memset(res, 0, sizeof *res);
     s.cfg = c;
+    if (c->save_dir[0]) loom_ckpt_signals(1);
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
     size_t rss0 = 0, rss_max = 0;
@@ -432,5 +445,6 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
     if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
+    if (c->save_dir[0]) loom_ckpt_signals(0);
     return st;
 }

@@ -1,0 +1,32 @@
+/* ckpt.h - sharded checkpoints of a training run (the trainer's side; the
+ * format is described in docs/checkpoints.md and ckpt.c). Not public API. */
+#ifndef LOOM_TRAIN_CKPT_H
+#define LOOM_TRAIN_CKPT_H
+
+#include "train/internal.h"
+
+/* Write DIR/step_<step>/ (every rank its own shards, rank 0 the manifest)
+ * and publish it atomically, then apply --keep. Collective over the world;
+ * every failure is agreed on, so all ranks return the same status. */
+loom_status loom_ckpt_save(loom_train_run_state *s, int step);
+/* Read the checkpoint named by --resume into this rank's parameters and
+ * optimizer state, whatever layout wrote it; *step gets the step to run
+ * next. Collective over the world (agreed failures). */
+loom_status loom_ckpt_load(loom_train_run_state *s, int *step);
+/* The checkpoint --resume ARG names: ARG itself when it holds a manifest,
+ * else ARG/latest, else the newest ARG/step_N; each candidate must parse
+ * and every file must match its SHA-256. Local; out gets the directory. */
+loom_status loom_ckpt_resolve(const char *arg, char *out, size_t cap);
+
+/* SIGTERM / SIGINT: on (1) a signal only sets a flag; off (0) restores the
+ * previous handlers. Local. */
+void loom_ckpt_signals(int on);
+/* After step `step` (0-based) completed: every --save-every steps, or at
+ * once when any rank caught SIGTERM/SIGINT (agreed over the world, one
+ * small all-reduce per step), save DIR/step_<step+1>; after a signal return
+ * LOOM_EINTERRUPTED (every rank together, s->failed_together set) so the
+ * job exits with 75. Collective over the world when --save-dir is set;
+ * returns LOOM_OK at once otherwise. */
+loom_status loom_ckpt_after_step(loom_train_run_state *s, int step);
+
+#endif
