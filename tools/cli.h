@@ -47,6 +47,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_sim(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"

@@ -40,10 +40,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
+    if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, plan, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, plan, calibrate, version)\n", cmd);
     return 64;
 }
