@@ -172,9 +172,11 @@ double loom_plan_model_params(const loom_plan_model *m, double *active) {
     const int E = m->experts > 1 ? m->experts : 1, k = m->experts > 1 ? m->topk : 1;
     const double router = m->experts > 1 ? h * E : 0;
     const double embed = (double)m->vocab * h * (m->tied ? 1 : 2) + (m->learned_pos ? (double)m->max_seq * h : 0);
-    const double norms = 4 * h;
-    if (active) *active = m->layers * (attn + k * mlp + router + norms) + embed;
-    return m->layers * (attn + E * mlp + router + norms) + embed;
+    /* GPT-2 has biases (qkv, proj, fc, fc_proj) and a final LayerNorm */
+    const double norms = 4 * h + (m->gated ? 0 : h + 2 * hd * m->kv_heads + h + m->ffn + h);
+    const double final_norm = m->gated ? h : 2 * h;
+    if (active) *active = m->layers * (attn + k * mlp + router + norms) + embed + final_norm;
+    return m->layers * (attn + E * mlp + router + norms) + embed + final_norm;
 }
 
 /* ---- clusters -------------------------------------------------------- */

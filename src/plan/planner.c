@@ -27,7 +27,7 @@ static shape_costs shape_of(const loom_plan_model *m) {
     s.attn_w = 2 * h * h + 2 * h * s.hd * m->kv_heads;
     s.mlp_w = (m->gated ? 3.0 : 2.0) * h * m->ffn;
     s.router_w = m->experts > 1 ? h * m->experts : 0;
-    s.norm_w = 4 * h;
+    s.norm_w = 4 * h + (m->gated ? 0 : h + 2 * s.hd * m->kv_heads + h + m->ffn + h); /* + GPT-2 biases */
     s.embed_w = (double)m->vocab * h + (m->learned_pos ? (double)m->max_seq * h : 0);
     s.head_w = (double)m->vocab * h;
     return s;
@@ -166,6 +166,15 @@ static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, con
 static double layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
                         double s_loc, double s) {
     const double t = l->tp, A = s_loc * b * m->hidden, k = n_topk(m);
+    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, softmax output only */
+        const double N = b * s_loc, hd = (double)m->hidden / m->heads, h = m->hidden;
+        const double res = 4 * N * h / (l->sp ? t : 1) + 4 * N;
+        if (l->recompute == LOOM_RECOMPUTE_FULL) return 4 * N * h / (l->sp ? t : 1);
+        double x = res + N * (h + 2 * hd * m->kv_heads) / t + N * h / t +
+                   k * (m->gated ? 3.0 : 2.0) * N * m->ffn / t;
+        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc * s;
+        return 4 * x;
+    }
     const double u = e->ab / 2; /* the paper counts 2-byte elements */
     const double masks = m->gated ? 0 : 2 * A;   /* dropout masks (GPT) */
     const double rep = 4 * A + 2 * A + 2 * A;    /* LN inputs, QKV input, MLP input */
@@ -201,6 +210,13 @@ static void memory(const loom_plan_model *m, const loom_plan_cluster *c, const l
     }
     r->mem_params = pw, r->mem_grads = pg, r->mem_opt = po;
     r->mem_other = c->reserved;
+    if (!j->serve && zgroup > 1) {
+        /* DP buffers: the in-flight reductions' message-sized temporaries (at
+         * most two buckets), and at ZeRO-2/3 the gradient staging (two
+         * buckets) that replaces the full gradient buffer */
+        const double bucket = 25e6, full = (dense + expert) * e->gb;
+        r->mem_other += fmin(full, 2 * bucket) * (l->zero >= 2 ? 2 : 1);
+    }
     if (j->serve) {
         const double ctx = (double)j->seq + j->gen;
         const int kvl = m->kv_heads >= l->tp ? m->kv_heads / l->tp : 1;
@@ -225,6 +241,11 @@ static void memory(const loom_plan_model *m, const loom_plan_cluster *c, const l
             a += layer_act(m, e, &l2, b, s_loc, s);
         }
         if (last) a += b * s_loc * m->vocab / t * 4.0 * 2; /* fp32 logits and their gradient */
+        if (e->ab == 4) { /* loom: per-slot input/output, one shared backward scratch set */
+            const double N = b * s_loc, h = m->hidden, ht = h / t, F = (double)m->ffn / t;
+            a += live * 4 * (2 * N / t + 2 * N * h / (l->sp ? t : 1));
+            a += 4 * (5 * N * h + 2 * N * F + 2 * N * ht + 3 * N * ht + N * h / (l->sp ? t : 1));
+        }
         r->mem_act = a;
         r->mem_kv = 0;
     }
