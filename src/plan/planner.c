@@ -368,9 +368,15 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         return reject(r, "memory %.1f GB/rank > %.1f GB (over by %.1f GB: %s)", r->mem_total / GB, c->memory / GB,
                       (r->mem_total - c->memory) / GB, bd);
     }
-    /* compute of one micro-batch on the slowest rank, in layer units */
+    /* compute of one micro-batch on the slowest rank, in layer units, plus
+     * the memory-bound element-wise work: about three passes over the bytes a
+     * layer keeps (written in the forward, read and their gradients written
+     * in the backward); without SP the LayerNorm/residual part is not split */
+    loom_plan_layout kept = *l;
+    kept.recompute = LOOM_RECOMPUTE_NONE;
+    const double elem = layers_max * layer_act(m, &e, &kept, b, s_loc, s) / c->hbm_bw;
     const double f_rank = max_rank_cost * f_layer / eff;
-    double fwd = f_rank, bwd_in = f_rank, bwd_w = f_rank;
+    double fwd = f_rank + elem, bwd_in = f_rank + elem, bwd_w = f_rank;
     const double attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
     double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff
                        : l->recompute == LOOM_RECOMPUTE_SELECTIVE ? attn_part * 0.5
