@@ -636,7 +636,7 @@ loom_status loom_plan_search(const loom_plan_model *m, const loom_plan_cluster *
                             for (int mq = 0; mq < nmbs; mq++)
                                 for (int sk = 0; sk < (pp > 1 && !j->serve ? LOOM_SCHED_COUNT : 1); sk++)
                                     for (int v = 1; v <= (sk == LOOM_SCHED_INTERLEAVED ? 8 : 1); v *= 2)
-                                        for (int rc = 0; rc < (j->serve ? 1 : 3); rc++)
+                                        for (int rc = 0, rc_done = 0; rc < (j->serve ? 1 : 3) && !rc_done; rc++)
                                             for (int o = 0; o < (pp > 1 && dp > 1 ? 2 : 1); o++) {
                                                 loom_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp,
                                                                       .ep = eps[eq], .zero = zero, .sp = sp,
@@ -665,6 +665,8 @@ loom_status loom_plan_search(const loom_plan_model *m, const loom_plan_cluster *
                                                 }
                                                 st->feasible++;
                                                 topk_add(&tk, r);
+                                                /* more recompute only adds time: the cheapest that fits wins */
+                                                rc_done = 1;
                                             }
                 }
             }

