@@ -120,16 +120,23 @@ static void explain(const loom_plan_model *m, const loom_plan_cluster *c, const 
         return;
     }
     printf("where the search disagrees:\n");
+    static const char *RC[] = {"none", "selective", "full"};
     const struct {
         const char *name;
         int rule, best;
-    } d[] = {{"tp", h.tp, best->l.tp},     {"pp", h.pp, best->l.pp},     {"dp", h.dp, best->l.dp},
-             {"cp", h.cp, best->l.cp},     {"ep", h.ep, best->l.ep},     {"sp", h.sp, best->l.sp},
-             {"zero", h.zero, best->l.zero}, {"m", h.m, best->l.m},      {"mbs", h.mbs, best->l.mbs},
-             {"v", h.v, best->l.v},        {"recompute", h.recompute, best->l.recompute},
-             {"schedule", h.sched, best->l.sched}};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        if (d[i].rule != d[i].best) printf("  %s: rule %d, search %d\n", d[i].name, d[i].rule, d[i].best);
+        const char *rs, *bs; /* names instead of numbers */
+    } d[] = {{"tp", h.tp, best->l.tp, NULL, NULL},       {"pp", h.pp, best->l.pp, NULL, NULL},
+             {"dp", h.dp, best->l.dp, NULL, NULL},       {"cp", h.cp, best->l.cp, NULL, NULL},
+             {"ep", h.ep, best->l.ep, NULL, NULL},       {"sp", h.sp, best->l.sp, NULL, NULL},
+             {"zero", h.zero, best->l.zero, NULL, NULL}, {"m", h.m, best->l.m, NULL, NULL},
+             {"mbs", h.mbs, best->l.mbs, NULL, NULL},    {"v", h.v, best->l.v, NULL, NULL},
+             {"recompute", h.recompute, best->l.recompute, RC[h.recompute], RC[best->l.recompute]},
+             {"schedule", h.sched, best->l.sched, loom_schedule_name(h.sched), loom_schedule_name(best->l.sched)}};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        if (d[i].rule == d[i].best) continue;
+        if (d[i].rs) printf("  %s: rule %s, search %s\n", d[i].name, d[i].rs, d[i].bs);
+        else printf("  %s: rule %d, search %d\n", d[i].name, d[i].rule, d[i].best);
+    }
     if (!hr.feasible) {
         printf("  why: the rule's layout does not run (%s)\n", hr.reason);
         return;
