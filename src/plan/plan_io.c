@@ -139,7 +139,7 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
         const int gpt2 = strcmp(type, "gpt2") == 0 || cJSON_GetObjectItemCaseSensitive(root, "n_embd");
         if (!m->kv_heads) m->kv_heads = m->heads;
-        if (!m->ffn) m->ffn = gpt2 ? 4 * m->hidden : 4 * m->hidden;
+        if (!m->ffn) m->ffn = 4 * m->hidden;
         if (!m->max_seq) m->max_seq = 2048;
         m->gated = !gpt2;
         m->learned_pos = gpt2;

@@ -42,8 +42,7 @@ static double layer_flops(const loom_plan_model *m, const shape_costs *sc, doubl
     return 2 * tok * (sc->attn_w + n_topk(m) * sc->mlp_w + sc->router_w) + 4 * tok * s * m->hidden;
 }
 
-double plan_model_flops(const loom_plan_model *m, double tokens, double s);
-double plan_model_flops(const loom_plan_model *m, double tokens, double s) {
+static double plan_model_flops(const loom_plan_model *m, double tokens, double s) {
     const shape_costs sc = shape_of(m);
     return 3 * (m->layers * layer_flops(m, &sc, tokens, s) + 2 * tokens * sc.head_w);
 }
@@ -433,9 +432,8 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         if (l->zero <= 1) {
             dp_t = loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, zg, din, dense_p * e.gb) +
                    loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, eg, ein, exp_p * e.gb);
-            if (l->zero == 1) /* updated shards gathered back */
-                dp_t += loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, zg, din, dense_p * e.wb) * 0 +
-                        0; /* ZeRO-1 = reduce-scatter + all-gather: the same bytes as the all-reduce */
+            /* ZeRO-1 is a reduce-scatter of the gradients and an all-gather of
+             * the updated shards: the bytes and time of the all-reduce */
         } else {
             dp_t = loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, zg, din, dense_p * e.gb) +
                    loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, eg, ein, exp_p * e.gb);
@@ -514,8 +512,8 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     if (counts != counts_small) free(counts);
     /* DP reductions hide behind the last micro-batch's backward */
-    const double window = c->overlap * (Bi + W) * (l->zero >= 2 ? 1 : 1);
-    r->t_dp = fmax(0, dp_t - window) + (z3 - z3_exposed > 0 ? 0 : 0);
+    const double window = c->overlap * (Bi + W);
+    r->t_dp = fmax(0, dp_t - window);
     r->t_step = makespan + r->t_dp + opt;
     r->t_compute = l->m * (fwd + bwd_in + bwd_w + recompute);
     r->t_tp = l->m * (tp_f + tp_b), r->t_cp = l->m * (cp_f + cp_b), r->t_ep = l->m * (ep_f + ep_b);
