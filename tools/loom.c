@@ -7,7 +7,7 @@
 static const char *USAGE =
     "usage: loom <command> [options]\n"
     "\n"
-    "Train and evaluate GPT-2 models on many ranks, every parallelism in one mesh.\n"
+    "Train, evaluate and serve GPT-2-style models on many ranks, every parallelism in one mesh.\n"
     "\n"
     "commands:\n"
     "  train     train a model (run under mpirun or scripts/loomrun for many ranks)\n"
@@ -17,6 +17,8 @@ static const char *USAGE =
     "  serve     HTTP completion server (OpenAI-style, streaming, continuous batching)\n"
     "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
+    "  plan      rank every layout of a model on a cluster with a calibrated cost model\n"
+    "  calibrate measure this machine (GEMM, collectives) for plan and for MFU\n"
     "  version   print the version\n"
     "\n"
     "`loom <command> --help` documents every option of a command.\n"
@@ -47,10 +49,12 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 2, argv + 2);
     if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
+    if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, generate, serve, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, generate, serve, version)\n", cmd);
     return 64;
 }

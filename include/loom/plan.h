@@ -1,0 +1,180 @@
+/* plan.h - `loom plan`: the layout planner. A cost model (per-rank memory,
+ * step time = compute + exposed communication per mesh axis + the pipeline
+ * bubble replayed by the simulator of sim.h on the schedule lists the
+ * executor runs) evaluated over every layout that divides the model and the
+ * cluster. Pure: no MPI, no files except the loaders.
+ *
+ * Units: bytes, seconds, FLOP/s. docs/planning.md states the formulas and
+ * their assumptions. */
+#ifndef LOOM_PLAN_H
+#define LOOM_PLAN_H
+
+#include <stddef.h>
+
+#include "loom/pipeline.h"
+#include "loom/status.h"
+
+/* A decoder-only transformer shape, dense or MoE (GPT-2, Llama, Mixtral). */
+typedef struct loom_plan_model {
+    char name[256];
+    int layers, hidden, heads, kv_heads, ffn, vocab, max_seq;
+    int experts, topk;  /* experts 0 (or 1): dense */
+    int gated;          /* 1: SwiGLU MLP (three matrices), 0: GELU MLP (two) */
+    int tied;           /* LM head shares the embedding */
+    int learned_pos;    /* GPT-2's wpe */
+    int loom_trains;    /* 1: a loom built-in or GPT-2 config (loom train runs it) */
+} loom_plan_model;
+
+/* Built-in names: loom's (tiny, mini, gpt2-small.. gpt2-xl) and shapes loom
+ * cannot train yet (llama3-8b, llama2-70b, llama3-70b, llama3-405b, gpt3-175b,
+ * mixtral-8x7b, mixtral-8x22b). LOOM_EUSAGE listing them for another name. */
+loom_status loom_plan_model_builtin(const char *name, loom_plan_model *m);
+/* A Hugging Face config.json: GPT-2 keys (n_layer, n_embd, n_head, n_inner,
+ * vocab_size, n_positions), Llama keys (num_hidden_layers, hidden_size,
+ * num_attention_heads, num_key_value_heads, intermediate_size,
+ * max_position_embeddings, tie_word_embeddings) and Mixtral's
+ * (num_local_experts, num_experts_per_tok). LOOM_ENOINPUT / LOOM_ECONFIG
+ * naming the key. */
+loom_status loom_plan_model_load(const char *path, loom_plan_model *m);
+/* NAME or FILE (a '/' or ".json" makes it a file). */
+loom_status loom_plan_model_resolve(const char *name_or_path, loom_plan_model *m);
+/* Parameter counts: total, and active per token (top-k experts). */
+double loom_plan_model_params(const loom_plan_model *m, double *active);
+
+/* One collective measured at one group size (from `loom calibrate`). */
+typedef struct loom_plan_coll_point {
+    int group;
+    double latency;   /* s */
+    double bandwidth; /* bytes/s of algorithm bandwidth: size / (time - latency) */
+} loom_plan_coll_point;
+
+typedef enum {
+    LOOM_COLL_ALLREDUCE,
+    LOOM_COLL_ALLGATHER,
+    LOOM_COLL_REDUCESCATTER,
+    LOOM_COLL_ALLTOALL,
+    LOOM_COLL_P2P,
+    LOOM_COLL_COUNT
+} loom_coll_op;
+
+#define LOOM_PLAN_MAX_POINTS 16
+
+typedef struct loom_plan_cluster {
+    char name[1024];
+    int gpus_per_node, nodes;
+    double memory;                 /* bytes per device */
+    double reserved;               /* bytes per device the framework keeps (context, buffers) */
+    double peak_fp32, peak_bf16;   /* FLOP/s per device */
+    double hbm_bw;                 /* bytes/s per device (decode is bound by it) */
+    double intra_bw, intra_lat;    /* per device, bytes/s and s */
+    double inter_bw, inter_lat;
+    double gemm_eff;               /* achieved / peak in large GEMMs */
+    double coll_eff;               /* achieved / link bandwidth in collectives */
+    double overlap;                /* fraction of the backward DP reductions can hide behind */
+    /* measured collectives (calibrate): n[op] points by group size; when a
+     * group size is measured, its point replaces the link model */
+    int n[LOOM_COLL_COUNT];
+    loom_plan_coll_point pts[LOOM_COLL_COUNT][LOOM_PLAN_MAX_POINTS];
+} loom_plan_cluster;
+
+/* JSON file (docs/planning.md lists the keys; plan/clusters/ has presets) or
+ * a preset name (dgx-a100-80gb, dgx-h100): plan/clusters/NAME.json under the
+ * source tree or $LOOM_PLAN_DIR. */
+loom_status loom_plan_cluster_load(const char *name_or_path, loom_plan_cluster *c);
+/* Time of one collective of `bytes` (the buffer each rank passes: the full
+ * vector for all-reduce, the gathered output for all-gather, the input for
+ * reduce-scatter and all-to-all) over a group of g ranks whose bandwidth is
+ * that of the inter-node link when `inter`. */
+double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes);
+
+typedef enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_FULL } loom_recompute;
+
+typedef struct loom_plan_job {
+    int batch;      /* global batch, sequences */
+    int seq;        /* sequence length (serve: prompt length) */
+    int bf16;       /* 1: bf16 mixed precision, 0: fp32 (loom on CPU) */
+    int serve;      /* 1: inference */
+    int gen;        /* serve: generated tokens per sequence */
+    int gpus;       /* devices to use (0: the whole cluster) */
+} loom_plan_job;
+
+/* Axes as in mesh.h: innermost first. */
+enum { LOOM_PLAN_TP, LOOM_PLAN_CP, LOOM_PLAN_DP, LOOM_PLAN_PP, LOOM_PLAN_NAXES };
+
+typedef struct loom_plan_layout {
+    int dp, tp, pp, cp, ep;
+    int zero;              /* 0..3 */
+    int sp;                /* Megatron sequence parallelism (tp > 1) */
+    loom_sched_kind sched;
+    int mbs;               /* sequences per micro-batch */
+    int m;                 /* micro-batches per step per dp rank (grad accumulation when pp = 1) */
+    int v;                 /* virtual stages per pp rank */
+    loom_recompute recompute;
+    int order[LOOM_PLAN_NAXES]; /* innermost first */
+} loom_plan_layout;
+
+/* "dp=8,tp=4,pp=2,cp=1,ep=1,zero=1,sp=1,schedule=1f1b,mbs=1,m=8,v=1,
+ * recompute=selective,order=tp.cp.dp.pp" (order also as tp,cp,dp,pp at the
+ * end). Keys not given keep the defaults (all 1, zero 0, sp 0, 1f1b, m=pp,
+ * mbs = batch/(dp*m)). LOOM_EUSAGE naming the key. */
+loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, loom_plan_layout *l);
+/* "dp=8,tp=4,..." (the inverse). */
+void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap);
+
+#define LOOM_PLAN_TEXT 512
+
+typedef struct loom_plan_result {
+    loom_plan_layout l;
+    int feasible;
+    char reason[LOOM_PLAN_TEXT];     /* why not feasible */
+    char failures[LOOM_PLAN_TEXT];   /* named failure modes, "; "-separated */
+    /* memory per rank (the most loaded pipeline stage), bytes */
+    double mem_params, mem_grads, mem_opt, mem_act, mem_kv, mem_other, mem_total;
+    int in_flight;                   /* activation sets alive at once (peak_live of the schedule) */
+    /* time per step, s */
+    double t_compute;                /* busy compute of the slowest stage (incl. recompute) */
+    double t_tp, t_cp, t_ep;         /* exposed, inside the pipeline's F/B */
+    double t_pp;                     /* p2p latency of one message (sim comm) */
+    double t_dp;                     /* exposed DP/ZeRO communication after the pipeline */
+    double t_bubble;                 /* idle of the pipeline */
+    double t_step;
+    double bubble;                   /* fraction, from the simulator (or closed form in the coarse pass) */
+    int simulated;                   /* 1: bubble and makespan from loom_sim_run */
+    /* the costs the simulator ran with (per micro-batch, s) */
+    double sim_f, sim_b, sim_w, sim_comm, stage_imbalance;
+    double tokens_per_s_dev, mfu;
+    double model_flops;              /* per step, 6*active*tokens + attention (no recompute) */
+    /* serve */
+    double ttft, tpot;
+    int max_seqs;
+} loom_plan_result;
+
+/* Evaluate one layout (simulate = 1: bubble from loom_sim_run on the
+ * schedule's lists with the stages' costs). An infeasible layout returns
+ * LOOM_OK with feasible = 0 and the reason. */
+loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                               const loom_plan_layout *l, int simulate, loom_plan_result *r);
+
+typedef struct loom_plan_search_stats {
+    long considered, feasible, simulated;
+    long rejected_divide, rejected_memory, rejected_batch;
+    char example_divide[LOOM_PLAN_TEXT], example_memory[LOOM_PLAN_TEXT];
+} loom_plan_search_stats;
+
+/* Every layout for j->gpus devices (or all), best first by tokens/s/device
+ * (serve: tokens/s/device among those meeting memory). Up to `top` results
+ * in out (caller allocates top entries); *n_out how many. */
+loom_status loom_plan_search(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                             int top, loom_plan_result *out, int *n_out, loom_plan_search_stats *stats);
+
+/* The seeds' rule of thumb (TP by intra-node links and memory, PP by depth
+ * and inter-node bandwidth, DP for the rest, SP/CP for activations, EP for
+ * MoE) as one layout, with a line per decision appended to buf. */
+void loom_plan_heuristic(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                         loom_plan_layout *l, char *buf, size_t cap);
+
+/* The `loom train` command line that runs the layout (notes what loom lacks). */
+void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l,
+                           char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,190 @@
+/* calibrate_comm.c - `loom calibrate`: measure this machine for the planner.
+ * Collective over world (run under mpirun with the rank count to plan for):
+ * sgemm FLOP/s on every rank at once, memory copy bandwidth, and for each
+ * collective (all-reduce, all-gather, reduce-scatter, all-to-all, p2p) and
+ * each group size 2, 4, .. world its latency (a tiny message) and bandwidth
+ * (a large one), all through the communicator. Rank 0 writes a cluster JSON
+ * (loom_plan_cluster_load reads it). */
+#include "loom/plan_calibrate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom/kernels.h"
+#include "loom/sysmem.h"
+
+#define SMALL 64
+#define LARGE (4u << 20)
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median time of `reps` calls of op over c (every member calls). */
+static loom_status time_op(loom_comm *c, loom_coll_op op, size_t bytes, int reps, float *a, float *b,
+                           double *out) {
+    const int g = loom_comm_size(c), r = loom_comm_rank(c);
+    double t[64];
+    if (reps > 64) reps = 64;
+    for (int i = -1; i < reps; i++) { /* one warm-up */
+        LOOM_TRY(loom_comm_barrier(c));
+        const double t0 = loom_comm_wtime();
+        switch (op) {
+        case LOOM_COLL_ALLREDUCE: LOOM_TRY(loom_comm_allreduce(c, a, bytes / 4, LOOM_F32, LOOM_SUM)); break;
+        case LOOM_COLL_ALLGATHER: LOOM_TRY(loom_comm_allgather(c, a, b, bytes / g)); break;
+        case LOOM_COLL_REDUCESCATTER:
+            LOOM_TRY(loom_comm_reduce_scatter(c, a, b, bytes / 4 / g, LOOM_F32, LOOM_SUM));
+            break;
+        case LOOM_COLL_ALLTOALL: LOOM_TRY(loom_comm_alltoall(c, a, b, bytes / g)); break;
+        case LOOM_COLL_P2P: /* ping-pong between ranks 0 and 1: half the round trip */
+            if (r == 0) {
+                LOOM_TRY(loom_comm_send(c, a, bytes, 1, 7));
+                LOOM_TRY(loom_comm_recv(c, b, bytes, 1, 8));
+            } else if (r == 1) {
+                LOOM_TRY(loom_comm_recv(c, b, bytes, 0, 7));
+                LOOM_TRY(loom_comm_send(c, a, bytes, 0, 8));
+            }
+            break;
+        default: break;
+        }
+        double dt = loom_comm_wtime() - t0;
+        if (op == LOOM_COLL_P2P) dt /= 2;
+        /* the group's time is its slowest member's */
+        LOOM_TRY(loom_comm_allreduce(c, &dt, 1, LOOM_F64, LOOM_MAX));
+        if (i >= 0) t[i] = dt;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+    *out = t[reps / 2];
+    return LOOM_OK;
+}
+
+static double copy_bandwidth(void) {
+    const size_t n = 32u << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int i = 0; i < 5; i++) {
+        const double t0 = loom_comm_wtime();
+        memcpy(b, a, n);
+        const double dt = loom_comm_wtime() - t0;
+        a[i] = b[n - 1 - i]; /* keep the copy */
+        if (dt > 0 && 2.0 * n / dt > best) best = 2.0 * n / dt;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+static const char *KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"};
+
+loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose) {
+    const int n = loom_comm_size(world), rank = loom_comm_rank(world);
+    const size_t base_rss = loom_sysmem_peak_rss();
+    /* compute and memory bandwidth: every rank at once, as in training */
+    LOOM_TRY(loom_comm_barrier(world));
+    double gemm = loom_kernels_calibrate_sgemm(), bw = copy_bandwidth();
+    double sum[3] = {gemm, bw, (double)base_rss};
+    LOOM_TRY(loom_comm_allreduce(world, sum, 3, LOOM_F64, LOOM_SUM));
+    gemm = sum[0] / n, bw = sum[1] / n;
+    const double rss = sum[2] / n;
+    float *a = calloc(LARGE / 4 + 16, sizeof(float)), *b = calloc(LARGE / 4 + 16, sizeof(float));
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for calibration buffers", rank);
+    }
+    loom_plan_coll_point pts[LOOM_COLL_COUNT][LOOM_PLAN_MAX_POINTS];
+    int npts[LOOM_COLL_COUNT] = {0};
+    loom_status st = LOOM_OK;
+    for (int g = 2; g <= n && st == LOOM_OK; g = g * 2 > n && g != n ? n : g * 2) {
+        loom_comm *grp = NULL;
+        const int color = rank / g < n / g ? rank / g : -1;
+        st = loom_comm_split(world, color, rank, "calibrate", &grp);
+        for (int op = 0; op < LOOM_COLL_COUNT && st == LOOM_OK; op++) {
+            if (op == LOOM_COLL_P2P && g != 2) continue;
+            double ts = 0, tl = 0;
+            if (grp) {
+                /* sizes rounded to the group (the per-rank piece a multiple of 4 bytes) */
+                const size_t small = (size_t)g * 4 * ((SMALL + 4 * g - 1) / (4 * g));
+                const size_t large = (size_t)g * 4 * (LARGE / (4 * g));
+                st = time_op(grp, (loom_coll_op)op, small, 31, a, b, &ts);
+                if (st == LOOM_OK) st = time_op(grp, (loom_coll_op)op, large, 7, a, b, &tl);
+            }
+            double v[2] = {ts, tl};
+            if (st == LOOM_OK) st = loom_comm_allreduce(world, v, 2, LOOM_F64, LOOM_MAX);
+            if (st == LOOM_OK && npts[op] < LOOM_PLAN_MAX_POINTS) {
+                loom_plan_coll_point *p = &pts[op][npts[op]++];
+                p->group = g;
+                p->latency = v[0];
+                p->bandwidth = LARGE / fmax(v[1] - v[0], 1e-9);
+                if (verbose && rank == 0)
+                    printf("  %-14s group %2d: latency %8.1f us, bandwidth %8.2f GB/s\n", KEYS[op], g, 1e6 * v[0],
+                           p->bandwidth / 1e9);
+            }
+        }
+        loom_comm_free(grp);
+        if (g == n) break;
+    }
+    free(a);
+    free(b);
+    if (st != LOOM_OK) return st;
+    if (rank != 0) return LOOM_OK;
+    const double mem = (double)mem_available() / n;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return loom_fail(LOOM_ECANTCREAT, "rank 0: cannot create %s", tmp);
+    char host[128] = "this machine";
+    gethostname(host, sizeof host - 1);
+    const double p2p_lat = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].latency : 1e-6;
+    const double p2p_bw = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].bandwidth : bw;
+    fprintf(f, "{\n  \"name\": \"%s: %d ranks (measured by loom calibrate)\",\n", host, n);
+    fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
+    fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
+    fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
+    fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);
+    fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
+    fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
+    fprintf(f, "  \"efficiency\": {\"gemm\": 1, \"collective\": 1, \"overlap\": 0},\n");
+    fprintf(f, "  \"collectives\": {");
+    int first = 1;
+    for (int op = 0; op < LOOM_COLL_COUNT; op++) {
+        if (!npts[op]) continue;
+        fprintf(f, "%s\n    \"%s\": [", first ? "" : ",", KEYS[op]);
+        first = 0;
+        for (int i = 0; i < npts[op]; i++)
+            fprintf(f, "%s{\"group\": %d, \"latency_us\": %.6g, \"bandwidth_gbps\": %.6g}", i ? ", " : "",
+                    pts[op][i].group, 1e6 * pts[op][i].latency, pts[op][i].bandwidth / 1e9);
+        fprintf(f, "]");
+    }
+    fprintf(f, "\n  }\n}\n");
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
+    }
+    if (verbose)
+        printf("sgemm %.2f GFLOP/s per rank (all %d at once), copy %.2f GB/s, %.1f MB resident per rank at start\n"
+               "wrote %s\n",
+               gemm / 1e9, n, bw / 1e9, rss / 1e6, path);
+    return LOOM_OK;
+}

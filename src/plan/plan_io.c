@@ -1,0 +1,403 @@
+/* plan_io.c - the planner's inputs: model shapes (built-in or HF config.json
+ * of GPT-2, Llama, Mixtral), cluster files (JSON) and layouts as text. */
+#include "loom/plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/model.h"
+
+typedef struct {
+    const char *name;
+    int layers, hidden, heads, kv_heads, ffn, vocab, max_seq, experts, topk, gated, tied;
+} shape;
+
+/* Shapes loom cannot train yet, from the models' published config.json. */
+static const shape SHAPES[] = {
+    {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 0, 0, 1, 0},
+    {"llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 0, 0, 1, 0},
+    {"llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 0, 0, 1, 0},
+    {"llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 0, 0, 1, 0},
+    {"gpt3-175b", 96, 12288, 96, 96, 49152, 51200, 2048, 0, 0, 0, 1},
+    {"mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 8, 2, 1, 0},
+    {"mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, 8, 2, 1, 0},
+};
+#define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
+
+static void from_loom(const loom_model_config *c, loom_plan_model *m) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", c->name);
+    m->layers = c->n_layer;
+    m->hidden = c->n_embd;
+    m->heads = m->kv_heads = c->n_head;
+    m->ffn = 4 * c->n_embd;
+    m->vocab = c->vocab_size;
+    m->max_seq = c->n_positions;
+    m->tied = m->learned_pos = m->loom_trains = 1;
+}
+
+loom_status loom_plan_model_builtin(const char *name, loom_plan_model *m) {
+    for (size_t i = 0; i < N_SHAPES; i++) {
+        const shape *s = &SHAPES[i];
+        if (strcmp(s->name, name) != 0) continue;
+        memset(m, 0, sizeof *m);
+        snprintf(m->name, sizeof m->name, "%s", s->name);
+        m->layers = s->layers, m->hidden = s->hidden, m->heads = s->heads, m->kv_heads = s->kv_heads;
+        m->ffn = s->ffn, m->vocab = s->vocab, m->max_seq = s->max_seq;
+        m->experts = s->experts, m->topk = s->topk, m->gated = s->gated, m->tied = s->tied;
+        m->learned_pos = strncmp(name, "gpt3", 4) == 0;
+        return LOOM_OK;
+    }
+    loom_model_config c;
+    if (loom_model_config_builtin(name, &c) == LOOM_OK) {
+        from_loom(&c, m);
+        return LOOM_OK;
+    }
+    char known[512] = "tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl";
+    for (size_t i = 0; i < N_SHAPES; i++) {
+        strncat(known, ", ", sizeof known - strlen(known) - 1);
+        strncat(known, SHAPES[i].name, sizeof known - strlen(known) - 1);
+    }
+    return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)", name,
+                     known);
+}
+
+static int json_int(const cJSON *root, const char *const *keys, int *out) {
+    for (int i = 0; keys[i]; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (!it || cJSON_IsNull(it)) continue;
+        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1e9 ||
+            it->valuedouble != floor(it->valuedouble))
+            return -1 - i;
+        *out = (int)it->valuedouble;
+        return 1;
+    }
+    return 0;
+}
+
+loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_fail(LOOM_ENOINPUT, "--model %s: cannot open the config file", path);
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return loom_fail(LOOM_EOS, "out of memory reading %s", path);
+            }
+            text = t;
+        }
+        size_t k = fread(text + n, 1, 4096, f);
+        n += k;
+        if (k < 4096) break;
+    }
+    fclose(f);
+    text[n] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return loom_fail(LOOM_ECONFIG, "--model %s: not a JSON object", path);
+    }
+    memset(m, 0, sizeof *m);
+    const char *base = strrchr(path, '/');
+    snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    static const char *k_layers[] = {"num_hidden_layers", "n_layer", NULL};
+    static const char *k_hidden[] = {"hidden_size", "n_embd", NULL};
+    static const char *k_heads[] = {"num_attention_heads", "n_head", NULL};
+    static const char *k_kv[] = {"num_key_value_heads", NULL};
+    static const char *k_ffn[] = {"intermediate_size", "n_inner", NULL};
+    static const char *k_vocab[] = {"vocab_size", NULL};
+    static const char *k_seq[] = {"max_position_embeddings", "n_positions", NULL};
+    static const char *k_exp[] = {"num_local_experts", "num_experts", NULL};
+    static const char *k_topk[] = {"num_experts_per_tok", NULL};
+    struct {
+        const char *const *keys;
+        int *dst, required;
+    } want[] = {{k_layers, &m->layers, 1}, {k_hidden, &m->hidden, 1}, {k_heads, &m->heads, 1},
+                {k_kv, &m->kv_heads, 0},   {k_ffn, &m->ffn, 0},       {k_vocab, &m->vocab, 1},
+                {k_seq, &m->max_seq, 0},   {k_exp, &m->experts, 0},   {k_topk, &m->topk, 0}};
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < sizeof want / sizeof want[0] && st == LOOM_OK; i++) {
+        int r = json_int(root, want[i].keys, want[i].dst);
+        if (r < 0)
+            st = loom_fail(LOOM_ECONFIG, "--model %s: key '%s' must be a positive integer", path,
+                           want[i].keys[-r - 1]);
+        else if (r == 0 && want[i].required)
+            st = loom_fail(LOOM_ECONFIG, "--model %s: missing key '%s' (or '%s')", path, want[i].keys[0],
+                           want[i].keys[1] ? want[i].keys[1] : want[i].keys[0]);
+    }
+    if (st == LOOM_OK) {
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+        const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
+        const int gpt2 = strcmp(type, "gpt2") == 0 || cJSON_GetObjectItemCaseSensitive(root, "n_embd");
+        if (!m->kv_heads) m->kv_heads = m->heads;
+        if (!m->ffn) m->ffn = 4 * m->hidden;
+        if (!m->max_seq) m->max_seq = 2048;
+        m->gated = !gpt2;
+        m->learned_pos = gpt2;
+        m->loom_trains = gpt2;
+        const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+        m->tied = tie ? cJSON_IsTrue(tie) : gpt2;
+        if (m->experts == 1) m->experts = 0;
+        if (m->experts && !m->topk) m->topk = 2;
+        if (m->hidden % m->heads || m->heads % m->kv_heads)
+            st = loom_fail(LOOM_ECONFIG, "--model %s: heads %d must divide hidden %d and kv heads %d divide heads",
+                           path, m->heads, m->hidden, m->kv_heads);
+        if (m->experts && m->topk > m->experts)
+            st = loom_fail(LOOM_ECONFIG, "--model %s: num_experts_per_tok %d > experts %d", path, m->topk,
+                           m->experts);
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+loom_status loom_plan_model_resolve(const char *s, loom_plan_model *m) {
+    size_t n = strlen(s);
+    if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0)) return loom_plan_model_load(s, m);
+    return loom_plan_model_builtin(s, m);
+}
+
+double loom_plan_model_params(const loom_plan_model *m, double *active) {
+    const double h = m->hidden, hd = (double)m->hidden / m->heads;
+    const double attn = 2 * h * h + 2 * h * hd * m->kv_heads;
+    const double mlp = (m->gated ? 3.0 : 2.0) * h * m->ffn;
+    const int E = m->experts > 1 ? m->experts : 1, k = m->experts > 1 ? m->topk : 1;
+    const double router = m->experts > 1 ? h * E : 0;
+    const double embed = (double)m->vocab * h * (m->tied ? 1 : 2) + (m->learned_pos ? (double)m->max_seq * h : 0);
+    /* GPT-2 has biases (qkv, proj, fc, fc_proj) and a final LayerNorm */
+    const double norms = 4 * h + (m->gated ? 0 : h + 2 * hd * m->kv_heads + h + m->ffn + h);
+    const double final_norm = m->gated ? h : 2 * h;
+    if (active) *active = m->layers * (attn + k * mlp + router + norms) + embed + final_norm;
+    return m->layers * (attn + E * mlp + router + norms) + embed + final_norm;
+}
+
+/* ---- clusters -------------------------------------------------------- */
+
+static double num(const cJSON *o, const char *key, double def) {
+    const cJSON *it = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(it) ? it->valuedouble : def;
+}
+
+static const char *COLL_KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                 "p2p"};
+
+static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_cluster *c) {
+    memset(c, 0, sizeof *c);
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "name");
+    snprintf(c->name, sizeof c->name, "%s", cJSON_IsString(nm) ? nm->valuestring : path);
+    c->gpus_per_node = (int)num(root, "gpus_per_node", 0);
+    c->nodes = (int)num(root, "nodes", 1);
+    c->memory = num(root, "memory_gb", 0) * 1e9;
+    c->reserved = num(root, "reserved_gb", 0) * 1e9;
+    const cJSON *peak = cJSON_GetObjectItemCaseSensitive(root, "peak_tflops");
+    c->peak_fp32 = num(peak, "fp32", 0) * 1e12;
+    c->peak_bf16 = num(peak, "bf16", 0) * 1e12;
+    if (c->peak_bf16 <= 0) c->peak_bf16 = c->peak_fp32;
+    c->hbm_bw = num(root, "hbm_gbps", 0) * 1e9;
+    const cJSON *intra = cJSON_GetObjectItemCaseSensitive(root, "intra_node");
+    const cJSON *inter = cJSON_GetObjectItemCaseSensitive(root, "inter_node");
+    c->intra_bw = num(intra, "bandwidth_gbps", 0) * 1e9;
+    c->intra_lat = num(intra, "latency_us", 0) * 1e-6;
+    c->inter_bw = num(inter, "bandwidth_gbps", c->intra_bw / 1e9) * 1e9;
+    c->inter_lat = num(inter, "latency_us", c->intra_lat * 1e6) * 1e-6;
+    const cJSON *eff = cJSON_GetObjectItemCaseSensitive(root, "efficiency");
+    c->gemm_eff = num(eff, "gemm", 1);
+    c->coll_eff = num(eff, "collective", 1);
+    c->overlap = num(eff, "overlap", 1);
+    struct {
+        const char *key;
+        double v;
+    } chk[] = {{"gpus_per_node", c->gpus_per_node}, {"nodes", c->nodes},
+               {"memory_gb", c->memory},           {"peak_tflops.fp32", c->peak_fp32},
+               {"intra_node.bandwidth_gbps", c->intra_bw}, {"efficiency.gemm", c->gemm_eff},
+               {"efficiency.collective", c->coll_eff}};
+    for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
+        if (!(chk[i].v > 0) || !isfinite(chk[i].v))
+            return loom_fail(LOOM_ECONFIG, "cluster %s: '%s' must be a positive number", path, chk[i].key);
+    if (c->gemm_eff > 1 || c->coll_eff > 1 || c->overlap < 0 || c->overlap > 1)
+        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiencies must be in (0, 1]", path);
+    if (c->hbm_bw <= 0) c->hbm_bw = 20 * c->intra_bw;
+    const cJSON *coll = cJSON_GetObjectItemCaseSensitive(root, "collectives");
+    for (int op = 0; coll && op < LOOM_COLL_COUNT; op++) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(coll, COLL_KEYS[op]);
+        const cJSON *p;
+        cJSON_ArrayForEach(p, arr) {
+            if (c->n[op] >= LOOM_PLAN_MAX_POINTS) break;
+            loom_plan_coll_point *q = &c->pts[op][c->n[op]];
+            q->group = (int)num(p, "group", 0);
+            q->latency = num(p, "latency_us", -1) * 1e-6;
+            q->bandwidth = num(p, "bandwidth_gbps", 0) * 1e9;
+            if (q->group < 2 || q->latency < 0 || q->bandwidth <= 0)
+                return loom_fail(LOOM_ECONFIG,
+                                 "cluster %s: collectives.%s[%d] needs group >= 2, latency_us >= 0, "
+                                 "bandwidth_gbps > 0",
+                                 path, COLL_KEYS[op], c->n[op]);
+            c->n[op]++;
+        }
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
+    char path[1024];
+    size_t n = strlen(s);
+    if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0)) {
+        snprintf(path, sizeof path, "%s", s);
+    } else {
+        const char *dir = getenv("LOOM_PLAN_DIR");
+        snprintf(path, sizeof path, "%s/clusters/%s.json", dir && *dir ? dir : LOOM_PLAN_DEFAULT_DIR, s);
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_fail(LOOM_ENOINPUT, "--cluster %s: cannot open %s (presets: dgx-a100-80gb, dgx-h100; "
+                                        "`loom calibrate` writes this machine's)", s, path);
+    char *text = malloc(1 << 20);
+    if (!text) {
+        fclose(f);
+        return loom_fail(LOOM_EOS, "out of memory");
+    }
+    size_t k = fread(text, 1, (1 << 20) - 1, f);
+    fclose(f);
+    text[k] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    loom_status st = root && cJSON_IsObject(root) ? parse_cluster(path, root, c)
+                                                  : loom_fail(LOOM_ECONFIG, "cluster %s: not a JSON object", path);
+    cJSON_Delete(root);
+    return st;
+}
+
+double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes) {
+    if (g <= 1 && op != LOOM_COLL_P2P) return 0;
+    /* measured points: the same group size, else the nearest smaller one scaled */
+    const loom_plan_coll_point *best = NULL;
+    for (int i = 0; i < c->n[op]; i++) {
+        const loom_plan_coll_point *p = &c->pts[op][i];
+        if (p->group <= g && (!best || p->group > best->group)) best = p;
+    }
+    if (best && (best->group == g || !inter)) {
+        const double gf = op == LOOM_COLL_P2P ? 1 : (double)(g - 1) / g * best->group / (best->group - 1);
+        return best->latency + bytes * gf / best->bandwidth;
+    }
+    const double bw = (inter ? c->inter_bw : c->intra_bw) * c->coll_eff;
+    const double lat = inter ? c->inter_lat : c->intra_lat;
+    const double frac = (double)(g - 1) / g;
+    switch (op) {
+    case LOOM_COLL_ALLREDUCE: return 2 * (g - 1) * lat + 2 * frac * bytes / bw;
+    case LOOM_COLL_ALLGATHER:
+    case LOOM_COLL_REDUCESCATTER:
+    case LOOM_COLL_ALLTOALL: return (g - 1) * lat + frac * bytes / bw;
+    case LOOM_COLL_P2P: return lat + bytes / bw;
+    default: return 0;
+    }
+}
+
+/* ---- layouts as text ------------------------------------------------- */
+
+static const char *AXIS_NAMES[LOOM_PLAN_NAXES] = {"tp", "cp", "dp", "pp"};
+static const char *RECOMPUTE_NAMES[] = {"none", "selective", "full"};
+
+static loom_status parse_order(const char *s, loom_plan_layout *l) {
+    int seen = 0, k = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ".,"); tok; tok = strtok(NULL, ".,")) {
+        int a = -1;
+        for (int i = 0; i < LOOM_PLAN_NAXES; i++)
+            if (strcmp(tok, AXIS_NAMES[i]) == 0) a = i;
+        if (a < 0 || (seen & (1 << a)) || k >= LOOM_PLAN_NAXES)
+            return loom_fail(LOOM_EUSAGE, "--layout order=%s: need tp, cp, dp, pp each once", s);
+        seen |= 1 << a;
+        l->order[k++] = a;
+    }
+    if (k != LOOM_PLAN_NAXES) return loom_fail(LOOM_EUSAGE, "--layout order=%s: need tp, cp, dp, pp each once", s);
+    return LOOM_OK;
+}
+
+loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, loom_plan_layout *l) {
+    memset(l, 0, sizeof *l);
+    l->dp = l->tp = l->pp = l->cp = l->ep = l->v = 1;
+    l->sched = LOOM_SCHED_1F1B;
+    for (int i = 0; i < LOOM_PLAN_NAXES; i++) l->order[i] = i;
+    int m_given = 0, mbs_given = 0;
+    char buf[512], order[64] = "";
+    snprintf(buf, sizeof buf, "%s", text);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) {
+            if (order[0] && strlen(order) + strlen(tok) + 2 < sizeof order) { /* order=tp,cp,dp,pp */
+                strcat(order, ".");
+                strcat(order, tok);
+                continue;
+            }
+            return loom_fail(LOOM_EUSAGE, "--layout: '%s' is not KEY=VALUE", tok);
+        }
+        *eq = '\0';
+        const char *k = tok, *v = eq + 1;
+        if (strcmp(k, "order") == 0) {
+            snprintf(order, sizeof order, "%s", v);
+            continue;
+        }
+        if (strcmp(k, "schedule") == 0) {
+            LOOM_TRY(loom_schedule_parse(v, &l->sched));
+            continue;
+        }
+        if (strcmp(k, "recompute") == 0) {
+            int f = -1;
+            for (int i = 0; i < 3; i++)
+                if (strcmp(v, RECOMPUTE_NAMES[i]) == 0) f = i;
+            if (f < 0) return loom_fail(LOOM_EUSAGE, "--layout recompute=%s: none, selective or full", v);
+            l->recompute = (loom_recompute)f;
+            continue;
+        }
+        char *end;
+        long x = strtol(v, &end, 10);
+        if (*end || end == v || x < 0 || x > 1 << 24)
+            return loom_fail(LOOM_EUSAGE, "--layout %s=%s: not a non-negative integer", k, v);
+        int *dst = strcmp(k, "dp") == 0     ? &l->dp
+                   : strcmp(k, "tp") == 0   ? &l->tp
+                   : strcmp(k, "pp") == 0   ? &l->pp
+                   : strcmp(k, "cp") == 0   ? &l->cp
+                   : strcmp(k, "ep") == 0   ? &l->ep
+                   : strcmp(k, "zero") == 0 ? &l->zero
+                   : strcmp(k, "sp") == 0   ? &l->sp
+                   : strcmp(k, "mbs") == 0  ? &l->mbs
+                   : strcmp(k, "m") == 0    ? &l->m
+                   : strcmp(k, "v") == 0    ? &l->v
+                                            : NULL;
+        if (!dst)
+            return loom_fail(LOOM_EUSAGE, "--layout: unknown key '%s' (dp, tp, pp, cp, ep, zero, sp, schedule, "
+                                          "mbs, m, v, recompute, order)",
+                             k);
+        if (dst != &l->zero && dst != &l->sp && x < 1)
+            return loom_fail(LOOM_EUSAGE, "--layout %s=%ld: must be >= 1", k, x);
+        *dst = (int)x;
+        m_given |= dst == &l->m;
+        mbs_given |= dst == &l->mbs;
+    }
+    if (order[0]) LOOM_TRY(parse_order(order, l));
+    if (l->zero > 3) return loom_fail(LOOM_EUSAGE, "--layout zero=%d: 0..3", l->zero);
+    if (l->sp > 1) return loom_fail(LOOM_EUSAGE, "--layout sp=%d: 0 or 1", l->sp);
+    const int local = job->batch / l->dp;
+    if (!m_given && !mbs_given) l->m = l->pp;
+    if (!m_given && mbs_given) l->m = local / l->mbs > 0 ? local / l->mbs : 1;
+    if (!mbs_given) l->mbs = local / l->m > 0 ? local / l->m : 1;
+    return LOOM_OK;
+}
+
+void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap) {
+    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,ep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
+             "order=%s.%s.%s.%s",
+             l->dp, l->tp, l->pp, l->cp, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs, l->m, l->v,
+             RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
+             AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
+}

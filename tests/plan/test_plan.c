@@ -1,0 +1,215 @@
+/* test_plan.c - the planner (include/loom/plan.h), pure:
+ *  - the bubble a layout reports is the simulator's: loom_sim_run on the
+ *    schedule lists with the costs the planner says it used gives the same
+ *    bubble and step (every schedule, v > 1, uneven stages);
+ *  - layouts that break divisibility or memory are rejected with the reason;
+ *  - HF config.json for Llama and Mixtral keys; parameter counts of known
+ *    models (Llama 3 70B 70.6 B, Mixtral 8x7B 46.7 B total / 12.9 B active);
+ *  - memory falls by the ZeRO stage as the formulas say;
+ *  - a 16,384-GPU search answers in under a second. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "loom/plan.h"
+#include "loom/sim.h"
+
+static loom_plan_cluster h100(void) {
+    loom_plan_cluster c;
+    loom_status st = loom_plan_cluster_load("dgx-h100", &c);
+    CHECK(st == LOOM_OK, "dgx-h100 preset: %s", loom_errmsg());
+    return c;
+}
+
+static void test_bubble_is_simulators(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("llama3-70b", &m) == LOOM_OK, "llama3-70b");
+    loom_plan_cluster c = h100();
+    loom_plan_job j = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 256};
+    const char *layouts[] = {
+        "dp=8,tp=8,pp=4,zero=1,sp=1,schedule=1f1b,m=16,recompute=selective",
+        "dp=8,tp=8,pp=4,zero=1,sp=1,schedule=gpipe,m=8,recompute=full",
+        "dp=4,tp=8,pp=8,zero=1,sp=1,schedule=interleaved,m=128,v=2,recompute=selective",
+        "dp=4,tp=8,pp=8,zero=1,sp=1,schedule=zb,m=32,recompute=full",
+        "dp=2,tp=8,pp=16,zero=1,sp=1,schedule=1f1b,m=32,recompute=full", /* 80 layers over 16: 5 each, head extra */
+        "dp=8,tp=4,pp=8,cp=1,zero=2,sp=1,schedule=interleaved,m=8,v=5,recompute=full",
+    };
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        loom_plan_layout l;
+        CHECK(loom_plan_layout_parse(layouts[i], &j, &l) == LOOM_OK, "parse %s: %s", layouts[i], loom_errmsg());
+        loom_plan_result r;
+        CHECK(loom_plan_evaluate(&m, &c, &j, &l, 1, &r) == LOOM_OK, "evaluate %s: %s", layouts[i], loom_errmsg());
+        CHECK(r.feasible, "%s feasible (%s)", layouts[i], r.reason);
+        CHECK(r.simulated, "%s: bubble from the simulator", layouts[i]);
+        /* replay: the same schedule, the costs the planner reports, the partitioner's scale */
+        loom_schedule *s = NULL;
+        CHECK(loom_schedule_build(l.sched, l.pp, l.m, l.v, &s) == LOOM_OK, "build");
+        const int S = l.pp * l.v;
+        int counts[128];
+        double scale[128];
+        const double b = l.mbs, sq = j.seq, h = m.hidden, hd = h / m.heads;
+        const double layer = 2 * b * sq * (2 * h * h + 2 * h * hd * m.kv_heads + 3 * h * m.ffn) + 4 * b * sq * sq * h;
+        const double head = 2 * b * sq * h * m.vocab / layer;
+        CHECK(loom_partition_balance(m.layers, l.pp, l.v, 0, head, counts) == LOOM_OK, "partition");
+        double max_rank = 0;
+        for (int rk = 0; rk < l.pp; rk++) {
+            double cost = 0;
+            for (int ch = 0; ch < l.v; ch++) cost += loom_partition_stage_cost(counts, S, ch * l.pp + rk, 0, head);
+            if (cost > max_rank) max_rank = cost;
+        }
+        for (int v = 0; v < S; v++) scale[v] = loom_partition_stage_cost(counts, S, v, 0, head) / (max_rank / l.v);
+        loom_sim_costs sc;
+        loom_sim_costs_default(&sc);
+        sc.f = r.sim_f, sc.b = r.sim_b, sc.w = r.sim_w, sc.comm = r.sim_comm;
+        sc.stage_scale = scale;
+        loom_sim_result *res = NULL;
+        CHECK(loom_sim_run(s, &sc, &res) == LOOM_OK, "sim");
+        if (res) {
+            CHECK(fabs(res->bubble - r.bubble) < 1e-12, "%s: planner bubble %.9f == simulator %.9f", layouts[i],
+                  r.bubble, res->bubble);
+            CHECK(fabs(res->makespan - (r.t_step - r.t_dp) ) < 0.05 * r.t_step,
+                  "%s: step %.4f = makespan %.4f + dp %.4f + optimizer", layouts[i], r.t_step, res->makespan, r.t_dp);
+            CHECK(loom_schedule_peak_live(s, 0) == r.in_flight, "%s: in flight %d == schedule's peak live %d",
+                  layouts[i], r.in_flight, loom_schedule_peak_live(s, 0));
+        }
+        loom_sim_free(res);
+        loom_schedule_free(s);
+    }
+}
+
+static void expect_reject(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                          const char *layout, const char *needle) {
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse(layout, j, &l) == LOOM_OK, "parse %s: %s", layout, loom_errmsg());
+    loom_plan_result r;
+    CHECK(loom_plan_evaluate(m, c, j, &l, 1, &r) == LOOM_OK, "evaluate %s", layout);
+    CHECK(!r.feasible, "%s rejected", layout);
+    CHECK(strstr(r.reason, needle) != NULL, "%s: reason '%s' names '%s'", layout, r.reason, needle);
+}
+
+static void test_rejections(void) {
+    loom_plan_model m;
+    loom_plan_model_builtin("llama3-70b", &m);
+    loom_plan_cluster c = h100();
+    loom_plan_job j = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 64};
+    expect_reject(&m, &c, &j, "dp=64", "memory");               /* 70B x 16 bytes on one device */
+    expect_reject(&m, &c, &j, "dp=64", "over by");
+    expect_reject(&m, &c, &j, "dp=1,tp=1,pp=64,schedule=gpipe,m=64,mbs=8", "activations"); /* 64 sets in flight */
+    loom_plan_job j3 = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 48};
+    expect_reject(&m, &c, &j3, "dp=16,tp=3", "tp=3 does not divide 64 heads");
+    loom_plan_job j2 = {.batch = 100, .seq = 4096, .bf16 = 1, .gpus = 64};
+    expect_reject(&m, &c, &j2, "dp=8,tp=8", "dp=8 does not divide batch 100");
+    loom_plan_job j4 = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 1024};
+    expect_reject(&m, &c, &j4, "dp=1,tp=8,pp=128", "stages but 80 layers");
+    expect_reject(&m, &c, &j4, "dp=64,tp=8,pp=2,schedule=interleaved,v=2,m=3,mbs=2", "mbs=2 x m=3");
+    loom_plan_job j6 = {.batch = 384, .seq = 4096, .bf16 = 1, .gpus = 1024};
+    expect_reject(&m, &c, &j6, "dp=64,tp=8,pp=2,schedule=interleaved,v=2,m=3", "divisible by pp=2");
+    loom_plan_model mx;
+    loom_plan_model_builtin("mixtral-8x7b", &mx);
+    expect_reject(&mx, &c, &j4, "dp=128,tp=8,ep=3", "ep=3 must divide 8 experts");
+    loom_plan_job j5 = {.batch = 512, .seq = 4000, .bf16 = 1, .gpus = 1024};
+    expect_reject(&mx, &c, &j5, "dp=32,tp=8,cp=3", "dp*tp*pp*cp");
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse("dp=2,bogus=3", &j, &l) == LOOM_EUSAGE, "unknown key rejected");
+    CHECK(strstr(loom_errmsg(), "bogus") != NULL, "message names the key: %s", loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=2,order=tp,dp,cp", &j, &l) == LOOM_EUSAGE, "bad order rejected");
+}
+
+static void test_models(void) {
+    loom_plan_model m;
+    double active, total;
+    loom_plan_model_builtin("llama3-70b", &m);
+    total = loom_plan_model_params(&m, &active);
+    CHECK(fabs(total / 70.55e9 - 1) < 0.01, "llama3-70b %.4g params (70.55 B)", total);
+    loom_plan_model_builtin("mixtral-8x7b", &m);
+    total = loom_plan_model_params(&m, &active);
+    CHECK(fabs(total / 46.70e9 - 1) < 0.01, "mixtral-8x7b %.4g params (46.7 B)", total);
+    CHECK(fabs(active / 12.88e9 - 1) < 0.01, "mixtral-8x7b %.4g active (12.9 B)", active);
+    loom_plan_model_builtin("gpt2-small", &m);
+    total = loom_plan_model_params(&m, &active);
+    CHECK(fabs(total - 124439808) < 1, "gpt2-small %.0f params (124,439,808)", total);
+    const char *dir = check_scratch_dir("plan");
+    if (!dir) return;
+    const char *mix = "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096,"
+                      " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336,"
+                      " \"vocab_size\": 32000, \"max_position_embeddings\": 32768, \"num_local_experts\": 8,"
+                      " \"num_experts_per_tok\": 2, \"tie_word_embeddings\": false}";
+    const char *p = check_scratch_path("mixtral.json");
+    check_write_bytes(p, mix, strlen(mix));
+    loom_plan_model f;
+    CHECK(loom_plan_model_resolve(p, &f) == LOOM_OK, "load mixtral config: %s", loom_errmsg());
+    loom_plan_model_builtin("mixtral-8x7b", &m);
+    CHECK(f.layers == m.layers && f.hidden == m.hidden && f.kv_heads == 8 && f.experts == 8 && f.topk == 2 &&
+              f.gated && !f.tied,
+          "mixtral config.json = the built-in shape");
+    const char *bad = "{\"num_hidden_layers\": 32, \"hidden_size\": 4096.5, \"num_attention_heads\": 32, \"vocab_size\": 10}";
+    p = check_scratch_path("bad.json");
+    check_write_bytes(p, bad, strlen(bad));
+    CHECK(loom_plan_model_resolve(p, &f) == LOOM_ECONFIG, "non-integer hidden_size rejected");
+    CHECK(strstr(loom_errmsg(), "hidden_size") != NULL, "message names the key: %s", loom_errmsg());
+    CHECK(loom_plan_model_resolve("/nonexistent/config.json", &f) == LOOM_ENOINPUT, "missing file");
+}
+
+static void test_zero_memory(void) {
+    loom_plan_model m;
+    loom_plan_model_builtin("llama3-8b", &m);
+    loom_plan_cluster c = h100();
+    loom_plan_job j = {.batch = 64, .seq = 4096, .bf16 = 1, .gpus = 8};
+    const double P = loom_plan_model_params(&m, NULL);
+    double prev = INFINITY;
+    for (int z = 0; z <= 3; z++) {
+        char text[128];
+        snprintf(text, sizeof text, "dp=8,zero=%d,recompute=full", z);
+        loom_plan_layout l;
+        loom_plan_layout_parse(text, &j, &l);
+        loom_plan_result r;
+        loom_plan_evaluate(&m, &c, &j, &l, 1, &r);
+        const double state = r.mem_params + r.mem_grads + r.mem_opt;
+        const double want = z == 0 ? 16 * P : z == 1 ? 4 * P + 12 * P / 8 : z == 2 ? 2 * P + 14 * P / 8 : 16 * P / 8;
+        /* zero 3 adds two gathered layers */
+        CHECK(fabs(state - want) < (z == 3 ? 0.1 : 1e-6) * want, "zero=%d model state %.4g GB, formula %.4g GB", z,
+              state / 1e9, want / 1e9);
+        CHECK(state < prev, "zero=%d saves memory", z);
+        prev = state;
+    }
+}
+
+static void test_16k_speed(void) {
+    loom_plan_model m;
+    loom_plan_model_builtin("llama3-405b", &m);
+    loom_plan_cluster c = h100();
+    c.nodes = 2048;
+    loom_plan_job j = {.batch = 2048, .seq = 8192, .bf16 = 1, .gpus = 16384};
+    loom_plan_result out[5];
+    int n = 0;
+    loom_plan_search_stats st;
+    /* the planner's own CPU time (the machine is shared: wall time also
+     * counts other jobs' turns on the cores); wall time is printed */
+    struct timespec t0, t1, c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    CHECK(loom_plan_search(&m, &c, &j, 5, out, &n, &st) == LOOM_OK, "search: %s", loom_errmsg());
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double secs = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    const double cpu = (c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec);
+    printf("16,384 GPUs, llama3-405b: %ld layouts, %ld feasible, %.3f s CPU, %.3f s wall\n", st.considered,
+           st.feasible, cpu, secs);
+    CHECK(cpu < 1.0, "16,384-GPU search in %.3f s of CPU (< 1 s)", cpu);
+    CHECK(n == 5 && out[0].feasible && out[0].simulated, "5 ranked layouts, the best simulated");
+    for (int i = 1; i < n; i++)
+        CHECK(out[i].tokens_per_s_dev <= out[i - 1].tokens_per_s_dev, "ranked by tokens/s/device");
+    CHECK(st.rejected_memory > 0 && st.rejected_divide > 0, "rejections counted (%ld memory, %ld divisibility)",
+          st.rejected_memory, st.rejected_divide);
+}
+
+int main(void) {
+    test_bubble_is_simulators();
+    test_rejections();
+    test_models();
+    test_zero_memory();
+    test_16k_speed();
+    return check_done();
+}
