@@ -40,6 +40,9 @@
 typedef struct loom_model_config {
     char name[256];
     int n_layer, n_head, n_embd, vocab_size, n_positions;
+    /* Mixture of experts (include/loom/moe.h); n_expert = 0: every block dense. */
+    int n_expert, top_k, moe_every, expert_hidden, norm_topk;
+    float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
 } loom_model_config;
 
 /* Built-in names: tiny, mini, gpt2-small (alias gpt2), gpt2-medium,
@@ -223,6 +226,7 @@ struct loom_gpt {
     float *att_scratch;
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
+    struct loom_moe *moe; /* the MoE blocks' router/expert state (moe.h); NULL if dense */
 };
 
 /* Build the table for this part and plan + allocate memory.

@@ -1,0 +1,69 @@
+/* moe.h - Mixture-of-Experts blocks: router, top-k gating, load-balancing
+ * losses, capacity with token dropping, and the experts' forward/backward.
+ *
+ * A block is MoE when the config has n_expert > 0 and (l + 1) % moe_every
+ * == 0 (moe_every = 1: every block). Its MLP becomes
+ *
+ *   x (N,C) = ln_2 output rows of one routing group (one micro-batch)
+ *   p = softmax(x @ router (C,E))                       router probabilities
+ *   choose the top_k experts of each token by p (ties: the lower index)
+ *   gate = p of the chosen, or renormalised to sum 1 (norm_topk)
+ *   expert e: y = c_proj_e(gelu(c_fc_e(x)))            hidden expert_hidden
+ *   out_i = sum over token i's kept choices j of gate_ij * y_{e_ij}(x_i)
+ *
+ * Capacity. With capacity_factor f > 0 each expert takes at most
+ * cap = ceil(f * N * top_k / E) tokens of a routing group; choices are
+ * admitted choice-major then by position (every token's first choice in
+ * token order, then every second choice, ...) and an assignment over the
+ * capacity is dropped: it adds nothing to out (the token keeps its residual).
+ * f = 0 is dropless (cap = N). The routing group is one micro-batch of one
+ * DP rank, so a one-rank run with the same micro-batches drops the same
+ * tokens.
+ *
+ * Losses, per routing group, added to the model loss with the weight of one
+ * group (the mean over the groups of a step):
+ *   aux = aux_coef * E * sum_e f_e P_e,  f_e = tokens choosing e (before
+ *         dropping) / N,  P_e = mean over tokens of p_e  (Switch / GShard;
+ *         f sums to top_k, as in Hugging Face's Mixtral)
+ *   z   = z_coef * mean over tokens of logsumexp(router logits)^2  (ST-MoE)
+ * Gradients flow through P and the logits, not through the counts.
+ *
+ * Parameters of an MoE block replace mlp.c_fc / mlp.c_proj with
+ * mlp.router.weight (C,E) and mlp.experts.<e>.c_fc.{weight (C,H), bias (H)},
+ * mlp.experts.<e>.c_proj.{weight (H,C), bias (C)}.
+ */
+#ifndef LOOM_MOE_H
+#define LOOM_MOE_H
+
+#include <stdint.h>
+#include "loom/model.h"
+#include "loom/status.h"
+
+/* Block l of the config is an MoE block. */
+int loom_moe_layer(const loom_model_config *cfg, int l);
+/* The experts' hidden size (expert_hidden, default 4 n_embd). */
+int loom_moe_hidden(const loom_model_config *cfg);
+/* Capacity per expert of a routing group of N tokens. */
+int loom_moe_capacity(const loom_model_config *cfg, int N);
+/* MoE keys consistent (top_k <= n_expert, coefficients >= 0, ...):
+ * LOOM_ECONFIG naming the key and the numbers. Dense configs pass. */
+loom_status loom_moe_config_check(const loom_model_config *cfg);
+
+/* Per-step statistics of one MoE block on this rank (summed over the
+ * micro-batches since loom_moe_stats_reset). */
+typedef struct loom_moe_stats {
+    int layer;            /* global block index */
+    int n_expert;
+    int64_t *routed;      /* (E) assignments chosen (before capacity) */
+    int64_t *kept;        /* (E) assignments computed (after capacity) */
+    int64_t assignments;  /* tokens x top_k */
+    int64_t dropped;      /* assignments over capacity */
+    double aux, z;        /* sum over routing groups of the two losses */
+    int groups;           /* routing groups seen */
+} loom_moe_stats;
+
+/* The stats of this part's MoE blocks: *n of them (0 for a dense part). */
+const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n);
+void loom_moe_stats_reset(loom_gpt *m);
+
+#endif

@@ -1,0 +1,568 @@
+/* moe.c - Mixture-of-Experts blocks (include/loom/moe.h): config keys and
+ * built-ins, the parameter rows, and route -> dispatch -> experts -> combine
+ * with its mirror backward. Local (one rank holds every expert; expert
+ * parallelism is not in this build yet).
+ *
+ * Dispatch packs the kept assignments expert by expert, tokens in order
+ * within an expert, into (A,C) rows, A <= N top_k: each expert is then two
+ * plain matmuls over its contiguous rows, and combine scatters them back
+ * weighted by the gates.
+ */
+#include "loom/moe.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "model/internal.h"
+
+/* ---- config ---------------------------------------------------------------- */
+
+int loom_moe_layer(const loom_model_config *c, int l) {
+    return c->n_expert > 0 && (l + 1) % (c->moe_every > 0 ? c->moe_every : 1) == 0;
+}
+
+int loom_moe_hidden(const loom_model_config *c) {
+    return c->expert_hidden > 0 ? c->expert_hidden : 4 * c->n_embd;
+}
+
+int loom_moe_capacity(const loom_model_config *c, int N) {
+    if (c->capacity_factor <= 0) return N;
+    double cap = ceil((double)c->capacity_factor * N * c->top_k / c->n_expert);
+    return cap > N ? N : (int)cap;
+}
+
+loom_status loom_moe_config_check(const loom_model_config *c) {
+    if (c->n_expert == 0) return LOOM_OK;
+    if (c->n_expert < 1 || c->n_expert > 1024)
+        return loom_fail(LOOM_ECONFIG, "model %s: num_local_experts=%d must be in [1, 1024]", c->name,
+                         c->n_expert);
+    if (c->top_k < 1 || c->top_k > c->n_expert)
+        return loom_fail(LOOM_ECONFIG, "model %s: num_experts_per_tok=%d must be in [1, num_local_experts=%d]",
+                         c->name, c->top_k, c->n_expert);
+    if (c->moe_every < 1 || c->moe_every > c->n_layer)
+        return loom_fail(LOOM_ECONFIG, "model %s: moe_layer_freq=%d must be in [1, n_layer=%d]", c->name,
+                         c->moe_every, c->n_layer);
+    if (c->expert_hidden < 0 || c->expert_hidden > 1 << 20)
+        return loom_fail(LOOM_ECONFIG, "model %s: moe_intermediate_size=%d out of range", c->name,
+                         c->expert_hidden);
+    if (!(c->aux_coef >= 0) || !(c->z_coef >= 0) || !(c->capacity_factor >= 0) ||
+        c->capacity_factor > 1e6)
+        return loom_fail(LOOM_ECONFIG,
+                         "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g and "
+                         "capacity_factor=%g must be >= 0",
+                         c->name, c->aux_coef, c->z_coef, c->capacity_factor);
+    return LOOM_OK;
+}
+
+static void moe_defaults(loom_model_config *c, int n_expert) {
+    c->n_expert = n_expert;
+    c->top_k = 2;
+    c->moe_every = 1;
+    c->expert_hidden = 0;
+    c->norm_topk = 1;
+    c->aux_coef = 0.01f;
+    c->z_coef = 0.0f;
+    c->capacity_factor = 0.0f;
+}
+
+int loom_moe_builtin(const char *name, loom_model_config *cfg) {
+    static const struct { const char *name, *base; int n_expert; } MOE[] = {
+        {"tiny-moe", "tiny", 4}, /* tests */
+        {"mini-moe", "mini", 8}, /* 8 experts, top-2 */
+    };
+    for (size_t i = 0; i < sizeof MOE / sizeof MOE[0]; i++) {
+        if (strcmp(name, MOE[i].name) != 0) continue;
+        if (loom_model_config_builtin(MOE[i].base, cfg) != LOOM_OK) return 0;
+        snprintf(cfg->name, sizeof cfg->name, "%s", MOE[i].name);
+        moe_defaults(cfg, MOE[i].n_expert);
+        return 1;
+    }
+    return 0;
+}
+
+loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_config *cfg,
+                                int *handled) {
+    const struct { const char *key; int *i; float *f; } KEYS[] = {
+        {"num_local_experts", &cfg->n_expert, NULL},
+        {"num_experts_per_tok", &cfg->top_k, NULL},
+        {"moe_layer_freq", &cfg->moe_every, NULL},
+        {"moe_intermediate_size", &cfg->expert_hidden, NULL},
+        {"router_aux_loss_coef", NULL, &cfg->aux_coef},
+        {"router_z_loss_coef", NULL, &cfg->z_coef},
+        {"capacity_factor", NULL, &cfg->capacity_factor},
+    };
+    *handled = 1;
+    if (cfg->n_expert == 0 && cfg->top_k == 0) { /* first MoE key: the defaults, then the key */
+        moe_defaults(cfg, 0);
+    }
+    if (strcmp(it->string, "norm_topk_prob") == 0) {
+        if (!cJSON_IsBool(it)) return loom_fail(LOOM_ECONFIG, "%s: \"norm_topk_prob\" must be true or false", path);
+        cfg->norm_topk = cJSON_IsTrue(it);
+        return LOOM_OK;
+    }
+    if (strcmp(it->string, "output_router_logits") == 0) return LOOM_OK; /* HF: an output option */
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) {
+        if (strcmp(it->string, KEYS[i].key) != 0) continue;
+        double v = it->valuedouble;
+        if (!cJSON_IsNumber(it) || !(v >= 0 && v <= 1e9) || (KEYS[i].i && v != floor(v)))
+            return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be a non-negative %s", path, KEYS[i].key,
+                             KEYS[i].i ? "integer" : "number");
+        if (KEYS[i].i) *KEYS[i].i = (int)v;
+        else *KEYS[i].f = (float)v;
+        return LOOM_OK;
+    }
+    *handled = 0;
+    return LOOM_OK;
+}
+
+/* ---- parameters ------------------------------------------------------------ */
+
+int loom_moe_extra_params(const loom_model_config *c, const loom_model_part *part) {
+    int n = 0;
+    for (int l = part->layer_begin; l < part->layer_end; l++)
+        if (loom_moe_layer(c, l)) n += 1 + 4 * c->n_expert;
+    return n;
+}
+
+void loom_moe_add_params(loom_gpt *m, size_t *off, int l, float std, float res_std) {
+    const int64_t C = m->C, E = m->cfg.n_expert, H = loom_moe_hidden(&m->cfg);
+    char name[LOOM_PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "h.%d.mlp.router.weight", l);
+    loom_gpt_add_param(m, off, name, C, E, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.weight", l, e);
+        loom_gpt_add_param(m, off, name, C, H, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.bias", l, e);
+        loom_gpt_add_param(m, off, name, H, 0, -1, 1, H, LOOM_INIT_ZEROS, 0, 0, l);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.weight", l, e);
+        loom_gpt_add_param(m, off, name, H, C, -1, 1, H, LOOM_INIT_NORMAL, res_std, 0, l);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.bias", l, e);
+        loom_gpt_add_param(m, off, name, C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 0, l);
+    }
+}
+
+/* ---- state ----------------------------------------------------------------- */
+
+/* What one MoE block keeps from forward for backward, per slot. A = N top_k. */
+typedef struct {
+    float *probs;           /* (N,E) router softmax */
+    float *lse;             /* (N) logsumexp of the router logits */
+    int32_t *sel;           /* (N,k) chosen experts */
+    float *gate;            /* (N,k) combine weights */
+    int32_t *row;           /* (N,k) packed row of each choice, -1 if dropped */
+    int32_t *tok;           /* (A) token of each packed row */
+    int32_t *start;         /* (E+1) first packed row of each expert */
+    int32_t *routed;        /* (E) choices per expert before capacity */
+    float *xe, *he, *ge;    /* (A,C) (A,H) (A,H) dispatched input, c_fc out, gelu */
+    float *ye;              /* (A,C) expert outputs */
+    float *dye, *dhe;       /* (A,C) (A,H) output gradients kept for W */
+    float *dlogit;          /* (N,E) kept for W */
+    const float *x;         /* (N,C) the block's input rows (ln_2 output) */
+    double aux, z;          /* this group's losses */
+} moe_acts;
+
+typedef struct {
+    float *router;                          /* (C,E) */
+    float **fc_w, **fc_b, **cp_w, **cp_b;   /* E each: (C,H) (H) (H,C) (C) */
+} moe_w;
+
+typedef struct {
+    int l;              /* global block */
+    moe_w w, g;
+    moe_acts *acts;     /* per slot */
+} moe_block;
+
+struct loom_moe {
+    int n_blocks;
+    moe_block *blocks;
+    int *of_local;      /* local block -> index in blocks, -1 if dense */
+    float dloss;
+    float *dgate;       /* (N,k) scratch */
+    float *dp;          /* (N,E) scratch */
+    float *dge;         /* (A,H) scratch */
+    float *dxe;         /* (A,C) scratch */
+    loom_moe_stats *stats;
+    int64_t *stat_mem;
+    void *mem;          /* one allocation for every float/int buffer above */
+};
+
+static moe_block *block_of(const loom_gpt *m, int li) {
+    int b = m->moe ? m->moe->of_local[li] : -1;
+    return b >= 0 ? &m->moe->blocks[b] : NULL;
+}
+
+/* Carve n bytes (64-aligned) from *p, or count them when *p is NULL-based. */
+static void *carve(char **p, size_t *used, size_t n) {
+    void *r = *p ? *p + *used : NULL;
+    *used += (n + 63) & ~(size_t)63;
+    return r;
+}
+
+static size_t layout(loom_gpt *m, struct loom_moe *moe, char *base) {
+    const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
+                 k = (size_t)m->cfg.top_k, H = (size_t)loom_moe_hidden(&m->cfg), A = N * k;
+    size_t used = 0;
+    char **p = &base;
+    moe->dgate = carve(p, &used, N * k * 4);
+    moe->dp = carve(p, &used, N * E * 4);
+    moe->dge = carve(p, &used, A * H * 4);
+    moe->dxe = carve(p, &used, A * C * 4);
+    moe->stat_mem = carve(p, &used, (size_t)moe->n_blocks * 2 * E * 8);
+    for (int b = 0; b < moe->n_blocks; b++) {
+        moe_block *bl = &moe->blocks[b];
+        float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
+                             &bl->g.fc_w, &bl->g.fc_b, &bl->g.cp_w, &bl->g.cp_b};
+        for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, E * sizeof(float *));
+        for (int s = 0; s < m->opts.n_slots; s++) {
+            moe_acts *a = &bl->acts[s];
+            a->probs = carve(p, &used, N * E * 4);
+            a->lse = carve(p, &used, N * 4);
+            a->sel = carve(p, &used, N * k * 4);
+            a->gate = carve(p, &used, N * k * 4);
+            a->row = carve(p, &used, N * k * 4);
+            a->tok = carve(p, &used, A * 4);
+            a->start = carve(p, &used, (E + 1) * 4);
+            a->routed = carve(p, &used, E * 4);
+            a->xe = carve(p, &used, A * C * 4);
+            a->he = carve(p, &used, A * H * 4);
+            a->ge = carve(p, &used, A * H * 4);
+            a->ye = carve(p, &used, A * C * 4);
+            a->dye = carve(p, &used, A * C * 4);
+            a->dhe = carve(p, &used, A * H * 4);
+            a->dlogit = carve(p, &used, N * E * 4);
+        }
+    }
+    return used;
+}
+
+loom_status loom_moe_create(loom_gpt *m) {
+    int n = 0;
+    for (int l = m->part.layer_begin; l < m->part.layer_end; l++) n += loom_moe_layer(&m->cfg, l);
+    if (n == 0) return LOOM_OK;
+    LOOM_TRY(loom_moe_config_check(&m->cfg));
+    if (m->part.tp.size > 1)
+        return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with tp=%d are not available in this build "
+                         "yet (experts are not TP-split); use --tp 1", m->cfg.name, m->part.tp.size);
+    struct loom_moe *moe = calloc(1, sizeof *moe);
+    if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+    m->moe = moe;
+    moe->n_blocks = n;
+    moe->blocks = calloc((size_t)n, sizeof *moe->blocks);
+    moe->of_local = calloc((size_t)(m->L_l ? m->L_l : 1), sizeof *moe->of_local);
+    moe->stats = calloc((size_t)n, sizeof *moe->stats);
+    if (!moe->blocks || !moe->of_local || !moe->stats)
+        return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+    for (int li = 0, b = 0; li < m->L_l; li++) {
+        moe->of_local[li] = -1;
+        if (!loom_moe_layer(&m->cfg, m->part.layer_begin + li)) continue;
+        moe->of_local[li] = b;
+        moe->blocks[b].l = m->part.layer_begin + li;
+        moe->blocks[b].acts = calloc((size_t)m->opts.n_slots, sizeof(moe_acts));
+        if (!moe->blocks[b].acts) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+        b++;
+    }
+    size_t bytes = layout(m, moe, NULL);
+    moe->mem = calloc(1, bytes + 64);
+    if (!moe->mem)
+        return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
+    layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
+    const int E = m->cfg.n_expert;
+    for (int b = 0; b < n; b++) {
+        moe->stats[b].layer = moe->blocks[b].l;
+        moe->stats[b].n_expert = E;
+        moe->stats[b].routed = moe->stat_mem + (size_t)b * 2 * E;
+        moe->stats[b].kept = moe->stat_mem + (size_t)b * 2 * E + E;
+    }
+    return LOOM_OK;
+}
+
+void loom_moe_free(struct loom_moe *moe) {
+    if (!moe) return;
+    for (int b = 0; moe->blocks && b < moe->n_blocks; b++) free(moe->blocks[b].acts);
+    free(moe->blocks);
+    free(moe->of_local);
+    free(moe->stats);
+    free(moe->mem);
+    free(moe);
+}
+
+int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
+    moe_block *bl = block_of(m, l - m->part.layer_begin);
+    if (!bl) return 0;
+    moe_w *w = grads ? &bl->g : &bl->w;
+    if (strcmp(suffix, "mlp.router.weight") == 0) {
+        w->router = v;
+        return 1;
+    }
+    int e, used = 0;
+    char what[32];
+    if (sscanf(suffix, "mlp.experts.%d.%31s%n", &e, what, &used) != 2 || e < 0 || e >= m->cfg.n_expert)
+        return 0;
+    if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
+    else if (!strcmp(what, "c_fc.bias")) w->fc_b[e] = v;
+    else if (!strcmp(what, "c_proj.weight")) w->cp_w[e] = v;
+    else if (!strcmp(what, "c_proj.bias")) w->cp_b[e] = v;
+    else return 0;
+    return 1;
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+/* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
+static double route_probs(moe_acts *a, const float *router, int N, int C, int E) {
+    double zsum = 0;
+    loom_matmul_fwd(a->probs, a->x, router, NULL, N, C, E);
+    for (int i = 0; i < N; i++) {
+        float *p = a->probs + (size_t)i * E;
+        float mx = p[0];
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += exp((double)p[e] - mx);
+        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)p[e] - mx) / sum);
+        a->lse[i] = (float)(mx + log(sum));
+        zsum += (double)a->lse[i] * a->lse[i];
+    }
+    return zsum;
+}
+
+/* sel (N,k): each token's top_k experts by probability, ties to the lower
+ * index; gate (N,k) their probabilities, renormalised if asked. */
+static void route_topk(moe_acts *a, int N, int E, int k, int norm) {
+    for (int i = 0; i < N; i++) {
+        const float *p = a->probs + (size_t)i * E;
+        int32_t *sel = a->sel + (size_t)i * k;
+        float *gate = a->gate + (size_t)i * k, sum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j; q++) taken |= sel[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[j] = best;
+            gate[j] = p[best];
+            sum += p[best];
+        }
+        if (norm)
+            for (int j = 0; j < k; j++) gate[j] /= sum;
+    }
+}
+
+/* Capacity (choice-major, then token order) and the packed layout: row (N,k),
+ * start (E+1), tok (A). Returns the number of dropped choices. */
+static int64_t route_dispatch(moe_acts *a, int N, int E, int k, int cap) {
+    int32_t *cnt = a->start + 1; /* kept per expert, then turned into offsets */
+    memset(a->start, 0, (size_t)(E + 1) * sizeof *a->start);
+    memset(a->routed, 0, (size_t)E * sizeof *a->routed);
+    int64_t dropped = 0;
+    for (int j = 0; j < k; j++)
+        for (int i = 0; i < N; i++) {
+            int e = a->sel[(size_t)i * k + j];
+            a->routed[e]++;
+            if (cnt[e] < cap) {
+                cnt[e]++;
+                a->row[(size_t)i * k + j] = 0; /* kept; its row is set below */
+            } else {
+                a->row[(size_t)i * k + j] = -1;
+                dropped++;
+            }
+        }
+    for (int e = 0; e < E; e++) a->start[e + 1] += a->start[e];
+    int32_t fill[1024];
+    for (int e = 0; e < E; e++) fill[e] = a->start[e];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int32_t *r = &a->row[(size_t)i * k + j];
+            if (*r < 0) continue;
+            *r = fill[a->sel[(size_t)i * k + j]]++;
+            a->tok[*r] = i;
+        }
+    return dropped;
+}
+
+loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out) {
+    moe_block *bl = block_of(m, li);
+    moe_acts *a = &bl->acts[s - m->slots];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
+    a->x = x;
+    double zsum = route_probs(a, bl->w.router, N, C, E);
+    route_topk(a, N, E, k, c->norm_topk);
+    int64_t dropped = route_dispatch(a, N, E, k, loom_moe_capacity(c, N));
+    /* aux = coef E sum_e (routed_e / N) (mean_i p_ie) */
+    double aux = 0;
+    for (int e = 0; e < E; e++) {
+        double P = 0;
+        for (int i = 0; i < N; i++) P += a->probs[(size_t)i * E + e];
+        aux += (double)a->routed[e] / N * (P / N);
+    }
+    a->aux = c->aux_coef * E * aux;
+    a->z = c->z_coef * zsum / N;
+    /* dispatch, experts, combine */
+    const int A = a->start[E];
+    for (int r = 0; r < A; r++) memcpy(a->xe + (size_t)r * C, x + (size_t)a->tok[r] * C, (size_t)C * 4);
+    for (int e = 0; e < E; e++) {
+        int r0 = a->start[e], n = a->start[e + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_fwd(a->he + (size_t)r0 * H, a->xe + (size_t)r0 * C, bl->w.fc_w[e], bl->w.fc_b[e], n, C, H);
+        loom_gelu_fwd(a->ge + (size_t)r0 * H, a->he + (size_t)r0 * H, (size_t)n * H);
+        loom_matmul_fwd(a->ye + (size_t)r0 * C, a->ge + (size_t)r0 * H, bl->w.cp_w[e], bl->w.cp_b[e], n, H, C);
+    }
+    memset(out, 0, (size_t)N * C * 4);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int r = a->row[(size_t)i * k + j];
+            if (r < 0) continue;
+            float g = a->gate[(size_t)i * k + j], *o = out + (size_t)i * C;
+            const float *y = a->ye + (size_t)r * C;
+            for (int q = 0; q < C; q++) o[q] += g * y[q];
+        }
+    /* statistics */
+    loom_moe_stats *st = &m->moe->stats[m->moe->of_local[li]];
+    for (int e = 0; e < E; e++) {
+        st->routed[e] += a->routed[e];
+        st->kept[e] += a->start[e + 1] - a->start[e];
+    }
+    st->assignments += (int64_t)N * k;
+    st->dropped += dropped;
+    st->aux += a->aux;
+    st->z += a->z;
+    st->groups++;
+    return LOOM_OK;
+}
+
+double loom_moe_loss_sum(const loom_gpt *m, const loom_gpt_slot *s) {
+    double sum = 0;
+    for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
+        const moe_acts *a = &m->moe->blocks[b].acts[s - m->slots];
+        sum += (a->aux + a->z) * m->N;
+    }
+    return sum;
+}
+
+/* ---- backward ----------------------------------------------------------------- */
+
+void loom_moe_set_dloss(loom_gpt *m, float dloss) {
+    if (m->moe) m->moe->dloss = dloss;
+}
+
+/* dlogit (N,E) WRITES the router logits' gradient from the gates' gradient
+ * dgate (N,k) and the two losses (group weight wg). */
+static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N, float wg) {
+    const int E = c->n_expert, k = c->top_k;
+    float *dp = moe->dp;
+    memset(dp, 0, (size_t)N * E * 4);
+    for (int i = 0; i < N; i++) {
+        const int32_t *sel = a->sel + (size_t)i * k;
+        const float *dg = moe->dgate + (size_t)i * k, *gate = a->gate + (size_t)i * k;
+        float *d = dp + (size_t)i * E;
+        if (c->norm_topk) { /* gate_j = p_j / S: dp_m = (dgate_m - sum_j dgate_j gate_j) / S */
+            float S = 0, wsum = 0;
+            for (int j = 0; j < k; j++) {
+                S += a->probs[(size_t)i * E + sel[j]];
+                wsum += dg[j] * gate[j];
+            }
+            for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - wsum) / S;
+        } else {
+            for (int j = 0; j < k; j++) d[sel[j]] += dg[j];
+        }
+    }
+    /* aux: d/dp_ie = coef E routed_e / N^2 */
+    const float aux_scale = wg * c->aux_coef * (float)E / ((float)N * (float)N);
+    for (int i = 0; i < N; i++)
+        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] += aux_scale * (float)a->routed[e];
+    /* softmax, plus z: d/dlogit_ie = 2 coef lse_i p_ie / N */
+    for (int i = 0; i < N; i++) {
+        const float *p = a->probs + (size_t)i * E, *d = dp + (size_t)i * E;
+        float *dl = a->dlogit + (size_t)i * E, dot = 0;
+        for (int e = 0; e < E; e++) dot += p[e] * d[e];
+        float zs = wg * c->z_coef * 2.0f * a->lse[i] / (float)N;
+        for (int e = 0; e < E; e++) dl[e] = p[e] * (d[e] - dot) + zs * p[e];
+    }
+}
+
+loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const float *dout, float *dx) {
+    moe_block *bl = block_of(m, li);
+    struct loom_moe *moe = m->moe;
+    moe_acts *a = &bl->acts[s - m->slots];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
+    const int A = a->start[E];
+    /* combine: dye_r = gate * dout_i, dgate = dout_i . ye_r */
+    memset(moe->dgate, 0, (size_t)N * k * 4);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int r = a->row[(size_t)i * k + j];
+            if (r < 0) continue;
+            const float *d = dout + (size_t)i * C, *y = a->ye + (size_t)r * C;
+            float g = a->gate[(size_t)i * k + j], *dy = a->dye + (size_t)r * C, dot = 0;
+            for (int q = 0; q < C; q++) {
+                dy[q] = g * d[q];
+                dot += d[q] * y[q];
+            }
+            moe->dgate[(size_t)i * k + j] = dot;
+        }
+    /* experts: dge, dhe, dxe */
+    memset(moe->dge, 0, (size_t)A * H * 4);
+    memset(a->dhe, 0, (size_t)A * H * 4);
+    memset(moe->dxe, 0, (size_t)A * C * 4);
+    for (int e = 0; e < E; e++) {
+        int r0 = a->start[e], n = a->start[e + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_bwd(moe->dge + (size_t)r0 * H, NULL, NULL, a->dye + (size_t)r0 * C, NULL,
+                        bl->w.cp_w[e], n, H, C);
+        loom_gelu_bwd(a->dhe + (size_t)r0 * H, a->he + (size_t)r0 * H, moe->dge + (size_t)r0 * H,
+                      (size_t)n * H);
+        loom_matmul_bwd(moe->dxe + (size_t)r0 * C, NULL, NULL, a->dhe + (size_t)r0 * H, NULL,
+                        bl->w.fc_w[e], n, C, H);
+    }
+    /* router */
+    router_bwd(moe, a, c, N, moe->dloss * (float)N);
+    memset(dx, 0, (size_t)N * C * 4);
+    loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    /* un-dispatch: each packed row's input gradient back to its token */
+    for (int r = 0; r < A; r++) {
+        float *d = dx + (size_t)a->tok[r] * C;
+        const float *src = moe->dxe + (size_t)r * C;
+        for (int q = 0; q < C; q++) d[q] += src[q];
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
+    moe_block *bl = block_of(m, li);
+    moe_acts *a = &bl->acts[s - m->slots];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, H = loom_moe_hidden(c);
+    loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, a->x, bl->w.router, N, C, E);
+    for (int e = 0; e < E; e++) {
+        int r0 = a->start[e], n = a->start[e + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_bwd(NULL, bl->g.cp_w[e], bl->g.cp_b[e], a->dye + (size_t)r0 * C,
+                        a->ge + (size_t)r0 * H, bl->w.cp_w[e], n, H, C);
+        loom_matmul_bwd(NULL, bl->g.fc_w[e], bl->g.fc_b[e], a->dhe + (size_t)r0 * H,
+                        a->xe + (size_t)r0 * C, bl->w.fc_w[e], n, C, H);
+    }
+    return LOOM_OK;
+}
+
+/* ---- statistics ---------------------------------------------------------------- */
+
+const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n) {
+    *n = m->moe ? m->moe->n_blocks : 0;
+    return m->moe ? m->moe->stats : NULL;
+}
+
+void loom_moe_stats_reset(loom_gpt *m) {
+    for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
+        loom_moe_stats *st = &m->moe->stats[b];
+        memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
+        st->assignments = st->dropped = 0;
+        st->aux = st->z = 0;
+        st->groups = 0;
+    }
+}
