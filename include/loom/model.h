@@ -62,6 +62,7 @@ typedef struct loom_model_part {
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
+    loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
 } loom_model_part;
 /* The whole model on one device. */
 loom_model_part loom_model_part_whole(const loom_model_config *cfg);

@@ -31,6 +31,22 @@
  * Parameters of an MoE block replace mlp.c_fc / mlp.c_proj with
  * mlp.router.weight (C,E) and mlp.experts.<e>.c_fc.{weight (C,H), bias (H)},
  * mlp.experts.<e>.c_proj.{weight (H,C), bias (C)}.
+ *
+ * Expert parallelism (part.ep, a group of P ranks inside dp x cp, P
+ * dividing E): rank r of the group holds experts [r E/P, (r+1) E/P) (named
+ * by their global index), in unit LOOM_UNIT_EXPERTS at the end of the flat
+ * buffers, outside every DP bucket: the EP engine (ep.h) reduces their
+ * gradients over the ranks holding the same experts and steps them. Each
+ * rank routes its own tokens (its micro-batch is its routing group, capacity
+ * applied before anything is sent); per MoE block and micro-batch
+ *   forward:  alltoall of the kept counts (E/P int32 per destination), then
+ *             alltoallv dispatch of the kept rows (A x C floats sent) and
+ *             alltoallv combine of the expert outputs (R x C floats sent back)
+ *   backward: the same two alltoallv for the output and input gradients
+ * where A = this rank's kept assignments and R = the assignments the group
+ * sent to this rank's experts; the communicator counts 2 (A + R) C 4 bytes
+ * of alltoallv per rank (the rows a rank keeps for itself included) plus
+ * P (E/P) 4 bytes of alltoall.
  */
 #ifndef LOOM_MOE_H
 #define LOOM_MOE_H
@@ -38,6 +54,9 @@
 #include <stdint.h>
 #include "loom/model.h"
 #include "loom/status.h"
+
+/* The unit of the expert tensors of an expert-parallel part (model.h units). */
+#define LOOM_UNIT_EXPERTS (-2)
 
 /* Block l of the config is an MoE block. */
 int loom_moe_layer(const loom_model_config *cfg, int l);
@@ -60,6 +79,10 @@ typedef struct loom_moe_stats {
     int64_t dropped;      /* assignments over capacity */
     double aux, z;        /* sum over routing groups of the two losses */
     int groups;           /* routing groups seen */
+    int64_t sent_rows;    /* expert parallelism: rows dispatched by this rank (A, summed) */
+    int64_t recv_rows;    /* rows this rank's experts received (R, summed) */
+    int64_t a2a_bytes;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd */
+    double a2a_s;         /* seconds inside those calls */
 } loom_moe_stats;
 
 /* The stats of this part's MoE blocks: *n of them (0 for a dense part). */

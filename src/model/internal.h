@@ -25,8 +25,12 @@ loom_status loom_moe_config_key(const char *path, const struct cJSON *it, loom_m
                                 int *handled);
 /* Table rows of the MoE blocks in [layer_begin, layer_end) beyond the dense MLP's. */
 int loom_moe_extra_params(const loom_model_config *cfg, const loom_model_part *part);
-/* The rows of MoE block l (instead of mlp.c_fc / mlp.c_proj). */
+/* The rows of MoE block l (instead of mlp.c_fc / mlp.c_proj): the router, and
+ * unless the part is expert-parallel its experts; an expert-parallel part
+ * adds its local experts of every MoE block after all blocks
+ * (loom_moe_add_experts, unit LOOM_UNIT_EXPERTS). */
 void loom_moe_add_params(loom_gpt *m, size_t *off, int l, float std, float res_std);
+void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_std);
 /* State and activations of the part's MoE blocks (after the table is built). */
 loom_status loom_moe_create(loom_gpt *m);
 void loom_moe_free(struct loom_moe *moe);

@@ -1,12 +1,14 @@
 /* moe.c - Mixture-of-Experts blocks (include/loom/moe.h): config keys and
  * built-ins, the parameter rows, and route -> dispatch -> experts -> combine
- * with its mirror backward. Local (one rank holds every expert; expert
- * parallelism is not in this build yet).
+ * with its mirror backward. Collective over the part's EP group (the
+ * alltoall(v) of dispatch and combine), local without one.
  *
  * Dispatch packs the kept assignments expert by expert, tokens in order
- * within an expert, into (A,C) rows, A <= N top_k: each expert is then two
- * plain matmuls over its contiguous rows, and combine scatters them back
- * weighted by the gates.
+ * within an expert, into (A,C) rows, A <= N top_k: destination-major, so
+ * one alltoallv sends each owner its experts' rows. The owner reorders what
+ * it receives expert-major, so each local expert is two plain matmuls over
+ * contiguous rows; combine reverses both steps and scatters the outputs
+ * back weighted by the gates.
  */
 #include "loom/moe.h"
 
@@ -128,38 +130,56 @@ int loom_moe_extra_params(const loom_model_config *c, const loom_model_part *par
     return n;
 }
 
+static int ep_size(const loom_gpt *m) { return m->part.ep ? loom_comm_size(m->part.ep) : 1; }
+static int ep_rank(const loom_gpt *m) { return m->part.ep ? loom_comm_rank(m->part.ep) : 0; }
+
+/* The router of block l; with expert parallelism its experts wait for
+ * loom_moe_add_experts (they go after every block), else they follow. */
 void loom_moe_add_params(loom_gpt *m, size_t *off, int l, float std, float res_std) {
-    const int64_t C = m->C, E = m->cfg.n_expert, H = loom_moe_hidden(&m->cfg);
     char name[LOOM_PARAM_NAME_MAX];
     snprintf(name, sizeof name, "h.%d.mlp.router.weight", l);
-    loom_gpt_add_param(m, off, name, C, E, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
-    for (int e = 0; e < E; e++) {
+    loom_gpt_add_param(m, off, name, m->C, m->cfg.n_expert, -1, 1, m->C, LOOM_INIT_NORMAL, std, 0, l);
+    if (ep_size(m) == 1) loom_moe_add_experts(m, off, l, std, res_std);
+}
+
+void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_std) {
+    const int64_t C = m->C, H = loom_moe_hidden(&m->cfg);
+    const int El = m->cfg.n_expert / ep_size(m), e0 = ep_rank(m) * El;
+    const int unit = ep_size(m) > 1 ? LOOM_UNIT_EXPERTS : l;
+    char name[LOOM_PARAM_NAME_MAX];
+    for (int e = e0; e < e0 + El; e++) {
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.weight", l, e);
-        loom_gpt_add_param(m, off, name, C, H, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
+        loom_gpt_add_param(m, off, name, C, H, -1, 1, C, LOOM_INIT_NORMAL, std, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.bias", l, e);
-        loom_gpt_add_param(m, off, name, H, 0, -1, 1, H, LOOM_INIT_ZEROS, 0, 0, l);
+        loom_gpt_add_param(m, off, name, H, 0, -1, 1, H, LOOM_INIT_ZEROS, 0, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.weight", l, e);
-        loom_gpt_add_param(m, off, name, H, C, -1, 1, H, LOOM_INIT_NORMAL, res_std, 0, l);
+        loom_gpt_add_param(m, off, name, H, C, -1, 1, H, LOOM_INIT_NORMAL, res_std, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.bias", l, e);
-        loom_gpt_add_param(m, off, name, C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 0, l);
+        loom_gpt_add_param(m, off, name, C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 0, unit);
     }
 }
 
 /* ---- state ----------------------------------------------------------------- */
 
-/* What one MoE block keeps from forward for backward, per slot. A = N top_k. */
+/* What one MoE block keeps from forward for backward, per slot. A <= N k
+ * rows this rank dispatches (its tokens' kept choices, expert-major); R
+ * rows this rank's El = E/P experts receive from the P ranks of the EP
+ * group, kept expert-major (local expert, then source rank, then token). */
 typedef struct {
     float *probs;           /* (N,E) router softmax */
     float *lse;             /* (N) logsumexp of the router logits */
     int32_t *sel;           /* (N,k) chosen experts */
     float *gate;            /* (N,k) combine weights */
-    int32_t *row;           /* (N,k) packed row of each choice, -1 if dropped */
-    int32_t *tok;           /* (A) token of each packed row */
-    int32_t *start;         /* (E+1) first packed row of each expert */
+    int32_t *row;           /* (N,k) dispatched row of each choice, -1 if dropped */
+    int32_t *tok;           /* (A) token of each dispatched row */
+    int32_t *start;         /* (E+1) first dispatched row of each expert */
     int32_t *routed;        /* (E) choices per expert before capacity */
-    float *xe, *he, *ge;    /* (A,C) (A,H) (A,H) dispatched input, c_fc out, gelu */
-    float *ye;              /* (A,C) expert outputs */
-    float *dye, *dhe;       /* (A,C) (A,H) output gradients kept for W */
+    int32_t *rc;            /* (P,El) rows received from source s for local expert j */
+    int32_t *soff, *eoff;   /* (P,El) their offsets source-major / expert-major */
+    int32_t *estart;        /* (El+1) first expert-major row of each local expert */
+    float *ye;              /* (A,C) expert outputs of the dispatched rows */
+    float *xp, *hp, *gp;    /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
+    float *dyp, *dhp;       /* (R,C) (R,H) output gradients kept for W */
     float *dlogit;          /* (N,E) kept for W */
     const float *x;         /* (N,C) the block's input rows (ln_2 output) */
     double aux, z;          /* this group's losses */
@@ -167,7 +187,7 @@ typedef struct {
 
 typedef struct {
     float *router;                          /* (C,E) */
-    float **fc_w, **fc_b, **cp_w, **cp_b;   /* E each: (C,H) (H) (H,C) (C) */
+    float **fc_w, **fc_b, **cp_w, **cp_b;   /* El each: (C,H) (H) (H,C) (C) */
 } moe_w;
 
 typedef struct {
@@ -177,17 +197,20 @@ typedef struct {
 } moe_block;
 
 struct loom_moe {
-    int n_blocks;
+    int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
+    size_t Rmax;              /* rows the local experts can receive */
     moe_block *blocks;
     int *of_local;      /* local block -> index in blocks, -1 if dense */
     float dloss;
     float *dgate;       /* (N,k) scratch */
     float *dp;          /* (N,E) scratch */
-    float *dge;         /* (A,H) scratch */
-    float *dxe;         /* (A,C) scratch */
+    float *sendA;       /* (A,C) scratch: rows to dispatch, then their gradients */
+    float *t1, *t2;     /* (R,C) scratch */
+    float *tH;          /* (R,H) scratch */
+    size_t *a2a;        /* (4P) alltoallv byte counts and displacements */
     loom_moe_stats *stats;
     int64_t *stat_mem;
-    void *mem;          /* one allocation for every float/int buffer above */
+    void *mem;          /* one allocation for every buffer above */
 };
 
 static moe_block *block_of(const loom_gpt *m, int li) {
@@ -195,28 +218,31 @@ static moe_block *block_of(const loom_gpt *m, int li) {
     return b >= 0 ? &m->moe->blocks[b] : NULL;
 }
 
-/* Carve n bytes (64-aligned) from *p, or count them when *p is NULL-based. */
-static void *carve(char **p, size_t *used, size_t n) {
-    void *r = *p ? *p + *used : NULL;
+/* Carve n bytes (64-aligned) from base, or only count them when base is NULL. */
+static void *carve(char *base, size_t *used, size_t n) {
+    void *r = base ? base + *used : NULL;
     *used += (n + 63) & ~(size_t)63;
     return r;
 }
 
-static size_t layout(loom_gpt *m, struct loom_moe *moe, char *base) {
+static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
-                 k = (size_t)m->cfg.top_k, H = (size_t)loom_moe_hidden(&m->cfg), A = N * k;
+                 k = (size_t)m->cfg.top_k, H = (size_t)loom_moe_hidden(&m->cfg), A = N * k,
+                 P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
     size_t used = 0;
-    char **p = &base;
     moe->dgate = carve(p, &used, N * k * 4);
     moe->dp = carve(p, &used, N * E * 4);
-    moe->dge = carve(p, &used, A * H * 4);
-    moe->dxe = carve(p, &used, A * C * 4);
+    moe->sendA = carve(p, &used, A * C * 4);
+    moe->t1 = carve(p, &used, R * C * 4);
+    moe->t2 = carve(p, &used, R * C * 4);
+    moe->tH = carve(p, &used, R * H * 4);
+    moe->a2a = carve(p, &used, 4 * P * sizeof(size_t));
     moe->stat_mem = carve(p, &used, (size_t)moe->n_blocks * 2 * E * 8);
     for (int b = 0; b < moe->n_blocks; b++) {
         moe_block *bl = &moe->blocks[b];
         float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
                              &bl->g.fc_w, &bl->g.fc_b, &bl->g.cp_w, &bl->g.cp_b};
-        for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, E * sizeof(float *));
+        for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, El * sizeof(float *));
         for (int s = 0; s < m->opts.n_slots; s++) {
             moe_acts *a = &bl->acts[s];
             a->probs = carve(p, &used, N * E * 4);
@@ -227,12 +253,16 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *base) {
             a->tok = carve(p, &used, A * 4);
             a->start = carve(p, &used, (E + 1) * 4);
             a->routed = carve(p, &used, E * 4);
-            a->xe = carve(p, &used, A * C * 4);
-            a->he = carve(p, &used, A * H * 4);
-            a->ge = carve(p, &used, A * H * 4);
+            a->rc = carve(p, &used, P * El * 4);
+            a->soff = carve(p, &used, P * El * 4);
+            a->eoff = carve(p, &used, P * El * 4);
+            a->estart = carve(p, &used, (El + 1) * 4);
             a->ye = carve(p, &used, A * C * 4);
-            a->dye = carve(p, &used, A * C * 4);
-            a->dhe = carve(p, &used, A * H * 4);
+            a->xp = carve(p, &used, R * C * 4);
+            a->hp = carve(p, &used, R * H * 4);
+            a->gp = carve(p, &used, R * H * 4);
+            a->dyp = carve(p, &used, R * C * 4);
+            a->dhp = carve(p, &used, R * H * 4);
             a->dlogit = carve(p, &used, N * E * 4);
         }
     }
@@ -247,10 +277,20 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (m->part.tp.size > 1)
         return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with tp=%d are not available in this build "
                          "yet (experts are not TP-split); use --tp 1", m->cfg.name, m->part.tp.size);
+    const int P = ep_size(m), E = m->cfg.n_expert, k = m->cfg.top_k;
+    if (E % P)
+        return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,
+                         m->cfg.name);
     struct loom_moe *moe = calloc(1, sizeof *moe);
     if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
     m->moe = moe;
     moe->n_blocks = n;
+    moe->P = P;
+    moe->El = E / P;
+    moe->e0 = ep_rank(m) * moe->El;
+    /* each of the P sources sends each local expert at most N rows, and at
+     * most N k rows in all */
+    moe->Rmax = (size_t)P * m->N * (size_t)(k < moe->El ? k : moe->El);
     moe->blocks = calloc((size_t)n, sizeof *moe->blocks);
     moe->of_local = calloc((size_t)(m->L_l ? m->L_l : 1), sizeof *moe->of_local);
     moe->stats = calloc((size_t)n, sizeof *moe->stats);
@@ -270,7 +310,6 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (!moe->mem)
         return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
     layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
-    const int E = m->cfg.n_expert;
     for (int b = 0; b < n; b++) {
         moe->stats[b].layer = moe->blocks[b].l;
         moe->stats[b].n_expert = E;
@@ -298,10 +337,11 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
         w->router = v;
         return 1;
     }
-    int e, used = 0;
+    int e;
     char what[32];
-    if (sscanf(suffix, "mlp.experts.%d.%31s%n", &e, what, &used) != 2 || e < 0 || e >= m->cfg.n_expert)
-        return 0;
+    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2) return 0;
+    e -= m->moe->e0;
+    if (e < 0 || e >= m->moe->El) return 0;
     if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
     else if (!strcmp(what, "c_fc.bias")) w->fc_b[e] = v;
     else if (!strcmp(what, "c_proj.weight")) w->cp_w[e] = v;
@@ -310,7 +350,7 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
     return 1;
 }
 
-/* ---- forward ----------------------------------------------------------------- */
+/* ---- routing ------------------------------------------------------------------ */
 
 /* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
 static double route_probs(moe_acts *a, const float *router, int N, int C, int E) {
@@ -352,8 +392,8 @@ static void route_topk(moe_acts *a, int N, int E, int k, int norm) {
     }
 }
 
-/* Capacity (choice-major, then token order) and the packed layout: row (N,k),
- * start (E+1), tok (A). Returns the number of dropped choices. */
+/* Capacity (choice-major, then token order) and the dispatch layout: row
+ * (N,k), start (E+1), tok (A). Returns the number of dropped choices. */
 static int64_t route_dispatch(moe_acts *a, int N, int E, int k, int cap) {
     int32_t *cnt = a->start + 1; /* kept per expert, then turned into offsets */
     memset(a->start, 0, (size_t)(E + 1) * sizeof *a->start);
@@ -384,11 +424,94 @@ static int64_t route_dispatch(moe_acts *a, int N, int E, int k, int cap) {
     return dropped;
 }
 
+/* ---- dispatch and combine over the EP group ------------------------------------ */
+
+/* One alltoallv of rows of `width` floats: to_experts sends each rank the
+ * dispatched rows of its experts (A rows, expert-major = destination-major)
+ * and receives R rows source-major; !to_experts sends those back. With no
+ * group (P = 1) a copy. Counts bytes and time into st. */
+static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, float *recv, int width,
+                            int to_experts, loom_moe_stats *st) {
+    struct loom_moe *moe = m->moe;
+    const int P = moe->P, El = moe->El;
+    size_t *sb = moe->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
+    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
+    for (int q = 0; q < P; q++) {
+        size_t mine = (size_t)(a->start[(q + 1) * El] - a->start[q * El]), theirs = 0;
+        for (int j = 0; j < El; j++) theirs += (size_t)a->rc[q * El + j];
+        sb[q] = (to_experts ? mine : theirs) * fl;
+        rb[q] = (to_experts ? theirs : mine) * fl;
+        sd[q] = so;
+        rd[q] = ro;
+        so += sb[q];
+        ro += rb[q];
+    }
+    if (!m->part.ep) {
+        memcpy(recv, send, so);
+        return LOOM_OK;
+    }
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(loom_comm_alltoallv(m->part.ep, send, sb, sd, recv, rb, rd));
+    st->a2a_s += loom_comm_wtime() - t0;
+    st->a2a_bytes += (int64_t)so;
+    return LOOM_OK;
+}
+
+/* The kept counts per expert to each expert's owner: rc (P,El), and the
+ * offsets of those rows source-major (soff) and expert-major (eoff, estart). */
+static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st) {
+    struct loom_moe *moe = m->moe;
+    const int P = moe->P, El = moe->El, E = m->cfg.n_expert;
+    int32_t *kept = (int32_t *)moe->dgate; /* (E) scratch: dgate is free in forward */
+    for (int e = 0; e < E; e++) kept[e] = a->start[e + 1] - a->start[e];
+    if (m->part.ep) {
+        double t0 = loom_comm_wtime();
+        LOOM_TRY(loom_comm_alltoall(m->part.ep, kept, a->rc, (size_t)El * sizeof(int32_t)));
+        st->a2a_s += loom_comm_wtime() - t0;
+        st->a2a_bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);
+    } else {
+        memcpy(a->rc, kept, (size_t)E * sizeof(int32_t));
+    }
+    int32_t o = 0;
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            a->soff[s * El + j] = o;
+            o += a->rc[s * El + j];
+        }
+    o = 0;
+    for (int j = 0; j < El; j++) {
+        a->estart[j] = o;
+        for (int s = 0; s < P; s++) {
+            a->eoff[s * El + j] = o;
+            o += a->rc[s * El + j];
+        }
+    }
+    a->estart[El] = o;
+    return LOOM_OK;
+}
+
+/* Rows between source-major and expert-major order. */
+static void permute(const moe_acts *a, int P, int El, const float *src, float *dst, int width,
+                    int to_expert_major) {
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            size_t n = (size_t)a->rc[s * El + j], so = (size_t)a->soff[s * El + j],
+                   eo = (size_t)a->eoff[s * El + j];
+            size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
+            memcpy(dst + to * width, src + from * width, n * width * sizeof(float));
+        }
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
 loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out) {
     moe_block *bl = block_of(m, li);
+    struct loom_moe *moe = m->moe;
     moe_acts *a = &bl->acts[s - m->slots];
+    loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
+    const int P = moe->P, El = moe->El;
     a->x = x;
     double zsum = route_probs(a, bl->w.router, N, C, E);
     route_topk(a, N, E, k, c->norm_topk);
@@ -396,22 +519,30 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     /* aux = coef E sum_e (routed_e / N) (mean_i p_ie) */
     double aux = 0;
     for (int e = 0; e < E; e++) {
-        double P = 0;
-        for (int i = 0; i < N; i++) P += a->probs[(size_t)i * E + e];
-        aux += (double)a->routed[e] / N * (P / N);
+        double Pe = 0;
+        for (int i = 0; i < N; i++) Pe += a->probs[(size_t)i * E + e];
+        aux += (double)a->routed[e] / N * (Pe / N);
     }
     a->aux = c->aux_coef * E * aux;
     a->z = c->z_coef * zsum / N;
-    /* dispatch, experts, combine */
+    /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
     const int A = a->start[E];
-    for (int r = 0; r < A; r++) memcpy(a->xe + (size_t)r * C, x + (size_t)a->tok[r] * C, (size_t)C * 4);
-    for (int e = 0; e < E; e++) {
-        int r0 = a->start[e], n = a->start[e + 1] - r0;
+    for (int r = 0; r < A; r++)
+        memcpy(moe->sendA + (size_t)r * C, x + (size_t)a->tok[r] * C, (size_t)C * 4);
+    LOOM_TRY(exchange_counts(m, a, st));
+    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
+    permute(a, P, El, moe->t1, a->xp, C, 1);
+    /* the local experts, each over its contiguous rows */
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_fwd(a->he + (size_t)r0 * H, a->xe + (size_t)r0 * C, bl->w.fc_w[e], bl->w.fc_b[e], n, C, H);
-        loom_gelu_fwd(a->ge + (size_t)r0 * H, a->he + (size_t)r0 * H, (size_t)n * H);
-        loom_matmul_fwd(a->ye + (size_t)r0 * C, a->ge + (size_t)r0 * H, bl->w.cp_w[e], bl->w.cp_b[e], n, H, C);
+        loom_matmul_fwd(a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
+        loom_gelu_fwd(a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
+        loom_matmul_fwd(moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j], bl->w.cp_b[j], n, H, C);
     }
+    /* combine: outputs back to their tokens' ranks, weighted by the gates */
+    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    LOOM_TRY(exchange(m, a, moe->t1, a->ye, C, 0, st));
     memset(out, 0, (size_t)N * C * 4);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < k; j++) {
@@ -422,7 +553,6 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
             for (int q = 0; q < C; q++) o[q] += g * y[q];
         }
     /* statistics */
-    loom_moe_stats *st = &m->moe->stats[m->moe->of_local[li]];
     for (int e = 0; e < E; e++) {
         st->routed[e] += a->routed[e];
         st->kept[e] += a->start[e + 1] - a->start[e];
@@ -432,6 +562,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     st->aux += a->aux;
     st->z += a->z;
     st->groups++;
+    st->sent_rows += A;
+    st->recv_rows += a->estart[El];
     return LOOM_OK;
 }
 
@@ -489,45 +621,53 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     moe_block *bl = block_of(m, li);
     struct loom_moe *moe = m->moe;
     moe_acts *a = &bl->acts[s - m->slots];
+    loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
-    const int A = a->start[E];
-    /* combine: dye_r = gate * dout_i, dgate = dout_i . ye_r */
+    const int P = moe->P, El = moe->El, A = a->start[E];
+    /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
+     * dgate = dout_i . ye_r */
     memset(moe->dgate, 0, (size_t)N * k * 4);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < k; j++) {
             int r = a->row[(size_t)i * k + j];
             if (r < 0) continue;
             const float *d = dout + (size_t)i * C, *y = a->ye + (size_t)r * C;
-            float g = a->gate[(size_t)i * k + j], *dy = a->dye + (size_t)r * C, dot = 0;
+            float g = a->gate[(size_t)i * k + j], *dy = moe->sendA + (size_t)r * C, dot = 0;
             for (int q = 0; q < C; q++) {
                 dy[q] = g * d[q];
                 dot += d[q] * y[q];
             }
             moe->dgate[(size_t)i * k + j] = dot;
         }
-    /* experts: dge, dhe, dxe */
-    memset(moe->dge, 0, (size_t)A * H * 4);
-    memset(a->dhe, 0, (size_t)A * H * 4);
-    memset(moe->dxe, 0, (size_t)A * C * 4);
-    for (int e = 0; e < E; e++) {
-        int r0 = a->start[e], n = a->start[e + 1] - r0;
+    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
+    permute(a, P, El, moe->t1, a->dyp, C, 1);
+    /* the local experts' input gradients */
+    const size_t R = (size_t)a->estart[El];
+    memset(moe->tH, 0, R * H * 4);
+    memset(a->dhp, 0, R * H * 4);
+    memset(moe->t2, 0, R * C * 4);
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(moe->dge + (size_t)r0 * H, NULL, NULL, a->dye + (size_t)r0 * C, NULL,
-                        bl->w.cp_w[e], n, H, C);
-        loom_gelu_bwd(a->dhe + (size_t)r0 * H, a->he + (size_t)r0 * H, moe->dge + (size_t)r0 * H,
+        loom_matmul_bwd(moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
+                        bl->w.cp_w[j], n, H, C);
+        loom_gelu_bwd(a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
                       (size_t)n * H);
-        loom_matmul_bwd(moe->dxe + (size_t)r0 * C, NULL, NULL, a->dhe + (size_t)r0 * H, NULL,
-                        bl->w.fc_w[e], n, C, H);
+        loom_matmul_bwd(moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
+                        bl->w.fc_w[j], n, C, H);
     }
+    /* back to the tokens' ranks (sendA is free again) */
+    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
     /* router */
     router_bwd(moe, a, c, N, moe->dloss * (float)N);
     memset(dx, 0, (size_t)N * C * 4);
     loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
-    /* un-dispatch: each packed row's input gradient back to its token */
+    /* un-dispatch: each dispatched row's input gradient back to its token */
     for (int r = 0; r < A; r++) {
         float *d = dx + (size_t)a->tok[r] * C;
-        const float *src = moe->dxe + (size_t)r * C;
+        const float *src = moe->sendA + (size_t)r * C;
         for (int q = 0; q < C; q++) d[q] += src[q];
     }
     return LOOM_OK;
@@ -537,15 +677,15 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
     moe_block *bl = block_of(m, li);
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, H = loom_moe_hidden(c);
+    const int N = m->N, C = m->C, E = c->n_expert, H = loom_moe_hidden(c), El = m->moe->El;
     loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, a->x, bl->w.router, N, C, E);
-    for (int e = 0; e < E; e++) {
-        int r0 = a->start[e], n = a->start[e + 1] - r0;
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(NULL, bl->g.cp_w[e], bl->g.cp_b[e], a->dye + (size_t)r0 * C,
-                        a->ge + (size_t)r0 * H, bl->w.cp_w[e], n, H, C);
-        loom_matmul_bwd(NULL, bl->g.fc_w[e], bl->g.fc_b[e], a->dhe + (size_t)r0 * H,
-                        a->xe + (size_t)r0 * C, bl->w.fc_w[e], n, C, H);
+        loom_matmul_bwd(NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
+                        a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
+        loom_matmul_bwd(NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
+                        a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
     }
     return LOOM_OK;
 }
@@ -561,7 +701,8 @@ void loom_moe_stats_reset(loom_gpt *m) {
     for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
         loom_moe_stats *st = &m->moe->stats[b];
         memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
-        st->assignments = st->dropped = 0;
+        st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a_bytes = 0;
+        st->a2a_s = 0;
         st->aux = st->z = 0;
         st->groups = 0;
     }

@@ -116,6 +116,9 @@ size_t loom_gpt_build_table(loom_gpt *m) {
             float s = b->init == LOOM_INIT_NORMAL ? (b->residual_proj ? res_std : std) : 0.0f;
             add(m, &off, name, r, cols, b->split_dim, b->parts, valid, b->init, s, b->sp_partial, l);
         }
+    if (m->part.ep && loom_comm_size(m->part.ep) > 1) /* expert-parallel: the local experts last */
+        for (int l = m->part.layer_begin; l < m->part.layer_end; l++)
+            if (loom_moe_layer(c, l)) loom_moe_add_experts(m, &off, l, std, res_std);
     return off;
 }
 
@@ -191,6 +194,10 @@ static void bind_views(loom_gpt *m, int unit, float *base, loom_gpt_weights *w) 
         if (p->unit != unit) continue;
         float *v = base + (p->offset - lo);
         const char *nm = p->name;
+        if (unit == LOOM_UNIT_EXPERTS) { /* "h.<l>.mlp.experts...." */
+            loom_moe_bind(m, atoi(nm + 2), strchr(nm + 2, '.') + 1, v, w == &m->g);
+            continue;
+        }
         if (unit == LOOM_UNIT_OUTER) {
             if (!strcmp(nm, "wte.weight")) w->wte = v;
             else if (!strcmp(nm, "wpe.weight")) w->wpe = v;
@@ -215,7 +222,7 @@ void loom_gpt_bind_unit(loom_gpt *m, int unit, float *params, float *grads) {
 
 void loom_gpt_bind_all(loom_gpt *m) {
     size_t lo, n;
-    for (int u = LOOM_UNIT_OUTER; u < m->part.layer_end; u++) {
+    for (int u = LOOM_UNIT_EXPERTS; u < m->part.layer_end; u++) {
         if (u >= 0 && u < m->part.layer_begin) continue;
         loom_gpt_unit_range(m, u, &lo, &n);
         loom_gpt_bind_unit(m, u, m->param_mem ? m->param_mem + lo : NULL,
