@@ -110,6 +110,8 @@ int cmd_train(int argc, char **argv) {
         {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"grad-accum", OPT_INT, &c.grad_accum, 0, "K", "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
         {"zero", OPT_INT, &c.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
+        {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X", "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
+        {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F", "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
         {"bucket-mb", OPT_DOUBLE, &c.bucket_mb, 0, "MB", "DDP gradient bucket size in MB (default 25)"},
         {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},

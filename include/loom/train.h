@@ -67,6 +67,10 @@ typedef struct loom_train_config {
     int log_every;      /* plain log line every N steps */
     int progress;       /* -1 auto (terminal), 0 off, 1 on */
     int quiet;
+    /* MoE (moe.h): warn naming the block when the expert load imbalance
+     * (max / mean tokens per expert) or the all-to-all share of the step
+     * exceeds these */
+    float moe_warn_imbalance, moe_warn_a2a;
 } loom_train_config;
 
 void loom_train_config_default(loom_train_config *c);

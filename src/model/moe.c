@@ -138,12 +138,13 @@ static int ep_rank(const loom_gpt *m) { return m->part.ep ? loom_comm_rank(m->pa
 void loom_moe_add_params(loom_gpt *m, size_t *off, int l, float std, float res_std) {
     char name[LOOM_PARAM_NAME_MAX];
     snprintf(name, sizeof name, "h.%d.mlp.router.weight", l);
-    loom_gpt_add_param(m, off, name, m->C, m->cfg.n_expert, -1, 1, m->C, LOOM_INIT_NORMAL, std, 0, l);
+    const int64_t C = m->cfg.n_embd; /* m->C is not set for loom_param_table_whole */
+    loom_gpt_add_param(m, off, name, C, m->cfg.n_expert, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
     if (ep_size(m) == 1) loom_moe_add_experts(m, off, l, std, res_std);
 }
 
 void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_std) {
-    const int64_t C = m->C, H = loom_moe_hidden(&m->cfg);
+    const int64_t C = m->cfg.n_embd, H = loom_moe_hidden(&m->cfg);
     const int El = m->cfg.n_expert / ep_size(m), e0 = ep_rank(m) * El;
     const int unit = ep_size(m) > 1 ? LOOM_UNIT_EXPERTS : l;
     char name[LOOM_PARAM_NAME_MAX];
