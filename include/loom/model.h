@@ -43,6 +43,7 @@ typedef struct loom_model_config {
     /* Mixture of experts (include/loom/moe.h); n_expert = 0: every block dense. */
     int n_expert, top_k, moe_every, expert_hidden, norm_topk;
     float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
+    float bias_rate; /* aux-loss-free balancing (DeepSeek-V3): selection-bias step, 0 = off */
 } loom_model_config;
 
 /* Built-in names: tiny, mini, gpt2-small (alias gpt2), gpt2-medium,

@@ -28,6 +28,12 @@
  *   z   = z_coef * mean over tokens of logsumexp(router logits)^2  (ST-MoE)
  * Gradients flow through P and the logits, not through the counts.
  *
+ * Auxiliary-loss-free balancing (DeepSeek-V3), bias_rate g > 0: a per-expert
+ * bias b is added to p for choosing the top_k only (gates use p); after
+ * each step b_e += g * sign(mean load - load_e), the load being the
+ * assignments chosen for e over every routing group of the step (every
+ * rank), so every layout keeps the same b. b starts at 0 and is not saved.
+ *
  * Parameters of an MoE block replace mlp.c_fc / mlp.c_proj with
  * mlp.router.weight (C,E) and mlp.experts.<e>.c_fc.{weight (C,H), bias (H)},
  * mlp.experts.<e>.c_proj.{weight (H,C), bias (C)}.
@@ -84,6 +90,11 @@ typedef struct loom_moe_stats {
     int64_t a2a_bytes;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd */
     double a2a_s;         /* seconds inside those calls */
 } loom_moe_stats;
+
+/* Aux-loss-free balancing: one step of the selection bias of the part's MoE
+ * block b (index into the stats) from its step's chosen counts over every
+ * rank, routed (E). No-op at bias_rate 0. Local. */
+void loom_moe_balance(loom_gpt *m, int b, const double *routed);
 
 /* The stats of this part's MoE blocks: *n of them (0 for a dense part). */
 const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n);

@@ -52,11 +52,11 @@ loom_status loom_moe_config_check(const loom_model_config *c) {
         return loom_fail(LOOM_ECONFIG, "model %s: moe_intermediate_size=%d out of range", c->name,
                          c->expert_hidden);
     if (!(c->aux_coef >= 0) || !(c->z_coef >= 0) || !(c->capacity_factor >= 0) ||
-        c->capacity_factor > 1e6)
+        c->capacity_factor > 1e6 || !(c->bias_rate >= 0))
         return loom_fail(LOOM_ECONFIG,
-                         "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g and "
-                         "capacity_factor=%g must be >= 0",
-                         c->name, c->aux_coef, c->z_coef, c->capacity_factor);
+                         "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g, "
+                         "capacity_factor=%g and aux_free_bias_rate=%g must be >= 0",
+                         c->name, c->aux_coef, c->z_coef, c->capacity_factor, c->bias_rate);
     return LOOM_OK;
 }
 
@@ -69,6 +69,7 @@ static void moe_defaults(loom_model_config *c, int n_expert) {
     c->aux_coef = 0.01f;
     c->z_coef = 0.0f;
     c->capacity_factor = 0.0f;
+    c->bias_rate = 0.0f;
 }
 
 int loom_moe_builtin(const char *name, loom_model_config *cfg) {
@@ -96,6 +97,7 @@ loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_co
         {"router_aux_loss_coef", NULL, &cfg->aux_coef},
         {"router_z_loss_coef", NULL, &cfg->z_coef},
         {"capacity_factor", NULL, &cfg->capacity_factor},
+        {"aux_free_bias_rate", NULL, &cfg->bias_rate},
     };
     *handled = 1;
     if (cfg->n_expert == 0 && cfg->top_k == 0) { /* first MoE key: the defaults, then the key */
@@ -193,6 +195,7 @@ typedef struct {
 
 typedef struct {
     int l;              /* global block */
+    float *bias;        /* (E) aux-loss-free selection bias */
     moe_w w, g;
     moe_acts *acts;     /* per slot */
 } moe_block;
@@ -244,6 +247,7 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
         float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
                              &bl->g.fc_w, &bl->g.fc_b, &bl->g.cp_w, &bl->g.cp_b};
         for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, El * sizeof(float *));
+        bl->bias = carve(p, &used, E * 4);
         for (int s = 0; s < m->opts.n_slots; s++) {
             moe_acts *a = &bl->acts[s];
             a->probs = carve(p, &used, N * E * 4);
@@ -370,11 +374,13 @@ static double route_probs(moe_acts *a, const float *router, int N, int C, int E)
     return zsum;
 }
 
-/* sel (N,k): each token's top_k experts by probability, ties to the lower
- * index; gate (N,k) their probabilities, renormalised if asked. */
-static void route_topk(moe_acts *a, int N, int E, int k, int norm) {
+/* sel (N,k): each token's top_k experts by probability + bias, ties to the
+ * lower index; gate (N,k) their probabilities, renormalised if asked. */
+static void route_topk(moe_acts *a, const float *bias, int N, int E, int k, int norm) {
+    float score[1024];
     for (int i = 0; i < N; i++) {
         const float *p = a->probs + (size_t)i * E;
+        for (int e = 0; e < E; e++) score[e] = p[e] + bias[e];
         int32_t *sel = a->sel + (size_t)i * k;
         float *gate = a->gate + (size_t)i * k, sum = 0;
         for (int j = 0; j < k; j++) {
@@ -382,7 +388,7 @@ static void route_topk(moe_acts *a, int N, int E, int k, int norm) {
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int q = 0; q < j; q++) taken |= sel[q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                if (!taken && (best < 0 || score[e] > score[best])) best = e;
             }
             sel[j] = best;
             gate[j] = p[best];
@@ -515,7 +521,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     const int P = moe->P, El = moe->El;
     a->x = x;
     double zsum = route_probs(a, bl->w.router, N, C, E);
-    route_topk(a, N, E, k, c->norm_topk);
+    route_topk(a, bl->bias, N, E, k, c->norm_topk);
     int64_t dropped = route_dispatch(a, N, E, k, loom_moe_capacity(c, N));
     /* aux = coef E sum_e (routed_e / N) (mean_i p_ie) */
     double aux = 0;
@@ -689,6 +695,16 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
                         a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
     }
     return LOOM_OK;
+}
+
+void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
+    const int E = m->cfg.n_expert;
+    if (!m->moe || m->cfg.bias_rate <= 0) return;
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += routed[e] / E;
+    float *bias = m->moe->blocks[b].bias;
+    for (int e = 0; e < E; e++)
+        bias[e] += m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
 }
 
 /* ---- statistics ---------------------------------------------------------------- */

@@ -11,8 +11,8 @@
  *   a2a_bytes  alltoall(v) bytes the block's dispatch and combine sent,
  *              summed over the ranks (moe.h's formula); a2a_ms the largest
  *              rank's time inside them
- * and once per step "ep_bytes", the EP group's bytes over every rank as the
- * communicator counted them (the independent instrument for a2a_bytes), and
+ * and once per step "ep_bytes", the EP group's alltoall(v) bytes over every
+ * rank as the communicator counted them (the independent instrument for a2a_bytes), and
  * "edp_bytes", this rank's expert-gradient all-reduce bytes.
  * Collective over dp x cp; rank 0 writes and warns.
  */
@@ -107,6 +107,7 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
             mx = x[e] > mx ? x[e] : mx;
             sum += x[e];
         }
+        loom_moe_balance(s->parts[0], b, x); /* the blocks of parts[0], as the stats */
         const double imb = sum > 0 ? mx / (sum / E) : 0, groups = x[2 * E + 4] > 0 ? x[2 * E + 4] : 1;
         const double drop = x[2 * E] > 0 ? x[2 * E + 1] / x[2 * E] : 0;
         PUT("%s{\"layer\": %d, \"tokens\": [", b ? ", " : "", ms[b].layer);
