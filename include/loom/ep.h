@@ -34,7 +34,8 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
 void loom_ep_engine_free(loom_ep_engine *e);
 /* Sum the expert gradients over edp. Collective over edp. */
 loom_status loom_ep_finish_grads(loom_ep_engine *e);
-/* *norm = sqrt(norm^2 + the experts' sum of squares over the EP group). Collective over ep. */
+/* *norm = sqrt(norm^2 + the experts' sum of squares over the EP group and
+ * the pipeline stages). Collective over ep, then pp. */
 loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm);
 /* grads *= grad_scale, then AdamW on the local experts. Local. */
 loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);

@@ -380,7 +380,7 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
         HOOK(post_forward, m->part.layer_begin + li);
     }
     if (m->part.has_head) LOOM_TRY(head_fwd(m, s, loss_sum));
-    if (loss_sum && s->have_targets) *loss_sum += loom_moe_loss_sum(m, s); /* router losses */
+    if (loss_sum) *loss_sum += loom_moe_loss_sum(m, s); /* router losses, on every stage */
     if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
     return LOOM_OK;
 }

@@ -85,6 +85,7 @@ loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
     double sq = 0;
     for (int i = 0; i < e->n_parts; i++) sq += loom_sumsq(e->parts[i]->grad_mem + e->lo[i], e->n[i]);
     LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &sq, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &sq, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
     *norm = sqrt(*norm * *norm + sq);
     return LOOM_OK;
 }

@@ -41,9 +41,6 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
     if (c->zero > 1)
         return loom_fail(LOOM_EUSAGE, "--ep %d with --zero %d is not available in this build yet "
                          "(expert tensors are kept whole); use --zero 0 or 1", ep, c->zero);
-    if (c->layout.pp > 1 || c->virtual_stages > 1)
-        return loom_fail(LOOM_EUSAGE, "--ep %d with --pp %d is not available in this build yet", ep,
-                         c->layout.pp);
     return LOOM_OK;
 }
 
