@@ -92,7 +92,7 @@ int cmd_train(int argc, char **argv) {
     loom_train_config_default(&c);
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl) or a Hugging Face GPT-2 config.json (default mini)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN ", built from the fortunes corpus if missing)"},
         {"steps", OPT_INT, &c.steps, 0, "N", "optimizer steps (default 100)"},
         {"batch", OPT_INT, &c.batch, 0, "B", "global batch in sequences, split over dp (default 8)"},
@@ -121,7 +121,7 @@ int cmd_train(int argc, char **argv) {
         {"stage-layers", OPT_STR, c.stage_layers, sizeof c.stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
         {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR", "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
         {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree (default 1)"},
-        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree, inside dp x cp (default 1)"},
+        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
         {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X", "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
