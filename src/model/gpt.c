@@ -331,6 +331,7 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
         LOOM_TRY(loom_moe_fwd(m, s, li, xg, a->res3));
+        LOOM_TRY(row_out_fwd(m, a->res3, a->res3)); /* experts' partial sums over tp */
         loom_residual_fwd(a->res3, a->res3, a->res2, (size_t)Nx * C);
         return LOOM_OK;
     }

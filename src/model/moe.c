@@ -1,7 +1,11 @@
 /* moe.c - Mixture-of-Experts blocks (include/loom/moe.h): config keys and
  * built-ins, the parameter rows, and route -> dispatch -> experts -> combine
  * with its mirror backward. Collective over the part's EP group (the
- * alltoall(v) of dispatch and combine), local without one.
+ * alltoall(v) of dispatch and combine), local without one, and over the TP
+ * group: experts are cut as Megatron's MLP (c_fc by columns, c_proj by rows,
+ * its bias added on tp rank 0), so the block's output is summed over tp
+ * (gpt.c's row_out_fwd), and backward sums the experts' input gradients and
+ * the gates' gradients (N x k) over tp; the router is replicated.
  *
  * Dispatch packs the kept assignments expert by expert, tokens in order
  * within an expert, into (A,C) rows, A <= N top_k: destination-major, so
@@ -30,6 +34,9 @@ int loom_moe_layer(const loom_model_config *c, int l) {
 int loom_moe_hidden(const loom_model_config *c) {
     return c->expert_hidden > 0 ? c->expert_hidden : 4 * c->n_embd;
 }
+
+/* The experts' hidden units on this TP rank (c_fc by columns, c_proj by rows). */
+static int hidden_l(const loom_gpt *m) { return loom_moe_hidden(&m->cfg) / m->part.tp.size; }
 
 int loom_moe_capacity(const loom_model_config *c, int N) {
     if (c->capacity_factor <= 0) return N;
@@ -150,13 +157,13 @@ void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_
     const int El = m->cfg.n_expert / ep_size(m), e0 = ep_rank(m) * El;
     const int unit = ep_size(m) > 1 ? LOOM_UNIT_EXPERTS : l;
     char name[LOOM_PARAM_NAME_MAX];
-    for (int e = e0; e < e0 + El; e++) {
+    for (int e = e0; e < e0 + El; e++) { /* Megatron's MLP cut: c_fc by columns, c_proj by rows */
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.weight", l, e);
-        loom_gpt_add_param(m, off, name, C, H, -1, 1, C, LOOM_INIT_NORMAL, std, 0, unit);
+        loom_gpt_add_param(m, off, name, C, H, 1, 1, H, LOOM_INIT_NORMAL, std, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.bias", l, e);
-        loom_gpt_add_param(m, off, name, H, 0, -1, 1, H, LOOM_INIT_ZEROS, 0, 0, unit);
+        loom_gpt_add_param(m, off, name, H, 0, 0, 1, H, LOOM_INIT_ZEROS, 0, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.weight", l, e);
-        loom_gpt_add_param(m, off, name, H, C, -1, 1, H, LOOM_INIT_NORMAL, res_std, 0, unit);
+        loom_gpt_add_param(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, res_std, 0, unit);
         snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.bias", l, e);
         loom_gpt_add_param(m, off, name, C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 0, unit);
     }
@@ -231,7 +238,7 @@ static void *carve(char *base, size_t *used, size_t n) {
 
 static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
-                 k = (size_t)m->cfg.top_k, H = (size_t)loom_moe_hidden(&m->cfg), A = N * k,
+                 k = (size_t)m->cfg.top_k, H = (size_t)hidden_l(m), A = N * k,
                  P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
     size_t used = 0;
     moe->dgate = carve(p, &used, N * k * 4);
@@ -279,9 +286,12 @@ loom_status loom_moe_create(loom_gpt *m) {
     for (int l = m->part.layer_begin; l < m->part.layer_end; l++) n += loom_moe_layer(&m->cfg, l);
     if (n == 0) return LOOM_OK;
     LOOM_TRY(loom_moe_config_check(&m->cfg));
-    if (m->part.tp.size > 1)
-        return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with tp=%d are not available in this build "
-                         "yet (experts are not TP-split); use --tp 1", m->cfg.name, m->part.tp.size);
+    if (m->part.tp.sp)
+        return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with --sp are not available in this build "
+                         "yet; use --tp without --sp", m->cfg.name);
+    if (loom_moe_hidden(&m->cfg) % m->part.tp.size)
+        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide the experts' hidden size %d of MoE model %s",
+                         m->part.tp.size, loom_moe_hidden(&m->cfg), m->cfg.name);
     const int P = ep_size(m), E = m->cfg.n_expert, k = m->cfg.top_k;
     if (E % P)
         return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,
@@ -517,7 +527,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El;
     a->x = x;
     double zsum = route_probs(a, bl->w.router, N, C, E);
@@ -545,7 +555,9 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
         if (n == 0) continue;
         loom_matmul_fwd(a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
         loom_gelu_fwd(a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
-        loom_matmul_fwd(moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j], bl->w.cp_b[j], n, H, C);
+        /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
+        loom_matmul_fwd(moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+                        m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
     }
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
     permute(a, P, El, moe->t2, moe->t1, C, 0);
@@ -630,7 +642,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = loom_moe_hidden(c);
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El, A = a->start[E];
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
@@ -667,16 +679,20 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     /* back to the tokens' ranks (sendA is free again) */
     permute(a, P, El, moe->t2, moe->t1, C, 0);
     LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
-    /* router */
-    router_bwd(moe, a, c, N, moe->dloss * (float)N);
+    /* un-dispatch: each dispatched row's input gradient back to its token;
+     * partial over tp (column-parallel c_fc), so summed there */
     memset(dx, 0, (size_t)N * C * 4);
-    loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
-    /* un-dispatch: each dispatched row's input gradient back to its token */
     for (int r = 0; r < A; r++) {
         float *d = dx + (size_t)a->tok[r] * C;
         const float *src = moe->sendA + (size_t)r * C;
         for (int q = 0; q < C; q++) d[q] += src[q];
     }
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dx, (size_t)N * C));
+    /* router: replicated over tp, its input gradient complete on every rank;
+     * dgate = dout . ye was taken from this rank's partial ye: summed first */
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
+    router_bwd(moe, a, c, N, moe->dloss * (float)N);
+    loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
     return LOOM_OK;
 }
 
@@ -684,7 +700,7 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
     moe_block *bl = block_of(m, li);
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, H = loom_moe_hidden(c), El = m->moe->El;
+    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
     loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, a->x, bl->w.router, N, C, E);
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;

@@ -82,11 +82,20 @@ loom_status loom_ep_finish_grads(loom_ep_engine *e) {
 
 loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
     if (!e || !e->edp) return LOOM_OK;
-    double sq = 0;
-    for (int i = 0; i < e->n_parts; i++) sq += loom_sumsq(e->parts[i]->grad_mem + e->lo[i], e->n[i]);
-    LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &sq, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &sq, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
-    *norm = sqrt(*norm * *norm + sq);
+    double sq[2] = {0, 0}; /* tensors TP cuts (summed over tp), replicated ones (once) */
+    for (int i = 0; i < e->n_parts; i++) {
+        const loom_gpt *m = e->parts[i];
+        for (int k = 0; k < m->n_params; k++) {
+            const loom_param *p = &m->params[k];
+            if (p->unit == LOOM_UNIT_EXPERTS)
+                sq[p->split_dim < 0] += loom_sumsq(m->grad_mem + p->offset, p->numel);
+        }
+    }
+    LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
+    double total = sq[0] + sq[1];
+    LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &total, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &total, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
+    *norm = sqrt(*norm * *norm + total);
     return LOOM_OK;
 }
 

@@ -138,7 +138,7 @@ def layouts(data):
          ["--ep 2", "--zero 2"], 2),
         ("ep=3 does not divide experts", ["train", "--dp", 3, "--ep", 3] + d + ["--model", "tiny-moe"], 64,
          ["--ep 3", "num_local_experts=4"], 3),
-        ("moe with tp=2", ["train", "--tp", 2] + d + ["--model", "tiny-moe"], 64, ["tp=2", "MoE"], 2),
+        ("moe with sp", ["train", "--tp", 2, "--sp"] + d + ["--model", "tiny-moe"], 64, ["MoE", "--sp"], 2),
         ("dp=1 on 2 ranks", ["train", "--dp", 1] + d, 64, ["dp=1", "= 1 rank, but the job has 2 ranks"], 2),
     ]
     procs = dict(zip([c[0] for c in cases], expect_all(cases)))
