@@ -10,6 +10,10 @@
  * bucket: unit LOOM_UNIT_EXPERTS). Per step and rank the edp all-reduce
  * moves the local experts' floats x 4 bytes (comm.h's convention).
  *
+ * Storage: the part's flat buffers, or at ZeRO-2/3 (which leave those to the
+ * DP engine) the expert tensors' own (moe.h: loom_moe_expert_storage);
+ * ZeRO-3's parameter runs (dp.h) include them as one more run.
+ *
  * Optimizer. AdamW on the local experts, replicated over edp (each replica
  * takes the same step from the same reduced gradient). The global gradient
  * norm adds the experts' sum of squares, summed over the EP group (distinct

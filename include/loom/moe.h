@@ -72,6 +72,10 @@ int loom_moe_layer(const loom_model_config *cfg, int l);
 int loom_moe_hidden(const loom_model_config *cfg);
 /* Capacity per expert of a routing group of N tokens. */
 int loom_moe_capacity(const loom_model_config *cfg, int N);
+/* Matmul parameters a token meets in the MoE blocks minus those of the dense
+ * MLPs they replace: per MoE block C E (router) + top_k 2 C H - 8 C^2. For
+ * FLOPs per token (MFU counts the experts a token is routed to). */
+double loom_moe_active_params_delta(const loom_model_config *cfg);
 /* MoE keys consistent (top_k <= n_expert, coefficients >= 0, ...):
  * LOOM_ECONFIG naming the key and the numbers. Dense configs pass. */
 loom_status loom_moe_config_check(const loom_model_config *cfg);
@@ -92,6 +96,14 @@ typedef struct loom_moe_stats {
     int64_t a2a_bytes;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd */
     double a2a_s;         /* seconds inside those calls */
 } loom_moe_stats;
+
+/* Where an expert-parallel part keeps its expert tensors (unit
+ * LOOM_UNIT_EXPERTS, flat range [*lo, *lo + *n)): parameters and gradients
+ * laid out like that range of the flat buffers - inside param_mem /
+ * grad_mem, or, when the part was created with external_params /
+ * external_grads (ZeRO-2/3 leave those to the DP engine, whose buckets never
+ * hold experts), in storage of their own. *n = 0: none. */
+void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, size_t *lo, size_t *n);
 
 /* Aux-loss-free balancing: one step of the selection bias of the part's MoE
  * block b (index into the stats) from its step's chosen counts over every

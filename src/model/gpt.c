@@ -230,7 +230,7 @@ void loom_gpt_zero_grad(loom_gpt *m) {
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
-    double matmul_params = L * 12.0 * C * C + V * C;
+    double matmul_params = L * 12.0 * C * C + V * C + loom_moe_active_params_delta(c);
     return 6.0 * matmul_params + 12.0 * L * C * (double)T;
 }
 

@@ -34,6 +34,9 @@ void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_
 /* State and activations of the part's MoE blocks (after the table is built). */
 loom_status loom_moe_create(loom_gpt *m);
 void loom_moe_free(struct loom_moe *moe);
+/* Bind the expert unit to its own storage when the part has no flat buffer
+ * for it (after loom_gpt_bind_all). */
+void loom_moe_bind_storage(loom_gpt *m);
 /* Point the view named by `suffix` (after "h.<l>.") at v; 1 if it is an MoE tensor. */
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads);
 /* out (N,C) WRITES the MoE MLP of x (N,C) for local block li of slot s. */

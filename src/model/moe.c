@@ -44,6 +44,13 @@ int loom_moe_capacity(const loom_model_config *c, int N) {
     return cap > N ? N : (int)cap;
 }
 
+double loom_moe_active_params_delta(const loom_model_config *c) {
+    double d = 0, C = c->n_embd, H = loom_moe_hidden(c);
+    for (int l = 0; l < c->n_layer; l++)
+        if (loom_moe_layer(c, l)) d += C * c->n_expert + c->top_k * 2.0 * C * H - 8.0 * C * C;
+    return d;
+}
+
 loom_status loom_moe_config_check(const loom_model_config *c) {
     if (c->n_expert == 0) return LOOM_OK;
     if (c->n_expert < 1 || c->n_expert > 1024)
@@ -222,6 +229,8 @@ struct loom_moe {
     loom_moe_stats *stats;
     int64_t *stat_mem;
     void *mem;          /* one allocation for every buffer above */
+    size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
+    float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
 };
 
 static moe_block *block_of(const loom_gpt *m, int li) {
@@ -325,6 +334,12 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (!moe->mem)
         return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
     layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
+    loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
+    if (moe->ex_n && m->opts.external_params) moe->ex_params = calloc(moe->ex_n, sizeof(float));
+    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = calloc(moe->ex_n, sizeof(float));
+    if ((m->opts.external_params && moe->ex_n && !moe->ex_params) ||
+        (m->opts.external_grads && moe->ex_n && !moe->ex_grads))
+        return loom_fail(LOOM_EOS, "out of memory for the expert tensors (%zu floats)", moe->ex_n);
     for (int b = 0; b < n; b++) {
         moe->stats[b].layer = moe->blocks[b].l;
         moe->stats[b].n_expert = E;
@@ -341,7 +356,22 @@ void loom_moe_free(struct loom_moe *moe) {
     free(moe->of_local);
     free(moe->stats);
     free(moe->mem);
+    free(moe->ex_params);
+    free(moe->ex_grads);
     free(moe);
+}
+
+void loom_moe_bind_storage(loom_gpt *m) {
+    if (m->moe && (m->moe->ex_params || m->moe->ex_grads))
+        loom_gpt_bind_unit(m, LOOM_UNIT_EXPERTS, m->moe->ex_params, m->moe->ex_grads);
+}
+
+void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, size_t *lo, size_t *n) {
+    const struct loom_moe *moe = m->moe;
+    *lo = moe ? moe->ex_lo : 0;
+    *n = moe ? moe->ex_n : 0;
+    *params = moe && moe->ex_params ? moe->ex_params : m->param_mem ? m->param_mem + *lo : NULL;
+    *grads = moe && moe->ex_grads ? moe->ex_grads : m->grad_mem ? m->grad_mem + *lo : NULL;
 }
 
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {

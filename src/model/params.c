@@ -228,6 +228,7 @@ void loom_gpt_bind_all(loom_gpt *m) {
         loom_gpt_bind_unit(m, u, m->param_mem ? m->param_mem + lo : NULL,
                            m->grad_mem ? m->grad_mem + lo : NULL);
     }
+    loom_moe_bind_storage(m); /* expert tensors of a part without flat buffers */
 }
 
 loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,

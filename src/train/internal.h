@@ -102,8 +102,8 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st);
 void loom_train_moe_free(loom_train_run_state *s);
 
-/* --ep's limits in this build: a MoE model whose experts ep divides, zero
- * 0/1 (moe_report.c). Depends only on the config. */
+/* --ep's limits in this build: a MoE model whose experts ep divides
+ * (moe_report.c). Depends only on the config. */
 loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */

@@ -38,9 +38,6 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
     if (mc->n_expert % ep)
         return loom_fail(LOOM_EUSAGE, "--ep %d does not divide num_local_experts=%d of model %s", ep,
                          mc->n_expert, mc->name);
-    if (c->zero > 1)
-        return loom_fail(LOOM_EUSAGE, "--ep %d with --zero %d is not available in this build yet "
-                         "(expert tensors are kept whole); use --zero 0 or 1", ep, c->zero);
     return LOOM_OK;
 }
 

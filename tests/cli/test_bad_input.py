@@ -134,8 +134,6 @@ def layouts(data):
         ("dp=-2", ["train", "--dp", -2] + d, 64, ["dp=-2"]),
         ("ep=3", ["train", "--ep", 3] + d, 64, ["ep=3"]),
         ("ep=2 dense model", ["train", "--dp", 2, "--ep", 2] + d, 64, ["--ep 2", "dense"], 2),
-        ("ep=2 zero 2", ["train", "--dp", 2, "--ep", 2] + d + ["--model", "tiny-moe", "--zero", 2], 64,
-         ["--ep 2", "--zero 2"], 2),
         ("ep=3 does not divide experts", ["train", "--dp", 3, "--ep", 3] + d + ["--model", "tiny-moe"], 64,
          ["--ep 3", "num_local_experts=4"], 3),
         ("moe with sp", ["train", "--tp", 2, "--sp"] + d + ["--model", "tiny-moe"], 64, ["MoE", "--sp"], 2),
