@@ -76,7 +76,7 @@ int cmd_train(int argc, char **argv) {
     loom_train_config_default(&c);
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl) or a Hugging Face GPT-2 config.json (default mini)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN ", built from the fortunes corpus if missing)"},
         {"steps", OPT_INT, &c.steps, 0, "N", "optimizer steps (default 100)"},
         {"batch", OPT_INT, &c.batch, 0, "B", "global batch in sequences, split over dp (default 8)"},
@@ -94,6 +94,8 @@ int cmd_train(int argc, char **argv) {
         {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"grad-accum", OPT_INT, &c.grad_accum, 0, "K", "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
         {"zero", OPT_INT, &c.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
+        {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X", "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
+        {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F", "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
         {"bucket-mb", OPT_DOUBLE, &c.bucket_mb, 0, "MB", "DDP gradient bucket size in MB (default 25)"},
         {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
@@ -103,7 +105,7 @@ int cmd_train(int argc, char **argv) {
         {"stage-layers", OPT_STR, c.stage_layers, sizeof c.stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
         {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR", "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
         {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree (default 1)"},
-        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree, inside dp x cp (default 1)"},
+        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
         {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X", "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},

@@ -40,6 +40,10 @@
 typedef struct loom_model_config {
     char name[256];
     int n_layer, n_head, n_embd, vocab_size, n_positions;
+    /* Mixture of experts (include/loom/moe.h); n_expert = 0: every block dense. */
+    int n_expert, top_k, moe_every, expert_hidden, norm_topk;
+    float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
+    float bias_rate; /* aux-loss-free balancing (DeepSeek-V3): selection-bias step, 0 = off */
 } loom_model_config;
 
 /* Built-in names: tiny, mini, gpt2-small (alias gpt2), gpt2-medium,
@@ -59,6 +63,7 @@ typedef struct loom_model_part {
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
+    loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
 } loom_model_part;
 /* The whole model on one device. */
 loom_model_part loom_model_part_whole(const loom_model_config *cfg);
@@ -223,6 +228,7 @@ struct loom_gpt {
     float *att_scratch;
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
+    struct loom_moe *moe; /* the MoE blocks' router/expert state (moe.h); NULL if dense */
 };
 
 /* Build the table for this part and plan + allocate memory.

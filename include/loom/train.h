@@ -73,6 +73,10 @@ typedef struct loom_train_config {
     int keep;           /* newest checkpoints kept in save_dir (0: all) */
     char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
     char nan_policy[16];          /* non-finite loss/gradients: "abort" (default) or "skip" the update */
+    /* MoE (moe.h): warn naming the block when the expert load imbalance
+     * (max / mean tokens per expert) or the all-to-all share of the step
+     * exceeds these */
+    float moe_warn_imbalance, moe_warn_a2a;
 } loom_train_config;
 
 void loom_train_config_default(loom_train_config *c);

@@ -1,6 +1,8 @@
 /* config.c - GPT-2 model configurations: built-in names and Hugging Face
  * config.json files. Local, no collectives. */
 #include "loom/model.h"
+#include "loom/moe.h"
+#include "model/internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -23,6 +25,7 @@ static const builtin BUILTINS[] = {
 
 loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) {
     const char *lookup = strcmp(name, "gpt2") == 0 ? "gpt2-small" : name;
+    if (loom_moe_builtin(name, cfg)) return LOOM_OK; /* tiny-moe, mini-moe */
     for (size_t i = 0; i < N_BUILTINS; i++) {
         const builtin *b = &BUILTINS[i];
         if (strcmp(b->name, lookup) != 0) continue;
@@ -40,6 +43,7 @@ loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) 
         strncat(known, BUILTINS[i].name, sizeof known - strlen(known) - 3);
         if (i + 1 < N_BUILTINS) strcat(known, ", ");
     }
+    strncat(known, ", tiny-moe, mini-moe", sizeof known - strlen(known) - 1);
     return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)",
                      name, known);
 }
@@ -64,7 +68,7 @@ loom_status loom_model_config_check(const loom_model_config *c) {
     if (c->n_embd % c->n_head)
         return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name,
                          c->n_head, c->n_embd);
-    return LOOM_OK;
+    return loom_moe_config_check(c);
 }
 
 static char *read_file(const char *path, loom_status *st) {
@@ -202,8 +206,10 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
                 st = get_int(path, it, req[i].dst);
                 matched = 1;
             }
+        int moe_key = 0;
         if (!matched && strcmp(it->string, "n_ctx") == 0) st = get_int(path, it, &n_ctx);
-        else if (!matched) st = check_arch_key(path, it, n_embd_seen);
+        else if (!matched && (st = loom_moe_config_key(path, it, cfg, &moe_key)) != LOOM_OK) break;
+        else if (!matched && !moe_key) st = check_arch_key(path, it, n_embd_seen);
     }
     for (size_t i = 0; i < 5 && st == LOOM_OK; i++)
         if (*req[i].dst == 0) st = loom_fail(LOOM_ECONFIG, "%s: missing \"%s\"", path, req[i].key);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "loom/kernels.h"
+#include "loom/moe.h"
 #include "model/internal.h"
 
 loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
@@ -121,7 +122,7 @@ static void layout_acts(loom_gpt *m, loom_arena *a) {
 
 static loom_status alloc_tables(loom_gpt *m) {
     int L_l = m->L_l, S = m->opts.n_slots;
-    m->params = calloc((size_t)loom_gpt_max_params(&m->part), sizeof *m->params);
+    m->params = calloc((size_t)loom_gpt_max_params(&m->cfg, &m->part), sizeof *m->params);
     m->w.h = calloc((size_t)(L_l ? L_l : 1), sizeof *m->w.h);
     m->g.h = calloc((size_t)(L_l ? L_l : 1), sizeof *m->g.h);
     m->slots = calloc((size_t)S, sizeof *m->slots);
@@ -179,6 +180,9 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
     loom_status st = alloc_tables(m);
     if (st == LOOM_OK) {
         m->num_params = loom_gpt_build_table(m);
+        st = loom_moe_create(m);
+    }
+    if (st == LOOM_OK) {
         loom_arena_init(&m->a_params, "params");
         loom_arena_init(&m->a_grads, "grads");
         loom_arena_init(&m->a_acts, "activations");
@@ -211,6 +215,7 @@ void loom_gpt_free(loom_gpt *m) {
         free(m->slots[s].ds);
     }
     free(m->slots);
+    loom_moe_free(m->moe);
     free(m->params);
     free(m->w.h);
     free(m->g.h);
@@ -225,7 +230,7 @@ void loom_gpt_zero_grad(loom_gpt *m) {
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
-    double matmul_params = L * 12.0 * C * C + V * C;
+    double matmul_params = L * 12.0 * C * C + V * C + loom_moe_active_params_delta(c);
     return 6.0 * matmul_params + 12.0 * L * C * (double)T;
 }
 
@@ -324,6 +329,12 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
     loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
+    if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
+        LOOM_TRY(loom_moe_fwd(m, s, li, xg, a->res3));
+        LOOM_TRY(row_out_fwd(m, a->res3, a->res3)); /* experts' partial sums over tp */
+        loom_residual_fwd(a->res3, a->res3, a->res2, (size_t)Nx * C);
+        return LOOM_OK;
+    }
     loom_matmul_fwd(a->fch, xg, w->fc_w, w->fc_b, N, C, 4 * Cl);
     loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
     y = sp ? m->dfull : a->res3;
@@ -370,6 +381,7 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
         HOOK(post_forward, m->part.layer_begin + li);
     }
     if (m->part.has_head) LOOM_TRY(head_fwd(m, s, loss_sum));
+    if (loss_sum) *loss_sum += loom_moe_loss_sum(m, s); /* router losses, on every stage */
     if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
     return LOOM_OK;
 }
@@ -399,15 +411,19 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
      * m->dfull when d keeps only this rank's rows (a copy of dres) */
     float *dy = d->sharded ? m->dfull : d->dfcp; /* (N,C) */
     /* MLP branch; the residual passes dres through unchanged */
-    if (d->sharded) memcpy(d->dfcp, dres, F((size_t)Nx * C));
-    LOOM_TRY(row_out_bwd(m, dres, dy));
-    memset(m->d4c, 0, F((size_t)N * 4 * Cl));
-    loom_matmul_bwd(m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
-    memset(d->dfch, 0, F((size_t)N * 4 * Cl));
-    loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
-    memset(m->dlnfull, 0, F((size_t)N * C));
-    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
-    LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
+    if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
+        LOOM_TRY(loom_moe_bwd_input(m, s, li, dres, d->dln2));
+    } else {
+        if (d->sharded) memcpy(d->dfcp, dres, F((size_t)Nx * C));
+        LOOM_TRY(row_out_bwd(m, dres, dy));
+        memset(m->d4c, 0, F((size_t)N * 4 * Cl));
+        loom_matmul_bwd(m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+        memset(d->dfch, 0, F((size_t)N * 4 * Cl));
+        loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
+        memset(m->dlnfull, 0, F((size_t)N * C));
+        loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
+        LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
+    }
     loom_layernorm_bwd(dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
     /* attention branch */
     dy = d->sharded ? m->dfull : d->dproj;
@@ -449,10 +465,14 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
     const loom_gpt_layer_acts *a = &s->acts[li];
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
     const float *full; /* (N,C) */
-    LOOM_TRY(sp_regather(m, d->dfcp, d->sharded, &full));
-    loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
-    LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
-    loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
+    if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
+        LOOM_TRY(loom_moe_bwd_weight(m, s, li));
+    } else {
+        LOOM_TRY(sp_regather(m, d->dfcp, d->sharded, &full));
+        loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+        LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
+        loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
+    }
     loom_layernorm_bwd(NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
                        a->ln2_rstd, Nx, C);
     LOOM_TRY(sp_regather(m, d->dproj, d->sharded, &full));
@@ -495,6 +515,7 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
 static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss, int split) {
     loom_gpt_slot *s = &m->slots[slot];
     const size_t nx = (size_t)m->Nx * m->C;
+    loom_moe_set_dloss(m, dloss);
     if (has_outer(m)) HOOK(pre_backward, LOOM_UNIT_OUTER);
     if (m->part.has_head) {
         /* Unsplit, the head's wte gradient comes first: it is most of a

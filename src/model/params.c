@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "loom/model.h"
+#include "loom/moe.h"
 #include "loom/rng.h"
 #include "model/internal.h"
 
@@ -44,9 +45,10 @@ static const block_param BLOCK[] = {
 };
 #define N_BLOCK (int)(sizeof BLOCK / sizeof BLOCK[0])
 
-int loom_gpt_max_params(const loom_model_part *part) {
-    return 5 + N_BLOCK * (part->layer_end - part->layer_begin);
+int loom_gpt_max_params(const loom_model_config *cfg, const loom_model_part *part) {
+    return 5 + N_BLOCK * (part->layer_end - part->layer_begin) + loom_moe_extra_params(cfg, part);
 }
+
 
 /* Append one entry; local shape from the global one and the cut. */
 static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim,
@@ -74,6 +76,12 @@ static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c
     *off += (p->numel + 15) & ~(size_t)15; /* 64-byte aligned tensors */
 }
 
+void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c,
+                        int split_dim, int parts, int64_t valid, loom_init_kind init, float std,
+                        int sp_partial, int unit) {
+    add(m, off, name, r, c, split_dim, parts, valid, init, std, sp_partial, unit);
+}
+
 size_t loom_gpt_build_table(loom_gpt *m) {
     const loom_model_config *c = &m->cfg;
     const int64_t C = c->n_embd, V = c->vocab_size, tp = m->part.tp.size;
@@ -97,12 +105,20 @@ size_t loom_gpt_build_table(loom_gpt *m) {
     for (int l = m->part.layer_begin; l < m->part.layer_end; l++)
         for (int k = 0; k < N_BLOCK; k++) {
             const block_param *b = &BLOCK[k];
+            int moe = loom_moe_layer(c, l); /* its MLP rows are the router's and experts' */
+            if (moe && !strncmp(b->suffix, "mlp.", 4)) {
+                if (!strcmp(b->suffix, "mlp.c_fc.weight")) loom_moe_add_params(m, &off, l, std, res_std);
+                continue;
+            }
             snprintf(name, sizeof name, "h.%d.%s", l, b->suffix);
             int64_t r = b->rows_mult * C, cols = b->cols_mult * C;
             int64_t valid = b->split_dim == 1 ? cols : r;
             float s = b->init == LOOM_INIT_NORMAL ? (b->residual_proj ? res_std : std) : 0.0f;
             add(m, &off, name, r, cols, b->split_dim, b->parts, valid, b->init, s, b->sp_partial, l);
         }
+    if (m->part.ep && loom_comm_size(m->part.ep) > 1) /* expert-parallel: the local experts last */
+        for (int l = m->part.layer_begin; l < m->part.layer_end; l++)
+            if (loom_moe_layer(c, l)) loom_moe_add_experts(m, &off, l, std, res_std);
     return off;
 }
 
@@ -178,6 +194,10 @@ static void bind_views(loom_gpt *m, int unit, float *base, loom_gpt_weights *w) 
         if (p->unit != unit) continue;
         float *v = base + (p->offset - lo);
         const char *nm = p->name;
+        if (unit == LOOM_UNIT_EXPERTS) { /* "h.<l>.mlp.experts...." */
+            loom_moe_bind(m, atoi(nm + 2), strchr(nm + 2, '.') + 1, v, w == &m->g);
+            continue;
+        }
         if (unit == LOOM_UNIT_OUTER) {
             if (!strcmp(nm, "wte.weight")) w->wte = v;
             else if (!strcmp(nm, "wpe.weight")) w->wpe = v;
@@ -191,6 +211,7 @@ static void bind_views(loom_gpt *m, int unit, float *base, loom_gpt_weights *w) 
         const char *suffix = strchr(nm + 2, '.') + 1; /* after "h.<l>." */
         for (int k = 0; k < N_BLOCK; k++)
             if (!strcmp(suffix, BLOCK[k].suffix)) *slot[k] = v;
+        loom_moe_bind(m, unit, suffix, v, w == &m->g);
     }
 }
 
@@ -201,12 +222,13 @@ void loom_gpt_bind_unit(loom_gpt *m, int unit, float *params, float *grads) {
 
 void loom_gpt_bind_all(loom_gpt *m) {
     size_t lo, n;
-    for (int u = LOOM_UNIT_OUTER; u < m->part.layer_end; u++) {
+    for (int u = LOOM_UNIT_EXPERTS; u < m->part.layer_end; u++) {
         if (u >= 0 && u < m->part.layer_begin) continue;
         loom_gpt_unit_range(m, u, &lo, &n);
         loom_gpt_bind_unit(m, u, m->param_mem ? m->param_mem + lo : NULL,
                            m->grad_mem ? m->grad_mem + lo : NULL);
     }
+    loom_moe_bind_storage(m); /* expert tensors of a part without flat buffers */
 }
 
 loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,
@@ -215,7 +237,7 @@ loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **ou
     memset(&tmp, 0, sizeof tmp);
     tmp.cfg = *cfg;
     tmp.part = loom_model_part_whole(cfg);
-    tmp.params = calloc((size_t)loom_gpt_max_params(&tmp.part), sizeof *tmp.params);
+    tmp.params = calloc((size_t)loom_gpt_max_params(cfg, &tmp.part), sizeof *tmp.params);
     if (!tmp.params) return loom_fail(LOOM_EOS, "out of memory for the parameter table");
     *total = loom_gpt_build_table(&tmp);
     *out = tmp.params;

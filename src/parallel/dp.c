@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "loom/kernels.h"
+#include "loom/moe.h"
 #include "loom/train.h"
 #include "parallel/dp_internal.h"
 
@@ -393,7 +394,10 @@ static loom_status build_runs(const loom_dp_engine *e, dp_part *p) {
         return loom_fail(LOOM_EINTERNAL, "--zero %d needs the model's gradient buffer", e->cfg.zero);
     if (e->cfg.zero < 3 && !m->param_mem)
         return loom_fail(LOOM_EINTERNAL, "--zero %d needs the model's parameter buffer", e->cfg.zero);
-    p->n_runs = e->cfg.zero == 3 ? p->n_buckets : 1;
+    float *ex_params, *ex_grads; /* an expert-parallel part's experts: in no bucket (moe.h) */
+    size_t ex_lo, ex_n;
+    loom_moe_expert_storage(m, &ex_params, &ex_grads, &ex_lo, &ex_n);
+    p->n_runs = e->cfg.zero == 3 ? p->n_buckets + (ex_n > 0) : 1;
     p->runs = calloc((size_t)p->n_runs, sizeof *p->runs);
     if (!p->runs) return loom_fail(LOOM_EOS, "out of memory");
     if (e->cfg.zero < 3) {
@@ -404,6 +408,7 @@ static loom_status build_runs(const loom_dp_engine *e, dp_part *p) {
         const dp_bucket *b = &p->buckets[k];
         p->runs[k] = (loom_param_run){.data = p->pshard + b->so, .lo = b->mine_lo, .n = b->mine_n};
     }
+    if (ex_n) p->runs[p->n_buckets] = (loom_param_run){.data = ex_params, .lo = ex_lo, .n = ex_n};
     return LOOM_OK;
 }
 

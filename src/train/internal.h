@@ -30,6 +30,7 @@ typedef struct loom_step_stats {
     double pp_bubble;    /* measured pipeline bubble this step (-1: no pipeline) */
     int pp_peak_live;    /* most activation sets alive at once on this rank */
     int skipped;         /* non-finite gradients, update skipped (--nan-policy skip) */
+    const char *moe_json; /* "\"moe\": [...], " per MoE block, or NULL (moe_report.c) */
 } loom_step_stats;
 
 /* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0
@@ -62,6 +63,10 @@ typedef struct loom_train_run_state {
     loom_gpt *parts[LOOM_MAX_PARTS]; /* one per pipeline chunk on this rank */
     int n_parts;
     loom_dp_engine *dp;
+    struct loom_ep_engine *ep; /* expert tensors of an expert-parallel model (ep.h) */
+    char *moe_json;            /* the step's MoE line fragment (moe_report.c) */
+    size_t moe_json_cap;
+    unsigned char moe_warned[64]; /* per MoE block: already above the imbalance threshold */
     int have_tokens;
     /* pipeline (pp > 1 or virtual stages > 1) */
     int pipelined;
@@ -92,6 +97,16 @@ void loom_train_pp_teardown(loom_train_run_state *s);
 loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble);
 /* The last step's pipeline actions as trace events (row 0 of this rank). */
 void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
+
+/* The step's MoE statistics over every rank (after the step's communication
+ * statistics were taken), into st->moe_json, with warnings on rank 0; then
+ * reset. Collective over dp x cp. */
+loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st);
+void loom_train_moe_free(loom_train_run_state *s);
+
+/* --ep's limits in this build: a MoE model whose experts ep divides
+ * (moe_report.c). Depends only on the config. */
+loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);

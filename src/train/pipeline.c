@@ -72,6 +72,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
         int vs = loom_pp_vstage(pp, r, ch);
         loom_model_part part = loom_model_part_whole(mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp};
+        part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.layer_begin = first[vs];
         part.layer_end = first[vs + 1];
         part.has_embed = vs == 0;

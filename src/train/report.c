@@ -118,6 +118,7 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                 "\"reductions\": %d, \"overlapped\": %d}, ",
                 1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s,
                 s->dp.reductions, s->dp.overlapped);
+        if (s->moe_json) fputs(s->moe_json, r->metrics);
         write_comm_json(r->metrics, s);
         fputs("}\n", r->metrics);
         /* ferror: any of the writes above failed (errno says why); fflush: the line reaches the file */

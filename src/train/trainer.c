@@ -18,6 +18,7 @@
 
 #include "loom/data.h"
 #include "loom/dp.h"
+#include "loom/ep.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/sysmem.h"
@@ -46,6 +47,8 @@ void loom_train_config_default(loom_train_config *c) {
     snprintf(c->schedule, sizeof c->schedule, "1f1b");
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
+    c->moe_warn_imbalance = 2.0f;
+    c->moe_warn_a2a = 0.5f;
     c->progress = -1;
     snprintf(c->nan_policy, sizeof c->nan_policy, "abort");
 }
@@ -59,13 +62,14 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     const loom_layout *l = &c->layout;
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
-        {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
+        {"--cp", l->cp, "context parallelism"},
     };
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
         if (later[i].deg > 1)
             return loom_fail(LOOM_EUSAGE, "%s %d: %s is not available in this build yet; use --dp",
                              later[i].flag, later[i].deg, later[i].issue);
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
+    LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
@@ -231,11 +235,13 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     else LOOM_TRY(run_micro_batches(s, step, &loss_sum));
     double t1 = loom_comm_wtime();
     LOOM_TRY(loom_dp_finish_grads(s->dp));
+    LOOM_TRY(loom_ep_finish_grads(s->ep)); /* expert gradients over edp */
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     out->skipped = 0;
+    LOOM_TRY(loom_ep_grad_norm(s->ep, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
         loom_status st = loom_train_nonfinite(s, step, out->loss, out->grad_norm);
         s->failed_together = st != LOOM_OK;
@@ -253,6 +259,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     out->lr = loom_lr_at(c, step);
     double t2 = loom_comm_wtime();
     LOOM_TRY(loom_dp_step(s->dp, out->lr, scale));
+    LOOM_TRY(loom_ep_step(s->ep, out->lr, scale));
     phase(s, "optimizer", -1, t2, loom_comm_wtime());
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
@@ -293,6 +300,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         loom_model_part part = loom_model_part_whole(&mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                             .sp = c->sp};
+        part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
         s->n_parts = 1;
@@ -301,6 +309,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
+    if (st == LOOM_OK) st = loom_ep_engine_create(s->parts, s->n_parts, s->mesh, &hp, &s->ep);
     if (st == LOOM_OK) {
         s->inputs = malloc((size_t)Bm * c->seq * sizeof(int32_t));
         s->targets = malloc((size_t)Bm * c->seq * sizeof(int32_t));
@@ -317,6 +326,8 @@ static void teardown(loom_train_run_state *s) {
     free(s->inputs);
     free(s->targets);
     loom_dp_engine_free(s->dp);
+    loom_ep_engine_free(s->ep);
+    loom_train_moe_free(s);
     if (s->pipelined) loom_train_pp_teardown(s);
     for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
     loom_mesh_free(s->mesh);
@@ -384,6 +395,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         }
         /* after the step's statistics were taken: not counted in them */
         LOOM_TRY(peak_rss(s, &st_step.peak_rss, &st_step.peak_rss_max));
+        LOOM_TRY(loom_train_moe_step(s, step, &st_step));
         LOOM_TRY(loom_report_step(&s->report, step, &st_step));
         res->steps_done = step + 1;
         res->final_loss = st_step.loss;

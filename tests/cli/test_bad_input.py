@@ -133,6 +133,10 @@ def layouts(data):
         ("dp=0", ["train", "--dp", 0] + d, 64, ["dp=0"]),
         ("dp=-2", ["train", "--dp", -2] + d, 64, ["dp=-2"]),
         ("ep=3", ["train", "--ep", 3] + d, 64, ["ep=3"]),
+        ("ep=2 dense model", ["train", "--dp", 2, "--ep", 2] + d, 64, ["--ep 2", "dense"], 2),
+        ("ep=3 does not divide experts", ["train", "--dp", 3, "--ep", 3] + d + ["--model", "tiny-moe"], 64,
+         ["--ep 3", "num_local_experts=4"], 3),
+        ("moe with sp", ["train", "--tp", 2, "--sp"] + d + ["--model", "tiny-moe"], 64, ["MoE", "--sp"], 2),
         ("dp=1 on 2 ranks", ["train", "--dp", 1] + d, 64, ["dp=1", "= 1 rank, but the job has 2 ranks"], 2),
     ]
     procs = dict(zip([c[0] for c in cases], expect_all(cases)))
@@ -235,6 +239,13 @@ def configs(tmp, data):
         ("config layout", d + ["--config", badlayout], 64, ["dp=3", "has 2 ranks"], 2),
     ])
 
+    m_topk = model_config(os.path.join(tmp, "m_topk.json"), num_local_experts=4, num_experts_per_tok=5)
+    m_cap = model_config(os.path.join(tmp, "m_cap.json"), num_local_experts=4, capacity_factor=-1)
+    expect_all([
+        ("moe top-k > experts", d + ["--model", m_topk], 78, [m_topk, "num_experts_per_tok=5",
+                                                           "num_local_experts=4"]),
+        ("moe negative capacity", d + ["--model", m_cap], 78, [m_cap, '"capacity_factor"']),
+    ])
     m_head = model_config(os.path.join(tmp, "m_head.json"), n_head=3)
     m_layer = model_config(os.path.join(tmp, "m_layer.json"), n_layer=None)
     m_key = model_config(os.path.join(tmp, "m_key.json"), foo=1)

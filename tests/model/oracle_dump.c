@@ -6,7 +6,12 @@
  * AdamW step, as one safetensors file. tests/oracle/check_oracle.py recomputes
  * all of it in PyTorch (float64) and compares.
  *
- * usage: oracle_dump OUT.safetensors [n_layer n_head n_embd vocab n_positions B T]
+ * usage: oracle_dump OUT.safetensors [n_layer n_head n_embd vocab n_positions B T
+ *                                     [n_expert top_k capacity_factor norm_topk moe_every
+ *                                      expert_hidden]]
+ * With n_expert > 0 the model is MoE (router_aux_loss_coef 0.1, z 0.01 so both
+ * losses matter) and the dump also holds each MoE block's per-expert counts
+ * (moe.h.<l>.chosen, moe.h.<l>.kept) for the oracle to compare.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +19,7 @@
 
 #include "loom/kernels.h"
 #include "loom/model.h"
+#include "loom/moe.h"
 #include "loom/rng.h"
 #include "loom/safetensors.h"
 #include "loom/train.h"
@@ -34,6 +40,14 @@ int main(int argc, char **argv) {
     cfg.vocab_size = arg(argc, argv, 5, 67);
     cfg.n_positions = arg(argc, argv, 6, 16);
     const int B = arg(argc, argv, 7, 3), T = arg(argc, argv, 8, 11);
+    cfg.n_expert = arg(argc, argv, 9, 0);
+    cfg.top_k = arg(argc, argv, 10, 2);
+    cfg.capacity_factor = argc > 11 ? (float)atof(argv[11]) : 0.0f;
+    cfg.norm_topk = arg(argc, argv, 12, 1);
+    cfg.moe_every = arg(argc, argv, 13, 1);
+    cfg.expert_hidden = arg(argc, argv, 14, 0);
+    cfg.aux_coef = cfg.n_expert ? 0.1f : 0.0f;
+    cfg.z_coef = cfg.n_expert ? 0.01f : 0.0f;
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
 
     loom_gpt *m;
@@ -69,6 +83,7 @@ int main(int argc, char **argv) {
     float *logits = malloc(nlog * sizeof(float));
     loom_gpt_forward(m, 0, in, NULL, NULL);
     memcpy(logits, m->slots[0].logits, nlog * sizeof(float));
+    loom_moe_stats_reset(m);
     loom_gpt_forward(m, 0, in, tg, NULL);
     loom_gpt_backward(m, 0, NULL, 1.0f / (float)(B * T));
     float *grads = malloc(m->num_params * sizeof(float));
@@ -102,6 +117,31 @@ int main(int argc, char **argv) {
     loom_st_writer_add(w, "tokens.targets", LOOM_ST_I32, 2, bt, tg);
     loom_st_writer_add(w, "out.logits", LOOM_ST_F32, 3, btv, logits);
     loom_st_writer_add(w, "out.loss", LOOM_ST_F32, 1, one, &loss);
+    char mv[8][32], cname[2 * MAXP][48];
+    const char *mkeys[] = {"n_expert", "top_k", "moe_every", "expert_hidden", "norm_topk",
+                           "aux_coef", "z_coef", "capacity_factor"};
+    int n_moe;
+    const loom_moe_stats *ms = loom_moe_stats_get(m, &n_moe);
+    static int32_t counts[2 * MAXP][1024];
+    int64_t E1[1] = {cfg.n_expert};
+    if (cfg.n_expert) {
+        snprintf(mv[0], 32, "%d", cfg.n_expert);
+        snprintf(mv[1], 32, "%d", cfg.top_k);
+        snprintf(mv[2], 32, "%d", cfg.moe_every);
+        snprintf(mv[3], 32, "%d", cfg.expert_hidden);
+        snprintf(mv[4], 32, "%d", cfg.norm_topk);
+        snprintf(mv[5], 32, "%.9g", cfg.aux_coef);
+        snprintf(mv[6], 32, "%.9g", cfg.z_coef);
+        snprintf(mv[7], 32, "%.9g", cfg.capacity_factor);
+        for (int i = 0; i < 8; i++) loom_st_writer_metadata(w, mkeys[i], mv[i]);
+    }
+    for (int b = 0; b < n_moe && b < MAXP; b++)
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int64_t *src = h2 ? ms[b].kept : ms[b].routed;
+            for (int e = 0; e < cfg.n_expert && e < 1024; e++) counts[2 * b + h2][e] = (int32_t)src[e];
+            snprintf(cname[2 * b + h2], 48, "moe.h.%d.%s", ms[b].layer, h2 ? "kept" : "chosen");
+            loom_st_writer_add(w, cname[2 * b + h2], LOOM_ST_I32, 1, E1, counts[2 * b + h2]);
+        }
     static char names[3][MAXP][LOOM_PARAM_NAME_MAX + 8];
     const char *prefix[3] = {"param.", "grad.", "step."};
     const float *src[3] = {params0, grads, m->param_mem};

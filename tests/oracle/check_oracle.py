@@ -31,6 +31,9 @@ import torch_gpt2  # noqa: E402
 
 INT_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions", "B", "T")
 FLOAT_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay")
+# Mixture-of-experts keys (optional; absent: a dense model)
+MOE_KEYS = {"n_expert": int, "top_k": int, "moe_every": int, "expert_hidden": int,
+            "norm_topk": int, "aux_coef": float, "z_coef": float, "capacity_factor": float}
 
 
 class DumpError(Exception):
@@ -59,6 +62,16 @@ def parse_meta(meta):
             out[k] = int(meta[k]) if k in INT_KEYS else float(meta[k])
         except ValueError:
             raise DumpError("metadata %s=%r is not a%s" % (k, meta[k], "n integer" if k in INT_KEYS else " number"))
+    moe = {}
+    for k, conv in MOE_KEYS.items():
+        if k in meta:
+            try:
+                moe[k] = conv(meta[k])
+            except ValueError:
+                raise DumpError("metadata %s=%r is not a number" % (k, meta[k]))
+    if "norm_topk" in moe:
+        moe["norm_topk"] = bool(moe["norm_topk"])
+    out["moe"] = moe
     return out
 
 
@@ -89,7 +102,8 @@ def load_dump(path):
 
 def _check_dump(tensors, meta):
     m = parse_meta(meta)
-    cfg = torch_gpt2.Config(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["n_positions"])
+    cfg = torch_gpt2.Config(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["n_positions"],
+                            **m["moe"])
     try:
         cfg.check()
     except ValueError as e:
@@ -118,10 +132,12 @@ def reference_fwd_bwd(cfg, tensors):
     params = torch_gpt2.params_from_numpy({n: tensors["param." + n] for n in names}, cfg, torch.float64)
     idx = torch.from_numpy(tensors["tokens.inputs"].astype(np.int64))
     tgt = torch.from_numpy(tensors["tokens.targets"].astype(np.int64))
-    logits, loss = torch_gpt2.forward(params, cfg, idx, tgt)
+    moe_stats = []
+    logits, loss = torch_gpt2.forward(params, cfg, idx, tgt, moe_stats)
     loss.backward()
-    grads = {n: params[n].grad.numpy() for n in names}
-    return logits.detach().numpy(), np.array([loss.item()]), grads
+    grads = {n: params[n].grad.numpy() if params[n].grad is not None else np.zeros(params[n].shape)
+             for n in names}
+    return logits.detach().numpy(), np.array([loss.item()]), grads, moe_stats
 
 
 def reference_step(cfg, m, tensors):
@@ -152,13 +168,29 @@ def main(argv=None):
     print("adamw: lr=%g betas=(%g, %g) eps=%g weight_decay=%g; tol=%g"
           % (m["lr"], m["beta1"], m["beta2"], m["eps"], m["weight_decay"], args.tol))
 
-    logits, loss, grads = reference_fwd_bwd(cfg, tensors)
+    logits, loss, grads, moe_stats = reference_fwd_bwd(cfg, tensors)
     stepped = reference_step(cfg, m, tensors)
     checks = [("out.logits", tensors["out.logits"], logits), ("out.loss", tensors["out.loss"], loss)]
     checks += [("grad." + n, tensors["grad." + n], g) for n, g in grads.items()]
     checks += [("step." + n, tensors["step." + n], p) for n, p in stepped.items()]
 
     passed = failed = 0
+    # MoE routing: loom's per-expert counts (chosen, kept after capacity) are torch's exactly
+    moe_layers = [i for i in range(cfg.n_layer) if cfg.is_moe(i)]
+    for layer, ref in zip(moe_layers, moe_stats):
+        for what in ("chosen", "kept"):
+            name = "moe.h.%d.%s" % (layer, what)
+            ok = name in tensors and np.array_equal(tensors[name].astype(np.int64), ref[what])
+            print("%s  loom %s torch %s  %s" % (name, tensors[name].tolist() if name in tensors else None,
+                                                ref[what].tolist(), "ok" if ok else "FAIL"))
+            passed += ok
+            failed += not ok
+        dropped = int(ref["chosen"].sum() - ref["kept"].sum())
+        ok = (dropped > 0) == (cfg.capacity_factor > 0)  # a capacity test must drop something
+        print("moe.h.%d dropped %d choices (capacity_factor %g)  %s"
+              % (layer, dropped, cfg.capacity_factor, "ok" if ok else "FAIL"))
+        passed += ok
+        failed += not ok
     width = max(len(c[0]) for c in checks)
     for name, loom, ref in checks:
         err = rel_err(loom, ref)

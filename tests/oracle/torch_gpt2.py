@@ -10,6 +10,14 @@ prefix); linear weights are stored [in, out] as HF's Conv1D does, so y = x @ W +
     logits = ln_f(x) @ wte.T       LM head tied to the token embedding
     loss = mean cross-entropy over all B*T positions
 
+Mixture of experts (loom's include/loom/moe.h, when n_expert > 0): the MLP of
+every moe_every-th block becomes a router (C, E) and E experts; each token goes
+to its top_k experts by softmax probability, gates renormalised if norm_topk;
+with capacity_factor > 0 an expert takes at most ceil(f N top_k / E) choices of
+the micro-batch, admitted choice-major then by position, the rest dropped; the
+loss adds aux_coef E sum_e (chosen_e / N) mean(p_e) and z_coef mean(lse^2) per
+MoE block.
+
 Nothing here is parallel; everything runs in one process on the CPU.
 """
 
@@ -30,6 +38,20 @@ class Config:
     n_embd: int
     vocab_size: int
     n_positions: int
+    n_expert: int = 0
+    top_k: int = 2
+    moe_every: int = 1
+    expert_hidden: int = 0
+    norm_topk: bool = True
+    aux_coef: float = 0.0
+    z_coef: float = 0.0
+    capacity_factor: float = 0.0
+
+    def is_moe(self, layer):
+        return self.n_expert > 0 and (layer + 1) % self.moe_every == 0
+
+    def hidden(self):
+        return self.expert_hidden or 4 * self.n_embd
 
     def check(self):
         """Raise ValueError naming the numbers if the config is unusable."""
@@ -51,6 +73,16 @@ def param_shapes(cfg):
             p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
             p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
             p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+        })
+        if cfg.is_moe(i):
+            H = cfg.hidden()
+            shapes[p + "mlp.router.weight"] = (C, cfg.n_expert)
+            for e in range(cfg.n_expert):
+                q = p + "mlp.experts.%d." % e
+                shapes.update({q + "c_fc.weight": (C, H), q + "c_fc.bias": (H,),
+                               q + "c_proj.weight": (H, C), q + "c_proj.bias": (C,)})
+            continue
+        shapes.update({
             p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
             p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
         })
@@ -127,7 +159,50 @@ def _mlp(x, p, pre):
     return _linear(h, p[pre + "c_proj.weight"], p[pre + "c_proj.bias"])  # (B, T, C)
 
 
-def forward(params, cfg, idx, targets=None):
+def moe_capacity(cfg, N):
+    if cfg.capacity_factor <= 0:
+        return N
+    return min(N, int(math.ceil(float(cfg.capacity_factor) * N * cfg.top_k / cfg.n_expert)))
+
+
+def _moe(x, p, pre, cfg, stats):
+    """The MoE MLP of x (B, T, C) and the block's router loss (aux + z).
+    stats (a list) gets {"chosen", "kept"} per-expert counts."""
+    B, T, C = x.shape
+    N, E, k = B * T, cfg.n_expert, cfg.top_k
+    xf = x.reshape(N, C)
+    logits = xf @ p[pre + "router.weight"]                               # (N, E)
+    probs = torch.softmax(logits, dim=-1)
+    top_p, top_i = torch.topk(probs, k, dim=-1)                          # (N, k)
+    gate = top_p / top_p.sum(-1, keepdim=True) if cfg.norm_topk else top_p
+    sel = top_i.numpy()
+    cap = moe_capacity(cfg, N)
+    kept_n = np.zeros(E, dtype=np.int64)
+    kept = np.zeros((N, k), dtype=bool)
+    for j in range(k):                  # choice-major, then token order
+        for i in range(N):
+            if kept_n[sel[i, j]] < cap:
+                kept_n[sel[i, j]] += 1
+                kept[i, j] = True
+    out = torch.zeros_like(xf)
+    for e in range(E):
+        ii, jj = np.nonzero((sel == e) & kept)
+        if len(ii) == 0:
+            continue
+        q = pre + "experts.%d." % e
+        rows = torch.from_numpy(ii)
+        h = F.gelu(_linear(xf[rows], p[q + "c_fc.weight"], p[q + "c_fc.bias"]), approximate="tanh")
+        y = _linear(h, p[q + "c_proj.weight"], p[q + "c_proj.bias"])
+        out = out.index_add(0, rows, y * gate[rows, torch.from_numpy(jj)].unsqueeze(1))
+    chosen = np.bincount(sel.ravel(), minlength=E)
+    f = torch.tensor(chosen / N, dtype=probs.dtype)
+    aux = cfg.aux_coef * E * (f * probs.mean(0)).sum()
+    z = cfg.z_coef * (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    stats.append({"chosen": chosen, "kept": kept_n})
+    return out.view(B, T, C), aux + z
+
+
+def forward(params, cfg, idx, targets=None, moe_stats=None):
     """Logits (B, T, V) and, if targets is given, the mean cross-entropy loss.
 
     idx, targets: integer tensors (B, T) with values in [0, vocab_size);
@@ -138,18 +213,24 @@ def forward(params, cfg, idx, targets=None):
         raise ValueError("T=%d exceeds n_positions=%d" % (T, cfg.n_positions))
     C = cfg.n_embd
     p = params
+    router_loss = 0.0
     x = p["wte.weight"][idx.long()] + p["wpe.weight"][:T]                 # (B, T, C)
     for i in range(cfg.n_layer):
         pre = "h.%d." % i
         h = F.layer_norm(x, (C,), p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], LN_EPS)
         x = x + _attention(h, p, pre + "attn.", cfg.n_head)
         h = F.layer_norm(x, (C,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], LN_EPS)
-        x = x + _mlp(h, p, pre + "mlp.")
+        if cfg.is_moe(i):
+            y, r = _moe(h, p, pre + "mlp.", cfg, moe_stats if moe_stats is not None else [])
+            x = x + y
+            router_loss = router_loss + r
+        else:
+            x = x + _mlp(h, p, pre + "mlp.")
     x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
     logits = torch.matmul(x, p["wte.weight"].t())                        # (B, T, V)
     loss = None
     if targets is not None:
-        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T).long())
+        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T).long()) + router_loss
     return logits, loss
 
 

@@ -1,0 +1,49 @@
+/* ep.h - the expert-parallel engine: gradients and optimizer step of the
+ * expert tensors of an expert-parallel model part (moe.h).
+ *
+ * Groups. The EP group (mesh.h: ep consecutive ranks of dp x cp) splits the
+ * experts; the ranks with the same EP rank in every EP group hold the same
+ * experts and form the expert-data-parallel group "edp" (dp*cp/ep ranks).
+ * Expert gradients are summed over edp only - never over dp, where the
+ * ranks at one offset hold different experts - and every other gradient
+ * over dp by the DP engine as before (the expert tensors are in no DP
+ * bucket: unit LOOM_UNIT_EXPERTS). Per step and rank the edp all-reduce
+ * moves the local experts' floats x 4 bytes (comm.h's convention).
+ *
+ * Storage: the part's flat buffers, or at ZeRO-2/3 (which leave those to the
+ * DP engine) the expert tensors' own (moe.h: loom_moe_expert_storage);
+ * ZeRO-3's parameter runs (dp.h) include them as one more run.
+ *
+ * Optimizer. AdamW on the local experts, replicated over edp (each replica
+ * takes the same step from the same reduced gradient). The global gradient
+ * norm adds the experts' sum of squares, summed over the EP group (distinct
+ * experts), to the DP engine's.
+ *
+ * At ep = 1 (or a dense model) there are no such tensors and every call
+ * returns at once.
+ */
+#ifndef LOOM_EP_H
+#define LOOM_EP_H
+
+#include "loom/dp.h"
+#include "loom/mesh.h"
+#include "loom/model.h"
+#include "loom/status.h"
+
+typedef struct loom_ep_engine loom_ep_engine;
+
+/* Collective over dp x cp (forms the edp group). LOOM_EOS without memory. */
+loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
+                                  const loom_adamw_hparams *hp, loom_ep_engine **out);
+void loom_ep_engine_free(loom_ep_engine *e);
+/* Sum the expert gradients over edp. Collective over edp. */
+loom_status loom_ep_finish_grads(loom_ep_engine *e);
+/* *norm = sqrt(norm^2 + the experts' sum of squares over the EP group and
+ * the pipeline stages). Collective over ep, then pp. */
+loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm);
+/* grads *= grad_scale, then AdamW on the local experts. Local. */
+loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);
+/* The edp group (NULL when there are no expert tensors), for byte counts. */
+loom_comm *loom_ep_edp(const loom_ep_engine *e);
+
+#endif

@@ -1,0 +1,772 @@
+/* moe.c - Mixture-of-Experts blocks (include/loom/moe.h): config keys and
+ * built-ins, the parameter rows, and route -> dispatch -> experts -> combine
+ * with its mirror backward. Collective over the part's EP group (the
+ * alltoall(v) of dispatch and combine), local without one, and over the TP
+ * group: experts are cut as Megatron's MLP (c_fc by columns, c_proj by rows,
+ * its bias added on tp rank 0), so the block's output is summed over tp
+ * (gpt.c's row_out_fwd), and backward sums the experts' input gradients and
+ * the gates' gradients (N x k) over tp; the router is replicated.
+ *
+ * Dispatch packs the kept assignments expert by expert, tokens in order
+ * within an expert, into (A,C) rows, A <= N top_k: destination-major, so
+ * one alltoallv sends each owner its experts' rows. The owner reorders what
+ * it receives expert-major, so each local expert is two plain matmuls over
+ * contiguous rows; combine reverses both steps and scatters the outputs
+ * back weighted by the gates.
+ */
+#include "loom/moe.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "model/internal.h"
+
+/* ---- config ---------------------------------------------------------------- */
+
+int loom_moe_layer(const loom_model_config *c, int l) {
+    return c->n_expert > 0 && (l + 1) % (c->moe_every > 0 ? c->moe_every : 1) == 0;
+}
+
+int loom_moe_hidden(const loom_model_config *c) {
+    return c->expert_hidden > 0 ? c->expert_hidden : 4 * c->n_embd;
+}
+
+/* The experts' hidden units on this TP rank (c_fc by columns, c_proj by rows). */
+static int hidden_l(const loom_gpt *m) { return loom_moe_hidden(&m->cfg) / m->part.tp.size; }
+
+int loom_moe_capacity(const loom_model_config *c, int N) {
+    if (c->capacity_factor <= 0) return N;
+    double cap = ceil((double)c->capacity_factor * N * c->top_k / c->n_expert);
+    return cap > N ? N : (int)cap;
+}
+
+double loom_moe_active_params_delta(const loom_model_config *c) {
+    double d = 0, C = c->n_embd, H = loom_moe_hidden(c);
+    for (int l = 0; l < c->n_layer; l++)
+        if (loom_moe_layer(c, l)) d += C * c->n_expert + c->top_k * 2.0 * C * H - 8.0 * C * C;
+    return d;
+}
+
+loom_status loom_moe_config_check(const loom_model_config *c) {
+    if (c->n_expert == 0) return LOOM_OK;
+    if (c->n_expert < 1 || c->n_expert > 1024)
+        return loom_fail(LOOM_ECONFIG, "model %s: num_local_experts=%d must be in [1, 1024]", c->name,
+                         c->n_expert);
+    if (c->top_k < 1 || c->top_k > c->n_expert)
+        return loom_fail(LOOM_ECONFIG, "model %s: num_experts_per_tok=%d must be in [1, num_local_experts=%d]",
+                         c->name, c->top_k, c->n_expert);
+    if (c->moe_every < 1 || c->moe_every > c->n_layer)
+        return loom_fail(LOOM_ECONFIG, "model %s: moe_layer_freq=%d must be in [1, n_layer=%d]", c->name,
+                         c->moe_every, c->n_layer);
+    if (c->expert_hidden < 0 || c->expert_hidden > 1 << 20)
+        return loom_fail(LOOM_ECONFIG, "model %s: moe_intermediate_size=%d out of range", c->name,
+                         c->expert_hidden);
+    if (!(c->aux_coef >= 0) || !(c->z_coef >= 0) || !(c->capacity_factor >= 0) ||
+        c->capacity_factor > 1e6 || !(c->bias_rate >= 0))
+        return loom_fail(LOOM_ECONFIG,
+                         "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g, "
+                         "capacity_factor=%g and aux_free_bias_rate=%g must be >= 0",
+                         c->name, c->aux_coef, c->z_coef, c->capacity_factor, c->bias_rate);
+    return LOOM_OK;
+}
+
+static void moe_defaults(loom_model_config *c, int n_expert) {
+    c->n_expert = n_expert;
+    c->top_k = 2;
+    c->moe_every = 1;
+    c->expert_hidden = 0;
+    c->norm_topk = 1;
+    c->aux_coef = 0.01f;
+    c->z_coef = 0.0f;
+    c->capacity_factor = 0.0f;
+    c->bias_rate = 0.0f;
+}
+
+int loom_moe_builtin(const char *name, loom_model_config *cfg) {
+    static const struct { const char *name, *base; int n_expert; } MOE[] = {
+        {"tiny-moe", "tiny", 4}, /* tests */
+        {"mini-moe", "mini", 8}, /* 8 experts, top-2 */
+    };
+    for (size_t i = 0; i < sizeof MOE / sizeof MOE[0]; i++) {
+        if (strcmp(name, MOE[i].name) != 0) continue;
+        if (loom_model_config_builtin(MOE[i].base, cfg) != LOOM_OK) return 0;
+        snprintf(cfg->name, sizeof cfg->name, "%s", MOE[i].name);
+        moe_defaults(cfg, MOE[i].n_expert);
+        return 1;
+    }
+    return 0;
+}
+
+loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_config *cfg,
+                                int *handled) {
+    const struct { const char *key; int *i; float *f; } KEYS[] = {
+        {"num_local_experts", &cfg->n_expert, NULL},
+        {"num_experts_per_tok", &cfg->top_k, NULL},
+        {"moe_layer_freq", &cfg->moe_every, NULL},
+        {"moe_intermediate_size", &cfg->expert_hidden, NULL},
+        {"router_aux_loss_coef", NULL, &cfg->aux_coef},
+        {"router_z_loss_coef", NULL, &cfg->z_coef},
+        {"capacity_factor", NULL, &cfg->capacity_factor},
+        {"aux_free_bias_rate", NULL, &cfg->bias_rate},
+    };
+    *handled = 1;
+    if (cfg->n_expert == 0 && cfg->top_k == 0) { /* first MoE key: the defaults, then the key */
+        moe_defaults(cfg, 0);
+    }
+    if (strcmp(it->string, "norm_topk_prob") == 0) {
+        if (!cJSON_IsBool(it)) return loom_fail(LOOM_ECONFIG, "%s: \"norm_topk_prob\" must be true or false", path);
+        cfg->norm_topk = cJSON_IsTrue(it);
+        return LOOM_OK;
+    }
+    if (strcmp(it->string, "output_router_logits") == 0) return LOOM_OK; /* HF: an output option */
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) {
+        if (strcmp(it->string, KEYS[i].key) != 0) continue;
+        double v = it->valuedouble;
+        if (!cJSON_IsNumber(it) || !(v >= 0 && v <= 1e9) || (KEYS[i].i && v != floor(v)))
+            return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be a non-negative %s", path, KEYS[i].key,
+                             KEYS[i].i ? "integer" : "number");
+        if (KEYS[i].i) *KEYS[i].i = (int)v;
+        else *KEYS[i].f = (float)v;
+        return LOOM_OK;
+    }
+    *handled = 0;
+    return LOOM_OK;
+}
+
+/* ---- parameters ------------------------------------------------------------ */
+
+int loom_moe_extra_params(const loom_model_config *c, const loom_model_part *part) {
+    int n = 0;
+    for (int l = part->layer_begin; l < part->layer_end; l++)
+        if (loom_moe_layer(c, l)) n += 1 + 4 * c->n_expert;
+    return n;
+}
+
+static int ep_size(const loom_gpt *m) { return m->part.ep ? loom_comm_size(m->part.ep) : 1; }
+static int ep_rank(const loom_gpt *m) { return m->part.ep ? loom_comm_rank(m->part.ep) : 0; }
+
+/* The router of block l; with expert parallelism its experts wait for
+ * loom_moe_add_experts (they go after every block), else they follow. */
+void loom_moe_add_params(loom_gpt *m, size_t *off, int l, float std, float res_std) {
+    char name[LOOM_PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "h.%d.mlp.router.weight", l);
+    const int64_t C = m->cfg.n_embd; /* m->C is not set for loom_param_table_whole */
+    loom_gpt_add_param(m, off, name, C, m->cfg.n_expert, -1, 1, C, LOOM_INIT_NORMAL, std, 0, l);
+    if (ep_size(m) == 1) loom_moe_add_experts(m, off, l, std, res_std);
+}
+
+void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_std) {
+    const int64_t C = m->cfg.n_embd, H = loom_moe_hidden(&m->cfg);
+    const int El = m->cfg.n_expert / ep_size(m), e0 = ep_rank(m) * El;
+    const int unit = ep_size(m) > 1 ? LOOM_UNIT_EXPERTS : l;
+    char name[LOOM_PARAM_NAME_MAX];
+    for (int e = e0; e < e0 + El; e++) { /* Megatron's MLP cut: c_fc by columns, c_proj by rows */
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.weight", l, e);
+        loom_gpt_add_param(m, off, name, C, H, 1, 1, H, LOOM_INIT_NORMAL, std, 0, unit);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_fc.bias", l, e);
+        loom_gpt_add_param(m, off, name, H, 0, 0, 1, H, LOOM_INIT_ZEROS, 0, 0, unit);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.weight", l, e);
+        loom_gpt_add_param(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, res_std, 0, unit);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.bias", l, e);
+        loom_gpt_add_param(m, off, name, C, 0, -1, 1, C, LOOM_INIT_ZEROS, 0, 0, unit);
+    }
+}
+
+/* ---- state ----------------------------------------------------------------- */
+
+/* What one MoE block keeps from forward for backward, per slot. A <= N k
+ * rows this rank dispatches (its tokens' kept choices, expert-major); R
+ * rows this rank's El = E/P experts receive from the P ranks of the EP
+ * group, kept expert-major (local expert, then source rank, then token). */
+typedef struct {
+    float *probs;           /* (N,E) router softmax */
+    float *lse;             /* (N) logsumexp of the router logits */
+    int32_t *sel;           /* (N,k) chosen experts */
+    float *gate;            /* (N,k) combine weights */
+    int32_t *row;           /* (N,k) dispatched row of each choice, -1 if dropped */
+    int32_t *tok;           /* (A) token of each dispatched row */
+    int32_t *start;         /* (E+1) first dispatched row of each expert */
+    int32_t *routed;        /* (E) choices per expert before capacity */
+    int32_t *rc;            /* (P,El) rows received from source s for local expert j */
+    int32_t *soff, *eoff;   /* (P,El) their offsets source-major / expert-major */
+    int32_t *estart;        /* (El+1) first expert-major row of each local expert */
+    float *ye;              /* (A,C) expert outputs of the dispatched rows */
+    float *xp, *hp, *gp;    /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
+    float *dyp, *dhp;       /* (R,C) (R,H) output gradients kept for W */
+    float *dlogit;          /* (N,E) kept for W */
+    const float *x;         /* (N,C) the block's input rows (ln_2 output) */
+    double aux, z;          /* this group's losses */
+} moe_acts;
+
+typedef struct {
+    float *router;                          /* (C,E) */
+    float **fc_w, **fc_b, **cp_w, **cp_b;   /* El each: (C,H) (H) (H,C) (C) */
+} moe_w;
+
+typedef struct {
+    int l;              /* global block */
+    float *bias;        /* (E) aux-loss-free selection bias */
+    moe_w w, g;
+    moe_acts *acts;     /* per slot */
+} moe_block;
+
+struct loom_moe {
+    int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
+    size_t Rmax;              /* rows the local experts can receive */
+    moe_block *blocks;
+    int *of_local;      /* local block -> index in blocks, -1 if dense */
+    float dloss;
+    float *dgate;       /* (N,k) scratch */
+    float *dp;          /* (N,E) scratch */
+    float *sendA;       /* (A,C) scratch: rows to dispatch, then their gradients */
+    float *t1, *t2;     /* (R,C) scratch */
+    float *tH;          /* (R,H) scratch */
+    size_t *a2a;        /* (4P) alltoallv byte counts and displacements */
+    loom_moe_stats *stats;
+    int64_t *stat_mem;
+    void *mem;          /* one allocation for every buffer above */
+    size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
+    float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
+};
+
+static moe_block *block_of(const loom_gpt *m, int li) {
+    int b = m->moe ? m->moe->of_local[li] : -1;
+    return b >= 0 ? &m->moe->blocks[b] : NULL;
+}
+
+/* Carve n bytes (64-aligned) from base, or only count them when base is NULL. */
+static void *carve(char *base, size_t *used, size_t n) {
+    void *r = base ? base + *used : NULL;
+    *used += (n + 63) & ~(size_t)63;
+    return r;
+}
+
+static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
+    const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
+                 k = (size_t)m->cfg.top_k, H = (size_t)hidden_l(m), A = N * k,
+                 P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
+    size_t used = 0;
+    moe->dgate = carve(p, &used, N * k * 4);
+    moe->dp = carve(p, &used, N * E * 4);
+    moe->sendA = carve(p, &used, A * C * 4);
+    moe->t1 = carve(p, &used, R * C * 4);
+    moe->t2 = carve(p, &used, R * C * 4);
+    moe->tH = carve(p, &used, R * H * 4);
+    moe->a2a = carve(p, &used, 4 * P * sizeof(size_t));
+    moe->stat_mem = carve(p, &used, (size_t)moe->n_blocks * 2 * E * 8);
+    for (int b = 0; b < moe->n_blocks; b++) {
+        moe_block *bl = &moe->blocks[b];
+        float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
+                             &bl->g.fc_w, &bl->g.fc_b, &bl->g.cp_w, &bl->g.cp_b};
+        for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, El * sizeof(float *));
+        bl->bias = carve(p, &used, E * 4);
+        for (int s = 0; s < m->opts.n_slots; s++) {
+            moe_acts *a = &bl->acts[s];
+            a->probs = carve(p, &used, N * E * 4);
+            a->lse = carve(p, &used, N * 4);
+            a->sel = carve(p, &used, N * k * 4);
+            a->gate = carve(p, &used, N * k * 4);
+            a->row = carve(p, &used, N * k * 4);
+            a->tok = carve(p, &used, A * 4);
+            a->start = carve(p, &used, (E + 1) * 4);
+            a->routed = carve(p, &used, E * 4);
+            a->rc = carve(p, &used, P * El * 4);
+            a->soff = carve(p, &used, P * El * 4);
+            a->eoff = carve(p, &used, P * El * 4);
+            a->estart = carve(p, &used, (El + 1) * 4);
+            a->ye = carve(p, &used, A * C * 4);
+            a->xp = carve(p, &used, R * C * 4);
+            a->hp = carve(p, &used, R * H * 4);
+            a->gp = carve(p, &used, R * H * 4);
+            a->dyp = carve(p, &used, R * C * 4);
+            a->dhp = carve(p, &used, R * H * 4);
+            a->dlogit = carve(p, &used, N * E * 4);
+        }
+    }
+    return used;
+}
+
+loom_status loom_moe_create(loom_gpt *m) {
+    int n = 0;
+    for (int l = m->part.layer_begin; l < m->part.layer_end; l++) n += loom_moe_layer(&m->cfg, l);
+    if (n == 0) return LOOM_OK;
+    LOOM_TRY(loom_moe_config_check(&m->cfg));
+    if (m->part.tp.sp)
+        return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with --sp are not available in this build "
+                         "yet; use --tp without --sp", m->cfg.name);
+    if (loom_moe_hidden(&m->cfg) % m->part.tp.size)
+        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide the experts' hidden size %d of MoE model %s",
+                         m->part.tp.size, loom_moe_hidden(&m->cfg), m->cfg.name);
+    const int P = ep_size(m), E = m->cfg.n_expert, k = m->cfg.top_k;
+    if (E % P)
+        return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,
+                         m->cfg.name);
+    struct loom_moe *moe = calloc(1, sizeof *moe);
+    if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+    m->moe = moe;
+    moe->n_blocks = n;
+    moe->P = P;
+    moe->El = E / P;
+    moe->e0 = ep_rank(m) * moe->El;
+    /* each of the P sources sends each local expert at most N rows, and at
+     * most N k rows in all */
+    moe->Rmax = (size_t)P * m->N * (size_t)(k < moe->El ? k : moe->El);
+    moe->blocks = calloc((size_t)n, sizeof *moe->blocks);
+    moe->of_local = calloc((size_t)(m->L_l ? m->L_l : 1), sizeof *moe->of_local);
+    moe->stats = calloc((size_t)n, sizeof *moe->stats);
+    if (!moe->blocks || !moe->of_local || !moe->stats)
+        return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+    for (int li = 0, b = 0; li < m->L_l; li++) {
+        moe->of_local[li] = -1;
+        if (!loom_moe_layer(&m->cfg, m->part.layer_begin + li)) continue;
+        moe->of_local[li] = b;
+        moe->blocks[b].l = m->part.layer_begin + li;
+        moe->blocks[b].acts = calloc((size_t)m->opts.n_slots, sizeof(moe_acts));
+        if (!moe->blocks[b].acts) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
+        b++;
+    }
+    size_t bytes = layout(m, moe, NULL);
+    moe->mem = calloc(1, bytes + 64);
+    if (!moe->mem)
+        return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
+    layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
+    loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
+    if (moe->ex_n && m->opts.external_params) moe->ex_params = calloc(moe->ex_n, sizeof(float));
+    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = calloc(moe->ex_n, sizeof(float));
+    if ((m->opts.external_params && moe->ex_n && !moe->ex_params) ||
+        (m->opts.external_grads && moe->ex_n && !moe->ex_grads))
+        return loom_fail(LOOM_EOS, "out of memory for the expert tensors (%zu floats)", moe->ex_n);
+    for (int b = 0; b < n; b++) {
+        moe->stats[b].layer = moe->blocks[b].l;
+        moe->stats[b].n_expert = E;
+        moe->stats[b].routed = moe->stat_mem + (size_t)b * 2 * E;
+        moe->stats[b].kept = moe->stat_mem + (size_t)b * 2 * E + E;
+    }
+    return LOOM_OK;
+}
+
+void loom_moe_free(struct loom_moe *moe) {
+    if (!moe) return;
+    for (int b = 0; moe->blocks && b < moe->n_blocks; b++) free(moe->blocks[b].acts);
+    free(moe->blocks);
+    free(moe->of_local);
+    free(moe->stats);
+    free(moe->mem);
+    free(moe->ex_params);
+    free(moe->ex_grads);
+    free(moe);
+}
+
+void loom_moe_bind_storage(loom_gpt *m) {
+    if (m->moe && (m->moe->ex_params || m->moe->ex_grads))
+        loom_gpt_bind_unit(m, LOOM_UNIT_EXPERTS, m->moe->ex_params, m->moe->ex_grads);
+}
+
+void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, size_t *lo, size_t *n) {
+    const struct loom_moe *moe = m->moe;
+    *lo = moe ? moe->ex_lo : 0;
+    *n = moe ? moe->ex_n : 0;
+    *params = moe && moe->ex_params ? moe->ex_params : m->param_mem ? m->param_mem + *lo : NULL;
+    *grads = moe && moe->ex_grads ? moe->ex_grads : m->grad_mem ? m->grad_mem + *lo : NULL;
+}
+
+int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
+    moe_block *bl = block_of(m, l - m->part.layer_begin);
+    if (!bl) return 0;
+    moe_w *w = grads ? &bl->g : &bl->w;
+    if (strcmp(suffix, "mlp.router.weight") == 0) {
+        w->router = v;
+        return 1;
+    }
+    int e;
+    char what[32];
+    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2) return 0;
+    e -= m->moe->e0;
+    if (e < 0 || e >= m->moe->El) return 0;
+    if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
+    else if (!strcmp(what, "c_fc.bias")) w->fc_b[e] = v;
+    else if (!strcmp(what, "c_proj.weight")) w->cp_w[e] = v;
+    else if (!strcmp(what, "c_proj.bias")) w->cp_b[e] = v;
+    else return 0;
+    return 1;
+}
+
+/* ---- routing ------------------------------------------------------------------ */
+
+/* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
+static double route_probs(moe_acts *a, const float *router, int N, int C, int E) {
+    double zsum = 0;
+    loom_matmul_fwd(a->probs, a->x, router, NULL, N, C, E);
+    for (int i = 0; i < N; i++) {
+        float *p = a->probs + (size_t)i * E;
+        float mx = p[0];
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += exp((double)p[e] - mx);
+        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)p[e] - mx) / sum);
+        a->lse[i] = (float)(mx + log(sum));
+        zsum += (double)a->lse[i] * a->lse[i];
+    }
+    return zsum;
+}
+
+/* sel (N,k): each token's top_k experts by probability + bias, ties to the
+ * lower index; gate (N,k) their probabilities, renormalised if asked. */
+static void route_topk(moe_acts *a, const float *bias, int N, int E, int k, int norm) {
+    float score[1024];
+    for (int i = 0; i < N; i++) {
+        const float *p = a->probs + (size_t)i * E;
+        for (int e = 0; e < E; e++) score[e] = p[e] + bias[e];
+        int32_t *sel = a->sel + (size_t)i * k;
+        float *gate = a->gate + (size_t)i * k, sum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j; q++) taken |= sel[q] == e;
+                if (!taken && (best < 0 || score[e] > score[best])) best = e;
+            }
+            sel[j] = best;
+            gate[j] = p[best];
+            sum += p[best];
+        }
+        if (norm)
+            for (int j = 0; j < k; j++) gate[j] /= sum;
+    }
+}
+
+/* Capacity (choice-major, then token order) and the dispatch layout: row
+ * (N,k), start (E+1), tok (A). Returns the number of dropped choices. */
+static int64_t route_dispatch(moe_acts *a, int N, int E, int k, int cap) {
+    int32_t *cnt = a->start + 1; /* kept per expert, then turned into offsets */
+    memset(a->start, 0, (size_t)(E + 1) * sizeof *a->start);
+    memset(a->routed, 0, (size_t)E * sizeof *a->routed);
+    int64_t dropped = 0;
+    for (int j = 0; j < k; j++)
+        for (int i = 0; i < N; i++) {
+            int e = a->sel[(size_t)i * k + j];
+            a->routed[e]++;
+            if (cnt[e] < cap) {
+                cnt[e]++;
+                a->row[(size_t)i * k + j] = 0; /* kept; its row is set below */
+            } else {
+                a->row[(size_t)i * k + j] = -1;
+                dropped++;
+            }
+        }
+    for (int e = 0; e < E; e++) a->start[e + 1] += a->start[e];
+    int32_t fill[1024];
+    for (int e = 0; e < E; e++) fill[e] = a->start[e];
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int32_t *r = &a->row[(size_t)i * k + j];
+            if (*r < 0) continue;
+            *r = fill[a->sel[(size_t)i * k + j]]++;
+            a->tok[*r] = i;
+        }
+    return dropped;
+}
+
+/* ---- dispatch and combine over the EP group ------------------------------------ */
+
+/* One alltoallv of rows of `width` floats: to_experts sends each rank the
+ * dispatched rows of its experts (A rows, expert-major = destination-major)
+ * and receives R rows source-major; !to_experts sends those back. With no
+ * group (P = 1) a copy. Counts bytes and time into st. */
+static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, float *recv, int width,
+                            int to_experts, loom_moe_stats *st) {
+    struct loom_moe *moe = m->moe;
+    const int P = moe->P, El = moe->El;
+    size_t *sb = moe->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
+    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
+    for (int q = 0; q < P; q++) {
+        size_t mine = (size_t)(a->start[(q + 1) * El] - a->start[q * El]), theirs = 0;
+        for (int j = 0; j < El; j++) theirs += (size_t)a->rc[q * El + j];
+        sb[q] = (to_experts ? mine : theirs) * fl;
+        rb[q] = (to_experts ? theirs : mine) * fl;
+        sd[q] = so;
+        rd[q] = ro;
+        so += sb[q];
+        ro += rb[q];
+    }
+    if (!m->part.ep) {
+        memcpy(recv, send, so);
+        return LOOM_OK;
+    }
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(loom_comm_alltoallv(m->part.ep, send, sb, sd, recv, rb, rd));
+    st->a2a_s += loom_comm_wtime() - t0;
+    st->a2a_bytes += (int64_t)so;
+    return LOOM_OK;
+}
+
+/* The kept counts per expert to each expert's owner: rc (P,El), and the
+ * offsets of those rows source-major (soff) and expert-major (eoff, estart). */
+static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st) {
+    struct loom_moe *moe = m->moe;
+    const int P = moe->P, El = moe->El, E = m->cfg.n_expert;
+    int32_t *kept = (int32_t *)moe->dgate; /* (E) scratch: dgate is free in forward */
+    for (int e = 0; e < E; e++) kept[e] = a->start[e + 1] - a->start[e];
+    if (m->part.ep) {
+        double t0 = loom_comm_wtime();
+        LOOM_TRY(loom_comm_alltoall(m->part.ep, kept, a->rc, (size_t)El * sizeof(int32_t)));
+        st->a2a_s += loom_comm_wtime() - t0;
+        st->a2a_bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);
+    } else {
+        memcpy(a->rc, kept, (size_t)E * sizeof(int32_t));
+    }
+    int32_t o = 0;
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            a->soff[s * El + j] = o;
+            o += a->rc[s * El + j];
+        }
+    o = 0;
+    for (int j = 0; j < El; j++) {
+        a->estart[j] = o;
+        for (int s = 0; s < P; s++) {
+            a->eoff[s * El + j] = o;
+            o += a->rc[s * El + j];
+        }
+    }
+    a->estart[El] = o;
+    return LOOM_OK;
+}
+
+/* Rows between source-major and expert-major order. */
+static void permute(const moe_acts *a, int P, int El, const float *src, float *dst, int width,
+                    int to_expert_major) {
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            size_t n = (size_t)a->rc[s * El + j], so = (size_t)a->soff[s * El + j],
+                   eo = (size_t)a->eoff[s * El + j];
+            size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
+            memcpy(dst + to * width, src + from * width, n * width * sizeof(float));
+        }
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out) {
+    moe_block *bl = block_of(m, li);
+    struct loom_moe *moe = m->moe;
+    moe_acts *a = &bl->acts[s - m->slots];
+    loom_moe_stats *st = &moe->stats[moe->of_local[li]];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int P = moe->P, El = moe->El;
+    a->x = x;
+    double zsum = route_probs(a, bl->w.router, N, C, E);
+    route_topk(a, bl->bias, N, E, k, c->norm_topk);
+    int64_t dropped = route_dispatch(a, N, E, k, loom_moe_capacity(c, N));
+    /* aux = coef E sum_e (routed_e / N) (mean_i p_ie) */
+    double aux = 0;
+    for (int e = 0; e < E; e++) {
+        double Pe = 0;
+        for (int i = 0; i < N; i++) Pe += a->probs[(size_t)i * E + e];
+        aux += (double)a->routed[e] / N * (Pe / N);
+    }
+    a->aux = c->aux_coef * E * aux;
+    a->z = c->z_coef * zsum / N;
+    /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
+    const int A = a->start[E];
+    for (int r = 0; r < A; r++)
+        memcpy(moe->sendA + (size_t)r * C, x + (size_t)a->tok[r] * C, (size_t)C * 4);
+    LOOM_TRY(exchange_counts(m, a, st));
+    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
+    permute(a, P, El, moe->t1, a->xp, C, 1);
+    /* the local experts, each over its contiguous rows */
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_fwd(a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
+        loom_gelu_fwd(a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
+        /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
+        loom_matmul_fwd(moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+                        m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
+    }
+    /* combine: outputs back to their tokens' ranks, weighted by the gates */
+    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    LOOM_TRY(exchange(m, a, moe->t1, a->ye, C, 0, st));
+    memset(out, 0, (size_t)N * C * 4);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int r = a->row[(size_t)i * k + j];
+            if (r < 0) continue;
+            float g = a->gate[(size_t)i * k + j], *o = out + (size_t)i * C;
+            const float *y = a->ye + (size_t)r * C;
+            for (int q = 0; q < C; q++) o[q] += g * y[q];
+        }
+    /* statistics */
+    for (int e = 0; e < E; e++) {
+        st->routed[e] += a->routed[e];
+        st->kept[e] += a->start[e + 1] - a->start[e];
+    }
+    st->assignments += (int64_t)N * k;
+    st->dropped += dropped;
+    st->aux += a->aux;
+    st->z += a->z;
+    st->groups++;
+    st->sent_rows += A;
+    st->recv_rows += a->estart[El];
+    return LOOM_OK;
+}
+
+double loom_moe_loss_sum(const loom_gpt *m, const loom_gpt_slot *s) {
+    double sum = 0;
+    for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
+        const moe_acts *a = &m->moe->blocks[b].acts[s - m->slots];
+        sum += (a->aux + a->z) * m->N;
+    }
+    return sum;
+}
+
+/* ---- backward ----------------------------------------------------------------- */
+
+void loom_moe_set_dloss(loom_gpt *m, float dloss) {
+    if (m->moe) m->moe->dloss = dloss;
+}
+
+/* dlogit (N,E) WRITES the router logits' gradient from the gates' gradient
+ * dgate (N,k) and the two losses (group weight wg). */
+static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N, float wg) {
+    const int E = c->n_expert, k = c->top_k;
+    float *dp = moe->dp;
+    memset(dp, 0, (size_t)N * E * 4);
+    for (int i = 0; i < N; i++) {
+        const int32_t *sel = a->sel + (size_t)i * k;
+        const float *dg = moe->dgate + (size_t)i * k, *gate = a->gate + (size_t)i * k;
+        float *d = dp + (size_t)i * E;
+        if (c->norm_topk) { /* gate_j = p_j / S: dp_m = (dgate_m - sum_j dgate_j gate_j) / S */
+            float S = 0, wsum = 0;
+            for (int j = 0; j < k; j++) {
+                S += a->probs[(size_t)i * E + sel[j]];
+                wsum += dg[j] * gate[j];
+            }
+            for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - wsum) / S;
+        } else {
+            for (int j = 0; j < k; j++) d[sel[j]] += dg[j];
+        }
+    }
+    /* aux: d/dp_ie = coef E routed_e / N^2 */
+    const float aux_scale = wg * c->aux_coef * (float)E / ((float)N * (float)N);
+    for (int i = 0; i < N; i++)
+        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] += aux_scale * (float)a->routed[e];
+    /* softmax, plus z: d/dlogit_ie = 2 coef lse_i p_ie / N */
+    for (int i = 0; i < N; i++) {
+        const float *p = a->probs + (size_t)i * E, *d = dp + (size_t)i * E;
+        float *dl = a->dlogit + (size_t)i * E, dot = 0;
+        for (int e = 0; e < E; e++) dot += p[e] * d[e];
+        float zs = wg * c->z_coef * 2.0f * a->lse[i] / (float)N;
+        for (int e = 0; e < E; e++) dl[e] = p[e] * (d[e] - dot) + zs * p[e];
+    }
+}
+
+loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const float *dout, float *dx) {
+    moe_block *bl = block_of(m, li);
+    struct loom_moe *moe = m->moe;
+    moe_acts *a = &bl->acts[s - m->slots];
+    loom_moe_stats *st = &moe->stats[moe->of_local[li]];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int P = moe->P, El = moe->El, A = a->start[E];
+    /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
+     * dgate = dout_i . ye_r */
+    memset(moe->dgate, 0, (size_t)N * k * 4);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < k; j++) {
+            int r = a->row[(size_t)i * k + j];
+            if (r < 0) continue;
+            const float *d = dout + (size_t)i * C, *y = a->ye + (size_t)r * C;
+            float g = a->gate[(size_t)i * k + j], *dy = moe->sendA + (size_t)r * C, dot = 0;
+            for (int q = 0; q < C; q++) {
+                dy[q] = g * d[q];
+                dot += d[q] * y[q];
+            }
+            moe->dgate[(size_t)i * k + j] = dot;
+        }
+    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
+    permute(a, P, El, moe->t1, a->dyp, C, 1);
+    /* the local experts' input gradients */
+    const size_t R = (size_t)a->estart[El];
+    memset(moe->tH, 0, R * H * 4);
+    memset(a->dhp, 0, R * H * 4);
+    memset(moe->t2, 0, R * C * 4);
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_bwd(moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
+                        bl->w.cp_w[j], n, H, C);
+        loom_gelu_bwd(a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
+                      (size_t)n * H);
+        loom_matmul_bwd(moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
+                        bl->w.fc_w[j], n, C, H);
+    }
+    /* back to the tokens' ranks (sendA is free again) */
+    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
+    /* un-dispatch: each dispatched row's input gradient back to its token;
+     * partial over tp (column-parallel c_fc), so summed there */
+    memset(dx, 0, (size_t)N * C * 4);
+    for (int r = 0; r < A; r++) {
+        float *d = dx + (size_t)a->tok[r] * C;
+        const float *src = moe->sendA + (size_t)r * C;
+        for (int q = 0; q < C; q++) d[q] += src[q];
+    }
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dx, (size_t)N * C));
+    /* router: replicated over tp, its input gradient complete on every rank;
+     * dgate = dout . ye was taken from this rank's partial ye: summed first */
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
+    router_bwd(moe, a, c, N, moe->dloss * (float)N);
+    loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    return LOOM_OK;
+}
+
+loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
+    moe_block *bl = block_of(m, li);
+    moe_acts *a = &bl->acts[s - m->slots];
+    const loom_model_config *c = &m->cfg;
+    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
+    loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, a->x, bl->w.router, N, C, E);
+    for (int j = 0; j < El; j++) {
+        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        if (n == 0) continue;
+        loom_matmul_bwd(NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
+                        a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
+        loom_matmul_bwd(NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
+                        a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
+    }
+    return LOOM_OK;
+}
+
+void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
+    const int E = m->cfg.n_expert;
+    if (!m->moe || m->cfg.bias_rate <= 0) return;
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += routed[e] / E;
+    float *bias = m->moe->blocks[b].bias;
+    for (int e = 0; e < E; e++)
+        bias[e] += m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
+}
+
+/* ---- statistics ---------------------------------------------------------------- */
+
+const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n) {
+    *n = m->moe ? m->moe->n_blocks : 0;
+    return m->moe ? m->moe->stats : NULL;
+}
+
+void loom_moe_stats_reset(loom_gpt *m) {
+    for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
+        loom_moe_stats *st = &m->moe->stats[b];
+        memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
+        st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a_bytes = 0;
+        st->a2a_s = 0;
+        st->aux = st->z = 0;
+        st->groups = 0;
+    }
+}

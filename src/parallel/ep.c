@@ -1,0 +1,126 @@
+/* ep.c - the expert-parallel engine (include/loom/ep.h). */
+#include "loom/ep.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/moe.h"
+
+struct loom_ep_engine {
+    loom_gpt **parts;
+    int n_parts;
+    const loom_mesh *mesh;
+    loom_adamw_hparams hp;
+    loom_comm *edp;     /* ranks holding the same experts */
+    size_t *lo, *n;     /* per part: the expert unit's flat range */
+    float **par, **grad; /* per part: its storage (moe.h), laid out like that range */
+    float **opt_m, **opt_v;
+    int t;
+};
+
+loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
+                                  const loom_adamw_hparams *hp, loom_ep_engine **out) {
+    *out = NULL;
+    loom_ep_engine *e = calloc(1, sizeof *e);
+    if (!e) return loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
+    e->parts = parts;
+    e->n_parts = n_parts;
+    e->mesh = mesh;
+    e->hp = *hp;
+    e->lo = calloc((size_t)n_parts, sizeof *e->lo);
+    e->n = calloc((size_t)n_parts, sizeof *e->n);
+    e->opt_m = calloc((size_t)n_parts, sizeof *e->opt_m);
+    e->opt_v = calloc((size_t)n_parts, sizeof *e->opt_v);
+    e->par = calloc((size_t)n_parts, sizeof *e->par);
+    e->grad = calloc((size_t)n_parts, sizeof *e->grad);
+    loom_status st = e->lo && e->n && e->opt_m && e->opt_v && e->par && e->grad
+                         ? LOOM_OK
+                         : loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
+    size_t total = 0;
+    for (int i = 0; st == LOOM_OK && i < n_parts; i++) {
+        loom_moe_expert_storage(parts[i], &e->par[i], &e->grad[i], &e->lo[i], &e->n[i]);
+        total += e->n[i];
+        e->opt_m[i] = calloc(e->n[i] ? e->n[i] : 1, sizeof(float));
+        e->opt_v[i] = calloc(e->n[i] ? e->n[i] : 1, sizeof(float));
+        if (!e->opt_m[i] || !e->opt_v[i])
+            st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
+    }
+    if (st == LOOM_OK && mesh->layout.ep > 1) { /* same ep on every rank: all split, or none */
+        int color = mesh->ep_rank, key = loom_layout_dpcp_rank(&mesh->layout, mesh->coords);
+        st = loom_comm_split(mesh->dpcp, color, key, "edp", &e->edp);
+    }
+    (void)total;
+    if (st != LOOM_OK) {
+        loom_ep_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return LOOM_OK;
+}
+
+void loom_ep_engine_free(loom_ep_engine *e) {
+    if (!e) return;
+    for (int i = 0; e->opt_m && i < e->n_parts; i++) free(e->opt_m[i]);
+    for (int i = 0; e->opt_v && i < e->n_parts; i++) free(e->opt_v[i]);
+    free(e->opt_m);
+    free(e->opt_v);
+    free(e->lo);
+    free(e->n);
+    free(e->par);
+    free(e->grad);
+    loom_comm_free(e->edp);
+    free(e);
+}
+
+loom_comm *loom_ep_edp(const loom_ep_engine *e) { return e ? e->edp : NULL; }
+
+loom_status loom_ep_finish_grads(loom_ep_engine *e) {
+    if (!e || !e->edp || loom_comm_size(e->edp) == 1) return LOOM_OK;
+    for (int i = 0; i < e->n_parts; i++)
+        if (e->n[i])
+            LOOM_TRY(loom_comm_allreduce(e->edp, e->grad[i], e->n[i], LOOM_F32, LOOM_SUM));
+    return LOOM_OK;
+}
+
+loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
+    if (!e || !e->edp) return LOOM_OK;
+    double sq[2] = {0, 0}; /* tensors TP cuts (summed over tp), replicated ones (once) */
+    for (int i = 0; i < e->n_parts; i++) {
+        const loom_gpt *m = e->parts[i];
+        for (int k = 0; k < m->n_params; k++) {
+            const loom_param *p = &m->params[k];
+            if (p->unit == LOOM_UNIT_EXPERTS)
+                sq[p->split_dim < 0] += loom_sumsq(e->grad[i] + (p->offset - e->lo[i]), p->numel);
+        }
+    }
+    LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
+    double total = sq[0] + sq[1];
+    LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &total, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &total, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
+    *norm = sqrt(*norm * *norm + total);
+    return LOOM_OK;
+}
+
+loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
+    if (!e || !e->edp) return LOOM_OK;
+    e->t++;
+    for (int i = 0; i < e->n_parts; i++) {
+        loom_gpt *m = e->parts[i];
+        for (int k = 0; k < m->n_params; k++) {
+            const loom_param *p = &m->params[k];
+            if (p->unit != LOOM_UNIT_EXPERTS) continue;
+            size_t so = p->offset - e->lo[i];
+            float *g = e->grad[i] + so;
+            if (grad_scale != 1.0f) loom_scale(g, p->numel, grad_scale);
+            loom_adamw_update(e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
+                              lr, e->hp.beta1, e->hp.beta2, e->hp.eps,
+                              p->decay ? e->hp.weight_decay : 0.0f, e->t);
+        }
+        /* consumed: the next step accumulates from zero (the DP engine zeroes
+         * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */
+        memset(e->grad[i], 0, e->n[i] * sizeof(float));
+    }
+    return LOOM_OK;
+}

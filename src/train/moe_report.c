@@ -1,0 +1,137 @@
+/* moe_report.c - the trainer's Mixture-of-Experts pieces: --ep's limits, and
+ * per step and per MoE block the routing statistics over every rank (JSONL
+ * "moe" entry, warnings naming the block).
+ *
+ * Per block and step, over every rank's micro-batches (routing groups):
+ *   tokens     kept assignments per expert (after capacity)
+ *   routed     chosen assignments per expert (before capacity)
+ *   imbalance  max / mean of routed (1 = perfectly balanced)
+ *   dropped    fraction of assignments dropped by capacity
+ *   aux_loss, z_loss   mean over the routing groups
+ *   a2a_bytes  alltoall(v) bytes the block's dispatch and combine sent,
+ *              summed over the ranks (moe.h's formula); a2a_ms the largest
+ *              rank's time inside them
+ * and once per step "ep_bytes", the EP group's alltoall(v) bytes over every
+ * rank as the communicator counted them (the independent instrument for a2a_bytes), and
+ * "edp_bytes", this rank's expert-gradient all-reduce bytes.
+ * Collective over dp x cp; rank 0 writes and warns.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/ep.h"
+#include "loom/log.h"
+#include "loom/moe.h"
+#include "train/internal.h"
+
+loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc) {
+    if (!(c->moe_warn_imbalance >= 1) || !(c->moe_warn_a2a > 0))
+        return loom_fail(LOOM_EUSAGE, "--moe-warn-imbalance %g must be >= 1 and --moe-warn-a2a %g > 0",
+                         c->moe_warn_imbalance, c->moe_warn_a2a);
+    const int ep = c->layout.ep;
+    if (ep <= 1) return LOOM_OK;
+    if (mc->n_expert == 0)
+        return loom_fail(LOOM_EUSAGE, "--ep %d needs a Mixture-of-Experts model (num_local_experts > 0); "
+                         "model %s is dense (try tiny-moe)", ep, mc->name);
+    if (mc->n_expert % ep)
+        return loom_fail(LOOM_EUSAGE, "--ep %d does not divide num_local_experts=%d of model %s", ep,
+                         mc->n_expert, mc->name);
+    return LOOM_OK;
+}
+
+/* Per block: routed E, kept E, assignments, dropped, aux, z, groups, a2a bytes. */
+#define PER_BLOCK(E) (2 * (E) + 6)
+
+loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st) {
+    st->moe_json = NULL;
+    int n = 0;
+    const loom_moe_stats *ms = loom_moe_stats_get(s->parts[0], &n);
+    if (n == 0) return LOOM_OK;
+    const int E = ms[0].n_expert, W = PER_BLOCK(E);
+    double *v = calloc((size_t)n * W + 1, sizeof *v), *tmax = calloc((size_t)n, sizeof *tmax);
+    if (!v || !tmax) {
+        free(v);
+        free(tmax);
+        return loom_fail(LOOM_EOS, "out of memory for the MoE statistics");
+    }
+    for (int b = 0; b < n; b++) {
+        double *x = v + (size_t)b * W;
+        for (int e = 0; e < E; e++) {
+            x[e] = (double)ms[b].routed[e];
+            x[E + e] = (double)ms[b].kept[e];
+        }
+        x[2 * E] = (double)ms[b].assignments;
+        x[2 * E + 1] = (double)ms[b].dropped;
+        x[2 * E + 2] = ms[b].aux;
+        x[2 * E + 3] = ms[b].z;
+        x[2 * E + 4] = ms[b].groups;
+        x[2 * E + 5] = (double)ms[b].a2a_bytes;
+        tmax[b] = ms[b].a2a_s;
+    }
+    const loom_comm_stats *eps = loom_comm_get_stats(s->mesh->ep);
+    v[(size_t)n * W] = (double)(eps->bytes[LOOM_OP_ALLTOALL] + eps->bytes[LOOM_OP_ALLTOALLV]);
+    loom_comm *edp = loom_ep_edp(s->ep);
+    const double edp_bytes = edp ? (double)loom_comm_get_stats(edp)->bytes[LOOM_OP_ALLREDUCE] : 0;
+    loom_status rc = loom_comm_allreduce(s->mesh->dpcp, v, (size_t)n * W + 1, LOOM_F64, LOOM_SUM);
+    if (rc == LOOM_OK) rc = loom_comm_allreduce(s->mesh->dpcp, tmax, (size_t)n, LOOM_F64, LOOM_MAX);
+    if (edp) loom_comm_reset_stats(edp);
+    for (int p = 0; p < s->n_parts; p++) loom_moe_stats_reset(s->parts[p]);
+    size_t need = 256 + (size_t)n * (256 + (size_t)E * 48);
+    if (rc == LOOM_OK && need > s->moe_json_cap) {
+        free(s->moe_json);
+        s->moe_json = malloc(need);
+        s->moe_json_cap = s->moe_json ? need : 0;
+        if (!s->moe_json) rc = loom_fail(LOOM_EOS, "out of memory for the MoE statistics");
+    }
+    if (rc != LOOM_OK) {
+        free(v);
+        free(tmax);
+        return rc;
+    }
+    char *j = s->moe_json;
+    size_t cap = s->moe_json_cap, o = 0;
+#define PUT(...) o += (size_t)snprintf(j + o, o < cap ? cap - o : 0, __VA_ARGS__)
+    PUT("\"moe\": [");
+    for (int b = 0; b < n; b++) {
+        const double *x = v + (size_t)b * W;
+        double mx = 0, sum = 0;
+        for (int e = 0; e < E; e++) {
+            mx = x[e] > mx ? x[e] : mx;
+            sum += x[e];
+        }
+        loom_moe_balance(s->parts[0], b, x); /* the blocks of parts[0], as the stats */
+        const double imb = sum > 0 ? mx / (sum / E) : 0, groups = x[2 * E + 4] > 0 ? x[2 * E + 4] : 1;
+        const double drop = x[2 * E] > 0 ? x[2 * E + 1] / x[2 * E] : 0;
+        PUT("%s{\"layer\": %d, \"tokens\": [", b ? ", " : "", ms[b].layer);
+        for (int e = 0; e < E; e++) PUT("%s%.0f", e ? ", " : "", x[E + e]);
+        PUT("], \"routed\": [");
+        for (int e = 0; e < E; e++) PUT("%s%.0f", e ? ", " : "", x[e]);
+        PUT("], \"imbalance\": %.6g, \"dropped\": %.6g, \"aux_loss\": %.9g, \"z_loss\": %.9g, "
+            "\"a2a_bytes\": %.0f, \"a2a_ms\": %.4f}",
+            imb, drop, x[2 * E + 2] / groups, x[2 * E + 3] / groups, x[2 * E + 5], 1e3 * tmax[b]);
+        const double share = st->seconds > 0 ? tmax[b] / st->seconds : 0;
+        int above = imb > s->cfg->moe_warn_imbalance;
+        if (s->mesh->rank == 0 && above && (b >= 64 || !s->moe_warned[b]))
+            loom_warn("step %d: MoE block h.%d: expert load imbalance %.2f (max/mean tokens per expert) "
+                      "exceeds %g; %.1f%% of assignments dropped by capacity",
+                      step + 1, ms[b].layer, imb, s->cfg->moe_warn_imbalance, 100 * drop);
+        if (b < 64) s->moe_warned[b] = (unsigned char)above; /* warn again after it recovers */
+        if (s->mesh->rank == 0 && share > s->cfg->moe_warn_a2a)
+            loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
+                      step + 1, ms[b].layer, 100 * share, s->cfg->moe_warn_a2a);
+    }
+    PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, ", v[(size_t)n * W], edp_bytes);
+#undef PUT
+    free(v);
+    free(tmax);
+    st->moe_json = s->moe_json;
+    return LOOM_OK;
+}
+
+void loom_train_moe_free(loom_train_run_state *s) {
+    free(s->moe_json);
+    s->moe_json = NULL;
+    s->moe_json_cap = 0;
+}
