@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "loom/cpu.h"
 
 static const char *USAGE =
     "usage: loom <command> [options]\n"
@@ -29,6 +30,7 @@ static const char *USAGE =
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";
 
 int main(int argc, char **argv) {
+    loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(USAGE, argc < 2 ? stderr : stdout);

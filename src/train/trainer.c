@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
 #include "loom/kernels.h"
@@ -423,6 +424,9 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         const loom_model_config *mc = &s.model_cfg;
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
                   mc->n_embd, mc->n_head, mc->vocab_size);
+        char gemm[512];
+        loom_blas_describe(gemm, sizeof gemm);
+        loom_info("gemm: %s", gemm);
         report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }
