@@ -427,6 +427,8 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         char gemm[512];
         loom_blas_describe(gemm, sizeof gemm);
         loom_info("gemm: %s", gemm);
+        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
+                  loom_sysmem_process_age(), loom_kernels_get_threads());
         report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }
