@@ -40,12 +40,16 @@ typedef struct cli_cmd {
  * one, each with a message naming the flag or key. */
 loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_config, int *help);
 void cli_print_help(const cli_cmd *cmd, FILE *out);
+/* For commands without MPI: cli_parse (no config file), printing --help to
+ * stdout. Returns -1 to go on, else the exit code to return (0 after help). */
+int cli_parse_local(const cli_cmd *cmd, int argc, char **argv);
 
 /* Subcommands. Each returns the process exit code. */
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_sim(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"

@@ -15,6 +15,7 @@ static const char *USAGE =
     "  eval      mean loss of saved parameters on a token shard\n"
     "  data      build token shards (.bin, llm.c layout) from text, byte-level\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
+    "  calibrate the GEMM kernel chosen from the CPU flags and the peaks MFU is measured against\n"
     "  version   print the version\n"
     "\n"
     "`loom <command> --help` documents every option of a command.\n"
@@ -41,10 +42,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(cmd, "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "sim") == 0) return cmd_sim(argc - 2, argv + 2);
+    if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, version)\n", cmd);
+    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, sim, calibrate, version)\n", cmd);
     return 64;
 }

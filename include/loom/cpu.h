@@ -47,4 +47,14 @@ void loom_blas_describe(char *buf, size_t n);
 /* The core type OpenBLAS runs ("Haswell", "SkylakeX", ...). */
 const char *loom_blas_core(void);
 
+/* The CPU's brand string (CPUID 0x80000002..4), trimmed; "unknown" if absent. */
+const char *loom_cpu_name(void);
+/* Core clock in Hz measured now: best of several timed chains of dependent
+ * integer adds (one cycle each), so turbo and a hypervisor's clock count. */
+double loom_cpu_clock_hz(void);
+/* FLOP per cycle per core from the flags: 2 FMA pipes x vector lanes (16
+ * with AVX-512, 8 with AVX2+FMA, 4 otherwise) x 2 FLOP per FMA. An upper
+ * bound for one core; CPUs with one 512-bit FMA pipe reach half of it. */
+double loom_cpu_flop_per_cycle(const loom_cpu_features *f);
+
 #endif

@@ -28,8 +28,9 @@ void loom_kernels_set_threads(int n);
 int loom_kernels_get_threads(void);
 
 /* Measured single-precision GEMM throughput in FLOP/s with the current thread
- * count (a few large sgemm calls, best of several). */
-double loom_kernels_calibrate_sgemm(void);
+ * count: after a warm-up, the best of `trials` 1024^3 sgemms (512^3 on a CPU
+ * too slow for 1024^3 in 0.25 s), threaded as the model's matmuls are. */
+double loom_kernels_calibrate_sgemm(int trials);
 
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */

@@ -250,7 +250,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     phase(s, "optimizer", -1, t2, loom_comm_wtime());
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
-    out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    out->mfu = loom_mfu(&s->peak_flops, s->flops_per_token * out->tokens_per_s / s->mesh->world_size,
+                        &s->peak_raised);
     return LOOM_OK;
 }
 
@@ -304,7 +305,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     LOOM_TRY(init_params(c, s));
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
-    return loom_peak_flops(world, c->peak_flops, &s->peak_flops);
+    return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);
 }
 
 static void teardown(loom_train_run_state *s) {
@@ -383,7 +384,11 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         res->final_loss = st_step.loss;
     }
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
-    res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    double per_rank = s->flops_per_token * res->tokens_per_s / s->mesh->world_size;
+    res->mfu = loom_mfu(&s->peak_flops, per_rank, &s->peak_raised);
+    loom_info("MFU %.1f%% of the sgemm peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
+              100 * res->mfu, s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "",
+              100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
 }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 char *openblas_get_corename(void);
@@ -154,4 +155,52 @@ void loom_blas_describe(char *buf, size_t n) {
     else
         snprintf(buf, n, "%s sgemm kernels %s (OpenBLAS's own choice, %s for the CPU flags: %s)", ver,
                  core, want && core_good_enough(core, want) ? "as wide as needed" : "kept", flags);
+}
+
+const char *loom_cpu_name(void) {
+    static char name[49];
+    if (name[0]) return name;
+    unsigned r[12];
+    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return strcpy(name, "unknown");
+    for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+    char raw[49];
+    memcpy(raw, r, 48);
+    raw[48] = '\0';
+    const char *p = raw;
+    while (*p == ' ') p++;
+    snprintf(name, sizeof name, "%s", *p ? p : "unknown");
+    for (size_t n = strlen(name); n > 0 && name[n - 1] == ' '; n--) name[n - 1] = '\0';
+    return name;
+}
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 8 dependent adds per iteration: 8 cycles, whatever the loop costs beside.
+ * Many short trials (about 1 ms each): on a shared machine the best one
+ * ran without being descheduled. */
+#define CLOCK_ITERS 500000L
+#define CLOCK_TRIALS 40
+
+double loom_cpu_clock_hz(void) {
+    double best = 1e30;
+    for (int trial = 0; trial < CLOCK_TRIALS; trial++) {
+        unsigned long x = 0;
+        double t0 = cpu_now();
+        for (long i = 0; i < CLOCK_ITERS; i++)
+            __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+                             "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+                             : "+r"(x));
+        double dt = cpu_now() - t0;
+        if (dt < best) best = dt;
+    }
+    return 8.0 * (double)CLOCK_ITERS / best;
+}
+
+double loom_cpu_flop_per_cycle(const loom_cpu_features *f) {
+    int lanes = has_avx512(f) ? 16 : (f->os_avx && f->avx2 && f->fma) ? 8 : 4;
+    return 2.0 * lanes * 2.0;
 }
