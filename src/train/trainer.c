@@ -44,6 +44,7 @@ void loom_train_config_default(loom_train_config *c) {
     c->log_every = 1;
     c->grad_accum = 1;
     snprintf(c->schedule, sizeof c->schedule, "1f1b");
+    snprintf(c->recompute, sizeof c->recompute, "none");
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->progress = -1;
@@ -56,6 +57,8 @@ static int is_pipelined(const loom_train_config *c) {
 /* Checks that depend only on the config: identical on every rank. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
     const loom_layout *l = &c->layout;
+    int recompute;
+    LOOM_TRY(loom_recompute_parse(c->recompute, &recompute));
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
         {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
@@ -290,6 +293,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
                             .sp = c->sp};
         loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+        loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
