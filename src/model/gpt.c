@@ -70,32 +70,35 @@ static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d, int shar
     d->dln1 = take(a, F(Nx * C));
 }
 
-static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
+/* One block's activations but its output res3; att too unless `att` is
+ * given (the shared one of selective recompute). */
+static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x, float *att) {
     const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
     const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
+    x->ln1 = take(a, F(Nx * C));
+    x->ln1_mean = take(a, F(Nx));
+    x->ln1_rstd = take(a, F(Nx));
+    x->qkv = take(a, F(N * 3 * Cl));
+    x->atty = take(a, F(N * Cl));
+    x->att = att ? att : take(a, F(B * NHl * T * T));
+    x->res2 = take(a, F(Nx * C));
+    x->ln2 = take(a, F(Nx * C));
+    x->ln2_mean = take(a, F(Nx));
+    x->ln2_rstd = take(a, F(Nx));
+    x->fch = take(a, F(N * 4 * Cl));
+    x->fch_gelu = take(a, F(N * 4 * Cl));
+}
+
+static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
+    const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C;
     s->inputs = take(a, N * sizeof(int32_t));
     s->targets = take(a, N * sizeof(int32_t));
     s->x = take(a, F(Nx * C));
     s->dx = take(a, F(Nx * C));
     for (int l = 0; l < m->L_l; l++) {
         loom_gpt_layer_acts *x = &s->acts[l];
-        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) { /* only the block's output is kept */
-            *x = m->work;
-            x->res3 = take(a, F(Nx * C));
-            continue;
-        }
-        x->ln1 = take(a, F(Nx * C));
-        x->ln1_mean = take(a, F(Nx));
-        x->ln1_rstd = take(a, F(Nx));
-        x->qkv = take(a, F(N * 3 * Cl));
-        x->atty = take(a, F(N * Cl));
-        x->att = m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE ? m->work.att : take(a, F(B * NHl * T * T));
-        x->res2 = take(a, F(Nx * C));
-        x->ln2 = take(a, F(Nx * C));
-        x->ln2_mean = take(a, F(Nx));
-        x->ln2_rstd = take(a, F(Nx));
-        x->fch = take(a, F(N * 4 * Cl));
-        x->fch_gelu = take(a, F(N * 4 * Cl));
+        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) *x = m->work; /* only the output is kept */
+        else layout_block(m, a, x, m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE ? m->work.att : NULL);
         x->res3 = take(a, F(Nx * C));
         if (s->ds) layout_dsave(m, a, &s->ds[l], m->part.tp.sp);
     }
@@ -111,24 +114,10 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
 
 /* The one set of recomputed activations (see loom_gpt.work). */
 static void layout_work(loom_gpt *m, loom_arena *a) {
-    const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
-    const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
-    loom_gpt_layer_acts *x = &m->work;
-    memset(x, 0, sizeof *x);
-    if (m->opts.recompute == LOOM_RECOMPUTE_NONE) return;
-    x->att = take(a, F(B * NHl * T * T));
-    if (m->opts.recompute != LOOM_RECOMPUTE_FULL) return;
-    x->ln1 = take(a, F(Nx * C));
-    x->ln1_mean = take(a, F(Nx));
-    x->ln1_rstd = take(a, F(Nx));
-    x->qkv = take(a, F(N * 3 * Cl));
-    x->atty = take(a, F(N * Cl));
-    x->res2 = take(a, F(Nx * C));
-    x->ln2 = take(a, F(Nx * C));
-    x->ln2_mean = take(a, F(Nx));
-    x->ln2_rstd = take(a, F(Nx));
-    x->fch = take(a, F(N * 4 * Cl));
-    x->fch_gelu = take(a, F(N * 4 * Cl));
+    memset(&m->work, 0, sizeof m->work);
+    if (m->opts.recompute == LOOM_RECOMPUTE_FULL) layout_block(m, a, &m->work, NULL);
+    else if (m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE)
+        m->work.att = take(a, F((size_t)m->B * m->NH_l * m->T * m->T));
 }
 
 static void layout_acts(loom_gpt *m, loom_arena *a) {
