@@ -45,6 +45,7 @@ void loom_train_config_default(loom_train_config *c) {
     c->grad_accum = 1;
     snprintf(c->schedule, sizeof c->schedule, "1f1b");
     snprintf(c->recompute, sizeof c->recompute, "none");
+    snprintf(c->precision, sizeof c->precision, "fp32");
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->progress = -1;
@@ -59,6 +60,8 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     const loom_layout *l = &c->layout;
     int recompute;
     LOOM_TRY(loom_recompute_parse(c->recompute, &recompute));
+    if (strcmp(c->precision, "fp32") && strcmp(c->precision, "bf16"))
+        return loom_fail(LOOM_EUSAGE, "--precision %s: expected fp32 or bf16", c->precision);
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
         {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
@@ -307,6 +310,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
+    loom_kernels_set_precision(strcmp(c->precision, "bf16") == 0);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);
@@ -435,7 +439,10 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
                   mc->n_embd, mc->n_head, mc->vocab_size);
         char gemm[512];
         loom_blas_describe(gemm, sizeof gemm);
-        loom_info("gemm: %s", gemm);
+        loom_info("gemm: %s%s", gemm,
+                  loom_kernels_get_precision() ? "; precision bf16 mixed: operands rounded to bf16, fp32 "
+                                                 "accumulate on the fp32 kernels (no bf16 GEMM in this OpenBLAS)"
+                                               : "");
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
                   loom_sysmem_process_age(), loom_kernels_get_threads());
         report_memory(s.dp, rss0, rss_max);
