@@ -2,9 +2,11 @@
 
 1. Bitwise: on a small model, selective and full recompute give exactly the
    losses of every step (as printed in --metrics) and exactly the final
-   parameter bytes of the run without recompute: one rank, and tp=2 (the
-   recomputed forward redoes its collectives), and pp=2 1f1b with
-   selective; zb with full is refused with exit 64.
+   parameter bytes of the run without recompute: one rank, tp=2 (the
+   recomputed forward redoes its collectives), pp=2 1f1b (selective and
+   full: several micro-batches share the recomputed set) and dp=2 ZeRO-3
+   (full: the recompute runs on the parameters the hooks gathered); zb with
+   full is refused with exit 64.
 2. Memory, measured by the kernel (peak RSS of each run under
    tests/lib/peak_rss.py): on a long-sequence config (T = 512, six blocks)
    each mode runs at batch 1 and 3; the difference of the two peaks is the
@@ -46,6 +48,11 @@ with tempfile.TemporaryDirectory() as tmp:
     ref_pp = lt.train(tmp, "pp2_none", 2, common + ["--pp", 2, "--micro-batches", 2])
     same_run(ref_pp, lt.train(tmp, "pp2_sel", 2, common + ["--pp", 2, "--micro-batches", 2, "--recompute",
                                                              "selective"]), "pp=2 selective")
+    same_run(ref_pp, lt.train(tmp, "pp2_full", 2, common + ["--pp", 2, "--micro-batches", 2, "--recompute",
+                                                              "full"]), "pp=2 full")
+    ref_z3 = lt.train(tmp, "z3_none", 2, common + ["--dp", 2, "--zero", 3])
+    same_run(ref_z3, lt.train(tmp, "z3_full", 2, common + ["--dp", 2, "--zero", 3, "--recompute", "full"]),
+             "dp=2 zero-3 full")
     p = lt.run(["train"] + common + ["--pp", 2, "--schedule", "zb", "--recompute", "full"], np=2,
                check_ok=False)
     lt.check(p.returncode == 64 and "--recompute full" in p.stderr, "zb + full: exit %d, %s" %
