@@ -6,9 +6,9 @@
  * newer than itself (on an AMD Zen 5 with AVX-512, 0.3.21 takes its AVX2
  * kernels at half the AVX-512 rate). loom decides from the feature flags
  * instead: AVX-512 F/BW/VL/DQ with the OS saving zmm state -> "SkylakeX"
- * ("Cooperlake" when AVX512-BF16 is there too: the same sgemm plus native
- * bf16 GEMMs), AVX2 + FMA -> "Haswell"; anything older keeps OpenBLAS's own
- * choice. OpenBLAS reads OPENBLAS_CORETYPE once, in its library constructor,
+ * (OpenBLAS's own "Cooperlake" or "SapphireRapids" are kept: the same sgemm
+ * kernels), AVX2 + FMA -> "Haswell" ("Zen" kept); anything older keeps
+ * OpenBLAS's own choice. OpenBLAS reads OPENBLAS_CORETYPE once, in its library constructor,
  * so the choice is applied by re-executing the program with the variable set
  * (loom_blas_select, first thing in main). A user's own OPENBLAS_CORETYPE is
  * always respected.

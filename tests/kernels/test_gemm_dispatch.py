@@ -48,8 +48,6 @@ def run(env_extra):
 print("default: core %s (%s); flags avx512=%s avx2=%s" % (core, why, avx512, avx2))
 if avx512:
     lt.check(core.lower() in WIDE512, "AVX-512 CPU but OpenBLAS runs %s" % core)
-    if "avx512_bf16" in flags:
-        lt.check(core.lower() in {"cooperlake", "sapphirerapids"}, "AVX512-BF16 CPU, core %s" % core)
 elif avx2:
     lt.check(core.lower() in WIDE2 and core.lower() not in WIDE512, "AVX2 CPU, core %s" % core)
 lt.check("avx2" in why if avx2 else True, "reason names the flags: %s" % why)

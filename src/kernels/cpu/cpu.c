@@ -90,7 +90,7 @@ static int has_avx512(const loom_cpu_features *f) {
 }
 
 const char *loom_blas_wanted_coretype(const loom_cpu_features *f) {
-    if (has_avx512(f)) return f->avx512_bf16 ? "Cooperlake" : "SkylakeX";
+    if (has_avx512(f)) return "SkylakeX"; /* Cooperlake/SapphireRapids: the same sgemm */
     if (f->os_avx && f->avx2 && f->fma) return "Haswell";
     return NULL;
 }
@@ -102,8 +102,6 @@ static int core_good_enough(const char *have, const char *want) {
     int have512 = 0, have2 = 0;
     for (size_t i = 0; i < 3; i++) have512 |= !strcasecmp(have, avx512[i]);
     for (size_t i = 0; i < 2; i++) have2 |= !strcasecmp(have, avx2[i]);
-    if (!strcasecmp(want, "Cooperlake")) return !strcasecmp(have, "Cooperlake") ||
-                                                !strcasecmp(have, "SapphireRapids");
     if (!strcasecmp(want, "SkylakeX")) return have512;
     return have512 || have2;
 }
