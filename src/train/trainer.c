@@ -394,9 +394,13 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
     double per_rank = s->flops_per_token * res->tokens_per_s / s->mesh->world_size;
     res->mfu = loom_mfu(&s->peak_flops, per_rank, &s->peak_raised);
-    loom_info("MFU %.1f%% of the sgemm peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
-              100 * res->mfu, s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "",
-              100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
+    if (s->cfg->peak_flops > 0)
+        loom_info("MFU %.1f%% of the given peak (%.1f GFLOP/s per rank%s)", 100 * res->mfu, s->peak_flops / 1e9,
+                  s->peak_raised ? ", raised to a step's own rate" : "");
+    else
+        loom_info("MFU %.1f%% of the sgemm peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
+                  100 * res->mfu, s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "",
+                  100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
 }
 

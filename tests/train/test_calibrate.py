@@ -53,7 +53,7 @@ with tempfile.TemporaryDirectory() as tmp:
     lt.check(p.returncode == 0, "train exited %d: %s" % (p.returncode, p.stderr[-2000:]))
     mfus = [r["mfu"] for r in lt.read_metrics(met)] if os.path.exists(met) else []
     lt.check(len(mfus) == 3 and all(0 < m <= 1.0 for m in mfus), "per-step MFU %s" % mfus)
-    m = re.search(r"MFU ([0-9.]+)% of the sgemm peak \(([0-9.]+) GFLOP/s per rank(, raised[^)]*)?\)", p.stderr)
+    m = re.search(r"MFU ([0-9.]+)% of the (?:sgemm|given) peak \(([0-9.]+) GFLOP/s per rank(, raised[^)]*)?\)", p.stderr)
     lt.check(m is not None and float(m.group(1)) <= 100.0 and m.group(3), "final MFU line: %s" %
              (m.group(0) if m else p.stderr[-1500:]))
 lt.done()
