@@ -1,180 +1,260 @@
 #!/usr/bin/python3
-"""Single-rank training throughput: loom vs PyTorch, same GPT-2 config, same machine.
+"""Single-rank training throughput, loom vs PyTorch, same GPT-2 config, same machine.
 
-usage: bench/bench_train.py [--loom build/loom] [--steps N] [--configs small,gpt2s]
-                            [--torch-only | --loom-only]
+usage: bench/bench_train.py [--loom build/loom] [--configs small,gpt2s] [--shapes 4x64,8x256]
+                            [--threads 1,2] [--runs 3] [--steps N] [--recompute selective,full]
+                            [--startup N] [--torch-only | --loom-only]
 
-Both sides run on one thread: torch.set_num_threads(1) here; loom with
-OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 and --threads 1. A step is forward,
-backward, clip_grad_norm_(1.0), AdamW step, zero_grad, with byte-level tokens
-from the same text file. Throughput is the median per-step tokens/s over the
-steps after the first 2 (warm-up). loom's number comes from its --metrics JSONL
-(key tokens_per_s), torch's from timing each step here.
+Configs: gpt2s = GPT-2 124M (L12 C768 NH12 V50257), small = L4 C256 NH4 V50257
+(the issue's two). Shapes B x T. Per config, shape and thread count the two sides
+run ALTERNATELY (loom, torch, loom, torch, ...) --runs times each, every run a
+fresh process; a run's rate is the median tokens/s of its steps after 2 warm-up
+steps; the table gives the median over runs and the range (min-max), the ratio
+of the medians, and each side's MFU against loom's measured best sgemm for that
+thread count (`loom calibrate`: same kernel, same thread count) - 6 N FLOP per
+token + attention, the formula loom reports.
 
-Exit 0 if every requested half ran, 1 if any failed (e.g. build/loom missing).
+PyTorch at its best on this machine: the same OpenBLAS (Debian's torch 1.13
+links libopenblas) forced to the same kernels loom chose (OPENBLAS_CORETYPE =
+the core `loom calibrate` names), torch.set_num_threads(threads) with OpenBLAS
+on `threads` threads or on one (the better of the two per run), a step of
+forward, backward, clip_grad_norm_(1.0), AdamW, zero_grad (tests/oracle/
+torch_gpt2.py). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
+byte-level tokens of the same text.
+
+--recompute adds loom rows with those --recompute modes (the throughput cost).
+--startup N: N runs of `loom train --model gpt2-small --steps 1` reading the
+start-up line (process start to the first step, parameter init included) with
+the default threads; median and range.
+
+Exit 0 if every requested run worked, 1 otherwise.
 """
 
 import argparse
 import json
 import os
-import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
-import torch_gpt2  # noqa: E402
-
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 LR = 1e-4
 
-# name: (model config, batch B, sequence T, default steps)
+# name: (n_layer, n_head, n_embd, vocab_size, n_positions)
 CONFIGS = {
-    "small": (torch_gpt2.Config(n_layer=4, n_head=4, n_embd=256, vocab_size=256, n_positions=256), 8, 256, 12),
-    "gpt2s": (torch_gpt2.Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024), 1, 256, 6),
+    "small": (4, 4, 256, 50257, 1024),
+    "gpt2s": (12, 12, 768, 50257, 1024),
 }
 
 
-def bench_torch(cfg, B, T, steps, tokens, seed=0):
-    """Median tokens/s of float32 torch_gpt2 + AdamW; also returns (first, last) loss."""
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    params = torch_gpt2.params_from_numpy(torch_gpt2.init_params(cfg, seed), cfg, torch.float32)
+def flops_per_token(cfg, T):
+    """loom_gpt_flops_per_token: 6 x matmul params + 12 L C T."""
+    L, _, C, V, _ = cfg
+    return 6.0 * (L * 12.0 * C * C + V * C) + 12.0 * L * C * T
+
+
+# ---- the torch side, in its own process (threads and OPENBLAS_CORETYPE per run)
+
+
+def torch_worker(args):
+    import numpy as np
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
+    import torch_gpt2
+    L, NH, C, V, P = CONFIGS[args.worker_config]
+    cfg = torch_gpt2.Config(n_layer=L, n_head=NH, n_embd=C, vocab_size=V, n_positions=P)
+    B, T = args.worker_B, args.worker_T
+    torch.set_num_threads(args.worker_threads)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    with open(args.input, "rb") as f:
+        tokens = np.frombuffer(f.read(), dtype=np.uint8)
+    params = torch_gpt2.params_from_numpy(torch_gpt2.init_params(cfg, 0), cfg, torch.float32)
     opt = torch_gpt2.make_adamw(params, LR, (0.9, 0.95), 1e-8, 0.1)
-    rates, losses = [], []
-    for _ in range(steps):
+    rates = []
+    for _ in range(args.steps_run):
         starts = rng.integers(0, len(tokens) - T - 1, size=B)
         chunk = np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)
         idx, tgt = torch.from_numpy(chunk[:, :T].copy()), torch.from_numpy(chunk[:, 1:].copy())
         t0 = time.perf_counter()
-        loss, _ = torch_gpt2.train_step(params, cfg, opt, idx, tgt, clip=1.0)
-        dt = time.perf_counter() - t0
-        rates.append(B * T / dt)
-        losses.append(loss)
-    return median_after_warmup(rates), losses[0], losses[-1]
+        torch_gpt2.train_step(params, cfg, opt, idx, tgt, clip=1.0)
+        rates.append(B * T / (time.perf_counter() - t0))
+    print(json.dumps({"rate": median_after_warmup(rates)}))
 
 
-def _run(cmd, env, what):
-    try:
-        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           universal_newlines=True)
-    except OSError as e:
-        raise BenchError("%s: cannot run %s: %s" % (what, cmd[0], e))
-    if p.returncode != 0:
-        tail = "\n".join(p.stdout.strip().splitlines()[-15:])
-        raise BenchError("%s failed (exit %d): %s\n%s" % (what, p.returncode, " ".join(cmd), tail))
+def bench_torch(cfg_name, B, T, threads, steps, text, coretype):
+    """Best over torch's thread settings for `threads`: OpenMP and OpenBLAS both
+    on `threads` threads, and (threads > 1) OpenBLAS on one thread - its
+    pthreads and torch's OpenMP pool spin against each other on few cores."""
+    best = 0.0
+    for blas in ([threads, 1] if threads > 1 else [1]):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas))
+        if coretype:
+            env["OPENBLAS_CORETYPE"] = coretype
+        p = run([sys.executable, os.path.abspath(__file__), "--worker-config", cfg_name, "--worker-B", B,
+                 "--worker-T", T, "--worker-threads", threads, "--steps-run", steps, "--input", text],
+                env=env, what="torch run")
+        best = max(best, json.loads(p.stdout.strip().splitlines()[-1])["rate"])
+    return best
 
 
-def bench_loom(loom, cfg, B, T, steps, text):
-    """Median tokens/s from `loom train --metrics`; also returns (first, last) loss."""
-    if not (os.path.isfile(loom) and os.access(loom, os.X_OK)):
-        raise BenchError("loom binary not found or not executable at %s "
-                         "(build it: cmake -S . -B build && cmake --build build, or pass --loom)" % loom)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory(prefix="loom_bench_") as d:
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({"n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
-                       "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions}, f)
-        data, metrics = os.path.join(d, "train.bin"), os.path.join(d, "m.jsonl")
-        _run([loom, "data", "--input", text, "--out", data], env, "loom data")
-        _run([loom, "train", "--model", os.path.join(d, "config.json"), "--data", data,
-              "--steps", str(steps), "--batch", str(B), "--seq", str(T), "--lr", repr(LR),
-              "--threads", "1", "--metrics", metrics], env, "loom train")
-        rows = []
-        try:
-            with open(metrics) as f:
-                for line in f:
-                    if line.strip():
-                        rows.append(json.loads(line))
-        except (OSError, ValueError) as e:
-            raise BenchError("cannot read loom metrics %s: %s" % (metrics, e))
-    try:
-        rows.sort(key=lambda r: r["step"])
-        rates = [float(r["tokens_per_s"]) for r in rows]
-        losses = [float(r["loss"]) for r in rows]
-    except (KeyError, TypeError, ValueError) as e:
-        raise BenchError("loom metrics lack step/loss/tokens_per_s: %s" % e)
+# ---- the loom side
+
+
+def loom_data(loom, text, d):
+    data = os.path.join(d, "train.bin")
+    run([loom, "data", "--input", text, "--out", data, "--val", ""], what="loom data")
+    return data
+
+
+def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none"):
+    L, NH, C, V, P = CONFIGS[cfg_name]
+    model = os.path.join(d, cfg_name + ".json")
+    with open(model, "w") as f:
+        json.dump({"n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "n_positions": P}, f)
+    metrics = os.path.join(d, "m.jsonl")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    run([loom, "train", "--model", model, "--data", data, "--steps", steps, "--batch", B, "--seq", T,
+         "--lr", repr(LR), "--threads", threads, "--metrics", metrics, "--peak-flops", "1e12",
+         "--recompute", recompute, "--no-progress", "--quiet"], env=env, what="loom train")
+    with open(metrics) as f:
+        rows = [json.loads(x) for x in f if x.strip()]
     if len(rows) != steps:
         raise BenchError("loom metrics have %d rows for %d steps" % (len(rows), steps))
-    return median_after_warmup(rates), losses[0], losses[-1]
+    return median_after_warmup([float(r["tokens_per_s"]) for r in rows])
 
 
-def fmt_rate(r):
-    return "%10.1f" % r if isinstance(r, float) else "%10s" % r
+def calibrate(loom, threads):
+    """(sgemm FLOP/s, core name, gemm line) from `loom calibrate --threads N`."""
+    p = run([loom, "calibrate", "--threads", threads], what="loom calibrate")
+    m = re.search(r"^\s*%d\s+([0-9.]+)\s+([0-9.]+)" % threads, p.stdout, re.M)
+    g = re.search(r"^gemm: (.*)$", p.stdout, re.M)
+    core = re.search(r"sgemm kernels (\S+)", p.stdout)
+    if not m or not g or not core:
+        raise BenchError("cannot read loom calibrate output:\n" + p.stdout)
+    return float(m.group(1)) * 1e9, core.group(1), g.group(1)
+
+
+def startup(loom, n):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        p = run([loom, "train", "--model", "gpt2-small", "--steps", 1, "--batch", 1, "--seq", 64,
+                 "--peak-flops", "1e12", "--no-progress"], what="loom start-up")
+        wall = time.perf_counter() - t0
+        m = re.search(r"start-up: ([0-9.]+) s from process start \(parameters initialised on (\d+)", p.stderr)
+        if not m:
+            raise BenchError("no start-up line:\n" + p.stderr[-2000:])
+        times.append(float(m.group(1)))
+        print("  start-up run: %.2f s to the first step (%s threads), %.2f s for the whole 1-step run"
+              % (float(m.group(1)), m.group(2), wall), flush=True)
+    return times
+
+
+def stats(xs):
+    return "%9.1f [%.1f-%.1f]" % (statistics.median(xs), min(xs), max(xs))
 
 
 def main():
-    ap = argparse.ArgumentParser(description="single-rank training throughput, loom vs PyTorch")
-    ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(ROOT, "build", "loom")),
-                    help="loom binary (default $LOOM or <repo>/build/loom)")
-    ap.add_argument("--steps", type=int, help="steps per run, > %d (default: small 12, gpt2s 6)" % WARMUP)
+    ap = argparse.ArgumentParser(description="training throughput, loom vs PyTorch, alternating runs")
+    ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(ROOT, "build", "loom")))
     ap.add_argument("--configs", default="small,gpt2s", help="comma list of: " + ", ".join(CONFIGS))
+    ap.add_argument("--shapes", default="4x64,8x256", help="B x T list (default 4x64,8x256)")
+    ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per side (default 3)")
+    ap.add_argument("--steps", type=int, default=6, help="steps per run, > %d (default 6)" % WARMUP)
+    ap.add_argument("--recompute", default="", help="extra loom rows: comma list of selective,full")
+    ap.add_argument("--startup", type=int, default=0, help="start-up runs of GPT-2 124M (default 0)")
     ap.add_argument("--input", default=FORTUNES, help="text file for byte-level tokens")
     side = ap.add_mutually_exclusive_group()
     side.add_argument("--torch-only", action="store_true")
     side.add_argument("--loom-only", action="store_true")
+    # the torch worker (internal)
+    ap.add_argument("--worker-config", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-B", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-T", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--steps-run", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker_config:
+        return torch_worker(a)
 
     names = [c for c in a.configs.split(",") if c]
     for c in names:
         if c not in CONFIGS:
             ap.error("unknown config %r (known: %s)" % (c, ", ".join(CONFIGS)))
-    if a.steps is not None and a.steps <= WARMUP:
+    if a.steps <= WARMUP:
         ap.error("--steps %d must exceed the %d warm-up steps" % (a.steps, WARMUP))
-    try:
-        with open(a.input, "rb") as f:
-            tokens = np.frombuffer(f.read(), dtype=np.uint8)
-    except OSError as e:
-        sys.exit("bench_train: cannot read %s: %s" % (a.input, e))
-    if len(tokens) < 2 * 256 + 2:
-        sys.exit("bench_train: %s has %d bytes, too few for T=256" % (a.input, len(tokens)))
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
+    thread_list = [int(t) for t in a.threads.split(",") if t]
+    modes = [m for m in a.recompute.split(",") if m]
+    if not (os.path.isfile(a.loom) and os.access(a.loom, os.X_OK)):
+        sys.exit("bench_train: no loom binary at %s (build it, or pass --loom)" % a.loom)
 
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    print("machine: %s, %d logical CPUs; threads per side: 1 (torch %s, numpy %s, python %s)"
-          % (cpu_model(), os.cpu_count() or 0, torch.__version__, np.__version__, platform.python_version()))
-    print("step = fwd + bwd + clip_grad_norm(1.0) + AdamW(lr=%g); tok/s = median over steps after %d warm-up"
-          % (LR, WARMUP))
+    print("machine: %s, %d logical CPUs; load average at start %s" %
+          (cpu_model(), os.cpu_count() or 0, " ".join("%.2f" % x for x in os.getloadavg())))
+    peaks = {}
+    for t in thread_list:
+        peaks[t] = calibrate(a.loom, t)
+    print("loom gemm: %s" % peaks[thread_list[0]][2])
+    print("torch: same OpenBLAS with OPENBLAS_CORETYPE=%s (the core loom runs)" % peaks[thread_list[0]][1])
+    for t in thread_list:
+        print("measured best sgemm, %d thread(s): %.1f GFLOP/s (loom calibrate)" % (t, peaks[t][0] / 1e9))
+    print("step = fwd + bwd + clip(1.0) + AdamW; a run's tok/s = median after %d warm-up steps; "
+          "%d alternating runs per side; median [min-max] over runs" % (WARMUP, a.runs))
 
     ok = True
-    for name in names:
-        cfg, B, T, default_steps = CONFIGS[name]
-        steps = a.steps or default_steps
-        print("\n[%s] L=%d C=%d NH=%d V=%d n_positions=%d  B=%d T=%d steps=%d"
-              % (name, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_positions, B, T, steps))
-        res = {}
-        for side, skip in (("loom", a.torch_only), ("torch", a.loom_only)):
-            if skip:
-                res[side] = ("skipped", None)
-                continue
-            try:
-                if side == "loom":
-                    rate, l0, l1 = bench_loom(a.loom, cfg, B, T, steps, a.input)
-                else:
-                    rate, l0, l1 = bench_torch(cfg, B, T, steps, tokens)
-                res[side] = (rate, "loss %.4f -> %.4f" % (l0, l1))
-            except BenchError as e:
-                ok = False
-                res[side] = ("FAILED", None)
-                print("  %s: %s" % (side, e))
-        print("  %-6s %10s  %s" % ("", "tok/s", ""))
-        for side in ("loom", "torch"):
-            print("  %-6s %s  %s" % (side, fmt_rate(res[side][0]), res[side][1] or ""))
-        lr_, tr = res["loom"][0], res["torch"][0]
-        ratio = "%.3f" % (lr_ / tr) if isinstance(lr_, float) and isinstance(tr, float) else "n/a"
-        print("  %-6s %10s" % ("ratio", ratio) + "  (loom / torch)")
+    if a.startup:
+        print("\n[start-up] GPT-2 124M, 1 rank, process start to first step")
+        try:
+            print("  start-up s %s" % stats(startup(a.loom, a.startup)))
+        except BenchError as e:
+            ok = False
+            print("  FAILED: %s" % e)
+
+    with tempfile.TemporaryDirectory(prefix="loom_bench_") as d:
+        data = loom_data(a.loom, a.input, d)
+        for name in names:
+            for (B, T) in shapes:
+                for t in thread_list:
+                    fpt = flops_per_token(CONFIGS[name], T)
+                    peak, core, _ = peaks[t]
+                    rows = {"loom": [], "torch": []}
+                    rows.update({"loom --recompute " + m: [] for m in modes})
+                    print("\n[%s B%d T%d, %d thread(s)] L=%d C=%d V=%d" %
+                          (name, B, T, t, CONFIGS[name][0], CONFIGS[name][2], CONFIGS[name][3]), flush=True)
+                    for r in range(a.runs):
+                        try:
+                            if not a.torch_only:
+                                rows["loom"].append(bench_loom(a.loom, name, B, T, t, a.steps, data, d))
+                                for m in modes:
+                                    rows["loom --recompute " + m].append(
+                                        bench_loom(a.loom, name, B, T, t, a.steps, data, d, m))
+                            if not a.loom_only:
+                                rows["torch"].append(bench_torch(name, B, T, t, a.steps, a.input, core))
+                        except BenchError as e:
+                            ok = False
+                            print("  run %d FAILED: %s" % (r + 1, e))
+                    for side, xs in rows.items():
+                        if xs:
+                            mfu = [100 * x * fpt / peak for x in xs]
+                            print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
+                                  (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
+                    if rows["loom"] and rows["torch"]:
+                        print("  %-24s %.2fx (median / median)" % ("loom / torch",
+                              statistics.median(rows["loom"]) / statistics.median(rows["torch"])))
+                    for m in modes:
+                        k = "loom --recompute " + m
+                        if rows[k] and rows["loom"]:
+                            print("  %-24s %.2fx of none" % (m, statistics.median(rows[k]) /
+                                                             statistics.median(rows["loom"])))
     return 0 if ok else 1
 
 

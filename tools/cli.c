@@ -260,6 +260,14 @@ void cli_print_help(const cli_cmd *cmd, FILE *out) {
     if (cmd->details) fprintf(out, "\n%s", cmd->details);
 }
 
+int cli_parse_local(const cli_cmd *cmd, int argc, char **argv) {
+    int help;
+    loom_status st = cli_parse(cmd, argc, argv, 0, &help);
+    if (st != LOOM_OK) return cli_fail(st);
+    if (help) cli_print_help(cmd, stdout);
+    return help ? 0 : -1;
+}
+
 int cli_fail(loom_status st) {
     if (st == LOOM_OK) return 0;
     if (loom_errmsg()[0]) loom_error("%s", loom_errmsg());

@@ -40,6 +40,9 @@ typedef struct cli_cmd {
  * one, each with a message naming the flag or key. */
 loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_config, int *help);
 void cli_print_help(const cli_cmd *cmd, FILE *out);
+/* For commands without MPI: cli_parse (no config file), printing --help to
+ * stdout. Returns -1 to go on, else the exit code to return (0 after help). */
+int cli_parse_local(const cli_cmd *cmd, int argc, char **argv);
 
 /* Subcommands. Each returns the process exit code. */
 int cmd_train(int argc, char **argv);

@@ -1,50 +1,118 @@
-/* cmd_calibrate.c - `loom calibrate`: measure this machine (GEMM, memory
- * bandwidth, every collective by group size) into a cluster JSON that
- * `loom plan --cluster FILE` reads. Run under mpirun with the ranks to plan
- * for. */
+/* cmd_calibrate.c - `loom calibrate`: measure this machine.
+ *
+ * Two measurements, one command:
+ *   - without --out: the CPU's features, the GEMM kernel loom runs and, per
+ *     thread count, the peaks MFU is reported against (loom/calibrate.h);
+ *     local, no MPI needed (under mpirun, rank 0 measures, the others wait);
+ *   - with --out FILE: this machine as a cluster for `loom plan` - sgemm with
+ *     every rank busy, copy bandwidth, and every collective by group size
+ *     through loom's communicator (loom/plan_calibrate.h); run it under
+ *     mpirun with the ranks to plan for.
+ */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "loom/calibrate.h"
 #include "loom/comm.h"
+#include "loom/cpu.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/plan_calibrate.h"
 
+/* "1,2,4" -> counts; "" -> 1 .. online CPUs. */
+static loom_status parse_threads(const char *s, int *out, int *n, int cap) {
+    *n = 0;
+    if (!*s) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        for (int t = 1; t <= (cpus > 0 ? cpus : 1) && *n < cap; t++) out[(*n)++] = t;
+        return LOOM_OK;
+    }
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 4096 || (*end && *end != ',') || *n >= cap)
+            return loom_fail(LOOM_EUSAGE, "--threads %s: expected a comma list of counts >= 1", s);
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return LOOM_OK;
+}
+
+/* The kernel and its peaks, per thread count (rank 0 only). */
+static loom_status print_peaks(const int *counts, int n, int force) {
+    char flags[160], gemm[512];
+    const loom_cpu_features *f = loom_cpu_features_get();
+    loom_cpu_features_str(f, flags, sizeof flags);
+    loom_blas_describe(gemm, sizeof gemm);
+    printf("cpu: %s\nflags: %s\ngemm: %s\n", loom_cpu_name(), flags, gemm);
+    printf("\n%7s %14s %14s %8s %8s  %s\n", "threads", "sgemm GFLOP/s", "FMA GFLOP/s", "of FMA",
+           "clock", "record");
+    for (int i = 0; i < n; i++) {
+        loom_peak p;
+        LOOM_TRY(loom_peak_get(counts[i], force, &p));
+        printf("%7d %14.1f %14.1f %7.1f%% %5.2fGHz  %s (%s)\n", p.threads, p.sgemm_flops / 1e9,
+               p.fma_flops / 1e9, 100 * p.sgemm_flops / p.fma_flops, p.clock_hz / 1e9,
+               p.from_cache ? "cached" : "measured now", p.path);
+    }
+    fflush(stdout);
+    return LOOM_OK;
+}
+
 int cmd_calibrate(int argc, char **argv) {
-    static char out[1024];
-    static int threads, quiet;
-    snprintf(out, sizeof out, "this-machine.json");
+    static char threads[256], out[1024];
+    static int force, quiet;
     static cli_opt opts[] = {
-        {"out", OPT_STR, out, sizeof out, "FILE", "cluster JSON to write (default this-machine.json)"},
-        {"threads", OPT_INT, &threads, 0, "N", "compute threads per rank, as loom train would use (default 1)"},
-        {"quiet", OPT_FLAG, &quiet, 0, NULL, "print errors only"},
+        {"threads", OPT_STR, threads, sizeof threads, "LIST",
+         "thread counts to measure, e.g. 1,2 (default 1 .. the online CPUs); with --out, the "
+         "first is the threads per rank (default 1)"},
+        {"force", OPT_FLAG, &force, 0, NULL, "measure the peaks again even when the cache has a record"},
+        {"out", OPT_STR, out, sizeof out, "FILE",
+         "instead: measure this machine's ranks for `loom plan` and write a cluster JSON"},
+        {"quiet", OPT_FLAG, &quiet, 0, NULL, "print errors only (with --out)"},
     };
     static const cli_cmd cmd = {
         "calibrate",
-        "scripts/loomrun -np N loom calibrate [--out FILE] [--threads T]",
-        "Measure this machine for `loom plan`: sgemm FLOP/s per rank with every rank busy,\n"
-        "memory-copy bandwidth, and the latency and bandwidth of all-reduce, all-gather,\n"
-        "reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a point-to-point\n"
-        "message, each through loom's communicator. Rank 0 writes a cluster JSON (one node of\n"
-        "N devices; the measured collectives replace the link model for those group sizes).",
-        "Latency is the median time of a 64-byte call; bandwidth the extra time of a 4 MiB\n"
-        "call (the buffer each rank passes, as in docs/planning.md). Exit 73 if FILE cannot\n"
-        "be created; an existing FILE is replaced whole or not at all.\n"
-        "example: scripts/loomrun -np 4 build/loom calibrate --out this-machine.json\n",
+        "loom calibrate [--threads LIST] [--force]\n"
+        "       scripts/loomrun -np N loom calibrate --out FILE [--threads T] [--quiet]",
+        "Without --out: print the CPU's vector features, the GEMM kernel loom runs (chosen\n"
+        "from the flags, or the user's OPENBLAS_CORETYPE) and, per thread count, the peaks MFU\n"
+        "is reported against: the best of 7 1024^3 sgemms of that kernel, and the FMA peak\n"
+        "(flop/cycle from the flags x a measured clock x threads).\n"
+        "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
+        "rank busy, memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
+        "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
+        "point-to-point message, each through loom's communicator; rank 0 writes the file\n"
+        "(one node of N devices).",
+        "Peak records are cached in $XDG_CACHE_HOME/loom (~/.cache/loom) under a name made\n"
+        "from the CPU, its flags and the kernel, so another CPU or kernel is measured afresh;\n"
+        "`loom train` reads the record for its thread count (or measures it). Measure on an\n"
+        "idle machine: a busy one gives a low peak (a run that beats it raises its own peak\n"
+        "to the rate it reached, so MFU never reads above 100%).\n"
+        "Cluster file: latency is the median time of a 64-byte call, bandwidth the extra time\n"
+        "of a 4 MiB call (docs/planning.md). Exit 73 if FILE cannot be created; an existing\n"
+        "FILE is replaced whole or not at all.\n"
+        "examples: build/loom calibrate --threads 1,2\n"
+        "          scripts/loomrun -np 4 build/loom calibrate --out this-machine.json\n",
         opts,
         sizeof opts / sizeof opts[0]};
     loom_comm *world = NULL;
     loom_status st = loom_comm_init(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     loom_log_set_rank(loom_comm_rank(world), loom_comm_size(world));
-    int help = 0;
+    int help = 0, counts[64], n = 0;
     st = loom_comm_agree(world, cli_parse(&cmd, argc, argv, 0, &help));
+    if (st == LOOM_OK && !help) st = loom_comm_agree(world, parse_threads(threads, counts, &n, 64));
     if (st == LOOM_OK && help) {
         if (loom_comm_rank(world) == 0) cli_print_help(&cmd, stdout);
-    } else if (st == LOOM_OK) {
-        loom_kernels_set_threads(threads > 0 ? threads : 1);
+    } else if (st == LOOM_OK && out[0]) {
+        loom_kernels_set_threads(threads[0] ? counts[0] : 1);
         st = loom_comm_agree(world, loom_plan_calibrate(world, out, !quiet));
+    } else if (st == LOOM_OK) {
+        loom_status mine = loom_comm_rank(world) == 0 ? print_peaks(counts, n, force) : LOOM_OK;
+        st = loom_comm_agree(world, mine);
     }
     const int code = cli_fail(st);
     loom_comm_finalize(world);

@@ -100,6 +100,8 @@ int cmd_train(int argc, char **argv) {
         {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
         {"schedule", OPT_STR, c.schedule, sizeof c.schedule, "NAME", "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
+        {"precision", OPT_STR, c.precision, sizeof c.precision, "P", "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
+        {"recompute", OPT_STR, c.recompute, sizeof c.recompute, "MODE", "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
         {"micro-batches", OPT_INT, &c.micro_batches, 0, "M", "pipeline micro-batches per step per DP rank (default: pp)"},
         {"virtual-stages", OPT_INT, &c.virtual_stages, 0, "V", "model chunks per pipeline rank, for interleaved (default 1)"},
         {"stage-layers", OPT_STR, c.stage_layers, sizeof c.stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "loom/cpu.h"
 
 static const char *USAGE =
     "usage: loom <command> [options]\n"
@@ -18,7 +19,7 @@ static const char *USAGE =
     "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  plan      rank every layout of a model on a cluster with a calibrated cost model\n"
-    "  calibrate measure this machine (GEMM, collectives) for plan and for MFU\n"
+    "  calibrate the GEMM kernel and peaks MFU is measured against; --out: collectives for plan\n"
     "  version   print the version\n"
     "\n"
     "`loom <command> --help` documents every option of a command.\n"
@@ -36,6 +37,7 @@ static const char *USAGE =
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";
 
 int main(int argc, char **argv) {
+    loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(USAGE, argc < 2 ? stderr : stdout);

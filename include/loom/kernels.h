@@ -27,9 +27,18 @@
 void loom_kernels_set_threads(int n);
 int loom_kernels_get_threads(void);
 
+/* GEMM precision: 0 fp32 (default); 1 bf16 mixed - every matmul's operands
+ * rounded to bfloat16 (nearest, ties to even), fp32 accumulation and
+ * everything else fp32 (src/kernels/cpu/bf16.c). Global, like the threads. */
+void loom_kernels_set_precision(int bf16);
+int loom_kernels_get_precision(void);
+/* dst[i] = src[i] rounded to bfloat16, kept as float (dst may be src). */
+void loom_round_bf16(float *dst, const float *src, size_t n);
+
 /* Measured single-precision GEMM throughput in FLOP/s with the current thread
- * count (a few large sgemm calls, best of several). */
-double loom_kernels_calibrate_sgemm(void);
+ * count: after a warm-up, the best of `trials` 1024^3 sgemms (512^3 on a CPU
+ * too slow for 1024^3 in 0.25 s), threaded as the model's matmuls are. */
+double loom_kernels_calibrate_sgemm(int trials);
 
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */

@@ -201,7 +201,15 @@ typedef struct loom_gpt_opts {
      * loom_gpt_bind_unit before the unit runs - ZeRO-3 (ZeRO-2/3) keep only
      * shards plus a few unit-sized buffers. */
     int external_params, external_grads;
+    /* Activation recompute (LOOM_RECOMPUTE_*): FULL keeps only each block's
+     * output (the next block's input) and recomputes the block's forward in
+     * backward; SELECTIVE keeps everything but the attention probabilities
+     * (B,NH_l,T,T), recomputed from qkv just before attention's backward.
+     * Recomputed values are bit-identical, so results do not change. */
+    int recompute;
 } loom_gpt_opts;
+
+enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_SELECTIVE = 1, LOOM_RECOMPUTE_FULL = 2 };
 
 struct loom_gpt {
     loom_model_config cfg;
@@ -226,6 +234,9 @@ struct loom_gpt {
     int V_valid_l;              /* real (unpadded) vocab rows on this rank */
     loom_gpt_dsave scratch_ds;  /* dsave used when not splitting */
     float *att_scratch;
+    /* recompute: FULL - one block's activations (all but res3) shared by every
+     * block and slot; SELECTIVE - one att (B,NH_l,T,T) shared by every block */
+    loom_gpt_layer_acts work;
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
     struct loom_moe *moe; /* the MoE blocks' router/expert state (moe.h); NULL if dense */

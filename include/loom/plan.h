@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 
+#include "loom/model.h"
 #include "loom/pipeline.h"
 #include "loom/status.h"
 
@@ -87,7 +88,7 @@ loom_status loom_plan_cluster_load(const char *name_or_path, loom_plan_cluster *
  * that of the inter-node link when `inter`. */
 double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes);
 
-typedef enum { LOOM_RECOMPUTE_NONE, LOOM_RECOMPUTE_SELECTIVE, LOOM_RECOMPUTE_FULL } loom_recompute;
+typedef int loom_recompute; /* LOOM_RECOMPUTE_NONE, _SELECTIVE, _FULL (loom/model.h) */
 
 typedef struct loom_plan_job {
     int batch;      /* global batch, sequences */

@@ -37,7 +37,9 @@ float loom_rng_normal(loom_rng_key key, uint64_t index);
 
 /* Fill out[0..n) with normal(0, std) for global indices first..first+n:
  * out[i] = std * loom_rng_normal(key, first + i) exactly, so a shard of a
- * tensor fills the same numbers as the whole. Threads with OpenMP. */
+ * tensor fills the same numbers as the whole. Vectorised (AVX2 + glibc's
+ * libmvec, bit-identical to the scalar definition), not threaded: callers
+ * split the work. */
 void loom_rng_fill_normal(loom_rng_key key, uint64_t first, float *out, size_t n, float std);
 
 #endif

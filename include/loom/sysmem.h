@@ -13,4 +13,9 @@
 /* Peak resident bytes of this process so far (VmHWM); 0 where unknown. */
 size_t loom_sysmem_peak_rss(void);
 
+/* Seconds since this process started (the kernel's start time in
+ * /proc/self/stat, clock ticks, against CLOCK_BOOTTIME; exec and a re-exec
+ * included); -1 where unknown. */
+double loom_sysmem_process_age(void);
+
 #endif

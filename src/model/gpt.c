@@ -71,27 +71,35 @@ static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d, int shar
     d->dln1 = take(a, F(Nx * C));
 }
 
-static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
+/* One block's activations but its output res3; att too unless `att` is
+ * given (the shared one of selective recompute). */
+static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x, float *att) {
     const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
     const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
+    x->ln1 = take(a, F(Nx * C));
+    x->ln1_mean = take(a, F(Nx));
+    x->ln1_rstd = take(a, F(Nx));
+    x->qkv = take(a, F(N * 3 * Cl));
+    x->atty = take(a, F(N * Cl));
+    x->att = att ? att : take(a, F(B * NHl * T * T));
+    x->res2 = take(a, F(Nx * C));
+    x->ln2 = take(a, F(Nx * C));
+    x->ln2_mean = take(a, F(Nx));
+    x->ln2_rstd = take(a, F(Nx));
+    x->fch = take(a, F(N * 4 * Cl));
+    x->fch_gelu = take(a, F(N * 4 * Cl));
+}
+
+static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
+    const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C;
     s->inputs = take(a, N * sizeof(int32_t));
     s->targets = take(a, N * sizeof(int32_t));
     s->x = take(a, F(Nx * C));
     s->dx = take(a, F(Nx * C));
     for (int l = 0; l < m->L_l; l++) {
         loom_gpt_layer_acts *x = &s->acts[l];
-        x->ln1 = take(a, F(Nx * C));
-        x->ln1_mean = take(a, F(Nx));
-        x->ln1_rstd = take(a, F(Nx));
-        x->qkv = take(a, F(N * 3 * Cl));
-        x->atty = take(a, F(N * Cl));
-        x->att = take(a, F(B * NHl * T * T));
-        x->res2 = take(a, F(Nx * C));
-        x->ln2 = take(a, F(Nx * C));
-        x->ln2_mean = take(a, F(Nx));
-        x->ln2_rstd = take(a, F(Nx));
-        x->fch = take(a, F(N * 4 * Cl));
-        x->fch_gelu = take(a, F(N * 4 * Cl));
+        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) *x = m->work; /* only the output is kept */
+        else layout_block(m, a, x, m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE ? m->work.att : NULL);
         x->res3 = take(a, F(Nx * C));
         if (s->ds) layout_dsave(m, a, &s->ds[l], m->part.tp.sp);
     }
@@ -105,8 +113,17 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
     }
 }
 
+/* The one set of recomputed activations (see loom_gpt.work). */
+static void layout_work(loom_gpt *m, loom_arena *a) {
+    memset(&m->work, 0, sizeof m->work);
+    if (m->opts.recompute == LOOM_RECOMPUTE_FULL) layout_block(m, a, &m->work, NULL);
+    else if (m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE)
+        m->work.att = take(a, F((size_t)m->B * m->NH_l * m->T * m->T));
+}
+
 static void layout_acts(loom_gpt *m, loom_arena *a) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
+    layout_work(m, a);
     for (int s = 0; s < m->opts.n_slots; s++) layout_slot(m, a, &m->slots[s]);
     m->dres = take(a, F(Nx * C));
     m->dfull = m->part.tp.sp ? take(a, F(N * C)) : NULL; /* SP's gathered rows, one at a time */
@@ -148,6 +165,11 @@ static loom_status check_part(const loom_model_config *cfg, const loom_model_par
     if (o->T > cfg->n_positions)
         return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T,
                          cfg->n_positions);
+    if (o->recompute == LOOM_RECOMPUTE_FULL && o->split_backward)
+        return loom_fail(LOOM_EUSAGE, "--recompute full with a split backward (schedule zb) is not "
+                                      "supported: use --recompute selective or another schedule");
+    if (o->recompute < LOOM_RECOMPUTE_NONE || o->recompute > LOOM_RECOMPUTE_FULL)
+        return loom_fail(LOOM_EINTERNAL, "recompute mode %d", o->recompute);
     if (p->layer_begin < 0 || p->layer_end > cfg->n_layer || p->layer_begin > p->layer_end)
         return loom_fail(LOOM_EINTERNAL, "model part: blocks [%d, %d) of %d", p->layer_begin,
                          p->layer_end, cfg->n_layer);
@@ -432,6 +454,8 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     memset(m->datty, 0, F((size_t)N * Cl));
     loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
+    if (m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE) /* att (shared) again; atty gets its own bits */
+        loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
     loom_attention_bwd(d->dqkv, m->att_scratch, m->datty, a->qkv, a->att, m->B, m->T, Cl, m->NH_l);
     memset(m->dlnfull, 0, F((size_t)N * C));
     loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
@@ -536,6 +560,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         int unit = m->part.layer_begin + li;
         loom_gpt_dsave *d = split ? &s->ds[li] : &m->scratch_ds;
         HOOK(pre_backward, unit);
+        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) LOOM_TRY(block_fwd(m, s, li)); /* from its input */
         LOOM_TRY(block_bwd_input(m, s, li, d));
         if (!split) {
             LOOM_TRY(block_bwd_weight(m, s, li, d));

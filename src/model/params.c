@@ -143,23 +143,50 @@ int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i) {
     return gr * p->shape[1] + gc;
 }
 
+/* Local elements [a, b) of p (a, b relative to p) into dst: contiguous runs
+ * of global indices (a row, or one part of a column-split row) go to
+ * loom_rng_fill_normal in one call. */
+static void init_span(const loom_param *p, int tp_rank, loom_rng_key key, size_t a, size_t b,
+                      float *dst) {
+    const size_t cols = (size_t)p->lshape[1];
+    const size_t seg = p->split_dim == 1 ? cols / (size_t)p->split_parts : cols;
+    for (size_t f = a; f < b;) {
+        size_t c = f % cols, end = f + (seg - c % seg);
+        if (end > b) end = b;
+        int64_t g = loom_param_global_index(p, tp_rank, f);
+        if (g < 0) memset(dst + (f - a), 0, (end - f) * sizeof *dst);
+        else if (p->init == LOOM_INIT_NORMAL)
+            loom_rng_fill_normal(key, (uint64_t)g, dst + (f - a), end - f, p->init_std);
+        else
+            for (size_t i = f; i < end; i++) dst[i - a] = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+        f = end;
+    }
+}
+
+/* Elements per thread task of the init (a few rows of 124M's matrices). */
+#define INIT_TASK 16384
+
 void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
     const int tp_rank = m->part.tp.rank;
-    memset(dst, 0, n * sizeof *dst);
+    size_t zeroed = lo; /* [lo, zeroed) written: the tensors are in offset order */
     for (int k = 0; k < m->n_params; k++) {
         const loom_param *p = &m->params[k];
         size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel;
         if (b > lo + n) b = lo + n;
         if (a >= b) continue;
+        if (a > zeroed) memset(dst + (zeroed - lo), 0, (a - zeroed) * sizeof *dst); /* alignment gap */
+        zeroed = b;
         loom_rng_key key = loom_rng_key_make(seed, p->name);
-        for (size_t f = a; f < b; f++) {
-            int64_t g = loom_param_global_index(p, tp_rank, f - p->offset);
-            float v = 0.0f;
-            if (g >= 0 && p->init == LOOM_INIT_NORMAL) v = p->init_std * loom_rng_normal(key, (uint64_t)g);
-            else if (g >= 0) v = p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
-            dst[f - lo] = v;
+        size_t ntask = (b - a + INIT_TASK - 1) / INIT_TASK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) if (ntask > 1)
+#endif
+        for (size_t t = 0; t < ntask; t++) {
+            size_t s0 = a + t * INIT_TASK, s1 = s0 + INIT_TASK < b ? s0 + INIT_TASK : b;
+            init_span(p, tp_rank, key, s0 - p->offset, s1 - p->offset, dst + (s0 - lo));
         }
     }
+    if (lo + n > zeroed) memset(dst + (zeroed - lo), 0, (lo + n - zeroed) * sizeof *dst);
 }
 
 void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {

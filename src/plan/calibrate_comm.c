@@ -102,7 +102,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     const size_t base_rss = loom_sysmem_peak_rss();
     /* compute and memory bandwidth: every rank at once, as in training */
     LOOM_TRY(loom_comm_barrier(world));
-    double gemm = loom_kernels_calibrate_sgemm(), bw = copy_bandwidth();
+    double gemm = loom_kernels_calibrate_sgemm(3), bw = copy_bandwidth();
     double sum[3] = {gemm, bw, (double)base_rss};
     LOOM_TRY(loom_comm_allreduce(world, sum, 3, LOOM_F64, LOOM_SUM));
     gemm = sum[0] / n, bw = sum[1] / n;

@@ -1,56 +1,152 @@
-/* calibrate.c - the machine's peak for MFU: one sgemm measurement per thread
- * count, cached in $XDG_CACHE_HOME/loom (or ~/.cache/loom). Collective over
- * world (rank 0 measures, everyone gets the number). */
+/* calibrate.c - the machine's peaks for MFU (loom/calibrate.h): the chosen
+ * kernel's best sgemm and the FMA peak, per thread count, cached per CPU +
+ * flags + kernel. loom_peak_flops is the trainer's collective entry: rank 0
+ * gets the record and everyone gets the numbers. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
+#include "loom/calibrate.h"
+#include "loom/cpu.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "train/internal.h"
 
-static void cache_path(char *buf, size_t n, int threads) {
+/* sgemm trials per calibration (each a 1024^3 product, best kept) */
+#define CAL_TRIALS 7
+
+static unsigned long long cal_fnv(const char *s, unsigned long long h) {
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x00000100000001b3ull;
+    }
+    return h;
+}
+
+/* The record's identity: CPU, flags, kernel, threads. */
+static void cal_identity(loom_peak *p, int threads) {
+    memset(p, 0, sizeof *p);
+    p->threads = threads;
+    snprintf(p->cpu, sizeof p->cpu, "%s", loom_cpu_name());
+    loom_cpu_features_str(loom_cpu_features_get(), p->flags, sizeof p->flags);
+    char desc[512];
+    loom_blas_describe(desc, sizeof desc);
+    /* "OpenBLAS 0.3.21 sgemm kernels Zen (...)": up to the reason */
+    char *paren = strstr(desc, " (");
+    if (paren) *paren = '\0';
+    desc[sizeof p->kernel - 1] = '\0';
+    memcpy(p->kernel, desc, sizeof p->kernel);
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg) snprintf(buf, n, "%s/loom/peak_sgemm_t%d.txt", xdg, threads);
-    else snprintf(buf, n, "%s/.cache/loom/peak_sgemm_t%d.txt", home ? home : "/tmp", threads);
+    unsigned long long h = cal_fnv(p->cpu, 0xcbf29ce484222325ull);
+    h = cal_fnv(p->flags, h);
+    h = cal_fnv(p->kernel, h);
+    if (xdg && *xdg)
+        snprintf(p->path, sizeof p->path, "%s/loom/peak-%016llx-t%d.txt", xdg, h, threads);
+    else
+        snprintf(p->path, sizeof p->path, "%s/.cache/loom/peak-%016llx-t%d.txt", home ? home : "/tmp", h,
+                 threads);
 }
 
-static double measure_cached(void) {
-    char path[1024];
-    int threads = loom_kernels_get_threads();
-    cache_path(path, sizeof path, threads);
-    double v = 0;
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (fscanf(f, "%lf", &v) != 1) v = 0;
-        fclose(f);
-    }
-    if (v > 0) return v;
-    v = loom_kernels_calibrate_sgemm();
-    loom_info("measured sgemm peak: %.1f GFLOP/s on %d thread(s) (cached in %s)", v / 1e9, threads,
-              path);
-    /* best effort: a cache we cannot write only costs a re-measure */
-    for (char *p = path + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(path, 0755);
-            *p = '/';
+/* A "key: value" line's value (to the end of the line) into out. */
+static int cal_field(const char *text, const char *key, char *out, size_t n) {
+    size_t kl = strlen(key);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, key, kl) && p[kl] == ':' && p[kl + 1] == ' ') {
+            const char *v = p + kl + 2, *e = strchr(v, '\n');
+            size_t len = e ? (size_t)(e - v) : strlen(v);
+            if (len >= n) len = n - 1;
+            memcpy(out, v, len);
+            out[len] = '\0';
+            return 1;
         }
-    f = fopen(path, "w");
-    if (f) {
-        fprintf(f, "%.6g\n", v);
-        fclose(f);
-    }
-    return v;
+    return 0;
 }
 
-loom_status loom_peak_flops(loom_comm *world, double given, double *out) {
-    if (given > 0) {
-        *out = given;
-        return LOOM_OK;
-    }
-    double v = loom_comm_rank(world) == 0 ? measure_cached() : 0;
-    LOOM_TRY(loom_comm_bcast(world, &v, sizeof v, 0));
-    *out = v > 0 ? v : 1e9;
+/* The cached record, if it names this CPU, flags, kernel and thread count. */
+static int cal_read(loom_peak *p) {
+    FILE *f = fopen(p->path, "r");
+    if (!f) return 0;
+    char text[2048], v[256];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    if (!cal_field(text, "cpu", v, sizeof v) || strcmp(v, p->cpu)) return 0;
+    if (!cal_field(text, "flags", v, sizeof v) || strcmp(v, p->flags)) return 0;
+    if (!cal_field(text, "kernel", v, sizeof v) || strcmp(v, p->kernel)) return 0;
+    if (!cal_field(text, "threads", v, sizeof v) || atoi(v) != p->threads) return 0;
+    if (!cal_field(text, "sgemm_flops", v, sizeof v) || (p->sgemm_flops = atof(v)) <= 0) return 0;
+    if (!cal_field(text, "fma_flops", v, sizeof v) || (p->fma_flops = atof(v)) <= 0) return 0;
+    if (cal_field(text, "clock_hz", v, sizeof v)) p->clock_hz = atof(v);
+    if (cal_field(text, "trials", v, sizeof v)) p->trials = atoi(v);
+    p->from_cache = 1;
+    return 1;
+}
+
+static void cal_write(const loom_peak *p) {
+    char path[sizeof p->path];
+    snprintf(path, sizeof path, "%s", p->path);
+    for (char *q = path + 1; *q; q++)
+        if (*q == '/') {
+            *q = '\0';
+            mkdir(path, 0755);
+            *q = '/';
+        }
+    FILE *f = fopen(path, "w"); /* best effort: a cache we cannot write only costs a re-measure */
+    if (!f) return;
+    fprintf(f, "cpu: %s\nflags: %s\nkernel: %s\nthreads: %d\nsgemm_flops: %.6g\nfma_flops: %.6g\n"
+               "clock_hz: %.6g\ntrials: %d\n",
+            p->cpu, p->flags, p->kernel, p->threads, p->sgemm_flops, p->fma_flops, p->clock_hz, p->trials);
+    fclose(f);
+}
+
+loom_status loom_peak_get(int threads, int force, loom_peak *out) {
+    if (threads < 1) return loom_fail(LOOM_EUSAGE, "calibrate: %d threads: must be >= 1", threads);
+    cal_identity(out, threads);
+    if (!force && cal_read(out)) return LOOM_OK;
+    int saved = loom_kernels_get_threads();
+    loom_kernels_set_threads(threads);
+    out->sgemm_flops = loom_kernels_calibrate_sgemm(CAL_TRIALS);
+    out->trials = CAL_TRIALS;
+    loom_kernels_set_threads(saved);
+    if (out->sgemm_flops <= 0) return loom_fail(LOOM_EOS, "calibrate: out of memory for the sgemm buffers");
+    out->clock_hz = loom_cpu_clock_hz();
+    out->fma_flops = loom_cpu_flop_per_cycle(loom_cpu_features_get()) * out->clock_hz * threads;
+    out->from_cache = 0;
+    cal_write(out);
     return LOOM_OK;
+}
+
+loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma) {
+    double v[2] = {given, 0};
+    if (given <= 0 && loom_comm_rank(world) == 0) {
+        loom_peak p;
+        loom_status st = loom_peak_get(loom_kernels_get_threads(), 0, &p);
+        if (st == LOOM_OK) {
+            v[0] = p.sgemm_flops;
+            v[1] = p.fma_flops;
+            loom_info("peak per rank: sgemm %.1f GFLOP/s (best of %d, %s), FMA %.1f GFLOP/s (%.0f flop/cycle x "
+                      "%.2f GHz x %d thread(s)); %s",
+                      p.sgemm_flops / 1e9, p.trials, p.from_cache ? "cached" : "measured now",
+                      p.fma_flops / 1e9, loom_cpu_flop_per_cycle(loom_cpu_features_get()), p.clock_hz / 1e9,
+                      p.threads, p.path);
+        } else {
+            loom_warn("%s; MFU against 1 GFLOP/s", loom_errmsg());
+            loom_clear_error();
+        }
+    }
+    LOOM_TRY(loom_comm_bcast(world, v, sizeof v, 0));
+    *out = v[0] > 0 ? v[0] : 1e9;
+    *fma = v[1] > *out ? v[1] : *out; /* the FMA peak bounds every measured rate */
+    return LOOM_OK;
+}
+
+double loom_mfu(double *peak, double achieved, int *raised) {
+    if (achieved > *peak) {
+        /* a step ran faster than the calibration: the calibration was taken
+         * under worse conditions; the step's own rate is the better peak */
+        *peak = achieved;
+        if (raised) *raised = 1;
+    }
+    return *peak > 0 ? achieved / *peak : 0;
 }

@@ -79,15 +79,23 @@ typedef struct loom_train_run_state {
     int n_phase, tracing;
     loom_tokens tokens;
     int32_t *inputs, *targets; /* (B_l, T) */
-    double flops_per_token, peak_flops;
+    double flops_per_token, peak_flops, fma_flops; /* peaks per rank (calibrate.c) */
+    int peak_raised; /* a step beat the sgemm calibration; peak_flops is that rate now */
     loom_report report;
     int failed_together; /* the failure being returned was seen by every rank at once */
     int start_step;      /* the first step to run (a resumed checkpoint's step) */
 } loom_train_run_state;
 
-/* Per-rank peak FLOP/s: `given` if > 0, else measured once by sgemm on rank 0
- * (cached in ~/.cache/loom) and broadcast. Collective over world. */
-loom_status loom_peak_flops(loom_comm *world, double given, double *out);
+/* Per-rank peak FLOP/s: `given` if > 0, else the best sgemm of the chosen
+ * kernel on this rank's thread count, measured on rank 0 (cached per CPU,
+ * flags and kernel: loom/calibrate.h) and broadcast; *fma the FMA peak from
+ * flags and clock (never below *out). Collective over world. */
+loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma);
+/* "none" | "selective" | "full" -> LOOM_RECOMPUTE_*; LOOM_EUSAGE naming --recompute. */
+loom_status loom_recompute_parse(const char *name, int *mode);
+/* achieved / peak, raising *peak to `achieved` first when a run beats it (so
+ * MFU never reads above 100%); sets *raised then. */
+double loom_mfu(double *peak, double achieved, int *raised);
 /* Pipeline pieces of the trainer (pipeline.c). */
 loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_config *mc);
 loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm);

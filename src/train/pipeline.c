@@ -67,6 +67,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = loom_schedule_peak_live(s->sched, r),
                           .split_backward = s->sched->split_backward,
                           .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+    loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
         int vs = loom_pp_vstage(pp, r, ch);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
 #include "loom/ep.h"
@@ -45,6 +46,8 @@ void loom_train_config_default(loom_train_config *c) {
     c->log_every = 1;
     c->grad_accum = 1;
     snprintf(c->schedule, sizeof c->schedule, "1f1b");
+    snprintf(c->recompute, sizeof c->recompute, "none");
+    snprintf(c->precision, sizeof c->precision, "fp32");
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->moe_warn_imbalance = 2.0f;
@@ -60,6 +63,10 @@ static int is_pipelined(const loom_train_config *c) {
 /* Checks that depend only on the config: identical on every rank. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
     const loom_layout *l = &c->layout;
+    int recompute;
+    LOOM_TRY(loom_recompute_parse(c->recompute, &recompute));
+    if (strcmp(c->precision, "fp32") && strcmp(c->precision, "bf16"))
+        return loom_fail(LOOM_EUSAGE, "--precision %s: expected fp32 or bf16", c->precision);
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
         {"--cp", l->cp, "context parallelism"},
@@ -263,7 +270,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     phase(s, "optimizer", -1, t2, loom_comm_wtime());
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
-    out->mfu = s->flops_per_token * out->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    out->mfu = loom_mfu(&s->peak_flops, s->flops_per_token * out->tokens_per_s / s->mesh->world_size,
+                        &s->peak_raised);
     return LOOM_OK;
 }
 
@@ -303,6 +311,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+        loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
@@ -317,9 +326,10 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
+    loom_kernels_set_precision(strcmp(c->precision, "bf16") == 0);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
-    return loom_peak_flops(world, c->peak_flops, &s->peak_flops);
+    return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);
 }
 
 static void teardown(loom_train_run_state *s) {
@@ -402,7 +412,15 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         LOOM_TRY(loom_ckpt_after_step(s, step)); /* periodic save; a signal saves and stops */
     }
     res->tokens_per_s = tok_time > 0 ? tokens / tok_time : 0;
-    res->mfu = s->flops_per_token * res->tokens_per_s / (s->peak_flops * s->mesh->world_size);
+    double per_rank = s->flops_per_token * res->tokens_per_s / s->mesh->world_size;
+    res->mfu = loom_mfu(&s->peak_flops, per_rank, &s->peak_raised);
+    if (s->cfg->peak_flops > 0)
+        loom_info("MFU %.1f%% of the given peak (%.1f GFLOP/s per rank%s)", 100 * res->mfu, s->peak_flops / 1e9,
+                  s->peak_raised ? ", raised to a step's own rate" : "");
+    else
+        loom_info("MFU %.1f%% of the sgemm peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
+                  100 * res->mfu, s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "",
+                  100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
 }
 
@@ -448,6 +466,14 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         const loom_model_config *mc = &s.model_cfg;
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
                   mc->n_embd, mc->n_head, mc->vocab_size);
+        char gemm[512];
+        loom_blas_describe(gemm, sizeof gemm);
+        loom_info("gemm: %s%s", gemm,
+                  loom_kernels_get_precision() ? "; precision bf16 mixed: operands rounded to bf16, fp32 "
+                                                 "accumulate on the fp32 kernels (no bf16 GEMM in this OpenBLAS)"
+                                               : "");
+        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
+                  loom_sysmem_process_age(), loom_kernels_get_threads());
         report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }

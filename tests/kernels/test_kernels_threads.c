@@ -144,7 +144,7 @@ static void test_settings(void) {
           loom_attention_scratch_floats(10));
     loom_kernels_set_threads(0); /* clamps to 1 */
     CHECK(loom_kernels_get_threads() == 1, "set_threads(0) gives %d", loom_kernels_get_threads());
-    double flops = loom_kernels_calibrate_sgemm();
+    double flops = loom_kernels_calibrate_sgemm(3);
     printf("sgemm on 1 thread: %.1f GFLOP/s\n", flops * 1e-9);
     CHECK(flops > 1e9 && flops < 1e14, "calibrate_sgemm: %.3g FLOP/s", flops);
 }

@@ -10,6 +10,7 @@
  * one plain sgemm call (OpenBLAS then threads it itself).
  */
 #include <cblas.h>
+#include <stdlib.h>
 
 #include "kern_internal.h"
 
@@ -25,7 +26,10 @@ static void gemm_call(const kern_gemm *g, int m0, int m) {
                 g->beta, g->C + (size_t)m0 * g->ldc, g->ldc);
 }
 
-void kern_sgemm(const kern_gemm *g) {
+void kern_sgemm(const kern_gemm *g_in) {
+    kern_gemm gb = *g_in;
+    const kern_gemm *g = &gb;
+    if (!kern_gemm_bf16_operands(&gb)) abort(); /* out of memory for the bf16 copies */
     int nth = loom_kernels_get_threads();
     int per = (g->M + nth - 1) / nth;
     per = (per + GEMM_ROW_ALIGN - 1) / GEMM_ROW_ALIGN * GEMM_ROW_ALIGN;

@@ -54,6 +54,9 @@ typedef struct {
 
 /* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
 void kern_sgemm(const kern_gemm *g);
+/* In bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c);
+ * returns 0 when the copies cannot be allocated (g unchanged). */
+int kern_gemm_bf16_operands(kern_gemm *g);
 
 /* Index of the calling thread inside a KERN_PARALLEL_FOR loop (0 outside). */
 int kern_thread_id(void);

@@ -69,10 +69,10 @@ static double kern_time_sgemm(float *c, const float *a, const float *b, int n, i
     return best;
 }
 
-/* Times 1024^3 sgemms (512^3 if one takes over 0.25 s), best of several.
+/* Times 1024^3 sgemms (512^3 if one takes over 0.25 s), best of `trials`.
  * Allocates its own buffers (this is a set-up call, not a step kernel);
  * returns 0 if that fails. */
-double loom_kernels_calibrate_sgemm(void) {
+double loom_kernels_calibrate_sgemm(int trials) {
     int n = 1024;
     size_t nn = (size_t)n * n;
     float *buf = malloc(3 * nn * sizeof *buf);
@@ -84,7 +84,7 @@ double loom_kernels_calibrate_sgemm(void) {
     }
     double t = kern_time_sgemm(c, a, b, n, 1); /* warm-up: threads, pages */
     if (t > 0.25) n = 512;
-    t = kern_time_sgemm(c, a, b, n, 3);
+    t = kern_time_sgemm(c, a, b, n, trials > 0 ? trials : 1);
     free(buf);
     return 2.0 * (double)n * n * n / (t > 0 ? t : 1e-9);
 }

@@ -1,0 +1,60 @@
+/* cpu.h - what the CPU can do (from CPUID and the OS's saved register state,
+ * never from the model name) and the GEMM kernel loom picks from that.
+ *
+ * GEMMs go to OpenBLAS. Debian's OpenBLAS (DYNAMIC_ARCH) chooses its kernels
+ * from the CPU model it recognises, and falls back to older ones on CPUs
+ * newer than itself (on an AMD Zen 5 with AVX-512, 0.3.21 takes its AVX2
+ * kernels at half the AVX-512 rate). loom decides from the feature flags
+ * instead: AVX-512 F/BW/VL/DQ with the OS saving zmm state -> "SkylakeX"
+ * (OpenBLAS's own "Cooperlake" or "SapphireRapids" are kept: the same sgemm
+ * kernels), AVX2 + FMA -> "Haswell" ("Zen" kept); anything older keeps
+ * OpenBLAS's own choice. OpenBLAS reads OPENBLAS_CORETYPE once, in its library constructor,
+ * so the choice is applied by re-executing the program with the variable set
+ * (loom_blas_select, first thing in main). A user's own OPENBLAS_CORETYPE is
+ * always respected.
+ */
+#ifndef LOOM_CPU_H
+#define LOOM_CPU_H
+
+#include <stddef.h>
+
+typedef struct loom_cpu_features {
+    int avx2, fma, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, amx_tile, amx_bf16;
+    int os_avx, os_avx512, os_amx; /* the OS saves ymm / zmm+opmask / tile state (XCR0) */
+} loom_cpu_features;
+
+/* CPUID leaves 1 and 7 and XCR0, read once. */
+const loom_cpu_features *loom_cpu_features_get(void);
+/* Space-separated names of the vector features found, e.g. "avx2 fma avx512f ...". */
+void loom_cpu_features_str(const loom_cpu_features *f, char *buf, size_t n);
+
+/* The OpenBLAS core type these features call for, or NULL to keep
+ * OpenBLAS's own choice (no AVX2+FMA). */
+const char *loom_blas_wanted_coretype(const loom_cpu_features *f);
+
+/* Call first in main, before anything else runs: when neither the user nor an
+ * earlier pass set OPENBLAS_CORETYPE and the kernels OpenBLAS picked are not
+ * the ones the flags call for, re-execute /proc/self/exe with
+ * OPENBLAS_CORETYPE set (and LOOM_BLAS_CHOSEN recording that loom set it).
+ * Returns only when no re-exec happened (or it failed, with a warning on
+ * stderr). LOOM_BLAS_AUTO=0 turns the choice off. */
+void loom_blas_select(char **argv);
+
+/* One line on the GEMM kernel in use: library, core type, why (flags, the
+ * user's OPENBLAS_CORETYPE, or OpenBLAS's own), e.g.
+ * "OpenBLAS 0.3.21 core SkylakeX (chosen by loom: avx512f avx512bw ...)". */
+void loom_blas_describe(char *buf, size_t n);
+/* The core type OpenBLAS runs ("Haswell", "SkylakeX", ...). */
+const char *loom_blas_core(void);
+
+/* The CPU's brand string (CPUID 0x80000002..4), trimmed; "unknown" if absent. */
+const char *loom_cpu_name(void);
+/* Core clock in Hz measured now: best of several timed chains of dependent
+ * integer adds (one cycle each), so turbo and a hypervisor's clock count. */
+double loom_cpu_clock_hz(void);
+/* FLOP per cycle per core from the flags: 2 FMA pipes x vector lanes (16
+ * with AVX-512, 8 with AVX2+FMA, 4 otherwise) x 2 FLOP per FMA. An upper
+ * bound for one core; CPUs with one 512-bit FMA pipe reach half of it. */
+double loom_cpu_flop_per_cycle(const loom_cpu_features *f);
+
+#endif

@@ -1,0 +1,76 @@
+/* bf16.c - mixed precision for the model's GEMMs (loom_kernels_set_precision).
+ *
+ * In bf16 mode every operand of kern_sgemm (activations, weights, output
+ * gradients) is rounded to bfloat16 (round to nearest, ties to even - what
+ * PyTorch's .to(torch.bfloat16) and the AVX512-BF16 VCVTNEPS2BF16
+ * instruction do) before the product, and the product accumulates in fp32.
+ * Master weights, optimizer state, norms, softmax, the loss and every
+ * reduction stay fp32. Here the rounded operands are kept as floats (a bf16
+ * value is a float with its low 16 bits zero) and the product runs on the
+ * fp32 sgemm kernels: the numerics of a bf16 x bf16 -> fp32 GEMM on any CPU,
+ * without its speed. Debian's OpenBLAS 0.3.21 exports no sbgemm, so a fast
+ * path needs oneDNN or kernels of loom's own (docs/performance.md).
+ *
+ * The rounded copies live in two buffers that grow to the largest operand
+ * seen (the first step allocates them; later steps reuse them).
+ */
+#include <cblas.h>
+#include <stdlib.h>
+
+#include "kern_internal.h"
+
+static int kern_bf16;
+static float *bf16_buf[2];
+static size_t bf16_cap[2];
+
+void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
+int loom_kernels_get_precision(void) { return kern_bf16; }
+
+static inline float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u) { /* inf stays, NaN stays NaN (quiet) */
+        if (u & 0x007fffffu) u = (u & 0xffff0000u) | 0x00400000u;
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+    }
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+void loom_round_bf16(float *dst, const float *src, size_t n) {
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, hi = lo + KERN_BLOCK < n ? lo + KERN_BLOCK : n;
+        for (size_t i = lo; i < hi; i++) dst[i] = bf16_round(src[i]);
+    }
+}
+
+/* A rounded copy of n floats in buffer `which`, or NULL without memory. */
+static const float *bf16_copy(int which, const float *src, size_t n) {
+    if (n > bf16_cap[which]) {
+        float *p = realloc(bf16_buf[which], n * sizeof *p);
+        if (!p) return NULL;
+        bf16_buf[which] = p;
+        bf16_cap[which] = n;
+    }
+    loom_round_bf16(bf16_buf[which], src, n);
+    return bf16_buf[which];
+}
+
+int kern_gemm_bf16_operands(kern_gemm *g) {
+    if (!kern_bf16) return 1;
+    /* the storage each operand spans: rows of its stored layout x ld */
+    size_t a_rows = (size_t)(g->ta == CblasNoTrans ? g->M : g->K);
+    size_t b_rows = (size_t)(g->tb == CblasNoTrans ? g->K : g->N);
+    size_t na = a_rows ? (a_rows - 1) * (size_t)g->lda + (size_t)(g->ta == CblasNoTrans ? g->K : g->M) : 0;
+    size_t nb = b_rows ? (b_rows - 1) * (size_t)g->ldb + (size_t)(g->tb == CblasNoTrans ? g->N : g->K) : 0;
+    const float *a = bf16_copy(0, g->A, na), *b = bf16_copy(1, g->B, nb);
+    if (!a || !b) return 0;
+    g->A = a;
+    g->B = b;
+    return 1;
+}

@@ -1,0 +1,204 @@
+/* cpu.c - CPU features from CPUID/XCR0 and the OpenBLAS core type they call
+ * for; see include/loom/cpu.h.
+ *
+ * Measured on a 2-core AMD EPYC (Zen 3, AVX2, no AVX-512), one thread,
+ * GFLOP/s for 1024^3 / (256,2304,768) / (256,50257,768) sgemms: OpenBLAS
+ * Haswell 91/88/58 (what 0.3.21 picks there), Zen 61/64/57, oneDNN 2.6
+ * dnnl_sgemm 55/72/58 (busy machine: the spread is the noise); SkylakeX dies
+ * with SIGILL, which is why the choice must come from the flags. On AVX-512
+ * CPUs the issue measured SkylakeX at 229 vs 117 GFLOP/s for the AVX2 kernels
+ * (2048^3, Zen 5). So: OpenBLAS, with the widest kernels the flags allow.
+ */
+#include "loom/cpu.h"
+
+#include <cblas.h>
+#include <cpuid.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+char *openblas_get_corename(void);
+char *openblas_get_config(void);
+
+static loom_cpu_features cpu_feat;
+static int cpu_feat_done;
+
+static unsigned long long cpu_xcr0(void) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (unsigned long long)hi << 32 | lo;
+}
+
+const loom_cpu_features *loom_cpu_features_get(void) {
+    if (cpu_feat_done) return &cpu_feat;
+    loom_cpu_features f;
+    memset(&f, 0, sizeof f);
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        f.fma = (c >> 12) & 1;
+        int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+        if (osxsave && avx) {
+            unsigned long long x = cpu_xcr0();
+            f.os_avx = (x & 0x6) == 0x6;
+            f.os_avx512 = f.os_avx && (x & 0xe0) == 0xe0;
+            f.os_amx = (x & 0x60000) == 0x60000;
+        }
+    }
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        f.avx2 = (b >> 5) & 1;
+        f.avx512f = (b >> 16) & 1;
+        f.avx512dq = (b >> 17) & 1;
+        f.avx512bw = (b >> 30) & 1;
+        f.avx512vl = (b >> 31) & 1;
+        f.amx_bf16 = (d >> 22) & 1;
+        f.amx_tile = (d >> 24) & 1;
+        unsigned max_sub = a;
+        if (max_sub >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            f.avx512_bf16 = (a >> 5) & 1;
+        }
+    }
+    cpu_feat = f;
+    cpu_feat_done = 1;
+    return &cpu_feat;
+}
+
+void loom_cpu_features_str(const loom_cpu_features *f, char *buf, size_t n) {
+    const struct { int on; const char *name; } k[] = {
+        {f->avx2 && f->os_avx, "avx2"},       {f->fma && f->os_avx, "fma"},
+        {f->avx512f && f->os_avx512, "avx512f"}, {f->avx512bw && f->os_avx512, "avx512bw"},
+        {f->avx512vl && f->os_avx512, "avx512vl"}, {f->avx512dq && f->os_avx512, "avx512dq"},
+        {f->avx512_bf16 && f->os_avx512, "avx512_bf16"}, {f->amx_tile && f->os_amx, "amx_tile"},
+        {f->amx_bf16 && f->os_amx, "amx_bf16"},
+    };
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].on && used < n) {
+            int w = snprintf(buf + used, n - used, "%s%s", used ? " " : "", k[i].name);
+            if (w > 0) used += (size_t)w;
+        }
+    if (!buf[0]) snprintf(buf, n, "no avx2");
+}
+
+static int has_avx512(const loom_cpu_features *f) {
+    return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+}
+
+const char *loom_blas_wanted_coretype(const loom_cpu_features *f) {
+    if (has_avx512(f)) return "SkylakeX"; /* Cooperlake/SapphireRapids: the same sgemm */
+    if (f->os_avx && f->avx2 && f->fma) return "Haswell";
+    return NULL;
+}
+
+/* Whether OpenBLAS's core `have` already runs kernels as wide as `want`. */
+static int core_good_enough(const char *have, const char *want) {
+    static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    static const char *const avx2[] = {"Haswell", "Zen"};
+    int have512 = 0, have2 = 0;
+    for (size_t i = 0; i < 3; i++) have512 |= !strcasecmp(have, avx512[i]);
+    for (size_t i = 0; i < 2; i++) have2 |= !strcasecmp(have, avx2[i]);
+    if (!strcasecmp(want, "SkylakeX")) return have512;
+    return have512 || have2;
+}
+
+void loom_blas_select(char **argv) {
+    const char *user = getenv("OPENBLAS_CORETYPE"), *ours = getenv("LOOM_BLAS_CHOSEN");
+    const char *autosel = getenv("LOOM_BLAS_AUTO");
+    if (autosel && !strcmp(autosel, "0")) return;
+    if (ours) return; /* already re-executed once: never loop */
+    if (user && *user) return; /* the user's choice */
+    const char *want = loom_blas_wanted_coretype(loom_cpu_features_get());
+    const char *have = openblas_get_corename();
+    if (!want || !have || core_good_enough(have, want)) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("LOOM_BLAS_CHOSEN", want, 1);
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "loom: warning: could not re-execute with OPENBLAS_CORETYPE=%s; sgemm stays on "
+                    "OpenBLAS's %s kernels\n", want, have);
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
+const char *loom_blas_core(void) {
+    const char *c = openblas_get_corename();
+    return c ? c : "unknown";
+}
+
+void loom_blas_describe(char *buf, size_t n) {
+    const loom_cpu_features *f = loom_cpu_features_get();
+    char flags[160], ver[64] = "OpenBLAS";
+    loom_cpu_features_str(f, flags, sizeof flags);
+    const char *cfg = openblas_get_config();
+    /* "OpenBLAS 0.3.21 DYNAMIC_ARCH ...": keep the name and version */
+    if (cfg) {
+        const char *sp = strchr(cfg, ' ');
+        sp = sp ? strchr(sp + 1, ' ') : NULL;
+        size_t len = sp ? (size_t)(sp - cfg) : strlen(cfg);
+        if (len >= sizeof ver) len = sizeof ver - 1;
+        memcpy(ver, cfg, len);
+        ver[len] = '\0';
+    }
+    const char *user = getenv("OPENBLAS_CORETYPE"), *ours = getenv("LOOM_BLAS_CHOSEN");
+    const char *want = loom_blas_wanted_coretype(f);
+    const char *core = loom_blas_core();
+    if (ours && user && !strcmp(ours, user))
+        snprintf(buf, n, "%s sgemm kernels %s (chosen by loom from the CPU flags: %s)", ver, core, flags);
+    else if (user && *user)
+        snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user; flags: %s)", ver,
+                 core, user, flags);
+    else
+        snprintf(buf, n, "%s sgemm kernels %s (OpenBLAS's own choice, %s for the CPU flags: %s)", ver,
+                 core, want && core_good_enough(core, want) ? "as wide as needed" : "kept", flags);
+}
+
+const char *loom_cpu_name(void) {
+    static char name[49];
+    if (name[0]) return name;
+    unsigned r[12];
+    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return strcpy(name, "unknown");
+    for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+    char raw[49];
+    memcpy(raw, r, 48);
+    raw[48] = '\0';
+    const char *p = raw;
+    while (*p == ' ') p++;
+    snprintf(name, sizeof name, "%s", *p ? p : "unknown");
+    for (size_t n = strlen(name); n > 0 && name[n - 1] == ' '; n--) name[n - 1] = '\0';
+    return name;
+}
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 8 dependent adds per iteration: 8 cycles, whatever the loop costs beside.
+ * Many short trials (about 1 ms each): on a shared machine the best one
+ * ran without being descheduled. */
+#define CLOCK_ITERS 500000L
+#define CLOCK_TRIALS 40
+
+double loom_cpu_clock_hz(void) {
+    double best = 1e30;
+    for (int trial = 0; trial < CLOCK_TRIALS; trial++) {
+        unsigned long x = 0;
+        double t0 = cpu_now();
+        for (long i = 0; i < CLOCK_ITERS; i++)
+            __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+                             "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+                             : "+r"(x));
+        double dt = cpu_now() - t0;
+        if (dt < best) best = dt;
+    }
+    return 8.0 * (double)CLOCK_ITERS / best;
+}
+
+double loom_cpu_flop_per_cycle(const loom_cpu_features *f) {
+    int lanes = has_avx512(f) ? 16 : (f->os_avx && f->avx2 && f->fma) ? 8 : 4;
+    return 2.0 * lanes * 2.0;
+}

@@ -1,0 +1,66 @@
+"""GEMM kernels chosen from the CPU's feature flags (issue 13).
+
+The flags come from the kernel's /proc/cpuinfo (an instrument loom does not
+use: loom reads CPUID itself). Checks, through the real `loom` binary:
+- by default the start-up line names an OpenBLAS core as wide as the flags
+  allow (AVX-512 F/BW/VL/DQ -> SkylakeX/Cooperlake/SapphireRapids, AVX2+FMA ->
+  Haswell/Zen or wider) and says why;
+- a user's OPENBLAS_CORETYPE is kept (and said to be the user's);
+- LOOM_BLAS_AUTO=0 leaves OpenBLAS's own choice;
+- runs on different kernels agree on the loss to float rounding (1e-5).
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import loomtest as lt  # noqa: E402
+
+flags = set()
+with open("/proc/cpuinfo") as f:
+    for line in f:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+avx2 = {"avx2", "fma"} <= flags
+WIDE512 = {"skylakex", "cooperlake", "sapphirerapids"}
+WIDE2 = {"haswell", "zen"} | WIDE512
+
+
+def run(env_extra):
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("LOOM_BLAS_CHOSEN", None)
+    env.update(env_extra)
+    import subprocess
+    p = subprocess.run([lt.LOOM, "train", "--model", "tiny", "--steps", "2", "--threads", "1",
+                        "--peak-flops", "1e9", "--log-every", "1"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    lt.check(p.returncode == 0, "loom exited %d: %s" % (p.returncode, p.stderr[-2000:]))
+    m = re.search(r"gemm: OpenBLAS \S+ sgemm kernels (\S+) \(([^)]*)\)", p.stderr)
+    lt.check(m is not None, "no gemm: line in start-up output:\n" + p.stderr[-2000:])
+    losses = [float(x) for x in re.findall(r"step \d+/\d+ loss ([0-9.]+)", p.stderr)]
+    return (m.group(1), m.group(2)) if m else ("", ""), losses
+
+
+(core, why), loss_default = run({})
+print("default: core %s (%s); flags avx512=%s avx2=%s" % (core, why, avx512, avx2))
+if avx512:
+    lt.check(core.lower() in WIDE512, "AVX-512 CPU but OpenBLAS runs %s" % core)
+elif avx2:
+    lt.check(core.lower() in WIDE2 and core.lower() not in WIDE512, "AVX2 CPU, core %s" % core)
+lt.check("avx2" in why if avx2 else True, "reason names the flags: %s" % why)
+
+if avx2:
+    (core_u, why_u), loss_user = run({"OPENBLAS_CORETYPE": "Haswell"})
+    print("user Haswell: core %s (%s)" % (core_u, why_u))
+    lt.check(core_u == "Haswell" and "set by the user" in why_u, "user's choice not kept: %s (%s)" % (core_u, why_u))
+    lt.check(len(loss_user) == 2 and len(loss_default) == 2, "two losses each")
+    for a, b in zip(loss_user, loss_default):
+        lt.check(abs(a - b) <= 1e-5 * abs(b), "loss %.6f (Haswell) vs %.6f (default)" % (a, b))
+
+(core_o, why_o), _ = run({"LOOM_BLAS_AUTO": "0"})
+print("LOOM_BLAS_AUTO=0: core %s (%s)" % (core_o, why_o))
+lt.check("OpenBLAS's own choice" in why_o, "auto off but: %s" % why_o)
+lt.done()
