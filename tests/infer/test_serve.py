@@ -15,6 +15,7 @@ wait queue of 8. Checked:
   - a client that disconnects mid-stream: the server keeps running, /health
     returns to 0 running sequences and 0 KV positions in use;
   - /health reports TTFT and inter-token p50 <= p95 <= p99;
+  - a second server on the port in use exits 69 naming it;
   - SIGTERM stops every rank (the launcher exits within 30 s).
 """
 import http.client
@@ -92,6 +93,10 @@ def main():
                 time.sleep(0.1)
             port = int(open(port_file).read())
             run_checks(port, prompts, want)
+            p = lt.run(["serve", "--model", "tiny", "--load-params", params, "--port", port, "--threads", 1],
+                       check_ok=False, timeout=60)
+            lt.check(p.returncode == 69 and "cannot listen on 127.0.0.1:%d" % port in p.stderr,
+                     "a second server on the same port: %d %r" % (p.returncode, p.stderr[-200:]))
         finally:
             srv.send_signal(signal.SIGTERM)
             try:
@@ -124,6 +129,11 @@ def run_checks(port, prompts, want):
     ok = sum(1 for i, r in enumerate(results) if r and r[0] == 200 and r[1] == want[i])
     print("concurrent greedy requests identical to loom generate: %d/%d" % (ok, len(prompts)))
     lt.check(ok == len(prompts), "concurrent requests: %s" % [(r[0], r[1] == want[i]) for i, r in enumerate(results)])
+
+    # a text prompt (no tokenizer: its bytes) continues as the same ids do
+    text = bytes(prompts[3]).decode("latin-1")
+    st, data = post(port, {"prompt": text, "max_tokens": 24, "temperature": 0})
+    lt.check(st == 200 and completion_ids(st, data, False) == want[3], "text prompt: %d %s" % (st, data[:200]))
 
     bad = [("{\"prompt\": ", 400, "not a JSON object"), ({"max_tokens": 3}, 400, "'prompt' is required"),
            ({"prompt": 5}, 400, "string or an array"), ({"prompt": [1, "x"]}, 400, "token ids must be integers"),
