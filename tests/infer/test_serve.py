@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """test_serve.py - `loom serve` on loopback under mpirun (2 ranks: tp=2, or
-the flags given, e.g. `--pp 2`).
+the flags given, e.g. `--pp 2`; with `--dp 2` both replicas' ports first answer
+concurrent greedy requests with loom generate's tokens, then replica 0 gets the
+checks below).
 
 A tiny byte-level model is trained briefly and served with 4 KV slots and a
 wait queue of 8. Checked:
@@ -92,6 +94,23 @@ def main():
                     break
                 time.sleep(0.1)
             port = int(open(port_file).read())
+            if "--dp" in layout:  # replica 1 answers on its own port, the same tokens, while replica 0 is busy
+                for _ in range(300):
+                    if os.path.exists(port_file + ".1") and open(port_file + ".1").read().strip():
+                        break
+                    time.sleep(0.1)
+                port1 = int(open(port_file + ".1").read())
+                res = [None] * len(prompts)
+                ths = [threading.Thread(target=lambda i: res.__setitem__(i, post(port1 if i % 2 else port, {
+                    "prompt": prompts[i], "max_tokens": 24, "temperature": 0})), args=(i,)) for i in range(len(prompts))]
+                for t in ths:
+                    t.start()
+                for t in ths:
+                    t.join()
+                same = sum(1 for i, (st, d) in enumerate(res) if completion_ids(st, d, False) == want[i])
+                print("dp=2: requests spread over both replicas' ports identical to loom generate: %d/%d"
+                      % (same, len(prompts)))
+                lt.check(same == len(prompts) and port1 != port, "dp=2 replicas: %d/%d" % (same, len(prompts)))
             run_checks(port, prompts, want)
             p = lt.run(["serve", "--model", "tiny", "--load-params", params, "--port", port, "--threads", 1],
                        check_ok=False, timeout=60)
