@@ -360,12 +360,12 @@ static int produce(server *s, req *r) {
             n += k;
         }
         free(text);
-        size_t ok = utf8_complete(buf, n);
+        r->sent_tokens++;
+        int last = r->finished && r->sent_tokens == r->out.n;
+        size_t ok = last ? n : utf8_complete(buf, n); /* the last event flushes what is held */
         r->hold_len = n - ok < sizeof r->hold ? n - ok : 0;
         memcpy(r->hold, buf + ok, r->hold_len);
         buf[ok] = '\0';
-        r->sent_tokens++;
-        int last = r->finished && r->sent_tokens == r->out.n;
         cJSON *o = completion_json(s, r, buf, last ? r->finish_reason : NULL);
         cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
         cJSON_AddNumberToObject(c, "token_id", t);
