@@ -71,6 +71,9 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
         loom_serve_config sc = {.port = c->port ? c->port + mesh->dp_rank : 0, .queue = c->queue,
                                 .max_body = c->max_body, .model_name = mc.name,
                                 .port_file = c->port_file[0] ? port_file : NULL};
+        if (c->dp > 1)
+            loom_info("%d replicas of tp=%d x pp=%d ranks; replica r serves on %s", c->dp, c->tp, c->pp,
+                      c->port ? "port --port + r" : "its own free port (--port-file FILE, FILE.r)");
         st = loom_serve_run(&sc, inf, tok, replica ? replica : world, loom_layout_rank(&one, coords));
     }
     loom_comm_free(replica);
