@@ -16,9 +16,9 @@ usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
 2. Serving, for each layout
      tp=1        1 rank, 1 thread
      tp=2        2 ranks (scripts/loomrun), 1 thread each
-     2 replicas  two tp=1 servers (1 thread each) on two ports, requests
-                 alternate between them (the client balances; dp=2 as two
-                 independent processes)
+     dp=2        2 ranks, `loom serve --dp 2`: two tp=1 replicas in one job,
+                 each on its own port; requests alternate between them (the
+                 client is the load balancer)
    and each request rate in --rates: --requests requests with Poisson arrivals
    (seeded), streaming, prompt --prompt-len tokens, --max-tokens new tokens at
    temperature 0.8. Bounded: a rate stops after --seconds. Client-side
@@ -102,15 +102,17 @@ def run_load(ports, rate, n, prompt_len, max_tokens, seconds, seed=1):
             "itl_p50": pct(gaps, 0.5), "itl_p95": pct(gaps, 0.95), "tok_s": sum(o["tokens"] for o in ok) / wall}
 
 
-def start_server(loom, args, np_, tmp, tag):
+def start_server(loom, args, np_, tmp, tag, replicas=1):
+    """Start `loom serve`; return the process and the port of each replica."""
     port_file = os.path.join(tmp, "port_" + tag)
+    files = [port_file] + ["%s.%d" % (port_file, r) for r in range(1, replicas)]
     cmd = ([LOOMRUN, "-np", str(np_)] if np_ > 1 else []) + [loom, "serve", "--port", "0", "--port-file", port_file,
                                                             "--threads", "1", "--max-seqs", "16", "--queue", "256"]
     p = subprocess.Popen(cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
     for _ in range(600):
-        if os.path.exists(port_file) and open(port_file).read().strip():
-            return p, int(open(port_file).read())
+        if all(os.path.exists(f) and open(f).read().strip() for f in files):
+            return p, [int(open(f).read()) for f in files]
         if p.poll() is not None:
             raise benchlib.BenchError("loom serve exited with %d" % p.returncode)
         time.sleep(0.1)
@@ -197,23 +199,21 @@ def main():
                       "--save-params", params, "--data", data], what="loom train")
         single_stream(a.loom, a.model, params, a.prompt_len, a.skip_hf)
         base = ["--model", a.model, "--load-params", params]
-        layouts = [("tp=1", [(1, [])]), ("tp=2", [(2, ["--tp", "2"])]), ("2 replicas", [(1, []), (1, [])])]
+        layouts = [("tp=1", 1, []), ("tp=2", 1, ["--tp", "2"]), ("dp=2", 2, ["--dp", "2"])]
         print("\nserving: %d requests per rate, prompt %d, %d new tokens, streaming" % (a.requests, a.prompt_len,
                                                                                          a.max_tokens))
         print("%-11s %6s %5s %10s %10s %9s %9s %9s" % ("layout", "rate", "ok", "ttft p50", "ttft p95", "itl p50",
                                                         "itl p95", "tok/s"))
-        for li, (name, servers) in enumerate(layouts):
-            procs = [start_server(a.loom, base + extra, np_, tmp, "%d_%d" % (li, i))
-                     for i, (np_, extra) in enumerate(servers)]
+        for li, (name, replicas, extra) in enumerate(layouts):
+            proc, ports = start_server(a.loom, base + extra, 2 if extra else 1, tmp, str(li), replicas)
             try:
                 for rate in [float(r) for r in a.rates.split(",")]:
-                    r = run_load([p for _, p in procs], rate, a.requests, a.prompt_len, a.max_tokens, a.seconds)
+                    r = run_load(ports, rate, a.requests, a.prompt_len, a.max_tokens, a.seconds)
                     print("%-11s %6.1f %2d/%-2d %8.1fms %8.1fms %7.2fms %7.2fms %9.1f" % (
                         name, rate, r["ok"], r["requests"], 1e3 * r["ttft_p50"], 1e3 * r["ttft_p95"],
                         1e3 * r["itl_p50"], 1e3 * r["itl_p95"], r["tok_s"]), flush=True)
             finally:
-                for p, _ in procs:
-                    stop(p)
+                stop(proc)
 
 
 main()

@@ -124,7 +124,8 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
         st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
                        loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
     if (st == LOOM_OK) st = collect_prompts(c, tok, prompts, &n, MAX_PROMPTS);
-    if (st == LOOM_OK) st = parse_ids("--stop", c->stop, &stop);
+    int no_stop = strcmp(c->stop, "none") == 0;
+    if (st == LOOM_OK && !no_stop) st = parse_ids("--stop", c->stop, &stop);
     if (st == LOOM_OK && !c->stop[0] && tok && loom_tokenizer_eot(tok) >= 0)
         st = loom_ids_push(&stop, (uint32_t)loom_tokenizer_eot(tok));
     size_t longest = 0;
@@ -208,7 +209,7 @@ int cmd_generate(int argc, char **argv) {
         {"top-k", OPT_INT, &c.top_k, 0, "K", "sample among the K most likely (default 0 = all)"},
         {"top-p", OPT_DOUBLE, &c.top_p, 0, "P", "sample in the smallest set of mass >= P (default 1)"},
         {"seed", OPT_U64, &c.seed, 0, "S", "sampling seed (default 1)"},
-        {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST", "stop token ids (default <|endoftext|> with --tokenizer)"},
+        {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST", "stop token ids, or none (default <|endoftext|> with --tokenizer)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp = ranks"},
         {"max-len", OPT_INT, &c.max_len, 0, "N", "KV cache positions per sequence (default n_positions)"},

@@ -41,6 +41,10 @@ struct loom_tokenizer {
     size_t ckeys_n, ckeys_cap;
     loom_ids cids;
     loom_ids sym; /* scratch for one pre-token */
+    /* long pre-tokens: linked symbols and a heap of candidate merges */
+    uint32_t *nxt, *prv;
+    struct heap_item *heap;
+    size_t long_cap;
 };
 
 static uint64_t hash_bytes(const char *s, size_t n) {
@@ -195,10 +199,84 @@ static size_t pretoken_len(const unsigned char *s, size_t n, size_t i) {
 
 /* ---- BPE on one pre-token ------------------------------------------------ */
 
+/* A candidate merge of the symbols at slots pos and nxt[pos]. */
+typedef struct heap_item {
+    uint32_t rank, pos, left, right;
+} heap_item;
+
+static int heap_less(const heap_item *a, const heap_item *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(heap_item *h, size_t *n, heap_item x) {
+    size_t i = (*n)++;
+    while (i > 0 && heap_less(&x, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = x;
+}
+
+static heap_item heap_pop(heap_item *h, size_t *n) {
+    heap_item top = h[0], x = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
+        if (!heap_less(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = x;
+    return top;
+}
+
+#define NONE UINT32_MAX
+#define LONG_WORD 64
+
+static void push_pair(loom_tokenizer *t, size_t *hn, uint32_t pos) {
+    if (pos == NONE || t->nxt[pos] == NONE) return;
+    uint32_t q = t->nxt[pos];
+    const merge_slot *ms = merge_find(t, t->sym.v[pos], t->sym.v[q]);
+    if (ms) heap_push(t->heap, hn, (heap_item){ms->rank, pos, t->sym.v[pos], t->sym.v[q]});
+}
+
+/* The same merges in O(n log n) for long pre-tokens: the lowest rank first,
+ * the leftmost first among equal ranks - which is GPT-2's "merge every
+ * occurrence of the best pair, left to right" (a merge never creates the
+ * pair it merges). Symbols stay in their slots, linked by nxt / prv; stale
+ * heap entries are skipped when popped. Returns the symbol count, compacted
+ * into t->sym. */
+static size_t bpe_word_long(loom_tokenizer *t, size_t n) {
+    uint32_t *sym = t->sym.v, *nxt = t->nxt, *prv = t->prv;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        nxt[i] = i + 1 < n ? (uint32_t)(i + 1) : NONE;
+        prv[i] = i > 0 ? (uint32_t)(i - 1) : NONE;
+    }
+    for (size_t i = 0; i + 1 < n; i++) push_pair(t, &hn, (uint32_t)i);
+    while (hn > 0) {
+        heap_item it = heap_pop(t->heap, &hn);
+        uint32_t q = nxt[it.pos];
+        if (sym[it.pos] == NONE || q == NONE || sym[it.pos] != it.left || sym[q] != it.right) continue;
+        sym[it.pos] = merge_find(t, it.left, it.right)->id;
+        sym[q] = NONE;
+        nxt[it.pos] = nxt[q];
+        if (nxt[q] != NONE) prv[nxt[q]] = it.pos;
+        if (prv[it.pos] != NONE) push_pair(t, &hn, prv[it.pos]);
+        push_pair(t, &hn, it.pos);
+    }
+    size_t m = 0;
+    for (uint32_t i = 0; i != NONE; i = nxt[i]) sym[m++] = sym[i];
+    return m;
+}
+
 /* Merge the byte tokens of s[0..n) in t->sym; returns the symbol count. */
 static size_t bpe_word(loom_tokenizer *t, const unsigned char *s, size_t n) {
     uint32_t *sym = t->sym.v;
     for (size_t i = 0; i < n; i++) sym[i] = t->byte_tok[s[i]];
+    if (n > LONG_WORD) return bpe_word_long(t, n);
     size_t m = n;
     while (m > 1) {
         uint32_t best = UINT32_MAX, a = 0, b = 0, to = 0;
@@ -245,6 +323,15 @@ static loom_status encode_pretoken(loom_tokenizer *t, const unsigned char *s, si
         }
     }
     LOOM_TRY(loom_ids_reserve(&t->sym, n));
+    if (n > LONG_WORD && n > t->long_cap) { /* a merge adds at most 2 heap entries: 3n in all */
+        uint32_t *a = realloc(t->nxt, n * sizeof *a), *b = a ? realloc(t->prv, n * sizeof *b) : NULL;
+        if (a) t->nxt = a;
+        if (b) t->prv = b;
+        heap_item *h = b ? realloc(t->heap, 3 * n * sizeof *h) : NULL;
+        if (!h) return loom_fail(LOOM_EOS, "tokenizer: out of memory for a %zu-byte pre-token", n);
+        t->heap = h;
+        t->long_cap = n;
+    }
     size_t m = bpe_word(t, s, n);
     LOOM_TRY(loom_ids_reserve(ids, ids->n + m));
     memcpy(ids->v + ids->n, t->sym.v, m * sizeof(uint32_t));
@@ -667,5 +754,8 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     free(t->ckeys);
     loom_ids_free(&t->cids);
     loom_ids_free(&t->sym);
+    free(t->nxt);
+    free(t->prv);
+    free(t->heap);
     free(t);
 }

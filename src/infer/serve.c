@@ -60,6 +60,8 @@ typedef struct server {
     double *ttft, *tpot;
     long n_ttft, n_tpot, completed, rejected, tokens_out;
     double t_start, t_first_req;
+    long loop_iters;  /* model-loop wake-ups on rank 0 (liveness) */
+    double last_loop; /* when the loop last planned a step */
 } server;
 
 static volatile sig_atomic_t g_stop;
@@ -154,6 +156,9 @@ static enum MHD_Result health(server *s, struct MHD_Connection *con) {
     cJSON_AddNumberToObject(o, "running", used);
     cJSON_AddNumberToObject(o, "waiting", s->n_wait);
     cJSON_AddNumberToObject(o, "completed", (double)s->completed);
+    cJSON_AddNumberToObject(o, "loop_iterations", (double)s->loop_iters);
+    cJSON_AddNumberToObject(o, "ms_since_loop", 1e3 * (now_s() - s->last_loop));
+
     cJSON_AddNumberToObject(o, "rejected_503", (double)s->rejected);
     cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");
     cJSON_AddNumberToObject(kv, "slots", io->max_seqs);
@@ -360,12 +365,12 @@ static int produce(server *s, req *r) {
             n += k;
         }
         free(text);
-        size_t ok = utf8_complete(buf, n);
+        r->sent_tokens++;
+        int last = r->finished && r->sent_tokens == r->out.n;
+        size_t ok = last ? n : utf8_complete(buf, n); /* the last event flushes what is held */
         r->hold_len = n - ok < sizeof r->hold ? n - ok : 0;
         memcpy(r->hold, buf + ok, r->hold_len);
         buf[ok] = '\0';
-        r->sent_tokens++;
-        int last = r->finished && r->sent_tokens == r->out.n;
         cJSON *o = completion_json(s, r, buf, last ? r->finish_reason : NULL);
         cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
         cJSON_AddNumberToObject(c, "token_id", t);
@@ -778,6 +783,8 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
                     break;
                 }
                 plan_step(&s, &p);
+                s.loop_iters++;
+                s.last_loop = now_s();
                 if (p.hdr[0] > 0 || now_s() - last_sent > 1.0) break; /* work, or a heartbeat */
                 struct timespec ts = deadline_in(50000000);
                 pthread_cond_timedwait(&s.work, &s.mu, &ts);

@@ -2,7 +2,7 @@
 """test_generate.py - `loom generate` against Hugging Face transformers and
 across layouts.
 
-A tiny byte-level GPT-2 (2 layers, 4 heads, d 64, vocab 256) is trained 300
+A tiny byte-level GPT-2 (2 layers, 4 heads, d 64, vocab 256) is trained 200
 steps by `loom train` on GPL-3 text and saved as safetensors. 20 prompts
 (real text, 8..60 bytes) continue for 64 greedy tokens:
   - transformers' GPT2LMHeadModel with the same weights (loaded by hand from
@@ -103,7 +103,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
         params = os.path.join(tmp, "tiny.safetensors")
-        lt.run(["train", "--model", "tiny", "--data", data, "--steps", 300, "--lr", "3e-3", "--warmup", 20,
+        lt.run(["train", "--model", "tiny", "--data", data, "--steps", 200, "--lr", "3e-3", "--warmup", 20,
                 "--batch", 8, "--seq", 64, "--threads", 1, "--save-params", params])
         ps = prompts()
         ids_file = os.path.join(tmp, "prompts.txt")

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """test_serve.py - `loom serve` on loopback under mpirun (2 ranks: tp=2, or
-the flags given, e.g. `--pp 2`).
+the flags given, e.g. `--pp 2`; with `--dp 2` both replicas' ports first answer
+concurrent greedy requests with loom generate's tokens, then replica 0 gets the
+checks below).
 
 A tiny byte-level model is trained briefly and served with 4 KV slots and a
 wait queue of 8. Checked:
@@ -15,6 +17,7 @@ wait queue of 8. Checked:
   - a client that disconnects mid-stream: the server keeps running, /health
     returns to 0 running sequences and 0 KV positions in use;
   - /health reports TTFT and inter-token p50 <= p95 <= p99;
+  - a second server on the port in use exits 69 naming it;
   - SIGTERM stops every rank (the launcher exits within 30 s).
 """
 import http.client
@@ -91,7 +94,28 @@ def main():
                     break
                 time.sleep(0.1)
             port = int(open(port_file).read())
+            if "--dp" in layout:  # replica 1 answers on its own port, the same tokens, while replica 0 is busy
+                for _ in range(300):
+                    if os.path.exists(port_file + ".1") and open(port_file + ".1").read().strip():
+                        break
+                    time.sleep(0.1)
+                port1 = int(open(port_file + ".1").read())
+                res = [None] * len(prompts)
+                ths = [threading.Thread(target=lambda i: res.__setitem__(i, post(port1 if i % 2 else port, {
+                    "prompt": prompts[i], "max_tokens": 24, "temperature": 0})), args=(i,)) for i in range(len(prompts))]
+                for t in ths:
+                    t.start()
+                for t in ths:
+                    t.join()
+                same = sum(1 for i, (st, d) in enumerate(res) if completion_ids(st, d, False) == want[i])
+                print("dp=2: requests spread over both replicas' ports identical to loom generate: %d/%d"
+                      % (same, len(prompts)))
+                lt.check(same == len(prompts) and port1 != port, "dp=2 replicas: %d/%d" % (same, len(prompts)))
             run_checks(port, prompts, want)
+            p = lt.run(["serve", "--model", "tiny", "--load-params", params, "--port", port, "--threads", 1],
+                       check_ok=False, timeout=60)
+            lt.check(p.returncode == 69 and "cannot listen on 127.0.0.1:%d" % port in p.stderr,
+                     "a second server on the same port: %d %r" % (p.returncode, p.stderr[-200:]))
         finally:
             srv.send_signal(signal.SIGTERM)
             try:
@@ -124,6 +148,11 @@ def run_checks(port, prompts, want):
     ok = sum(1 for i, r in enumerate(results) if r and r[0] == 200 and r[1] == want[i])
     print("concurrent greedy requests identical to loom generate: %d/%d" % (ok, len(prompts)))
     lt.check(ok == len(prompts), "concurrent requests: %s" % [(r[0], r[1] == want[i]) for i, r in enumerate(results)])
+
+    # a text prompt (no tokenizer: its bytes) continues as the same ids do
+    text = bytes(prompts[3]).decode("latin-1")
+    st, data = post(port, {"prompt": text, "max_tokens": 24, "temperature": 0})
+    lt.check(st == 200 and completion_ids(st, data, False) == want[3], "text prompt: %d %s" % (st, data[:200]))
 
     bad = [("{\"prompt\": ", 400, "not a JSON object"), ({"max_tokens": 3}, 400, "'prompt' is required"),
            ({"prompt": 5}, 400, "string or an array"), ({"prompt": [1, "x"]}, 400, "token ids must be integers"),

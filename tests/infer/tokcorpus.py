@@ -27,7 +27,8 @@ EDGE = [
     "http://example.com/a?b=c&d=e#f", "<|endoftext|>", "a<|endoftext|>b", " <|endoftext|> ",
     "<|endoftext", "mixed123abc 123 abc123 12ab34", "   \n   \n   ", "x" * 300, " " * 300, "ab" * 200 + " ",
     "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!", "----====----", "__init__ ___ **bold** `code`",
-    "\U0001d400\U0001d401 math bold", "\U00020000\U0002a6d6 ext-B", "\ue000 private use \U000f0000",
+    "\U0001d400\U0001d401 math bold", "=-" * 3000 + "+", "?!.,;:" * 700, "\u00e9" * 2000,
+    " " * 5000 + "x", "a" * 4000, "".join(chr(0x4e00 + (i * 7919) % 20000) for i in range(3000)), "\U00020000\U0002a6d6 ext-B", "\ue000 private use \U000f0000",
 ]
 
 # characters of each class the pattern separates, to build random strings
