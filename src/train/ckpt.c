@@ -894,6 +894,7 @@ void loom_ckpt_signals(int on) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESTART; /* system calls inside MPI and I/O carry on */
         sigemptyset(&sa.sa_mask);
         caught_signal = 0;
         sigaction(SIGTERM, &sa, &old_term);
