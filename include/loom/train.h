@@ -127,7 +127,8 @@ void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float be
  * engine keeps them (loom_dp_param_runs: ZeRO-3's shards, each dp rank its
  * own slices, never gathered into a whole part); with dp NULL, in each
  * part's param_mem. The file itself is still assembled in one whole-model
- * buffer per rank (sharded checkpoints are a later issue). */
+ * buffer per rank; sharded checkpoints (--save-dir, --resume) never assemble
+ * the model: src/train/ckpt.c, docs/checkpoints.md. */
 struct loom_dp_engine;
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const struct loom_dp_engine *dp, const char *path);

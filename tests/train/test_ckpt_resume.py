@@ -13,7 +13,8 @@ the shards it needs; the 10 resumed losses and the final parameters agree
 with the uninterrupted one-rank run within 1e-5.
 
 loom export of the 8-rank checkpoint equals that run's --save-params
-bitwise, and its config.json loads in `loom eval`.
+bitwise, and its config.json loads in `loom eval`. --keep 2 leaves the two
+newest checkpoints and latest.
 
 Also: the manifest names every file with a SHA-256 that matches the bytes
 (computed here with hashlib), every global element of every tensor is held
@@ -146,6 +147,13 @@ def main():
             wp = max(lt.l2_rel_err(pb[k], pa[k]) for k in pa)
             lt.check(wp <= 1e-5, "%s: worst parameter rel err %.2e" % (label, wp))
             print("%s: worst loss rel err %.2e, parameter %.2e" % (label, worst, wp))
+        # --keep 2 with a checkpoint every step: only the two newest remain
+        kd = os.path.join(tmp, "ck_keep")
+        lt.run(["train"] + common + ["--steps", 5, "--save-dir", kd, "--save-every", 1, "--keep", 2])
+        left = sorted(os.listdir(kd))
+        lt.check(left == ["latest", "step_4", "step_5"], "--keep 2 left %s" % left)
+        with open(os.path.join(kd, "latest")) as f:
+            lt.check(f.read().strip() == "step_5", "--keep 2: latest does not name step_5")
         # a run that cannot continue the saved one is refused before any step
         bad = lt.run(["train"] + common + ["--lr", "2e-3", "--resume", out["one"][2]], check_ok=False)
         lt.check(bad.returncode == 64 and "lr" in bad.stderr, "mismatched --lr: exit %d, %s" % (bad.returncode, bad.stderr.strip()))
