@@ -23,7 +23,8 @@ int cmd_calibrate(int argc, char **argv) {
     static const cli_cmd cmd = {
         "calibrate",
         "scripts/loomrun -np N loom calibrate [--out FILE] [--threads T]",
-        "Measure this machine for `loom plan`: sgemm FLOP/s per rank with every rank busy,\n"
+        "Measure this machine for `loom plan`: sgemm FLOP/s per rank with every rank busy\n"
+        "(times the rank's share of the cores when the ranks oversubscribe them),\n"
         "memory-copy bandwidth, and the latency and bandwidth of all-reduce, all-gather,\n"
         "reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a point-to-point\n"
         "message, each through loom's communicator. Rank 0 writes a cluster JSON (one node of\n"
