@@ -82,7 +82,8 @@ int cmd_calibrate(int argc, char **argv) {
         "is reported against: the best of 7 1024^3 sgemms of that kernel, and the FMA peak\n"
         "(flop/cycle from the flags x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
-        "rank busy, memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
+        "rank busy (times the rank's share of the cores when the ranks oversubscribe them),\n"
+        "memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
         "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
         "point-to-point message, each through loom's communicator; rank 0 writes the file\n"
         "(one node of N devices).",
