@@ -36,8 +36,8 @@
  *
  * Parameters of an MoE block replace mlp.c_fc / mlp.c_proj with
  * mlp.router.weight (C,E) and mlp.experts.<e>.c_fc.{weight (C,H), bias (H)},
- * mlp.experts.<e>.c_proj.{weight (H,C), bias (C)}; with tp > 1 (not with
- * sp) the experts are cut as the dense MLP is (c_fc by columns, c_proj by
+ * mlp.experts.<e>.c_proj.{weight (H,C), bias (C)}; with tp > 1 (and sp)
+ * the experts are cut as the dense MLP is (c_fc by columns, c_proj by
  * rows), the router replicated.
  *
  * Expert parallelism (part.ep, a group of P ranks inside dp x cp, P

@@ -352,8 +352,9 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
-        LOOM_TRY(loom_moe_fwd(m, s, li, xg, a->res3));
-        LOOM_TRY(row_out_fwd(m, a->res3, a->res3)); /* experts' partial sums over tp */
+        y = sp ? m->dlnfull : a->res3; /* (N,C); dfull holds xg, dlnfull is free in forward */
+        LOOM_TRY(loom_moe_fwd(m, s, li, xg, y));
+        LOOM_TRY(row_out_fwd(m, y, a->res3)); /* experts' partial sums over tp */
         loom_residual_fwd(a->res3, a->res3, a->res2, (size_t)Nx * C);
         return LOOM_OK;
     }
@@ -434,7 +435,9 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     float *dy = d->sharded ? m->dfull : d->dfcp; /* (N,C) */
     /* MLP branch; the residual passes dres through unchanged */
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
-        LOOM_TRY(loom_moe_bwd_input(m, s, li, dres, d->dln2));
+        LOOM_TRY(row_out_bwd(m, dres, dy));
+        LOOM_TRY(loom_moe_bwd_input(m, s, li, dy, m->dlnfull));
+        LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     } else {
         if (d->sharded) memcpy(d->dfcp, dres, F((size_t)Nx * C));
         LOOM_TRY(row_out_bwd(m, dres, dy));
@@ -490,7 +493,8 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
     const float *full; /* (N,C) */
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
-        LOOM_TRY(loom_moe_bwd_weight(m, s, li));
+        LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
+        LOOM_TRY(loom_moe_bwd_weight(m, s, li, full));
     } else {
         LOOM_TRY(sp_regather(m, d->dfcp, d->sharded, &full));
         loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);

@@ -41,10 +41,12 @@ void loom_moe_bind_storage(loom_gpt *m);
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads);
 /* out (N,C) WRITES the MoE MLP of x (N,C) for local block li of slot s. */
 loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out);
-/* dx (N,C) WRITES d(x) from dout (N,C); keeps what the weight half needs. */
+/* dx (N,C) WRITES d(x) from dout (N,C), partial over tp (the caller sums
+ * it); keeps what the weight half needs. */
 loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const float *dout, float *dx);
-/* Router and expert gradients (+=) of local block li of slot s. */
-loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li);
+/* Router and expert gradients (+=) of local block li of slot s; x (N,C)
+ * the block's input rows again (re-gathered under SP). */
+loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const float *x);
 /* The loss weight per token of this backward (the losses' group weight is dloss * N). */
 void loom_moe_set_dloss(loom_gpt *m, float dloss);
 /* N x (aux + z) summed over the part's MoE blocks for slot s's last forward. */

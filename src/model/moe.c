@@ -4,8 +4,10 @@
  * alltoall(v) of dispatch and combine), local without one, and over the TP
  * group: experts are cut as Megatron's MLP (c_fc by columns, c_proj by rows,
  * its bias added on tp rank 0), so the block's output is summed over tp
- * (gpt.c's row_out_fwd), and backward sums the experts' input gradients and
- * the gates' gradients (N x k) over tp; the router is replicated.
+ * (gpt.c's row_out_fwd: all-reduce, or reduce-scatter under SP) and so is
+ * its input gradient (col_in_bwd); the gates' gradients (N x k) are summed
+ * here; the router is replicated. Under SP, gpt.c gathers the input rows
+ * (N,C) for forward and again for the router's weight gradient.
  *
  * Dispatch packs the kept assignments expert by expert, tokens in order
  * within an expert, into (A,C) rows, A <= N top_k: destination-major, so
@@ -198,7 +200,7 @@ typedef struct {
     float *xp, *hp, *gp;    /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
     float *dyp, *dhp;       /* (R,C) (R,H) output gradients kept for W */
     float *dlogit;          /* (N,E) kept for W */
-    const float *x;         /* (N,C) the block's input rows (ln_2 output) */
+    const float *x;         /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;          /* this group's losses */
 } moe_acts;
 
@@ -295,9 +297,6 @@ loom_status loom_moe_create(loom_gpt *m) {
     for (int l = m->part.layer_begin; l < m->part.layer_end; l++) n += loom_moe_layer(&m->cfg, l);
     if (n == 0) return LOOM_OK;
     LOOM_TRY(loom_moe_config_check(&m->cfg));
-    if (m->part.tp.sp)
-        return loom_fail(LOOM_EUSAGE, "model %s: MoE blocks with --sp are not available in this build "
-                         "yet; use --tp without --sp", m->cfg.name);
     if (loom_moe_hidden(&m->cfg) % m->part.tp.size)
         return loom_fail(LOOM_EUSAGE, "tp=%d does not divide the experts' hidden size %d of MoE model %s",
                          m->part.tp.size, loom_moe_hidden(&m->cfg), m->cfg.name);
@@ -710,28 +709,28 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     permute(a, P, El, moe->t2, moe->t1, C, 0);
     LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
     /* un-dispatch: each dispatched row's input gradient back to its token;
-     * partial over tp (column-parallel c_fc), so summed there */
+     * partial over tp (column-parallel c_fc): the caller sums dx over tp */
     memset(dx, 0, (size_t)N * C * 4);
     for (int r = 0; r < A; r++) {
         float *d = dx + (size_t)a->tok[r] * C;
         const float *src = moe->sendA + (size_t)r * C;
         for (int q = 0; q < C; q++) d[q] += src[q];
     }
-    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dx, (size_t)N * C));
-    /* router: replicated over tp, its input gradient complete on every rank;
-     * dgate = dout . ye was taken from this rank's partial ye: summed first */
+    /* router: replicated over tp; dgate = dout . ye was taken from this
+     * rank's partial ye, so summed first; its input gradient, complete on
+     * every rank, joins dx on tp rank 0 only (the caller's sum adds it once) */
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
     router_bwd(moe, a, c, N, moe->dloss * (float)N);
-    loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    if (m->part.tp.rank == 0) loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
     return LOOM_OK;
 }
 
-loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li) {
+loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const float *x) {
     moe_block *bl = block_of(m, li);
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
-    loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, a->x, bl->w.router, N, C, E);
+    loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;

@@ -6,7 +6,8 @@ sees) - loss at each of 10 steps and every final parameter within 1e-5, for
 top-1 and top-2, dropless and with capacity (tokens dropped), and with a
 larger dp than ep (expert gradients summed over two replicas) at zero 0 to 3,
 with pp 2 (1F1B and zero-bubble; each micro-batch a routing group), with
-TP-split experts (tp 2, and tp 2 x dp 2 x ep 2 x pp 2 on 8 ranks), and the
+TP-split experts (tp 2; tp 2 with sp x dp 2 x ep 2; the same x pp 2 with the
+zero-bubble schedule at zero 1 on 8 ranks), and the
 MoE model without EP under ZeRO-3.
 The routing itself must agree: tokens per expert (after capacity) and chosen
 per expert (before) equal the one-rank run's at every step, and a capacity
@@ -35,8 +36,9 @@ VARIANTS = {  # name: (MoE keys, [(ranks, routing groups of the one-rank run, fl
                        (4, 4, ["--dp", 2, "--ep", 2, "--schedule", "zb"] + PP2),
                        (4, 4, ["--dp", 4, "--ep", 2, "--zero", 2]), (4, 4, ["--dp", 4, "--ep", 2, "--zero", 3]),
                        (2, 2, ["--dp", 2, "--zero", 3]),
-                       (2, 1, ["--tp", 2]), (4, 2, ["--tp", 2, "--dp", 2, "--ep", 2]),
-                       (8, 4, ["--tp", 2, "--dp", 2, "--ep", 2] + PP2)]),
+                       (2, 1, ["--tp", 2]), (4, 2, ["--tp", 2, "--sp", "--dp", 2, "--ep", 2]),
+                       (8, 4, ["--tp", 2, "--sp", "--dp", 2, "--ep", 2, "--schedule", "zb", "--zero", 1]
+                        + PP2)]),
     "top1-dropless": ({"num_experts_per_tok": 1, "norm_topk_prob": False},
                       [(2, 2, ["--dp", 2, "--ep", 2]), (4, 4, ["--dp", 4, "--ep", 4])]),
     "top1-capacity": ({"num_experts_per_tok": 1, "capacity_factor": 1.25, "norm_topk_prob": False},
