@@ -479,6 +479,18 @@ static void apply_keep(const char *dir, int keep, int step) {
     }
 }
 
+loom_status loom_ckpt_prepare_dir(const loom_train_config *c) {
+    if (!c->save_dir[0]) return LOOM_OK;
+    mkdir(c->save_dir, 0755); /* errors surface in the check */
+    struct stat sb;
+    const char *why = NULL;
+    if (stat(c->save_dir, &sb) != 0) why = strerror(errno);
+    else if (!S_ISDIR(sb.st_mode)) why = "not a directory";
+    else if (access(c->save_dir, W_OK) != 0) why = strerror(errno);
+    if (why) return loom_fail(LOOM_ECANTCREAT, "--save-dir %s: not a writable directory: %s", c->save_dir, why);
+    return LOOM_OK;
+}
+
 loom_status loom_ckpt_save(loom_train_run_state *s, int step) {
     const loom_train_config *c = s->cfg;
     loom_comm *world = s->mesh->world;

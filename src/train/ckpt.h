@@ -18,6 +18,10 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step);
  * and every file must match its SHA-256. Local; out gets the directory. */
 loom_status loom_ckpt_resolve(const char *arg, char *out, size_t cap);
 
+/* Before training: create --save-dir (one level, as mkdir(1)) if missing and
+ * check it is a writable directory, so a long run does not fail at its first
+ * save (LOOM_ECANTCREAT naming it). LOOM_OK without --save-dir. Local. */
+loom_status loom_ckpt_prepare_dir(const loom_train_config *c);
 /* SIGTERM / SIGINT: on (1) a signal only sets a flag; off (0) restores the
  * previous handlers. Local. */
 void loom_ckpt_signals(int on);

@@ -286,6 +286,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     s->have_tokens = st == LOOM_OK;
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->save_params, "--save-params");
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->metrics, "--metrics");
+    if (st == LOOM_OK && rank == 0) st = loom_ckpt_prepare_dir(c);
     LOOM_TRY(loom_comm_agree(world, st));
 
     if (c->trace[0]) {

@@ -14,7 +14,8 @@ with the uninterrupted one-rank run within 1e-5.
 
 loom export of the 8-rank checkpoint equals that run's --save-params
 bitwise, and its config.json loads in `loom eval`. --keep 2 leaves the two
-newest checkpoints and latest.
+newest checkpoints and latest; --save-dir naming a file is exit 73 before
+any step.
 
 Also: the manifest names every file with a SHA-256 that matches the bytes
 (computed here with hashlib), every global element of every tensor is held
@@ -154,6 +155,13 @@ def main():
         lt.check(left == ["latest", "step_4", "step_5"], "--keep 2 left %s" % left)
         with open(os.path.join(kd, "latest")) as f:
             lt.check(f.read().strip() == "step_5", "--keep 2: latest does not name step_5")
+        # --save-dir naming a file: refused before training (73), the file untouched
+        f = os.path.join(tmp, "a_file")
+        with open(f, "w") as fh:
+            fh.write("keep")
+        bad = lt.run(["train"] + common + ["--steps", 2, "--save-dir", f], check_ok=False)
+        lt.check(bad.returncode == 73 and "--save-dir" in bad.stderr and open(f).read() == "keep",
+                 "--save-dir FILE: exit %d, %s" % (bad.returncode, bad.stderr.strip()))
         # a run that cannot continue the saved one is refused before any step
         bad = lt.run(["train"] + common + ["--lr", "2e-3", "--resume", out["one"][2]], check_ok=False)
         lt.check(bad.returncode == 64 and "lr" in bad.stderr, "mismatched --lr: exit %d, %s" % (bad.returncode, bad.stderr.strip()))
