@@ -197,7 +197,12 @@ static void test_16k_speed(void) {
     const double cpu = (c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec);
     printf("16,384 GPUs, llama3-405b: %ld layouts, %ld feasible, %.3f s CPU, %.3f s wall\n", st.considered,
            st.feasible, cpu, secs);
-    CHECK(cpu < 1.0, "16,384-GPU search in %.3f s of CPU (< 1 s)", cpu);
+#ifdef LOOM_SANITIZED
+    const double limit = 4.0; /* ASan + UBSan + -O0 run this search ~3x slower */
+#else
+    const double limit = 1.0; /* the target, in a Release build */
+#endif
+    CHECK(cpu < limit, "16,384-GPU search in %.3f s of CPU (< %g s)", cpu, limit);
     CHECK(n == 5 && out[0].feasible && out[0].simulated, "5 ranked layouts, the best simulated");
     for (int i = 1; i < n; i++)
         CHECK(out[i].tokens_per_s_dev <= out[i - 1].tokens_per_s_dev, "ranked by tokens/s/device");
