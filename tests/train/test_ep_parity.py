@@ -5,6 +5,7 @@ rank with --grad-accum dp sees, per micro-batch, exactly what each DP rank
 sees) - loss at each of 10 steps and every final parameter within 1e-5, for
 top-1 and top-2, dropless and with capacity (tokens dropped), and with a
 larger dp than ep (expert gradients summed over two replicas) at zero 0 to 3,
+with gradient accumulation (two routing groups per rank and step),
 with pp 2 (1F1B and zero-bubble; each micro-batch a routing group), with
 TP-split experts (tp 2; tp 2 with sp x dp 2 x ep 2; the same x pp 2 with the
 zero-bubble schedule at zero 1 on 8 ranks), and the
@@ -32,6 +33,7 @@ VARIANTS = {  # name: (MoE keys, [(ranks, routing groups of the one-rank run, fl
                       [(2, 2, ["--dp", 2, "--ep", 2]), (4, 4, ["--dp", 4, "--ep", 4]),
                        (8, 8, ["--dp", 8, "--ep", 8]), (4, 4, ["--dp", 4, "--ep", 2]),
                        (4, 4, ["--dp", 4, "--ep", 2, "--zero", 1]),
+                       (2, 4, ["--dp", 2, "--ep", 2, "--grad-accum", 2]),
                        (4, 4, ["--dp", 2, "--ep", 2] + PP2),
                        (4, 4, ["--dp", 2, "--ep", 2, "--schedule", "zb"] + PP2),
                        (4, 4, ["--dp", 4, "--ep", 2, "--zero", 2]), (4, 4, ["--dp", 4, "--ep", 2, "--zero", 3]),
