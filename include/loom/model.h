@@ -123,7 +123,7 @@ typedef struct loom_gpt_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Nx,C) (Nx) (Nx) */
     float *qkv;                       /* (N,3C_l) */
     float *atty;                      /* (N,C_l) */
-    float *att;                       /* (B,NH_l,T,T) */
+    float *lse;                       /* (B,NH_l,T) attention log-sum-exp per row */
     float *res2;                      /* (Nx,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (Nx,C) (Nx) (Nx) */
     float *fch, *fch_gelu;            /* (N,4C_l) */
@@ -210,7 +210,6 @@ struct loom_gpt {
     float *xmax, *xsum;         /* (N), (2N): sums then target logits, one all-reduce */
     int V_valid_l;              /* real (unpadded) vocab rows on this rank */
     loom_gpt_dsave scratch_ds;  /* dsave used when not splitting */
-    float *att_scratch;
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
 };

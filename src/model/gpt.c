@@ -84,7 +84,7 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
         x->ln1_rstd = take(a, F(Nx));
         x->qkv = take(a, F(N * 3 * Cl));
         x->atty = take(a, F(N * Cl));
-        x->att = take(a, F(B * NHl * T * T));
+        x->lse = take(a, F(B * NHl * T));
         x->res2 = take(a, F(Nx * C));
         x->ln2 = take(a, F(Nx * C));
         x->ln2_mean = take(a, F(Nx));
@@ -116,7 +116,6 @@ static void layout_acts(loom_gpt *m, loom_arena *a) {
     m->xmax = take(a, F(N));
     m->xsum = take(a, F(2 * N));
     layout_dsave(m, a, &m->scratch_ds, 0);
-    m->att_scratch = take(a, F(loom_attention_scratch_floats(m->T)));
 }
 
 static loom_status alloc_tables(loom_gpt *m) {
@@ -316,7 +315,7 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln1, &xg));
     loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
-    loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
+    loom_attention_fwd(a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l);
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
     LOOM_TRY(row_out_fwd(m, y, a->res2));
@@ -417,7 +416,7 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     memset(m->datty, 0, F((size_t)N * Cl));
     loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
-    loom_attention_bwd(d->dqkv, m->att_scratch, m->datty, a->qkv, a->att, m->B, m->T, Cl, m->NH_l);
+    loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
     memset(m->dlnfull, 0, F((size_t)N * C));
     loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
