@@ -14,7 +14,6 @@ docs/context-parallel.md). Asserted:
   - growing T from 2048 to 8192 adds less than 5% of what the quadratic term
     would add (2.26 GB): memory grows linearly with T, not quadratically;
   - both runs finish with a finite loss."""
-import json
 import math
 import os
 import sys
@@ -36,9 +35,7 @@ def quadratic_bytes(T):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        model = os.path.join(tmp, "config.json")
-        with open(model, "w") as f:
-            json.dump(MODEL, f)
+        model = lt.write_model(tmp, MODEL)
         peak = {}
         for T in (T_LO, T_HI):
             metrics = os.path.join(tmp, "m%d.jsonl" % T)
