@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom/arena.h"
+#include "loom/cp.h"
 #include "loom/parallel.h"
 #include "loom/status.h"
 
@@ -57,6 +58,7 @@ loom_status loom_model_config_check(const loom_model_config *cfg);
 /* How this rank's part is cut. */
 typedef struct loom_model_part {
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
+    loom_cp cp;                  /* context-parallel group; T is then the local rows */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
 } loom_model_part;

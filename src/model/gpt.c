@@ -26,6 +26,7 @@ loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
     loom_model_part p;
     memset(&p, 0, sizeof p);
     p.tp.size = 1;
+    p.cp.size = 1;
     p.layer_begin = 0;
     p.layer_end = cfg->n_layer;
     p.has_embed = p.has_head = 1;
@@ -186,6 +187,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         layout_acts(m, &m->a_acts); /* plan */
         st = loom_arena_commit(&m->a_params);
     }
+    if (st == LOOM_OK) st = loom_cp_alloc(&m->part.cp, m->B, m->T, m->C_l, m->NH_l);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_grads);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_acts);
     if (st != LOOM_OK) {
@@ -202,6 +204,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
 
 void loom_gpt_free(loom_gpt *m) {
     if (!m) return;
+    loom_cp_release(&m->part.cp);
     loom_arena_free(&m->a_params);
     loom_arena_free(&m->a_grads);
     loom_arena_free(&m->a_acts);
@@ -301,7 +304,10 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     float *full = sp ? m->dfull : s->x; /* (N,C) partial over tp */
     loom_embed_fwd(full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
     LOOM_TRY(row_out_fwd(m, full, s->x));
-    loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    if (m->part.cp.size > 1)
+        loom_cp_pos_fwd(&m->part.cp, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else
+        loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -315,7 +321,10 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln1, &xg));
     loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
-    loom_attention_fwd(a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l);
+    if (m->part.cp.size > 1)
+        LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l));
+    else
+        loom_attention_fwd(a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l);
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
     LOOM_TRY(row_out_fwd(m, y, a->res2));
@@ -416,7 +425,11 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     memset(m->datty, 0, F((size_t)N * Cl));
     loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
-    loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
+    if (m->part.cp.size > 1)
+        LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B,
+                                       m->T, Cl, m->NH_l));
+    else
+        loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
     memset(m->dlnfull, 0, F((size_t)N * C));
     loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
@@ -480,7 +493,10 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
     float *full = sp ? m->dfull : s->dx; /* (N,C) */
     LOOM_TRY(row_out_bwd(m, s->dx, full));
     loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
-    loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    if (m->part.cp.size > 1)
+        loom_cp_pos_bwd(&m->part.cp, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else
+        loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -548,7 +564,7 @@ loom_status loom_gpt_sum_sp_partials(loom_gpt *m, float *grads, size_t lo, size_
         if (!p->sp_partial || p->offset < lo || p->offset >= lo + n) continue;
         size_t count = p->numel;
         /* wpe rows past the sequence length get no gradient on any rank */
-        if (strcmp(p->name, "wpe.weight") == 0) count = (size_t)m->T * m->C;
+        if (strcmp(p->name, "wpe.weight") == 0) count = (size_t)m->T * m->part.cp.size * m->C;
         LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, grads + (p->offset - lo), count));
     }
     return LOOM_OK;

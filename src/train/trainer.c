@@ -52,18 +52,36 @@ static int is_pipelined(const loom_train_config *c) {
     return c->layout.pp > 1 || c->virtual_stages > 1;
 }
 
+/* Context parallelism: the split, and what it does not compose with yet. */
+static loom_status check_cp(const loom_train_config *c, const loom_model_config *mc) {
+    const loom_layout *l = &c->layout;
+    loom_cp_impl impl;
+    LOOM_TRY(loom_cp_parse_impl(c->cp_impl[0] ? c->cp_impl : "ring", &impl));
+    if (l->cp == 1) return LOOM_OK;
+    LOOM_TRY(loom_cp_check(l->cp, impl, c->seq, mc->n_head, l->tp));
+    if (c->sp && (c->seq / l->cp) % l->tp)
+        return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
+                         "(--seq %d / cp)", l->cp, l->tp, c->seq / l->cp, c->seq);
+    if (is_pipelined(c) || c->zero)
+        return loom_fail(LOOM_EUSAGE, "--cp %d with %s: not available in this build yet (cp "
+                         "composes with --dp, --tp and --sp)", l->cp,
+                         is_pipelined(c) ? "pipeline parallelism" : "--zero");
+    return LOOM_OK;
+}
+
 /* Checks that depend only on the config: identical on every rank. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
     const loom_layout *l = &c->layout;
     LOOM_TRY(loom_layout_check(l, world));
     const struct { const char *flag; int deg; const char *issue; } later[] = {
-        {"--cp", l->cp, "context parallelism"}, {"--ep", l->ep, "expert parallelism"},
+        {"--ep", l->ep, "expert parallelism"},
     };
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
         if (later[i].deg > 1)
             return loom_fail(LOOM_EUSAGE, "%s %d: %s is not available in this build yet; use --dp",
                              later[i].flag, later[i].deg, later[i].issue);
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
+    LOOM_TRY(check_cp(c, mc));
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
@@ -205,6 +223,8 @@ static loom_status run_micro_batches(loom_train_run_state *s, int step, double *
     for (int k = 0; k < K; k++) {
         int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
         loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, T, s->inputs, s->targets);
+        loom_cp_split_tokens(&s->parts[0]->part.cp, s->inputs, Bm, T);
+        loom_cp_split_tokens(&s->parts[0]->part.cp, s->targets, Bm, T);
         loom_dp_set_last_micro(s->dp, k == K - 1);
         double t0 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
@@ -227,7 +247,9 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     double t1 = loom_comm_wtime();
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
-    if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
+    if (c->layout.dp * c->layout.cp > 1) /* the tokens of dp x cp */
+        LOOM_TRY(loom_comm_allreduce(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp, &loss_sum, 1,
+                                     LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
@@ -286,7 +308,9 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         loom_model_part part = loom_model_part_whole(&mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                             .sp = c->sp};
-        loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
+        part.cp = (loom_cp){.comm = s->mesh->cp, .size = c->layout.cp, .rank = s->mesh->cp_rank};
+        loom_cp_parse_impl(c->cp_impl[0] ? c->cp_impl : "ring", &part.cp.impl); /* checked */
+        loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);

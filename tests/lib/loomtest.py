@@ -49,14 +49,6 @@ def make_text_data(tmp, name="train.bin"):
     return out
 
 
-def write_model(tmp, cfg, name="config.json"):
-    """A model config JSON file in tmp; returns its path."""
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
-
-
 def read_metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

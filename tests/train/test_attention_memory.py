@@ -35,7 +35,7 @@ def quadratic_bytes(T):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        model = lt.write_model(tmp, MODEL)
+        model = lt.write_model(tmp, **MODEL)
         peak = {}
         for T in (T_LO, T_HI):
             metrics = os.path.join(tmp, "m%d.jsonl" % T)
