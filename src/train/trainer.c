@@ -62,10 +62,9 @@ static loom_status check_cp(const loom_train_config *c, const loom_model_config 
     if (c->sp && (c->seq / l->cp) % l->tp)
         return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
                          "(--seq %d / cp)", l->cp, l->tp, c->seq / l->cp, c->seq);
-    if (is_pipelined(c) || c->zero)
-        return loom_fail(LOOM_EUSAGE, "--cp %d with %s: not available in this build yet (cp "
-                         "composes with --dp, --tp and --sp)", l->cp,
-                         is_pipelined(c) ? "pipeline parallelism" : "--zero");
+    if (is_pipelined(c))
+        return loom_fail(LOOM_EUSAGE, "--cp %d with pipeline parallelism: not available in this "
+                         "build yet (cp composes with --dp, --zero, --tp and --sp)", l->cp);
     return LOOM_OK;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses),
-alone and with dp = 2 and tp = 2 (with and without sp), train the same model as one rank -
+alone and with dp = 2, tp = 2 (with and without sp) and ZeRO 1, 2, 3 (sharded
+over dp x cp), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
 tensor within 1e-5 (norm-wise relative). Layouts CP cannot take are refused
 with exit 64 and a message naming the numbers.
@@ -31,6 +32,9 @@ LAYOUTS = [  # (label, ranks, flags)
     ("cp=4 ulysses", 4, ["--cp", 4, "--cp-impl", "ulysses"]),
     ("dp=2 cp=2 ulysses", 4, ["--dp", 2, "--cp", 2, "--cp-impl", "ulysses"]),
     ("tp=2 sp cp=2 ulysses", 4, ["--tp", 2, "--sp", "--cp", 2, "--cp-impl", "ulysses"]),
+    ("dp=2 cp=2 zero=1", 4, ["--dp", 2, "--cp", 2, "--zero", 1]),
+    ("cp=2 zero=2", 2, ["--cp", 2, "--zero", 2]),
+    ("dp=2 cp=2 zero=3 ulysses", 4, ["--dp", 2, "--cp", 2, "--zero", 3, "--cp-impl", "ulysses"]),
 ]
 
 REFUSED = [  # (label, ranks, flags, words the one message must contain)
