@@ -93,5 +93,11 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);
+/* This rank's context-parallel group for a model part (size 1 without --cp). */
+loom_cp loom_train_cp_group(const loom_train_run_state *s);
+/* Sample micro-batch tokens as loom_data_sample does for whole sequences of
+ * --seq, then keep this rank's context-parallel rows (B x seq/cp) of each. */
+void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
+                       int32_t *targets);
 
 #endif

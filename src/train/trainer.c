@@ -62,9 +62,6 @@ static loom_status check_cp(const loom_train_config *c, const loom_model_config 
     if (c->sp && (c->seq / l->cp) % l->tp)
         return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
                          "(--seq %d / cp)", l->cp, l->tp, c->seq / l->cp, c->seq);
-    if (is_pipelined(c))
-        return loom_fail(LOOM_EUSAGE, "--cp %d with pipeline parallelism: not available in this "
-                         "build yet (cp composes with --dp, --zero, --tp and --sp)", l->cp);
     return LOOM_OK;
 }
 
@@ -212,6 +209,24 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
     s->n_phase++;
 }
 
+loom_cp loom_train_cp_group(const loom_train_run_state *s) {
+    loom_cp cp = {.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank};
+    loom_cp_parse_impl(s->cfg->cp_impl[0] ? s->cfg->cp_impl : "ring", &cp.impl); /* checked */
+    return cp;
+}
+
+void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
+                       int32_t *targets) {
+    const loom_train_config *c = s->cfg;
+    loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, c->seq, s->inputs, s->targets);
+    const loom_cp cp = loom_train_cp_group(s);
+    const size_t n = (size_t)Bm * (c->seq / c->layout.cp);
+    loom_cp_split_tokens(&cp, s->inputs, Bm, c->seq);
+    loom_cp_split_tokens(&cp, s->targets, Bm, c->seq);
+    if (inputs && inputs != s->inputs) memcpy(inputs, s->inputs, n * sizeof *inputs);
+    if (targets && targets != s->targets) memcpy(targets, s->targets, n * sizeof *targets);
+}
+
 /* Forward and backward of this rank's micro-batches (pp = 1): K
  * micro-batches of B_l / K sequences each; gradients accumulate and the DP
  * engine communicates during the last one's backward. */
@@ -221,9 +236,7 @@ static loom_status run_micro_batches(loom_train_run_state *s, int step, double *
     const float dloss = 1.0f / ((float)c->batch * (float)T);
     for (int k = 0; k < K; k++) {
         int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
-        loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, T, s->inputs, s->targets);
-        loom_cp_split_tokens(&s->parts[0]->part.cp, s->inputs, Bm, T);
-        loom_cp_split_tokens(&s->parts[0]->part.cp, s->targets, Bm, T);
+        loom_train_sample(s, step, first, Bm, s->inputs, s->targets);
         loom_dp_set_last_micro(s->dp, k == K - 1);
         double t0 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
@@ -307,8 +320,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         loom_model_part part = loom_model_part_whole(&mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                             .sp = c->sp};
-        part.cp = (loom_cp){.comm = s->mesh->cp, .size = c->layout.cp, .rank = s->mesh->cp_rank};
-        loom_cp_parse_impl(c->cp_impl[0] ? c->cp_impl : "ring", &part.cp.impl); /* checked */
+        part.cp = loom_train_cp_group(s);
         loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
         s->n_parts = 1;

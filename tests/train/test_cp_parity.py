@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses),
-alone and with dp = 2, tp = 2 (with and without sp) and ZeRO 1, 2, 3 (sharded
-over dp x cp), train the same model as one rank -
+alone and with dp = 2, tp = 2 with sp, ZeRO 1, 2, 3 (sharded
+over dp x cp) and pp = 2 (1f1b, zero-bubble), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
 tensor within 1e-5 (norm-wise relative). Layouts CP cannot take are refused
 with exit 64 and a message naming the numbers.
@@ -24,22 +24,20 @@ COMMON = ["--steps", STEPS, "--batch", 2, "--seq", 512, "--lr", "1e-3", "--warmu
 LAYOUTS = [  # (label, ranks, flags)
     ("cp=2 ring", 2, ["--cp", 2]),
     ("cp=4 ring", 4, ["--cp", 4, "--cp-impl", "ring"]),
-    ("dp=2 cp=2 ring", 4, ["--dp", 2, "--cp", 2]),
     ("dp=2 cp=4 ring", 8, ["--dp", 2, "--cp", 4]),
-    ("tp=2 cp=2 ring", 4, ["--tp", 2, "--cp", 2]),
     ("tp=2 sp cp=2 ring", 4, ["--tp", 2, "--sp", "--cp", 2]),
     ("cp=2 ulysses", 2, ["--cp", 2, "--cp-impl", "ulysses"]),
     ("cp=4 ulysses", 4, ["--cp", 4, "--cp-impl", "ulysses"]),
-    ("dp=2 cp=2 ulysses", 4, ["--dp", 2, "--cp", 2, "--cp-impl", "ulysses"]),
-    ("tp=2 sp cp=2 ulysses", 4, ["--tp", 2, "--sp", "--cp", 2, "--cp-impl", "ulysses"]),
     ("dp=2 cp=2 zero=1", 4, ["--dp", 2, "--cp", 2, "--zero", 1]),
     ("cp=2 zero=2", 2, ["--cp", 2, "--zero", 2]),
     ("dp=2 cp=2 zero=3 ulysses", 4, ["--dp", 2, "--cp", 2, "--zero", 3, "--cp-impl", "ulysses"]),
+    ("pp=2 cp=2 1f1b", 4, ["--pp", 2, "--cp", 2]),
+    ("pp=2 cp=2 zb ulysses", 4, ["--pp", 2, "--cp", 2, "--schedule", "zb", "--cp-impl", "ulysses"]),
 ]
 
 REFUSED = [  # (label, ranks, flags, words the one message must contain)
-    ("ulysses heads", 8, ["--tp", 2, "--cp", 4, "--cp-impl", "ulysses"],
-     ["cp=4", "n_head=4", "tp=2", "= 2"]),
+    ("ulysses heads", 3, ["--cp", 3, "--seq", 510, "--cp-impl", "ulysses"],
+     ["cp=3", "n_head=4", "tp=1", "= 4"]),
     ("split", 4, ["--cp", 4, "--seq", 500], ["--seq 500", "2*cp=8"]),
     ("impl", 2, ["--cp", 2, "--cp-impl", "rings"], ["--cp-impl rings"]),
 ]
