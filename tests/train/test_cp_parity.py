@@ -4,7 +4,8 @@ alone and with dp = 2, tp = 2 with sp, ZeRO 1, 2, 3 (sharded
 over dp x cp) and pp = 2 (1f1b, zero-bubble), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
 tensor within 1e-5 (norm-wise relative). Layouts CP cannot take are refused
-with exit 64 and a message naming the numbers.
+with exit 64 and a message naming the numbers. Each step's CP bytes in
+--metrics equal the documented formula.
 
 T = 512 on 4 heads of 16 channels: with cp = 4 each rank holds two chunks of
 64 rows, with cp = 2 two of 128 - each slice spans several of the kernel's
@@ -18,7 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import loomtest as lt  # noqa: E402
 
 STEPS = 10
-COMMON = ["--steps", STEPS, "--batch", 2, "--seq", 512, "--lr", "1e-3", "--warmup", 2,
+BATCH, SEQ = 2, 512
+MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "n_positions": 512}
+COMMON = ["--steps", STEPS, "--batch", BATCH, "--seq", SEQ, "--lr", "1e-3", "--warmup", 2,
           "--seed", 7, "--threads", 1, "--peak-flops", "1e11", "--no-progress"]
 
 LAYOUTS = [  # (label, ranks, flags)
@@ -43,12 +46,33 @@ REFUSED = [  # (label, ranks, flags, words the one message must contain)
 ]
 
 
+def flag(flags, name, default):
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def check_cp_metrics(label, flags, metrics):
+    """Rank 0's per-step CP bytes equal the formula of docs/context-parallel.md
+    (ring: sent 8 B T_l C (3cp - 2) per layer; Ulysses: all-to-all 48 B T_l C),
+    with B = batch/dp, T_l = seq/cp, C = n_embd/tp, L/pp layers; and the overlap
+    summary is consistent (exposed <= total, hidden in [0, 1])."""
+    dp, tp, pp, cp = (int(flag(flags, f, 1)) for f in ("--dp", "--tp", "--pp", "--cp"))
+    impl = flag(flags, "--cp-impl", "ring")
+    B, Tl, C, L = BATCH // dp, SEQ // cp, MODEL["n_embd"] // tp, MODEL["n_layer"] // pp
+    want = 8 * B * Tl * C * (3 * cp - 2) * L if impl == "ring" else 48 * B * Tl * C * L
+    op = "send" if impl == "ring" else "alltoall"
+    for r in metrics:
+        got = r["comm"]["cp"][op]["bytes"]
+        lt.check(got == want, "%s step %d: cp %s bytes %d, formula %d" % (label, r["step"], op, got, want))
+        o = r["cp"]
+        lt.check(0 <= o["hidden"] <= 1 and o["exposed_ms"] <= o["ms"] + 1e-6,
+                 "%s step %d: cp overlap summary %s" % (label, r["step"], o))
+
+
 def main():
     only = sys.argv[1:]  # optional labels to run (debugging)
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        model = lt.write_model(tmp, n_layer=2, n_head=4, n_embd=64, vocab_size=256,
-                               n_positions=512)
+        model = lt.write_model(tmp, **MODEL)
         common = ["--model", model, "--data", data] + COMMON
         ref = lt.train(tmp, "ref", None, common)
         for label, np, flags in LAYOUTS:
@@ -56,6 +80,7 @@ def main():
                 continue
             run = lt.train(tmp, label, np, common + flags)
             lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
+            check_cp_metrics(label, flags, lt.read_metrics(run[0]))
         for label, np, flags, words in REFUSED:
             if only:
                 continue
