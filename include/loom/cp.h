@@ -45,9 +45,9 @@ const char *loom_cp_impl_name(loom_cp_impl impl);
  * by cp. Messages name the numbers. */
 loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp);
 
-/* Buffers for a model slice of B sequences of T_l local rows, C_l channels
- * and NH_l heads (once, before the step loop); loom_cp_release frees them. */
-loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l, int NH_l);
+/* Buffers for a model slice of B sequences of T_l local rows and C_l
+ * channels (once, before the step loop); loom_cp_release frees them. */
+loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l);
 void loom_cp_release(loom_cp *cp);
 
 /* Global position of local row t of a sequence (T_l local rows). */

@@ -187,7 +187,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         layout_acts(m, &m->a_acts); /* plan */
         st = loom_arena_commit(&m->a_params);
     }
-    if (st == LOOM_OK) st = loom_cp_alloc(&m->part.cp, m->B, m->T, m->C_l, m->NH_l);
+    if (st == LOOM_OK) st = loom_cp_alloc(&m->part.cp, m->B, m->T, m->C_l);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_grads);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_acts);
     if (st != LOOM_OK) {

@@ -55,8 +55,7 @@ loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp) 
     return LOOM_OK;
 }
 
-loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l, int NH_l) {
-    (void)NH_l;
+loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
     cp->buf = NULL;
     if (cp->size <= 1) return LOOM_OK;
     loom_cp_buffers *w = calloc(1, sizeof *w);

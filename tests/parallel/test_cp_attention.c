@@ -62,7 +62,7 @@ static void run(loom_comm *world, loom_cp_impl impl) {
     loom_attention_bwd(dqkv, dout, qkv, out, lse, B, T, C, NH);
 
     loom_cp cp = {.comm = world, .size = P, .rank = loom_comm_rank(world), .impl = impl};
-    CHECK(loom_cp_alloc(&cp, B, T_l, C, NH) == LOOM_OK, "alloc: %s", loom_errmsg());
+    CHECK(loom_cp_alloc(&cp, B, T_l, C) == LOOM_OK, "alloc: %s", loom_errmsg());
     const size_t lq = (size_t)B * T_l * 3 * C, lo = (size_t)B * T_l * C;
     float *qkv_l = malloc(lq * sizeof *qkv_l), *dout_l = malloc(lo * sizeof *dout_l);
     float *out_l = malloc(lo * sizeof *out_l), *lse_l = malloc((size_t)B * NH * T_l * sizeof *lse_l);
