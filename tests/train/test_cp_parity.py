@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses),
+"""Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses), 8 (ring),
 alone and with dp = 2, tp = 2 with sp, ZeRO 1, 2, 3 (sharded
 over dp x cp) and pp = 2 (1f1b, zero-bubble), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
@@ -28,6 +28,7 @@ LAYOUTS = [  # (label, ranks, flags)
     ("cp=2 ring", 2, ["--cp", 2]),
     ("cp=4 ring", 4, ["--cp", 4, "--cp-impl", "ring"]),
     ("dp=2 cp=4 ring", 8, ["--dp", 2, "--cp", 4]),
+    ("cp=8 ring", 8, ["--cp", 8]),
     ("tp=2 sp cp=2 ring", 4, ["--tp", 2, "--sp", "--cp", 2]),
     ("cp=2 ulysses", 2, ["--cp", 2, "--cp-impl", "ulysses"]),
     ("cp=4 ulysses", 4, ["--cp", 4, "--cp-impl", "ulysses"]),
