@@ -21,7 +21,6 @@ collectives, including waiting for the slower rank there). Default model:
 Exit 0 if every row ran, 1 otherwise.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -30,19 +29,13 @@ import subprocess
 import sys
 import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
+from benchlib import (WARMUP, BenchError, cpu_model, train_base,  # noqa: E402
+                      median_after_warmup, model_parser, train_steps)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOOM_RUN = os.path.join(ROOT, "scripts", "loomrun")
-TEXT = "/usr/share/common-licenses/GPL-3"
 
 
 def bench_row(loom, ranks, flags, base, env, metrics):
-    cmd = ([LOOM_RUN, "-np", str(ranks)] if ranks > 1 else []) + [loom, "train"] + base + flags + [
-        "--metrics", metrics]
-    run(cmd, env)
-    with open(metrics) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
+    cmd, steps = train_steps(loom, ranks, flags, base, env, metrics)
     tp_ms = [sum(op["ms"] for op in m["comm"].get("tp", {}).values()) for m in steps]
     tp_bytes = [sum(op["bytes"] for op in m["comm"].get("tp", {}).values()) for m in steps]
     return {
@@ -53,21 +46,14 @@ def bench_row(loom, ranks, flags, base, env, metrics):
         "tp_bytes": tp_bytes[-1],
         "activations": steps[-1]["mem"]["activations"],
         "loss": steps[-1]["loss"],
-        "cmd": " ".join(cmd),
+        "cmd": cmd,
     }
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(ROOT, "build", "loom")))
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--embd", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=128)
+    ap = model_parser(__doc__, steps=12, layers=4, embd=256, heads=8, seq=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--no-sp", action="store_true", help="skip the tp=2 --sp row")
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
     a = ap.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -76,18 +62,8 @@ def main():
         rows.append(("tp=2 sp", 2, ["--tp", "2", "--sp"]))
     results = []
     try:
-        if not os.access(a.loom, os.X_OK):
-            raise BenchError("%s: not an executable loom binary (build it, or pass --loom)" % a.loom)
         with tempfile.TemporaryDirectory() as tmp:
-            data = os.path.join(tmp, "train.bin")
-            run([a.loom, "data", "--input", TEXT, "--out", data, "--val", ""], env)
-            model = os.path.join(tmp, "model.json")
-            with open(model, "w") as f:
-                json.dump({"n_layer": a.layers, "n_head": a.heads, "n_embd": a.embd, "vocab_size": 256,
-                           "n_positions": a.seq}, f)
-            base = ["--model", model, "--data", data, "--steps", str(a.steps), "--batch", str(a.batch),
-                    "--seq", str(a.seq), "--seed", "1", "--threads", "1", "--peak-flops", "1e11",
-                    "--no-progress", "--quiet"]
+            base = train_base(tmp, a, env, a.batch)
             for label, ranks, flags in rows:
                 r = bench_row(a.loom, ranks, flags, base, env, os.path.join(tmp, "m.jsonl"))
                 r.update(label=label, ranks=ranks)

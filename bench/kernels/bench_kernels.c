@@ -49,7 +49,7 @@ struct bench {
     int B, T, C, NH, V, N;
     int32_t *tok, *tgt;
     float *wte, *wpe, *x, *dx, *x2, *mean, *rstd, *lnw, *lnb, *dlnw, *dlnb;
-    float *qkv, *dqkv, *wqkv, *dwqkv, *bqkv, *dbqkv, *att, *scratch, *y, *dy;
+    float *qkv, *dqkv, *wqkv, *dwqkv, *bqkv, *dbqkv, *att, *y, *dy;
     float *wproj, *dwproj, *h, *dh, *hg, *wfc, *dwfc, *wfc2, *dwfc2, *b4, *db4;
     float *logits, *losses, *dwte, *dwpe, *xstat; /* xstat (3N): row max, sums, targets */
     float *p, *g, *m, *v;
@@ -102,7 +102,7 @@ static void f_qkv_b(bench *b) {
 }
 static void f_att(bench *b) { loom_attention_fwd(b->y, b->att, b->qkv, b->B, b->T, b->C, b->NH); }
 static void f_att_b(bench *b) {
-    loom_attention_bwd(b->dqkv, b->scratch, b->dy, b->qkv, b->att, b->B, b->T, b->C, b->NH);
+    loom_attention_bwd(b->dqkv, b->dy, b->qkv, b->y, b->att, b->B, b->T, b->C, b->NH);
 }
 static void f_proj(bench *b) { loom_matmul_fwd(b->x2, b->y, b->wproj, b->lnb, b->N, b->C, b->C); }
 static void f_proj_b(bench *b) {
@@ -147,7 +147,7 @@ static void bench_alloc(bench *b, int layers) {
     b->mean = buf(N), b->rstd = buf(N), b->lnw = buf(C), b->lnb = buf(C), b->dlnw = buf(C);
     b->dlnb = buf(C), b->qkv = buf(N * 3 * C), b->dqkv = buf(N * 4 * C), b->wqkv = buf(C * 3 * C);
     b->dwqkv = buf(C * 3 * C), b->bqkv = buf(3 * C), b->dbqkv = buf(3 * C);
-    b->att = buf((size_t)b->B * b->NH * T * T), b->scratch = buf(loom_attention_scratch_floats(b->T));
+    b->att = buf((size_t)b->B * b->NH * T); /* the log-sum-exp rows */
     b->y = buf(N * C), b->dy = buf(N * C), b->wproj = buf(C * C), b->dwproj = buf(C * C);
     b->h = buf(N * 4 * C), b->dh = buf(N * 4 * C), b->hg = buf(N * 4 * C), b->wfc = buf(C * 4 * C);
     b->dwfc = buf(C * 4 * C), b->wfc2 = buf(4 * C * C), b->dwfc2 = buf(4 * C * C);

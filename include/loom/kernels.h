@@ -72,16 +72,49 @@ void loom_residual_fwd(float *out, const float *a, const float *b, size_t n);
 /* da += dout; db += dout. */
 void loom_residual_bwd(float *da, float *db, const float *dout, size_t n);
 
-/* Causal multi-head self-attention with softmax scale 1/sqrt(HS).
+/* Causal multi-head self-attention with softmax scale 1/sqrt(HS), computed
+ * with online softmax in blocks (attention.c): memory is O(T), never T x T.
  * qkv (B,T,3C) holds [q | k | v] along the last axis, each C = NH*HS laid out
- * head by head. Writes out (B,T,C) and att (B,NH,T,T), the softmax
- * probabilities (entries above the diagonal are 0). */
-void loom_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv (B,T,3C) += from dout (B,T,C). scratch: loom_attention_scratch_floats(T)
- * floats, not preserved. */
-void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH);
-size_t loom_attention_scratch_floats(int T); /* T*T x the current thread count */
+ * head by head. Writes out (B,T,C) and lse (B,NH,T), each row's log-sum-exp
+ * of its scaled scores, which is all the backward needs besides out. */
+void loom_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B,T,3C) += from dout (B,T,C), recomputing probabilities tile by tile. */
+void loom_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                        const float *lse, int B, int T, int C, int NH);
+
+/* Partial attention, for context parallelism: queries of one sequence slice
+ * attend to keys/values of another. Element (b, t, d) of head h of q sits at
+ * q[b*q_bs + t*q_ld + h*HS + d], likewise k and v with kv_bs, kv_ld. Query t
+ * has global position q_pos0 + t, key t has k_pos0 + t; a key is visible when
+ * its position is <= the query's (causal). */
+typedef struct {
+    const float *q, *k, *v;
+    size_t q_bs, kv_bs; /* batch strides (floats) */
+    int q_ld, kv_ld;    /* row strides (floats) */
+    int B, Tq, Tk, NH, HS;
+    long q_pos0, k_pos0;
+} loom_att_view;
+
+/* out (b*o_bs + t*o_ld + h*HS ...) and lse (B,NH,Tq) WRITE the attention of
+ * the queries to the visible keys of the view (rows that see none: out 0,
+ * lse -inf). accumulate = 1 continues from the (out, lse) already there, as
+ * if its keys had been part of this view (same result as loom_attention_merge
+ * of two parts). Returns the (query tile x key tile) pairs computed, summed
+ * over batch and heads: the attention work done. */
+long loom_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+                             float *lse, int accumulate);
+/* dq (strides of q) +=, dk, dv (strides of k) += the view's share of the
+ * gradient, given the FINAL out and lse of the queries (after all parts were
+ * merged) and dout (out's strides). Returns the tiles computed. */
+long loom_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
+                             const float *dout, const float *out, size_t o_bs, int o_ld,
+                             const float *lse);
+/* (out, lse) = the merge of two partial results over disjoint key sets:
+ * lse = log(e^lse + e^lse2), out = (e^lse out + e^lse2 out2) / e^lse_new. */
+void loom_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
+                          size_t o_bs, int o_ld, int B, int Tq, int NH, int HS);
+/* The tiles loom_attention_part_fwd / _bwd compute for view v. */
+long loom_attention_tiles(const loom_att_view *v);
 /* Inference: n new query rows at positions p0 .. p0+n-1 of one sequence,
  * q (n, ldq) holding NH heads of HS = C/NH, against its cache kc, vc
  * (p0+n, C) whose rows p0.. already hold the new keys and values. Row i

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom/arena.h"
+#include "loom/cp.h"
 #include "loom/parallel.h"
 #include "loom/status.h"
 
@@ -61,6 +62,7 @@ loom_status loom_model_config_check(const loom_model_config *cfg);
 /* How this rank's part is cut. */
 typedef struct loom_model_part {
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
+    loom_cp cp;                  /* context-parallel group; T is then the local rows */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
     loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
@@ -128,7 +130,7 @@ typedef struct loom_gpt_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Nx,C) (Nx) (Nx) */
     float *qkv;                       /* (N,3C_l) */
     float *atty;                      /* (N,C_l) */
-    float *att;                       /* (B,NH_l,T,T) */
+    float *lse;                       /* (B,NH_l,T) attention log-sum-exp per row */
     float *res2;                      /* (Nx,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (Nx,C) (Nx) (Nx) */
     float *fch, *fch_gelu;            /* (N,4C_l) */
@@ -233,9 +235,9 @@ struct loom_gpt {
     float *xmax, *xsum;         /* (N), (2N): sums then target logits, one all-reduce */
     int V_valid_l;              /* real (unpadded) vocab rows on this rank */
     loom_gpt_dsave scratch_ds;  /* dsave used when not splitting */
-    float *att_scratch;
-    /* recompute: FULL - one block's activations (all but res3) shared by every
-     * block and slot; SELECTIVE - one att (B,NH_l,T,T) shared by every block */
+    /* recompute FULL: one block's activations (all but res3) shared by every
+     * block and slot (SELECTIVE keeps no extra: attention backward always
+     * recomputes its probabilities from q, k, v and the saved lse) */
     loom_gpt_layer_acts work;
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;

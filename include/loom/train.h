@@ -54,6 +54,7 @@ typedef struct loom_train_config {
     int warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
     int sp;             /* Megatron sequence parallelism inside the TP group */
+    char cp_impl[16];   /* context parallelism: "ring" (default) or "ulysses" */
     int grad_accum;     /* micro-batches per step on each DP rank (communication on the last) */
     char schedule[32];  /* pipeline schedule: gpipe, 1f1b, interleaved, zb */
     char recompute[16]; /* activation recompute: none, selective, full */

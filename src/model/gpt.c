@@ -27,6 +27,7 @@ loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
     loom_model_part p;
     memset(&p, 0, sizeof p);
     p.tp.size = 1;
+    p.cp.size = 1;
     p.layer_begin = 0;
     p.layer_end = cfg->n_layer;
     p.has_embed = p.has_head = 1;
@@ -71,9 +72,8 @@ static void layout_dsave(loom_gpt *m, loom_arena *a, loom_gpt_dsave *d, int shar
     d->dln1 = take(a, F(Nx * C));
 }
 
-/* One block's activations but its output res3; att too unless `att` is
- * given (the shared one of selective recompute). */
-static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x, float *att) {
+/* One block's activations but its output res3. */
+static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x) {
     const size_t B = (size_t)m->B, T = (size_t)m->T, N = (size_t)m->N, Nx = (size_t)m->Nx;
     const size_t C = (size_t)m->C, Cl = (size_t)m->C_l, NHl = (size_t)m->NH_l;
     x->ln1 = take(a, F(Nx * C));
@@ -81,7 +81,7 @@ static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x, flo
     x->ln1_rstd = take(a, F(Nx));
     x->qkv = take(a, F(N * 3 * Cl));
     x->atty = take(a, F(N * Cl));
-    x->att = att ? att : take(a, F(B * NHl * T * T));
+    x->lse = take(a, F(B * NHl * T));
     x->res2 = take(a, F(Nx * C));
     x->ln2 = take(a, F(Nx * C));
     x->ln2_mean = take(a, F(Nx));
@@ -99,7 +99,7 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
     for (int l = 0; l < m->L_l; l++) {
         loom_gpt_layer_acts *x = &s->acts[l];
         if (m->opts.recompute == LOOM_RECOMPUTE_FULL) *x = m->work; /* only the output is kept */
-        else layout_block(m, a, x, m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE ? m->work.att : NULL);
+        else layout_block(m, a, x);
         x->res3 = take(a, F(Nx * C));
         if (s->ds) layout_dsave(m, a, &s->ds[l], m->part.tp.sp);
     }
@@ -116,9 +116,7 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
 /* The one set of recomputed activations (see loom_gpt.work). */
 static void layout_work(loom_gpt *m, loom_arena *a) {
     memset(&m->work, 0, sizeof m->work);
-    if (m->opts.recompute == LOOM_RECOMPUTE_FULL) layout_block(m, a, &m->work, NULL);
-    else if (m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE)
-        m->work.att = take(a, F((size_t)m->B * m->NH_l * m->T * m->T));
+    if (m->opts.recompute == LOOM_RECOMPUTE_FULL) layout_block(m, a, &m->work);
 }
 
 static void layout_acts(loom_gpt *m, loom_arena *a) {
@@ -134,7 +132,6 @@ static void layout_acts(loom_gpt *m, loom_arena *a) {
     m->xmax = take(a, F(N));
     m->xsum = take(a, F(2 * N));
     layout_dsave(m, a, &m->scratch_ds, 0);
-    m->att_scratch = take(a, F(loom_attention_scratch_floats(m->T)));
 }
 
 static loom_status alloc_tables(loom_gpt *m) {
@@ -213,6 +210,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         layout_acts(m, &m->a_acts); /* plan */
         st = loom_arena_commit(&m->a_params);
     }
+    if (st == LOOM_OK) st = loom_cp_alloc(&m->part.cp, m->B, m->T, m->C_l);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_grads);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_acts);
     if (st != LOOM_OK) {
@@ -229,6 +227,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
 
 void loom_gpt_free(loom_gpt *m) {
     if (!m) return;
+    loom_cp_release(&m->part.cp);
     loom_arena_free(&m->a_params);
     loom_arena_free(&m->a_grads);
     loom_arena_free(&m->a_acts);
@@ -329,7 +328,10 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     float *full = sp ? m->dfull : s->x; /* (N,C) partial over tp */
     loom_embed_fwd(full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
     LOOM_TRY(row_out_fwd(m, full, s->x));
-    loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    if (m->part.cp.size > 1)
+        loom_cp_pos_fwd(&m->part.cp, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else
+        loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -343,7 +345,10 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln1, &xg));
     loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
-    loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
+    if (m->part.cp.size > 1)
+        LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l));
+    else
+        loom_attention_fwd(a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l);
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
     LOOM_TRY(row_out_fwd(m, y, a->res2));
@@ -457,9 +462,11 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     memset(m->datty, 0, F((size_t)N * Cl));
     loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
-    if (m->opts.recompute == LOOM_RECOMPUTE_SELECTIVE) /* att (shared) again; atty gets its own bits */
-        loom_attention_fwd(a->atty, a->att, a->qkv, m->B, m->T, Cl, m->NH_l);
-    loom_attention_bwd(d->dqkv, m->att_scratch, m->datty, a->qkv, a->att, m->B, m->T, Cl, m->NH_l);
+    if (m->part.cp.size > 1)
+        LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B,
+                                       m->T, Cl, m->NH_l));
+    else
+        loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
     memset(m->dlnfull, 0, F((size_t)N * C));
     loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
@@ -534,7 +541,10 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
     int taken = 0; /* a DP engine may sum these rows over dp apart from the rest of wte */
     if (m->hooks.embed_rows) LOOM_TRY(m->hooks.embed_rows(m->hooks.ctx, m, s->inputs, full, &taken));
     if (!taken) loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
-    loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    if (m->part.cp.size > 1)
+        loom_cp_pos_bwd(&m->part.cp, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else
+        loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -615,7 +625,7 @@ loom_status loom_gpt_sum_sp_partials(loom_gpt *m, float *grads, size_t lo, size_
         if (!p->sp_partial || p->offset < lo || p->offset >= lo + n) continue;
         size_t count = p->numel;
         /* wpe rows past the sequence length get no gradient on any rank */
-        if (strcmp(p->name, "wpe.weight") == 0) count = (size_t)m->T * m->C;
+        if (strcmp(p->name, "wpe.weight") == 0) count = (size_t)m->T * m->part.cp.size * m->C;
         LOOM_TRY(loom_tp_grad_allreduce(&m->part.tp, grads + (p->offset - lo), count));
     }
     return LOOM_OK;

@@ -446,9 +446,9 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     e->cfg = *cfg;
     e->hp = *hp;
     e->mesh = mesh;
-    e->dp = mesh->dp;
-    e->N = loom_comm_size(mesh->dp);
-    e->r = loom_comm_rank(mesh->dp);
+    e->dp = mesh->layout.cp > 1 ? mesh->dpcp : mesh->dp; /* gradients sum over dp x cp */
+    e->N = loom_comm_size(e->dp);
+    e->r = loom_comm_rank(e->dp);
     e->parts = parts;
     e->n_parts = n_parts;
     const char *ov = getenv("LOOM_DP_OVERLAP");

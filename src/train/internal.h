@@ -118,6 +118,12 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);
+/* This rank's context-parallel group for a model part (size 1 without --cp). */
+loom_cp loom_train_cp_group(const loom_train_run_state *s);
+/* Sample micro-batch tokens as loom_data_sample does for whole sequences of
+ * --seq, then keep this rank's context-parallel rows (B x seq/cp) of each. */
+void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
+                       int32_t *targets);
 
 /* A non-finite loss or gradient norm at `step` (seen by every rank): name
  * the first parameter (whole-model order) whose gradient is non-finite on

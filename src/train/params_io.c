@@ -53,14 +53,14 @@ static const loom_param *whole_find(const whole_model *w, const char *name) {
 }
 
 /* Whether this rank writes p's elements: one holder per element - dp and
- * cp coordinate 0 (every dp rank when the runs are dp shards: their slices
- * are disjoint), tp rank 0 for tensors tensor parallelism does not cut, the
+ * cp coordinate 0 (every dp x cp rank when the runs are shards of the DP
+ * engine, which shards over dp x cp when cp > 1: their slices are disjoint), tp rank 0 for tensors tensor parallelism does not cut, the
  * first pipeline stage for the tied wte. */
 static int is_primary(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, const loom_param *p) {
     if (p->unit == LOOM_UNIT_EXPERTS) /* expert parallelism: the first EP group holds each once */
         return (!mesh || loom_layout_dpcp_rank(&mesh->layout, mesh->coords) < mesh->layout.ep) &&
                (p->split_dim >= 0 || m->part.tp.rank == 0);
-    if (mesh && ((!dp_sharded && mesh->dp_rank != 0) || mesh->cp_rank != 0)) return 0;
+    if (mesh && !dp_sharded && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
 }

@@ -64,7 +64,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     stage_counts(c, mc, counts);
     first[0] = 0;
     for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
-    loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = loom_schedule_peak_live(s->sched, r),
+    loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = loom_schedule_peak_live(s->sched, r),
                           .split_backward = s->sched->split_backward,
                           .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
     loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
@@ -74,6 +74,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
         loom_model_part part = loom_model_part_whole(mc);
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp};
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
+        part.cp = loom_train_cp_group(s);
         part.layer_begin = first[vs];
         part.layer_end = first[vs + 1];
         part.has_embed = vs == 0;
@@ -107,11 +108,11 @@ void loom_train_pp_teardown(loom_train_run_state *s) {
 static void pp_batch(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     loom_train_run_state *s = ctx;
     const loom_train_config *c = s->cfg;
-    const int Bl = c->batch / c->layout.dp, Bm = Bl / micro_batches(c), T = c->seq;
+    const int Bl = c->batch / c->layout.dp, Bm = Bl / micro_batches(c);
     int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)mb * Bm;
-    /* the sampler fills both; a stage that needs one passes a scratch for the other */
-    int32_t *in = inputs ? inputs : s->inputs, *tg = targets ? targets : s->targets;
-    loom_data_sample(&s->tokens, c->seed, s->step, c->batch, first, Bm, T, in, tg);
+    /* the sampler fills whole sequences into s->inputs / s->targets; each
+     * stage gets this rank's context-parallel rows of the ones it needs */
+    loom_train_sample(s, s->step, first, Bm, inputs, targets);
 }
 
 static void pp_before_backward(void *ctx, int mb, int last) {

@@ -75,6 +75,26 @@ static void write_comm_json(FILE *f, const loom_step_stats *s) {
     fputc('}', f);
 }
 
+/* Context parallelism's communication this step (the "cp" group): its
+ * transfer time (start to completion, summed over calls), the part of it the
+ * compute thread spent inside the communicator (exposed: blocking calls and
+ * waits), and the fraction hidden behind attention compute. 0 if no cp. */
+static int cp_overlap(const loom_step_stats *s, double *ms, double *exposed_ms, double *hidden) {
+    const loom_comm_stats *c = &s->comm[1]; /* loom_report_group_names[1] == "cp" */
+    double t = 0, e = 0;
+    uint64_t calls = 0;
+    for (int op = 0; op < LOOM_OP_COUNT; op++) {
+        calls += c->calls[op];
+        t += c->seconds[op];
+        e += c->call_seconds[op];
+    }
+    if (!calls) return 0;
+    *ms = 1e3 * t;
+    *exposed_ms = 1e3 * e;
+    *hidden = t > 0 ? 1.0 - (e < t ? e : t) / t : 1.0;
+    return 1;
+}
+
 /* The collectives of one step as a table, printed once so a user sees what
  * each group does (calls and bytes per step, on rank 0). */
 static void print_comm_table(const loom_step_stats *s) {
@@ -119,6 +139,10 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                 1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s,
                 s->dp.reductions, s->dp.overlapped);
         if (s->moe_json) fputs(s->moe_json, r->metrics);
+        double cp_ms, cp_exposed, cp_hidden;
+        if (cp_overlap(s, &cp_ms, &cp_exposed, &cp_hidden))
+            fprintf(r->metrics, "\"cp\": {\"ms\": %.4f, \"exposed_ms\": %.4f, \"hidden\": %.4f}, ",
+                    cp_ms, cp_exposed, cp_hidden);
         write_comm_json(r->metrics, s);
         fputs("}\n", r->metrics);
         /* ferror: any of the writes above failed (errno says why); fflush: the line reaches the file */
@@ -128,6 +152,12 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
     }
     if (!r->active) return LOOM_OK;
     if (step == 0) print_comm_table(s);
+    double cp_ms, cp_exposed, cp_hidden; /* step 2: the first is warm-up */
+    if (step == 1 && cp_overlap(s, &cp_ms, &cp_exposed, &cp_hidden) && cp_hidden < 0.5)
+        loom_warn("context parallelism: %.0f%% of its communication is exposed on rank 0 (%.1f ms "
+                  "of %.1f ms waited for, not hidden behind attention compute); longer sequences "
+                  "per rank, or --cp-impl ring rather than ulysses, hide more",
+                  100 * (1 - cp_hidden), cp_exposed, cp_ms);
     if (r->bar) {
         draw_bar(r, step, s);
     } else if ((step + 1) % r->cfg->log_every == 0 || step + 1 == r->cfg->steps) {

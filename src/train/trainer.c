@@ -60,6 +60,19 @@ static int is_pipelined(const loom_train_config *c) {
     return c->layout.pp > 1 || c->virtual_stages > 1;
 }
 
+/* Context parallelism: the split, and what it does not compose with yet. */
+static loom_status check_cp(const loom_train_config *c, const loom_model_config *mc) {
+    const loom_layout *l = &c->layout;
+    loom_cp_impl impl;
+    LOOM_TRY(loom_cp_parse_impl(c->cp_impl[0] ? c->cp_impl : "ring", &impl));
+    if (l->cp == 1) return LOOM_OK;
+    LOOM_TRY(loom_cp_check(l->cp, impl, c->seq, mc->n_head, l->tp));
+    if (c->sp && (c->seq / l->cp) % l->tp)
+        return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
+                         "(--seq %d / cp)", l->cp, l->tp, c->seq / l->cp, c->seq);
+    return LOOM_OK;
+}
+
 /* Checks that depend only on the config: identical on every rank. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
     const loom_layout *l = &c->layout;
@@ -68,15 +81,12 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (strcmp(c->precision, "fp32") && strcmp(c->precision, "bf16"))
         return loom_fail(LOOM_EUSAGE, "--precision %s: expected fp32 or bf16", c->precision);
     LOOM_TRY(loom_layout_check(l, world));
-    const struct { const char *flag; int deg; const char *issue; } later[] = {
-        {"--cp", l->cp, "context parallelism"},
-    };
-    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
-        if (later[i].deg > 1)
-            return loom_fail(LOOM_EUSAGE, "%s %d: %s is not available in this build yet; use --dp",
-                             later[i].flag, later[i].deg, later[i].issue);
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
     LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
+    LOOM_TRY(check_cp(c, mc));
+    if (l->cp > 1 && mc->n_expert > 0) /* routing groups and the EP group inside dp x cp: untested */
+        return loom_fail(LOOM_EUSAGE, "--cp %d with a Mixture-of-Experts model (%d experts) is not "
+                         "supported yet; use --dp", l->cp, mc->n_expert);
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
@@ -211,6 +221,24 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
     s->n_phase++;
 }
 
+loom_cp loom_train_cp_group(const loom_train_run_state *s) {
+    loom_cp cp = {.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank};
+    loom_cp_parse_impl(s->cfg->cp_impl[0] ? s->cfg->cp_impl : "ring", &cp.impl); /* checked */
+    return cp;
+}
+
+void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
+                       int32_t *targets) {
+    const loom_train_config *c = s->cfg;
+    loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, c->seq, s->inputs, s->targets);
+    const loom_cp cp = loom_train_cp_group(s);
+    const size_t n = (size_t)Bm * (c->seq / c->layout.cp);
+    loom_cp_split_tokens(&cp, s->inputs, Bm, c->seq);
+    loom_cp_split_tokens(&cp, s->targets, Bm, c->seq);
+    if (inputs && inputs != s->inputs) memcpy(inputs, s->inputs, n * sizeof *inputs);
+    if (targets && targets != s->targets) memcpy(targets, s->targets, n * sizeof *targets);
+}
+
 /* Forward and backward of this rank's micro-batches (pp = 1): K
  * micro-batches of B_l / K sequences each; gradients accumulate and the DP
  * engine communicates during the last one's backward. */
@@ -220,7 +248,7 @@ static loom_status run_micro_batches(loom_train_run_state *s, int step, double *
     const float dloss = 1.0f / ((float)c->batch * (float)T);
     for (int k = 0; k < K; k++) {
         int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
-        loom_data_sample(&s->tokens, c->seed, step, c->batch, first, Bm, T, s->inputs, s->targets);
+        loom_train_sample(s, step, first, Bm, s->inputs, s->targets);
         loom_dp_set_last_micro(s->dp, k == K - 1);
         double t0 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
@@ -244,7 +272,9 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     LOOM_TRY(loom_ep_finish_grads(s->ep)); /* expert gradients over edp */
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
-    if (c->layout.dp > 1) LOOM_TRY(loom_comm_allreduce(s->mesh->dp, &loss_sum, 1, LOOM_F64, LOOM_SUM));
+    if (c->layout.dp * c->layout.cp > 1) /* the tokens of dp x cp */
+        LOOM_TRY(loom_comm_allreduce(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp, &loss_sum, 1,
+                                     LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     out->skipped = 0;
@@ -310,7 +340,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
                             .sp = c->sp};
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
-        loom_gpt_opts opts = {.B = Bm, .T = c->seq, .n_slots = 1,
+        part.cp = loom_train_cp_group(s);
+        loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
                               .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
         loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;

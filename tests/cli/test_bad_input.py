@@ -118,7 +118,7 @@ def layouts(data):
         ("dp=2 on 4 ranks", ["train", "--dp", 2] + d, 64, ["dp=2", "has 4 ranks"], 4),
         ("dp=2 on 1 rank", ["train", "--dp", 2] + d, 64, ["dp=2", "has 1 rank"]),
         ("dp=2 batch 3", ["train"] + d + ["--dp", 2, "--batch", 3], 64, ["dp=2", "--batch 3"], 2),
-        ("cp=2 on 2 ranks", ["train", "--cp", 2] + d, 64, ["--cp 2", "not available"], 2),
+        ("cp=3 ulysses heads", ["train"] + d + ["--cp", 3, "--seq", 12, "--cp-impl", "ulysses"], 64, ["cp=3", "n_head=4", "tp=1"], 3),
         ("pp=2 x v=2 with 2 layers", ["train", "--pp", 2, "--virtual-stages", 2, "--schedule", "interleaved"] + d, 64, ["pp=2", "2 layers"], 2),
         ("pp=2 unknown schedule", ["train", "--pp", 2, "--schedule", "zigzag"] + d, 64, ["zigzag"], 2),
         ("pp=2 grad-accum", ["train", "--pp", 2, "--grad-accum", 2] + d, 64, ["--grad-accum 2", "--micro-batches"], 2),
@@ -477,7 +477,7 @@ def evals(data, params):
 def helps():
     want = {
         "train": ["--model", "--data", "--steps", "--batch", "--seq", "--lr", "--dp", "--tp", "--pp",
-                  "--cp", "--ep", "--mesh-order", "--metrics", "--save-params", "--load-params",
+                  "--cp", "--cp-impl", "--ep", "--mesh-order", "--metrics", "--save-params", "--load-params",
                   "--config", "--no-progress"],
         "eval": ["--model", "--load-params", "--data", "--batch", "--seq", "--batches"],
         "data": ["--input", "--out", "--val", "--val-fraction"],

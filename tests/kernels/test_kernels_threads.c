@@ -3,8 +3,8 @@
  * Runs each kernel at sizes that give several OpenMP blocks, column slices
  * and (b, h) pairs, first on one thread and then on two, and compares every
  * output (the one-thread paths are checked against double references in the
- * other kernel tests). Also checks the thread setting itself, the attention
- * scratch size and the sgemm calibration.
+ * other kernel tests). Also checks the thread setting itself and the sgemm
+ * calibration.
  */
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +40,7 @@ static void run_alloc(run_t *r) {
     r->ln = kr_floats(N * C), r->mean = kr_floats(N), r->rstd = kr_floats(N);
     r->dln = calloc(N * C, sizeof(float)), r->dlnw = calloc(C, sizeof(float)), r->dlnb = calloc(C, sizeof(float));
     r->mm = kr_floats(N * 3 * C), r->dmmx = calloc(N * C, sizeof(float)), r->dmmw = calloc(C * 3 * C, sizeof(float));
-    r->dmmb = calloc(3 * C, sizeof(float)), r->att_out = kr_floats(N * C), r->att = kr_floats(B * NH * T * T);
+    r->dmmb = calloc(3 * C, sizeof(float)), r->att_out = kr_floats(N * C), r->att = kr_floats(B * NH * T);
     r->dqkv = calloc(N * 3 * C, sizeof(float)), r->gelu = kr_floats(N * 3 * C), r->dgelu = calloc(N * 3 * C, sizeof(float));
     r->probs = kr_copy(r->qkv, N * VL), r->losses = kr_floats(N); /* rows of qkv as logits */
     r->dlogits = kr_floats(N * VL);
@@ -48,7 +48,6 @@ static void run_alloc(run_t *r) {
 }
 
 static void run_kernels(run_t *r) {
-    float *scratch = kr_floats(loom_attention_scratch_floats(T));
     float *xbuf = kr_floats(3 * N);
     loom_embed_fwd(r->enc, r->tok, r->wte + V0 * C, V0, VS, N, C);
     loom_pos_fwd(r->enc, r->wpe, 0, N / 2, T, C);
@@ -61,7 +60,7 @@ static void run_kernels(run_t *r) {
     loom_matmul_fwd(r->mm, r->x, r->wte, r->bias, N, C, 3 * C); /* wte as a (C,3C) weight */
     loom_matmul_bwd(r->dmmx, r->dmmw, r->dmmb, r->dqkv_in, r->x, r->wte, N, C, 3 * C);
     loom_attention_fwd(r->att_out, r->att, r->qkv, B, T, C, NH);
-    loom_attention_bwd(r->dqkv, scratch, r->dy, r->qkv, r->att, B, T, C, NH);
+    loom_attention_bwd(r->dqkv, r->dy, r->qkv, r->att_out, r->att, B, T, C, NH);
     loom_gelu_fwd(r->gelu, r->qkv, N * 3 * C);
     loom_gelu_bwd(r->dgelu, r->qkv, r->dqkv_in, N * 3 * C);
     loom_vxent_max(xbuf, r->probs, N, VL, V);
@@ -71,7 +70,6 @@ static void run_kernels(run_t *r) {
     free(xbuf);
     loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
     r->sumsq = loom_sumsq(r->qkv, N * 3 * C);
-    free(scratch);
 }
 
 static void compare(const float *a, const float *b, size_t n, const char *what) {
@@ -114,7 +112,7 @@ static void test_two_threads(void) {
     compare(two.dmmw, one.dmmw, C * 3 * C, "matmul dw");
     compare(two.dmmb, one.dmmb, 3 * C, "matmul db");
     compare(two.att_out, one.att_out, N * C, "attention out");
-    compare(two.att, one.att, B * NH * T * T, "attention att");
+    compare(two.att, one.att, B * NH * T, "attention lse");
     compare(two.dqkv, one.dqkv, N * 3 * C, "attention dqkv");
     compare(two.gelu, one.gelu, N * 3 * C, "gelu out");
     compare(two.dgelu, one.dgelu, N * 3 * C, "gelu dinp");
@@ -140,8 +138,7 @@ static void test_two_threads(void) {
 
 static void test_settings(void) {
     loom_kernels_set_threads(3);
-    CHECK(loom_attention_scratch_floats(10) == 300, "scratch for T=10 on 3 threads: %zu",
-          loom_attention_scratch_floats(10));
+    CHECK(loom_kernels_get_threads() == 3, "set_threads(3) gives %d", loom_kernels_get_threads());
     loom_kernels_set_threads(0); /* clamps to 1 */
     CHECK(loom_kernels_get_threads() == 1, "set_threads(0) gives %d", loom_kernels_get_threads());
     double flops = loom_kernels_calibrate_sgemm(3);

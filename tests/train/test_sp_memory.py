@@ -8,8 +8,7 @@ sizes, B_LO and B_HI sequences; the difference of a rank's two peaks is the
 memory of the extra (B_HI - B_LO)*s tokens' activations - parameters, grads,
 optimizer state, MPI and BLAS buffers are the same in both runs and cancel.
 The model is narrow and deep with a short sequence, so activations dominate
-(tens of MB of difference per rank) and the (N, h) tensors, which SP shards,
-outweigh the attention probabilities, which TP shards anyway.
+(tens of MB of difference per rank).
 
 Asserted, per rank:
   - with --sp, the measured activation peak falls with tp in {1, 2, 4} by the
@@ -32,16 +31,15 @@ V_t = ceil(V/t), f(n) = n float32 rounded up to 64 bytes:
 
   slot      2 r(4N) [inputs, targets] + 2 f(Nx h) [x, dx]
   per block 4 f(Nx h) [ln1, res2, ln2, res3] + 4 f(Nx) [LN means, rstds]
-            + f(3N h_t) [qkv] + f(N h_t) [atty] + f(b a_t s^2) [att]
+            + f(3N h_t) [qkv] + f(N h_t) [atty] + f(b a_t s) [lse]
             + 2 f(4N h_t) [fch, fch_gelu]
   head      f(Nx h) [lnf] + 2 f(Nx) + f(N V_t) [logits] + f(N) [losses]
   shared    2 f(Nx h) [dres, dlnf] + f(N h) [dlnfull] + [SP] f(N h) [dfull]
             + f(4N h_t) [d4c] + f(N h_t) [datty] + f(N) [xmax] + f(2N) [xsum]
   scratch   2 f(N h) [dfcp, dproj] + f(4N h_t) [dfch] + f(3N h_t) [dqkv]
             + 2 f(Nx h) [dln2, dln1]
-  attention f(s^2 threads)
 
-  activations = slot + L * block + head + shared + scratch + attention"""
+  activations = slot + L * block + head + shared + scratch"""
 import json
 import os
 import sys
@@ -60,7 +58,7 @@ LAYOUTS = [("tp=1", 1, False), ("tp=2", 2, False), ("tp=2 sp", 2, True), ("tp=4 
 MB = 1e6
 
 
-def activation_bytes(cfg, tp, sp, b, s, threads, align=64):
+def activation_bytes(cfg, tp, sp, b, s, align=64):
     """The formula of the docstring."""
     L, h, a, V = cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["vocab_size"]
     N = b * s
@@ -74,13 +72,13 @@ def activation_bytes(cfg, tp, sp, b, s, threads, align=64):
         return r(4 * n)
 
     slot = 2 * r(4 * N) + 2 * f(Nx * h)
-    block = (4 * f(Nx * h) + 4 * f(Nx) + f(3 * N * ht) + f(N * ht) + f(b * at * s * s)
+    block = (4 * f(Nx * h) + 4 * f(Nx) + f(3 * N * ht) + f(N * ht) + f(b * at * s)
              + 2 * f(4 * N * ht))
     head = f(Nx * h) + 2 * f(Nx) + f(N * Vt) + f(N)
     shared = (2 * f(Nx * h) + f(N * h) + (f(N * h) if sp else 0) + f(4 * N * ht) + f(N * ht)
               + f(N) + f(2 * N))
     scratch = 2 * f(N * h) + f(4 * N * ht) + f(3 * N * ht) + 2 * f(Nx * h)
-    return slot + L * block + head + shared + scratch + f(s * s * threads)
+    return slot + L * block + head + shared + scratch
 
 
 def main():
@@ -99,13 +97,13 @@ def main():
                          "--batch", batch] + COMMON + (["--sp"] if sp else []))
                 peaks.append(lt.peak_rss(tmp, tag, tp, args))
                 got = lt.read_metrics(metrics)[0]["mem"]["activations"]
-                want = activation_bytes(MODEL, tp, sp, batch, SEQ, THREADS)
+                want = activation_bytes(MODEL, tp, sp, batch, SEQ)
                 lt.check(got == want, "%s batch %d: loom accounts %d activation bytes, the formula "
                          "says %d" % (label, batch, got, want))
             diff = [hi - lo for lo, hi in zip(peaks[0], peaks[1])]
             measured[label] = diff
-            planned[label] = (activation_bytes(MODEL, tp, sp, B_HI, SEQ, THREADS)
-                              - activation_bytes(MODEL, tp, sp, B_LO, SEQ, THREADS))
+            planned[label] = (activation_bytes(MODEL, tp, sp, B_HI, SEQ)
+                              - activation_bytes(MODEL, tp, sp, B_LO, SEQ))
             print("%-8s peak RSS per rank at batch %d: %s MB, at batch %d: %s MB; activation peak "
                   "of the extra tokens %s MB (formula %.1f MB)" % (
                       label, B_LO, "/".join("%.1f" % (p / MB) for p in peaks[0]), B_HI,

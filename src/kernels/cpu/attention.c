@@ -1,128 +1,217 @@
-/* attention.c - causal multi-head self-attention, forward and backward.
+/* attention.c - causal multi-head attention with online softmax (blocked,
+ * flash-attention style), forward and backward, in O(T) memory.
  *
- * For each (batch b, head h), q, k and v are (T, HS) views into qkv (B,T,3C)
- * with leading dimension 3C, and the head's output is a (T, HS) view into out
- * (B,T,C) with leading dimension C, so every product is one cblas_sgemm on the
- * strided views with no copies. Work goes in blocks of ATT_BLK query rows:
- * rows [i0, i0+m) attend only to keys [0, i0+m), so the sgemms skip the
- * blocks above the diagonal (about half the work for long T); the causal mask
- * inside the diagonal block is applied by the softmax, which also writes the
- * zeros above the diagonal of att. Backward mirrors this by row blocks (dq)
- * and column blocks (dk, dv). (b, h) pairs are independent and are shared
- * out over OpenMP threads, each calling the one-thread OpenBLAS.
+ * The forward walks query tiles of ATT_BQ rows; for each it visits the key
+ * tiles of ATT_BK keys the causal mask lets it see, keeping per row a running
+ * maximum m and a running sum l of exp(score - m) and rescaling the output
+ * accumulated so far whenever m grows. Only the normalised output and the
+ * per-row log-sum-exp lse = m + log(l) are kept. The backward recomputes
+ * each tile's probabilities exp(score - lse) from q, k and lse, so the
+ * T x T matrix never exists; its only per-row input besides lse is
+ * D_i = sum_d dout[i,d] out[i,d].
+ *
+ * The tile routines work on views with arbitrary strides and global
+ * positions (loom_att_view), so a query slice can attend to a key/value slice
+ * held elsewhere (ring context parallelism); two such partial results merge
+ * exactly through their log-sum-exps. Products are cblas_sgemm calls on
+ * strided views; independent (batch, head, query tile) work is shared out
+ * over OpenMP threads, each calling the one-thread OpenBLAS. The per-tile
+ * buffers live on the stack, so no kernel here takes scratch memory.
  */
 #include <cblas.h>
 
 #include "kern_internal.h"
 
-/* Query rows per block. The backward relies on row and column blocks being
- * aligned to the same multiple. */
-#define ATT_BLK 64
+#define ATT_BQ 64 /* query rows per tile */
+#define ATT_BK 64 /* keys per tile */
 
-size_t loom_attention_scratch_floats(int T) {
-    return (size_t)T * (size_t)T * (size_t)loom_kernels_get_threads();
+/* Keys of tile [j0, j0+n) visible to some query of tile [i0, i0+m)? */
+static int tile_visible(const loom_att_view *v, int i0, int m, int j0) {
+    return v->k_pos0 + j0 <= v->q_pos0 + i0 + m - 1;
 }
 
-/* Causal softmax of rows [i0, i0+m) of s (T,T), in place: row i keeps
- * columns 0..i (already scaled scores), columns i+1..T-1 become 0. */
-static void att_softmax_rows(float *s, int i0, int m, int T) {
-    for (int i = i0; i < i0 + m; i++) {
-        float *row = s + (size_t)i * T; /* (T) */
-        float mx = kern_max(row, i + 1);
-        kern_exp_shift(row, i + 1, mx);
-        kern_scale_row(row, i + 1, 1.0f / kern_sum(row, i + 1));
-        memset(row + i + 1, 0, (size_t)(T - i - 1) * sizeof *row);
+/* Every key of tile [j0, j0+n) visible to every query of [i0, i0+m)? */
+static int tile_full(const loom_att_view *v, int i0, int j0, int n) {
+    return v->k_pos0 + j0 + n - 1 <= v->q_pos0 + i0;
+}
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+long loom_attention_tiles(const loom_att_view *v) {
+    long tiles = 0;
+    for (int i0 = 0; i0 < v->Tq; i0 += ATT_BQ) {
+        int m = imin(ATT_BQ, v->Tq - i0);
+        for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) tiles++;
+    }
+    return tiles * v->B * v->NH;
+}
+
+/* s (m,n) = scale * q_tile k_tile^T, with -inf where the key is masked. */
+static void tile_scores(float *s, const loom_att_view *v, const float *q, const float *k, int i0,
+                        int m, int j0, int n, float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, v->HS, scale,
+                q + (size_t)i0 * v->q_ld, v->q_ld, k + (size_t)j0 * v->kv_ld, v->kv_ld, 0.0f, s,
+                ATT_BK);
+    if (tile_full(v, i0, j0, n)) return;
+    for (int i = 0; i < m; i++) {
+        long last = v->q_pos0 + i0 + i - v->k_pos0 - j0; /* last visible column */
+        for (int j = (int)(last + 1 < 0 ? 0 : last + 1); j < n; j++) s[(size_t)i * ATT_BK + j] = -INFINITY;
     }
 }
 
-/* Forward for one (b, h). q, k, v: (T,HS) with row stride 3C; out: (T,HS)
- * with row stride C; att: (T,T). */
-static void att_fwd_head(float *out, float *att, const float *q, const float *k,
-                         const float *v, int T, int C, int HS, float scale) {
-    int ld = 3 * C;
-    for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
-        int m = T - i0 < ATT_BLK ? T - i0 : ATT_BLK;
-        int nk = i0 + m; /* keys visible to this block */
-        float *s = att + (size_t)i0 * T; /* (m, T) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, HS, scale,
-                    q + (size_t)i0 * ld, ld, k, ld, 0.0f, s, T);
-        att_softmax_rows(att, i0, m, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, nk, 1.0f, s, T, v, ld,
-                    0.0f, out + (size_t)i0 * C, C);
+/* Forward of one (b, h) and query tile [i0, i0+m). q, k, v, o point at
+ * head h of batch b; lse at (b, h, 0). */
+static void tile_fwd(const loom_att_view *v, const float *q, const float *k, const float *vv,
+                     float *o, int o_ld, float *lse, int i0, int m, int accumulate, float scale) {
+    float s[ATT_BQ * ATT_BK], mrow[ATT_BQ], lrow[ATT_BQ];
+    const int HS = v->HS;
+    for (int i = 0; i < m; i++) {
+        float *orow = o + (size_t)(i0 + i) * o_ld;
+        float l0 = accumulate ? lse[i0 + i] : -INFINITY;
+        if (l0 == -INFINITY) {
+            memset(orow, 0, (size_t)HS * sizeof *orow);
+            mrow[i] = -INFINITY, lrow[i] = 0.0f;
+        } else {
+            mrow[i] = l0, lrow[i] = 1.0f; /* out is already normalised */
+        }
+    }
+    for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
+        int n = imin(ATT_BK, v->Tk - j0);
+        tile_scores(s, v, q, k, i0, m, j0, n, scale);
+        for (int i = 0; i < m; i++) {
+            float *row = s + (size_t)i * ATT_BK;
+            float mx = kern_max(row, n);
+            if (mx == -INFINITY) { /* no visible key in this tile */
+                memset(row, 0, (size_t)n * sizeof *row);
+                continue;
+            }
+            float mnew = mx > mrow[i] ? mx : mrow[i];
+            float alpha = mrow[i] == -INFINITY ? 0.0f : kern_expf(mrow[i] - mnew);
+            kern_exp_shift(row, n, mnew);
+            lrow[i] = lrow[i] * alpha + kern_sum(row, n);
+            if (alpha != 1.0f) kern_scale_row(o + (size_t)(i0 + i) * o_ld, HS, alpha);
+            mrow[i] = mnew;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, n, 1.0f, s, ATT_BK,
+                    vv + (size_t)j0 * v->kv_ld, v->kv_ld, 1.0f, o + (size_t)i0 * o_ld, o_ld);
+    }
+    for (int i = 0; i < m; i++) {
+        if (lrow[i] > 0.0f) {
+            kern_scale_row(o + (size_t)(i0 + i) * o_ld, HS, 1.0f / lrow[i]);
+            lse[i0 + i] = mrow[i] + logf(lrow[i]);
+        } else {
+            lse[i0 + i] = -INFINITY;
+        }
     }
 }
 
-void loom_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    /* out (B,T,C), att (B,NH,T,T), qkv (B,T,3C) */
-    int HS = C / NH;
-    float scale = 1.0f / sqrtf((float)HS);
+long loom_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+                             float *lse, int accumulate) {
+    const int nqt = (v->Tq + ATT_BQ - 1) / ATT_BQ;
+    const int work = v->B * v->NH * nqt;
+    const float scale = 1.0f / sqrtf((float)v->HS);
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * HS; /* (T,HS) ld 3C */
-        att_fwd_head(out + (size_t)b * T * C + (size_t)h * HS, att + (size_t)bh * T * T, q,
-                     q + C, q + 2 * C, T, C, HS, scale);
+    for (int w = 0; w < work; w++) {
+        int bh = w / nqt, i0 = (w % nqt) * ATT_BQ;
+        int b = bh / v->NH, h = bh % v->NH;
+        size_t hc = (size_t)h * v->HS;
+        tile_fwd(v, v->q + b * v->q_bs + hc, v->k + b * v->kv_bs + hc, v->v + b * v->kv_bs + hc,
+                 out + b * o_bs + hc, o_ld, lse + (size_t)bh * v->Tq, i0, imin(ATT_BQ, v->Tq - i0),
+                 accumulate, scale);
+    }
+    return loom_attention_tiles(v);
+}
+
+/* Backward of one (b, h): every query tile against its visible key tiles. */
+static void head_bwd(const loom_att_view *v, const float *q, const float *k, const float *vv,
+                     float *dq, float *dk, float *dv, const float *dout, const float *o, int o_ld,
+                     const float *lse, float scale) {
+    float p[ATT_BQ * ATT_BK], dp[ATT_BQ * ATT_BK], D[ATT_BQ];
+    const int HS = v->HS, ql = v->q_ld, kl = v->kv_ld;
+    for (int i0 = 0; i0 < v->Tq; i0 += ATT_BQ) {
+        int m = imin(ATT_BQ, v->Tq - i0);
+        for (int i = 0; i < m; i++)
+            D[i] = kern_dot(dout + (size_t)(i0 + i) * o_ld, o + (size_t)(i0 + i) * o_ld, HS);
+        for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
+            int n = imin(ATT_BK, v->Tk - j0);
+            tile_scores(p, v, q, k, i0, m, j0, n, scale);
+            for (int i = 0; i < m; i++) {
+                float *row = p + (size_t)i * ATT_BK;
+                if (lse[i0 + i] == -INFINITY) memset(row, 0, (size_t)n * sizeof *row);
+                else kern_exp_shift(row, n, lse[i0 + i]); /* masked: exp(-inf) = 0 */
+            }
+            /* dv (n,HS) += p^T dout;  dp (m,n) = dout v^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, HS, m, 1.0f, p, ATT_BK,
+                        dout + (size_t)i0 * o_ld, o_ld, 1.0f, dv + (size_t)j0 * kl, kl);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, HS, 1.0f,
+                        dout + (size_t)i0 * o_ld, o_ld, vv + (size_t)j0 * kl, kl, 0.0f, dp, ATT_BK);
+            /* dscore * scale = scale * p (dp - D) */
+            for (int i = 0; i < m; i++) {
+                float *dr = dp + (size_t)i * ATT_BK;
+                const float *pr = p + (size_t)i * ATT_BK;
+                for (int j = 0; j < n; j++) dr[j] = scale * pr[j] * (dr[j] - D[i]);
+            }
+            /* dq (m,HS) += ds k;  dk (n,HS) += ds^T q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, n, 1.0f, dp, ATT_BK,
+                        k + (size_t)j0 * kl, kl, 1.0f, dq + (size_t)i0 * ql, ql);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, HS, m, 1.0f, dp, ATT_BK,
+                        q + (size_t)i0 * ql, ql, 1.0f, dk + (size_t)j0 * kl, kl);
+        }
     }
 }
 
-/* Softmax backward of rows [i0, i0+m) in place on d (T,T), which holds
- * d att on entry and d scores * scale on exit:
- *   dpre[i,j] = scale * p[i,j] (d[i,j] - sum_k p[i,k] d[i,k])  for j <= i,
- * and 0 for i < j < nk (the rest of the row is never read). */
-static void att_softmax_bwd_rows(float *d, const float *p, int i0, int m, int nk, int T,
-                                 float scale) {
-    for (int i = i0; i < i0 + m; i++) {
-        float *dr = d + (size_t)i * T;        /* (T) */
-        const float *pr = p + (size_t)i * T;  /* (T) */
-        float dot = kern_dot(pr, dr, i + 1);
-        for (int j = 0; j <= i; j++) dr[j] = scale * pr[j] * (dr[j] - dot);
-        for (int j = i + 1; j < nk; j++) dr[j] = 0.0f;
-    }
-}
-
-/* Backward for one (b, h). Pointers as in att_fwd_head, plus the gradient
- * views dq, dk, dv (T,HS) with row stride 3C, dout (T,HS) with row stride C
- * and the (T,T) scratch d. */
-static void att_bwd_head(float *dq, float *dk, float *dv, float *d, const float *dout,
-                         const float *q, const float *k, const float *v, const float *att,
-                         int T, int C, int HS, float scale) {
-    int ld = 3 * C;
-    /* row blocks: d att = dout v^T, softmax backward, dq += dpre k */
-    for (int i0 = 0; i0 < T; i0 += ATT_BLK) {
-        int m = T - i0 < ATT_BLK ? T - i0 : ATT_BLK;
-        int nk = i0 + m;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, HS, 1.0f,
-                    dout + (size_t)i0 * C, C, v, ld, 0.0f, d + (size_t)i0 * T, T);
-        att_softmax_bwd_rows(d, att, i0, m, nk, T, scale);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, nk, 1.0f,
-                    d + (size_t)i0 * T, T, k, ld, 1.0f, dq + (size_t)i0 * ld, ld);
-    }
-    /* column blocks: keys [j0, j0+m) are seen by queries [j0, T) */
-    for (int j0 = 0; j0 < T; j0 += ATT_BLK) {
-        int m = T - j0 < ATT_BLK ? T - j0 : ATT_BLK;
-        int nq = T - j0;
-        size_t off = (size_t)j0 * T + (size_t)j0; /* block (j0.., j0..) of (T,T) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, nq, 1.0f, att + off, T,
-                    dout + (size_t)j0 * C, C, 1.0f, dv + (size_t)j0 * ld, ld);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, nq, 1.0f, d + off, T,
-                    q + (size_t)j0 * ld, ld, 1.0f, dk + (size_t)j0 * ld, ld);
-    }
-}
-
-void loom_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH) {
-    /* dqkv (B,T,3C) +=, scratch (threads,T,T), dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) */
-    int HS = C / NH;
-    float scale = 1.0f / sqrtf((float)HS);
+long loom_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
+                             const float *dout, const float *out, size_t o_bs, int o_ld,
+                             const float *lse) {
+    const float scale = 1.0f / sqrtf((float)v->HS);
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
+    for (int bh = 0; bh < v->B * v->NH; bh++) {
+        int b = bh / v->NH, h = bh % v->NH;
+        size_t hc = (size_t)h * v->HS, qo = b * v->q_bs + hc, ko = b * v->kv_bs + hc;
+        head_bwd(v, v->q + qo, v->k + ko, v->v + ko, dq + qo, dk + ko, dv + ko, dout + b * o_bs + hc,
+                 out + b * o_bs + hc, o_ld, lse + (size_t)bh * v->Tq, scale);
+    }
+    return loom_attention_tiles(v);
+}
+
+void loom_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
+                          size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        size_t qoff = (size_t)b * T * 3 * C + (size_t)h * HS; /* head h of q in (B,T,3C) */
-        float *d = scratch + (size_t)kern_thread_id() * T * T; /* (T,T) */
-        att_bwd_head(dqkv + qoff, dqkv + qoff + C, dqkv + qoff + 2 * C, d,
-                     dout + (size_t)b * T * C + (size_t)h * HS, qkv + qoff, qkv + qoff + C,
-                     qkv + qoff + 2 * C, att + (size_t)bh * T * T, T, C, HS, scale);
+        for (int i = 0; i < Tq; i++) {
+            size_t r = (size_t)bh * Tq + i, oo = b * o_bs + (size_t)i * o_ld + (size_t)h * HS;
+            float a = lse[r], c = lse2[r];
+            if (c == -INFINITY) continue;
+            if (a == -INFINITY) {
+                memcpy(out + oo, out2 + oo, (size_t)HS * sizeof *out);
+                lse[r] = c;
+                continue;
+            }
+            float mx = a > c ? a : c;
+            float wa = kern_expf(a - mx), wc = kern_expf(c - mx), l = wa + wc;
+            wa /= l, wc /= l;
+            for (int d = 0; d < HS; d++) out[oo + d] = wa * out[oo + d] + wc * out2[oo + d];
+            lse[r] = mx + logf(l);
+        }
     }
+}
+
+/* The whole causal sequence of a packed qkv (B,T,3C). */
+static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
+    loom_att_view v = {qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C,
+                       3 * C, 3 * C, B, T, T, NH, C / NH, 0, 0};
+    return v;
+}
+
+void loom_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    loom_att_view v = qkv_view(qkv, B, T, C, NH);
+    loom_attention_part_fwd(&v, out, (size_t)T * C, C, lse, 0);
+}
+
+void loom_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                        const float *lse, int B, int T, int C, int NH) {
+    loom_att_view v = qkv_view(qkv, B, T, C, NH);
+    loom_attention_part_bwd(&v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
 }

@@ -1,0 +1,318 @@
+/* cp.c - context parallelism: the causal load-balanced split, ring attention
+ * and Ulysses attention (include/loom/cp.h, docs/context-parallel.md).
+ *
+ * Ring, on rank r of cp with local rows = chunks (r, 2cp-1-r) of Tc rows:
+ * K and V are packed into one (B, T_l, 2C) block. At step s = 0..cp-1 the
+ * block held is rank (r - s)'s; the rank starts sending it to r+1 and
+ * receiving the next one from r-1 (except at the last step), computes the
+ * four (query chunk, key chunk) partial attentions with accumulation into
+ * (out, lse), then waits. The backward does the same walk with the final
+ * (out, lse); each step's dK/dV go into a fresh block, the accumulator
+ * received from r-1 (that block's dK/dV summed by the ranks it visited
+ * before) is added after the compute and sent on to r+1; after cp steps
+ * every accumulator has reached its owner.
+ */
+#include "loom/cp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/log.h"
+
+enum { TAG_KV = 0x4c00, TAG_DKV = 0x4c01 };
+
+struct loom_cp_buffers {
+    float *kv[2];  /* ring: K/V blocks (B, T_l, 2C), the one held and the one arriving */
+    float *dacc[2]; /* ring: this step's dK/dV, the previous step's (still being sent) */
+    float *din;    /* ring: the dK/dV accumulator arriving */
+    float *a, *b, *c; /* Ulysses: send, receive, head-sharded full sequence (B*T_l*3C each) */
+    float *o;      /* Ulysses: head-sharded out, dout, dq|dk|dv (5 x B*T_l*C) */
+};
+
+loom_status loom_cp_parse_impl(const char *s, loom_cp_impl *impl) {
+    if (!strcmp(s, "ring")) *impl = LOOM_CP_RING;
+    else if (!strcmp(s, "ulysses")) *impl = LOOM_CP_ULYSSES;
+    else return loom_fail(LOOM_EUSAGE, "--cp-impl %s: must be ring or ulysses", s);
+    return LOOM_OK;
+}
+
+const char *loom_cp_impl_name(loom_cp_impl impl) {
+    return impl == LOOM_CP_ULYSSES ? "ulysses" : "ring";
+}
+
+loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp) {
+    if (cp <= 1) return LOOM_OK;
+    if (T % (2 * cp))
+        return loom_fail(LOOM_EUSAGE,
+                         "--seq %d: cp=%d needs a multiple of 2*cp=%d (the causal load-balanced "
+                         "split into 2*cp chunks)", T, cp, 2 * cp);
+    if (impl == LOOM_CP_ULYSSES && (n_head / tp) % cp)
+        return loom_fail(LOOM_EUSAGE,
+                         "--cp-impl ulysses: cp=%d must divide the heads per tp rank, n_head=%d / "
+                         "tp=%d = %d", cp, n_head, tp, n_head / tp);
+    return LOOM_OK;
+}
+
+loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
+    cp->buf = NULL;
+    if (cp->size <= 1) return LOOM_OK;
+    loom_cp_buffers *w = calloc(1, sizeof *w);
+    if (!w) return loom_fail(LOOM_EOS, "out of memory for context-parallel buffers");
+    cp->buf = w;
+    const size_t kv = (size_t)B * T_l * 2 * C_l, big = (size_t)B * T_l * 3 * C_l;
+    int ok = 1;
+    if (cp->impl == LOOM_CP_RING) {
+        for (int i = 0; i < 2; i++) {
+            ok &= (w->kv[i] = malloc(kv * sizeof(float))) != NULL;
+            ok &= (w->dacc[i] = malloc(kv * sizeof(float))) != NULL;
+        }
+        ok &= (w->din = malloc(kv * sizeof(float))) != NULL;
+    } else {
+        ok &= (w->a = malloc(big * sizeof(float))) != NULL;
+        ok &= (w->b = malloc(big * sizeof(float))) != NULL;
+        ok &= (w->c = malloc(big * sizeof(float))) != NULL;
+        ok &= (w->o = malloc(big / 3 * 5 * sizeof(float))) != NULL;
+    }
+    if (!ok) return loom_fail(LOOM_EOS, "out of memory for context-parallel buffers");
+    return LOOM_OK;
+}
+
+void loom_cp_release(loom_cp *cp) {
+    loom_cp_buffers *w = cp->buf;
+    if (!w) return;
+    free(w->kv[0]), free(w->kv[1]), free(w->dacc[0]), free(w->dacc[1]), free(w->din);
+    free(w->a), free(w->b), free(w->c), free(w->o);
+    free(w);
+    cp->buf = NULL;
+}
+
+/* The global chunk index of local chunk lc (0 or 1) of cp rank r. */
+static int chunk_of(int size, int r, int lc) { return lc == 0 ? r : 2 * size - 1 - r; }
+
+static int position_on(int size, int r, int t, int T_l) {
+    int Tc = T_l / 2;
+    return chunk_of(size, r, t / Tc) * Tc + t % Tc;
+}
+
+int loom_cp_position(const loom_cp *cp, int t, int T_l) {
+    return cp->size <= 1 ? t : position_on(cp->size, cp->rank, t, T_l);
+}
+
+void loom_cp_split_tokens(const loom_cp *cp, int32_t *x, int B, int T) {
+    if (cp->size <= 1) return;
+    const int T_l = T / cp->size;
+    /* the source index is never below the destination: safe in place, in order */
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T_l; t++)
+            x[(size_t)b * T_l + t] = x[(size_t)b * T + loom_cp_position(cp, t, T_l)];
+}
+
+void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, int n, int T_l,
+                     int C) {
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * C;
+        loom_residual_fwd(o, o, wpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C,
+                          (size_t)C);
+    }
+}
+
+void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l,
+                     int C) {
+    for (int i = 0; i < n; i++) {
+        float *g = dwpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C;
+        loom_residual_fwd(g, g, dout + (size_t)i * C, (size_t)C);
+    }
+}
+
+/* ---- ring ------------------------------------------------------------------ */
+
+/* rows (B,T_l) of width w at column col of src (row stride ls) -> dst
+ * (row stride ld) at column dcol; add: += instead of =. */
+static void copy_cols(float *dst, int ld, int dcol, const float *src, int ls, int col, size_t rows,
+                      int w, int add) {
+    for (size_t i = 0; i < rows; i++) {
+        float *d = dst + i * ld + dcol;
+        const float *s = src + i * ls + col;
+        if (add) loom_residual_fwd(d, d, s, (size_t)w);
+        else memcpy(d, s, (size_t)w * sizeof *d);
+    }
+}
+
+/* Queries of local chunk qc against key chunk kc of the block of rank src. */
+static loom_att_view ring_view(const loom_cp *cp, const float *qkv, const float *kv, int qc,
+                               int kc, int src, int B, int T_l, int C, int NH) {
+    const int Tc = T_l / 2;
+    loom_att_view v = {qkv + (size_t)qc * Tc * 3 * C, kv + (size_t)kc * Tc * 2 * C,
+                       kv + (size_t)kc * Tc * 2 * C + C, (size_t)T_l * 3 * C,
+                       (size_t)T_l * 2 * C, 3 * C, 2 * C, B, Tc, Tc, NH, C / NH,
+                       (long)chunk_of(cp->size, cp->rank, qc) * Tc,
+                       (long)chunk_of(cp->size, src, kc) * Tc};
+    return v;
+}
+
+/* Step s of the ring: unless it is the last, send the K/V block held
+ * (kv[cur]) to rank + 1 and receive the next into kv[cur ^ 1] from rank - 1. */
+static loom_status ring_pass(loom_cp *cp, int s, int cur, size_t bytes, loom_req **rs,
+                             loom_req **rr) {
+    const int P = cp->size;
+    if (s == P - 1) return LOOM_OK;
+    loom_cp_buffers *w = cp->buf;
+    LOOM_TRY(loom_comm_isend(cp->comm, w->kv[cur], bytes, (cp->rank + 1) % P, TAG_KV, rs));
+    return loom_comm_irecv(cp->comm, w->kv[cur ^ 1], bytes, (cp->rank + P - 1) % P, TAG_KV, rr);
+}
+
+static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
+                            int T_l, int C, int NH) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, Tc = T_l / 2;
+    const size_t rows = (size_t)B * T_l, bytes = rows * 2 * C * sizeof(float);
+    copy_cols(w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
+    memset(out, 0, rows * C * sizeof *out);
+    for (size_t i = 0; i < rows * NH; i++) lse[i] = -INFINITY;
+    int cur = 0;
+    for (int s = 0; s < P; s++) {
+        loom_req *rs = NULL, *rr = NULL;
+        LOOM_TRY(ring_pass(cp, s, cur, bytes, &rs, &rr));
+        const int src = (cp->rank - s + P) % P;
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
+                if (!loom_attention_tiles(&v)) continue;
+                cp->tiles += loom_attention_part_fwd(&v, out + (size_t)qc * Tc * C,
+                                                     (size_t)T_l * C, C,
+                                                     lse + (size_t)qc * B * NH * Tc, 1);
+            }
+        LOOM_TRY(loom_comm_wait(rs));
+        LOOM_TRY(loom_comm_wait(rr));
+        cur ^= 1;
+    }
+    return LOOM_OK;
+}
+
+static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
+                            const float *out, const float *lse, int B, int T_l, int C, int NH) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, Tc = T_l / 2, next = (cp->rank + 1) % P, prev = (cp->rank + P - 1) % P;
+    const size_t rows = (size_t)B * T_l, n = rows * 2 * C, bytes = n * sizeof(float);
+    copy_cols(w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
+    int cur = 0;
+    loom_req *ds = NULL, *dr = NULL; /* the accumulator leaving, and arriving */
+    for (int s = 0; s < P; s++) {
+        loom_req *rs = NULL, *rr = NULL;
+        LOOM_TRY(ring_pass(cp, s, cur, bytes, &rs, &rr));
+        const int src = (cp->rank - s + P) % P;
+        float *dl = w->dacc[s & 1];
+        memset(dl, 0, bytes);
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
+                if (!loom_attention_tiles(&v)) continue;
+                float *dk = dl + (size_t)kc * Tc * 2 * C;
+                cp->tiles += loom_attention_part_bwd(
+                    &v, dqkv + (size_t)qc * Tc * 3 * C, dk, dk + C, dout + (size_t)qc * Tc * C,
+                    out + (size_t)qc * Tc * C, (size_t)T_l * C, C, lse + (size_t)qc * B * NH * Tc);
+            }
+        if (s > 0) { /* what the ranks before added to this block */
+            LOOM_TRY(loom_comm_wait(dr));
+            loom_residual_fwd(dl, dl, w->din, n);
+        }
+        LOOM_TRY(loom_comm_wait(ds)); /* the previous step's accumulator has left */
+        LOOM_TRY(loom_comm_isend(cp->comm, dl, bytes, next, TAG_DKV, &ds));
+        LOOM_TRY(loom_comm_irecv(cp->comm, w->din, bytes, prev, TAG_DKV, &dr));
+        LOOM_TRY(loom_comm_wait(rs));
+        LOOM_TRY(loom_comm_wait(rr));
+        cur ^= 1;
+    }
+    LOOM_TRY(loom_comm_wait(dr)); /* this rank's own K/V gradient, home */
+    LOOM_TRY(loom_comm_wait(ds));
+    copy_cols(dqkv, 3 * C, C, w->din, 2 * C, 0, rows, 2 * C, 1);
+    return LOOM_OK;
+}
+
+/* ---- Ulysses ------------------------------------------------------------- */
+
+/* x (B,T_l,p*C) sequence-sharded -> y (B,T,p*C/cp) head-sharded, rows in
+ * position order. Collective. */
+static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, int T_l, int C,
+                                int p) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, Ch = C / P, T = T_l * P;
+    const size_t blk = (size_t)B * T_l * p * Ch; /* floats per peer */
+    for (int j = 0; j < P; j++) /* to rank j: its heads of every local row */
+        for (int k = 0; k < p; k++)
+            copy_cols(w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l,
+                      Ch, 0);
+    LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
+    for (int i = 0; i < P; i++) /* from rank i: its rows, at their positions */
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T_l; t++)
+                memcpy(y + ((size_t)b * T + position_on(P, i, t, T_l)) * p * Ch,
+                       w->b + i * blk + ((size_t)b * T_l + t) * p * Ch, (size_t)p * Ch * sizeof *y);
+    return LOOM_OK;
+}
+
+/* The inverse: y (B,T,p*C/cp) head-sharded -> x (B,T_l,p*C); add: +=. */
+static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, int T_l, int C,
+                                int p, int add) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, Ch = C / P, T = T_l * P;
+    const size_t blk = (size_t)B * T_l * p * Ch;
+    for (int i = 0; i < P; i++) /* to rank i: the rows it holds */
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T_l; t++)
+                memcpy(w->a + i * blk + ((size_t)b * T_l + t) * p * Ch,
+                       y + ((size_t)b * T + position_on(P, i, t, T_l)) * p * Ch,
+                       (size_t)p * Ch * sizeof *y);
+    LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
+    for (int j = 0; j < P; j++) /* from rank j: its heads */
+        for (int k = 0; k < p; k++)
+            copy_cols(x, p * C, k * C + j * Ch, w->b + j * blk, p * Ch, k * Ch, (size_t)B * T_l,
+                      Ch, add);
+    return LOOM_OK;
+}
+
+static loom_status ulysses_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
+                               int T_l, int C, int NH) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, T = T_l * P;
+    LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
+    loom_att_view v = {w->c, w->c + C / P, w->c + 2 * C / P, (size_t)T * 3 * C / P,
+                       (size_t)T * 3 * C / P, 3 * C / P, 3 * C / P, B, T, T, NH / P, C / NH, 0, 0};
+    cp->tiles += loom_attention_part_fwd(&v, w->o, (size_t)T * C / P, C / P, lse, 0);
+    return heads_to_seq(cp, out, w->o, B, T_l, C, 1, 0);
+}
+
+/* The head-sharded q, k, v and out are not kept between forward and
+ * backward (they would be a second copy of every layer's qkv): the backward
+ * exchanges them again. */
+static loom_status ulysses_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T_l, int C, int NH) {
+    loom_cp_buffers *w = cp->buf;
+    const int P = cp->size, T = T_l * P, Cp = C / P;
+    const size_t n = (size_t)B * T * Cp;
+    float *o = w->o, *g = w->o + n, *d = w->o + 2 * n; /* out, dout, dqkv head-sharded */
+    LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
+    LOOM_TRY(seq_to_heads(cp, o, out, B, T_l, C, 1));
+    LOOM_TRY(seq_to_heads(cp, g, dout, B, T_l, C, 1));
+    memset(d, 0, 3 * n * sizeof *d);
+    loom_att_view v = {w->c, w->c + Cp, w->c + 2 * Cp, (size_t)T * 3 * Cp, (size_t)T * 3 * Cp,
+                       3 * Cp, 3 * Cp, B, T, T, NH / P, C / NH, 0, 0};
+    cp->tiles += loom_attention_part_bwd(&v, d, d + Cp, d + 2 * Cp, g, o, (size_t)T * Cp, Cp, lse);
+    return heads_to_seq(cp, dqkv, d, B, T_l, C, 3, 1);
+}
+
+loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
+                                  int T_l, int C, int NH) {
+    if (cp->impl == LOOM_CP_ULYSSES) return ulysses_fwd(cp, out, lse, qkv, B, T_l, C, NH);
+    return ring_fwd(cp, out, lse, qkv, B, T_l, C, NH);
+}
+
+loom_status loom_cp_attention_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
+                                  const float *out, const float *lse, int B, int T_l, int C,
+                                  int NH) {
+    if (cp->impl == LOOM_CP_ULYSSES)
+        return ulysses_bwd(cp, dqkv, dout, qkv, out, lse, B, T_l, C, NH);
+    return ring_bwd(cp, dqkv, dout, qkv, out, lse, B, T_l, C, NH);
+}
