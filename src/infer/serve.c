@@ -183,6 +183,28 @@ typedef struct conn {
     int too_large;
 } conn;
 
+/* Move waiters into free KV slots, oldest first (under s->mu). Called when a
+ * request arrives and when the loop plans a step, so that whenever the lock
+ * is free a request waits only while every slot is taken: /health never sees
+ * a waiter beside a free slot, and an arrival does not wait for the loop's
+ * next wake-up to get a slot. A slot is free only once plan_step released it,
+ * so the step in flight does not touch it; the new request's first step
+ * resets its cache (fresh). */
+static void admit(server *s) {
+    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
+    for (int i = 0; i < max_seqs && s->wait_head; i++) {
+        if (s->slots[i]) continue;
+        req *r = s->wait_head;
+        s->wait_head = r->next;
+        if (!s->wait_head) s->wait_tail = NULL;
+        s->n_wait--;
+        r->next = NULL;
+        r->slot = i;
+        r->prefill_pos = 0;
+        s->slots[i] = r;
+    }
+}
+
 /* Parse and check a request; on failure *msg says why (400). */
 static req *parse_request(server *s, const char *body, size_t len, char *msg, size_t cap) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
@@ -456,6 +478,7 @@ static enum MHD_Result completions(server *s, struct MHD_Connection *con, conn *
     else s->wait_head = r;
     s->wait_tail = r;
     s->n_wait++;
+    admit(s);
     pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, r, reader_free);
@@ -571,17 +594,7 @@ static void plan_step(server *s, plan *p) {
     }
     s->wait_tail = NULL;
     for (req *r = s->wait_head; r; r = r->next) s->wait_tail = r;
-    for (int i = 0; i < io->max_seqs && s->wait_head; i++) {
-        if (s->slots[i]) continue;
-        req *r = s->wait_head;
-        s->wait_head = r->next;
-        if (!s->wait_head) s->wait_tail = NULL;
-        s->n_wait--;
-        r->next = NULL;
-        r->slot = i;
-        r->prefill_pos = 0;
-        s->slots[i] = r;
-    }
+    admit(s);
     int n = 0, rows = 0;
     for (int i = 0; i < io->max_seqs; i++) { /* decode first: running sequences never wait */
         req *r = s->slots[i];

@@ -15,7 +15,8 @@ wait queue of 8. Checked:
   - a burst of 24 concurrent long requests: each is either served in full
     (200, max_tokens tokens) or refused with 503 - at least one of each;
   - a client that disconnects mid-stream: the server keeps running, /health
-    returns to 0 running sequences and 0 KV positions in use;
+    returns to 0 running sequences, 0 waiting and 0 KV positions in use, and
+    never shows a request waiting beside a free KV slot;
   - /health reports TTFT and inter-token p50 <= p95 <= p99;
   - a second server on the port in use exits 69 naming it;
   - SIGTERM stops every rank (the launcher exits within 30 s).
@@ -202,11 +203,15 @@ def run_checks(port, prompts, want):
     s.close()
     lt.check(b"200" in first.split(b"\r\n")[0], "streaming client got %r" % first[:60])
     h = None
+    queued_beside_free = []  # a request must never wait while a KV slot is free
     for _ in range(100):
         h = json.loads(get(port, "/health")[1])
-        if h["running"] == 0 and h["kv_cache"]["positions_used"] == 0:
+        if h["waiting"] > 0 and h["running"] < h["kv_cache"]["slots"]:
+            queued_beside_free.append(h)
+        if h["running"] == 0 and h["kv_cache"]["positions_used"] == 0 and h["waiting"] == 0:
             break
         time.sleep(0.1)
+    lt.check(not queued_beside_free, "a request waited beside a free KV slot: %s" % queued_beside_free[:1])
     lt.check(h["running"] == 0 and h["kv_cache"]["positions_used"] == 0 and h["waiting"] == 0,
              "after a disconnect the cache is not freed: %s" % h)
     st, data = post(port, {"prompt": prompts[0], "max_tokens": 24, "temperature": 0})
