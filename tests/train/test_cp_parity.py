@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses), 8 (ring),
+"""Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses), 8 (ring,
+and Ulysses on an 8-head variant of the model, as Ulysses needs heads / tp % cp = 0),
 alone and with dp = 2, tp = 2 with sp, ZeRO 1, 2, 3 (sharded
 over dp x cp) and pp = 2 (1f1b, zero-bubble), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
@@ -47,6 +48,11 @@ REFUSED = [  # (label, ranks, flags, words the one message must contain)
 ]
 
 
+# Ulysses at cp = 8 needs 8 heads: the same model with 8 heads of 8 channels
+MODEL8 = dict(MODEL, n_head=8)
+LAYOUTS8 = [("cp=8 ulysses (8 heads)", 8, ["--cp", 8, "--cp-impl", "ulysses"])]
+
+
 def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
 
@@ -81,6 +87,16 @@ def main():
                 continue
             run = lt.train(tmp, label, np, common + flags)
             lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
+            check_cp_metrics(label, flags, lt.read_metrics(run[0]))
+        model8 = os.path.join(tmp, "model8")
+        os.makedirs(model8)
+        common8 = ["--model", lt.write_model(model8, **MODEL8), "--data", data] + COMMON
+        ref8 = lt.train(tmp, "ref8", None, common8)
+        for label, np, flags in LAYOUTS8:
+            if only and label not in only:
+                continue
+            run = lt.train(tmp, label, np, common8 + flags)
+            lt.compare_runs(ref8[0], ref8[1], run[0], run[1], label)
             check_cp_metrics(label, flags, lt.read_metrics(run[0]))
         for label, np, flags, words in REFUSED:
             if only:

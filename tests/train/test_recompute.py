@@ -11,7 +11,11 @@
    tests/lib/peak_rss.py): on a long-sequence config (T = 512, six blocks)
    each mode runs at batch 1 and 3; the difference of the two peaks is the
    activation memory of two sequences (parameters, optimizer state and
-   libraries cancel). Asserted: full <= 0.5 x none, and selective < none.
+   libraries cancel). Asserted: full <= 0.5 x none, and selective within
+   10 % of none: with the online-softmax attention kernel nothing T x T is
+   ever stored, so selective recompute (Korthikanti's: drop the attention
+   probabilities) has nothing left to drop - attention's backward always
+   recomputes them from q, k, v and the saved log-sum-exp.
 """
 import json
 import os
@@ -75,6 +79,7 @@ with tempfile.TemporaryDirectory() as tmp:
     lt.check(act["none"] > 0, "activation memory grows with the batch: %s" % act)
     lt.check(act["full"] <= 0.5 * act["none"], "full %.1f MB > 0.5 x none %.1f MB" %
              (act["full"] / 1e6, act["none"] / 1e6))
-    lt.check(act["selective"] < act["none"], "selective %.1f MB >= none %.1f MB" %
+    lt.check(abs(act["selective"] - act["none"]) <= 0.1 * act["none"],
+             "selective %.1f MB vs none %.1f MB: expected the same (no T x T buffer to drop)" %
              (act["selective"] / 1e6, act["none"] / 1e6))
 lt.done()
