@@ -75,29 +75,28 @@ def check_cp_metrics(label, flags, metrics):
                  "%s step %d: cp overlap summary %s" % (label, r["step"], o))
 
 
+def run_layouts(tmp, ref_tag, common, layouts, only):
+    """The one-rank run, then each layout against it (and its CP bytes)."""
+    ref = lt.train(tmp, ref_tag, None, common)
+    for label, np, flags in layouts:
+        if only and label not in only:
+            continue
+        run = lt.train(tmp, label, np, common + flags)
+        lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
+        check_cp_metrics(label, flags, lt.read_metrics(run[0]))
+
+
 def main():
     only = sys.argv[1:]  # optional labels to run (debugging)
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
         model = lt.write_model(tmp, **MODEL)
         common = ["--model", model, "--data", data] + COMMON
-        ref = lt.train(tmp, "ref", None, common)
-        for label, np, flags in LAYOUTS:
-            if only and label not in only:
-                continue
-            run = lt.train(tmp, label, np, common + flags)
-            lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
-            check_cp_metrics(label, flags, lt.read_metrics(run[0]))
+        run_layouts(tmp, "ref", common, LAYOUTS, only)
         model8 = os.path.join(tmp, "model8")
         os.makedirs(model8)
         common8 = ["--model", lt.write_model(model8, **MODEL8), "--data", data] + COMMON
-        ref8 = lt.train(tmp, "ref8", None, common8)
-        for label, np, flags in LAYOUTS8:
-            if only and label not in only:
-                continue
-            run = lt.train(tmp, label, np, common8 + flags)
-            lt.compare_runs(ref8[0], ref8[1], run[0], run[1], label)
-            check_cp_metrics(label, flags, lt.read_metrics(run[0]))
+        run_layouts(tmp, "ref8", common8, LAYOUTS8, only)
         for label, np, flags, words in REFUSED:
             if only:
                 continue
