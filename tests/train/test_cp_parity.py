@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Invariant 1 for context parallelism: --cp 2 and 4 (ring and Ulysses), 8 (ring,
 and Ulysses on an 8-head variant of the model, as Ulysses needs heads / tp % cp = 0),
-alone and with dp = 2, tp = 2 with sp, ZeRO 1, 2, 3 (sharded
+alone and with dp = 2, tp = 2 with and without sp, ZeRO 1, 2, 3 (sharded
 over dp x cp) and pp = 2 (1f1b, zero-bubble), train the same model as one rank -
 the loss at each of 10 steps within 1e-5 relative and every final parameter
 tensor within 1e-5 (norm-wise relative). Layouts CP cannot take are refused
@@ -31,6 +31,7 @@ LAYOUTS = [  # (label, ranks, flags)
     ("dp=2 cp=4 ring", 8, ["--dp", 2, "--cp", 4]),
     ("cp=8 ring", 8, ["--cp", 8]),
     ("tp=2 sp cp=2 ring", 4, ["--tp", 2, "--sp", "--cp", 2]),
+    ("tp=2 cp=2 ulysses", 4, ["--tp", 2, "--cp", 2, "--cp-impl", "ulysses"]),
     ("cp=2 ulysses", 2, ["--cp", 2, "--cp-impl", "ulysses"]),
     ("cp=4 ulysses", 4, ["--cp", 4, "--cp-impl", "ulysses"]),
     ("dp=2 cp=2 zero=1", 4, ["--dp", 2, "--cp", 2, "--zero", 1]),
