@@ -37,7 +37,9 @@
 #include <cjson/cJSON.h>
 
 #include "loom/ckpt.h"
+#include "loom/ep.h"
 #include "loom/log.h"
+#include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
 #include "train/ckpt.h"
@@ -168,11 +170,48 @@ static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const lo
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
 }
 
+/* Expert tensors of an expert-parallel part live in the EP engine (ep.h),
+ * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
+static size_t ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
+    return loom_ep_state(s->ep, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
+}
+
+static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
+    if (loom_comm_rank(loom_ep_edp(s->ep)) != 0) return 0;
+    return p->split_dim >= 0 || m->part.tp.rank == 0;
+}
+
+static loom_status collect_experts(const loom_train_run_state *s, int part, shard_set *set) {
+    const loom_gpt *m = s->parts[part];
+    float *arr[3];
+    size_t lo;
+    if (!ep_state(s, part, arr, &lo)) return LOOM_OK;
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        if (p->unit != LOOM_UNIT_EXPERTS || !ep_holder(s, m, p)) continue;
+        for (int kind = K_PARAM; kind < K_COUNT; kind++) {
+            shard *h = set_new(set, p->name, kind);
+            for (size_t i = 0; h && i < p->numel; i++) {
+                int64_t g = loom_param_global_index(p, m->part.tp.rank, i);
+                if (g >= 0 && set_val(set, h, g, arr[kind][p->offset - lo + i])) h = NULL;
+            }
+            if (!h || runs_close(&h->runs))
+                return loom_fail(LOOM_EOS, "out of memory collecting this rank's expert shards");
+            if (h->n == 0) set->n--;
+        }
+    }
+    return LOOM_OK;
+}
+
 static loom_status collect(const loom_train_run_state *s, shard_set *set) {
     const int z3 = loom_dp_params_sharded(s->dp), zopt = loom_dp_opt_sharded(s->dp);
     for (int i = 0; i < s->n_parts; i++) {
         const loom_gpt *m = s->parts[i];
         const int tr = m->part.tp.rank;
+        float *ea[3];
+        size_t elo;
+        const int has_ep = ep_state(s, i, ea, &elo) > 0;
+        LOOM_TRY(collect_experts(s, i, set));
         int nr, no = loom_dp_opt_runs(s->dp, i, NULL, 0);
         const loom_param_run *pr = loom_dp_param_runs(s->dp, i, &nr);
         loom_opt_run *orun = calloc((size_t)(no ? no : 1), sizeof *orun);
@@ -180,6 +219,7 @@ static loom_status collect(const loom_train_run_state *s, shard_set *set) {
         loom_dp_opt_runs(s->dp, i, orun, no);
         for (int k = 0; k < m->n_params; k++) {
             const loom_param *p = &m->params[k];
+            if (has_ep && p->unit == LOOM_UNIT_EXPERTS) continue; /* collect_experts */
             if (one_holder(s, m, p, z3)) {
                 shard *h = set_new(set, p->name, K_PARAM);
                 for (int r = 0; h && r < nr; r++) {
@@ -799,8 +839,18 @@ static loom_status load_part(reader *rd, const loom_train_run_state *s, int part
     local_span *sp = calloc((size_t)(nr + no + 1), sizeof *sp);
     loom_status st = orun && sp ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
     if (orun) loom_dp_opt_runs(s->dp, part, orun, no);
+    float *ea[3];
+    size_t elo;
+    const int has_ep = ep_state(s, part, ea, &elo) > 0;
     for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
         const loom_param *p = &m->params[k];
+        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the EP engine's storage, whole */
+            for (int kind = K_PARAM; kind < K_COUNT && st == LOOM_OK; kind++) {
+                local_span one = {0, p->numel, ea[kind] + (p->offset - elo)};
+                st = load_param(rd, m, p, kind, &one, 1, scratch, have);
+            }
+            continue;
+        }
         int n = 0;
         for (int r = 0; r < nr; r++) {
             size_t a = p->offset > pr[r].lo ? p->offset : pr[r].lo;
@@ -894,6 +944,7 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     *step = cJSON_GetObjectItem(man, "step")->valueint;
     const cJSON *ot = cJSON_GetObjectItem(man, "optimizer_steps");
     if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
+    if (st == LOOM_OK) loom_ep_set_steps_taken(s->ep, cJSON_IsNumber(ot) ? ot->valueint : *step);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK && s->mesh->rank == 0)
