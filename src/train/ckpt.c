@@ -6,7 +6,9 @@
  * its parameter elements (dp/cp coordinate 0, or its own ZeRO-3 slices; tp
  * rank 0 for tensors tp does not cut; the embedding stage for the tied wte)
  * and its AdamW moments (dp coordinate 0, or its own ZeRO-1/2/3 slices; the
- * same tp and wte rule). A shard is (tensor, kind, file, key) plus the
+ * same tp and wte rule); under expert parallelism the expert tensors from
+ * the EP engine's storage, by edp rank 0 (ep.h), under their global names;
+ * MoE selection biases inline in the manifest ("buffers"). A shard is (tensor, kind, file, key) plus the
  * global element indices it holds, as runs [start, len, stride, count]:
  * count runs of len elements at start + i * stride of the tensor's
  * row-major global layout. Each rank hashes its file (SHA-256 of the bytes
@@ -350,6 +352,51 @@ static cJSON *shard_json(const shard *h, const char *file, int idx) {
 }
 
 /* Write this rank's file (if it holds anything) and describe it as JSON. */
+/* The aux-loss-free selection biases (moe.h), replicated on every rank: the
+ * dp/cp/tp coordinate-0 rank of each stage puts them, as numbers, in the
+ * manifest's "buffers" (cJSON's 15 digits give every float back exactly). */
+#define BIAS_NAME "h.%d.mlp.selection_bias"
+
+static void add_buffers(const loom_train_run_state *s, cJSON *o) {
+    if (s->mesh->dp_rank != 0 || s->mesh->cp_rank != 0 || s->parts[0]->part.tp.rank != 0) return;
+    cJSON *bufs = NULL;
+    for (int i = 0; i < s->n_parts; i++) {
+        const int E = s->parts[i]->cfg.n_expert;
+        int l, nb;
+        loom_moe_stats_get(s->parts[i], &nb);
+        for (int b = 0; b < nb; b++) {
+            const float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            if (!bias) continue;
+            if (!bufs) bufs = cJSON_AddObjectToObject(o, "buffers");
+            char name[64];
+            snprintf(name, sizeof name, BIAS_NAME, l);
+            cJSON *a = cJSON_AddArrayToObject(bufs, name);
+            for (int e = 0; e < E; e++) cJSON_AddItemToArray(a, cJSON_CreateNumber(bias[e]));
+        }
+    }
+}
+
+static loom_status load_buffers(const loom_train_run_state *s, const cJSON *man, const char *dir) {
+    const cJSON *bufs = cJSON_GetObjectItem(man, "buffers");
+    for (int i = 0; i < s->n_parts; i++) {
+        const int E = s->parts[i]->cfg.n_expert;
+        int l, nb;
+        loom_moe_stats_get(s->parts[i], &nb);
+        for (int b = 0; b < nb; b++) {
+            float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            if (!bias) continue;
+            char name[64];
+            snprintf(name, sizeof name, BIAS_NAME, l);
+            const cJSON *a = cJSON_GetObjectItem(bufs, name);
+            if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != E)
+                return loom_fail(LOOM_EDATA, "%s: the manifest has no %s of %d numbers (the model "
+                                 "uses aux_free_bias_rate)", dir, name, E);
+            for (int e = 0; e < E; e++) bias[e] = (float)cJSON_GetArrayItem(a, e)->valuedouble;
+        }
+    }
+    return LOOM_OK;
+}
+
 static loom_status write_rank(const loom_train_run_state *s, const char *tmpdir, char **json) {
     shard_set set = {0};
     loom_status st = collect(s, &set);
@@ -381,6 +428,7 @@ static loom_status write_rank(const loom_train_run_state *s, const char *tmpdir,
             for (int i = 0; i < set.n; i++) cJSON_AddItemToArray(arr, shard_json(&set.sh[i], file, i));
         }
     }
+    add_buffers(s, o);
     *json = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     set_free(&set);
@@ -481,8 +529,14 @@ static loom_status publish(const loom_train_run_state *s, int step, const char *
             add_num(e, "rank", r);
             cJSON_AddItemToArray(files, e);
         }
-        cJSON *sa = cJSON_DetachItemFromObject(j, "shards");
+        cJSON *sa = cJSON_DetachItemFromObject(j, "shards"), *rb = cJSON_GetObjectItem(j, "buffers");
         cJSON *it;
+        if (rb && !cJSON_GetObjectItem(o, "buffers")) cJSON_AddObjectToObject(o, "buffers");
+        while (rb && rb->child) {
+            it = cJSON_DetachItemViaPointer(rb, rb->child);
+            if (cJSON_GetObjectItem(cJSON_GetObjectItem(o, "buffers"), it->string)) cJSON_Delete(it);
+            else cJSON_AddItemToObject(cJSON_GetObjectItem(o, "buffers"), it->string, it);
+        }
         while (sa && (it = cJSON_DetachItemFromArray(sa, 0))) cJSON_AddItemToArray(shards, it);
         cJSON_Delete(sa);
         cJSON_Delete(j);
@@ -938,6 +992,7 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     st = scratch && have ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory for a %lld-element tensor",
                                                (long long)biggest);
     for (int i = 0; i < s->n_parts && st == LOOM_OK; i++) st = load_part(&rd, s, i, scratch, have);
+    if (st == LOOM_OK) st = load_buffers(s, man, dir);
     reader_close(&rd);
     free(scratch);
     free(have);
