@@ -52,11 +52,6 @@ static loom_status check_train_flags(const loom_train_config *c) {
         return loom_fail(LOOM_EUSAGE, "--save-every and --keep need --save-dir DIR");
     if (c->resume[0] && c->load_params[0])
         return loom_fail(LOOM_EUSAGE, "--resume and --load-params both set the parameters; give one");
-    if ((c->save_dir[0] || c->resume[0]) && c->layout.ep > 1)
-        return loom_fail(LOOM_EUSAGE,
-                         "--save-dir/--resume with --ep %d: sharded checkpoints do not hold "
-                         "expert-parallel experts yet (use --save-params, or --ep 1)",
-                         c->layout.ep);
     return LOOM_OK;
 }
 

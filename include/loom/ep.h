@@ -43,6 +43,12 @@ loom_status loom_ep_finish_grads(loom_ep_engine *e);
 loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm);
 /* grads *= grad_scale, then AdamW on the local experts. Local. */
 loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);
+/* Checkpoints (ckpt.c): part `part`'s local expert params, AdamW m and v,
+ * each laid out like the expert unit's flat range [*lo, *lo + n); returns n
+ * (0: no expert-parallel tensors; the outputs untouched). */
+size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo);
+/* The experts' optimizer step count (AdamW bias correction), for resume. */
+void loom_ep_set_steps_taken(loom_ep_engine *e, int t);
 /* The edp group (NULL when there are no expert tensors), for byte counts. */
 loom_comm *loom_ep_edp(const loom_ep_engine *e);
 

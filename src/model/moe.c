@@ -643,6 +643,12 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
         bias[e] += m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
 }
 
+float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer) {
+    if (!m->moe || b < 0 || b >= m->moe->n_blocks || m->cfg.bias_rate <= 0) return NULL;
+    *layer = m->moe->blocks[b].l;
+    return m->moe->blocks[b].bias;
+}
+
 /* ---- statistics ---------------------------------------------------------------- */
 
 const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n) {

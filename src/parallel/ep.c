@@ -74,6 +74,19 @@ void loom_ep_engine_free(loom_ep_engine *e) {
     free(e);
 }
 
+size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo) {
+    if (!e || !e->edp || part < 0 || part >= e->n_parts || !e->n[part]) return 0;
+    *par = e->par[part];
+    *m = e->opt_m[part];
+    *v = e->opt_v[part];
+    *lo = e->lo[part];
+    return e->n[part];
+}
+
+void loom_ep_set_steps_taken(loom_ep_engine *e, int t) {
+    if (e) e->t = t;
+}
+
 loom_comm *loom_ep_edp(const loom_ep_engine *e) { return e ? e->edp : NULL; }
 
 loom_status loom_ep_finish_grads(loom_ep_engine *e) {

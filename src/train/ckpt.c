@@ -6,7 +6,9 @@
  * its parameter elements (dp/cp coordinate 0, or its own ZeRO-3 slices; tp
  * rank 0 for tensors tp does not cut; the embedding stage for the tied wte)
  * and its AdamW moments (dp coordinate 0, or its own ZeRO-1/2/3 slices; the
- * same tp and wte rule). A shard is (tensor, kind, file, key) plus the
+ * same tp and wte rule); under expert parallelism the expert tensors from
+ * the EP engine's storage, by edp rank 0 (ep.h), under their global names;
+ * MoE selection biases inline in the manifest ("buffers"). A shard is (tensor, kind, file, key) plus the
  * global element indices it holds, as runs [start, len, stride, count]:
  * count runs of len elements at start + i * stride of the tensor's
  * row-major global layout. Each rank hashes its file (SHA-256 of the bytes
@@ -37,7 +39,9 @@
 #include <cjson/cJSON.h>
 
 #include "loom/ckpt.h"
+#include "loom/ep.h"
 #include "loom/log.h"
+#include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
 #include "train/ckpt.h"
@@ -168,11 +172,48 @@ static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const lo
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
 }
 
+/* Expert tensors of an expert-parallel part live in the EP engine (ep.h),
+ * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
+static size_t ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
+    return loom_ep_state(s->ep, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
+}
+
+static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
+    if (loom_comm_rank(loom_ep_edp(s->ep)) != 0) return 0;
+    return p->split_dim >= 0 || m->part.tp.rank == 0;
+}
+
+static loom_status collect_experts(const loom_train_run_state *s, int part, shard_set *set) {
+    const loom_gpt *m = s->parts[part];
+    float *arr[3];
+    size_t lo;
+    if (!ep_state(s, part, arr, &lo)) return LOOM_OK;
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        if (p->unit != LOOM_UNIT_EXPERTS || !ep_holder(s, m, p)) continue;
+        for (int kind = K_PARAM; kind < K_COUNT; kind++) {
+            shard *h = set_new(set, p->name, kind);
+            for (size_t i = 0; h && i < p->numel; i++) {
+                int64_t g = loom_param_global_index(p, m->part.tp.rank, i);
+                if (g >= 0 && set_val(set, h, g, arr[kind][p->offset - lo + i])) h = NULL;
+            }
+            if (!h || runs_close(&h->runs))
+                return loom_fail(LOOM_EOS, "out of memory collecting this rank's expert shards");
+            if (h->n == 0) set->n--;
+        }
+    }
+    return LOOM_OK;
+}
+
 static loom_status collect(const loom_train_run_state *s, shard_set *set) {
     const int z3 = loom_dp_params_sharded(s->dp), zopt = loom_dp_opt_sharded(s->dp);
     for (int i = 0; i < s->n_parts; i++) {
         const loom_gpt *m = s->parts[i];
         const int tr = m->part.tp.rank;
+        float *ea[3];
+        size_t elo;
+        const int has_ep = ep_state(s, i, ea, &elo) > 0;
+        LOOM_TRY(collect_experts(s, i, set));
         int nr, no = loom_dp_opt_runs(s->dp, i, NULL, 0);
         const loom_param_run *pr = loom_dp_param_runs(s->dp, i, &nr);
         loom_opt_run *orun = calloc((size_t)(no ? no : 1), sizeof *orun);
@@ -180,6 +221,7 @@ static loom_status collect(const loom_train_run_state *s, shard_set *set) {
         loom_dp_opt_runs(s->dp, i, orun, no);
         for (int k = 0; k < m->n_params; k++) {
             const loom_param *p = &m->params[k];
+            if (has_ep && p->unit == LOOM_UNIT_EXPERTS) continue; /* collect_experts */
             if (one_holder(s, m, p, z3)) {
                 shard *h = set_new(set, p->name, K_PARAM);
                 for (int r = 0; h && r < nr; r++) {
@@ -310,6 +352,51 @@ static cJSON *shard_json(const shard *h, const char *file, int idx) {
 }
 
 /* Write this rank's file (if it holds anything) and describe it as JSON. */
+/* The aux-loss-free selection biases (moe.h), replicated on every rank: the
+ * dp/cp/tp coordinate-0 rank of each stage puts them, as numbers, in the
+ * manifest's "buffers" (cJSON's 15 digits give every float back exactly). */
+#define BIAS_NAME "h.%d.mlp.selection_bias"
+
+static void add_buffers(const loom_train_run_state *s, cJSON *o) {
+    if (s->mesh->dp_rank != 0 || s->mesh->cp_rank != 0 || s->parts[0]->part.tp.rank != 0) return;
+    cJSON *bufs = NULL;
+    for (int i = 0; i < s->n_parts; i++) {
+        const int E = s->parts[i]->cfg.n_expert;
+        int l, nb;
+        loom_moe_stats_get(s->parts[i], &nb);
+        for (int b = 0; b < nb; b++) {
+            const float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            if (!bias) continue;
+            if (!bufs) bufs = cJSON_AddObjectToObject(o, "buffers");
+            char name[64];
+            snprintf(name, sizeof name, BIAS_NAME, l);
+            cJSON *a = cJSON_AddArrayToObject(bufs, name);
+            for (int e = 0; e < E; e++) cJSON_AddItemToArray(a, cJSON_CreateNumber(bias[e]));
+        }
+    }
+}
+
+static loom_status load_buffers(const loom_train_run_state *s, const cJSON *man, const char *dir) {
+    const cJSON *bufs = cJSON_GetObjectItem(man, "buffers");
+    for (int i = 0; i < s->n_parts; i++) {
+        const int E = s->parts[i]->cfg.n_expert;
+        int l, nb;
+        loom_moe_stats_get(s->parts[i], &nb);
+        for (int b = 0; b < nb; b++) {
+            float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            if (!bias) continue;
+            char name[64];
+            snprintf(name, sizeof name, BIAS_NAME, l);
+            const cJSON *a = cJSON_GetObjectItem(bufs, name);
+            if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != E)
+                return loom_fail(LOOM_EDATA, "%s: the manifest has no %s of %d numbers (the model "
+                                 "uses aux_free_bias_rate)", dir, name, E);
+            for (int e = 0; e < E; e++) bias[e] = (float)cJSON_GetArrayItem(a, e)->valuedouble;
+        }
+    }
+    return LOOM_OK;
+}
+
 static loom_status write_rank(const loom_train_run_state *s, const char *tmpdir, char **json) {
     shard_set set = {0};
     loom_status st = collect(s, &set);
@@ -341,6 +428,7 @@ static loom_status write_rank(const loom_train_run_state *s, const char *tmpdir,
             for (int i = 0; i < set.n; i++) cJSON_AddItemToArray(arr, shard_json(&set.sh[i], file, i));
         }
     }
+    add_buffers(s, o);
     *json = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     set_free(&set);
@@ -441,8 +529,14 @@ static loom_status publish(const loom_train_run_state *s, int step, const char *
             add_num(e, "rank", r);
             cJSON_AddItemToArray(files, e);
         }
-        cJSON *sa = cJSON_DetachItemFromObject(j, "shards");
+        cJSON *sa = cJSON_DetachItemFromObject(j, "shards"), *rb = cJSON_GetObjectItem(j, "buffers");
         cJSON *it;
+        if (rb && !cJSON_GetObjectItem(o, "buffers")) cJSON_AddObjectToObject(o, "buffers");
+        while (rb && rb->child) {
+            it = cJSON_DetachItemViaPointer(rb, rb->child);
+            if (cJSON_GetObjectItem(cJSON_GetObjectItem(o, "buffers"), it->string)) cJSON_Delete(it);
+            else cJSON_AddItemToObject(cJSON_GetObjectItem(o, "buffers"), it->string, it);
+        }
         while (sa && (it = cJSON_DetachItemFromArray(sa, 0))) cJSON_AddItemToArray(shards, it);
         cJSON_Delete(sa);
         cJSON_Delete(j);
@@ -799,8 +893,18 @@ static loom_status load_part(reader *rd, const loom_train_run_state *s, int part
     local_span *sp = calloc((size_t)(nr + no + 1), sizeof *sp);
     loom_status st = orun && sp ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
     if (orun) loom_dp_opt_runs(s->dp, part, orun, no);
+    float *ea[3];
+    size_t elo;
+    const int has_ep = ep_state(s, part, ea, &elo) > 0;
     for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
         const loom_param *p = &m->params[k];
+        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the EP engine's storage, whole */
+            for (int kind = K_PARAM; kind < K_COUNT && st == LOOM_OK; kind++) {
+                local_span one = {0, p->numel, ea[kind] + (p->offset - elo)};
+                st = load_param(rd, m, p, kind, &one, 1, scratch, have);
+            }
+            continue;
+        }
         int n = 0;
         for (int r = 0; r < nr; r++) {
             size_t a = p->offset > pr[r].lo ? p->offset : pr[r].lo;
@@ -888,12 +992,14 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     st = scratch && have ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory for a %lld-element tensor",
                                                (long long)biggest);
     for (int i = 0; i < s->n_parts && st == LOOM_OK; i++) st = load_part(&rd, s, i, scratch, have);
+    if (st == LOOM_OK) st = load_buffers(s, man, dir);
     reader_close(&rd);
     free(scratch);
     free(have);
     *step = cJSON_GetObjectItem(man, "step")->valueint;
     const cJSON *ot = cJSON_GetObjectItem(man, "optimizer_steps");
     if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
+    if (st == LOOM_OK) loom_ep_set_steps_taken(s->ep, cJSON_IsNumber(ot) ? ot->valueint : *step);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK && s->mesh->rank == 0)

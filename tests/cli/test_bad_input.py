@@ -136,8 +136,6 @@ def layouts(data):
         ("ep=2 dense model", ["train", "--dp", 2, "--ep", 2] + d, 64, ["--ep 2", "dense"], 2),
         ("ep=3 does not divide experts", ["train", "--dp", 3, "--ep", 3] + d + ["--model", "tiny-moe"], 64,
          ["--ep 3", "num_local_experts=4"], 3),
-        ("checkpoint with ep=2", ["train", "--dp", 2, "--ep", 2] + d + ["--model", "tiny-moe", "--save-dir", "ckpt_ep"],
-         64, ["--ep 2", "expert-parallel"], 2),
         ("moe tp=3", ["train", "--tp", 3] + d + ["--model", "tiny-moe", "--seq", 15], 64,
          ["tp=3"], 3),
         ("dp=1 on 2 ranks", ["train", "--dp", 1] + d, 64, ["dp=1", "= 1 rank, but the job has 2 ranks"], 2),
