@@ -163,11 +163,11 @@ static void set_free(shard_set *s) {
 }
 
 /* The rules of the header comment: tp rank 0 for unsplit tensors, the
- * embedding stage for the tied wte, cp coordinate 0; dp coordinate 0 unless
- * dp ranks hold disjoint slices. */
+ * embedding stage for the tied wte; dp and cp coordinate 0 unless the ranks
+ * hold disjoint slices (the DP engine shards over dp x cp when cp > 1). */
 static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p,
                       int dp_disjoint) {
-    if (s->mesh->cp_rank != 0 || (!dp_disjoint && s->mesh->dp_rank != 0)) return 0;
+    if (!dp_disjoint && (s->mesh->cp_rank != 0 || s->mesh->dp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
 }

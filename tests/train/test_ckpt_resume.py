@@ -41,8 +41,10 @@ LAYOUTS = {  # name: (ranks, flags)
     "tp2sp": (2, ["--tp", 2, "--sp"]),
     "pp2zb": (2, ["--pp", 2, "--schedule", "zb", "--micro-batches", 4]),
     "3d8": (8, ["--dp", 2, "--tp", 2, "--pp", 2, "--zero", 1]),
+    "cp2z3": (2, ["--cp", 2, "--zero", 3]),  # ZeRO shards over dp x cp
 }
-# (saved under, resumed under): world sizes 8->4, 4->1, 1->8, 2->4, 2->2, 2->4, 8->2
+# (saved under, resumed under): world sizes 8->4, 4->1, 1->8, 2->4, 2->2, 2->4, 8->2,
+# and across cp: 2->4, 2->2
 RESHARD = [
     ("3d8", (4, ["--dp", 4, "--zero", 3])),
     ("dp2z2", (None, [])),
@@ -51,6 +53,8 @@ RESHARD = [
     ("dp2z2", (2, ["--tp", 2])),
     ("pp2zb", (4, ["--dp", 2, "--tp", 2, "--zero", 3, "--sp"])),
     ("3d8", (2, ["--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2, "--micro-batches", 4])),
+    ("cp2z3", (4, ["--dp", 2, "--cp", 2, "--zero", 1, "--cp-impl", "ulysses"])),
+    ("dp2z2", (2, ["--cp", 2, "--zero", 2])),
 ]
 
 
