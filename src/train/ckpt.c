@@ -162,14 +162,10 @@ static void set_free(shard_set *s) {
     free(s->val);
 }
 
-/* The rules of the header comment: tp rank 0 for unsplit tensors, the
- * embedding stage for the tied wte; dp and cp coordinate 0 unless the ranks
- * hold disjoint slices (the DP engine shards over dp x cp when cp > 1). */
+/* The rules of the header comment: the same holder as --save-params. */
 static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p,
                       int dp_disjoint) {
-    if (!dp_disjoint && (s->mesh->cp_rank != 0 || s->mesh->dp_rank != 0)) return 0;
-    if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
-    return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
+    return loom_train_param_holder(m, s->mesh, dp_disjoint, p);
 }
 
 /* Expert tensors of an expert-parallel part live in the EP engine (ep.h),

@@ -125,6 +125,16 @@ loom_cp loom_train_cp_group(const loom_train_run_state *s);
 void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
                        int32_t *targets);
 
+/* Whether this rank writes parameter p's elements (and, in a checkpoint,
+ * their optimizer moments) when saving: one holder per element - dp and cp
+ * coordinate 0, or every dp x cp rank when `sharded` (the runs are the DP
+ * engine's disjoint ZeRO slices; it shards over dp x cp when cp > 1); tp rank
+ * 0 for tensors tensor parallelism does not cut; the first pipeline stage for
+ * the tied wte. mesh NULL: one process. Experts under expert parallelism
+ * have their own rule (params_io.c, ckpt.c). Local (params_io.c). */
+int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded,
+                            const loom_param *p);
+
 /* A non-finite loss or gradient norm at `step` (seen by every rank): name
  * the first parameter (whole-model order) whose gradient is non-finite on
  * any rank, then with --nan-policy skip warn and return LOOM_OK (the caller

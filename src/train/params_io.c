@@ -21,6 +21,7 @@
 #include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/train.h"
+#include "train/internal.h"
 
 typedef struct {
     loom_param *p;
@@ -52,17 +53,20 @@ static const loom_param *whole_find(const whole_model *w, const char *name) {
     return NULL;
 }
 
-/* Whether this rank writes p's elements: one holder per element - dp and
- * cp coordinate 0 (every dp x cp rank when the runs are shards of the DP
- * engine, which shards over dp x cp when cp > 1: their slices are disjoint), tp rank 0 for tensors tensor parallelism does not cut, the
- * first pipeline stage for the tied wte. */
-static int is_primary(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, const loom_param *p) {
-    if (p->unit == LOOM_UNIT_EXPERTS) /* expert parallelism: the first EP group holds each once */
-        return (!mesh || loom_layout_dpcp_rank(&mesh->layout, mesh->coords) < mesh->layout.ep) &&
-               (p->split_dim >= 0 || m->part.tp.rank == 0);
-    if (mesh && !dp_sharded && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
+int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded,
+                            const loom_param *p) {
+    if (mesh && !sharded && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
+}
+
+/* Whether this rank writes p's elements: loom_train_param_holder, and for
+ * experts under expert parallelism the first EP group (each expert once). */
+static int is_primary(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, const loom_param *p) {
+    if (p->unit == LOOM_UNIT_EXPERTS)
+        return (!mesh || loom_layout_dpcp_rank(&mesh->layout, mesh->coords) < mesh->layout.ep) &&
+               (p->split_dim >= 0 || m->part.tp.rank == 0);
+    return loom_train_param_holder(m, mesh, dp_sharded, p);
 }
 
 /* Where part i's parameters are: the engine's runs, or the whole param_mem. */
