@@ -1,6 +1,8 @@
 /* calibrate_comm.c - `loom calibrate`: measure this machine for the planner.
  * Collective over world (run under mpirun with the rank count to plan for):
- * sgemm FLOP/s on every rank at once, memory copy bandwidth, and for each
+ * sgemm FLOP/s on every rank at once (the work each rank completes in a
+ * shared window, so ranks sharing cores measure their share), memory copy
+ * bandwidth, and for each
  * collective (all-reduce, all-gather, reduce-scatter, all-to-all, p2p) and
  * each group size 2, 4, .. world its latency (a tiny message) and bandwidth
  * (a large one), all through the communicator. Rank 0 writes a cluster JSON
@@ -85,6 +87,38 @@ static double copy_bandwidth(void) {
     return best;
 }
 
+/* The sgemm rate one rank gets while every rank of world computes, as in
+ * training: after a warm-up and a barrier, each rank runs 512^3 products for
+ * GEMM_WINDOW seconds and divides the work it completed by the time it took.
+ * When ranks outnumber cores they time-share them, and this is what each one
+ * gets (a best-of-a-few-calls figure is not: a short call can run while the
+ * others wait, and scaling it by the share of cores double-counts them). */
+#define GEMM_WINDOW 1.0
+static loom_status gemm_rate_together(loom_comm *world, double *out) {
+    const int n = 512;
+    const size_t nn = (size_t)n * n;
+    float *buf = malloc(3 * nn * sizeof *buf);
+    if (!buf) return loom_fail(LOOM_EOS, "rank %d: out of memory for the sgemm calibration", loom_comm_rank(world));
+    float *a = buf, *b = buf + nn, *c = buf + 2 * nn;
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+        b[i] = (float)(i % 13) * 0.0625f - 0.375f;
+    }
+    loom_matmul_fwd(c, a, b, NULL, n, n, n); /* warm-up: pages, threads */
+    loom_status st = loom_comm_barrier(world);
+    long calls = 0;
+    double dt = 0;
+    const double t0 = loom_comm_wtime();
+    while (st == LOOM_OK && dt < GEMM_WINDOW) {
+        loom_matmul_fwd(c, a, b, NULL, n, n, n);
+        calls++;
+        dt = loom_comm_wtime() - t0;
+    }
+    free(buf);
+    *out = 2.0 * (double)n * n * n * (double)calls / (dt > 0 ? dt : 1e-9);
+    return st;
+}
+
 static size_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -101,18 +135,14 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     const int n = loom_comm_size(world), rank = loom_comm_rank(world);
     const size_t base_rss = loom_sysmem_peak_rss();
     /* compute and memory bandwidth: every rank at once, as in training */
+    double gemm = 0;
+    LOOM_TRY(gemm_rate_together(world, &gemm));
     LOOM_TRY(loom_comm_barrier(world));
-    double gemm = loom_kernels_calibrate_sgemm(3), bw = copy_bandwidth();
+    double bw = copy_bandwidth();
     double sum[3] = {gemm, bw, (double)base_rss};
     LOOM_TRY(loom_comm_allreduce(world, sum, 3, LOOM_F64, LOOM_SUM));
     gemm = sum[0] / n, bw = sum[1] / n;
     const double rss = sum[2] / n;
-    /* ranks share the cores: each sgemm measurement keeps the best of a few
-     * short calls, which can run while the other ranks are between calls, so
-     * scale by the rank's share of the cores when the job oversubscribes them */
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const double share = cores > 0 ? fmin(1.0, (double)cores / ((double)n * loom_kernels_get_threads())) : 1.0;
-    gemm *= share;
     float *a = calloc(LARGE / 4 + 16, sizeof(float)), *b = calloc(LARGE / 4 + 16, sizeof(float));
     if (!a || !b) {
         free(a);
@@ -189,8 +219,8 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
         return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
     }
     if (verbose)
-        printf("sgemm %.2f GFLOP/s per rank (all %d at once, x %.2f: the rank's share of %ld cores), copy %.2f GB/s, "
+        printf("sgemm %.2f GFLOP/s per rank (all %d at once for %.1f s, on %ld cores), copy %.2f GB/s, "
                "%.1f MB resident per rank at start\nwrote %s\n",
-               gemm / 1e9, n, share, cores, bw / 1e9, rss / 1e6, path);
+               gemm / 1e9, n, GEMM_WINDOW, sysconf(_SC_NPROCESSORS_ONLN), bw / 1e9, rss / 1e6, path);
     return LOOM_OK;
 }
