@@ -42,15 +42,22 @@ loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_con
     return LOOM_OK;
 }
 
-/* Relative costs for balancing: a block ~ 24 C^2 + 4 T C FLOPs per token
- * forward, the LM head 2 V C, the embedding a lookup. */
+/* Relative costs for balancing, per token, forward + backward (3 x the
+ * forward): a block ~ 24 C^2 + 4 T C FLOPs forward, the LM head 2 V C, the
+ * embedding a lookup. Full recompute runs each block's forward once more
+ * inside its backward (4 x), never the head's, so the head weighs less and
+ * the stages holding it get more blocks. (Selective recompute adds nothing
+ * here: the attention backward recomputes its probabilities in any mode.) */
 static void stage_counts(const loom_train_config *c, const loom_model_config *mc, int *counts) {
     const int pp = c->layout.pp, v = c->virtual_stages;
     if (c->stage_layers[0] &&
         loom_partition_parse(c->stage_layers, mc->n_layer, pp, v, counts) == LOOM_OK)
         return;
-    double C = mc->n_embd, block = 24.0 * C * C + 4.0 * c->seq * C;
-    loom_partition_balance(mc->n_layer, pp, v, 0.01, 2.0 * mc->vocab_size * C / block, counts);
+    int rc = LOOM_RECOMPUTE_NONE;
+    loom_recompute_parse(c->recompute, &rc); /* checked in check_config */
+    double C = mc->n_embd, fwd = 24.0 * C * C + 4.0 * c->seq * C;
+    double block = (rc == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd, head = 3.0 * 2.0 * mc->vocab_size * C;
+    loom_partition_balance(mc->n_layer, pp, v, 0.01, head / block, counts);
 }
 
 loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm) {

@@ -6,7 +6,9 @@
    recomputed forward redoes its collectives), pp=2 1f1b (selective and
    full: several micro-batches share the recomputed set) and dp=2 ZeRO-3
    (full: the recompute runs on the parameters the hooks gathered); zb with
-   full is refused with exit 64.
+   full is refused with exit 64. The pipeline partitioner charges full
+   recompute to the blocks (not the LM head): a heavy head gets more blocks
+   beside it with full than with none.
 2. Memory, measured by the kernel (peak RSS of each run under
    tests/lib/peak_rss.py): on a long-sequence config (T = 512, six blocks)
    each mode runs at batch 1 and 3; the difference of the two peaks is the
@@ -57,6 +59,18 @@ with tempfile.TemporaryDirectory() as tmp:
     ref_z3 = lt.train(tmp, "z3_none", 2, common + ["--dp", 2, "--zero", 3])
     same_run(ref_z3, lt.train(tmp, "z3_full", 2, common + ["--dp", 2, "--zero", 3, "--recompute", "full"]),
              "dp=2 zero-3 full")
+    # the partitioner charges full recompute to the blocks, not the LM head: a
+    # head worth ~9 blocks (V 8192, C 64) gets fewer blocks beside it with
+    # none (11,1) than with full recompute (9,3)
+    heavy = os.path.join(tmp, "heavy_head.json")
+    with open(heavy, "w") as f:
+        json.dump(dict(SMALL, n_layer=12, vocab_size=8192), f)
+    for mode, want in (("none", "11,1"), ("full", "9,3")):
+        p = lt.run(["train", "--model", heavy, "--data", data, "--steps", 1, "--batch", 2, "--seq", 64,
+                    "--threads", 1, "--peak-flops", "1e11", "--no-progress", "--pp", 2, "--micro-batches", 2,
+                    "--recompute", mode], np=2)
+        lt.check("blocks per virtual stage %s\n" % want in p.stderr + p.stdout,
+                 "pp=2 --recompute %s: expected blocks %s: %s" % (mode, want, (p.stderr + p.stdout)[-600:]))
     p = lt.run(["train"] + common + ["--pp", 2, "--schedule", "zb", "--recompute", "full"], np=2,
                check_ok=False)
     lt.check(p.returncode == 64 and "--recompute full" in p.stderr, "zb + full: exit %d, %s" %
