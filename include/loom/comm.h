@@ -33,6 +33,10 @@
  * 600; 0 turns it off) prints "rank R: <op> on group <g> (call #N on that
  * group) has not completed after S s" and aborts the job. N counts the calls
  * started on that group on this rank, from 1.
+ * The watch thread also makes the starts of queued non-blocking collectives;
+ * a caller waiting for such a start checks the ages itself, so a start that
+ * never returns inside MPI is reported the same way (test hook:
+ * LOOM_COMM_FAULT=stall-start makes the watch stop at its first start).
  * Only src/comm/comm_mpi.c includes mpi.h.
  */
 #ifndef LOOM_COMM_H

@@ -61,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "comm/comm_internal.h"
@@ -142,6 +143,7 @@ static int g_p2p;               /* of which sends and receives */
 static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
 static struct loom_req *g_q_head, *g_q_tail; /* starts queued for the watch, oldest first */
 static long g_probe_ns = WATCH_PROBE_MIN_NS;
+static int g_stall_starts;      /* LOOM_COMM_FAULT=stall-start (tests only) */
 
 double loom_comm_wtime(void) {
     struct timespec ts;
@@ -185,6 +187,14 @@ static void watchdog_fire(const inflight *n, double now) {
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, LOOM_EUNAVAIL);
     _Exit(LOOM_EUNAVAIL);
+}
+
+/* Fire if any call in flight is older than LOOM_COMM_TIMEOUT (g_mu held). */
+static void watchdog_check(void) {
+    if (g_timeout_s <= 0) return;
+    double now = loom_comm_wtime();
+    for (inflight *n = g_head; n; n = n->next)
+        if (now - n->t0 > g_timeout_s) watchdog_fire(n, now);
 }
 
 static void watch_add(inflight *n, loom_comm *c, loom_comm_op op, int nonblocking) {
@@ -236,6 +246,8 @@ static void watch_start_queued(void) {
         g_q_head = r->qnext;
         if (!g_q_head) g_q_tail = NULL;
         pthread_mutex_unlock(&g_mu);
+        if (g_stall_starts) /* test hook: a start that never returns */
+            for (;;) pause();
         MPI_Request mr = MPI_REQUEST_NULL;
         int err = start_mpi(&r->k, r->c->mpi, &mr);
         pthread_mutex_lock(&g_mu);
@@ -253,11 +265,7 @@ static void *watch_main(void *arg) {
     pthread_mutex_lock(&g_mu);
     while (!g_watch_stop) {
         watch_start_queued();
-        if (g_timeout_s > 0) {
-            double now = loom_comm_wtime();
-            for (inflight *n = g_head; n; n = n->next)
-                if (now - n->t0 > g_timeout_s) watchdog_fire(n, now);
-        }
+        watchdog_check();
         struct timespec ts;
         if (g_progress && g_nonblocking > 0) {
             long ns = g_probe_ns;
@@ -387,10 +395,20 @@ static void account(loom_comm *c, loom_comm_op op, size_t bytes, double seconds)
 /* Collectives on a group run in the order they were called on every rank:
  * before the calling thread makes a collective call itself, the watch must
  * have made every start queued on that group. */
+/* While the calling thread waits for the watch to make a start it checks
+ * ages itself, a few times a second: the watch is the watchdog too, and a
+ * start that never returned inside MPI would keep it from ever checking. */
+static void wait_for_start(void) { /* g_mu held */
+    struct timespec ts;
+    abs_after(&ts, g_timeout_s > 0 && g_timeout_s < 2 ? (long)(g_timeout_s * 2.5e8) : 500000000L);
+    pthread_cond_timedwait(&g_started_cv, &g_mu, &ts);
+    watchdog_check();
+}
+
 static void flush_queued(loom_comm *c) {
     if (!g_watch_on) return;
     pthread_mutex_lock(&g_mu);
-    while (c->queued > 0) pthread_cond_wait(&g_started_cv, &g_mu);
+    while (c->queued > 0) wait_for_start();
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -398,7 +416,7 @@ static void flush_queued(loom_comm *c) {
 static void await_start(loom_req *r) {
     if (!g_watch_on) return;
     pthread_mutex_lock(&g_mu);
-    while (r->pending) pthread_cond_wait(&g_started_cv, &g_mu);
+    while (r->pending) wait_for_start();
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -526,6 +544,8 @@ static loom_status start_runtime(int *argc, char ***argv) {
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     *world = NULL;
     LOOM_TRY(read_timeout());
+    const char *fault = getenv("LOOM_COMM_FAULT");
+    g_stall_starts = fault && strcmp(fault, "stall-start") == 0;
     LOOM_TRY(start_runtime(argc, argv));
     int world_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);

@@ -9,7 +9,12 @@
  *                                message nobody sends
  *   test_comm_watchdog wait      the same through irecv + wait
  *
- * In the last two modes the job must abort with "rank R: recv on group world
+ *   test_comm_watchdog stall     with LOOM_COMM_FAULT=stall-start: an
+ *                                iallreduce whose start the watch thread
+ *                                never makes (as if MPI never returned from
+ *                                it); the caller's wait must report it
+ *
+ * In the recv and wait modes the job must abort with "rank R: recv on group world
  * (call #3 on that group) has not completed after N s" - #3 proves the
  * sequence number counts the group's earlier calls; CTest matches that line,
  * so the test
@@ -60,7 +65,10 @@ static int hang(int argc, char **argv, int nonblocking) {
     }
     int x = 0, from = (loom_comm_rank(w) + 1) % loom_comm_size(w);
     if (loom_comm_barrier(w) != LOOM_OK || loom_comm_barrier(w) != LOOM_OK) return 1;
-    if (nonblocking) {
+    if (nonblocking == 2) {
+        loom_req *req = NULL;
+        if (loom_comm_iallreduce(w, &x, 1, LOOM_I32, LOOM_SUM, &req) == LOOM_OK) loom_comm_wait(req);
+    } else if (nonblocking) {
         loom_req *req = NULL;
         if (loom_comm_irecv(w, &x, sizeof x, from, 42, &req) == LOOM_OK) loom_comm_wait(req);
     } else {
@@ -78,6 +86,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "off") == 0) return test_off();
     if (strcmp(mode, "recv") == 0) return hang(argc, argv, 0);
     if (strcmp(mode, "wait") == 0) return hang(argc, argv, 1);
-    fprintf(stderr, "usage: test_comm_watchdog bad-env|default|off|recv|wait\n");
+    if (strcmp(mode, "stall") == 0) return hang(argc, argv, 2);
+    fprintf(stderr, "usage: test_comm_watchdog bad-env|default|off|recv|wait|stall\n");
     return 64;
 }
