@@ -25,5 +25,9 @@ void loom_sha256_hex(const void *data, size_t n, char out[65]);
 /* The digest of a whole file as hex: LOOM_ENOINPUT if it cannot be opened,
  * LOOM_EIO if reading fails. */
 loom_status loom_sha256_file(const char *path, char out[65]);
+/* The block function: on (default) the CPU's SHA extensions where it has
+ * them, off the portable C one. Returns 1 if the extensions are in use.
+ * Process-wide; for tests and benchmarks. */
+int loom_sha256_use_extensions(int on);
 
 #endif

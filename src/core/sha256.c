@@ -1,11 +1,23 @@
 /* sha256.c - SHA-256 from FIPS 180-4 section 6.2: 64 rounds per 64-byte
  * block over eight 32-bit words, the message padded with 0x80, zeros and
- * its bit length (big-endian). Local compute and file reads only. */
+ * its bit length (big-endian). Local compute and file reads only.
+ *
+ * Two block functions give the same digests: the portable one below, and on
+ * x86 CPUs with the SHA extensions (CPUID leaf 7 EBX bit 29: Intel since Ice
+ * Lake / Goldmont, AMD since Zen) one that runs two rounds per
+ * sha256rnds2 and the message schedule with sha256msg1/msg2, about 5x the
+ * portable speed. Chosen once, by the CPU's flags. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "loom/sha256.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOOM_SHA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -47,6 +59,76 @@ static void block(uint32_t h[8], const unsigned char *p) {
     h[4] += e; h[5] += f; h[6] += g; h[7] += k;
 }
 
+#ifdef LOOM_SHA_X86
+/* n blocks with the SHA extensions. The state lives in two registers as the
+ * instructions want it: ABEF (dwords 3..0 = A, B, E, F) and CDGH. */
+__attribute__((target("sha,sse4.1"))) static void blocks_shani(uint32_t h[8], const unsigned char *p,
+                                                                size_t n) {
+    /* byte order of each 32-bit word: the message is big-endian */
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    __m128i badc = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);
+    __m128i hgfe = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[4]), 0x1B);
+    __m128i abef = _mm_alignr_epi8(badc, hgfe, 8);
+    __m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);
+    for (; n > 0; n--, p += 64) {
+        const __m128i abef0 = abef, cdgh0 = cdgh;
+        __m128i m[4]; /* W[4g .. 4g+3] of the last four groups, m[g % 4] */
+        for (int g = 0; g < 16; g++) {
+            __m128i *w = &m[g & 3];
+            if (g < 4) {
+                *w = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * g)), bswap);
+            } else {
+                /* W[i] = s1(W[i-2]) + W[i-7] + s0(W[i-15]) + W[i-16], four at a time */
+                const __m128i w1 = m[(g + 1) & 3], w2 = m[(g + 2) & 3], w3 = m[(g + 3) & 3];
+                __m128i t = _mm_add_epi32(_mm_sha256msg1_epu32(*w, w1), _mm_alignr_epi8(w3, w2, 4));
+                *w = _mm_sha256msg2_epu32(t, w3);
+            }
+            __m128i wk = _mm_add_epi32(*w, _mm_loadu_si128((const __m128i *)&K[4 * g]));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk); /* two rounds: the new ABEF */
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+        }
+        abef = _mm_add_epi32(abef, abef0);
+        cdgh = _mm_add_epi32(cdgh, cdgh0);
+    }
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1B), dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+    _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+    _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static int cpu_has_sha(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSE4_1) || !(c & bit_SSSE3)) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b >> 29) & 1;
+}
+#endif
+
+static int g_impl = -1; /* -1 not chosen yet, 0 portable, 1 SHA extensions */
+
+static void blocks(uint32_t h[8], const unsigned char *p, size_t n) {
+#ifdef LOOM_SHA_X86
+    int impl = __atomic_load_n(&g_impl, __ATOMIC_RELAXED);
+    if (impl < 0) __atomic_store_n(&g_impl, impl = cpu_has_sha(), __ATOMIC_RELAXED);
+    if (impl == 1) {
+        blocks_shani(h, p, n);
+        return;
+    }
+#endif
+    for (; n > 0; n--, p += 64) block(h, p);
+}
+
+int loom_sha256_use_extensions(int on) {
+#ifdef LOOM_SHA_X86
+    int impl = on ? cpu_has_sha() : 0;
+    __atomic_store_n(&g_impl, impl, __ATOMIC_RELAXED);
+    return impl;
+#else
+    (void)on;
+    g_impl = 0;
+    return 0;
+#endif
+}
+
 void loom_sha256_init(loom_sha256 *s) {
     static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -65,10 +147,12 @@ void loom_sha256_update(loom_sha256 *s, const void *data, size_t n) {
         p += take;
         n -= take;
         if (s->used < 64) return;
-        block(s->h, s->buf);
+        blocks(s->h, s->buf, 1);
         s->used = 0;
     }
-    for (; n >= 64; p += 64, n -= 64) block(s->h, p);
+    blocks(s->h, p, n / 64);
+    p += n / 64 * 64;
+    n %= 64;
     memcpy(s->buf, p, n);
     s->used = n;
 }
