@@ -30,6 +30,12 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
     if (!(c->moe_warn_imbalance >= 1) || !(c->moe_warn_a2a > 0))
         return loom_fail(LOOM_EUSAGE, "--moe-warn-imbalance %g must be >= 1 and --moe-warn-a2a %g > 0",
                          c->moe_warn_imbalance, c->moe_warn_a2a);
+    if (c->moe_route_cp < 0 || (c->moe_route_cp > 1 && (mc->n_expert == 0 || c->layout.cp > 1)))
+        return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: needs an MoE model and --cp 1 (with --cp > 1 "
+                         "each CP rank's tokens already are its routing group)", c->moe_route_cp);
+    if (c->moe_route_cp > 1 && c->seq % (2 * c->moe_route_cp))
+        return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: 2*%d = %d does not divide --seq %d",
+                         c->moe_route_cp, c->moe_route_cp, 2 * c->moe_route_cp, c->seq);
     const int ep = c->layout.ep;
     if (ep <= 1) return LOOM_OK;
     if (mc->n_expert == 0)

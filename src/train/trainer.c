@@ -84,9 +84,6 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
     LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
     LOOM_TRY(check_cp(c, mc));
-    if (l->cp > 1 && mc->n_expert > 0) /* routing groups and the EP group inside dp x cp: untested */
-        return loom_fail(LOOM_EUSAGE, "--cp %d with a Mixture-of-Experts model (%d experts) is not "
-                         "supported yet; use --dp", l->cp, mc->n_expert);
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
@@ -342,7 +339,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
         loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
-                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2,
+                              .moe_route_cp = c->moe_route_cp};
         loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
