@@ -49,6 +49,12 @@ loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);
 size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo);
 /* The experts' optimizer step count (AdamW bias correction), for resume. */
 void loom_ep_set_steps_taken(loom_ep_engine *e, int t);
+/* Add to *mem what the DP engine's plan (loom_dp_memory_bytes) leaves out
+ * of an MoE model: the local experts' AdamW moments (2 floats each, when
+ * expert-parallel: the experts are in no DP bucket), their own parameter /
+ * gradient storage at ZeRO-2/3, and the MoE blocks' routing and dispatch
+ * buffers (counted as activations). Local. */
+void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem);
 /* The edp group (NULL when there are no expert tensors), for byte counts. */
 loom_comm *loom_ep_edp(const loom_ep_engine *e);
 

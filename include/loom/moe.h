@@ -105,6 +105,12 @@ typedef struct loom_moe_stats {
  * hold experts), in storage of their own. *n = 0: none. */
 void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, size_t *lo, size_t *n);
 
+/* Bytes the part's MoE blocks allocate outside its arenas: the expert
+ * tensors' own parameter and gradient storage (external_params /
+ * external_grads, see above) and the routing, dispatch and expert
+ * activation buffers (all slots, scratch included). Zeros for a dense part. */
+void loom_moe_memory_bytes(const loom_gpt *m, size_t *params, size_t *grads, size_t *buffers);
+
 /* Aux-loss-free balancing: one step of the selection bias of the part's MoE
  * block b (index into the stats) from its step's chosen counts over every
  * rank, routed (E). No-op at bias_rate 0. Local. */

@@ -127,6 +127,7 @@ struct loom_moe {
     loom_moe_stats *stats;
     int64_t *stat_mem;
     void *mem;          /* one allocation for every buffer above */
+    size_t mem_bytes;
     size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
     float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
 };
@@ -237,6 +238,7 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (!moe->mem)
         return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
     layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
+    moe->mem_bytes = bytes + 64;
     for (int g = 0, i = 0; g < G; g++) { /* cp.h's split: group g = CP rank g's rows, b-major */
         const loom_cp part = {.size = G, .rank = g};
         for (int b = 0; b < m->B; b++)
@@ -280,6 +282,13 @@ void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, s
     *n = moe ? moe->ex_n : 0;
     *params = moe && moe->ex_params ? moe->ex_params : m->param_mem ? m->param_mem + *lo : NULL;
     *grads = moe && moe->ex_grads ? moe->ex_grads : m->grad_mem ? m->grad_mem + *lo : NULL;
+}
+
+void loom_moe_memory_bytes(const loom_gpt *m, size_t *params, size_t *grads, size_t *buffers) {
+    const struct loom_moe *moe = m->moe;
+    *params = moe && moe->ex_params ? moe->ex_n * sizeof(float) : 0;
+    *grads = moe && moe->ex_grads ? moe->ex_n * sizeof(float) : 0;
+    *buffers = moe ? moe->mem_bytes : 0;
 }
 
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {

@@ -197,10 +197,11 @@ static loom_status peak_rss(const loom_train_run_state *s, size_t *mine, size_t 
 
 /* loom's plan per lifetime class beside what the OS measured (rank 0's peak
  * and the largest over the ranks, after initialisation). */
-static void report_memory(const loom_dp_engine *e, size_t rss0, size_t rss_max) {
+static void report_memory(const loom_train_run_state *s, size_t rss0, size_t rss_max) {
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
-    loom_dp_memory_bytes(e, &mem);
+    loom_dp_memory_bytes(s->dp, &mem);
+    loom_ep_memory_bytes(s->ep, &mem); /* MoE: experts' optimizer state, own storage, buffers */
     loom_info("memory per rank (planned): params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
               "activations %.1f MB, total %.1f MB; peak RSS from the OS so far: %.1f MB on rank 0, "
               "%.1f MB the largest of all ranks (with libraries and buffers loom does not plan)",
@@ -411,6 +412,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
+    loom_ep_memory_bytes(s->ep, &st_step.mem);
     for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         s->tracing = c->trace[0] && step == c->steps - 1;
@@ -504,7 +506,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
                                                : "");
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
                   loom_sysmem_process_age(), loom_kernels_get_threads());
-        report_memory(s.dp, rss0, rss_max);
+        report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
     if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
