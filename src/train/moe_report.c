@@ -12,9 +12,12 @@
  *              summed over the ranks (moe.h's formula); a2a_ms the largest
  *              rank's time inside them
  * and once per step "ep_bytes", the EP group's alltoall(v) bytes over every
- * rank as the communicator counted them (the independent instrument for a2a_bytes), and
- * "edp_bytes", this rank's expert-gradient all-reduce bytes.
- * Collective over dp x cp; rank 0 writes and warns.
+ * rank as the communicator counted them (the independent instrument for a2a_bytes),
+ * "edp_bytes", this rank's expert-gradient all-reduce bytes, and the step's
+ * loss split: "router_loss" = the sum over every MoE block (every stage) of
+ * its mean aux + z, the part of "loss" they add, and "lm_loss" = loss -
+ * router_loss, the language-model loss (what `loom eval` reports).
+ * Collective over dp x cp, and over pp for an MoE model; rank 0 writes and warns.
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,8 +53,29 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
 /* Per block: routed E, kept E, assignments, dropped, aux, z, groups, a2a bytes. */
 #define PER_BLOCK(E) (2 * (E) + 6)
 
+/* The router losses' share of the step's loss: sum over every part's MoE
+ * blocks of (aux + z) summed over the routing groups of the step, over the
+ * groups (the loss weighs each group equally), then over the stages.
+ * Collective over dp x cp and pp; called on every rank of an MoE model. */
+static loom_status router_loss(loom_train_run_state *s, double *out) {
+    double v[2] = {0, 0}; /* aux + z of every block and group; groups of one block */
+    for (int p = 0; p < s->n_parts; p++) {
+        int n = 0;
+        const loom_moe_stats *ms = loom_moe_stats_get(s->parts[p], &n);
+        for (int b = 0; b < n; b++) {
+            v[0] += ms[b].aux + ms[b].z;
+            v[1] = ms[b].groups;
+        }
+    }
+    LOOM_TRY(loom_comm_allreduce(s->mesh->dpcp, v, 2, LOOM_F64, LOOM_SUM));
+    *out = v[1] > 0 ? v[0] / v[1] : 0;
+    return loom_comm_allreduce(s->mesh->pp, out, 1, LOOM_F64, LOOM_SUM);
+}
+
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st) {
     st->moe_json = NULL;
+    double router = 0;
+    if (s->model_cfg.n_expert > 0) LOOM_TRY(router_loss(s, &router));
     int n = 0;
     const loom_moe_stats *ms = loom_moe_stats_get(s->parts[0], &n);
     if (n == 0) return LOOM_OK;
@@ -128,7 +152,8 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
             loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
                       step + 1, ms[b].layer, 100 * share, s->cfg->moe_warn_a2a);
     }
-    PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, ", v[(size_t)n * W], edp_bytes);
+    PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, \"router_loss\": %.9g, \"lm_loss\": %.9g, ",
+        v[(size_t)n * W], edp_bytes, router, st->loss - router);
 #undef PUT
     free(v);
     free(tmax);

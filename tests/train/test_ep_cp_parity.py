@@ -20,9 +20,12 @@ makes the layouts agree, not luck.
 
 Evaluation is the language-model loss alone: `loom eval` of the trained
 parameters gives the same loss under a config whose router losses are huge
-(aux 1.0, z 0.5) as under one without them (both 0), while a training step
-with those coefficients reports router losses above 1 (aux alone is about
-aux_coef x k = 2 per block when the load is balanced)."""
+(aux 1.0, z 0.5) as under one without them (both 0). Training logs both:
+a first step with those coefficients reports router_loss above 1 (aux alone
+is about aux_coef x k = 2 per block when the load is balanced) and loss =
+lm_loss + router_loss, its lm_loss equal to the loss of the same first step
+without router losses (the forward is the same: routing does not depend on
+the coefficients)."""
 import json
 import os
 import sys
@@ -102,7 +105,7 @@ def main():
 
 
 def eval_is_lm_only(tmp, data, params):
-    losses = {}
+    losses, first = {}, {}
     for tag, aux, z in (("none", 0.0, 0.0), ("huge", 1.0, 0.5)):
         cfg = os.path.join(tmp, "eval-%s.json" % tag)
         with open(cfg, "w") as f:
@@ -110,12 +113,18 @@ def eval_is_lm_only(tmp, data, params):
         out = lt.run(["eval", "--model", cfg, "--load-params", params, "--data", data, "--batch", 4,
                       "--seq", 32, "--batches", 2]).stdout
         losses[tag] = float(out.split("loss ")[1].split()[0])
-        if tag == "huge":  # training with these coefficients reports them in its loss
-            m, _ = lt.train(tmp, "train-huge", None, ["--model", cfg, "--data", data] + COMMON
-                            + ["--steps", 1, "--warmup", 0])
-            r = lt.read_metrics(m)[0]
-            router = sum(b["aux_loss"] + b["z_loss"] for b in r["moe"])
-            lt.check(router > 1.0, "training's router losses with aux 1.0: %g" % router)
+        m, _ = lt.train(tmp, "train-" + tag, None, ["--model", cfg, "--data", data] + COMMON
+                        + ["--steps", 1, "--warmup", 0])
+        first[tag] = lt.read_metrics(m)[0]
+    r = first["huge"]
+    router = sum(b["aux_loss"] + b["z_loss"] for b in r["moe"])
+    lt.check(router > 1.0 and abs(r["router_loss"] - router) <= 1e-6 * router,
+             "training's router losses with aux 1.0: %g, blocks' sum %g" % (r["router_loss"], router))
+    lt.check(abs(r["lm_loss"] + r["router_loss"] - r["loss"]) <= 1e-6 * r["loss"],
+             "lm_loss %g + router_loss %g != loss %g" % (r["lm_loss"], r["router_loss"], r["loss"]))
+    plain = first["none"]["loss"]
+    lt.check(abs(r["lm_loss"] - plain) <= 1e-6 * plain and first["none"]["router_loss"] == 0,
+             "training's lm_loss %.9g with router losses, loss %.9g without them" % (r["lm_loss"], plain))
     lt.check(losses["huge"] == losses["none"],
              "loom eval includes router losses: %.6f with aux 1.0 / z 0.5, %.6f without"
              % (losses["huge"], losses["none"]))
