@@ -4,10 +4,12 @@
  * Groups. The EP group (mesh.h: ep consecutive ranks of dp x cp) splits the
  * experts; the ranks with the same EP rank in every EP group hold the same
  * experts and form the expert-data-parallel group "edp" (dp*cp/ep ranks).
- * Expert gradients are summed over edp only - never over dp, where the
+ * Expert gradients are summed over edp only - never over dp x cp, where the
  * ranks at one offset hold different experts - and every other gradient
- * over dp by the DP engine as before (the expert tensors are in no DP
- * bucket: unit LOOM_UNIT_EXPERTS). Per step and rank the edp all-reduce
+ * over dp (dp x cp when cp > 1) by the DP engine as before (the expert
+ * tensors are in no DP bucket: unit LOOM_UNIT_EXPERTS). With cp > 1 each CP
+ * rank dispatches its own tokens, so the edp sum covers every token of the
+ * step routed to those experts. Per step and rank the edp all-reduce
  * moves the local experts' floats x 4 bytes (comm.h's convention).
  *
  * Storage: the part's flat buffers, or at ZeRO-2/3 (which leave those to the

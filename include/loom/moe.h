@@ -17,8 +17,12 @@
  * token order, then every second choice, ...) and an assignment over the
  * capacity is dropped: it adds nothing to out (the token keeps its residual).
  * f = 0 is dropless (cap = N). The routing group is one micro-batch of one
- * DP rank, so a one-rank run with the same micro-batches drops the same
- * tokens.
+ * (dp, cp) rank - its N = B x T/cp rows in its order - so a one-rank run with
+ * the same micro-batches drops the same tokens; a part made with
+ * opts.moe_route_cp = G > 1 (no CP) routes each micro-batch as G groups, group
+ * g = the rows CP rank g of G would hold (cp.h's split, in that order), each
+ * with its own capacity and losses (the block's a->aux is their mean), which
+ * is how one rank reproduces a --cp G run.
  *
  * Losses, per routing group, added to the model loss with the weight of one
  * group (the mean over the groups of a step):

@@ -16,7 +16,9 @@ floats x 4, and dp x cp carries no expert float).
 Negative control: the same capacity model routed as ONE group per
 micro-batch (no --moe-route-cp) drops different assignments than the cp run,
 so the per-expert counts differ - the routing-group definition is what
-makes the layouts agree, not luck.
+makes the layouts agree, not luck. Refused with exit 64 and the numbers
+named: --moe-route-cp with --cp > 1, a --moe-route-cp whose 2N does not
+divide --seq, an ep that does not divide dp x cp.
 
 Evaluation is the language-model loss alone: `loom eval` of the trained
 parameters gives the same loss under a config whose router losses are huge
@@ -45,6 +47,12 @@ LAYOUTS = [  # (ranks, dp, cp, flags)
     (4, 2, 2, ["--dp", 2, "--cp", 2, "--ep", 4]),
     (2, 1, 2, ["--cp", 2, "--ep", 2, "--cp-impl", "ulysses"]),
     (4, 2, 2, ["--dp", 2, "--cp", 2, "--ep", 2, "--zero", 2]),
+]
+
+REFUSED = [  # (label, ranks, flags, words the one message must contain)
+    ("route-cp with cp", 2, ["--cp", 2, "--moe-route-cp", 2], ["--moe-route-cp 2", "--cp 1"]),
+    ("route-cp split", None, ["--moe-route-cp", 3], ["--moe-route-cp 3", "= 6", "--seq 32"]),
+    ("ep outside dp x cp", 2, ["--cp", 2, "--ep", 4], ["ep=4", "dp*cp=2"]),
 ]
 
 
@@ -101,6 +109,11 @@ def main():
                  "routing as one group per micro-batch gave the cp grouping's counts: the test "
                  "cannot tell the groupings apart")
         eval_is_lm_only(tmp, data, refs[(1, 2)][1])
+        for label, np_, flags, words in REFUSED:
+            p = lt.run(["train"] + common + flags, np=np_, check_ok=False)
+            lt.check(p.returncode == 64, "%s: exit %d, expected 64 (LOOM_EUSAGE)" % (label, p.returncode))
+            lt.check(all(w in p.stderr for w in words), "%s: message lacks %s:\n%s"
+                     % (label, words, p.stderr[-600:]))
     lt.done()
 
 
