@@ -94,6 +94,8 @@ typedef struct {
     float *dlogit;          /* (N,E) kept for W */
     const float *x;         /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;          /* this group's losses */
+    int counted;            /* its routing is in the stats: a recomputed forward
+                               (--recompute full) adds it once only */
 } moe_acts;
 
 typedef struct {
@@ -529,7 +531,9 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
             const float *y = a->ye + (size_t)r * C;
             for (int q = 0; q < C; q++) o[q] += g * y[q];
         }
-    /* statistics */
+    /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
+    if (a->counted) return LOOM_OK;
+    a->counted = 1;
     for (int g = 0; g < G; g++)
         for (int e = 0; e < E; e++) st->routed[e] += a->routed[g * E + e];
     for (int e = 0; e < E; e++) st->kept[e] += a->start[e + 1] - a->start[e];
@@ -608,6 +612,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El, A = a->start[E];
+    a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
     memset(moe->dgate, 0, (size_t)N * k * 4);

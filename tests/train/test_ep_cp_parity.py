@@ -19,7 +19,8 @@ ZeRO-1 on 8 ranks (two micro-batches per DP rank: the reference takes
 Negative control: the same capacity model routed as ONE group per
 micro-batch (no --moe-route-cp) drops different assignments than the cp run,
 so the per-expert counts differ - the routing-group definition is what
-makes the layouts agree, not luck. Refused with exit 64 and the numbers
+makes the layouts agree, not luck. --recompute full (each MoE forward run
+again in backward) gives the same losses and counts each token once. Refused with exit 64 and the numbers
 named: --moe-route-cp with --cp > 1, a --moe-route-cp whose 2N does not
 divide --seq, an ep that does not divide dp x cp.
 
@@ -117,6 +118,11 @@ def main():
         lt.check(routing(one[0]) != routing(refs[(1, 2)][0]),
                  "routing as one group per micro-batch gave the cp grouping's counts: the test "
                  "cannot tell the groupings apart")
+        # --recompute full runs each MoE forward twice: the same losses, routing counted once
+        full = lt.train(tmp, "recompute-full", None, common + ["--moe-route-cp", 2, "--recompute", "full"])
+        lt.check([m["loss"] for m in lt.read_metrics(full[0])] == [m["loss"] for m in lt.read_metrics(refs[(1, 2)][0])]
+                 and routing(full[0]) == routing(refs[(1, 2)][0]),
+                 "--recompute full: losses or tokens per expert differ from the run without recompute")
         eval_is_lm_only(tmp, data, refs[(1, 2)][1])
         for label, np_, flags, words in REFUSED:
             p = lt.run(["train"] + common + flags, np=np_, check_ok=False)
