@@ -244,7 +244,8 @@ loom_status loom_moe_create(loom_gpt *m) {
     for (int g = 0, i = 0; g < G; g++) { /* cp.h's split: group g = CP rank g's rows, b-major */
         const loom_cp part = {.size = G, .rank = g};
         for (int b = 0; b < m->B; b++)
-            for (int t = 0; t < m->T / G; t++) moe->order[i++] = b * m->T + loom_cp_position(&part, t, m->T / G);
+            for (int t = 0; t < m->T / G; t++)
+                moe->order[i++] = b * m->T + loom_cp_position(&part, t, m->T / G);
     }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
     if (moe->ex_n && m->opts.external_params) moe->ex_params = calloc(moe->ex_n, sizeof(float));
