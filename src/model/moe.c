@@ -94,8 +94,8 @@ typedef struct {
     float *dlogit;          /* (N,E) kept for W */
     const float *x;         /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;          /* this group's losses */
-    int counted;            /* its routing is in the stats: a recomputed forward
-                               (--recompute full) adds it once only */
+    int counted;            /* full recompute: its routing is in the stats already,
+                               so the forward rerun in backward adds it once only */
 } moe_acts;
 
 typedef struct {
@@ -533,8 +533,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
             for (int q = 0; q < C; q++) o[q] += g * y[q];
         }
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
-    if (a->counted) return LOOM_OK;
-    a->counted = 1;
+    if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
+    a->counted = m->opts.recompute == LOOM_RECOMPUTE_FULL;
     for (int g = 0; g < G; g++)
         for (int e = 0; e < E; e++) st->routed[e] += a->routed[g * E + e];
     for (int e = 0; e < E; e++) st->kept[e] += a->start[e + 1] - a->start[e];
@@ -714,5 +714,6 @@ void loom_moe_stats_reset(loom_gpt *m) {
         st->a2a_s = 0;
         st->aux = st->z = 0;
         st->groups = 0;
+        for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;
     }
 }
