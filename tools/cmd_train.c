@@ -96,6 +96,7 @@ int cmd_train(int argc, char **argv) {
         {"zero", OPT_INT, &c.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
         {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X", "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
         {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F", "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
+        {"moe-route-cp", OPT_INT, &c.moe_route_cp, 0, "N", "MoE without --cp: route each micro-batch as N groups, the tokens each of N CP ranks would hold, so dropping and the aux loss match a --cp N run (default: one group)"},
         {"bucket-mb", OPT_DOUBLE, &c.bucket_mb, 0, "MB", "DDP gradient bucket size in MB (default 25)"},
         {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},

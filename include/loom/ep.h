@@ -4,10 +4,12 @@
  * Groups. The EP group (mesh.h: ep consecutive ranks of dp x cp) splits the
  * experts; the ranks with the same EP rank in every EP group hold the same
  * experts and form the expert-data-parallel group "edp" (dp*cp/ep ranks).
- * Expert gradients are summed over edp only - never over dp, where the
+ * Expert gradients are summed over edp only - never over dp x cp, where the
  * ranks at one offset hold different experts - and every other gradient
- * over dp by the DP engine as before (the expert tensors are in no DP
- * bucket: unit LOOM_UNIT_EXPERTS). Per step and rank the edp all-reduce
+ * over dp (dp x cp when cp > 1) by the DP engine as before (the expert
+ * tensors are in no DP bucket: unit LOOM_UNIT_EXPERTS). With cp > 1 each CP
+ * rank dispatches its own tokens, so the edp sum covers every token of the
+ * step routed to those experts. Per step and rank the edp all-reduce
  * moves the local experts' floats x 4 bytes (comm.h's convention).
  *
  * Storage: the part's flat buffers, or at ZeRO-2/3 (which leave those to the
@@ -49,6 +51,12 @@ loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);
 size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo);
 /* The experts' optimizer step count (AdamW bias correction), for resume. */
 void loom_ep_set_steps_taken(loom_ep_engine *e, int t);
+/* Add to *mem what the DP engine's plan (loom_dp_memory_bytes) leaves out
+ * of an MoE model: the local experts' AdamW moments (2 floats each, when
+ * expert-parallel: the experts are in no DP bucket), their own parameter /
+ * gradient storage at ZeRO-2/3, and the MoE blocks' routing and dispatch
+ * buffers (counted as activations). Local. */
+void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem);
 /* The edp group (NULL when there are no expert tensors), for byte counts. */
 loom_comm *loom_ep_edp(const loom_ep_engine *e);
 

@@ -209,6 +209,16 @@ typedef struct loom_gpt_opts {
      * (B,NH_l,T,T), recomputed from qkv just before attention's backward.
      * Recomputed values are bit-identical, so results do not change. */
     int recompute;
+    /* MoE routing groups (moe.h): route each micro-batch as this many groups,
+     * group g = the tokens context-parallel rank g of that many would hold
+     * (cp.h's split), in its order - a run without CP then routes, drops and
+     * balances exactly as a --cp run does. 0 or 1: the micro-batch is one
+     * group. */
+    int moe_route_cp;
+    /* Forward's loss_sum is the language-model loss only, without the MoE
+     * router losses (aux, z) that training adds (evaluation); backward is
+     * unchanged. */
+    int loss_lm_only;
 } loom_gpt_opts;
 
 enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_SELECTIVE = 1, LOOM_RECOMPUTE_FULL = 2 };

@@ -17,8 +17,12 @@
  * token order, then every second choice, ...) and an assignment over the
  * capacity is dropped: it adds nothing to out (the token keeps its residual).
  * f = 0 is dropless (cap = N). The routing group is one micro-batch of one
- * DP rank, so a one-rank run with the same micro-batches drops the same
- * tokens.
+ * (dp, cp) rank - its N = B x T/cp rows in its order - so a one-rank run with
+ * the same micro-batches drops the same tokens; a part made with
+ * opts.moe_route_cp = G > 1 (no CP) routes each micro-batch as G groups, group
+ * g = the rows CP rank g of G would hold (cp.h's split, in that order), each
+ * with its own capacity and losses (the block's a->aux is their mean), which
+ * is how one rank reproduces a --cp G run.
  *
  * Losses, per routing group, added to the model loss with the weight of one
  * group (the mean over the groups of a step):
@@ -104,6 +108,12 @@ typedef struct loom_moe_stats {
  * external_grads (ZeRO-2/3 leave those to the DP engine, whose buckets never
  * hold experts), in storage of their own. *n = 0: none. */
 void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, size_t *lo, size_t *n);
+
+/* Bytes the part's MoE blocks allocate outside its arenas: the expert
+ * tensors' own parameter and gradient storage (external_params /
+ * external_grads, see above) and the routing, dispatch and expert
+ * activation buffers (all slots, scratch included). Zeros for a dense part. */
+void loom_moe_memory_bytes(const loom_gpt *m, size_t *params, size_t *grads, size_t *buffers);
 
 /* Aux-loss-free balancing: one step of the selection bias of the part's MoE
  * block b (index into the stats) from its step's chosen counts over every

@@ -80,6 +80,9 @@ typedef struct loom_train_config {
      * (max / mean tokens per expert) or the all-to-all share of the step
      * exceeds these */
     float moe_warn_imbalance, moe_warn_a2a;
+    /* MoE routing groups: with cp = 1, route each micro-batch as the tokens
+     * of this many CP ranks (loom_gpt_opts.moe_route_cp); 0 = one group */
+    int moe_route_cp;
 } loom_train_config;
 
 void loom_train_config_default(loom_train_config *c);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/cp.h"
 #include "loom/kernels.h"
 #include "model/internal.h"
 
@@ -83,7 +84,7 @@ typedef struct {
     int32_t *row;           /* (N,k) dispatched row of each choice, -1 if dropped */
     int32_t *tok;           /* (A) token of each dispatched row */
     int32_t *start;         /* (E+1) first dispatched row of each expert */
-    int32_t *routed;        /* (E) choices per expert before capacity */
+    int32_t *routed;        /* (G,E) choices per routing group and expert before capacity */
     int32_t *rc;            /* (P,El) rows received from source s for local expert j */
     int32_t *soff, *eoff;   /* (P,El) their offsets source-major / expert-major */
     int32_t *estart;        /* (El+1) first expert-major row of each local expert */
@@ -93,6 +94,8 @@ typedef struct {
     float *dlogit;          /* (N,E) kept for W */
     const float *x;         /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;          /* this group's losses */
+    int counted;            /* full recompute: its routing is in the stats already,
+                               so the forward rerun in backward adds it once only */
 } moe_acts;
 
 typedef struct {
@@ -109,6 +112,10 @@ typedef struct {
 
 struct loom_moe {
     int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
+    int G;                    /* routing groups per micro-batch (opts.moe_route_cp, >= 1) */
+    int32_t *order;           /* (N) tokens group by group, each group in its CP rank's order */
+    int32_t *cnt_g;           /* (G,E) scratch: kept per group and expert */
+    double *P_g;              /* (G,E) scratch: router probabilities summed per group */
     size_t Rmax;              /* rows the local experts can receive */
     moe_block *blocks;
     int *of_local;      /* local block -> index in blocks, -1 if dense */
@@ -122,6 +129,7 @@ struct loom_moe {
     loom_moe_stats *stats;
     int64_t *stat_mem;
     void *mem;          /* one allocation for every buffer above */
+    size_t mem_bytes;
     size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
     float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
 };
@@ -150,6 +158,9 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
     moe->t2 = carve(p, &used, R * C * 4);
     moe->tH = carve(p, &used, R * H * 4);
     moe->a2a = carve(p, &used, 4 * P * sizeof(size_t));
+    moe->order = carve(p, &used, N * 4);
+    moe->cnt_g = carve(p, &used, (size_t)moe->G * E * 4);
+    moe->P_g = carve(p, &used, (size_t)moe->G * E * 8);
     moe->stat_mem = carve(p, &used, (size_t)moe->n_blocks * 2 * E * 8);
     for (int b = 0; b < moe->n_blocks; b++) {
         moe_block *bl = &moe->blocks[b];
@@ -166,7 +177,7 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
             a->row = carve(p, &used, N * k * 4);
             a->tok = carve(p, &used, A * 4);
             a->start = carve(p, &used, (E + 1) * 4);
-            a->routed = carve(p, &used, E * 4);
+            a->routed = carve(p, &used, (size_t)moe->G * E * 4);
             a->rc = carve(p, &used, P * El * 4);
             a->soff = carve(p, &used, P * El * 4);
             a->eoff = carve(p, &used, P * El * 4);
@@ -195,9 +206,14 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (E % P)
         return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,
                          m->cfg.name);
+    const int G = m->opts.moe_route_cp > 1 ? m->opts.moe_route_cp : 1;
+    if (G > 1 && m->T % (2 * G))
+        return loom_fail(LOOM_EUSAGE, "MoE routing groups of %d CP ranks: 2*%d = %d does not divide "
+                         "the sequence length %d", G, G, 2 * G, m->T);
     struct loom_moe *moe = calloc(1, sizeof *moe);
     if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
     m->moe = moe;
+    moe->G = G;
     moe->n_blocks = n;
     moe->P = P;
     moe->El = E / P;
@@ -224,6 +240,13 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (!moe->mem)
         return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
     layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
+    moe->mem_bytes = bytes + 64;
+    for (int g = 0, i = 0; g < G; g++) { /* cp.h's split: group g = CP rank g's rows, b-major */
+        const loom_cp part = {.size = G, .rank = g};
+        for (int b = 0; b < m->B; b++)
+            for (int t = 0; t < m->T / G; t++)
+                moe->order[i++] = b * m->T + loom_cp_position(&part, t, m->T / G);
+    }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
     if (moe->ex_n && m->opts.external_params) moe->ex_params = calloc(moe->ex_n, sizeof(float));
     if (moe->ex_n && m->opts.external_grads) moe->ex_grads = calloc(moe->ex_n, sizeof(float));
@@ -262,6 +285,13 @@ void loom_moe_expert_storage(const loom_gpt *m, float **params, float **grads, s
     *n = moe ? moe->ex_n : 0;
     *params = moe && moe->ex_params ? moe->ex_params : m->param_mem ? m->param_mem + *lo : NULL;
     *grads = moe && moe->ex_grads ? moe->ex_grads : m->grad_mem ? m->grad_mem + *lo : NULL;
+}
+
+void loom_moe_memory_bytes(const loom_gpt *m, size_t *params, size_t *grads, size_t *buffers) {
+    const struct loom_moe *moe = m->moe;
+    *params = moe && moe->ex_params ? moe->ex_n * sizeof(float) : 0;
+    *grads = moe && moe->ex_grads ? moe->ex_n * sizeof(float) : 0;
+    *buffers = moe ? moe->mem_bytes : 0;
 }
 
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
@@ -329,25 +359,30 @@ static void route_topk(moe_acts *a, const float *bias, int N, int E, int k, int 
     }
 }
 
-/* Capacity (choice-major, then token order) and the dispatch layout: row
- * (N,k), start (E+1), tok (A). Returns the number of dropped choices. */
-static int64_t route_dispatch(moe_acts *a, int N, int E, int k, int cap) {
+/* Capacity per routing group (group by group; in each, choice-major, then
+ * the group's token order) and the dispatch layout: row (N,k), start (E+1),
+ * tok (A); routed (G,E). Returns the number of dropped choices. */
+static int64_t route_dispatch(struct loom_moe *moe, moe_acts *a, int N, int E, int k, int cap) {
+    const int G = moe->G, Ng = N / G;
     int32_t *cnt = a->start + 1; /* kept per expert, then turned into offsets */
     memset(a->start, 0, (size_t)(E + 1) * sizeof *a->start);
-    memset(a->routed, 0, (size_t)E * sizeof *a->routed);
+    memset(a->routed, 0, (size_t)G * E * sizeof *a->routed);
+    memset(moe->cnt_g, 0, (size_t)G * E * sizeof *moe->cnt_g);
     int64_t dropped = 0;
-    for (int j = 0; j < k; j++)
-        for (int i = 0; i < N; i++) {
-            int e = a->sel[(size_t)i * k + j];
-            a->routed[e]++;
-            if (cnt[e] < cap) {
-                cnt[e]++;
-                a->row[(size_t)i * k + j] = 0; /* kept; its row is set below */
-            } else {
-                a->row[(size_t)i * k + j] = -1;
-                dropped++;
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < k; j++)
+            for (int q = 0; q < Ng; q++) {
+                const int i = G > 1 ? moe->order[g * Ng + q] : q, e = a->sel[(size_t)i * k + j];
+                a->routed[g * E + e]++;
+                if (moe->cnt_g[g * E + e] < cap) {
+                    moe->cnt_g[g * E + e]++;
+                    cnt[e]++;
+                    a->row[(size_t)i * k + j] = 0; /* kept; its row is set below */
+                } else {
+                    a->row[(size_t)i * k + j] = -1;
+                    dropped++;
+                }
             }
-        }
     for (int e = 0; e < E; e++) a->start[e + 1] += a->start[e];
     int32_t fill[1024];
     for (int e = 0; e < E; e++) fill[e] = a->start[e];
@@ -452,15 +487,21 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     a->x = x;
     double zsum = route_probs(a, bl->w.router, N, C, E);
     route_topk(a, bl->bias, N, E, k, c->norm_topk);
-    int64_t dropped = route_dispatch(a, N, E, k, loom_moe_capacity(c, N));
-    /* aux = coef E sum_e (routed_e / N) (mean_i p_ie) */
+    const int G = moe->G, Ng = N / G;
+    int64_t dropped = route_dispatch(moe, a, N, E, k, loom_moe_capacity(c, Ng));
+    /* per group g of Ng tokens: aux_g = coef E sum_e (routed_ge / Ng) (mean p_ie over g);
+     * a->aux, a->z = the means over the G groups (equal sizes: z's is the plain mean) */
     double aux = 0;
-    for (int e = 0; e < E; e++) {
-        double Pe = 0;
-        for (int i = 0; i < N; i++) Pe += a->probs[(size_t)i * E + e];
-        aux += (double)a->routed[e] / N * (Pe / N);
+    memset(moe->P_g, 0, (size_t)G * E * sizeof *moe->P_g);
+    for (int q = 0; q < N; q++) {
+        const int i = G > 1 ? moe->order[q] : q;
+        double *Pg = moe->P_g + (size_t)(q / Ng) * E;
+        for (int e = 0; e < E; e++) Pg[e] += a->probs[(size_t)i * E + e];
     }
-    a->aux = c->aux_coef * E * aux;
+    for (int g = 0; g < G; g++)
+        for (int e = 0; e < E; e++)
+            aux += (double)a->routed[g * E + e] / Ng * (moe->P_g[(size_t)g * E + e] / Ng);
+    a->aux = c->aux_coef * E * aux / G;
     a->z = c->z_coef * zsum / N;
     /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
     const int A = a->start[E];
@@ -491,16 +532,17 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
             const float *y = a->ye + (size_t)r * C;
             for (int q = 0; q < C; q++) o[q] += g * y[q];
         }
-    /* statistics */
-    for (int e = 0; e < E; e++) {
-        st->routed[e] += a->routed[e];
-        st->kept[e] += a->start[e + 1] - a->start[e];
-    }
+    /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
+    if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
+    a->counted = m->opts.recompute == LOOM_RECOMPUTE_FULL;
+    for (int g = 0; g < G; g++)
+        for (int e = 0; e < E; e++) st->routed[e] += a->routed[g * E + e];
+    for (int e = 0; e < E; e++) st->kept[e] += a->start[e + 1] - a->start[e];
     st->assignments += (int64_t)N * k;
     st->dropped += dropped;
-    st->aux += a->aux;
-    st->z += a->z;
-    st->groups++;
+    st->aux += a->aux * G;
+    st->z += a->z * G;
+    st->groups += G;
     st->sent_rows += A;
     st->recv_rows += a->estart[El];
     return LOOM_OK;
@@ -508,6 +550,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
 
 double loom_moe_loss_sum(const loom_gpt *m, const loom_gpt_slot *s) {
     double sum = 0;
+    if (m->opts.loss_lm_only) return 0; /* evaluation: cross-entropy alone */
     for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
         const moe_acts *a = &m->moe->blocks[b].acts[s - m->slots];
         sum += (a->aux + a->z) * m->N;
@@ -522,7 +565,8 @@ void loom_moe_set_dloss(loom_gpt *m, float dloss) {
 }
 
 /* dlogit (N,E) WRITES the router logits' gradient from the gates' gradient
- * dgate (N,k) and the two losses (group weight wg). */
+ * dgate (N,k) and the two losses (weight of the whole micro-batch wg; each
+ * of its G routing groups weighs wg / G). */
 static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N, float wg) {
     const int E = c->n_expert, k = c->top_k;
     float *dp = moe->dp;
@@ -542,10 +586,15 @@ static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_confi
             for (int j = 0; j < k; j++) d[sel[j]] += dg[j];
         }
     }
-    /* aux: d/dp_ie = coef E routed_e / N^2 */
-    const float aux_scale = wg * c->aux_coef * (float)E / ((float)N * (float)N);
-    for (int i = 0; i < N; i++)
-        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] += aux_scale * (float)a->routed[e];
+    /* aux: d/dp_ie = coef E routed_{g(i)e} / Ng^2 for token i of group g(i) of Ng */
+    const int G = moe->G, Ng = N / G;
+    const float wgg = G > 1 ? wg / (float)G : wg;
+    const float aux_scale = wgg * c->aux_coef * (float)E / ((float)Ng * (float)Ng);
+    for (int q = 0; q < N; q++) {
+        const int i = G > 1 ? moe->order[q] : q;
+        const int32_t *routed = a->routed + (size_t)(q / Ng) * E;
+        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] += aux_scale * (float)routed[e];
+    }
     /* softmax, plus z: d/dlogit_ie = 2 coef lse_i p_ie / N */
     for (int i = 0; i < N; i++) {
         const float *p = a->probs + (size_t)i * E, *d = dp + (size_t)i * E;
@@ -564,6 +613,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El, A = a->start[E];
+    a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
     memset(moe->dgate, 0, (size_t)N * k * 4);
@@ -664,5 +714,6 @@ void loom_moe_stats_reset(loom_gpt *m) {
         st->a2a_s = 0;
         st->aux = st->z = 0;
         st->groups = 0;
+        for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;
     }
 }

@@ -87,6 +87,17 @@ void loom_ep_set_steps_taken(loom_ep_engine *e, int t) {
     if (e) e->t = t;
 }
 
+void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem) {
+    for (int i = 0; e && i < e->n_parts; i++) {
+        size_t par, grad, buf;
+        loom_moe_memory_bytes(e->parts[i], &par, &grad, &buf);
+        mem->params += par;
+        mem->grads += grad;
+        mem->activations += buf;
+        if (e->edp) mem->optimizer += 2 * e->n[i] * sizeof(float); /* opt_m, opt_v */
+    }
+}
+
 loom_comm *loom_ep_edp(const loom_ep_engine *e) { return e ? e->edp : NULL; }
 
 loom_status loom_ep_finish_grads(loom_ep_engine *e) {

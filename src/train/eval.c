@@ -49,7 +49,8 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *m
     if (st == LOOM_OK) st = loom_tokens_check_vocab(&tok, mc.vocab_size);
     loom_gpt *m = NULL;
     loom_model_part part = loom_model_part_whole(&mc);
-    loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1};
+    /* the language-model loss alone: no MoE router losses (those are training terms) */
+    loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1, .loss_lm_only = 1};
     if (st == LOOM_OK) st = loom_gpt_create(&mc, &part, &opts, &m);
     if (st == LOOM_OK) st = loom_params_load(&m, 1, NULL, NULL, c->load_params);
     int32_t *in = malloc((size_t)Bl * T * sizeof *in), *tg = malloc((size_t)Bl * T * sizeof *tg);

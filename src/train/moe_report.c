@@ -12,9 +12,12 @@
  *              summed over the ranks (moe.h's formula); a2a_ms the largest
  *              rank's time inside them
  * and once per step "ep_bytes", the EP group's alltoall(v) bytes over every
- * rank as the communicator counted them (the independent instrument for a2a_bytes), and
- * "edp_bytes", this rank's expert-gradient all-reduce bytes.
- * Collective over dp x cp; rank 0 writes and warns.
+ * rank as the communicator counted them (the independent instrument for a2a_bytes),
+ * "edp_bytes", this rank's expert-gradient all-reduce bytes, and the step's
+ * loss split: "router_loss" = the sum over every MoE block (every stage) of
+ * its mean aux + z, the part of "loss" they add, and "lm_loss" = loss -
+ * router_loss, the language-model loss (what `loom eval` reports).
+ * Collective over dp x cp, and over pp for an MoE model; rank 0 writes and warns.
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +33,12 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
     if (!(c->moe_warn_imbalance >= 1) || !(c->moe_warn_a2a > 0))
         return loom_fail(LOOM_EUSAGE, "--moe-warn-imbalance %g must be >= 1 and --moe-warn-a2a %g > 0",
                          c->moe_warn_imbalance, c->moe_warn_a2a);
+    if (c->moe_route_cp < 0 || (c->moe_route_cp > 1 && (mc->n_expert == 0 || c->layout.cp > 1)))
+        return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: needs an MoE model and --cp 1 (with --cp > 1 "
+                         "each CP rank's tokens already are its routing group)", c->moe_route_cp);
+    if (c->moe_route_cp > 1 && c->seq % (2 * c->moe_route_cp))
+        return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: 2*%d = %d does not divide --seq %d",
+                         c->moe_route_cp, c->moe_route_cp, 2 * c->moe_route_cp, c->seq);
     const int ep = c->layout.ep;
     if (ep <= 1) return LOOM_OK;
     if (mc->n_expert == 0)
@@ -44,8 +53,29 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
 /* Per block: routed E, kept E, assignments, dropped, aux, z, groups, a2a bytes. */
 #define PER_BLOCK(E) (2 * (E) + 6)
 
+/* The router losses' share of the step's loss: sum over every part's MoE
+ * blocks of (aux + z) summed over the routing groups of the step, over the
+ * groups (the loss weighs each group equally), then over the stages.
+ * Collective over dp x cp and pp; called on every rank of an MoE model. */
+static loom_status router_loss(loom_train_run_state *s, double *out) {
+    double v[2] = {0, 0}; /* aux + z of every block and group; groups of one block */
+    for (int p = 0; p < s->n_parts; p++) {
+        int n = 0;
+        const loom_moe_stats *ms = loom_moe_stats_get(s->parts[p], &n);
+        for (int b = 0; b < n; b++) {
+            v[0] += ms[b].aux + ms[b].z;
+            v[1] = ms[b].groups;
+        }
+    }
+    LOOM_TRY(loom_comm_allreduce(s->mesh->dpcp, v, 2, LOOM_F64, LOOM_SUM));
+    *out = v[1] > 0 ? v[0] / v[1] : 0;
+    return loom_comm_allreduce(s->mesh->pp, out, 1, LOOM_F64, LOOM_SUM);
+}
+
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st) {
     st->moe_json = NULL;
+    double router = 0;
+    if (s->model_cfg.n_expert > 0) LOOM_TRY(router_loss(s, &router));
     int n = 0;
     const loom_moe_stats *ms = loom_moe_stats_get(s->parts[0], &n);
     if (n == 0) return LOOM_OK;
@@ -122,7 +152,8 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
             loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
                       step + 1, ms[b].layer, 100 * share, s->cfg->moe_warn_a2a);
     }
-    PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, ", v[(size_t)n * W], edp_bytes);
+    PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, \"router_loss\": %.9g, \"lm_loss\": %.9g, ",
+        v[(size_t)n * W], edp_bytes, router, st->loss - router);
 #undef PUT
     free(v);
     free(tmax);

@@ -73,7 +73,8 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
     loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = loom_schedule_peak_live(s->sched, r),
                           .split_backward = s->sched->split_backward,
-                          .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+                          .external_params = c->zero >= 3, .external_grads = c->zero >= 2,
+                          .moe_route_cp = c->moe_route_cp};
     loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {

@@ -84,9 +84,6 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
     LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
     LOOM_TRY(check_cp(c, mc));
-    if (l->cp > 1 && mc->n_expert > 0) /* routing groups and the EP group inside dp x cp: untested */
-        return loom_fail(LOOM_EUSAGE, "--cp %d with a Mixture-of-Experts model (%d experts) is not "
-                         "supported yet; use --dp", l->cp, mc->n_expert);
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
@@ -200,10 +197,11 @@ static loom_status peak_rss(const loom_train_run_state *s, size_t *mine, size_t 
 
 /* loom's plan per lifetime class beside what the OS measured (rank 0's peak
  * and the largest over the ranks, after initialisation). */
-static void report_memory(const loom_dp_engine *e, size_t rss0, size_t rss_max) {
+static void report_memory(const loom_train_run_state *s, size_t rss0, size_t rss_max) {
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
-    loom_dp_memory_bytes(e, &mem);
+    loom_dp_memory_bytes(s->dp, &mem);
+    loom_ep_memory_bytes(s->ep, &mem); /* MoE: experts' optimizer state, own storage, buffers */
     loom_info("memory per rank (planned): params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
               "activations %.1f MB, total %.1f MB; peak RSS from the OS so far: %.1f MB on rank 0, "
               "%.1f MB the largest of all ranks (with libraries and buffers loom does not plan)",
@@ -342,7 +340,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
         loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
-                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2};
+                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2,
+                              .moe_route_cp = c->moe_route_cp};
         loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
@@ -413,6 +412,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
+    loom_ep_memory_bytes(s->ep, &st_step.mem);
     for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         s->tracing = c->trace[0] && step == c->steps - 1;
@@ -506,7 +506,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
                                                : "");
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
                   loom_sysmem_process_age(), loom_kernels_get_threads());
-        report_memory(s.dp, rss0, rss_max);
+        report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
     if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));

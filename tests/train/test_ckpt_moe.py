@@ -15,7 +15,13 @@ Resharding: that ep2 checkpoint resumed on one rank (ep 1), and a one-rank
 parameters agree with the uninterrupted one-rank run within 1e-5 (one rank
 with --grad-accum 2: its micro-batches are the dp ranks' routing groups).
 On 4 ranks, a dp4 x ep4 checkpoint (one expert a rank) resumed at dp4 x ep2
-ZeRO-3 (each expert on two edp replicas) against one rank --grad-accum 4."""
+ZeRO-3 (each expert on two edp replicas) against one rank --grad-accum 4.
+
+Context parallelism: cp2 x ep2 (the EP group inside dp x cp, each CP rank's
+tokens a routing group) saving at step 10 agrees with one rank routing the
+same groups (--moe-route-cp 2) over all 20 steps, and its step-10
+checkpoint resumed at dp2 x ep2 agrees with that one-rank checkpoint
+resumed with dp2's groups (--grad-accum 2) within 1e-5."""
 import json
 import os
 import sys
@@ -77,6 +83,16 @@ def main():
         close("ep2 -> ep1", m1, p1, m, p)
         m, p = lt.train(tmp, "one_to_ep2", 2, common + EP2 + ["--resume", os.path.join(ck1, "step_10")])
         close("ep1 -> ep2", m1, p1, m, p)
+        # cp2 x ep2 -> dp2 x ep2: the routing groups change with the layout at step 10
+        ckc, ckr = os.path.join(tmp, "ck_cp2"), os.path.join(tmp, "ck_route2")
+        mr, pr = lt.train(tmp, "route2_straight", None, common + ["--moe-route-cp", 2, "--save-dir", ckr,
+                                                                  "--save-every", 10])
+        mc, pc = lt.train(tmp, "cp2_straight", 2, common + ["--cp", 2, "--ep", 2, "--save-dir", ckc,
+                                                            "--save-every", 10])
+        lt.compare_runs(mr, pr, mc, pc, "cp2 ep2 vs one rank --moe-route-cp 2")
+        m1r, p1r = lt.train(tmp, "route2_to_one", None, common + ONE + ["--resume", os.path.join(ckr, "step_10")])
+        m, p = lt.train(tmp, "cp2_to_dp2", 2, common + EP2 + ["--resume", os.path.join(ckc, "step_10")])
+        close("cp2 ep2 -> dp2 ep2", m1r, p1r, m, p)
         # 4 ranks: dp4 x ep4 (one expert a rank) -> dp4 x ep2 at ZeRO-3 (two replicas of each expert)
         ck4 = os.path.join(tmp, "ck_ep4")
         lt.train(tmp, "ep4_straight", 4, common + ["--dp", 4, "--ep", 4, "--save-dir", ck4, "--save-every", 10])

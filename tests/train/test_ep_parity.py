@@ -10,7 +10,8 @@ with pp 2 (1F1B and zero-bubble; each micro-batch a routing group), with
 TP-split experts (tp 2; tp 2 with sp x dp 2 x ep 2; the same x pp 2 with the
 zero-bubble schedule at zero 1 on 8 ranks), and the
 MoE model without EP under ZeRO-3.
-The routing itself must agree: tokens per expert (after capacity) and chosen
+The language-model part of the loss (JSONL lm_loss: loss minus the router
+losses of every block, every stage) agrees too. The routing itself must agree: tokens per expert (after capacity) and chosen
 per expert (before) equal the one-rank run's at every step, and a capacity
 run must drop tokens while a dropless one drops none."""
 import json
@@ -77,6 +78,10 @@ def main():
                 label = "%s %s" % (name, " ".join(str(f) for f in flags))
                 run = lt.train(tmp, label, ranks, common + flags)
                 lt.compare_runs(refs[groups][0], refs[groups][1], run[0], run[1], label)
+                lm = [(a["lm_loss"], b["lm_loss"]) for a, b in zip(lt.read_metrics(run[0]),
+                                                                   lt.read_metrics(refs[groups][0]))]
+                lt.check(all(abs(a - b) <= 1e-5 * abs(b) for a, b in lm),  # router losses of every stage
+                         "%s: lm_loss per step %s vs one rank" % (label, lm))
                 if "--pp" not in flags:  # with pp, rank 0 reports only its stage's blocks
                     lt.check(routing(run[0]) == routing(refs[groups][0]),
                              "%s: tokens per expert differ from the one-rank run" % label)
