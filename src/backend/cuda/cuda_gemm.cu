@@ -1,0 +1,130 @@
+/* cuda_gemm.cu - linear layers and the tied LM head through cuBLAS, with
+ * loom's row-major layout: weights [in, out] (C, OC), out = inp @ w + b, and
+ * the head out = inp @ wte^T. Backward calls accumulate (beta = 1) into every
+ * gradient they are given, as matmul.c does.
+ *
+ * cuBLAS is column-major; a row-major X (r, c) with leading dimension ld is
+ * the column-major X^T with the same ld, so the row-major product
+ * C = op(A) op(B) is issued as the column-major C^T = op(B)^T op(A)^T: the
+ * operands swap places and keep their transpose flags (lc_gemm_rm).
+ *
+ * Precision (loom_cuda_set_precision): FP32 computes in fp32 with TF32 off
+ * (CUBLAS_COMPUTE_32F, pedantic enough that no tensor-core TF32 is used);
+ * TF32 allows it (CUBLAS_COMPUTE_32F_FAST_TF32); BF16 rounds both operands
+ * to bf16 into scratch buffers (nearest even, as the CPU's bf16 mode rounds
+ * them) and multiplies bf16 x bf16 with fp32 accumulation and fp32 output.
+ * The bias is written into out first and the product added (beta = 1), as
+ * on the CPU, so out = fl(sum + b) in both.
+ */
+#include <cuda_bf16.h>
+
+#include "cuda_internal.cuh"
+
+static int lc_precision = LOOM_CUDA_FP32;
+
+void loom_cuda_set_precision(int mode) {
+    lc_precision = mode == LOOM_CUDA_BF16 || mode == LOOM_CUDA_TF32 ? mode : LOOM_CUDA_FP32;
+}
+
+int loom_cuda_get_precision(void) { return lc_precision; }
+
+__global__ static void k_to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* A bf16 copy of the n floats at src in scratch `slot`, or NULL. */
+static const void *lc_bf16_copy(int slot, const float *src, size_t n) {
+    __nv_bfloat16 *d = (__nv_bfloat16 *)lc_scratch(slot, n * sizeof *d);
+    if (!d) return NULL;
+    if (n) k_to_bf16<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(d, src, n);
+    return lc_launched("bf16 operand copy") ? d : NULL;
+}
+
+/* Floats a row-major operand spans: rows of its stored layout x ld. */
+static size_t lc_span(bool trans, int rows_nt, int cols_nt, int ld) {
+    size_t rows = (size_t)(trans ? cols_nt : rows_nt), cols = (size_t)(trans ? rows_nt : cols_nt);
+    return rows ? (rows - 1) * (size_t)ld + cols : 0;
+}
+
+/* Row-major C (M,N) = alpha op(A) op(B) + beta C; op(A) is (M,K), op(B) (K,N). */
+static void lc_gemm_rm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc, const char *what) {
+    if (M <= 0 || N <= 0) return;
+    cublasHandle_t h = lc_cublas();
+    if (!h) return;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const void *a = A, *b = B;
+    cudaDataType_t type = CUDA_R_32F;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+    if (lc_precision == LOOM_CUDA_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (lc_precision == LOOM_CUDA_BF16 && K > 0) {
+        /* A is stored (M,K) or, transposed, (K,M); B (K,N) or (N,K) */
+        a = lc_bf16_copy(LC_SCRATCH_A, A, lc_span(ta, M, K, lda));
+        b = lc_bf16_copy(LC_SCRATCH_B, B, lc_span(tb, K, N, ldb));
+        if (!a || !b) return;
+        type = CUDA_R_16BF;
+    }
+    lc_blas(cublasGemmEx(h, opb, opa, N, M, K, &alpha, b, type, ldb, a, type, lda, &beta, C,
+                         CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+            what);
+}
+
+/* out (N,OC) = b broadcast over rows */
+__global__ static void k_bias_rows(float *out, const float *b, int N, int OC) {
+    size_t n = (size_t)N * OC;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = b[i % (size_t)OC];
+}
+
+/* db (OC) += column sums of dout (N,OC): a block takes 32 columns, its 8
+ * warps rows y, y+8, ... in order, then the 8 partials add in a fixed order
+ * (deterministic; coalesced reads along a row). */
+__global__ static void k_colsum_acc(float *db, const float *dout, int N, int OC) {
+    __shared__ float part[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < OC)
+        for (int i = threadIdx.y; i < N; i += 8) s += dout[(size_t)i * OC + c];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) t += part[y][threadIdx.x];
+        db[c] += t;
+    }
+}
+
+void lc_colsum_acc(float *db, const float *dout, int N, int OC) {
+    if (OC <= 0) return;
+    k_colsum_acc<<<(OC + 31) / 32, dim3(32, 8), 0, lc_stream()>>>(db, dout, N, OC);
+    lc_launched("bias gradient");
+}
+
+void loom_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N,
+                          int C, int OC) {
+    float beta = 0.0f;
+    if (b && N > 0 && OC > 0) {
+        k_bias_rows<<<lc_blocks((size_t)N * OC), LC_THREADS, 0, lc_stream()>>>(out, b, N, OC);
+        if (!lc_launched("matmul_fwd bias")) return;
+        beta = 1.0f;
+    }
+    lc_gemm_rm(false, false, N, OC, C, 1.0f, inp, C, w, OC, beta, out, OC, "matmul_fwd");
+}
+
+void loom_cuda_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC) {
+    if (dinp) lc_gemm_rm(false, true, N, C, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, C, "matmul_bwd dinp");
+    if (dw) lc_gemm_rm(true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC, "matmul_bwd dw");
+    if (db) lc_colsum_acc(db, dout, N, OC);
+}
+
+void loom_cuda_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V) {
+    lc_gemm_rm(false, true, N, V, C, 1.0f, inp, C, wte, C, 0.0f, out, V, "matmul_nt_fwd");
+}
+
+void loom_cuda_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+                             const float *wte, int N, int C, int V) {
+    if (dinp) lc_gemm_rm(false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
+    if (dwte) lc_gemm_rm(true, false, V, C, N, 1.0f, dout, V, inp, C, 1.0f, dwte, C, "matmul_nt_bwd dwte");
+}
