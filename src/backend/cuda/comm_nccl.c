@@ -133,8 +133,9 @@ loom_status loom_nccl_create(loom_comm *group, loom_nccl **out) {
         }
     }
     loom_status st = loom_comm_agree(group, local);
-    if (st != LOOM_OK) {
-        loom_nccl_free(n);
+    if (st != LOOM_OK) { /* another rank failed: leave without a collective destroy */
+        if (n) ncclCommAbort(n->nc);
+        free(n);
         return st;
     }
     *out = n;
@@ -324,9 +325,10 @@ loom_status loom_nccl_recv(loom_nccl *n, void *buf, size_t bytes, int peer, loom
 /* ---- completion ------------------------------------------------------------------ */
 
 loom_status loom_nccl_sync(loom_nccl *n) {
+    if (n->count == 0) return LOOM_OK;
     double t0 = now_s(), limit = loom_comm_timeout();
     struct timespec nap = {0, 100000}; /* 0.1 ms between polls */
-    loom_comm_op last_op = n->count ? n->ring[(n->head + n->count - 1) % NCCL_RING].op : LOOM_OP_BARRIER;
+    loom_comm_op last_op = n->ring[(n->head + n->count - 1) % NCCL_RING].op; /* waited for last */
     loom_status st = LOOM_OK;
     while (n->count > 0) {
         st = fold(n, 0);

@@ -17,9 +17,6 @@ __device__ static inline float gelu_exp_m2u(float x) {
     return expf(z);
 }
 
-#define LC_FOR(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 __global__ static void k_gelu_fwd(float *out, const float *inp, size_t n) {
     LC_FOR(i, n) {
         float x = inp[i];

@@ -29,8 +29,7 @@ void loom_cuda_set_precision(int mode) {
 int loom_cuda_get_precision(void) { return lc_precision; }
 
 __global__ static void k_to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i]);
+    LC_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 /* A bf16 copy of the n floats at src in scratch `slot`, or NULL. */
@@ -73,8 +72,7 @@ static void lc_gemm_rm(bool ta, bool tb, int M, int N, int K, float alpha, const
 /* out (N,OC) = b broadcast over rows */
 __global__ static void k_bias_rows(float *out, const float *b, int N, int OC) {
     size_t n = (size_t)N * OC;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = b[i % (size_t)OC];
+    LC_FOR(i, n) out[i] = b[i % (size_t)OC];
 }
 
 /* db (OC) += column sums of dout (N,OC): a block takes 32 columns, its 8

@@ -38,6 +38,10 @@ static inline unsigned lc_blocks(size_t n) {
     return b ? (unsigned)b : 1u;
 }
 
+/* A grid-stride loop: i runs over [0, n) shared out over every thread. */
+#define LC_FOR(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
 /* Warp reductions over all 32 lanes. */
 __device__ static inline float lc_warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

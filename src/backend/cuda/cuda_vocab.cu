@@ -10,9 +10,6 @@
  */
 #include "cuda_internal.cuh"
 
-#define LC_FOR(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
 __global__ static void k_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l,
                                    int N, int C) {
     LC_FOR(e, (size_t)N * C) {
