@@ -112,6 +112,17 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     loom_cuda_matmul_fwd(d_out_nb, d_inp, d_w, NULL, N, C, OC);
     snprintf(what, sizeof what, "matmul_fwd %s", tag), expect_close(what, d_out, out, nout, tol);
     snprintf(what, sizeof what, "matmul_fwd no bias %s", tag), expect_close(what, d_out_nb, out_nb, nout, tol);
+    /* operands 4 bytes past an aligned address: cuBLASLt told the real alignment
+     * (inp), and the fallback without cuBLASLt (bias, which must be 16-byte aligned) */
+    float *d_inp1 = loom_cuda_alloc((nin + 1) * 4), *d_b1 = loom_cuda_alloc((OC + 1) * 4);
+    loom_cuda_memcpy_h2d(d_inp1 + 1, inp, nin * 4);
+    loom_cuda_memcpy_h2d(d_b1 + 1, b, OC * 4);
+    float *d_o1 = loom_cuda_alloc(nout * 4), *d_o2 = loom_cuda_alloc(nout * 4);
+    loom_cuda_matmul_fwd(d_o1, d_inp1 + 1, d_w, d_b, N, C, OC);
+    loom_cuda_matmul_fwd(d_o2, d_inp, d_w, d_b1 + 1, N, C, OC);
+    snprintf(what, sizeof what, "matmul_fwd inp +4 bytes %s", tag), expect_close(what, d_o1, out, nout, tol);
+    snprintf(what, sizeof what, "matmul_fwd bias +4 bytes %s", tag), expect_close(what, d_o2, out, nout, tol);
+    loom_cuda_free(d_inp1), loom_cuda_free(d_b1);
     float *dout = host_rand(nout, 1.0f), *dinp = host_rand(nin, 1.0f), *dw = host_rand(nw, 1.0f),
           *db = host_rand(OC, 1.0f);
     float *d_dout = dev_from(dout, nout * 4), *d_dinp = dev_from(dinp, nin * 4), *d_dw = dev_from(dw, nw * 4),

@@ -102,7 +102,7 @@ void loom_cuda_shutdown(void) {
     if (lc_handle) cublasDestroy(lc_handle);
     lc_handle = NULL;
     lc_handle_failed = 0;
-    loom_cuda_set_precision(LOOM_CUDA_FP32);
+    lc_gemm_shutdown();
 }
 
 loom_status loom_cuda_status(void) {

@@ -13,10 +13,14 @@
  * TF32 allows it (CUBLAS_COMPUTE_32F_FAST_TF32); BF16 rounds both operands
  * to bf16 into scratch buffers (nearest even, as the CPU's bf16 mode rounds
  * them) and multiplies bf16 x bf16 with fp32 accumulation and fp32 output.
- * The bias is written into out first and the product added (beta = 1), as
- * on the CPU, so out = fl(sum + b) in both.
+ * The forward with a bias goes through cuBLASLt with the bias fused as an
+ * epilogue (out = fl(sum + b), the CPU's rounding); when cuBLASLt offers no
+ * algorithm for the shapes and alignments, the bias is written into out first
+ * and the cuBLAS product added (beta = 1), as the CPU does.
  */
+#include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <stdint.h>
 
 #include "cuda_internal.cuh"
 
@@ -69,6 +73,89 @@ static void lc_gemm_rm(bool ta, bool tb, int M, int N, int K, float alpha, const
             what);
 }
 
+/* ---- cuBLASLt: the forward with its bias fused ------------------------------ */
+
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+static cublasLtHandle_t lc_lt;
+static int lc_lt_failed;
+
+/* Largest power of two (<= 256) dividing the address: cuBLASLt's heuristics
+ * otherwise assume 256-byte aligned operands, and slices of larger buffers
+ * are not. */
+static uint32_t lc_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al) al >>= 1;
+    return al;
+}
+
+/* out (N,OC) = inp (N,C) @ w (C,OC) + b through one cublasLtMatmul; 0 when
+ * cuBLASLt cannot (then nothing was launched and the caller falls back). */
+static int lc_lt_bias_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
+    if (!lc_lt && !lc_lt_failed && cublasLtCreate(&lc_lt) != CUBLAS_STATUS_SUCCESS) lc_lt_failed = 1;
+    /* the bias's alignment is not part of the heuristic query: only 16-byte aligned biases go here */
+    if (lc_lt_failed || N <= 0 || OC <= 0 || C <= 0 || lc_align(b) < 16) return 0;
+    const void *a = w, *bb = inp; /* column-major: out^T (OC,N) = w^T (OC,C) inp^T (C,N) */
+    cudaDataType_t type = CUDA_R_32F;
+    cublasComputeType_t compute = lc_precision == LOOM_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (lc_precision == LOOM_CUDA_BF16) {
+        a = lc_bf16_copy(LC_SCRATCH_B, w, (size_t)C * OC);
+        bb = lc_bf16_copy(LC_SCRATCH_A, inp, (size_t)N * C);
+        if (!a || !bb) return 0;
+        type = CUDA_R_16BF;
+    }
+    void *ws = lc_scratch(LC_SCRATCH_WS, LT_WORKSPACE);
+    if (!ws) return 0;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasOperation_t nt = CUBLAS_OP_N;
+    size_t wsz = LT_WORKSPACE;
+    uint32_t al_a = lc_align(a), al_b = lc_align(bb), al_c = lc_align(out);
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0, done = 0;
+    if (cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &nt, sizeof nt) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&la, type, OC, C, OC) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&lb, type, C, N, C) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, OC, N, OC) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(lc_lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+        found > 0) {
+        const float one = 1.0f, zero = 0.0f;
+        done = cublasLtMatmul(lc_lt, op, &one, a, la, bb, lb, &zero, out, lc, out, lc, &heur.algo, ws, wsz,
+                              lc_stream()) == CUBLAS_STATUS_SUCCESS;
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return done;
+}
+
+void lc_gemm_shutdown(void) {
+    if (lc_lt) cublasLtDestroy(lc_lt);
+    lc_lt = NULL;
+    lc_lt_failed = 0;
+    lc_precision = LOOM_CUDA_FP32;
+}
+
 /* out (N,OC) = b broadcast over rows */
 __global__ static void k_bias_rows(float *out, const float *b, int N, int OC) {
     size_t n = (size_t)N * OC;
@@ -102,6 +189,10 @@ void lc_colsum_acc(float *db, const float *dout, int N, int OC) {
 void loom_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N,
                           int C, int OC) {
     float beta = 0.0f;
+    if (b && lc_lt_bias_fwd(out, inp, w, b, N, C, OC)) {
+        lc_launched("matmul_fwd (cuBLASLt)");
+        return;
+    }
     if (b && N > 0 && OC > 0) {
         k_bias_rows<<<lc_blocks((size_t)N * OC), LC_THREADS, 0, lc_stream()>>>(out, b, N, OC);
         if (!lc_launched("matmul_fwd bias")) return;

@@ -23,11 +23,13 @@ int lc_cuda(cudaError_t e, const char *what);
 int lc_blas(cublasStatus_t s, const char *what);
 /* A device scratch buffer of at least `bytes`, one per slot, grown (never
  * shrunk) on demand; NULL (failure remembered) when out of memory. */
-enum { LC_SCRATCH_A, LC_SCRATCH_B, LC_SCRATCH_ROWS, LC_SCRATCH_RED, LC_SCRATCH_N };
+enum { LC_SCRATCH_A, LC_SCRATCH_B, LC_SCRATCH_ROWS, LC_SCRATCH_RED, LC_SCRATCH_WS, LC_SCRATCH_N };
 void *lc_scratch(int slot, size_t bytes);
 void lc_scratch_free(void);
 /* db (OC) += column sums of dout (N,OC), deterministic (cuda_gemm.cu). */
 void lc_colsum_acc(float *db, const float *dout, int N, int OC);
+/* Free the cuBLASLt handle, precision back to fp32 (cuda_gemm.cu). */
+void lc_gemm_shutdown(void);
 
 /* Blocks for a flat loop of n elements, 256 threads each, capped (grid-stride
  * loops cover the rest). */
