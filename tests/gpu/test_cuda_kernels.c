@@ -12,7 +12,9 @@
  *                          fp32 sums differs)
  *   TF32 GEMM              5e-3 against fp32 (operands keep 10 mantissa bits)
  * Exit 77 (ctest's skip code) only when cudaGetDeviceCount sees no device.
- * Built at all, this binary is also the check that loom_cuda links.
+ * Built at all, this binary is also the check that loom_cuda links. The same
+ * source also runs, without a GPU, against the kernels built for a CPU
+ * emulation of CUDA (tests/gpu/emu/run_emu.sh, ctest cuda_kernels_emu).
  */
 #include <math.h>
 #include <stdlib.h>
