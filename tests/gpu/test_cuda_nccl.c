@@ -15,7 +15,9 @@
 
 #include "check.h"
 #include "comm_nccl.h"
+#include "comm_staged.h"
 #include "cuda_backend.h"
+#include "gpu_mpi.h"
 
 #define N 1000 /* floats per rank in the collectives */
 
@@ -109,58 +111,38 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     free(h), free(ref);
 }
 
-/* Ranks sharing a GPU: NCCL refused, host staging through MPI works. */
-static void test_shared_gpu(loom_comm *world, loom_status st, int rank, int size) {
+/* Ranks sharing a GPU: NCCL refused, the host-staged MPI path works. */
+static void test_shared_gpu(loom_comm *world, loom_status st, int rank) {
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "share one GPU"), "create on a shared GPU: status %d '%s'",
           (int)st, loom_errmsg());
     float h[N], ref[N], *d = loom_cuda_alloc(sizeof h);
-    (void)size;
     fill(h, N, rank, 6);
     memcpy(ref, h, sizeof h);
     CHECK(loom_comm_allreduce(world, ref, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "reference allreduce");
     loom_cuda_memcpy_h2d(d, h, sizeof h);
-    float stage[N];
-    CHECK(loom_cuda_memcpy_d2h(stage, d, sizeof stage) == LOOM_OK, "stage d2h");
-    CHECK(loom_comm_allreduce(world, stage, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "staged allreduce");
-    CHECK(loom_cuda_memcpy_h2d(d, stage, sizeof stage) == LOOM_OK, "stage h2d");
+    CHECK(loom_staged_allreduce(world, d, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "staged allreduce: %s", loom_errmsg());
     expect_equal("host-staged allreduce", d, ref, N);
     loom_cuda_free(d);
+    loom_staged_release();
 }
 
 int main(int argc, char **argv) {
     loom_comm *world = NULL;
-    if (loom_comm_init(&argc, &argv, &world) != LOOM_OK) {
-        fprintf(stderr, "%s\n", loom_errmsg());
-        return 1;
-    }
+    int ndev = 0, rc = gpu_mpi_start(&argc, &argv, &world, &ndev);
+    if (rc) return rc;
     int rank = loom_comm_rank(world), size = loom_comm_size(world);
-    int ndev = loom_cuda_device_count(), most = ndev;
-    loom_comm_allreduce(world, &most, 1, LOOM_I32, LOOM_MAX);
-    if (most == 0) {
-        if (rank == 0) printf("no CUDA device: skipped (exit 77)\n");
-        loom_comm_finalize(world);
-        return 77;
-    }
-    CHECK(ndev > 0, "rank %d sees no device while another rank does", rank);
-    if (ndev > 0 && loom_cuda_init(rank % ndev) == LOOM_OK) {
-        loom_comm *mpi = NULL;
-        CHECK(loom_comm_split(world, 0, rank, "nccltest", &mpi) == LOOM_OK, "split");
-        loom_nccl *nc = NULL;
-        loom_status st = loom_nccl_create(mpi, &nc);
-        if (ndev >= size) {
-            CHECK(st == LOOM_OK, "nccl create: %s", loom_errmsg());
-            loom_comm_reset_stats(mpi); /* the set-up's id broadcast is not one of the compared ops */
-            if (st == LOOM_OK) test_nccl(mpi, nc, rank, size);
-        } else {
-            test_shared_gpu(world, st, rank, size);
-        }
-        loom_nccl_free(nc);
-        loom_comm_free(mpi);
-        loom_cuda_shutdown();
+    loom_comm *mpi = NULL;
+    CHECK(loom_comm_split(world, 0, rank, "nccltest", &mpi) == LOOM_OK, "split");
+    loom_nccl *nc = NULL;
+    loom_status st = loom_nccl_create(mpi, &nc);
+    if (ndev >= size) {
+        CHECK(st == LOOM_OK, "nccl create: %s", loom_errmsg());
+        loom_comm_reset_stats(mpi); /* the set-up's id broadcast is not one of the compared ops */
+        if (st == LOOM_OK) test_nccl(mpi, nc, rank, size);
     } else {
-        CHECK(0, "rank %d: cuda init: %s", rank, loom_errmsg());
+        test_shared_gpu(world, st, rank);
     }
-    int rc = check_done();
-    loom_comm_finalize(world);
-    return rc;
+    loom_nccl_free(nc);
+    loom_comm_free(mpi);
+    return gpu_mpi_finish(world);
 }

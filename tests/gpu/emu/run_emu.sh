@@ -1,5 +1,6 @@
 #!/bin/sh
-# run_emu.sh - run tests/gpu/test_cuda_kernels.c against loom's hand-written
+# run_emu.sh - run tests/gpu/test_cuda_kernels.c (and, on 2 ranks,
+# test_cuda_staged.c) against loom's hand-written
 # CUDA kernels compiled for the CPU emulation in include/ (fibers as CUDA
 # threads). Checks the kernels' indexing, synchronisation and formulas
 # without a GPU. cuBLAS/cuBLASLt are replaced by a reference GEMM written
@@ -35,5 +36,16 @@ done
 mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" -I"$root/tests" \
     -c "$root/tests/gpu/test_cuda_kernels.c" -o "$work/test.o"
 mpicc -std=c11 -D_GNU_SOURCE -O1 -c "$root/tests/check.c" -I"$root/tests" -o "$work/check.o"
-mpicc -o "$work/test_emu" "$work"/*.o "$build/libloom.a" -lopenblas -lcjson -lmicrohttpd -lgomp -lmvec -lm -lstdc++ -lpthread
+LIBS="$build/libloom.a -lopenblas -lcjson -lmicrohttpd -lgomp -lmvec -lm -lstdc++ -lpthread"
+kern="$work/cuda_core.cu.o $work/cuda_elementwise.cu.o $work/cuda_gemm.cu.o $work/cuda_norm.cu.o $work/cuda_vocab.cu.o $work/cuda_attention.cu.o $work/emu_runtime.cpp.o"
+mpicc -o "$work/test_emu" "$work/test.o" "$work/check.o" $kern $LIBS
 "$work/test_emu"
+# the host-staged MPI collectives on (emulated) device buffers, 2 ranks
+mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" -I"$root/tests" \
+    -c "$root/src/backend/cuda/comm_staged.c" -o "$work/staged.o"
+mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/src/backend/cuda" -I"$root/include" \
+    -I"$root/tests" -c "$root/tests/gpu/test_cuda_staged.c" -o "$work/test_staged.o"
+mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" -I"$root/tests" \
+    -c "$root/tests/gpu/gpu_mpi.c" -o "$work/gpu_mpi.o"
+mpicc -o "$work/test_staged_emu" "$work/test_staged.o" "$work/gpu_mpi.o" "$work/staged.o" "$work/check.o" $kern $LIBS
+"$root/scripts/loomrun" -np 2 "$work/test_staged_emu"
