@@ -2,7 +2,7 @@
  * against the MPI communicator, on 2 ranks.
  *
  * With a GPU per rank: allreduce, reduce_scatter (out of place and in place),
- * allgather (in place), bcast and a send/recv pair run through NCCL on device
+ * allgather (in place), bcast, a send/recv pair, alltoall and alltoallv run through NCCL on device
  * buffers and through loom_comm (MPI) on the same host data; results must
  * agree, and the byte and call counts of the two communicators must be equal
  * op by op (one convention, comm.h). With fewer GPUs than ranks: creating the
@@ -21,10 +21,6 @@
 
 #define N 1000 /* floats per rank in the collectives */
 
-static void fill(float *h, size_t n, int rank, int salt) {
-    for (size_t i = 0; i < n; i++) h[i] = (float)((int)((i * 7 + (size_t)salt) % 23) - 11) * 0.25f + (float)rank;
-}
-
 /* The device buffer d (n floats) equals the host reference h. */
 static void expect_equal(const char *what, const float *d, const float *h, size_t n) {
     float *g = malloc(n * sizeof *g);
@@ -34,13 +30,33 @@ static void expect_equal(const char *what, const float *d, const float *h, size_
     free(g);
 }
 
+/* alltoall and alltoallv: NCCL on device buffers vs MPI on host copies. */
+static void test_nccl_alltoall(loom_comm *mpi, loom_nccl *nc, int rank, int size, loom_cuda_stream s) {
+    size_t full = (size_t)N * size;
+    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4), *d2 = loom_cuda_alloc(full * 4);
+    gpu_fill(h, full, rank, 7);
+    loom_cuda_memcpy_h2d(d, h, full * 4);
+    CHECK(loom_nccl_alltoall(nc, d, d2, N * 4, s) == LOOM_OK, "alltoall: %s", loom_errmsg());
+    CHECK(loom_comm_alltoall(mpi, h, ref, N * 4) == LOOM_OK, "mpi alltoall");
+    CHECK(loom_nccl_sync(nc) == LOOM_OK, "sync: %s", loom_errmsg());
+    expect_equal("alltoall", d2, ref, full);
+    free(h), free(ref), loom_cuda_free(d), loom_cuda_free(d2);
+    gpu_v_case v;
+    gpu_v_init(&v, rank, size);
+    CHECK(loom_nccl_alltoallv(nc, v.ds, v.sb, v.sd, v.dr, v.rb, v.rd, s) == LOOM_OK, "alltoallv: %s", loom_errmsg());
+    CHECK(loom_comm_alltoallv(mpi, v.hs, v.sb, v.sd, v.hr, v.rb, v.rd) == LOOM_OK, "mpi alltoallv");
+    CHECK(loom_nccl_sync(nc) == LOOM_OK, "sync: %s", loom_errmsg());
+    expect_equal("alltoallv", v.dr, v.hr, v.rs / 4);
+    gpu_v_free(&v);
+}
+
 static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     loom_cuda_stream s = NULL;
     CHECK(loom_cuda_stream_create(&s) == LOOM_OK, "stream: %s", loom_errmsg());
     size_t full = (size_t)N * size;
     float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4), *d2 = loom_cuda_alloc(N * 4);
     /* allreduce */
-    fill(h, N, rank, 1);
+    gpu_fill(h, N, rank, 1);
     memcpy(ref, h, N * 4);
     loom_cuda_memcpy_h2d(d, h, N * 4);
     CHECK(loom_nccl_allreduce(nc, d, N, LOOM_F32, LOOM_SUM, s) == LOOM_OK, "allreduce: %s", loom_errmsg());
@@ -48,7 +64,7 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     CHECK(loom_nccl_sync(nc) == LOOM_OK, "sync: %s", loom_errmsg());
     expect_equal("allreduce", d, ref, N);
     /* reduce_scatter, out of place then in place */
-    fill(h, full, rank, 2);
+    gpu_fill(h, full, rank, 2);
     memcpy(ref, h, full * 4);
     loom_cuda_memcpy_h2d(d, h, full * 4);
     CHECK(loom_nccl_reduce_scatter(nc, d, d2, N, LOOM_F32, LOOM_SUM, s) == LOOM_OK, "reduce_scatter: %s",
@@ -61,7 +77,7 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     expect_equal("reduce_scatter", d2, ref, N);
     expect_equal("reduce_scatter in place", d, h, N);
     /* allgather in place: this rank's block at rank * N */
-    fill(h, full, rank, 3);
+    gpu_fill(h, full, rank, 3);
     memcpy(ref, h, full * 4);
     loom_cuda_memcpy_h2d(d, h, full * 4);
     CHECK(loom_nccl_allgather(nc, d + (size_t)rank * N, d, N * 4, s) == LOOM_OK, "allgather: %s", loom_errmsg());
@@ -69,7 +85,7 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     CHECK(loom_nccl_sync(nc) == LOOM_OK, "sync: %s", loom_errmsg());
     expect_equal("allgather", d, ref, full);
     /* bcast from the last rank */
-    fill(h, N, rank, 4);
+    gpu_fill(h, N, rank, 4);
     memcpy(ref, h, N * 4);
     loom_cuda_memcpy_h2d(d, h, N * 4);
     CHECK(loom_nccl_bcast(nc, d, N * 4, size - 1, s) == LOOM_OK, "bcast: %s", loom_errmsg());
@@ -79,8 +95,8 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
     /* send/recv: ranks 0 and 1 swap, paired in one group call */
     if (rank < 2) {
         int peer = 1 - rank;
-        fill(h, N, rank, 5);
-        fill(ref, N, peer, 5);
+        gpu_fill(h, N, rank, 5);
+        gpu_fill(ref, N, peer, 5);
         loom_cuda_memcpy_h2d(d, h, N * 4);
         CHECK(loom_nccl_group_start() == LOOM_OK, "group start");
         CHECK(loom_nccl_send(nc, d, N * 4, peer, s) == LOOM_OK, "send: %s", loom_errmsg());
@@ -96,10 +112,11 @@ static void test_nccl(loom_comm *mpi, loom_nccl *nc, int rank, int size) {
         CHECK(loom_comm_wait(rq) == LOOM_OK, "mpi wait");
         free(tmp);
     }
+    if (size <= 64) test_nccl_alltoall(mpi, nc, rank, size, s);
     /* one accounting: the same ops, the same calls and bytes per op */
     const loom_comm_stats *a = loom_nccl_get_stats(nc), *b = loom_comm_get_stats(mpi);
     for (int op = 0; op < LOOM_OP_COUNT; op++) {
-        if (op == LOOM_OP_BARRIER || op == LOOM_OP_ALLTOALL || op == LOOM_OP_ALLTOALLV) continue;
+        if (op == LOOM_OP_BARRIER) continue;
         CHECK(a->bytes[op] == b->bytes[op] && a->calls[op] == b->calls[op],
               "%s: nccl %llu calls %llu bytes, mpi %llu calls %llu bytes", loom_comm_op_name((loom_comm_op)op),
               (unsigned long long)a->calls[op], (unsigned long long)a->bytes[op],
@@ -116,7 +133,7 @@ static void test_shared_gpu(loom_comm *world, loom_status st, int rank) {
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "share one GPU"), "create on a shared GPU: status %d '%s'",
           (int)st, loom_errmsg());
     float h[N], ref[N], *d = loom_cuda_alloc(sizeof h);
-    fill(h, N, rank, 6);
+    gpu_fill(h, N, rank, 6);
     memcpy(ref, h, sizeof h);
     CHECK(loom_comm_allreduce(world, ref, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "reference allreduce");
     loom_cuda_memcpy_h2d(d, h, sizeof h);

@@ -298,6 +298,44 @@ loom_status loom_nccl_allgather(loom_nccl *n, const void *send, void *recv, size
     return close_slot(n, sl, (uint64_t)bytes_per_rank * (uint64_t)n->size, r, t0);
 }
 
+/* One alltoall(v): every peer's send and receive in one NCCL group. */
+static ncclResult_t exchange(loom_nccl *n, const char *send, const size_t *sb, const size_t *sd, char *recv,
+                             const size_t *rb, const size_t *rd, size_t uniform, cudaStream_t st) {
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; r == ncclSuccess && p < n->size; p++) {
+        size_t sbytes = sb ? sb[p] : uniform, rbytes = rb ? rb[p] : uniform;
+        size_t soff = sd ? sd[p] : (size_t)p * uniform, roff = rd ? rd[p] : (size_t)p * uniform;
+        if (sbytes) r = ncclSend(send + soff, sbytes, ncclUint8, p, n->nc, st);
+        if (r == ncclSuccess && rbytes) r = ncclRecv(recv + roff, rbytes, ncclUint8, p, n->nc, st);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    return r != ncclSuccess ? r : e;
+}
+
+loom_status loom_nccl_alltoall(loom_nccl *n, const void *send, void *recv, size_t bytes_per_rank,
+                               loom_cuda_stream s) {
+    double t0 = now_s();
+    nccl_slot *sl = NULL;
+    size_t total = bytes_per_rank * (size_t)n->size;
+    const char *a = send, *b = recv;
+    if (total && a < b + total && b < a + total)
+        return loom_fail(LOOM_EUSAGE, "rank %d: alltoall on group %s: send and recv overlap", n->rank, n->name);
+    LOOM_TRY(open_slot(n, LOOM_OP_ALLTOALL, (cudaStream_t)s, &sl));
+    ncclResult_t r = exchange(n, send, NULL, NULL, recv, NULL, NULL, bytes_per_rank, (cudaStream_t)s);
+    return close_slot(n, sl, total, r, t0);
+}
+
+loom_status loom_nccl_alltoallv(loom_nccl *n, const void *send, const size_t *send_bytes, const size_t *send_displ,
+                                void *recv, const size_t *recv_bytes, const size_t *recv_displ, loom_cuda_stream s) {
+    double t0 = now_s();
+    nccl_slot *sl = NULL;
+    uint64_t sent = 0;
+    for (int p = 0; p < n->size; p++) sent += send_bytes[p];
+    LOOM_TRY(open_slot(n, LOOM_OP_ALLTOALLV, (cudaStream_t)s, &sl));
+    ncclResult_t r = exchange(n, send, send_bytes, send_displ, recv, recv_bytes, recv_displ, 0, (cudaStream_t)s);
+    return close_slot(n, sl, sent, r, t0);
+}
+
 loom_status loom_nccl_bcast(loom_nccl *n, void *buf, size_t bytes, int root, loom_cuda_stream s) {
     double t0 = now_s();
     nccl_slot *sl = NULL;

@@ -10,8 +10,8 @@
  *
  * Byte accounting is comm.h's convention, per call on each rank:
  *   allreduce count*elem; reduce_scatter count_per_rank*elem*size (the full
- *   input); allgather bytes_per_rank*size (the full output); send/recv the
- *   bytes argument; bcast the buffer.
+ *   input); allgather bytes_per_rank*size (the full output); alltoall(v) the
+ *   bytes this rank sends; send/recv the bytes argument; bcast the buffer.
  * calls and bytes count when an op is enqueued. seconds is the op's time on
  * its stream (a CUDA event before and after it: waiting for peers included),
  * added once the op has completed and loom_nccl_sync or loom_nccl_get_stats
@@ -59,6 +59,13 @@ loom_status loom_nccl_reduce_scatter(loom_nccl *n, const void *send, void *recv,
 /* send == recv + rank * bytes_per_rank: in place. */
 loom_status loom_nccl_allgather(loom_nccl *n, const void *send, void *recv, size_t bytes_per_rank,
                                 loom_cuda_stream s);
+/* Block p of send (bytes_per_rank) goes to rank p, block p of recv comes
+ * from it (send and recv must not overlap). Grouped ncclSend/ncclRecv. */
+loom_status loom_nccl_alltoall(loom_nccl *n, const void *send, void *recv, size_t bytes_per_rank,
+                               loom_cuda_stream s);
+/* Byte counts and displacements per rank, as loom_comm_alltoallv. */
+loom_status loom_nccl_alltoallv(loom_nccl *n, const void *send, const size_t *send_bytes, const size_t *send_displ,
+                                void *recv, const size_t *recv_bytes, const size_t *recv_displ, loom_cuda_stream s);
 loom_status loom_nccl_bcast(loom_nccl *n, void *buf, size_t bytes, int root, loom_cuda_stream s);
 /* Point to point (NCCL has no tags: messages between two ranks match in
  * order). Pair sends and receives that must progress together between

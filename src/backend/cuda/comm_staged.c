@@ -67,6 +67,36 @@ loom_status loom_staged_allgather(loom_comm *c, const void *dsend, void *drecv, 
     return loom_cuda_memcpy_h2d(drecv, h, total);
 }
 
+loom_status loom_staged_alltoall(loom_comm *c, const void *dsend, void *drecv, size_t bytes_per_rank) {
+    size_t total = bytes_per_rank * (size_t)loom_comm_size(c);
+    char *h = NULL;
+    LOOM_TRY(copy_in(c, &h, 2 * total, 0, dsend, total)); /* [send | recv] */
+    LOOM_TRY(loom_comm_alltoall(c, h, h + total, bytes_per_rank));
+    return loom_cuda_memcpy_h2d(drecv, h + total, total);
+}
+
+/* The bytes spanned by blocks (displ[p], bytes[p]). */
+static size_t span(const size_t *bytes, const size_t *displ, int n) {
+    size_t end = 0;
+    for (int p = 0; p < n; p++)
+        if (bytes[p] && displ[p] + bytes[p] > end) end = displ[p] + bytes[p];
+    return end;
+}
+
+loom_status loom_staged_alltoallv(loom_comm *c, const void *dsend, const size_t *send_bytes,
+                                  const size_t *send_displ, void *drecv, const size_t *recv_bytes,
+                                  const size_t *recv_displ) {
+    int n = loom_comm_size(c);
+    size_t sspan = span(send_bytes, send_displ, n), rspan = span(recv_bytes, recv_displ, n);
+    char *h = NULL;
+    LOOM_TRY(copy_in(c, &h, sspan + rspan, 0, dsend, sspan)); /* [send span | recv span] */
+    LOOM_TRY(loom_comm_alltoallv(c, h, send_bytes, send_displ, h + sspan, recv_bytes, recv_displ));
+    /* only the received blocks: bytes between them in drecv stay as they were */
+    for (int p = 0; p < n; p++)
+        if (recv_bytes[p]) LOOM_TRY(loom_cuda_memcpy_h2d((char *)drecv + recv_displ[p], h + sspan + recv_displ[p], recv_bytes[p]));
+    return LOOM_OK;
+}
+
 loom_status loom_staged_bcast(loom_comm *c, void *dbuf, size_t bytes, int root) {
     char *h = NULL;
     if (loom_comm_rank(c) == root) LOOM_TRY(copy_in(c, &h, bytes, 0, dbuf, bytes));

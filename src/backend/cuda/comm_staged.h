@@ -31,6 +31,10 @@ loom_status loom_staged_allreduce(loom_comm *c, void *dbuf, size_t count, loom_d
 loom_status loom_staged_reduce_scatter(loom_comm *c, const void *dsend, void *drecv, size_t count_per_rank,
                                        loom_dtype t, loom_redop op);
 loom_status loom_staged_allgather(loom_comm *c, const void *dsend, void *drecv, size_t bytes_per_rank);
+loom_status loom_staged_alltoall(loom_comm *c, const void *dsend, void *drecv, size_t bytes_per_rank);
+loom_status loom_staged_alltoallv(loom_comm *c, const void *dsend, const size_t *send_bytes,
+                                  const size_t *send_displ, void *drecv, const size_t *recv_bytes,
+                                  const size_t *recv_displ);
 loom_status loom_staged_bcast(loom_comm *c, void *dbuf, size_t bytes, int root);
 loom_status loom_staged_send(loom_comm *c, const void *dbuf, size_t bytes, int peer, int tag);
 loom_status loom_staged_recv(loom_comm *c, void *dbuf, size_t bytes, int peer, int tag);
