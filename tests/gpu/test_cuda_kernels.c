@@ -297,7 +297,7 @@ static void test_vocab(void) {
         tok[i] = (int32_t)(i * 7 % 60);          /* some below v0, some above the slice */
         tgt[i] = i % 9 == 4 ? -1 : (int32_t)(i * 5 % 55);
     }
-    tok[3] = tok[4] = 12; /* two tokens on one row */
+    tok[3] = tok[4] = tok[20] = 12; /* three rows of one token, not all adjacent */
     int32_t *d_tok = dev_from(tok, sizeof tok), *d_tgt = dev_from(tgt, sizeof tgt);
     size_t nx = (size_t)N * C;
     float *wte = host_rand((size_t)V_l * C, 1.0f), *wpe = host_rand((size_t)T * C, 1.0f);

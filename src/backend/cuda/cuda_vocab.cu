@@ -4,9 +4,9 @@
  * never enters a max or a sum. The caller all-reduces between the phases.
  *
  * Gradients into shared rows (two tokens, or two rows at the same position)
- * are summed by one thread per column walking the rows in increasing order,
- * the CPU's order: no atomics, so the result is deterministic and the same
- * float additions as the CPU's. Row-wise phases take one block per row.
+ * are summed in increasing row order, the CPU's order: no atomics, so the
+ * result is deterministic and the same float additions as the CPU's.
+ * Row-wise phases take one block per row.
  */
 #include "cuda_internal.cuh"
 
@@ -26,20 +26,35 @@ void loom_cuda_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int
     lc_launched("embed_fwd");
 }
 
+/* One block per row i: if i is the first row holding its token (and the
+ * token is local), the block adds every row with that token, in row order,
+ * to the token's gradient row - the CPU's order of additions, with the
+ * blocks of distinct tokens in parallel. Rows repeating an earlier token
+ * return at once. */
 __global__ static void k_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l,
                                    int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int i = 0; i < N; i++) {
-        int r = tok[i] - v0;
-        if (r >= 0 && r < V_l) dwte_l[(size_t)r * C + c] += dout[(size_t)i * C + c];
+    __shared__ int seen;
+    const int i = blockIdx.x, t = tok[i], r = t - v0;
+    if (r < 0 || r >= V_l) return;
+    if (threadIdx.x == 0) seen = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < i; j += blockDim.x)
+        if (tok[j] == t) seen = 1;
+    __syncthreads();
+    if (seen) return;
+    float *g = dwte_l + (size_t)r * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = g[c];
+        for (int j = i; j < N; j++)
+            if (tok[j] == t) acc += dout[(size_t)j * C + c];
+        g[c] = acc;
     }
 }
 
 void loom_cuda_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
                          int C) {
     if (N <= 0 || C <= 0) return;
-    k_embed_bwd<<<(C + 127) / 128, 128, 0, lc_stream()>>>(dwte_l, dout, tok, v0, V_l, N, C);
+    k_embed_bwd<<<N, LC_THREADS, 0, lc_stream()>>>(dwte_l, dout, tok, v0, V_l, N, C);
     lc_launched("embed_bwd");
 }
 
