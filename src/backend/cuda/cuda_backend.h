@@ -66,6 +66,12 @@ enum { LOOM_CUDA_FP32 = 0, LOOM_CUDA_BF16 = 1, LOOM_CUDA_TF32 = 2 };
 void loom_cuda_set_precision(int mode);
 int loom_cuda_get_precision(void);
 
+/* Measured GEMM throughput in FLOP/s at the current precision: the best of
+ * `trials` n x n x n products after a warm-up (n <= 0: 4096), timed with
+ * CUDA events (the peak an MFU is reported against, as
+ * loom_kernels_calibrate_sgemm on the CPU). 0 on failure. */
+double loom_cuda_calibrate_gemm(int n, int trials);
+
 /* ---- memory ------------------------------------------------------------- */
 
 /* NULL (message set, LOOM_EOS) when out of device memory; bytes 0 gives a

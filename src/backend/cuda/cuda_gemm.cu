@@ -217,3 +217,36 @@ void loom_cuda_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const 
     if (dinp) lc_gemm_rm(false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
     if (dwte) lc_gemm_rm(true, false, V, C, N, 1.0f, dout, V, inp, C, 1.0f, dwte, C, "matmul_nt_bwd dwte");
 }
+
+/* ---- calibration ---------------------------------------------------------------- */
+
+double loom_cuda_calibrate_gemm(int n, int trials) {
+    if (n <= 0) n = 4096;
+    if (trials <= 0) trials = 1;
+    size_t nn = (size_t)n * n;
+    float *a = (float *)loom_cuda_alloc(3 * nn * sizeof(float));
+    if (!a) return 0.0;
+    float *b = a + nn, *c = b + nn;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0.0;
+    /* every float 0x3c3c3c3c (~0.0115): finite products, no denormals */
+    if (lc_cuda(cudaMemsetAsync(a, 0x3c, 2 * nn * sizeof(float), lc_stream()), "calibrate memset") &&
+        lc_cuda(cudaEventCreate(&e0), "calibrate event") && lc_cuda(cudaEventCreate(&e1), "calibrate event")) {
+        lc_gemm_rm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm"); /* warm-up */
+        for (int t = 0; t < trials; t++) {
+            float ms = 0.0f;
+            cudaEventRecord(e0, lc_stream());
+            lc_gemm_rm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm");
+            cudaEventRecord(e1, lc_stream());
+            if (!lc_cuda(cudaEventSynchronize(e1), "calibrate synchronize") ||
+                !lc_cuda(cudaEventElapsedTime(&ms, e0, e1), "calibrate elapsed"))
+                break;
+            double f = ms > 0.0f ? 2.0 * (double)n * n * n / (1e-3 * ms) : 0.0;
+            if (f > best) best = f;
+        }
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    loom_cuda_free(a);
+    return best;
+}
