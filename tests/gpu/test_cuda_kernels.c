@@ -411,6 +411,7 @@ int main(void) {
     test_attention(2, 70, 64, 4);   /* HS 16 */
     test_attention(1, 130, 128, 2); /* HS 64, T past two 64-tiles */
     test_attention(2, 33, 96, 2);   /* HS 48: lanes with one and two dims */
+    test_attention(1, 40, 256, 1);  /* HS 256, the largest: over 48 KB of shared memory */
     test_attention_parts(2, 70, 64, 4);
     test_vocab();
     test_error_sticky();

@@ -88,6 +88,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <class K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
+
 /* kernel<<<cfg>>>(args) is rewritten by run_emu.sh to emu_launch(kernel, emu_cfg(cfg), args) */
 struct emu_cfg {
     dim3 grid, block;
