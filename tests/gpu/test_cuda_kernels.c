@@ -403,6 +403,7 @@ int main(void) {
     test_memory_streams();
     test_layernorm(37, 100);
     test_layernorm(5, 768);
+    test_layernorm(3, 7); /* C below a warp: idle lanes */
     test_matmul(33, 48, 80, LOOM_CUDA_FP32, TOL);
     test_matmul(70, 96, 130, LOOM_CUDA_FP32, TOL);
     test_matmul(33, 48, 80, LOOM_CUDA_BF16, TOL_BF16);
@@ -412,6 +413,7 @@ int main(void) {
     test_attention(1, 130, 128, 2); /* HS 64, T past two 64-tiles */
     test_attention(2, 33, 96, 2);   /* HS 48: lanes with one and two dims */
     test_attention(1, 40, 256, 1);  /* HS 256, the largest: over 48 KB of shared memory */
+    test_attention(3, 1, 32, 2);    /* T 1: each row sees only itself */
     test_attention_parts(2, 70, 64, 4);
     test_vocab();
     test_error_sticky();
