@@ -15,8 +15,10 @@
  * calls and bytes count when an op is enqueued. seconds is the op's time on
  * its stream (a CUDA event before and after it: waiting for peers included),
  * added once the op has completed and loom_nccl_sync or loom_nccl_get_stats
- * has seen it. call_seconds is the host time spent inside these calls
- * (enqueueing, and waiting in loom_nccl_sync).
+ * has seen it (ops inside one loom_nccl_group_start/_end are launched
+ * together at the end, so each is charged the group's time). call_seconds
+ * is the host time spent inside these calls (enqueueing, and waiting in
+ * loom_nccl_sync).
  *
  * NCCL cannot run two ranks of one communicator on the same GPU:
  * loom_nccl_create checks the device UUIDs of the group first and refuses
