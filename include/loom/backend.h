@@ -36,6 +36,9 @@ typedef struct loom_event loom_event;
 
 typedef struct loom_backend {
     const char *name; /* "cpu", "cuda", ... as --device spells it */
+    /* 1 when device memory is host memory (the CPU): host code may then fill
+     * it in place (parameter init) instead of staging and uploading. */
+    int host_memory;
 
     /* ---- device memory ---- */
     /* bytes of ZEROED device memory, aligned to at least 64 bytes; NULL when
@@ -152,7 +155,22 @@ static inline void loom_tensor_fill(float *x, float value, size_t n) {
 static inline void loom_tensor_add(float *y, const float *x, size_t n) {
     loom_backend_current()->add(y, x, n);
 }
-/* Token ids (int32) to and from the device. */
+/* a[i] = b[i] = a[i] + b[i]: two copies of one tied tensor summed in both. */
+static inline void loom_tensor_add2(float *a, float *b, size_t n) {
+    loom_backend_current()->add2(a, b, n);
+}
+static inline void loom_tensor_add_bias_residual(float *out, const float *res, const float *bias,
+                                                 int n, int C) {
+    loom_backend_current()->add_bias_residual(out, res, bias, n, C);
+}
+static inline void loom_tensor_colsum_acc(float *y, const float *x, int N, int ld, int ncols) {
+    loom_backend_current()->colsum_acc(y, x, N, ld, ncols);
+}
+/* *host_acc += each x[i] in order, in double (a loss sum). */
+static inline void loom_tensor_sum_acc(double *host_acc, const float *x, size_t n) {
+    loom_backend_current()->sum_acc(host_acc, x, n);
+}
+/* Token ids (int32) to the device. */
 static inline void loom_tensor_upload_i32(int32_t *dst, const int32_t *host, size_t n) {
     loom_backend_current()->memcpy_h2d(dst, host, n * sizeof(int32_t));
 }

@@ -32,16 +32,16 @@ void loom_backend_arena_init(loom_arena *a, const char *name) {
 }
 
 /* Every entry of the table, by name, to check that none is NULL. */
-#define BE_ENTRIES(X)                                                                              \
-    X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset) X(stream_create)          \
-    X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)               \
-    X(stream_wait_event) X(event_sync) X(layernorm_fwd) X(layernorm_bwd) X(matmul_fwd)              \
-    X(matmul_bwd) X(matmul_nt_fwd) X(matmul_nt_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)         \
-    X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd) X(attention_part_bwd)   \
-    X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd) X(pos_fwd) X(pos_bwd)          \
-    X(vxent_max) X(vxent_exp) X(vxent_finish) X(vxent_bwd) X(adamw_update) X(sumsq) X(scale)        \
-    X(all_finite) X(round_bf16) X(fill) X(add) X(add2) X(add_bias_residual) X(colsum_acc)           \
-    X(sum_acc)
+#define BE_ENTRIES(X)                                                                            \
+    X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset) X(stream_create)        \
+    X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)            \
+    X(stream_wait_event) X(event_sync) X(layernorm_fwd) X(layernorm_bwd) X(matmul_fwd)           \
+    X(matmul_bwd) X(matmul_nt_fwd) X(matmul_nt_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)      \
+    X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd)                      \
+    X(attention_part_bwd) X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd)       \
+    X(pos_fwd) X(pos_bwd) X(vxent_max) X(vxent_exp) X(vxent_finish) X(vxent_bwd)                 \
+    X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(fill) X(add) X(add2)         \
+    X(add_bias_residual) X(colsum_acc) X(sum_acc)
 
 const char *loom_backend_missing_entry(const loom_backend *t) {
     if (!t->name) return "name";
@@ -147,8 +147,8 @@ void loom_attention_merge(float *out, float *lse, const float *out2, const float
     be->attention_merge(out, lse, out2, lse2, o_bs, o_ld, B, Tq, NH, HS);
 }
 
-void loom_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
-                           int n, int C, int NH, float *scratch) {
+void loom_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc,
+                           int p0, int n, int C, int NH, float *scratch) {
     be->attention_kv_fwd(out, q, ldq, kc, vc, p0, n, C, NH, scratch);
 }
 

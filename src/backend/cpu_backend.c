@@ -47,6 +47,7 @@ static void cpu_event_sync(loom_event *e) { (void)e; }
 
 const loom_backend loom_backend_cpu = {
     .name = "cpu",
+    .host_memory = 1,
     .alloc = loom_host_alloc,
     .free = loom_host_free,
     .memcpy_h2d = cpu_copy,

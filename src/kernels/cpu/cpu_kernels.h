@@ -11,31 +11,48 @@
 
 #include "loom/kernels.h"
 
-void loom_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C);
-void loom_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, const float *mean, const float *rstd, int N, int C);
-void loom_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC);
-void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, int N, int C, int OC);
+void loom_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C);
+void loom_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C);
+void loom_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C,
+                         int OC);
+void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                         const float *w, int N, int C, int OC);
 void loom_cpu_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V);
-void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp, const float *wte, int N, int C, int V);
+void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+                            const float *wte, int N, int C, int V);
 void loom_cpu_gelu_fwd(float *out, const float *inp, size_t n);
 void loom_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
 void loom_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
 void loom_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);
 void loom_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
-void loom_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B, int T, int C, int NH);
-long loom_cpu_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld, float *lse, int accumulate);
-long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv, const float *dout, const float *out, size_t o_bs, int o_ld, const float *lse);
-void loom_cpu_attention_merge(float *out, float *lse, const float *out2, const float *lse2, size_t o_bs, int o_ld, int B, int Tq, int NH, int HS);
-void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0, int n, int C, int NH, float *scratch);
-void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N, int C);
-void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N, int C);
+void loom_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, int B, int T, int C, int NH);
+long loom_cpu_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+                                 float *lse, int accumulate);
+long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *out, size_t o_bs, int o_ld,
+                                 const float *lse);
+void loom_cpu_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
+                              size_t o_bs, int o_ld, int B, int Tq, int NH, int HS);
+void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc,
+                               const float *vc, int p0, int n, int C, int NH, float *scratch);
+void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+                        int C);
+void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l,
+                        int N, int C);
 void loom_cpu_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C);
 void loom_cpu_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C);
 void loom_cpu_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid);
-void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax, const int32_t *targets, int v0, int N, int V_l, int V_valid);
-void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt, const int32_t *targets, int N, int V_l);
-void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0, int N, int V_l);
-void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd, int t);
+void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
+                        const int32_t *targets, int v0, int N, int V_l, int V_valid);
+void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
+                           const int32_t *targets, int N, int V_l);
+void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss,
+                        int v0, int N, int V_l);
+void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float wd, int t);
 double loom_cpu_sumsq(const float *x, size_t n);
 void loom_cpu_scale(float *x, size_t n, float s);
 int loom_cpu_all_finite(const float *x, size_t n);
