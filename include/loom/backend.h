@@ -170,7 +170,10 @@ static inline void loom_tensor_colsum_acc(float *y, const float *x, int N, int l
 static inline void loom_tensor_sum_acc(double *host_acc, const float *x, size_t n) {
     loom_backend_current()->sum_acc(host_acc, x, n);
 }
-/* Token ids (int32) to the device. */
+/* Token ids (int32) from device to device, and to the device. */
+static inline void loom_tensor_copy_i32(int32_t *dst, const int32_t *src, size_t n) {
+    loom_backend_current()->memcpy_d2d(dst, src, n * sizeof(int32_t));
+}
 static inline void loom_tensor_upload_i32(int32_t *dst, const int32_t *host, size_t n) {
     loom_backend_current()->memcpy_h2d(dst, host, n * sizeof(int32_t));
 }
