@@ -88,6 +88,7 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
         return loom_fail(LOOM_EUSAGE, "--cp %d with a Mixture-of-Experts model (%d experts) is not "
                          "supported yet; use --dp", l->cp, mc->n_expert);
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
+    LOOM_TRY(loom_train_check_device(c));
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
     if (c->batch % l->dp)

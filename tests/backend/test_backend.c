@@ -15,8 +15,14 @@
  *    The counting table says its memory is not host memory, so parameter
  *    init takes the staged path (generate on the host, upload): the
  *    parameters must be bit-identical to the in-place init.
+ * 4. Saving and loading parameters (safetensors) on that table goes through
+ *    host copies (download, upload): the file must be byte for byte the one
+ *    the CPU table writes, and loading it back must restore every parameter.
+ * 5. Training refuses sharded checkpoints on a backend without host memory
+ *    (and allows them on the CPU).
  */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +31,9 @@
 #include "loom/backend.h"
 #include "loom/model.h"
 #include "loom/rng.h"
+#include "loom/train.h"
 #include "model/internal.h"
+#include "train/internal.h"
 
 enum {
     E_alloc,
@@ -660,8 +668,69 @@ static void check_routing(void) {
     free(got.grads);
 }
 
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
+    *n = b && len > 0 ? fread(b, 1, (size_t)len, fp) : 0;
+    fclose(fp);
+    return b;
+}
+
+static void check_params_io(void) {
+    loom_model_config cfg = {.name = "backend-io", .n_layer = 2, .n_head = 2, .n_embd = 16,
+                             .vocab_size = 37, .n_positions = 8};
+    loom_model_part part = loom_model_part_whole(&cfg);
+    loom_gpt_opts opts = {.B = 1, .T = 4, .n_slots = 1};
+    const char *dir = check_scratch_dir("backend");
+    if (!dir) return;
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/cpu.safetensors", dir);
+    snprintf(b, sizeof b, "%s/staged.safetensors", dir);
+    loom_gpt *m, *m2;
+    if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK) {
+        CHECK(0, "create: %s", loom_errmsg());
+        return;
+    }
+    loom_gpt_init_params(m, 99);
+    CHECK(loom_params_save(&m, 1, NULL, NULL, a) == LOOM_OK, "cpu save: %s", loom_errmsg());
+    CHECK(loom_backend_set(&counting) == LOOM_OK, "set counting table");
+    memset(n_calls, 0, sizeof n_calls);
+    CHECK(loom_params_save(&m, 1, NULL, NULL, b) == LOOM_OK, "staged save: %s", loom_errmsg());
+    CHECK(calls("memcpy_d2h") == 1, "staged save downloads the one run: %ld", calls("memcpy_d2h"));
+    size_t na = 0, nb = 0;
+    unsigned char *fa = slurp(a, &na), *fb = slurp(b, &nb);
+    CHECK(fa && fb && na > 0 && na == nb && memcmp(fa, fb, na) == 0,
+          "staged save wrote a different file (%zu vs %zu bytes)", nb, na);
+    if (loom_gpt_create(&cfg, &part, &opts, &m2) == LOOM_OK) {
+        memset(n_calls, 0, sizeof n_calls);
+        CHECK(loom_params_load(&m2, 1, NULL, NULL, b) == LOOM_OK, "staged load: %s", loom_errmsg());
+        CHECK(calls("memcpy_h2d") == 1 && calls("memcpy_d2h") == 1,
+              "staged load: %ld uploads, %ld downloads", calls("memcpy_h2d"), calls("memcpy_d2h"));
+        CHECK(memcmp(m2->param_mem, m->param_mem, m->num_params * sizeof(float)) == 0,
+              "parameters loaded through host copies differ from the saved ones");
+        loom_gpt_free(m2);
+    }
+    loom_train_config c;
+    loom_train_config_default(&c);
+    CHECK(loom_train_check_device(&c) == LOOM_OK, "no checkpoint flags: refused");
+    snprintf(c.save_dir, sizeof c.save_dir, "ck");
+    loom_status st = loom_train_check_device(&c);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "--save-dir with --device counting"),
+          "--save-dir without host memory: %d %s", (int)st, loom_errmsg());
+    CHECK(loom_backend_select("cpu") == LOOM_OK, "back to cpu");
+    CHECK(loom_train_check_device(&c) == LOOM_OK, "--save-dir on cpu refused: %s", loom_errmsg());
+    free(fa);
+    free(fb);
+    loom_gpt_free(m);
+}
+
 int main(void) {
     check_tables();
     check_routing();
+    check_params_io();
     return check_done();
 }
