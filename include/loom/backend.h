@@ -109,7 +109,6 @@ typedef struct loom_backend {
     void (*round_bf16)(float *dst, const float *src, size_t n);
 
     /* ---- small tensor ops (names generic; see loom_backend_* below) ---- */
-    void (*fill)(float *x, float value, size_t n);                /* x[i] = value */
     void (*add)(float *y, const float *x, size_t n);              /* y[i] += x[i] */
     void (*add2)(float *a, float *b, size_t n);                   /* a[i] = b[i] = a[i] + b[i] */
     /* out (n,C) += res (n,C) + bias (C), summed as o + (r + b) */
@@ -148,9 +147,6 @@ static inline void loom_tensor_copy(float *dst, const float *src, size_t n) {
 }
 static inline void loom_tensor_zero(float *x, size_t n) {
     loom_backend_current()->memset(x, 0, n * sizeof(float));
-}
-static inline void loom_tensor_fill(float *x, float value, size_t n) {
-    loom_backend_current()->fill(x, value, n);
 }
 static inline void loom_tensor_add(float *y, const float *x, size_t n) {
     loom_backend_current()->add(y, x, n);

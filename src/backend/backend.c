@@ -18,7 +18,8 @@
  * build with the CUDA backend defines LOOM_HAVE_CUDA for this file and links
  * the library that defines the table. */
 #ifdef LOOM_HAVE_CUDA
-extern const loom_backend loom_backend_cuda;
+extern const loom_backend loom_backend_cuda; /* src/backend/cuda_table.c */
+loom_status loom_backend_cuda_start(void);   /* picks and initialises the device */
 #endif
 
 static const loom_backend *be = &loom_backend_cpu;
@@ -40,7 +41,7 @@ void loom_backend_arena_init(loom_arena *a, const char *name) {
     X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd)                      \
     X(attention_part_bwd) X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd)       \
     X(pos_fwd) X(pos_bwd) X(vxent_max) X(vxent_exp) X(vxent_finish) X(vxent_bwd)                 \
-    X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(fill) X(add) X(add2)         \
+    X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(add) X(add2)         \
     X(add_bias_residual) X(colsum_acc) X(sum_acc)
 
 const char *loom_backend_missing_entry(const loom_backend *t) {
@@ -65,6 +66,7 @@ loom_status loom_backend_select(const char *name) {
     if (strcmp(name, "cpu") == 0) return loom_backend_set(&loom_backend_cpu);
     if (strcmp(name, "cuda") == 0) {
 #ifdef LOOM_HAVE_CUDA
+        LOOM_TRY(loom_backend_cuda_start());
         return loom_backend_set(&loom_backend_cuda);
 #else
         return loom_fail(LOOM_EUSAGE,

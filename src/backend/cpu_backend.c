@@ -91,7 +91,6 @@ const loom_backend loom_backend_cpu = {
     .scale = loom_cpu_scale,
     .all_finite = loom_cpu_all_finite,
     .round_bf16 = loom_cpu_round_bf16,
-    .fill = loom_cpu_fill,
     .add = loom_cpu_add,
     .add2 = loom_cpu_add2,
     .add_bias_residual = loom_cpu_add_bias_residual,

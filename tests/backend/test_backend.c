@@ -79,7 +79,6 @@ enum {
     E_scale,
     E_all_finite,
     E_round_bf16,
-    E_fill,
     E_add,
     E_add2,
     E_add_bias_residual,
@@ -131,7 +130,6 @@ static const char *const entry_name[E_COUNT] = {
     "scale",
     "all_finite",
     "round_bf16",
-    "fill",
     "add",
     "add2",
     "add_bias_residual",
@@ -182,7 +180,6 @@ static const size_t entry_offset[E_COUNT] = {
     offsetof(loom_backend, scale),
     offsetof(loom_backend, all_finite),
     offsetof(loom_backend, round_bf16),
-    offsetof(loom_backend, fill),
     offsetof(loom_backend, add),
     offsetof(loom_backend, add2),
     offsetof(loom_backend, add_bias_residual),
@@ -423,11 +420,6 @@ static void w_round_bf16(float *dst, const float *src, size_t n) {
     loom_backend_cpu.round_bf16(dst, src, n);
 }
 
-static void w_fill(float *x, float value, size_t n) {
-    n_calls[E_fill]++;
-    loom_backend_cpu.fill(x, value, n);
-}
-
 static void w_add(float *y, const float *x, size_t n) {
     n_calls[E_add]++;
     loom_backend_cpu.add(y, x, n);
@@ -499,7 +491,6 @@ static const loom_backend counting = {
     .scale = w_scale,
     .all_finite = w_all_finite,
     .round_bf16 = w_round_bf16,
-    .fill = w_fill,
     .add = w_add,
     .add2 = w_add2,
     .add_bias_residual = w_add_bias_residual,
@@ -537,12 +528,21 @@ static void check_tables(void) {
     loom_status st = loom_backend_select("tpu");
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "tpu"), "select tpu: %d %s", (int)st,
           loom_errmsg());
-#ifndef LOOM_HAVE_CUDA
-    st = loom_backend_select("cuda");
-    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "LOOM_CUDA"), "select cuda: %d %s", (int)st,
-          loom_errmsg());
-#endif
     CHECK(loom_backend_current() == &loom_backend_cpu, "failed select changed the backend");
+    /* cuda: selected when built with it and a GPU is there; else refused,
+     * saying which of the two is missing */
+    st = loom_backend_select("cuda");
+    if (st == LOOM_OK) {
+        CHECK(strcmp(loom_backend_current()->name, "cuda") == 0, "select cuda gave %s",
+              loom_backend_current()->name);
+        CHECK(loom_backend_missing_entry(loom_backend_current()) == NULL, "cuda table incomplete");
+    } else {
+        CHECK(st == LOOM_EUSAGE && (strstr(loom_errmsg(), "built without the CUDA backend "
+                                                          "(configure with -DLOOM_CUDA=ON") ||
+                                    strstr(loom_errmsg(), "no CUDA device is visible")),
+              "select cuda: %d %s", (int)st, loom_errmsg());
+        CHECK(loom_backend_current() == &loom_backend_cpu, "failed select changed the backend");
+    }
     CHECK(loom_backend_select("cpu") == LOOM_OK, "select cpu");
 }
 

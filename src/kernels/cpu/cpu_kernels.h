@@ -59,7 +59,6 @@ int loom_cpu_all_finite(const float *x, size_t n);
 void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
 
 /* Tensor ops of the backend table (include/loom/backend.h says what each does). */
-void loom_cpu_fill(float *x, float value, size_t n);
 void loom_cpu_add(float *y, const float *x, size_t n);
 void loom_cpu_add2(float *a, float *b, size_t n);
 void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias, int n, int C);

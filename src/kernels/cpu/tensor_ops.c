@@ -1,15 +1,11 @@
 /* tensor_ops.c - the CPU backend's small tensor ops (include/loom/backend.h):
- * fill, add, the bias + residual add of a block, column sums, a loss sum.
+ * add, the bias + residual add of a block, column sums, a loss sum.
  *
  * They are the loops model, parallel and pipeline code ran inline before the
  * backend table, kept with the same order of additions so every result is
  * bit for bit what it was. Local to the calling rank; nothing is collective.
  */
 #include "kern_internal.h"
-
-void loom_cpu_fill(float *x, float value, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = value;
-}
 
 void loom_cpu_add(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
