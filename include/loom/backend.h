@@ -120,6 +120,40 @@ typedef struct loom_backend {
     void (*sum_acc)(double *host_acc, const float *x, size_t n);
 } loom_backend;
 
+/* Designated initializers of every kernel entry from functions named
+ * <prefix><kernel> (loom_cpu_, loom_cuda_, ...): a backend whose kernels
+ * follow the naming fills them with LOOM_BACKEND_KERNELS(loom_cpu_). */
+#define LOOM_BACKEND_KERNELS(prefix)                                                               \
+    .layernorm_fwd = prefix##layernorm_fwd,                                                        \
+    .layernorm_bwd = prefix##layernorm_bwd,                                                        \
+    .matmul_fwd = prefix##matmul_fwd,                                                              \
+    .matmul_bwd = prefix##matmul_bwd,                                                              \
+    .matmul_nt_fwd = prefix##matmul_nt_fwd,                                                        \
+    .matmul_nt_bwd = prefix##matmul_nt_bwd,                                                        \
+    .gelu_fwd = prefix##gelu_fwd,                                                                  \
+    .gelu_bwd = prefix##gelu_bwd,                                                                  \
+    .residual_fwd = prefix##residual_fwd,                                                          \
+    .residual_bwd = prefix##residual_bwd,                                                          \
+    .attention_fwd = prefix##attention_fwd,                                                        \
+    .attention_bwd = prefix##attention_bwd,                                                        \
+    .attention_part_fwd = prefix##attention_part_fwd,                                              \
+    .attention_part_bwd = prefix##attention_part_bwd,                                              \
+    .attention_merge = prefix##attention_merge,                                                    \
+    .attention_kv_fwd = prefix##attention_kv_fwd,                                                  \
+    .embed_fwd = prefix##embed_fwd,                                                                \
+    .embed_bwd = prefix##embed_bwd,                                                                \
+    .pos_fwd = prefix##pos_fwd,                                                                    \
+    .pos_bwd = prefix##pos_bwd,                                                                    \
+    .vxent_max = prefix##vxent_max,                                                                \
+    .vxent_exp = prefix##vxent_exp,                                                                \
+    .vxent_finish = prefix##vxent_finish,                                                          \
+    .vxent_bwd = prefix##vxent_bwd,                                                                \
+    .adamw_update = prefix##adamw_update,                                                          \
+    .sumsq = prefix##sumsq,                                                                        \
+    .scale = prefix##scale,                                                                        \
+    .all_finite = prefix##all_finite,                                                              \
+    .round_bf16 = prefix##round_bf16
+
 /* The CPU backend (always built). */
 extern const loom_backend loom_backend_cpu;
 
