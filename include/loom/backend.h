@@ -60,6 +60,10 @@ typedef struct loom_backend {
     void (*stream_wait_event)(loom_stream *s, loom_event *e); /* s waits, the host does not */
     void (*event_sync)(loom_event *e);                        /* the host waits */
 
+    /* GEMM precision of the backend's matmuls: 0 fp32, 1 bf16 operands with
+     * fp32 accumulation (loom_kernels_set_precision's meaning). */
+    void (*set_precision)(int bf16);
+
     /* ---- kernels: exactly the argument lists of kernels.h ---- */
     void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *inp, const float *w,
                           const float *b, int N, int C);
@@ -170,6 +174,10 @@ loom_status loom_backend_set(const loom_backend *be);
 const loom_backend *loom_backend_current(void);
 /* The name of the first NULL entry of be, NULL when the table is complete. */
 const char *loom_backend_missing_entry(const loom_backend *be);
+
+/* --precision: sets the CPU kernels' GEMM precision (loom_kernels_set_precision,
+ * which loom_kernels_get_precision reports) and the current backend's. */
+void loom_backend_set_precision(int bf16);
 
 /* An arena (arena.h) whose memory is the current backend's device memory:
  * for tensors (params, grads, optimizer state, activations). */

@@ -26,6 +26,11 @@ static const loom_backend *be = &loom_backend_cpu;
 
 const loom_backend *loom_backend_current(void) { return be; }
 
+void loom_backend_set_precision(int bf16) {
+    loom_kernels_set_precision(bf16);
+    if (be->set_precision != loom_kernels_set_precision) be->set_precision(bf16);
+}
+
 void loom_backend_arena_init(loom_arena *a, const char *name) {
     loom_arena_init(a, name);
     a->mem_alloc = be->alloc;
@@ -36,12 +41,12 @@ void loom_backend_arena_init(loom_arena *a, const char *name) {
 #define BE_ENTRIES(X)                                                                            \
     X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset) X(stream_create)        \
     X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)            \
-    X(stream_wait_event) X(event_sync) X(layernorm_fwd) X(layernorm_bwd) X(matmul_fwd)           \
-    X(matmul_bwd) X(matmul_nt_fwd) X(matmul_nt_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)      \
-    X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd)                      \
+    X(stream_wait_event) X(event_sync) X(set_precision) X(layernorm_fwd) X(layernorm_bwd)        \
+    X(matmul_fwd) X(matmul_bwd) X(matmul_nt_fwd) X(matmul_nt_bwd) X(gelu_fwd) X(gelu_bwd)        \
+    X(residual_fwd) X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd)      \
     X(attention_part_bwd) X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd)       \
     X(pos_fwd) X(pos_bwd) X(vxent_max) X(vxent_exp) X(vxent_finish) X(vxent_bwd)                 \
-    X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(add) X(add2)         \
+    X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(add) X(add2)                 \
     X(add_bias_residual) X(colsum_acc) X(sum_acc)
 
 const char *loom_backend_missing_entry(const loom_backend *t) {

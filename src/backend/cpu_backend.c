@@ -63,6 +63,7 @@ const loom_backend loom_backend_cpu = {
     .event_record = cpu_event_record,
     .stream_wait_event = cpu_stream_wait_event,
     .event_sync = cpu_event_sync,
+    .set_precision = loom_kernels_set_precision,
     LOOM_BACKEND_KERNELS(loom_cpu_),
     .add = loom_cpu_add,
     .add2 = loom_cpu_add2,

@@ -87,6 +87,10 @@ static void cu_stream_wait_event(loom_stream *s, loom_event *e) {
 }
 static void cu_event_sync(loom_event *e) { (void)loom_cuda_event_sync((loom_cuda_event)e); }
 
+static void cu_set_precision(int bf16) {
+    loom_cuda_set_precision(bf16 ? LOOM_CUDA_BF16 : LOOM_CUDA_FP32);
+}
+
 static void cu_add(float *y, const float *x, size_t n) { loom_cuda_residual_fwd(y, y, x, n); }
 static void cu_add2(float *a, float *b, size_t n) {
     loom_cuda_residual_fwd(a, a, b, n);
@@ -150,6 +154,7 @@ const loom_backend loom_backend_cuda = {
     .event_record = cu_event_record,
     .stream_wait_event = cu_stream_wait_event,
     .event_sync = cu_event_sync,
+    .set_precision = cu_set_precision,
     LOOM_BACKEND_KERNELS(loom_cuda_),
     .add = cu_add,
     .add2 = cu_add2,

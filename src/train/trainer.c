@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/backend.h"
 #include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
@@ -359,7 +360,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
-    loom_kernels_set_precision(strcmp(c->precision, "bf16") == 0);
+    loom_backend_set_precision(strcmp(c->precision, "bf16") == 0);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);

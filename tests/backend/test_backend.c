@@ -50,6 +50,7 @@ enum {
     E_event_record,
     E_stream_wait_event,
     E_event_sync,
+    E_set_precision,
     E_layernorm_fwd,
     E_layernorm_bwd,
     E_matmul_fwd,
@@ -101,6 +102,7 @@ static const char *const entry_name[E_COUNT] = {
     "event_record",
     "stream_wait_event",
     "event_sync",
+    "set_precision",
     "layernorm_fwd",
     "layernorm_bwd",
     "matmul_fwd",
@@ -151,6 +153,7 @@ static const size_t entry_offset[E_COUNT] = {
     offsetof(loom_backend, event_record),
     offsetof(loom_backend, stream_wait_event),
     offsetof(loom_backend, event_sync),
+    offsetof(loom_backend, set_precision),
     offsetof(loom_backend, layernorm_fwd),
     offsetof(loom_backend, layernorm_bwd),
     offsetof(loom_backend, matmul_fwd),
@@ -256,6 +259,11 @@ static void w_stream_wait_event(loom_stream *s, loom_event *e) {
 static void w_event_sync(loom_event *e) {
     n_calls[E_event_sync]++;
     loom_backend_cpu.event_sync(e);
+}
+
+static void w_set_precision(int bf16) {
+    n_calls[E_set_precision]++;
+    loom_backend_cpu.set_precision(bf16);
 }
 
 static void w_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -462,6 +470,7 @@ static const loom_backend counting = {
     .event_record = w_event_record,
     .stream_wait_event = w_stream_wait_event,
     .event_sync = w_event_sync,
+    .set_precision = w_set_precision,
     LOOM_BACKEND_KERNELS(w_),
     .add = w_add,
     .add2 = w_add2,
@@ -515,6 +524,16 @@ static void check_tables(void) {
               "select cuda: %d %s", (int)st, loom_errmsg());
         CHECK(loom_backend_current() == &loom_backend_cpu, "failed select changed the backend");
     }
+    CHECK(loom_backend_select("cpu") == LOOM_OK, "select cpu");
+    /* --precision reaches the CPU kernels and the current backend */
+    CHECK(loom_backend_set(&counting) == LOOM_OK, "set counting");
+    memset(n_calls, 0, sizeof n_calls);
+    loom_backend_set_precision(1);
+    CHECK(loom_kernels_get_precision() == 1 && n_calls[E_set_precision] == 1,
+          "set_precision(1): cpu %d, backend called %ld times", loom_kernels_get_precision(),
+          n_calls[E_set_precision]);
+    loom_backend_set_precision(0);
+    CHECK(loom_kernels_get_precision() == 0, "set_precision(0)");
     CHECK(loom_backend_select("cpu") == LOOM_OK, "select cpu");
 }
 
