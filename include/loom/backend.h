@@ -47,7 +47,8 @@ typedef struct loom_backend {
     void (*free)(void *p, size_t bytes);
     void (*memcpy_h2d)(void *dst, const void *host_src, size_t bytes);
     void (*memcpy_d2h)(void *host_dst, const void *src, size_t bytes);
-    void (*memcpy_d2d)(void *dst, const void *src, size_t bytes); /* regions do not overlap */
+    /* dst == src (a no-op) or regions that do not overlap */
+    void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     void (*memset)(void *dst, int byte, size_t bytes);
 
     /* ---- streams and events (CPU: synchronous, so these keep order trivially) ---- */
@@ -164,7 +165,8 @@ extern const loom_backend loom_backend_cpu;
 /* Chooses the backend by name ("cpu", "cuda"); call once at start, before
  * any model memory. LOOM_EUSAGE (exit 64) for a name no build knows, and for
  * a backend this build left out (the message names what is missing: "cuda"
- * without -DLOOM_CUDA=ON). The current backend is unchanged on failure. */
+ * without -DLOOM_CUDA=ON), and for "cuda" with no CUDA device visible. The
+ * current backend is unchanged on failure. */
 loom_status loom_backend_select(const char *name);
 /* Makes `be` (every entry non-NULL) the current backend: the hook for
  * out-of-tree backends and for tests that wrap one. LOOM_EINTERNAL if an entry
