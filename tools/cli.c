@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/backend.h"
 #include "loom/comm.h"
 #include "loom/log.h"
 
@@ -303,6 +304,10 @@ int cli_pick_threads(int asked, int world) {
     if (env && atoi(env) > 0) return atoi(env);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return world == 1 && cores > 0 ? (int)cores : 1;
+}
+
+loom_status cli_select_device(const char *name) {
+    return loom_backend_select(name[0] ? name : "cpu");
 }
 
 loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world) {

@@ -71,6 +71,15 @@ typedef struct loom_comm loom_comm;
 /* --threads 0: OMP_NUM_THREADS if set, else every core for a one-rank job
  * and one thread per rank otherwise (ranks usually fill the cores). */
 int cli_pick_threads(int asked, int world);
+/* --device NAME: the compute backend of train, eval, generate and serve
+ * (include/loom/backend.h, docs/backends.md). Select it after the flags are
+ * parsed and before anything allocates model memory; an unknown backend or
+ * one this build left out is LOOM_EUSAGE (exit 64) with the reason. */
+#define CLI_DEVICE_OPT(var)                                                                        \
+    {"device", OPT_STR, var, sizeof var, "cpu|cuda",                                              \
+     "compute backend: cpu, or cuda (needs a build with the CUDA backend; docs/backends.md) "     \
+     "(default cpu)"}
+loom_status cli_select_device(const char *name);
 /* Start MPI; errors before this point are printed by every rank, so parse
  * flags after it. */
 loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world);

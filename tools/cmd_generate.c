@@ -197,6 +197,7 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
 int cmd_generate(int argc, char **argv) {
     static gen_cfg c = {.model = "mini", .format = "text", .max_tokens = 64, .top_p = 1.0, .seed = 1,
                         .tp = 1, .pp = 1};
+    static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters, safetensors with HF GPT-2 names (required)"},
@@ -214,6 +215,7 @@ int cmd_generate(int argc, char **argv) {
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp = ranks"},
         {"max-len", OPT_INT, &c.max_len, 0, "N", "KV cache positions per sequence (default n_positions)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
+        CLI_DEVICE_OPT(device),
         {"format", OPT_STR, c.format, sizeof c.format, "F", "text (default), ids, or jsonl (ids + text)"},
         {"logits-out", OPT_STR, c.logits_out, sizeof c.logits_out, "FILE", "write each prompt's last-position logits (float32)"},
         {"check-kv", OPT_FLAG, &c.check_kv, 0, NULL, "recompute each sequence in one pass and report the logit difference"},
@@ -240,6 +242,7 @@ int cmd_generate(int argc, char **argv) {
         return cli_mpi_finish(world, LOOM_OK);
     }
     if (st == LOOM_OK) st = check_flags(&c, loom_comm_size(world));
+    if (st == LOOM_OK) st = cli_select_device(device);
     st = loom_comm_agree(world, st);
     if (st != LOOM_OK) return cli_mpi_finish(world, st);
     loom_kernels_set_threads(cli_pick_threads(c.threads, loom_comm_size(world)));

@@ -86,6 +86,7 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
 int cmd_serve(int argc, char **argv) {
     static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .max_seqs = 8, .queue = 64,
                           .max_body = 1 << 20};
+    static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters, safetensors with HF GPT-2 names (required)"},
@@ -101,6 +102,7 @@ int cmd_serve(int argc, char **argv) {
         {"queue", OPT_INT, &c.queue, 0, "N", "requests waiting for a slot at most; more get 503 (default 64)"},
         {"max-body", OPT_INT, &c.max_body, 0, "BYTES", "request body size limit (default 1048576)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
+        CLI_DEVICE_OPT(device),
     };
     static const cli_cmd cmd = {
         "serve", "loom serve --load-params FILE [--model NAME|FILE] [--tokenizer DIR] [--port P] [--tp N] [--pp N] ...",
@@ -127,6 +129,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_mpi_finish(world, LOOM_OK);
     }
     if (st == LOOM_OK) st = check_flags(&c, loom_comm_size(world));
+    if (st == LOOM_OK) st = cli_select_device(device);
     st = loom_comm_agree(world, st);
     if (st != LOOM_OK) return cli_mpi_finish(world, st);
     loom_kernels_set_threads(cli_pick_threads(c.threads, loom_comm_size(world)));

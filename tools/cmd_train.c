@@ -72,6 +72,7 @@ static loom_status ensure_default_data(loom_comm *world, const char *data) {
 int cmd_train(int argc, char **argv) {
     static loom_train_config c;
     static char order[64] = "tp,cp,dp,pp";
+    static char device[16] = "cpu";
     static int no_progress, progress;
     loom_train_config_default(&c);
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
@@ -112,6 +113,7 @@ int cmd_train(int argc, char **argv) {
         {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
         {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
+        CLI_DEVICE_OPT(device),
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X", "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
         {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE", "write final parameters (safetensors, HF GPT-2 names)"},
@@ -149,6 +151,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
+    if (st == LOOM_OK) st = cli_select_device(device);
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
@@ -165,6 +168,7 @@ int cmd_train(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     static loom_eval_config c = {.model = "mini", .data = LOOM_DEFAULT_VAL, .batch = 8, .seq = 128,
                                  .batches = 1, .threads = 0};
+    static char device[16] = "cpu";
     cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or config.json (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters (safetensors) to evaluate (required)"},
@@ -173,6 +177,7 @@ int cmd_eval(int argc, char **argv) {
         {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},
         {"batches", OPT_INT, &c.batches, 0, "N", "number of batches (default 1)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
+        CLI_DEVICE_OPT(device),
     };
     const cli_cmd cmd = {
         "eval", "loom eval --load-params FILE [--model NAME|FILE] [--data PATH] [--batch B] [--seq T] [--batches N]",
@@ -191,6 +196,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (st == LOOM_OK && c.threads < 0)
         st = loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c.threads);
+    if (st == LOOM_OK) st = cli_select_device(device);
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, st);
     loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));

@@ -18,11 +18,22 @@ typedef struct loom_arena {
     size_t used;      /* bytes handed out (or planned) so far */
     size_t cap;       /* bytes committed */
     int mapped;       /* base came from mmap (large arenas), else aligned_alloc */
+    /* Where the memory comes from: NULL = host memory (loom_host_alloc);
+     * a backend's device memory otherwise (loom_backend_arena_init). */
+    void *(*mem_alloc)(size_t bytes);
+    void (*mem_free)(void *p, size_t bytes);
 } loom_arena;
 
 #define LOOM_ARENA_ALIGN 64
 
 void loom_arena_init(loom_arena *a, const char *name);
+
+/* Host memory as arenas take it: bytes zeroed and 64-byte aligned; from
+ * 1 MiB on mapped from the kernel's zero pages (resident only once written).
+ * NULL when it cannot be had. loom_host_free takes the same size back. The
+ * CPU backend's device memory is this memory. */
+void *loom_host_alloc(size_t bytes);
+void loom_host_free(void *p, size_t bytes);
 /* Planning: count n bytes (aligned) without memory. */
 void loom_arena_reserve(loom_arena *a, size_t nbytes);
 /* Allocate cap = planned bytes, zeroed; rewinds `used` to 0. The memory is

@@ -1,4 +1,12 @@
-/* kernels.h - CPU compute kernels: forward/backward pairs, float32.
+/* kernels.h - compute kernels: forward/backward pairs, float32.
+ *
+ * Each kernel below runs on the current backend (include/loom/backend.h,
+ * chosen by --device): these names dispatch through the backend table, and
+ * every pointer is that backend's device memory. The CPU bodies are the
+ * loom_cpu_* functions of src/kernels/cpu; what follows is the contract every
+ * backend keeps. The thread, precision and calibration settings and
+ * loom_attention_tiles / loom_attention_kv_scratch_floats (sizes, no tensor
+ * work) are the CPU's own and are not dispatched.
  *
  * Each kernel returns void and trusts its shapes: the model validates every
  * size once, up front. Backward kernels ACCUMULATE (+=) into parameter

@@ -34,6 +34,24 @@ void loom_arena_init(loom_arena *a, const char *name) {
     a->used = 0;
     a->cap = 0;
     a->mapped = 0;
+    a->mem_alloc = NULL;
+    a->mem_free = NULL;
+}
+
+void *loom_host_alloc(size_t bytes) {
+    if (bytes >= ARENA_MAP_MIN) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p; /* page-aligned, zero */
+    }
+    void *p = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void loom_host_free(void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes >= ARENA_MAP_MIN) munmap(p, bytes);
+    else free(p);
 }
 
 void loom_arena_reserve(loom_arena *a, size_t nbytes) {
@@ -48,15 +66,8 @@ loom_status loom_arena_commit(loom_arena *a) {
         return loom_fail(LOOM_EOS, "arena %s: planned size overflows size_t", a->name);
     /* Allocate at least one aligned block so an empty arena has a base too. */
     size_t bytes = cap ? cap : LOOM_ARENA_ALIGN;
-    char *base = NULL;
-    int mapped = bytes >= ARENA_MAP_MIN;
-    if (mapped) {
-        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        base = p == MAP_FAILED ? NULL : p; /* page-aligned, zero */
-    } else {
-        base = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
-        if (base) memset(base, 0, bytes);
-    }
+    int mapped = !a->mem_alloc && bytes >= ARENA_MAP_MIN;
+    char *base = a->mem_alloc ? a->mem_alloc(bytes) : loom_host_alloc(bytes);
     if (!base)
         return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name,
                          cap, (double)cap / (1024.0 * 1024.0));
@@ -79,8 +90,9 @@ void *loom_arena_alloc(loom_arena *a, size_t nbytes) {
 void loom_arena_reset(loom_arena *a) { a->used = 0; }
 
 void loom_arena_free(loom_arena *a) {
-    if (a->mapped) munmap(a->base, a->cap ? a->cap : LOOM_ARENA_ALIGN);
-    else free(a->base);
+    size_t bytes = a->cap ? a->cap : LOOM_ARENA_ALIGN;
+    if (a->mem_free) a->mem_free(a->base, bytes);
+    else if (a->base) loom_host_free(a->base, bytes);
     a->mapped = 0;
     a->base = NULL;
     a->used = 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/pipeline.h"
 #include "loom/train.h"
@@ -45,7 +46,6 @@ static void layout(loom_infer *f) {
     loom_arena *a = &f->arena;
     const size_t R = (size_t)f->o.max_rows, S = (size_t)f->o.max_seqs, C = (size_t)f->C, Cl = (size_t)f->C_l;
     const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
-    f->len = take(a, S * sizeof(int));
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
     f->x = take(a, F(R * C));
@@ -65,7 +65,6 @@ static void layout(loom_infer *f) {
     f->lnf_rstd = take(a, F(S));
     f->logits_l = take(a, F(S * (size_t)f->V_l));
     f->gathered = take(a, F(S * (size_t)f->V_l * (size_t)f->tp));
-    f->logits = take(a, F(S * (size_t)f->cfg.vocab_size));
 }
 
 static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mesh, const loom_infer_opts *o) {
@@ -128,15 +127,19 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->V_l = f->m->V_l;
     f->L_l = f->m->L_l;
     f->tp = part.tp.size;
-    loom_arena_init(&f->arena, "kv cache");
+    loom_backend_arena_init(&f->arena, "kv cache");
     layout(f);
     st = loom_arena_commit(&f->arena);
+    /* host side: sequence lengths and the logits handed to the caller */
+    f->len = calloc((size_t)o->max_seqs, sizeof *f->len);
+    f->logits = calloc((size_t)o->max_seqs * (size_t)cfg->vocab_size, sizeof *f->logits);
+    if (st == LOOM_OK && (!f->len || !f->logits))
+        st = loom_fail(LOOM_EOS, "out of memory for the inference logits");
     if (st != LOOM_OK) {
         loom_infer_free(f);
         return st;
     }
     layout(f);
-    memset(f->len, 0, (size_t)o->max_seqs * sizeof(int));
     *out = f;
     return LOOM_OK;
 }
@@ -145,6 +148,8 @@ void loom_infer_free(loom_infer *f) {
     if (!f) return;
     loom_gpt_free(f->m);
     loom_arena_free(&f->arena);
+    free(f->len);
+    free(f->logits);
     free(f);
 }
 
@@ -160,12 +165,6 @@ const loom_model_config *loom_infer_config(const loom_infer *f) { return &f->cfg
 const loom_infer_opts *loom_infer_options(const loom_infer *f) { return &f->o; }
 size_t loom_infer_cache_bytes(const loom_infer *f) {
     return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->C_l);
-}
-
-/* out (n,C) += res (n,C) + bias (C) */
-static void add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < C; c++) out[(size_t)i * C + c] += res[(size_t)i * C + c] + bias[c];
 }
 
 /* Cache rows of local block li, sequence s: (max_len, C_l). */
@@ -187,15 +186,15 @@ static loom_status block_step(loom_infer *f, int li, int n, const int *seq, cons
         const int p0 = f->len[seq[j]];
         for (int i = 0; i < n_new[j]; i++) {
             const float *row = f->qkv + (size_t)(r0 + i) * 3 * Cl; /* [q | k | v] */
-            memcpy(kc + (size_t)(p0 + i) * Cl, row + Cl, F(Cl));
-            memcpy(vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, F(Cl));
+            loom_tensor_copy(kc + (size_t)(p0 + i) * Cl, row + Cl, (size_t)Cl);
+            loom_tensor_copy(vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, (size_t)Cl);
         }
         loom_attention_kv_fwd(f->atty + (size_t)r0 * Cl, f->qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc, p0,
                               n_new[j], Cl, f->NH_l, f->att_scratch);
     }
     loom_matmul_fwd(f->y, f->atty, w->proj_w, NULL, R, Cl, C);
     LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    add_bias_residual(f->x, f->y, w->proj_b, R, C);
+    loom_tensor_add_bias_residual(f->x, f->y, w->proj_b, R, C);
     /* MLP: x += c_proj(gelu(c_fc(ln_2(x)))) */
     loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln2_w, w->ln2_b, R, C);
     LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
@@ -203,7 +202,7 @@ static loom_status block_step(loom_infer *f, int li, int n, const int *seq, cons
     loom_gelu_fwd(f->fchg, f->fch, (size_t)R * 4 * Cl);
     loom_matmul_fwd(f->y, f->fchg, w->fcp_w, NULL, R, 4 * Cl, C);
     LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    add_bias_residual(f->x, f->y, w->fcp_b, R, C);
+    loom_tensor_add_bias_residual(f->x, f->y, w->fcp_b, R, C);
     return LOOM_OK;
 }
 
@@ -213,7 +212,7 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
     const int C = f->C, Vl = f->V_l, V = f->cfg.vocab_size;
     for (int j = 0, r = 0; j < n; j++) {
         r += n_new[j];
-        memcpy(f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, F(C));
+        loom_tensor_copy(f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, (size_t)C);
     }
     loom_layernorm_fwd(f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
     loom_matmul_nt_fwd(f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
@@ -222,7 +221,8 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
         for (int k = 0; k < f->tp; k++) {
             int v0 = k * Vl, cnt = V - v0 < Vl ? V - v0 : Vl;
             if (cnt > 0)
-                memcpy(f->logits + (size_t)j * V + v0, f->gathered + ((size_t)k * n + j) * Vl, F(cnt));
+                loom_tensor_download(f->logits + (size_t)j * V + v0,
+                                     f->gathered + ((size_t)k * n + j) * Vl, (size_t)cnt);
         }
     return LOOM_OK;
 }
@@ -259,7 +259,7 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
     LOOM_TRY(check_step(f, n, seq, n_new, tokens, &R));
     const int C = f->C;
     if (f->m->part.has_embed) {
-        memcpy(f->rows_tok, tokens, (size_t)R * sizeof(int32_t));
+        loom_tensor_upload_i32(f->rows_tok, tokens, (size_t)R);
         loom_embed_fwd(f->x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
         LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, f->x, (size_t)R * C));
         for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 #include "model/internal.h"
@@ -202,9 +203,9 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         st = loom_moe_create(m);
     }
     if (st == LOOM_OK) {
-        loom_arena_init(&m->a_params, "params");
-        loom_arena_init(&m->a_grads, "grads");
-        loom_arena_init(&m->a_acts, "activations");
+        loom_backend_arena_init(&m->a_params, "params");
+        loom_backend_arena_init(&m->a_grads, "grads");
+        loom_backend_arena_init(&m->a_acts, "activations");
         if (!opts->external_params) loom_arena_reserve(&m->a_params, F(m->num_params));
         if (!opts->external_grads) loom_arena_reserve(&m->a_grads, F(m->num_params));
         layout_acts(m, &m->a_acts); /* plan */
@@ -246,7 +247,7 @@ void loom_gpt_free(loom_gpt *m) {
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->a_acts.cap; }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-    if (m->grad_mem) memset(m->grad_mem, 0, F(m->num_params));
+    if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params);
 }
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
@@ -296,7 +297,7 @@ static loom_status col_in_fwd(loom_gpt *m, float *x, const float **xg) {
 static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
     if (m->part.tp.sp) return loom_sp_gather_bwd(&m->part.tp, dxg, dx, (size_t)m->Nx * m->C);
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dxg, (size_t)m->N * m->C));
-    memcpy(dx, dxg, F((size_t)m->N * m->C));
+    loom_tensor_copy(dx, dxg, (size_t)m->N * m->C);
     return LOOM_OK;
 }
 /* Out of a row-parallel matmul: partial y (N,C) -> out (Nx,C) summed (y == out without SP). */
@@ -308,17 +309,8 @@ static loom_status row_out_fwd(loom_gpt *m, float *y, float *out) {
 static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
     if (m->part.tp.sp)
         return loom_sp_reduce_scatter_bwd(&m->part.tp, dout, dy, (size_t)m->Nx * m->C);
-    memcpy(dy, dout, F((size_t)m->N * m->C));
+    loom_tensor_copy(dy, dout, (size_t)m->N * m->C);
     return loom_tp_reduce_bwd(&m->part.tp, dy, (size_t)m->N * m->C);
-}
-
-/* out (n,C) += res (n,C) + bias (C) */
-static void add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
-    for (int i = 0; i < n; i++) {
-        float *o = out + (size_t)i * C;
-        const float *r = res + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] += r[c] + bias[c];
-    }
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -352,7 +344,7 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
     LOOM_TRY(row_out_fwd(m, y, a->res2));
-    add_bias_residual(a->res2, res, w->proj_b, Nx, C);
+    loom_tensor_add_bias_residual(a->res2, res, w->proj_b, Nx, C);
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
     loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
@@ -368,7 +360,7 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     y = sp ? m->dfull : a->res3;
     loom_matmul_fwd(y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
     LOOM_TRY(row_out_fwd(m, y, a->res3));
-    add_bias_residual(a->res3, a->res2, w->fcp_b, Nx, C);
+    loom_tensor_add_bias_residual(a->res3, a->res2, w->fcp_b, Nx, C);
     return LOOM_OK;
 }
 
@@ -388,8 +380,7 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
     loom_vxent_exp(s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
     LOOM_TRY(loom_tp_allreduce(tp, m->xsum, 2 * (size_t)N, LOOM_SUM));
     loom_vxent_finish(s->losses, s->logits, sum, tgt, s->targets, N, Vl);
-    if (loss_sum)
-        for (int i = 0; i < N; i++) *loss_sum += s->losses[i];
+    if (loss_sum) loom_tensor_sum_acc(loss_sum, s->losses, (size_t)N);
     return LOOM_OK;
 }
 
@@ -397,10 +388,10 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
                              double *loss_sum) {
     loom_gpt_slot *s = &m->slots[slot];
     s->have_targets = targets != NULL;
-    if (targets) memcpy(s->targets, targets, (size_t)m->N * sizeof(int32_t));
+    if (targets) loom_tensor_upload_i32(s->targets, targets, (size_t)m->N);
     if (has_outer(m)) HOOK(pre_forward, LOOM_UNIT_OUTER);
     if (m->part.has_embed) {
-        memcpy(s->inputs, inputs, (size_t)m->N * sizeof(int32_t));
+        loom_tensor_upload_i32(s->inputs, inputs, (size_t)m->N);
         LOOM_TRY(embed_fwd(m, s));
     }
     for (int li = 0; li < m->L_l; li++) {
@@ -420,10 +411,10 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
  * block output); keeps d(ln_f out) in dlnf for W. */
 static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float *dlnf) {
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
-    memset(m->dlnfull, 0, F((size_t)N * C));
+    loom_tensor_zero(m->dlnfull, (size_t)N * C);
     loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
-    memset(m->dres, 0, F((size_t)Nx * C));
+    loom_tensor_zero(m->dres, (size_t)Nx * C);
     loom_layernorm_bwd(m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
                        s->lnf_mean, s->lnf_rstd, Nx, C);
     return LOOM_OK;
@@ -444,30 +435,30 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
         LOOM_TRY(loom_moe_bwd_input(m, s, li, dy, m->dlnfull));
         LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     } else {
-        if (d->sharded) memcpy(d->dfcp, dres, F((size_t)Nx * C));
+        if (d->sharded) loom_tensor_copy(d->dfcp, dres, (size_t)Nx * C);
         LOOM_TRY(row_out_bwd(m, dres, dy));
-        memset(m->d4c, 0, F((size_t)N * 4 * Cl));
+        loom_tensor_zero(m->d4c, (size_t)N * 4 * Cl);
         loom_matmul_bwd(m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
-        memset(d->dfch, 0, F((size_t)N * 4 * Cl));
+        loom_tensor_zero(d->dfch, (size_t)N * 4 * Cl);
         loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
-        memset(m->dlnfull, 0, F((size_t)N * C));
+        loom_tensor_zero(m->dlnfull, (size_t)N * C);
         loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
         LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     }
     loom_layernorm_bwd(dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
     /* attention branch */
     dy = d->sharded ? m->dfull : d->dproj;
-    if (d->sharded) memcpy(d->dproj, dres, F((size_t)Nx * C));
+    if (d->sharded) loom_tensor_copy(d->dproj, dres, (size_t)Nx * C);
     LOOM_TRY(row_out_bwd(m, dres, dy));
-    memset(m->datty, 0, F((size_t)N * Cl));
+    loom_tensor_zero(m->datty, (size_t)N * Cl);
     loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
-    memset(d->dqkv, 0, F((size_t)N * 3 * Cl));
+    loom_tensor_zero(d->dqkv, (size_t)N * 3 * Cl);
     if (m->part.cp.size > 1)
         LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B,
                                        m->T, Cl, m->NH_l));
     else
         loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
-    memset(m->dlnfull, 0, F((size_t)N * C));
+    loom_tensor_zero(m->dlnfull, (size_t)N * C);
     loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
     loom_layernorm_bwd(dres, NULL, NULL, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
@@ -484,11 +475,8 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
  * size into steps of up to lr - a random walk that would differ between
  * layouts. Exact zeros keep the parameter where the math says it stays. */
 static void qkv_bias_grad(float *db, const float *dqkv, int N, int Cl) {
-    for (int i = 0; i < N; i++) {
-        const float *row = dqkv + (size_t)i * 3 * Cl;
-        for (int j = 0; j < Cl; j++) db[j] += row[j];
-        for (int j = 2 * Cl; j < 3 * Cl; j++) db[j] += row[j];
-    }
+    loom_tensor_colsum_acc(db, dqkv, N, 3 * Cl, Cl);                   /* query */
+    loom_tensor_colsum_acc(db + 2 * Cl, dqkv + 2 * Cl, N, 3 * Cl, Cl); /* value */
 }
 
 /* Under SP each (N,C) operand below is re-gathered from the kept shard into
@@ -568,7 +556,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         LOOM_TRY(head_bwd_input(m, s, dlnf));
         if (!split) head_bwd_lnf(m, s, dlnf);
     } else {
-        memcpy(m->dres, dy, F(nx));
+        loom_tensor_copy(m->dres, dy, nx);
     }
     for (int li = m->L_l - 1; li >= 0; li--) {
         int unit = m->part.layer_begin + li;
@@ -583,7 +571,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
             HOOK(post_input, unit);
         }
     }
-    memcpy(s->dx, m->dres, F(nx));
+    loom_tensor_copy(s->dx, m->dres, nx);
     if (!split && m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
     if (!split && has_outer(m)) HOOK(post_backward, LOOM_UNIT_OUTER);
     if (split && has_outer(m)) HOOK(post_input, LOOM_UNIT_OUTER);

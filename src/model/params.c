@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/model.h"
 #include "loom/moe.h"
 #include "loom/rng.h"
@@ -166,7 +167,7 @@ static void init_span(const loom_param *p, int tp_rank, loom_rng_key key, size_t
 /* Elements per thread task of the init (a few rows of 124M's matrices). */
 #define INIT_TASK 16384
 
-void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
+static void init_range_host(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
     const int tp_rank = m->part.tp.rank;
     size_t zeroed = lo; /* [lo, zeroed) written: the tensors are in offset order */
     for (int k = 0; k < m->n_params; k++) {
@@ -187,6 +188,21 @@ void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, 
         }
     }
     if (lo + n > zeroed) memset(dst + (zeroed - lo), 0, (lo + n - zeroed) * sizeof *dst);
+}
+
+/* dst is the backend's memory: filled in place when that is host memory,
+ * else generated on the host a chunk at a time and uploaded. */
+void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
+    if (loom_backend_current()->host_memory) {
+        init_range_host(m, seed, lo, n, dst);
+        return;
+    }
+    float chunk[INIT_TASK];
+    for (size_t k = 0; k < n; k += INIT_TASK) {
+        size_t c = n - k < INIT_TASK ? n - k : INIT_TASK;
+        init_range_host(m, seed, lo + k, c, chunk);
+        loom_tensor_upload(dst + k, chunk, c);
+    }
 }
 
 void loom_gpt_init_params(loom_gpt *m, uint64_t seed) {

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 #include "loom/train.h"
@@ -51,7 +52,7 @@ static void reduce_done(dp_part *p, dp_bucket *b) {
     }
     const float *src = p->stage[b->slot];
     float *dst = p->gshard + b->so;
-    for (size_t i = 0; i < b->S; i++) dst[i] += src[i];
+    loom_tensor_add(dst, src, b->S);
     p->stage_owner[b->slot] = -1;
     b->gstate = DP_IDLE;
 }
@@ -180,10 +181,10 @@ static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
         }
         return st;
     }
-    memcpy(p->scratch, g, b->n * F);
-    memset(p->scratch + b->n, 0, (b->P - b->n) * F);
+    loom_tensor_copy(p->scratch, g, b->n);
+    loom_tensor_zero(p->scratch + b->n, b->P - b->n);
     LOOM_TRY(loom_comm_reduce_scatter(e->dp, p->scratch, p->scratch, b->S, LOOM_F32, LOOM_SUM));
-    memcpy(g, p->scratch, b->S * F);
+    loom_tensor_copy(g, p->scratch, b->S);
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     return LOOM_OK;
 }
@@ -225,7 +226,7 @@ static loom_status acquire_stage(dp_part *p, int bi) {
     }
     p->e->timing.exposed_s += loom_comm_wtime() - t0;
     float *buf = p->stage[b->slot];
-    memset(buf, 0, b->P * F);
+    loom_tensor_zero(buf, b->P);
     for (int i = b->u_begin; i < b->u_end; i++) {
         const dp_unit *u = &p->units[i];
         loom_gpt_bind_unit(p->m, u->unit, NULL, buf + (u->lo - b->lo));
@@ -324,8 +325,8 @@ static loom_status hook_embed_rows(void *ctx, loom_gpt *m, const int32_t *ids, c
     if (n > p->rows_max)
         return loom_fail(LOOM_EINTERNAL, "micro-batch of %zu rows exceeds the %zu planned", n,
                          p->rows_max);
-    memcpy(p->rows_all + r * n * C, rows, n * C * F);
-    memcpy(p->ids_all + r * n, ids, n * sizeof *ids);
+    loom_tensor_copy(p->rows_all + r * n * C, rows, n * C);
+    loom_tensor_copy_i32(p->ids_all + r * n, ids, n);
     LOOM_TRY(loom_comm_iallgather(e->dp, p->rows_all + r * n * C, p->rows_all, n * C * F,
                                   &p->rows_req));
     LOOM_TRY(loom_comm_iallgather(e->dp, p->ids_all + r * n, p->ids_all, n * sizeof *ids,
@@ -416,9 +417,9 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     p->e = e;
     p->m = m;
     for (int k = 0; k < DP_SLOTS; k++) p->stage_owner[k] = p->gather_owner[k] = -1;
-    loom_arena_init(&p->a_grads, "grad shards");
-    loom_arena_init(&p->a_params, "parameter shards");
-    loom_arena_init(&p->a_opt, "optimizer");
+    loom_backend_arena_init(&p->a_grads, "grad shards");
+    loom_backend_arena_init(&p->a_params, "parameter shards");
+    loom_backend_arena_init(&p->a_opt, "optimizer");
     LOOM_TRY(loom_dp_layout_build(e, p));
     layout_buffers(e, p);
     LOOM_TRY(loom_arena_commit(&p->a_grads));
@@ -517,7 +518,7 @@ loom_status loom_dp_begin_step(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
         if (e->cfg.zero < 2) loom_gpt_zero_grad(p->m);
-        else memset(p->gshard, 0, p->S * F);
+        else loom_tensor_zero(p->gshard, p->S);
         for (int k = 0; k < p->n_buckets; k++) {
             dp_bucket *b = &p->buckets[k];
             if (b->rs || b->gstate == DP_REDUCING || b->gstate == DP_ACQUIRED)
@@ -624,10 +625,10 @@ static loom_status gather_params12(loom_dp_engine *e) {
                 continue;
             }
             float *s = e->cfg.zero == 1 ? p->scratch : p->stage[b->slot];
-            memset(s + r * b->S, 0, b->S * F);
-            memcpy(s + r * b->S, x + b->mine_lo, b->mine_n * F);
+            loom_tensor_zero(s + r * b->S, b->S);
+            loom_tensor_copy(s + r * b->S, x + b->mine_lo, b->mine_n);
             LOOM_TRY(loom_comm_allgather(e->dp, s + r * b->S, s, b->S * F));
-            memcpy(x + b->lo, s, b->n * F);
+            loom_tensor_copy(x + b->lo, s, b->n);
         }
     }
     for (int i = 0; i < e->n_parts; i++) {

@@ -1,9 +1,9 @@
 /* tp.c - tensor- and sequence-parallel regions (see parallel.h). Axis: tp.
  * Every function is collective over the TP group, and the identity (or a
  * copy) when the group has one rank. */
-#include <string.h>
-
 #include "loom/parallel.h"
+
+#include "loom/backend.h"
 
 static int alone(const loom_tp *tp) { return tp->size == 1 || !tp->comm; }
 
@@ -21,7 +21,7 @@ loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n) {
 
 static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) memcpy(x, x_l, n_l * sizeof(float));
+        if (x != x_l) loom_tensor_copy(x, x_l, n_l);
         return LOOM_OK;
     }
     return loom_comm_allgather(tp->comm, x_l, x, n_l * sizeof(float));
@@ -29,7 +29,7 @@ static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, si
 
 static loom_status scatter_sum(const loom_tp *tp, const float *x, float *x_l, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) memcpy(x_l, x, n_l * sizeof(float));
+        if (x != x_l) loom_tensor_copy(x_l, x, n_l);
         return LOOM_OK;
     }
     return loom_comm_reduce_scatter(tp->comm, x, x_l, n_l, LOOM_F32, LOOM_SUM);

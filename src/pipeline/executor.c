@@ -17,6 +17,8 @@
 
 #include "loom/pp_exec.h"
 
+#include "loom/backend.h"
+
 #define MAX_PENDING 4 /* sends in flight per slot: its output and its input gradient */
 #define RECV_AHEAD 2  /* receives of one chunk and kind posted before their action */
 
@@ -68,12 +70,13 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
     const loom_gpt *m0 = parts[0];
     x->slots = calloc((size_t)x->v, sizeof *x->slots);
     x->n_slots = calloc((size_t)x->v, sizeof *x->n_slots);
-    x->dy = malloc((size_t)m0->Nx * m0->C * sizeof(float));
+    x->act_bytes = (size_t)m0->Nx * m0->C * sizeof(float);
+    const loom_backend *be = loom_backend_current(); /* activations are device memory */
+    x->dy = be->alloc(x->act_bytes);
     x->inputs = malloc((size_t)m0->N * sizeof(int32_t));
     x->targets = malloc((size_t)m0->N * sizeof(int32_t));
     x->events = calloc((size_t)x->n_actions, sizeof *x->events);
     x->rings = calloc(2 * (size_t)x->v, sizeof *x->rings);
-    x->act_bytes = (size_t)m0->Nx * m0->C * sizeof(float);
     int ok = x->slots && x->n_slots && x->dy && x->inputs && x->targets && x->events && x->rings;
     for (int r = 0; ok && r < 2 * x->v; r++) { /* staging only where this rank receives */
         recv_ring *g = &x->rings[r];
@@ -82,7 +85,7 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
         int used = 0;
         for (int i = 0; i < x->n_actions; i++)
             used |= x->actions[i].kind == g->kind && x->actions[i].chunk == g->chunk;
-        for (int k = 0; used && ok && k < RECV_AHEAD; k++) ok = (g->buf[k] = malloc(x->act_bytes)) != NULL;
+        for (int k = 0; used && ok && k < RECV_AHEAD; k++) ok = (g->buf[k] = be->alloc(x->act_bytes)) != NULL;
     }
     for (int c = 0; ok && c < x->v; c++) {
         x->n_slots[c] = parts[c]->opts.n_slots;
@@ -103,14 +106,15 @@ void loom_pp_exec_free(loom_pp_exec *x) {
     for (int c = 0; x->slots && c < x->v; c++) free(x->slots[c]);
     free(x->slots);
     free(x->n_slots);
-    free(x->dy);
+    const loom_backend *be = loom_backend_current();
+    be->free(x->dy, x->act_bytes);
     free(x->inputs);
     free(x->targets);
     free(x->events);
     for (int r = 0; x->rings && r < 2 * x->v; r++) {
         recv_ring *g = &x->rings[r];
         if (g->count) continue; /* a failed step left receives posted: MPI may still write */
-        for (int k = 0; k < RECV_AHEAD; k++) free(g->buf[k]);
+        for (int k = 0; k < RECV_AHEAD; k++) be->free(g->buf[k], x->act_bytes);
     }
     free(x->rings);
     free(x);
@@ -141,7 +145,7 @@ static loom_status ring_take(loom_pp_exec *x, int i, void *dst) {
     loom_req *r = g->req[g->head];
     g->req[g->head] = NULL;
     LOOM_TRY(loom_comm_wait(r));
-    memcpy(dst, g->buf[g->head], x->act_bytes);
+    loom_backend_current()->memcpy_d2d(dst, g->buf[g->head], x->act_bytes);
     g->head = (g->head + 1) % RECV_AHEAD;
     g->count--;
     return ring_post(x, g);

@@ -115,6 +115,9 @@ void loom_train_moe_free(loom_train_run_state *s);
 /* --ep's limits in this build: a MoE model whose experts ep divides
  * (moe_report.c). Depends only on the config. */
 loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc);
+/* What the current backend (--device) cannot do yet: LOOM_EUSAGE naming it
+ * (device_check.c). Depends on the config only: identical on every rank. */
+loom_status loom_train_check_device(const loom_train_config *c);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);

@@ -2,11 +2,12 @@
  * Local compute only. The state (m, v) is one arena, sized once. */
 #include <math.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/train.h"
 
 loom_status loom_adamw_create(loom_adamw *o, size_t n) {
-    loom_arena_init(&o->arena, "optimizer");
+    loom_backend_arena_init(&o->arena, "optimizer");
     loom_arena_reserve(&o->arena, n * sizeof(float));
     loom_arena_reserve(&o->arena, n * sizeof(float));
     LOOM_TRY(loom_arena_commit(&o->arena));

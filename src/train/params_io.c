@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/dp.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
@@ -99,6 +100,41 @@ static void walk_runs(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, 
     }
 }
 
+/* The runs as host code can walk them: the runs themselves when the backend's
+ * memory is host memory, else host copies downloaded from the device (the
+ * gaps between tensors too, so an upload puts back what was there). */
+static loom_status host_runs(const loom_param_run *runs, int n, loom_param_run **out) {
+    const loom_backend *be = loom_backend_current();
+    *out = (loom_param_run *)runs;
+    if (be->host_memory) return LOOM_OK;
+    loom_param_run *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    for (int r = 0; h && r < n; r++) {
+        h[r] = runs[r];
+        h[r].data = malloc((runs[r].n ? runs[r].n : 1) * sizeof(float));
+        if (!h[r].data) {
+            while (r-- > 0) free(h[r].data);
+            free(h);
+            h = NULL;
+        } else {
+            be->memcpy_d2h(h[r].data, runs[r].data, runs[r].n * sizeof(float));
+        }
+    }
+    if (!h) return loom_fail(LOOM_EOS, "out of memory for a host copy of the parameters");
+    *out = h;
+    return LOOM_OK;
+}
+
+/* Ends host_runs: uploads the host copies back when `upload`, frees them. */
+static void host_runs_done(const loom_param_run *runs, loom_param_run *h, int n, int upload) {
+    if (h == runs) return;
+    for (int r = 0; r < n; r++) {
+        if (upload)
+            loom_backend_current()->memcpy_h2d(runs[r].data, h[r].data, runs[r].n * sizeof(float));
+        free(h[r].data);
+    }
+    free(h);
+}
+
 static void put_elem(whole_model *w, const loom_param *g, int64_t gi, float *x) {
     if (gi >= 0) w->full[g->offset + (size_t)gi] = *x;
 }
@@ -140,7 +176,15 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
         loom_param_run whole;
         int n;
         const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
-        walk_runs(parts[i], mesh, sharded, &w, runs, n, 1, put_elem);
+        loom_param_run *h;
+        st = host_runs(runs, n, &h);
+        if (st != LOOM_OK) break;
+        walk_runs(parts[i], mesh, sharded, &w, h, n, 1, put_elem);
+        host_runs_done(runs, h, n, 0);
+    }
+    if (st != LOOM_OK) {
+        whole_close(&w);
+        return st;
     }
     if (mesh && mesh->world_size > 1)
         st = loom_comm_allreduce(mesh->world, w.full, w.total, LOOM_F32, LOOM_SUM);
@@ -229,7 +273,11 @@ loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mes
         loom_param_run whole;
         int n;
         const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
-        walk_runs(parts[i], mesh, 0, &w, runs, n, 0, get_elem);
+        loom_param_run *h;
+        st = host_runs(runs, n, &h);
+        if (st != LOOM_OK) break;
+        walk_runs(parts[i], mesh, 0, &w, h, n, 0, get_elem);
+        host_runs_done(runs, h, n, 1);
     }
     whole_close(&w);
     return st;

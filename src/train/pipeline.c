@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/data.h"
 #include "loom/log.h"
 #include "train/internal.h"
@@ -145,7 +146,7 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
     const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
     if (first && last) { /* both ends on this rank (pp = 1, v > 1) */
         float *a = first->g.wte, *b = last->g.wte; /* same shape on both */
-        for (size_t i = 0; i < p->numel; i++) a[i] = b[i] = a[i] + b[i];
+        loom_tensor_add2(a, b, p->numel);
         return LOOM_OK;
     }
     return loom_comm_allreduce(s->embed_group, mine->g.wte, p->numel, LOOM_F32, LOOM_SUM);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "loom/backend.h"
 #include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
@@ -85,6 +86,7 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
     LOOM_TRY(check_cp(c, mc));
     if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
+    LOOM_TRY(loom_train_check_device(c));
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
     if (c->batch % l->dp)
@@ -357,7 +359,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
-    loom_kernels_set_precision(strcmp(c->precision, "bf16") == 0);
+    loom_backend_set_precision(strcmp(c->precision, "bf16") == 0);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);

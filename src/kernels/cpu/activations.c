@@ -38,7 +38,7 @@ static void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size
     }
 }
 
-void loom_gelu_fwd(float *out, const float *inp, size_t n) {
+void loom_cpu_gelu_fwd(float *out, const float *inp, size_t n) {
     /* out (n), inp (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
@@ -49,7 +49,7 @@ void loom_gelu_fwd(float *out, const float *inp, size_t n) {
     }
 }
 
-void loom_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+void loom_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
     /* dinp (n) +=, inp (n), dout (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();

@@ -105,7 +105,7 @@ static void tile_fwd(const loom_att_view *v, const float *q, const float *k, con
     }
 }
 
-long loom_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+long loom_cpu_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
                              float *lse, int accumulate) {
     const int nqt = (v->Tq + ATT_BQ - 1) / ATT_BQ;
     const int work = v->B * v->NH * nqt;
@@ -161,7 +161,7 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
     }
 }
 
-long loom_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
+long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
                              const float *dout, const float *out, size_t o_bs, int o_ld,
                              const float *lse) {
     const float scale = 1.0f / sqrtf((float)v->HS);
@@ -176,7 +176,7 @@ long loom_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float
     return loom_attention_tiles(v);
 }
 
-void loom_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
+void loom_cpu_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
                           size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -205,13 +205,13 @@ static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
     return v;
 }
 
-void loom_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void loom_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_attention_part_fwd(&v, out, (size_t)T * C, C, lse, 0);
+    loom_cpu_attention_part_fwd(&v, out, (size_t)T * C, C, lse, 0);
 }
 
-void loom_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+void loom_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_attention_part_bwd(&v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
+    loom_cpu_attention_part_bwd(&v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
 }

@@ -15,7 +15,7 @@ size_t loom_attention_kv_scratch_floats(int n, int len) {
     return (size_t)n * (size_t)len * (size_t)loom_kernels_get_threads();
 }
 
-void loom_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
+void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
                            int n, int C, int NH, float *scratch) {
     const int HS = C / NH, len = p0 + n;
     const float scale = 1.0f / sqrtf((float)HS);

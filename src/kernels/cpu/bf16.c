@@ -39,7 +39,7 @@ static inline float bf16_round(float x) {
     return x;
 }
 
-void loom_round_bf16(float *dst, const float *src, size_t n) {
+void loom_cpu_round_bf16(float *dst, const float *src, size_t n) {
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
@@ -57,7 +57,7 @@ static const float *bf16_copy(int which, const float *src, size_t n) {
         bf16_buf[which] = p;
         bf16_cap[which] = n;
     }
-    loom_round_bf16(bf16_buf[which], src, n);
+    loom_cpu_round_bf16(bf16_buf[which], src, n);
     return bf16_buf[which];
 }
 

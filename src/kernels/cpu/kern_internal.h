@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "loom/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 /* Independent accumulators in the lane-parallel reductions: two AVX2 or one
  * AVX-512 register of floats. */

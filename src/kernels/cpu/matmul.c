@@ -14,7 +14,7 @@
 /* Columns per thread task in the bias-gradient column sum. */
 #define MM_BIAS_COLS 64
 
-void loom_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
+void loom_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
                      int N, int C, int OC) {
     /* out (N,OC), inp (N,C), w (C,OC), b (OC) or NULL */
     float beta = 0.0f;
@@ -41,7 +41,7 @@ static void mm_bias_bwd(float *db, const float *dout, int N, int OC) {
     }
 }
 
-void loom_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
     /* dinp (N,C) +=, dw (C,OC) +=, db (OC) +=; dout (N,OC), inp (N,C), w (C,OC) */
     if (dinp) { /* dout @ w^T */
@@ -59,14 +59,14 @@ void loom_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const
     if (db) mm_bias_bwd(db, dout, N, OC);
 }
 
-void loom_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V) {
+void loom_cpu_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V) {
     /* out (N,V), inp (N,C), wte (V,C) */
     kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = V, .K = C, .alpha = 1.0f,
                    .A = inp, .lda = C, .B = wte, .ldb = C, .beta = 0.0f, .C = out, .ldc = V};
     kern_sgemm(&g);
 }
 
-void loom_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
                         const float *wte, int N, int C, int V) {
     /* dinp (N,C) +=, dwte (V,C) +=; dout (N,V), inp (N,C), wte (V,C) */
     if (dinp) { /* dout @ wte */

@@ -35,7 +35,7 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
     }
 }
 
-void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int t) {
     /* p (n), g (n), m (n), v (n) */
     adamw_consts k = {

@@ -91,7 +91,7 @@ double loom_kernels_calibrate_sgemm(int trials) {
 
 /* ---- residual ---------------------------------------------------------- */
 
-void loom_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+void loom_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
     /* out (n), a (n), b (n); out may alias a or b (elementwise, same index) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
@@ -102,7 +102,7 @@ void loom_residual_fwd(float *out, const float *a, const float *b, size_t n) {
     }
 }
 
-void loom_residual_bwd(float *da, float *db, const float *dout, size_t n) {
+void loom_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n) {
     /* da (n) +=, db (n) +=, dout (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
@@ -128,7 +128,7 @@ static double kern_sumsq_block(const float *x, size_t n) {
     return s;
 }
 
-double loom_sumsq(const float *x, size_t n) {
+double loom_cpu_sumsq(const float *x, size_t n) {
     /* x (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
@@ -145,7 +145,7 @@ double loom_sumsq(const float *x, size_t n) {
     return total;
 }
 
-void loom_scale(float *x, size_t n, float s) {
+void loom_cpu_scale(float *x, size_t n, float s) {
     /* x (n) *= s */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
@@ -158,7 +158,7 @@ void loom_scale(float *x, size_t n, float s) {
 
 /* A float is inf or NaN exactly when its exponent bits are all ones; testing
  * the bits keeps the loop integer-only and vectorizable. */
-int loom_all_finite(const float *x, size_t n) {
+int loom_cpu_all_finite(const float *x, size_t n) {
     /* x (n) */
     const uint32_t expo = 0x7f800000u;
     uint32_t bad = 0;

@@ -14,7 +14,7 @@
 
 #define EMB_COLS 64
 
-void loom_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
                     int C) {
     /* out (N,C), tok (N), wte_l (V_l,C) */
     int nth = loom_kernels_get_threads();
@@ -27,7 +27,7 @@ void loom_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, 
     }
 }
 
-void loom_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
+void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
                     int C) {
     /* threads own disjoint column slices: two tokens may share a row */
     int nth = loom_kernels_get_threads();
@@ -42,14 +42,14 @@ void loom_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0
     }
 }
 
-void loom_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C) {
+void loom_cpu_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C) {
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < n; i++)
         kern_add_row(out + (size_t)i * C, wpe + (size_t)((row0 + i) % T) * C, C);
 }
 
-void loom_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C) {
+void loom_cpu_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C) {
     int nth = loom_kernels_get_threads();
     int cols = nth > 1 ? EMB_COLS : C, ntask = (C + cols - 1) / cols;
     KERN_PARALLEL_FOR(nth)
@@ -60,14 +60,14 @@ void loom_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C)
     }
 }
 
-void loom_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid) {
+void loom_cpu_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid) {
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++)
         rowmax[i] = V_valid > 0 ? kern_max(logits + (size_t)i * V_l, V_valid) : -INFINITY;
 }
 
-void loom_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
+void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
                     const int32_t *targets, int v0, int N, int V_l, int V_valid) {
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
@@ -81,7 +81,7 @@ void loom_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
     }
 }
 
-void loom_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
+void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
                        const int32_t *targets, int N, int V_l) {
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
@@ -91,7 +91,7 @@ void loom_vxent_finish(float *losses, float *probs, const float *gsum, const flo
     }
 }
 
-void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
+void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
                     int N, int V_l) {
     int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)

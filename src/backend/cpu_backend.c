@@ -1,0 +1,73 @@
+/* cpu_backend.c - the CPU backend's table: host memory as device memory,
+ * synchronous streams and events, and the loom_cpu_* kernels of
+ * src/kernels/cpu.
+ *
+ * Device memory is the arenas' host memory (loom_host_alloc: zeroed, aligned,
+ * large blocks mapped from zero pages), so memory use and peak RSS are what
+ * they were before the backend table. Every operation runs to completion
+ * before it returns, so a stream is only a name and an event is always
+ * complete: order is kept trivially. Local to the calling rank.
+ */
+#include <string.h>
+
+#include "loom/arena.h"
+#include "loom/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+/* A copy onto itself (a TP region at degree 1 passes the same buffer) is a no-op. */
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+static void cpu_memset(void *dst, int byte, size_t bytes) {
+    if (bytes) memset(dst, byte, bytes);
+}
+
+/* One dummy object each: a CPU stream or event has no state. */
+static char cpu_stream_obj, cpu_event_obj;
+
+static loom_status cpu_stream_create(loom_stream **out) {
+    *out = (loom_stream *)&cpu_stream_obj;
+    return LOOM_OK;
+}
+static void cpu_stream_destroy(loom_stream *s) { (void)s; }
+static void cpu_stream_sync(loom_stream *s) { (void)s; }
+static loom_status cpu_event_create(loom_event **out) {
+    *out = (loom_event *)&cpu_event_obj;
+    return LOOM_OK;
+}
+static void cpu_event_destroy(loom_event *e) { (void)e; }
+static void cpu_event_record(loom_event *e, loom_stream *s) {
+    (void)e;
+    (void)s;
+}
+static void cpu_stream_wait_event(loom_stream *s, loom_event *e) {
+    (void)s;
+    (void)e;
+}
+static void cpu_event_sync(loom_event *e) { (void)e; }
+
+const loom_backend loom_backend_cpu = {
+    .name = "cpu",
+    .host_memory = 1,
+    .alloc = loom_host_alloc,
+    .free = loom_host_free,
+    .memcpy_h2d = cpu_copy,
+    .memcpy_d2h = cpu_copy,
+    .memcpy_d2d = cpu_copy,
+    .memset = cpu_memset,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_sync = cpu_event_sync,
+    .set_precision = loom_kernels_set_precision,
+    LOOM_BACKEND_KERNELS(loom_cpu_),
+    .add = loom_cpu_add,
+    .add2 = loom_cpu_add2,
+    .add_bias_residual = loom_cpu_add_bias_residual,
+    .colsum_acc = loom_cpu_colsum_acc,
+    .sum_acc = loom_cpu_sum_acc,
+};

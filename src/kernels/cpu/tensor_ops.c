@@ -1,0 +1,35 @@
+/* tensor_ops.c - the CPU backend's small tensor ops (include/loom/backend.h):
+ * add, the bias + residual add of a block, column sums, a loss sum.
+ *
+ * They are the loops model, parallel and pipeline code ran inline before the
+ * backend table, kept with the same order of additions so every result is
+ * bit for bit what it was. Local to the calling rank; nothing is collective.
+ */
+#include "kern_internal.h"
+
+void loom_cpu_add(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void loom_cpu_add2(float *a, float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) a[i] = b[i] = a[i] + b[i];
+}
+
+void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * C;
+        const float *r = res + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] += r[c] + bias[c];
+    }
+}
+
+void loom_cpu_colsum_acc(float *y, const float *x, int N, int ld, int ncols) {
+    for (int i = 0; i < N; i++) {
+        const float *row = x + (size_t)i * ld;
+        for (int j = 0; j < ncols; j++) y[j] += row[j];
+    }
+}
+
+void loom_cpu_sum_acc(double *host_acc, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) *host_acc += x[i];
+}
