@@ -123,7 +123,46 @@ typedef struct loom_backend {
     void (*colsum_acc)(float *y, const float *x, int N, int ld, int ncols);
     /* *host_acc += x[i] for i = 0..n-1 in order, in double */
     void (*sum_acc)(double *host_acc, const float *x, size_t n);
+
+    /* ---- routing and row ops (MoE routing, dispatch and combine; CP row
+     * permutations). Index lists (int32) are device memory too. ---- */
+    /* each row of x (N,n) replaced by its softmax (shifted by the row max; the
+     * exponentials and their sum in double), lse[i] = max + log(sum); returns
+     * the sum over rows, in order, of lse[i]^2 in double (host value) */
+    double (*softmax_lse)(float *x, float *lse, int N, int n);
+    /* per row i of p (N,n), n <= LOOM_TOPK_MAX_N: sel (N,k) the k columns with
+     * the largest p + bias (bias: n), best first, ties to the lower column;
+     * gate (N,k) = p at them, divided by their sum (in choice order) if norm */
+    void (*topk_gate)(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+                      int k, int norm);
+    /* WRITES dx (N,n), the gradient of the logits of p = softmax: from dgate
+     * (N,k) through topk_gate's gates (norm as there) into dp (N,n scratch),
+     * plus add_scale * add_tab[add_row[i]] (add_tab: int32 rows of n, a
+     * per-row table such as token counts), then through the softmax, plus
+     * z_scale * lse[i] / N * p (a z-loss term) */
+    void (*topk_gate_bwd)(float *dx, float *dp, const float *dgate, const int32_t *sel,
+                          const float *gate, const float *p, const float *lse,
+                          const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                          float z_scale, int N, int n, int k, int norm);
+    /* dst row r = src row idx[r], r < n (rows of C floats; dst and src apart) */
+    void (*gather_rows)(float *dst, const float *src, const int32_t *idx, int n, int C);
+    /* dst row idx[r] += src row r, for r = 0..n-1 in order (repeated idx add up) */
+    void (*scatter_add_rows)(float *dst, const float *src, const int32_t *idx, int n, int C);
+    /* WRITES out (N,C): row i = sum over j < k in order, from 0, of
+     * w[i k + j] * y row row[i k + j], skipping row < 0 */
+    void (*combine_rows)(float *out, const float *y, const int32_t *row, const float *w, int N,
+                         int k, int C);
+    /* combine_rows' backward: for row[i k + j] = r >= 0, dy row r = w[i k + j] *
+     * dout row i and dw[i k + j] = dout row i . y row r (in column order);
+     * dw = 0 where r < 0; dy rows no r names are left as they are */
+    void (*combine_rows_bwd)(float *dy, float *dw, const float *dout, const float *y,
+                             const int32_t *row, const float *w, int N, int k, int C);
+    /* x[i] = v */
+    void (*fill)(float *x, size_t n, float v);
 } loom_backend;
+
+/* The widest row topk_gate takes (MoE: num_local_experts, which the config check bounds). */
+#define LOOM_TOPK_MAX_N 1024
 
 /* Designated initializers of every kernel entry from functions named
  * <prefix><kernel> (loom_cpu_, loom_cuda_, ...): a backend whose kernels
@@ -216,6 +255,45 @@ static inline void loom_tensor_copy_i32(int32_t *dst, const int32_t *src, size_t
 }
 static inline void loom_tensor_upload_i32(int32_t *dst, const int32_t *host, size_t n) {
     loom_backend_current()->memcpy_h2d(dst, host, n * sizeof(int32_t));
+}
+static inline void loom_tensor_fill(float *x, size_t n, float v) {
+    loom_backend_current()->fill(x, n, v);
+}
+static inline void loom_tensor_gather_rows(float *dst, const float *src, const int32_t *idx, int n,
+                                           int C) {
+    loom_backend_current()->gather_rows(dst, src, idx, n, C);
+}
+static inline void loom_tensor_scatter_add_rows(float *dst, const float *src, const int32_t *idx,
+                                                int n, int C) {
+    loom_backend_current()->scatter_add_rows(dst, src, idx, n, C);
+}
+static inline void loom_tensor_combine_rows(float *out, const float *y, const int32_t *row,
+                                            const float *w, int N, int k, int C) {
+    loom_backend_current()->combine_rows(out, y, row, w, N, k, C);
+}
+static inline void loom_tensor_combine_rows_bwd(float *dy, float *dw, const float *dout,
+                                                const float *y, const int32_t *row, const float *w,
+                                                int N, int k, int C) {
+    loom_backend_current()->combine_rows_bwd(dy, dw, dout, y, row, w, N, k, C);
+}
+static inline double loom_tensor_softmax_lse(float *x, float *lse, int N, int n) {
+    return loom_backend_current()->softmax_lse(x, lse, N, n);
+}
+static inline void loom_tensor_topk_gate(int32_t *sel, float *gate, const float *p,
+                                         const float *bias, int N, int n, int k, int norm) {
+    loom_backend_current()->topk_gate(sel, gate, p, bias, N, n, k, norm);
+}
+static inline void loom_tensor_topk_gate_bwd(float *dx, float *dp, const float *dgate,
+                                             const int32_t *sel, const float *gate, const float *p,
+                                             const float *lse, const int32_t *add_tab,
+                                             const int32_t *add_row, float add_scale,
+                                             float z_scale, int N, int n, int k, int norm) {
+    loom_backend_current()->topk_gate_bwd(dx, dp, dgate, sel, gate, p, lse, add_tab, add_row,
+                                          add_scale, z_scale, N, n, k, norm);
+}
+/* Index lists (int32) between host and device. */
+static inline void loom_tensor_download_i32(int32_t *host, const int32_t *src, size_t n) {
+    loom_backend_current()->memcpy_d2h(host, src, n * sizeof(int32_t));
 }
 static inline void loom_tensor_upload(float *dst, const float *host, size_t n) {
     loom_backend_current()->memcpy_h2d(dst, host, n * sizeof(float));

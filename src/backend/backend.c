@@ -47,7 +47,8 @@ void loom_backend_arena_init(loom_arena *a, const char *name) {
     X(attention_part_bwd) X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd)       \
     X(pos_fwd) X(pos_bwd) X(vxent_max) X(vxent_exp) X(vxent_finish) X(vxent_bwd)                 \
     X(adamw_update) X(sumsq) X(scale) X(all_finite) X(round_bf16) X(add) X(add2)                 \
-    X(add_bias_residual) X(colsum_acc) X(sum_acc)
+    X(add_bias_residual) X(colsum_acc) X(sum_acc) X(softmax_lse) X(topk_gate) X(topk_gate_bwd)  \
+    X(gather_rows) X(scatter_add_rows) X(combine_rows) X(combine_rows_bwd) X(fill)
 
 const char *loom_backend_missing_entry(const loom_backend *t) {
     if (!t->name) return "name";

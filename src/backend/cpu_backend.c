@@ -70,4 +70,12 @@ const loom_backend loom_backend_cpu = {
     .add_bias_residual = loom_cpu_add_bias_residual,
     .colsum_acc = loom_cpu_colsum_acc,
     .sum_acc = loom_cpu_sum_acc,
+    .softmax_lse = loom_cpu_softmax_lse,
+    .topk_gate = loom_cpu_topk_gate,
+    .topk_gate_bwd = loom_cpu_topk_gate_bwd,
+    .gather_rows = loom_cpu_gather_rows,
+    .scatter_add_rows = loom_cpu_scatter_add_rows,
+    .combine_rows = loom_cpu_combine_rows,
+    .combine_rows_bwd = loom_cpu_combine_rows_bwd,
+    .fill = loom_cpu_fill,
 };

@@ -15,6 +15,14 @@
  * it receives expert-major, so each local expert is two plain matmuls over
  * contiguous rows; combine reverses both steps and scatters the outputs
  * back weighted by the gates.
+ *
+ * Tensors (activations, scratch, the selection bias, the expert storage)
+ * are the current backend's device memory and are touched only through its
+ * table (backend.h). The routing bookkeeping - the chosen experts, each
+ * row's token, the counts per expert that go to MPI as counts, the
+ * capacity decisions - is host memory: sel comes down with memcpy_d2h after
+ * topk_gate, and row, tok, routed and the token groups go up with
+ * memcpy_h2d into device copies for the kernels that read them.
  */
 #include "loom/moe.h"
 
@@ -24,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/cp.h"
 #include "loom/kernels.h"
 #include "model/internal.h"
@@ -78,6 +87,8 @@ void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_
  * group, kept expert-major (local expert, then source rank, then token). */
 typedef struct {
     float *probs;           /* (N,E) router softmax */
+    /* device copies of host index tables, for the kernels */
+    int32_t *sel_d, *row_d, *tok_d, *routed_d;
     float *lse;             /* (N) logsumexp of the router logits */
     int32_t *sel;           /* (N,k) chosen experts */
     float *gate;            /* (N,k) combine weights */
@@ -114,6 +125,9 @@ struct loom_moe {
     int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
     int G;                    /* routing groups per micro-batch (opts.moe_route_cp, >= 1) */
     int32_t *order;           /* (N) tokens group by group, each group in its CP rank's order */
+    int32_t *gid_d;           /* (N) device: the routing group of each token */
+    float *hprobs;            /* (N,E) host scratch: probabilities for the aux loss, bias steps */
+    int32_t *kept;            /* (E) host scratch: kept rows per expert, sent as counts */
     int32_t *cnt_g;           /* (G,E) scratch: kept per group and expert */
     double *P_g;              /* (G,E) scratch: router probabilities summed per group */
     size_t Rmax;              /* rows the local experts can receive */
@@ -128,8 +142,9 @@ struct loom_moe {
     size_t *a2a;        /* (4P) alltoallv byte counts and displacements */
     loom_moe_stats *stats;
     int64_t *stat_mem;
-    void *mem;          /* one allocation for every buffer above */
-    size_t mem_bytes;
+    void *mem;          /* one device allocation for every tensor above */
+    void *hmem;         /* one host allocation for the bookkeeping */
+    size_t mem_bytes, dmem_bytes; /* both allocations, the device one */
     size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
     float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
 };
@@ -146,42 +161,51 @@ static void *carve(char *base, size_t *used, size_t n) {
     return r;
 }
 
-static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
+/* Carves device memory from p and host memory from h (either NULL: only
+ * counted); returns the device bytes, the host bytes in *hbytes. */
+static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t *hbytes) {
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
                  k = (size_t)m->cfg.top_k, H = (size_t)hidden_l(m), A = N * k,
                  P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
-    size_t used = 0;
+    size_t used = 0, hu = 0;
     moe->dgate = carve(p, &used, N * k * 4);
     moe->dp = carve(p, &used, N * E * 4);
     moe->sendA = carve(p, &used, A * C * 4);
     moe->t1 = carve(p, &used, R * C * 4);
     moe->t2 = carve(p, &used, R * C * 4);
     moe->tH = carve(p, &used, R * H * 4);
-    moe->a2a = carve(p, &used, 4 * P * sizeof(size_t));
-    moe->order = carve(p, &used, N * 4);
-    moe->cnt_g = carve(p, &used, (size_t)moe->G * E * 4);
-    moe->P_g = carve(p, &used, (size_t)moe->G * E * 8);
-    moe->stat_mem = carve(p, &used, (size_t)moe->n_blocks * 2 * E * 8);
+    moe->gid_d = carve(p, &used, N * 4);
+    moe->a2a = carve(h, &hu, 4 * P * sizeof(size_t));
+    moe->order = carve(h, &hu, N * 4);
+    moe->cnt_g = carve(h, &hu, (size_t)moe->G * E * 4);
+    moe->P_g = carve(h, &hu, (size_t)moe->G * E * 8);
+    moe->stat_mem = carve(h, &hu, (size_t)moe->n_blocks * 2 * E * 8);
+    moe->hprobs = carve(h, &hu, N * E * 4);
+    moe->kept = carve(h, &hu, E * 4);
     for (int b = 0; b < moe->n_blocks; b++) {
         moe_block *bl = &moe->blocks[b];
         float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
                              &bl->g.fc_w, &bl->g.fc_b, &bl->g.cp_w, &bl->g.cp_b};
-        for (int v = 0; v < 8; v++) *views[v] = carve(p, &used, El * sizeof(float *));
+        for (int v = 0; v < 8; v++) *views[v] = carve(h, &hu, El * sizeof(float *));
         bl->bias = carve(p, &used, E * 4);
         for (int s = 0; s < m->opts.n_slots; s++) {
             moe_acts *a = &bl->acts[s];
             a->probs = carve(p, &used, N * E * 4);
             a->lse = carve(p, &used, N * 4);
-            a->sel = carve(p, &used, N * k * 4);
             a->gate = carve(p, &used, N * k * 4);
-            a->row = carve(p, &used, N * k * 4);
-            a->tok = carve(p, &used, A * 4);
-            a->start = carve(p, &used, (E + 1) * 4);
-            a->routed = carve(p, &used, (size_t)moe->G * E * 4);
-            a->rc = carve(p, &used, P * El * 4);
-            a->soff = carve(p, &used, P * El * 4);
-            a->eoff = carve(p, &used, P * El * 4);
-            a->estart = carve(p, &used, (El + 1) * 4);
+            a->sel_d = carve(p, &used, N * k * 4);
+            a->row_d = carve(p, &used, N * k * 4);
+            a->tok_d = carve(p, &used, A * 4);
+            a->routed_d = carve(p, &used, (size_t)moe->G * E * 4);
+            a->sel = carve(h, &hu, N * k * 4);
+            a->row = carve(h, &hu, N * k * 4);
+            a->tok = carve(h, &hu, A * 4);
+            a->start = carve(h, &hu, (E + 1) * 4);
+            a->routed = carve(h, &hu, (size_t)moe->G * E * 4);
+            a->rc = carve(h, &hu, P * El * 4);
+            a->soff = carve(h, &hu, P * El * 4);
+            a->eoff = carve(h, &hu, P * El * 4);
+            a->estart = carve(h, &hu, (El + 1) * 4);
             a->ye = carve(p, &used, A * C * 4);
             a->xp = carve(p, &used, R * C * 4);
             a->hp = carve(p, &used, R * H * 4);
@@ -191,6 +215,7 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p) {
             a->dlogit = carve(p, &used, N * E * 4);
         }
     }
+    *hbytes = hu;
     return used;
 }
 
@@ -235,21 +260,29 @@ loom_status loom_moe_create(loom_gpt *m) {
         if (!moe->blocks[b].acts) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
         b++;
     }
-    size_t bytes = layout(m, moe, NULL);
-    moe->mem = calloc(1, bytes + 64);
-    if (!moe->mem)
-        return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes);
-    layout(m, moe, (char *)(((uintptr_t)moe->mem + 63) & ~(uintptr_t)63));
-    moe->mem_bytes = bytes + 64;
+    size_t hbytes = 0, bytes = layout(m, moe, NULL, NULL, &hbytes);
+    const loom_backend *be = loom_backend_current();
+    moe->mem = be->alloc(bytes ? bytes : 64); /* zeroed, 64-aligned */
+    moe->hmem = calloc(1, hbytes + 64);
+    if (!moe->mem || !moe->hmem)
+        return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes + hbytes);
+    moe->dmem_bytes = bytes ? bytes : 64;
+    layout(m, moe, moe->mem, (char *)(((uintptr_t)moe->hmem + 63) & ~(uintptr_t)63), &hbytes);
+    moe->mem_bytes = moe->dmem_bytes + hbytes + 64;
     for (int g = 0, i = 0; g < G; g++) { /* cp.h's split: group g = CP rank g's rows, b-major */
         const loom_cp part = {.size = G, .rank = g};
         for (int b = 0; b < m->B; b++)
             for (int t = 0; t < m->T / G; t++)
                 moe->order[i++] = b * m->T + loom_cp_position(&part, t, m->T / G);
     }
+    { /* each token's routing group, to the device once (hprobs as host scratch) */
+        int32_t *gid = (int32_t *)moe->hprobs;
+        for (int q = 0; q < m->N; q++) gid[G > 1 ? moe->order[q] : q] = q / (m->N / G);
+        loom_tensor_upload_i32(moe->gid_d, gid, (size_t)m->N);
+    }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
-    if (moe->ex_n && m->opts.external_params) moe->ex_params = calloc(moe->ex_n, sizeof(float));
-    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = calloc(moe->ex_n, sizeof(float));
+    if (moe->ex_n && m->opts.external_params) moe->ex_params = be->alloc(moe->ex_n * sizeof(float));
+    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = be->alloc(moe->ex_n * sizeof(float));
     if ((m->opts.external_params && moe->ex_n && !moe->ex_params) ||
         (m->opts.external_grads && moe->ex_n && !moe->ex_grads))
         return loom_fail(LOOM_EOS, "out of memory for the expert tensors (%zu floats)", moe->ex_n);
@@ -268,9 +301,11 @@ void loom_moe_free(struct loom_moe *moe) {
     free(moe->blocks);
     free(moe->of_local);
     free(moe->stats);
-    free(moe->mem);
-    free(moe->ex_params);
-    free(moe->ex_grads);
+    const loom_backend *be = loom_backend_current();
+    be->free(moe->mem, moe->dmem_bytes);
+    free(moe->hmem);
+    if (moe->ex_params) be->free(moe->ex_params, moe->ex_n * sizeof(float));
+    if (moe->ex_grads) be->free(moe->ex_grads, moe->ex_n * sizeof(float));
     free(moe);
 }
 
@@ -319,44 +354,16 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
 
 /* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
 static double route_probs(moe_acts *a, const float *router, int N, int C, int E) {
-    double zsum = 0;
     loom_matmul_fwd(a->probs, a->x, router, NULL, N, C, E);
-    for (int i = 0; i < N; i++) {
-        float *p = a->probs + (size_t)i * E;
-        float mx = p[0];
-        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < E; e++) sum += exp((double)p[e] - mx);
-        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)p[e] - mx) / sum);
-        a->lse[i] = (float)(mx + log(sum));
-        zsum += (double)a->lse[i] * a->lse[i];
-    }
-    return zsum;
+    return loom_tensor_softmax_lse(a->probs, a->lse, N, E);
 }
 
 /* sel (N,k): each token's top_k experts by probability + bias, ties to the
  * lower index; gate (N,k) their probabilities, renormalised if asked. */
 static void route_topk(moe_acts *a, const float *bias, int N, int E, int k, int norm) {
-    float score[1024];
-    for (int i = 0; i < N; i++) {
-        const float *p = a->probs + (size_t)i * E;
-        for (int e = 0; e < E; e++) score[e] = p[e] + bias[e];
-        int32_t *sel = a->sel + (size_t)i * k;
-        float *gate = a->gate + (size_t)i * k, sum = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < j; q++) taken |= sel[q] == e;
-                if (!taken && (best < 0 || score[e] > score[best])) best = e;
-            }
-            sel[j] = best;
-            gate[j] = p[best];
-            sum += p[best];
-        }
-        if (norm)
-            for (int j = 0; j < k; j++) gate[j] /= sum;
-    }
+    loom_tensor_topk_gate(a->sel_d, a->gate, a->probs, bias, N, E, k, norm);
+    /* the choices to the host: route_dispatch's capacity and layout are host bookkeeping */
+    loom_tensor_download_i32(a->sel, a->sel_d, (size_t)N * k);
 }
 
 /* Capacity per routing group (group by group; in each, choice-major, then
@@ -393,6 +400,10 @@ static int64_t route_dispatch(struct loom_moe *moe, moe_acts *a, int N, int E, i
             *r = fill[a->sel[(size_t)i * k + j]]++;
             a->tok[*r] = i;
         }
+    /* the layout to the device, for gather, combine and their backward */
+    loom_tensor_upload_i32(a->row_d, a->row, (size_t)N * k);
+    loom_tensor_upload_i32(a->tok_d, a->tok, (size_t)a->start[E]);
+    loom_tensor_upload_i32(a->routed_d, a->routed, (size_t)G * E);
     return dropped;
 }
 
@@ -419,7 +430,7 @@ static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, f
         ro += rb[q];
     }
     if (!m->part.ep) {
-        memcpy(recv, send, so);
+        loom_tensor_copy(recv, send, so / sizeof(float));
         return LOOM_OK;
     }
     double t0 = loom_comm_wtime();
@@ -434,7 +445,7 @@ static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, f
 static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st) {
     struct loom_moe *moe = m->moe;
     const int P = moe->P, El = moe->El, E = m->cfg.n_expert;
-    int32_t *kept = (int32_t *)moe->dgate; /* (E) scratch: dgate is free in forward */
+    int32_t *kept = moe->kept; /* host: counts go to MPI as counts */
     for (int e = 0; e < E; e++) kept[e] = a->start[e + 1] - a->start[e];
     if (m->part.ep) {
         double t0 = loom_comm_wtime();
@@ -470,7 +481,7 @@ static void permute(const moe_acts *a, int P, int El, const float *src, float *d
             size_t n = (size_t)a->rc[s * El + j], so = (size_t)a->soff[s * El + j],
                    eo = (size_t)a->eoff[s * El + j];
             size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
-            memcpy(dst + to * width, src + from * width, n * width * sizeof(float));
+            loom_tensor_copy(dst + to * width, src + from * width, n * width);
         }
 }
 
@@ -492,11 +503,13 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     /* per group g of Ng tokens: aux_g = coef E sum_e (routed_ge / Ng) (mean p_ie over g);
      * a->aux, a->z = the means over the G groups (equal sizes: z's is the plain mean) */
     double aux = 0;
+    /* the aux loss is a host scalar from host counts: the probabilities come down */
+    loom_tensor_download(moe->hprobs, a->probs, (size_t)N * E);
     memset(moe->P_g, 0, (size_t)G * E * sizeof *moe->P_g);
     for (int q = 0; q < N; q++) {
         const int i = G > 1 ? moe->order[q] : q;
         double *Pg = moe->P_g + (size_t)(q / Ng) * E;
-        for (int e = 0; e < E; e++) Pg[e] += a->probs[(size_t)i * E + e];
+        for (int e = 0; e < E; e++) Pg[e] += moe->hprobs[(size_t)i * E + e];
     }
     for (int g = 0; g < G; g++)
         for (int e = 0; e < E; e++)
@@ -505,8 +518,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     a->z = c->z_coef * zsum / N;
     /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
     const int A = a->start[E];
-    for (int r = 0; r < A; r++)
-        memcpy(moe->sendA + (size_t)r * C, x + (size_t)a->tok[r] * C, (size_t)C * 4);
+    loom_tensor_gather_rows(moe->sendA, x, a->tok_d, A, C);
     LOOM_TRY(exchange_counts(m, a, st));
     LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
     permute(a, P, El, moe->t1, a->xp, C, 1);
@@ -523,15 +535,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, 
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
     permute(a, P, El, moe->t2, moe->t1, C, 0);
     LOOM_TRY(exchange(m, a, moe->t1, a->ye, C, 0, st));
-    memset(out, 0, (size_t)N * C * 4);
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < k; j++) {
-            int r = a->row[(size_t)i * k + j];
-            if (r < 0) continue;
-            float g = a->gate[(size_t)i * k + j], *o = out + (size_t)i * C;
-            const float *y = a->ye + (size_t)r * C;
-            for (int q = 0; q < C; q++) o[q] += g * y[q];
-        }
+    loom_tensor_combine_rows(out, a->ye, a->row_d, a->gate, N, k, C);
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
     if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
     a->counted = m->opts.recompute == LOOM_RECOMPUTE_FULL;
@@ -569,40 +573,14 @@ void loom_moe_set_dloss(loom_gpt *m, float dloss) {
  * of its G routing groups weighs wg / G). */
 static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N, float wg) {
     const int E = c->n_expert, k = c->top_k;
-    float *dp = moe->dp;
-    memset(dp, 0, (size_t)N * E * 4);
-    for (int i = 0; i < N; i++) {
-        const int32_t *sel = a->sel + (size_t)i * k;
-        const float *dg = moe->dgate + (size_t)i * k, *gate = a->gate + (size_t)i * k;
-        float *d = dp + (size_t)i * E;
-        if (c->norm_topk) { /* gate_j = p_j / S: dp_m = (dgate_m - sum_j dgate_j gate_j) / S */
-            float S = 0, wsum = 0;
-            for (int j = 0; j < k; j++) {
-                S += a->probs[(size_t)i * E + sel[j]];
-                wsum += dg[j] * gate[j];
-            }
-            for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - wsum) / S;
-        } else {
-            for (int j = 0; j < k; j++) d[sel[j]] += dg[j];
-        }
-    }
-    /* aux: d/dp_ie = coef E routed_{g(i)e} / Ng^2 for token i of group g(i) of Ng */
+    /* aux: d/dp_ie = coef E routed_{g(i)e} / Ng^2 for token i of group g(i) of Ng;
+     * z: d/dlogit_ie = 2 coef lse_i p_ie / N */
     const int G = moe->G, Ng = N / G;
     const float wgg = G > 1 ? wg / (float)G : wg;
     const float aux_scale = wgg * c->aux_coef * (float)E / ((float)Ng * (float)Ng);
-    for (int q = 0; q < N; q++) {
-        const int i = G > 1 ? moe->order[q] : q;
-        const int32_t *routed = a->routed + (size_t)(q / Ng) * E;
-        for (int e = 0; e < E; e++) dp[(size_t)i * E + e] += aux_scale * (float)routed[e];
-    }
-    /* softmax, plus z: d/dlogit_ie = 2 coef lse_i p_ie / N */
-    for (int i = 0; i < N; i++) {
-        const float *p = a->probs + (size_t)i * E, *d = dp + (size_t)i * E;
-        float *dl = a->dlogit + (size_t)i * E, dot = 0;
-        for (int e = 0; e < E; e++) dot += p[e] * d[e];
-        float zs = wg * c->z_coef * 2.0f * a->lse[i] / (float)N;
-        for (int e = 0; e < E; e++) dl[e] = p[e] * (d[e] - dot) + zs * p[e];
-    }
+    loom_tensor_topk_gate_bwd(a->dlogit, moe->dp, moe->dgate, a->sel_d, a->gate, a->probs, a->lse,
+                              a->routed_d, moe->gid_d, aux_scale, wg * c->z_coef * 2.0f, N, E, k,
+                              c->norm_topk);
 }
 
 loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const float *dout, float *dx) {
@@ -616,26 +594,14 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
-    memset(moe->dgate, 0, (size_t)N * k * 4);
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < k; j++) {
-            int r = a->row[(size_t)i * k + j];
-            if (r < 0) continue;
-            const float *d = dout + (size_t)i * C, *y = a->ye + (size_t)r * C;
-            float g = a->gate[(size_t)i * k + j], *dy = moe->sendA + (size_t)r * C, dot = 0;
-            for (int q = 0; q < C; q++) {
-                dy[q] = g * d[q];
-                dot += d[q] * y[q];
-            }
-            moe->dgate[(size_t)i * k + j] = dot;
-        }
+    loom_tensor_combine_rows_bwd(moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
     LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
     permute(a, P, El, moe->t1, a->dyp, C, 1);
     /* the local experts' input gradients */
     const size_t R = (size_t)a->estart[El];
-    memset(moe->tH, 0, R * H * 4);
-    memset(a->dhp, 0, R * H * 4);
-    memset(moe->t2, 0, R * C * 4);
+    loom_tensor_zero(moe->tH, R * H);
+    loom_tensor_zero(a->dhp, R * H);
+    loom_tensor_zero(moe->t2, R * C);
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
@@ -651,12 +617,8 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
     /* un-dispatch: each dispatched row's input gradient back to its token;
      * partial over tp (column-parallel c_fc): the caller sums dx over tp */
-    memset(dx, 0, (size_t)N * C * 4);
-    for (int r = 0; r < A; r++) {
-        float *d = dx + (size_t)a->tok[r] * C;
-        const float *src = moe->sendA + (size_t)r * C;
-        for (int q = 0; q < C; q++) d[q] += src[q];
-    }
+    loom_tensor_zero(dx, (size_t)N * C);
+    loom_tensor_scatter_add_rows(dx, moe->sendA, a->tok_d, A, C);
     /* router: replicated over tp; dgate = dout . ye was taken from this
      * rank's partial ye, so summed first; its input gradient, complete on
      * every rank, joins dx on tp rank 0 only (the caller's sum adds it once) */
@@ -688,9 +650,13 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
     if (!m->moe || m->cfg.bias_rate <= 0) return;
     double mean = 0;
     for (int e = 0; e < E; e++) mean += routed[e] / E;
-    float *bias = m->moe->blocks[b].bias;
+    /* the step per expert on the host (from host counts), added on the device:
+     * hprobs is host scratch, dp device scratch, both free between steps */
+    float *step = m->moe->hprobs;
     for (int e = 0; e < E; e++)
-        bias[e] += m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
+        step[e] = m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
+    loom_tensor_upload(m->moe->dp, step, (size_t)E);
+    loom_tensor_add(m->moe->blocks[b].bias, m->moe->dp, (size_t)E);
 }
 
 float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer) {

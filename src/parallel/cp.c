@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 
@@ -29,6 +30,10 @@ struct loom_cp_buffers {
     float *din;    /* ring: the dK/dV accumulator arriving */
     float *a, *b, *c; /* Ulysses: send, receive, head-sharded full sequence (B*T_l*3C each) */
     float *o;      /* Ulysses: head-sharded out, dout, dq|dk|dv (5 x B*T_l*C) */
+    /* Ulysses, device index lists of B*T rows: the received row of each
+     * position (to_heads) and the position of each row to send (to_seq) */
+    int32_t *to_heads, *to_seq;
+    size_t kv_n, big_n, rows; /* floats per ring block, per Ulysses buffer; B*T */
 };
 
 loom_status loom_cp_parse_impl(const char *s, loom_cp_impl *impl) {
@@ -55,6 +60,14 @@ loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp) 
     return LOOM_OK;
 }
 
+/* The global chunk index of local chunk lc (0 or 1) of cp rank r. */
+static int chunk_of(int size, int r, int lc) { return lc == 0 ? r : 2 * size - 1 - r; }
+
+static int position_on(int size, int r, int t, int T_l) {
+    int Tc = T_l / 2;
+    return chunk_of(size, r, t / Tc) * Tc + t % Tc;
+}
+
 loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
     cp->buf = NULL;
     if (cp->size <= 1) return LOOM_OK;
@@ -62,18 +75,41 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
     if (!w) return loom_fail(LOOM_EOS, "out of memory for context-parallel buffers");
     cp->buf = w;
     const size_t kv = (size_t)B * T_l * 2 * C_l, big = (size_t)B * T_l * 3 * C_l;
+    void *(*dalloc)(size_t) = loom_backend_current()->alloc; /* device memory, zeroed */
     int ok = 1;
+    w->kv_n = kv;
+    w->big_n = big;
     if (cp->impl == LOOM_CP_RING) {
         for (int i = 0; i < 2; i++) {
-            ok &= (w->kv[i] = malloc(kv * sizeof(float))) != NULL;
-            ok &= (w->dacc[i] = malloc(kv * sizeof(float))) != NULL;
+            ok &= (w->kv[i] = dalloc(kv * sizeof(float))) != NULL;
+            ok &= (w->dacc[i] = dalloc(kv * sizeof(float))) != NULL;
         }
-        ok &= (w->din = malloc(kv * sizeof(float))) != NULL;
+        ok &= (w->din = dalloc(kv * sizeof(float))) != NULL;
     } else {
-        ok &= (w->a = malloc(big * sizeof(float))) != NULL;
-        ok &= (w->b = malloc(big * sizeof(float))) != NULL;
-        ok &= (w->c = malloc(big * sizeof(float))) != NULL;
-        ok &= (w->o = malloc(big / 3 * 5 * sizeof(float))) != NULL;
+        const int P = cp->size, T = T_l * P;
+        w->rows = (size_t)B * T;
+        ok &= (w->a = dalloc(big * sizeof(float))) != NULL;
+        ok &= (w->b = dalloc(big * sizeof(float))) != NULL;
+        ok &= (w->c = dalloc(big * sizeof(float))) != NULL;
+        ok &= (w->o = dalloc(big / 3 * 5 * sizeof(float))) != NULL;
+        ok &= (w->to_heads = dalloc(w->rows * sizeof(int32_t))) != NULL;
+        ok &= (w->to_seq = dalloc(w->rows * sizeof(int32_t))) != NULL;
+        /* the permutations are host bookkeeping, built here and uploaded once */
+        int32_t *h = ok ? malloc(2 * w->rows * sizeof *h) : NULL;
+        ok &= h != NULL;
+        for (int i = 0; h && i < P; i++) /* row r of rank i's block <-> its position */
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < T_l; t++) {
+                    const int32_t r = (int32_t)(((size_t)i * B + b) * T_l + t),
+                                  pos = (int32_t)b * T + position_on(P, i, t, T_l);
+                    h[pos] = r;
+                    h[w->rows + (size_t)r] = pos;
+                }
+        if (h) {
+            loom_tensor_upload_i32(w->to_heads, h, w->rows);
+            loom_tensor_upload_i32(w->to_seq, h + w->rows, w->rows);
+        }
+        free(h);
     }
     if (!ok) return loom_fail(LOOM_EOS, "out of memory for context-parallel buffers");
     return LOOM_OK;
@@ -82,18 +118,14 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
 void loom_cp_release(loom_cp *cp) {
     loom_cp_buffers *w = cp->buf;
     if (!w) return;
-    free(w->kv[0]), free(w->kv[1]), free(w->dacc[0]), free(w->dacc[1]), free(w->din);
-    free(w->a), free(w->b), free(w->c), free(w->o);
+    void (*dfree)(void *, size_t) = loom_backend_current()->free;
+    const size_t kv = w->kv_n * sizeof(float), big = w->big_n * sizeof(float);
+    dfree(w->kv[0], kv), dfree(w->kv[1], kv), dfree(w->dacc[0], kv), dfree(w->dacc[1], kv);
+    dfree(w->din, kv);
+    dfree(w->a, big), dfree(w->b, big), dfree(w->c, big), dfree(w->o, big / 3 * 5);
+    dfree(w->to_heads, w->rows * sizeof(int32_t)), dfree(w->to_seq, w->rows * sizeof(int32_t));
     free(w);
     cp->buf = NULL;
-}
-
-/* The global chunk index of local chunk lc (0 or 1) of cp rank r. */
-static int chunk_of(int size, int r, int lc) { return lc == 0 ? r : 2 * size - 1 - r; }
-
-static int position_on(int size, int r, int t, int T_l) {
-    int Tc = T_l / 2;
-    return chunk_of(size, r, t / Tc) * Tc + t % Tc;
 }
 
 int loom_cp_position(const loom_cp *cp, int t, int T_l) {
@@ -136,7 +168,7 @@ static void copy_cols(float *dst, int ld, int dcol, const float *src, int ls, in
         float *d = dst + i * ld + dcol;
         const float *s = src + i * ls + col;
         if (add) loom_residual_fwd(d, d, s, (size_t)w);
-        else memcpy(d, s, (size_t)w * sizeof *d);
+        else loom_tensor_copy(d, s, (size_t)w);
     }
 }
 
@@ -169,8 +201,8 @@ static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qk
     const int P = cp->size, Tc = T_l / 2;
     const size_t rows = (size_t)B * T_l, bytes = rows * 2 * C * sizeof(float);
     copy_cols(w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
-    memset(out, 0, rows * C * sizeof *out);
-    for (size_t i = 0; i < rows * NH; i++) lse[i] = -INFINITY;
+    loom_tensor_zero(out, rows * C);
+    loom_tensor_fill(lse, rows * NH, -INFINITY);
     int cur = 0;
     for (int s = 0; s < P; s++) {
         loom_req *rs = NULL, *rr = NULL;
@@ -204,7 +236,7 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
         LOOM_TRY(ring_pass(cp, s, cur, bytes, &rs, &rr));
         const int src = (cp->rank - s + P) % P;
         float *dl = w->dacc[s & 1];
-        memset(dl, 0, bytes);
+        loom_tensor_zero(dl, n);
         for (int qc = 0; qc < 2; qc++)
             for (int kc = 0; kc < 2; kc++) {
                 loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
@@ -245,11 +277,8 @@ static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, in
             copy_cols(w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l,
                       Ch, 0);
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
-    for (int i = 0; i < P; i++) /* from rank i: its rows, at their positions */
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T_l; t++)
-                memcpy(y + ((size_t)b * T + position_on(P, i, t, T_l)) * p * Ch,
-                       w->b + i * blk + ((size_t)b * T_l + t) * p * Ch, (size_t)p * Ch * sizeof *y);
+    /* from rank i: its rows, at their positions */
+    loom_tensor_gather_rows(y, w->b, w->to_heads, B * T, p * Ch);
     return LOOM_OK;
 }
 
@@ -259,12 +288,8 @@ static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, in
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Ch = C / P, T = T_l * P;
     const size_t blk = (size_t)B * T_l * p * Ch;
-    for (int i = 0; i < P; i++) /* to rank i: the rows it holds */
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T_l; t++)
-                memcpy(w->a + i * blk + ((size_t)b * T_l + t) * p * Ch,
-                       y + ((size_t)b * T + position_on(P, i, t, T_l)) * p * Ch,
-                       (size_t)p * Ch * sizeof *y);
+    /* to rank i: the rows it holds */
+    loom_tensor_gather_rows(w->a, y, w->to_seq, B * T, p * Ch);
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
     for (int j = 0; j < P; j++) /* from rank j: its heads */
         for (int k = 0; k < p; k++)
@@ -296,7 +321,7 @@ static loom_status ulysses_bwd(loom_cp *cp, float *dqkv, const float *dout, cons
     LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
     LOOM_TRY(seq_to_heads(cp, o, out, B, T_l, C, 1));
     LOOM_TRY(seq_to_heads(cp, g, dout, B, T_l, C, 1));
-    memset(d, 0, 3 * n * sizeof *d);
+    loom_tensor_zero(d, 3 * n);
     loom_att_view v = {w->c, w->c + Cp, w->c + 2 * Cp, (size_t)T * 3 * Cp, (size_t)T * 3 * Cp,
                        3 * Cp, 3 * Cp, B, T, T, NH / P, C / NH, 0, 0};
     cp->tiles += loom_attention_part_bwd(&v, d, d + Cp, d + 2 * Cp, g, o, (size_t)T * Cp, Cp, lse);

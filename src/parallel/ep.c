@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/backend.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 
@@ -42,8 +43,9 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     for (int i = 0; st == LOOM_OK && i < n_parts; i++) {
         loom_moe_expert_storage(parts[i], &e->par[i], &e->grad[i], &e->lo[i], &e->n[i]);
         total += e->n[i];
-        e->opt_m[i] = calloc(e->n[i] ? e->n[i] : 1, sizeof(float));
-        e->opt_v[i] = calloc(e->n[i] ? e->n[i] : 1, sizeof(float));
+        /* device memory of the current backend, zeroed (backend.h) */
+        e->opt_m[i] = loom_backend_current()->alloc((e->n[i] ? e->n[i] : 1) * sizeof(float));
+        e->opt_v[i] = loom_backend_current()->alloc((e->n[i] ? e->n[i] : 1) * sizeof(float));
         if (!e->opt_m[i] || !e->opt_v[i])
             st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
     }
@@ -62,8 +64,11 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
 
 void loom_ep_engine_free(loom_ep_engine *e) {
     if (!e) return;
-    for (int i = 0; e->opt_m && i < e->n_parts; i++) free(e->opt_m[i]);
-    for (int i = 0; e->opt_v && i < e->n_parts; i++) free(e->opt_v[i]);
+    const loom_backend *be = loom_backend_current();
+    for (int i = 0; e->n && e->opt_m && i < e->n_parts; i++)
+        be->free(e->opt_m[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
+    for (int i = 0; e->n && e->opt_v && i < e->n_parts; i++)
+        be->free(e->opt_v[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
     free(e->opt_m);
     free(e->opt_v);
     free(e->lo);
@@ -144,7 +149,7 @@ loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
         }
         /* consumed: the next step accumulates from zero (the DP engine zeroes
          * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */
-        memset(e->grad[i], 0, e->n[i] * sizeof(float));
+        loom_tensor_zero(e->grad[i], e->n[i]);
     }
     return LOOM_OK;
 }

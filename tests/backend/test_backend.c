@@ -15,6 +15,9 @@
  *    The counting table says its memory is not host memory, so parameter
  *    init takes the staged path (generate on the host, upload): the
  *    parameters must be bit-identical to the in-place init.
+ *    The same for a tiny MoE: its routing and row ops (softmax_lse,
+ *    topk_gate, gather, combine, scatter-add and their backward) go
+ *    through the table once per block.
  * 4. Saving and loading parameters (safetensors) on that table goes through
  *    host copies (download, upload): the file must be byte for byte the one
  *    the CPU table writes, and loading it back must restore every parameter.
@@ -85,6 +88,14 @@ enum {
     E_add_bias_residual,
     E_colsum_acc,
     E_sum_acc,
+    E_softmax_lse,
+    E_topk_gate,
+    E_topk_gate_bwd,
+    E_gather_rows,
+    E_scatter_add_rows,
+    E_combine_rows,
+    E_combine_rows_bwd,
+    E_fill,
     E_COUNT
 };
 static const char *const entry_name[E_COUNT] = {
@@ -137,6 +148,14 @@ static const char *const entry_name[E_COUNT] = {
     "add_bias_residual",
     "colsum_acc",
     "sum_acc",
+    "softmax_lse",
+    "topk_gate",
+    "topk_gate_bwd",
+    "gather_rows",
+    "scatter_add_rows",
+    "combine_rows",
+    "combine_rows_bwd",
+    "fill",
 };
 static const size_t entry_offset[E_COUNT] = {
     offsetof(loom_backend, alloc),
@@ -188,6 +207,14 @@ static const size_t entry_offset[E_COUNT] = {
     offsetof(loom_backend, add_bias_residual),
     offsetof(loom_backend, colsum_acc),
     offsetof(loom_backend, sum_acc),
+    offsetof(loom_backend, softmax_lse),
+    offsetof(loom_backend, topk_gate),
+    offsetof(loom_backend, topk_gate_bwd),
+    offsetof(loom_backend, gather_rows),
+    offsetof(loom_backend, scatter_add_rows),
+    offsetof(loom_backend, combine_rows),
+    offsetof(loom_backend, combine_rows_bwd),
+    offsetof(loom_backend, fill),
 };
 static long n_calls[E_COUNT];
 
@@ -453,6 +480,53 @@ static void w_sum_acc(double *host_acc, const float *x, size_t n) {
     loom_backend_cpu.sum_acc(host_acc, x, n);
 }
 
+static double w_softmax_lse(float *x, float *lse, int N, int n) {
+    n_calls[E_softmax_lse]++;
+    return loom_backend_cpu.softmax_lse(x, lse, N, n);
+}
+
+static void w_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+                        int k, int norm) {
+    n_calls[E_topk_gate]++;
+    loom_backend_cpu.topk_gate(sel, gate, p, bias, N, n, k, norm);
+}
+
+static void w_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
+                            const float *gate, const float *p, const float *lse,
+                            const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                            float z_scale, int N, int n, int k, int norm) {
+    n_calls[E_topk_gate_bwd]++;
+    loom_backend_cpu.topk_gate_bwd(dx, dp, dgate, sel, gate, p, lse, add_tab, add_row, add_scale,
+                                   z_scale, N, n, k, norm);
+}
+
+static void w_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+    n_calls[E_gather_rows]++;
+    loom_backend_cpu.gather_rows(dst, src, idx, n, C);
+}
+
+static void w_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+    n_calls[E_scatter_add_rows]++;
+    loom_backend_cpu.scatter_add_rows(dst, src, idx, n, C);
+}
+
+static void w_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+                           int k, int C) {
+    n_calls[E_combine_rows]++;
+    loom_backend_cpu.combine_rows(out, y, row, w, N, k, C);
+}
+
+static void w_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
+                               const int32_t *row, const float *w, int N, int k, int C) {
+    n_calls[E_combine_rows_bwd]++;
+    loom_backend_cpu.combine_rows_bwd(dy, dw, dout, y, row, w, N, k, C);
+}
+
+static void w_fill(float *x, size_t n, float v) {
+    n_calls[E_fill]++;
+    loom_backend_cpu.fill(x, n, v);
+}
+
 static const loom_backend counting = {
     .name = "counting",
     .host_memory = 0, /* parameter init stages and uploads */
@@ -477,6 +551,14 @@ static const loom_backend counting = {
     .add_bias_residual = w_add_bias_residual,
     .colsum_acc = w_colsum_acc,
     .sum_acc = w_sum_acc,
+    .softmax_lse = w_softmax_lse,
+    .topk_gate = w_topk_gate,
+    .topk_gate_bwd = w_topk_gate_bwd,
+    .gather_rows = w_gather_rows,
+    .scatter_add_rows = w_scatter_add_rows,
+    .combine_rows = w_combine_rows,
+    .combine_rows_bwd = w_combine_rows_bwd,
+    .fill = w_fill,
 };
 
 /* The entry at offset off of t, as the bytes of a function pointer. */
@@ -659,6 +741,59 @@ static void check_routing(void) {
     free(got.grads);
 }
 
+/* A tiny MoE (every block, 4 experts, top 2, capacity 1 so some choices
+ * drop, z-loss on) forward + backward through the counting table: the
+ * routing and row ops are called once per MoE block each, the routing
+ * bookkeeping crosses host and device only by the table's copies, and
+ * loss and gradients are bit-identical to the CPU table's. */
+static void check_moe_routing(void) {
+    loom_model_config cfg = {.name = "backend-moe", .n_layer = 2, .n_head = 2, .n_embd = 16,
+                             .vocab_size = 53, .n_positions = 16, .n_expert = 4, .top_k = 2,
+                             .moe_every = 1, .expert_hidden = 32, .norm_topk = 1,
+                             .aux_coef = 0.01f, .z_coef = 0.001f, .capacity_factor = 1.0f};
+    const int B = 2, T = 8;
+    const long L = cfg.n_layer;
+    run_out ref, got;
+    if (!run_model(&cfg, B, T, &ref)) return;
+    CHECK(loom_backend_set(&counting) == LOOM_OK, "set counting table: %s", loom_errmsg());
+    memset(n_calls, 0, sizeof n_calls);
+    if (!run_model(&cfg, B, T, &got)) return;
+    CHECK(loom_backend_select("cpu") == LOOM_OK, "back to cpu");
+    struct {
+        const char *name;
+        long want;
+    } expect[] = {
+        /* per MoE block: route, dispatch, combine; and their backward */
+        {"softmax_lse", L},
+        {"topk_gate", L},
+        {"gather_rows", L},
+        {"combine_rows", L},
+        {"combine_rows_bwd", L},
+        {"scatter_add_rows", L},
+        {"topk_gate_bwd", L},
+        {"fill", 0},
+        /* the three arenas and the MoE blocks' one device allocation */
+        {"alloc", 4},
+        {"free", 4},
+        /* down per block: the choices, the probabilities (aux loss) */
+        {"memcpy_d2h", 2 * L},
+        /* up: staged init, token ids, the token groups once, per block the
+         * dispatch layout (rows, tokens, counts per group) */
+        {"memcpy_h2d", (long)((ref.n + 16383) / 16384) + 2 + 1 + 3 * L},
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        CHECK(calls(expect[i].name) == expect[i].want, "moe: %s called %ld times, want %ld",
+              expect[i].name, calls(expect[i].name), expect[i].want);
+    CHECK(got.loss == ref.loss && ref.loss > 0, "moe: loss %.9g through the counting table, %.9g on cpu",
+          got.loss, ref.loss);
+    CHECK(got.n == ref.n && memcmp(got.grads, ref.grads, ref.n * sizeof(float)) == 0,
+          "moe: gradients through the counting table differ from the cpu run");
+    free(ref.params);
+    free(ref.grads);
+    free(got.params);
+    free(got.grads);
+}
+
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return NULL;
@@ -722,6 +857,7 @@ static void check_params_io(void) {
 int main(void) {
     check_tables();
     check_routing();
+    check_moe_routing();
     check_params_io();
     return check_done();
 }

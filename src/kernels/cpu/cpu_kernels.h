@@ -64,5 +64,20 @@ void loom_cpu_add2(float *a, float *b, size_t n);
 void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias, int n, int C);
 void loom_cpu_colsum_acc(float *y, const float *x, int N, int ld, int ncols);
 void loom_cpu_sum_acc(double *host_acc, const float *x, size_t n);
+/* Routing and row ops of the backend table (route_ops.c). */
+double loom_cpu_softmax_lse(float *x, float *lse, int N, int n);
+void loom_cpu_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+                        int k, int norm);
+void loom_cpu_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
+                            const float *gate, const float *p, const float *lse,
+                            const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                            float z_scale, int N, int n, int k, int norm);
+void loom_cpu_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
+void loom_cpu_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
+void loom_cpu_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+                           int k, int C);
+void loom_cpu_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
+                               const int32_t *row, const float *w, int N, int k, int C);
+void loom_cpu_fill(float *x, size_t n, float v);
 
 #endif
