@@ -4,7 +4,9 @@
 # for the CPU emulation of CUDA (tests/gpu/emu: CUDA threads as fibers, a
 # reference GEMM for cuBLAS, device memory as NaN-filled host memory), and
 # `loom train --device cuda` must give the loss of the one-rank CPU run at
-# every step (relative difference <= 1e-6) at 1 rank, dp2 zero3, tp2 sp and pp2 zb.
+# every step (relative difference <= 1e-6) at 1 rank, dp2 zero3, tp2 sp and pp2 zb;
+# and that of the CPU run of the same layout at cp2 ring and tiny-moe cp2
+# Ulysses ep2 (MoE routing, dispatch, combine and the CP permutations).
 # This checks the routing through src/backend/cuda_table.c (every kernel,
 # tensor op, allocation, staged init) and the kernels' logic - not a GPU's
 # rounding or speed; `ctest -L gpu` on a GPU is that check. Registered only
@@ -77,5 +79,30 @@ run 1
 run 2 --dp 2 --zero 3
 run 2 --tp 2 --sp
 run 2 --pp 2 --schedule zb --micro-batches 2
+# MoE, EP and CP (the routing and row ops, which the CUDA table runs on host
+# copies): against the CPU run of the same layout
+same() {
+    np=$1
+    shift
+    for dev in cpu cuda; do
+        rm -f "$work/$dev.same.jsonl"
+        if ! OMP_NUM_THREADS=1 timeout 240 "$LOOM_RUN" -np "$np" "$work/loom_emu" train $common \
+            --device $dev --metrics "$work/$dev.same.jsonl" "$@" >"$work/log" 2>&1; then
+            echo "FAIL: --device $dev $*: $(tail -3 "$work/log")"
+            fail=1
+            return
+        fi
+    done
+    /usr/bin/python3 - "$work/cpu.same.jsonl" "$work/cuda.same.jsonl" "$*" <<'PY' || fail=1
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+d = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+print("--device cuda (emulated) %-28s losses %s, max |cpu - cuda| / |cpu| %.2e" % (sys.argv[3], b, d))
+sys.exit(0 if d <= 1e-6 and len(b) == 3 else 1)
+PY
+}
+same 2 --cp 2
+same 2 --model tiny-moe --cp 2 --ep 2 --cp-impl ulysses
 [ $fail -eq 0 ] && echo "model on the emulated CUDA backend: all checks passed"
 exit $fail
