@@ -10,8 +10,9 @@
  * two tensors use the residual kernel (a + b, the CPU's rounding); the bias +
  * residual add, the strided column sums and the loss sum have no CUDA kernel
  * yet and go through host copies - correct, slow, and to be replaced by
- * kernels; so do the routing and row ops (MoE routing, dispatch and combine,
- * the CP permutations). NOTHING HERE HAS RUN ON A GPU. Local to the calling rank.
+ * kernels. The routing and row ops (MoE routing, dispatch and combine, the
+ * CP fill and permutations) are loom_cuda_* kernels (cuda_route.cu). NOTHING
+ * HERE HAS RUN ON A GPU. Local to the calling rank.
  */
 #ifdef LOOM_HAVE_CUDA
 
@@ -19,7 +20,6 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_backend.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "loom/backend.h"
 
 /* The rank's device: its node-local rank (Open MPI, MPICH, Slurm) modulo the
@@ -139,102 +139,6 @@ static void cu_sum_acc(double *host_acc, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) *host_acc += h[i];
 }
 
-/* The routing and row ops have no CUDA kernels yet either: each runs the
- * CPU kernel (src/kernels/cpu/route_ops.c) on host copies of its operands
- * and uploads what it writes. Correct and slow; the arrays are small (MoE
- * routing: N x E; CP permutations: the Ulysses buffers). */
-static void *down(const void *d, size_t bytes) {
-    void *h = malloc(bytes ? bytes : 1);
-    if (!h) abort(); /* as host_scratch */
-    cu_d2h(h, d, bytes);
-    return h;
-}
-static void up_free(void *d, void *h, size_t bytes) {
-    cu_h2d(d, h, bytes);
-    free(h);
-}
-/* The number of rows an index list names (its largest entry + 1), from a host copy. */
-static int idx_rows(const int32_t *h, int n) {
-    int rows = 0;
-    for (int r = 0; r < n; r++) rows = h[r] + 1 > rows ? h[r] + 1 : rows;
-    return rows;
-}
-static double cu_softmax_lse(float *x, float *lse, int N, int n) {
-    const size_t xb = (size_t)N * n * sizeof(float), lb = (size_t)N * sizeof(float);
-    float *hx = down(x, xb), *hl = down(lse, lb);
-    double z = loom_cpu_softmax_lse(hx, hl, N, n);
-    up_free(x, hx, xb);
-    up_free(lse, hl, lb);
-    return z;
-}
-static void cu_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
-                         int k, int norm) {
-    const size_t kb = (size_t)N * k * 4;
-    float *hp = down(p, (size_t)N * n * 4), *hb = down(bias, (size_t)n * 4);
-    int32_t *hs = down(sel, kb);
-    float *hg = down(gate, kb);
-    loom_cpu_topk_gate(hs, hg, hp, hb, N, n, k, norm);
-    up_free(sel, hs, kb);
-    up_free(gate, hg, kb);
-    free(hp);
-    free(hb);
-}
-static void cu_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
-                             const float *gate, const float *p, const float *lse,
-                             const int32_t *add_tab, const int32_t *add_row, float add_scale,
-                             float z_scale, int N, int n, int k, int norm) {
-    const size_t nb = (size_t)N * n * 4, kb = (size_t)N * k * 4;
-    float *hdx = down(dx, nb), *hdp = down(dp, nb), *hdg = down(dgate, kb), *hg = down(gate, kb);
-    float *hp = down(p, nb), *hl = down(lse, (size_t)N * 4);
-    int32_t *hs = down(sel, kb), *hr = down(add_row, (size_t)N * 4);
-    int32_t *ht = down(add_tab, (size_t)idx_rows(hr, N) * n * 4);
-    loom_cpu_topk_gate_bwd(hdx, hdp, hdg, hs, hg, hp, hl, ht, hr, add_scale, z_scale, N, n, k, norm);
-    up_free(dx, hdx, nb);
-    up_free(dp, hdp, nb);
-    free(hdg), free(hg), free(hp), free(hl), free(hs), free(hr), free(ht);
-}
-/* gather (dst[r] = src[idx[r]]) or scatter-add (dst[idx[r]] += src[r]) on host copies */
-static void rows_by_index(float *dst, const float *src, const int32_t *idx, int n, int C, int gather) {
-    int32_t *hi = down(idx, (size_t)n * 4);
-    const size_t ib = (size_t)idx_rows(hi, n) * C * 4, nb = (size_t)n * C * 4;
-    float *hs = down(src, gather ? ib : nb), *hd = down(dst, gather ? nb : ib);
-    if (gather) loom_cpu_gather_rows(hd, hs, hi, n, C);
-    else loom_cpu_scatter_add_rows(hd, hs, hi, n, C);
-    up_free(dst, hd, gather ? nb : ib);
-    free(hs), free(hi);
-}
-static void cu_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
-    rows_by_index(dst, src, idx, n, C, 1);
-}
-static void cu_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
-    rows_by_index(dst, src, idx, n, C, 0);
-}
-static void cu_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
-                            int k, int C) {
-    const size_t kb = (size_t)N * k * 4, ob = (size_t)N * C * 4;
-    int32_t *hr = down(row, kb);
-    float *hw = down(w, kb), *hy = down(y, (size_t)idx_rows(hr, N * k) * C * 4), *ho = down(out, ob);
-    loom_cpu_combine_rows(ho, hy, hr, hw, N, k, C);
-    up_free(out, ho, ob);
-    free(hr), free(hw), free(hy);
-}
-static void cu_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
-                                const int32_t *row, const float *w, int N, int k, int C) {
-    const size_t kb = (size_t)N * k * 4;
-    int32_t *hr = down(row, kb);
-    const size_t yb = (size_t)idx_rows(hr, N * k) * C * 4;
-    float *hw = down(w, kb), *hy = down(y, yb), *hdy = down(dy, yb), *hdw = down(dw, kb);
-    float *hd = down(dout, (size_t)N * C * 4);
-    loom_cpu_combine_rows_bwd(hdy, hdw, hd, hy, hr, hw, N, k, C);
-    up_free(dy, hdy, yb);
-    up_free(dw, hdw, kb);
-    free(hr), free(hw), free(hy), free(hd);
-}
-static void cu_fill(float *x, size_t n, float v) {
-    float *h = host_scratch(n);
-    for (size_t i = 0; i < n; i++) h[i] = v;
-    cu_h2d(x, h, n * sizeof(float));
-}
 const loom_backend loom_backend_cuda = {
     .name = "cuda",
     .host_memory = 0,
@@ -259,14 +163,14 @@ const loom_backend loom_backend_cuda = {
     .add_bias_residual = cu_add_bias_residual,
     .colsum_acc = cu_colsum_acc,
     .sum_acc = cu_sum_acc,
-    .softmax_lse = cu_softmax_lse,
-    .topk_gate = cu_topk_gate,
-    .topk_gate_bwd = cu_topk_gate_bwd,
-    .gather_rows = cu_gather_rows,
-    .scatter_add_rows = cu_scatter_add_rows,
-    .combine_rows = cu_combine_rows,
-    .combine_rows_bwd = cu_combine_rows_bwd,
-    .fill = cu_fill,
+    .softmax_lse = loom_cuda_softmax_lse,
+    .topk_gate = loom_cuda_topk_gate,
+    .topk_gate_bwd = loom_cuda_topk_gate_bwd,
+    .gather_rows = loom_cuda_gather_rows,
+    .scatter_add_rows = loom_cuda_scatter_add_rows,
+    .combine_rows = loom_cuda_combine_rows,
+    .combine_rows_bwd = loom_cuda_combine_rows_bwd,
+    .fill = loom_cuda_fill,
 };
 
 #endif /* LOOM_HAVE_CUDA */

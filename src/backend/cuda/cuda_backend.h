@@ -164,6 +164,23 @@ int loom_cuda_all_finite(const float *x, size_t n);
 void loom_cuda_scale(float *x, size_t n, float s);
 void loom_cuda_round_bf16(float *dst, const float *src, size_t n);
 
+/* Routing and row ops of the backend table (include/loom/backend.h has the
+ * contracts; cuda_route.cu). softmax_lse waits for the stream (host result). */
+double loom_cuda_softmax_lse(float *x, float *lse, int N, int n);
+void loom_cuda_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+                         int k, int norm);
+void loom_cuda_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
+                             const float *gate, const float *p, const float *lse,
+                             const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                             float z_scale, int N, int n, int k, int norm);
+void loom_cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
+void loom_cuda_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
+void loom_cuda_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+                            int k, int C);
+void loom_cuda_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
+                                const int32_t *row, const float *w, int N, int k, int C);
+void loom_cuda_fill(float *x, size_t n, float v);
+
 #ifdef __cplusplus
 }
 #endif
