@@ -1,6 +1,7 @@
 /* test_cuda_kernels.c - every CUDA kernel against the CPU kernel it mirrors.
  *
- * For each kernel of loom/kernels.h: random inputs (odd sizes, so no tile or
+ * For each kernel of loom/kernels.h and each routing and row op of
+ * loom/backend.h (against loom_backend_cpu's): random inputs (odd sizes, so no tile or
  * warp divides them), the CPU kernel on host buffers, loom_cuda_X on device
  * copies of the same buffers, and a comparison of every output - including
  * outputs that accumulate (+=), which start from the same non-zero values on
@@ -22,6 +23,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "loom/backend.h"
 #include "loom/kernels.h"
 
 #define TOL 1e-5
@@ -201,6 +203,95 @@ static void test_elementwise(size_t n) {
     loom_cuda_free(d_x);
     free(x), free(y), free(out), free(dinp), free(res), free(da), free(db), free(p), free(m), free(v), free(sc),
         free(r);
+}
+
+/* ---- routing and row ops (backend.h; CPU: loom_backend_cpu) ------------------- */
+
+static int32_t *dev_i32(const int32_t *h, size_t n) { return dev_from(h, (n ? n : 1) * 4); }
+
+static void test_routing(int N, int n, int k, int C) {
+    const loom_backend *cpu = &loom_backend_cpu;
+    const size_t Nn = (size_t)N * n, Nk = (size_t)N * k;
+    /* softmax with lse and the z sum */
+    float *x = host_rand(Nn, 4.0f), *lse = malloc(N * 4), *d_x = dev_from(x, Nn * 4),
+          *d_lse = loom_cuda_alloc(N * 4);
+    double z_cpu = cpu->softmax_lse(x, lse, N, n), z_gpu = loom_cuda_softmax_lse(d_x, d_lse, N, n);
+    CHECK(fabs(z_gpu - z_cpu) <= 1e-9 * z_cpu, "softmax_lse z %.17g vs cpu %.17g", z_gpu, z_cpu);
+    expect_close("softmax_lse p", d_x, x, Nn, TOL);
+    expect_close("softmax_lse lse", d_lse, lse, N, TOL);
+    /* top-k on the CPU's probabilities (so the choices must agree exactly) */
+    float *bias = host_rand(n, 0.02f), *gate = malloc(Nk * 4), *d_p = dev_from(x, Nn * 4),
+          *d_bias = dev_from(bias, n * 4), *d_gate = loom_cuda_alloc(Nk * 4);
+    int32_t *sel = malloc(Nk * 4), *gsel = malloc(Nk * 4), *d_sel = loom_cuda_alloc(Nk * 4);
+    for (int norm = 0; norm < 2; norm++) {
+        cpu->topk_gate(sel, gate, x, bias, N, n, k, norm);
+        loom_cuda_topk_gate(d_sel, d_gate, d_p, d_bias, N, n, k, norm);
+        CHECK(loom_cuda_memcpy_d2h(gsel, d_sel, Nk * 4) == LOOM_OK, "sel d2h");
+        CHECK(memcmp(gsel, sel, Nk * 4) == 0, "topk_gate norm %d: choices differ", norm);
+        float *g = malloc(Nk * 4);
+        CHECK(loom_cuda_memcpy_d2h(g, d_gate, Nk * 4) == LOOM_OK, "gate d2h");
+        CHECK(check_max_rel_err(g, gate, Nk) <= TOL, "topk_gate norm %d: gates", norm);
+        free(g);
+    }
+    /* backward: 3 groups of counts, rows assigned at random; dp starts dirty */
+    float *dgate = host_rand(Nk, 1.0f), *dx = host_rand(Nn, 1.0f), *dp = host_rand(Nn, 1.0f);
+    int32_t tab[3 * 64], *grp = malloc(N * 4);
+    for (int i = 0; i < 3 * n; i++) tab[i] = (int32_t)((frand() + 1.0f) * 20.0f);
+    for (int i = 0; i < N; i++) grp[i] = (int32_t)((frand() + 1.0f) * 1.5f) % 3;
+    float *d_dgate = dev_from(dgate, Nk * 4), *d_dx = dev_from(dx, Nn * 4), *d_dp = dev_from(dp, Nn * 4),
+          *d_lse2 = dev_from(lse, N * 4), *d_gate2 = dev_from(gate, Nk * 4);
+    int32_t *d_tab = dev_i32(tab, 3 * (size_t)n), *d_grp = dev_i32(grp, N), *d_sel2 = dev_i32(sel, Nk);
+    cpu->topk_gate_bwd(dx, dp, dgate, sel, gate, x, lse, tab, grp, 3e-3f, 0.7f, N, n, k, 1);
+    loom_cuda_topk_gate_bwd(d_dx, d_dp, d_dgate, d_sel2, d_gate2, d_p, d_lse2, d_tab, d_grp, 3e-3f,
+                            0.7f, N, n, k, 1);
+    expect_close("topk_gate_bwd dx", d_dx, dx, Nn, TOL);
+    /* gather and scatter-add by an index list with repeats (M source rows) */
+    const int M = N + 5, A = (int)Nk;
+    float *src = host_rand((size_t)M * C, 1.0f), *dst = host_rand((size_t)A * C, 1.0f);
+    int32_t *idx = malloc(A * 4);
+    for (int r = 0; r < A; r++) idx[r] = (int32_t)((frand() + 1.0f) * 0.5f * M) % M;
+    float *d_src = dev_from(src, (size_t)M * C * 4), *d_dst = dev_from(dst, (size_t)A * C * 4);
+    int32_t *d_idx = dev_i32(idx, A);
+    cpu->gather_rows(dst, src, idx, A, C);
+    loom_cuda_gather_rows(d_dst, d_src, d_idx, A, C);
+    expect_close("gather_rows", d_dst, dst, (size_t)A * C, 0.0);
+    float *acc = host_rand((size_t)M * C, 1.0f), *d_acc = dev_from(acc, (size_t)M * C * 4);
+    float *rows = host_rand((size_t)A * C, 1.0f), *d_rows = dev_from(rows, (size_t)A * C * 4);
+    cpu->scatter_add_rows(acc, rows, idx, A, C);
+    loom_cuda_scatter_add_rows(d_acc, d_rows, d_idx, A, C);
+    expect_close("scatter_add_rows", d_acc, acc, (size_t)M * C, 0.0);
+    /* combine: each choice its own row (a permutation), every fourth dropped */
+    int32_t *row = malloc(Nk * 4);
+    for (int t = 0; t < A; t++) row[t] = t % 4 == 3 ? -1 : (int32_t)((size_t)t * 7 % (size_t)A);
+    float *y = host_rand((size_t)A * C, 1.0f), *out = host_rand((size_t)N * C, 1.0f),
+          *dout = host_rand((size_t)N * C, 1.0f), *dy = host_rand((size_t)A * C, 1.0f),
+          *dw = host_rand(Nk, 1.0f);
+    float *d_y = dev_from(y, (size_t)A * C * 4), *d_out = dev_from(out, (size_t)N * C * 4),
+          *d_dout = dev_from(dout, (size_t)N * C * 4), *d_dy = dev_from(dy, (size_t)A * C * 4),
+          *d_dw = dev_from(dw, Nk * 4);
+    int32_t *d_row = dev_i32(row, Nk);
+    cpu->combine_rows(out, y, row, gate, N, k, C);
+    loom_cuda_combine_rows(d_out, d_y, d_row, d_gate2, N, k, C);
+    expect_close("combine_rows", d_out, out, (size_t)N * C, TOL);
+    cpu->combine_rows_bwd(dy, dw, dout, y, row, gate, N, k, C);
+    loom_cuda_combine_rows_bwd(d_dy, d_dw, d_dout, d_y, d_row, d_gate2, N, k, C);
+    expect_close("combine_rows_bwd dy", d_dy, dy, (size_t)A * C, TOL);
+    expect_close("combine_rows_bwd dw", d_dw, dw, Nk, TOL);
+    /* fill with -inf */
+    float *f = malloc((size_t)A * C * 4), *d_f = loom_cuda_alloc((size_t)A * C * 4);
+    loom_cuda_fill(d_f, (size_t)A * C, -INFINITY);
+    CHECK(loom_cuda_memcpy_d2h(f, d_f, (size_t)A * C * 4) == LOOM_OK, "fill d2h");
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)A * C; i++) bad += !(isinf(f[i]) && f[i] < 0);
+    CHECK(bad == 0, "fill: %zu of %zu not -inf", bad, (size_t)A * C);
+    loom_cuda_free(d_f), loom_cuda_free(d_p), loom_cuda_free(d_bias), loom_cuda_free(d_gate);
+    loom_cuda_free(d_sel), loom_cuda_free(d_dgate), loom_cuda_free(d_dp), loom_cuda_free(d_lse2);
+    loom_cuda_free(d_gate2), loom_cuda_free(d_tab), loom_cuda_free(d_grp), loom_cuda_free(d_sel2);
+    loom_cuda_free(d_src), loom_cuda_free(d_idx), loom_cuda_free(d_rows), loom_cuda_free(d_y);
+    loom_cuda_free(d_dout), loom_cuda_free(d_row);
+    free(x), free(lse), free(bias), free(gate), free(sel), free(gsel), free(dgate), free(dx), free(dp);
+    free(grp), free(src), free(dst), free(idx), free(acc), free(rows), free(row), free(y), free(out);
+    free(dout), free(dy), free(dw), free(f);
 }
 
 /* ---- attention ---------------------------------------------------------------- */
@@ -416,6 +507,8 @@ int main(void) {
     test_attention(3, 1, 32, 2);    /* T 1: each row sees only itself */
     test_attention_parts(2, 70, 64, 4);
     test_vocab();
+    test_routing(37, 11, 3, 45);
+    test_routing(5, 64, 8, 7); /* 64 experts, top 8 */
     test_error_sticky();
     loom_cuda_shutdown();
     return check_done();
