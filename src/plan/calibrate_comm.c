@@ -107,6 +107,20 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     LOOM_TRY(loom_comm_allreduce(world, sum, 3, LOOM_F64, LOOM_SUM));
     gemm = sum[0] / n, bw = sum[1] / n;
     const double rss = sum[2] / n;
+    /* GEMM efficiency by size: the skinny shapes of small micro-batches up to
+     * square ones, every rank at once; the fastest measurement (these or the
+     * 1024^3 above) is the peak, each shape's efficiency is its share of it */
+    static const int SHAPES[][3] = {{32, 512, 512}, {128, 512, 512}, {512, 512, 512}, {256, 1024, 1024},
+                                    {1024, 1024, 1024}};
+    enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
+    double shape_flops[NSHAPE];
+    for (int i = 0; i < NSHAPE; i++)
+        shape_flops[i] = loom_kernels_time_sgemm(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], 3);
+    LOOM_TRY(loom_comm_allreduce(world, shape_flops, NSHAPE, LOOM_F64, LOOM_SUM));
+    for (int i = 0; i < NSHAPE; i++) {
+        shape_flops[i] /= n;
+        gemm = fmax(gemm, shape_flops[i]);
+    }
     /* ranks share the cores: each sgemm measurement keeps the best of a few
      * short calls, which can run while the other ranks are between calls, so
      * scale by the rank's share of the cores when the job oversubscribes them */
@@ -172,6 +186,13 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
     fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
     fprintf(f, "  \"efficiency\": {\"gemm\": 1, \"collective\": 1, \"overlap\": 0},\n");
+    fprintf(f, "  \"gemm_curve\": [");
+    for (int i = 0; i < NSHAPE; i++) {
+        const double ef = fmin(1.0, shape_flops[i] * share / gemm);
+        fprintf(f, "%s\n    {\"m\": %d, \"n\": %d, \"k\": %d, \"eff\": %.4f}", i ? "," : "", SHAPES[i][0],
+                SHAPES[i][1], SHAPES[i][2], ef > 1e-4 ? ef : 1e-4);
+    }
+    fprintf(f, "\n  ],\n");
     fprintf(f, "  \"collectives\": {");
     int first = 1;
     for (int op = 0; op < LOOM_COLL_COUNT; op++) {
