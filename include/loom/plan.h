@@ -75,6 +75,7 @@ typedef struct loom_plan_cluster {
     /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
+    double attn_eff;               /* flash attention kernel: achieved / peak on causal FLOPs (0: the GEMM curve) */
     int n_gemm;
     double gemm_flops[LOOM_PLAN_MAX_POINTS], gemm_curve[LOOM_PLAN_MAX_POINTS];
     /* measured collectives (calibrate): n[op] points by group size; when a

@@ -212,6 +212,9 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     c->gemm_eff = num(eff, "gemm", 1);
     c->coll_eff = num(eff, "collective", 1);
     c->overlap = num(eff, "overlap", 1);
+    c->attn_eff = num(eff, "attention", 0);
+    if (c->attn_eff < 0 || c->attn_eff > 1)
+        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)", path);
     struct {
         const char *key;
         double v;

@@ -45,9 +45,12 @@ static double layer_flops(const loom_plan_model *m, const shape_costs *sc, doubl
 /* Effective GEMM efficiency of one layer's forward on a rank holding `tok`
  * tokens of sequences of length s, split by t: the FLOP-weighted harmonic
  * mean of each GEMM's efficiency at its size (loom_plan_gemm_eff). The
- * backward's GEMMs have the same sizes. Expert GEMMs see tok*k*ep/E tokens. */
+ * backward's GEMMs have the same sizes. Expert GEMMs see tok*k*ep/E tokens.
+ * Attention counts 4*tok*s*h/t model FLOPs; materialised (flash = 0) it runs
+ * them all as two batched GEMMs, a causal flash kernel computes half of them
+ * at the cluster's efficiency.attention (the GEMM curve when absent). */
 static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, const loom_plan_cluster *c,
-                             double tok, double s, double t, int ep) {
+                             double tok, double s, double t, int ep, int flash) {
     const double h = m->hidden, kvd = sc->hd * m->kv_heads, F = m->ffn, k = n_topk(m);
     const double per_expert = m->experts > 1 ? (double)ep / m->experts : 1; /* share of tok*k one expert gets */
     const double up = m->gated ? 2.0 : 1.0;
@@ -62,10 +65,14 @@ static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, co
         {4 * tok * s * h / t, 2 * tok * s * h / t},                                  /* QK^T, PV (batched) */
     };
     double fl = 0, tm = 0;
+    const size_t attn = sizeof g / sizeof g[0] - 1;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         if (g[i].flops <= 0) continue;
         fl += g[i].flops;
-        tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
+        if (i == attn && flash)
+            tm += 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
+        else
+            tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
     }
     return tm > 0 ? fl / tm : c->gemm_eff;
 }
@@ -363,7 +370,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const int S = l->pp * l->v;
     const double t = l->tp, cp = l->cp, b = l->mbs, s = j->seq, s_loc = s / cp;
     /* GEMM efficiency at this layout's GEMM sizes (one number per layer) */
-    const double eff = e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep);
+    const double eff = e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash);
     /* layers per rank: the partitioner's split with the head's cost in blocks */
     const double f_layer = layer_flops(m, &e.sc, b * s, s) / (t * cp);
     const double f_head = 2 * b * s * e.sc.head_w / (t * cp);
