@@ -206,13 +206,15 @@ static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, con
 static double layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
                         double s_loc, double s) {
     const double t = l->tp, A = s_loc * b * m->hidden, k = n_topk(m);
-    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, softmax output only */
+    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, log-sum-exps only */
         const double N = b * s_loc, hd = (double)m->hidden / m->heads, h = m->hidden;
         const double res = 4 * N * h / (l->sp ? t : 1) + 4 * N;
         if (l->recompute == LOOM_RECOMPUTE_FULL) return 4 * N * h / (l->sp ? t : 1);
         double x = res + N * (h + 2 * hd * m->kv_heads) / t + N * h / t +
                    k * (m->gated ? 3.0 : 2.0) * N * m->ffn / t;
-        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc * s;
+        /* the online-softmax kernel keeps one log-sum-exp per row and head,
+         * no T x T probabilities (docs/context-parallel.md) */
+        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc;
         return 4 * x;
     }
     const double u = e->ab / 2; /* the paper counts 2-byte elements */

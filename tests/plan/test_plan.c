@@ -291,8 +291,10 @@ static void test_gemm_curve(void) {
     CHECK(loom_plan_gemm_eff(&c, 1) == c.gemm_eff * c.gemm_curve[0] &&
               loom_plan_gemm_eff(&c, 1e30) == c.gemm_eff * c.gemm_curve[c.n_gemm - 1],
           "clamped at the ends");
-    c.n_gemm = 0; /* an old cluster file: one number for every shape */
-    CHECK(loom_plan_gemm_eff(&c, 1e9) == c.gemm_eff, "no curve: efficiency.gemm");
+    loom_plan_cluster old; /* a cluster file without a curve: one number for every shape */
+    CHECK(loom_plan_cluster_load("dgx2-v100", &old) == LOOM_OK, "dgx2-v100 (no gemm_curve) loads: %s", loom_errmsg());
+    CHECK(old.n_gemm == 0 && loom_plan_gemm_eff(&old, 1e6) == old.gemm_eff && loom_plan_gemm_eff(&old, 1e12) == 0.7,
+          "no curve: efficiency.gemm (0.7) for every size");
 }
 
 int main(void) {
