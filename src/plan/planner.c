@@ -848,6 +848,7 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
                                 j->batch, j->seq, l->dp, l->tp, l->pp);
 #define ADD(...) (n += (size_t)snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__))
     if (l->cp > 1) ADD(" --cp %d", l->cp);
+    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ULYSSES) ADD(" --cp-impl ulysses");
     if (l->ep > 1) ADD(" --ep %d", l->ep);
     if (l->sp) ADD(" --sp");
     if (l->zero) ADD(" --zero %d", l->zero);
@@ -862,6 +863,7 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
         ADD(" --mesh-order %s,%s,%s,%s", ax[l->order[0]], ax[l->order[1]], ax[l->order[2]], ax[l->order[3]]);
     if (l->recompute != LOOM_RECOMPUTE_NONE) ADD("  # recompute=%s: not in loom train yet",
                                                  l->recompute == LOOM_RECOMPUTE_FULL ? "full" : "selective");
+    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ALLGATHER) ADD("  # cp_impl=allgather: not in loom train (ring, ulysses)");
     if (!m->loom_trains) ADD("  # loom trains GPT-2 shapes only");
     if (j->bf16) ADD("  # loom on CPU runs fp32");
 #undef ADD
