@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
 
 MEGATRON = ("Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters Using "
-            "Megatron-LM', SC'21, arXiv:2104.04473: Table 1 (weak scaling) and Table 2 (PTD-P rows); "
+            "Megatron-LM', SC'21, arXiv:2104.04473: Table 1 (weak scaling) and Table 2 (PTD-P and ZeRO-3 rows); "
             "Selene, DGX A100 80GB, 8 x HDR InfiniBand per node (section 5)")
 LLAMA3 = ("Llama Team, Meta, 'The Llama 3 Herd of Models', arXiv:2407.21783, section 3.3.2, Table 4 "
           "(H100 80GB, NVLink inside 8-GPU servers, 400 Gb/s RoCE per GPU between them, section 3.3.1)")
@@ -55,6 +55,18 @@ MEGATRON_ROWS = [
     (529.6, 128, 20480, 105, 8, 35, 560, 2240, 171, "T2"),
     (529.6, 128, 20480, 105, 8, 35, 1120, 2240, 167, "T2"),
     (529.6, 128, 20480, 105, 8, 35, 2240, 2240, 159, "T2"),
+]
+# Table 2, ZeRO-3 rows: DeepSpeed's ZeRO-3 inside the same codebase, no
+# model parallelism (every GPU a DP rank), the micro-batch the table gives;
+# the 530B row on 640 GPUs ran batch 2560 (the table's asterisk).
+# (params B, heads, hidden, layers, gpus, batch, micro-batch, TFLOP/s/GPU)
+ZERO3_ROWS = [
+    (174.6, 96, 12288, 96, 384, 1536, 4, 144),
+    (174.6, 96, 12288, 96, 768, 1536, 2, 88),
+    (174.6, 96, 12288, 96, 1536, 1536, 1, 44),
+    (529.6, 128, 20480, 105, 640, 2560, 4, 138),
+    (529.6, 128, 20480, 105, 1120, 2240, 2, 98),
+    (529.6, 128, 20480, 105, 2240, 2240, 1, 48),
 ]
 # What the Megatron-LM 2021 stack did, as inputs to the cost model (not fitted):
 # - the data-parallel gradient all-reduce ran after the backward, not
@@ -138,6 +150,14 @@ def main():
                     if r["feasible"] else float("nan"))
             rows.append(("GPT %gB" % pb, "A100", gpus, "tp%d pp%d dp%d" % (tp, pp, dp), batch, tflops, pred,
                          r, "Megatron-LM 2021 %s" % table))
+        for (pb, heads, h, L, gpus, batch, mbs, tflops) in ZERO3_ROWS:
+            cfg = os.path.join(tmp, "gpt-%gb.json" % pb)
+            layout = "dp=%d,zero=3,mbs=%d,m=%d,recompute=full" % (gpus, mbs, batch // (gpus * mbs))
+            r = plan(a.loom, cfg, "dgx-a100-80gb", gpus, batch, 2048, layout, [])
+            pred = (megatron_flops(batch, 2048, L, h, 51200) / (r["time_s"]["step"] * gpus) / 1e12
+                    if r["feasible"] else float("nan"))
+            rows.append(("GPT %gB" % pb, "A100", gpus, "zero3 dp%d mbs%d" % (gpus, mbs), batch, tflops, pred, r,
+                         "Megatron-LM 2021 T2"))
         for (gpus, tp, cp, pp, dp, seq, batch, tflops) in LLAMA3_ROWS:
             layout = "dp=%d,tp=%d,cp=%d,pp=%d,zero=2,mbs=1,m=%d,order=tp.cp.pp.dp" % (dp, tp, cp, pp, batch // dp)
             if cp > 1:
