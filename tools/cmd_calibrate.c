@@ -83,7 +83,8 @@ int cmd_calibrate(int argc, char **argv) {
         "(flop/cycle from the flags x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
         "rank busy (times the rank's share of the cores when the ranks oversubscribe them),\n"
-        "memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
+        "GEMM efficiency by size (gemm_curve: five sgemm shapes from 32x512x512 to 1024^3,\n"
+        "each as a share of the fastest), memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
         "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
         "point-to-point message, each through loom's communicator; rank 0 writes the file\n"
         "(one node of N devices).",

@@ -13,7 +13,7 @@
 
 typedef struct plan_args {
     char model[1024], cluster[1024], precision[16], mode[16], layout[512];
-    int batch, seq, gpus, nodes, top, json, explain, gen;
+    int batch, seq, gpus, nodes, top, json, explain, gen, flash, no_dp_overlap;
 } plan_args;
 
 typedef struct named {
@@ -46,11 +46,13 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
                 (const named[]){{"step", r->t_step}, {"compute", r->t_compute}, {"tp", r->t_tp}, {"cp", r->t_cp},
                                 {"ep", r->t_ep}, {"dp_exposed", r->t_dp}, {"pp_message", r->t_pp},
                                 {"bubble", r->t_bubble}, {NULL, 0}});
+    cJSON_AddNumberToObject(o, "cp_bytes_per_step", r->cp_bytes);
     cJSON_AddNumberToObject(o, "bubble", r->bubble);
     cJSON_AddBoolToObject(o, "bubble_simulated", r->simulated);
     add_numbers(cJSON_AddObjectToObject(o, "sim_costs_s"),
                 (const named[]){{"f", r->sim_f}, {"b", r->sim_b}, {"w", r->sim_w}, {"comm", r->sim_comm}, {NULL, 0}});
     cJSON_AddNumberToObject(o, "stage_imbalance", r->stage_imbalance);
+    cJSON_AddNumberToObject(o, "head_cost_layers", r->head_cost);
     if (j->serve) {
         cJSON_AddNumberToObject(o, "ttft_s", r->ttft);
         cJSON_AddNumberToObject(o, "tpot_s", r->tpot);
@@ -155,7 +157,8 @@ static loom_status run(plan_args *a) {
     LOOM_TRY(loom_plan_model_resolve(a->model, &m));
     LOOM_TRY(loom_plan_cluster_load(a->cluster, &c));
     if (a->nodes > 0) c.nodes = a->nodes;
-    loom_plan_job j = {.batch = a->batch, .seq = a->seq, .gen = a->gen, .gpus = a->gpus};
+    loom_plan_job j = {.batch = a->batch, .seq = a->seq, .gen = a->gen, .gpus = a->gpus, .flash = a->flash,
+                       .no_dp_overlap = a->no_dp_overlap};
     if (strcmp(a->precision, "bf16") == 0) j.bf16 = 1;
     else if (strcmp(a->precision, "fp32") != 0)
         return loom_fail(LOOM_EUSAGE, "--precision %s: fp32 or bf16", a->precision);
@@ -261,7 +264,13 @@ int cmd_plan(int argc, char **argv) {
         {"top", OPT_INT, &a.top, 0, "N", "layouts to print (default 5)"},
         {"layout", OPT_STR, a.layout, sizeof a.layout, "L",
          "evaluate exactly this layout, e.g. dp=8,tp=4,pp=2,zero=1,sp=1,schedule=1f1b,m=16,mbs=1,v=1,"
-         "recompute=selective,order=tp.cp.dp.pp (exit 64 if rejected, with the reason)"},
+         "recompute=selective,order=tp.cp.dp.pp, cp=4,cp_impl=ring|ulysses|allgather (exit 64 if rejected, "
+         "with the reason)"},
+        {"flash-attention", OPT_FLAG, &a.flash, 0, NULL,
+         "the stack's attention keeps no seq x seq scores (FlashAttention-style): no score activations, no "
+         "score element-wise traffic"},
+        {"no-dp-overlap", OPT_FLAG, &a.no_dp_overlap, 0, NULL,
+         "the stack starts the DP gradient reduction after the backward (as Megatron-LM 2021 did)"},
         {"json", OPT_FLAG, &a.json, 0, NULL, "machine-readable output"},
         {"explain", OPT_FLAG, &a.explain, 0, NULL,
          "walk the rule of thumb's decisions and say where the search disagrees and why"},

@@ -72,6 +72,12 @@ typedef struct loom_plan_cluster {
     double gemm_eff;               /* achieved / peak in large GEMMs */
     double coll_eff;               /* achieved / link bandwidth in collectives */
     double overlap;                /* fraction of the backward DP reductions can hide behind */
+    /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
+     * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
+     * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
+    double attn_eff;               /* flash attention kernel: achieved / peak on causal FLOPs (0: the GEMM curve) */
+    int n_gemm;
+    double gemm_flops[LOOM_PLAN_MAX_POINTS], gemm_curve[LOOM_PLAN_MAX_POINTS];
     /* measured collectives (calibrate): n[op] points by group size; when a
      * group size is measured, its point replaces the link model */
     int n[LOOM_COLL_COUNT];
@@ -87,6 +93,8 @@ loom_status loom_plan_cluster_load(const char *name_or_path, loom_plan_cluster *
  * reduce-scatter and all-to-all) over a group of g ranks whose bandwidth is
  * that of the inter-node link when `inter`. */
 double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes);
+/* Achieved / peak of one GEMM of `flops` (2*M*N*K) on this cluster. */
+double loom_plan_gemm_eff(const loom_plan_cluster *c, double flops);
 
 typedef int loom_recompute; /* LOOM_RECOMPUTE_NONE, _SELECTIVE, _FULL (loom/model.h) */
 
@@ -97,13 +105,23 @@ typedef struct loom_plan_job {
     int serve;      /* 1: inference */
     int gen;        /* serve: generated tokens per sequence */
     int gpus;       /* devices to use (0: the whole cluster) */
+    /* properties of the training stack being modelled (docs/planning.md) */
+    int flash;         /* 1: attention never stores the s x s scores (online softmax) */
+    int no_dp_overlap; /* 1: the DP reduction starts after the backward (Megatron-LM 2021) */
 } loom_plan_job;
 
 /* Axes as in mesh.h: innermost first. */
 enum { LOOM_PLAN_TP, LOOM_PLAN_CP, LOOM_PLAN_DP, LOOM_PLAN_PP, LOOM_PLAN_NAXES };
 
+/* How a cp group exchanges keys and values (docs/context-parallel.md):
+ * ring (K/V blocks passed on, overlapped with the attention), Ulysses
+ * (all-to-all to head shards, blocking), all-gather (K/V gathered before the
+ * attention, exposed: Llama 3's). */
+typedef enum { LOOM_PLAN_CP_RING, LOOM_PLAN_CP_ULYSSES, LOOM_PLAN_CP_ALLGATHER, LOOM_PLAN_CP_IMPL_COUNT } loom_plan_cp_impl;
+
 typedef struct loom_plan_layout {
     int dp, tp, pp, cp, ep;
+    loom_plan_cp_impl cp_impl;  /* cp > 1 */
     int zero;              /* 0..3 */
     int sp;                /* Megatron sequence parallelism (tp > 1) */
     loom_sched_kind sched;
@@ -136,6 +154,7 @@ typedef struct loom_plan_result {
     double t_compute;                /* busy compute of the slowest stage (incl. recompute) */
     double t_tp, t_cp, t_ep;         /* exposed, inside the pipeline's F/B */
     double t_pp;                     /* p2p latency of one message (sim comm) */
+    double cp_bytes;                 /* CP bytes a rank sends per step (docs/context-parallel.md) */
     double t_dp;                     /* exposed DP/ZeRO communication after the pipeline */
     double t_bubble;                 /* idle of the pipeline */
     double t_step;
@@ -143,6 +162,7 @@ typedef struct loom_plan_result {
     int simulated;                   /* 1: bubble and makespan from loom_sim_run */
     /* the costs the simulator ran with (per micro-batch, s) */
     double sim_f, sim_b, sim_w, sim_comm, stage_imbalance;
+    double head_cost;                /* the LM head's time in layers (the partitioner's cost) */
     double tokens_per_s_dev, mfu;
     double model_flops;              /* per step, 6*active*tokens + attention (no recompute) */
     /* serve */

@@ -1,7 +1,7 @@
 /* calibrate_comm.c - `loom calibrate`: measure this machine for the planner.
  * Collective over world (run under mpirun with the rank count to plan for):
- * sgemm FLOP/s on every rank at once (the work each rank completes in a
- * shared window, so ranks sharing cores measure their share), memory copy
+ * sgemm FLOP/s at five shapes on every rank at once (the work each rank
+ * completes in a shared window, so ranks sharing cores measure their share), memory copy
  * bandwidth, and for each
  * collective (all-reduce, all-gather, reduce-scatter, all-to-all, p2p) and
  * each group size 2, 4, .. world its latency (a tiny message) and bandwidth
@@ -87,35 +87,33 @@ static double copy_bandwidth(void) {
     return best;
 }
 
-/* The sgemm rate one rank gets while every rank of world computes, as in
- * training: after a warm-up and a barrier, each rank runs 512^3 products for
- * GEMM_WINDOW seconds and divides the work it completed by the time it took.
- * When ranks outnumber cores they time-share them, and this is what each one
- * gets (a best-of-a-few-calls figure is not: a short call can run while the
- * others wait, and scaling it by the share of cores double-counts them). */
-#define GEMM_WINDOW 1.0
-static loom_status gemm_rate_together(loom_comm *world, double *out) {
-    const int n = 512;
-    const size_t nn = (size_t)n * n;
-    float *buf = malloc(3 * nn * sizeof *buf);
+/* The sgemm rate one rank gets at shape (m x k) @ (k x n) while every rank
+ * of world computes, as in training: after a warm-up and a barrier, each
+ * rank runs the product for `window` seconds and divides the work it
+ * completed by the time it took. When ranks outnumber cores they time-share
+ * them, and this is what each one gets (a best-of-a-few-calls figure is not:
+ * a short call can run while the others wait, and scaling it by the share of
+ * cores double-counts them). */
+#define GEMM_WINDOW 0.4 /* seconds per shape */
+static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, double window, double *out) {
+    const size_t na = (size_t)m * k, nb = (size_t)k * n, nc = (size_t)m * n;
+    float *buf = malloc((na + nb + nc) * sizeof *buf);
     if (!buf) return loom_fail(LOOM_EOS, "rank %d: out of memory for the sgemm calibration", loom_comm_rank(world));
-    float *a = buf, *b = buf + nn, *c = buf + 2 * nn;
-    for (size_t i = 0; i < nn; i++) {
-        a[i] = (float)(i % 17) * 0.0625f - 0.5f;
-        b[i] = (float)(i % 13) * 0.0625f - 0.375f;
-    }
-    loom_matmul_fwd(c, a, b, NULL, n, n, n); /* warm-up: pages, threads */
+    float *a = buf, *b = buf + na, *c = buf + na + nb;
+    for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+    for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
+    loom_matmul_fwd(c, a, b, NULL, m, k, n); /* warm-up: pages, threads */
     loom_status st = loom_comm_barrier(world);
     long calls = 0;
     double dt = 0;
     const double t0 = loom_comm_wtime();
-    while (st == LOOM_OK && dt < GEMM_WINDOW) {
-        loom_matmul_fwd(c, a, b, NULL, n, n, n);
+    while (st == LOOM_OK && dt < window) {
+        loom_matmul_fwd(c, a, b, NULL, m, k, n);
         calls++;
         dt = loom_comm_wtime() - t0;
     }
     free(buf);
-    *out = 2.0 * (double)n * n * n * (double)calls / (dt > 0 ? dt : 1e-9);
+    *out = 2.0 * (double)m * n * k * (double)calls / (dt > 0 ? dt : 1e-9);
     return st;
 }
 
@@ -135,14 +133,24 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     const int n = loom_comm_size(world), rank = loom_comm_rank(world);
     const size_t base_rss = loom_sysmem_peak_rss();
     /* compute and memory bandwidth: every rank at once, as in training */
-    double gemm = 0;
-    LOOM_TRY(gemm_rate_together(world, &gemm));
+    /* GEMM rate by size, every rank at once (gemm_rate_together): the
+     * skinny shapes of small micro-batches up to square ones. The fastest is
+     * the peak; each shape's efficiency is its share of it (the curve). */
+    static const int SHAPES[][3] = {{32, 512, 512}, {128, 512, 512}, {512, 512, 512}, {256, 1024, 1024},
+                                    {1024, 1024, 1024}};
+    enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
+    double shape_flops[NSHAPE], gemm = 0;
+    for (int i = 0; i < NSHAPE; i++)
+        LOOM_TRY(gemm_rate_together(world, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW,
+                                    &shape_flops[i]));
+    LOOM_TRY(loom_comm_allreduce(world, shape_flops, NSHAPE, LOOM_F64, LOOM_SUM));
+    for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i] /= n);
     LOOM_TRY(loom_comm_barrier(world));
     double bw = copy_bandwidth();
-    double sum[3] = {gemm, bw, (double)base_rss};
-    LOOM_TRY(loom_comm_allreduce(world, sum, 3, LOOM_F64, LOOM_SUM));
-    gemm = sum[0] / n, bw = sum[1] / n;
-    const double rss = sum[2] / n;
+    double sum[2] = {bw, (double)base_rss};
+    LOOM_TRY(loom_comm_allreduce(world, sum, 2, LOOM_F64, LOOM_SUM));
+    bw = sum[0] / n;
+    const double rss = sum[1] / n;
     float *a = calloc(LARGE / 4 + 16, sizeof(float)), *b = calloc(LARGE / 4 + 16, sizeof(float));
     if (!a || !b) {
         free(a);
@@ -202,6 +210,13 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
     fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
     fprintf(f, "  \"efficiency\": {\"gemm\": 1, \"collective\": 1, \"overlap\": 0},\n");
+    fprintf(f, "  \"gemm_curve\": [");
+    for (int i = 0; i < NSHAPE; i++) {
+        const double ef = fmin(1.0, shape_flops[i] / gemm);
+        fprintf(f, "%s\n    {\"m\": %d, \"n\": %d, \"k\": %d, \"eff\": %.4f}", i ? "," : "", SHAPES[i][0],
+                SHAPES[i][1], SHAPES[i][2], ef > 1e-4 ? ef : 1e-4);
+    }
+    fprintf(f, "\n  ],\n");
     fprintf(f, "  \"collectives\": {");
     int first = 1;
     for (int op = 0; op < LOOM_COLL_COUNT; op++) {
@@ -219,7 +234,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
         return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
     }
     if (verbose)
-        printf("sgemm %.2f GFLOP/s per rank (all %d at once for %.1f s, on %ld cores), copy %.2f GB/s, "
+        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %ld cores), copy %.2f GB/s, "
                "%.1f MB resident per rank at start\nwrote %s\n",
                gemm / 1e9, n, GEMM_WINDOW, sysconf(_SC_NPROCESSORS_ONLN), bw / 1e9, rss / 1e6, path);
     return LOOM_OK;

@@ -212,6 +212,9 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     c->gemm_eff = num(eff, "gemm", 1);
     c->coll_eff = num(eff, "collective", 1);
     c->overlap = num(eff, "overlap", 1);
+    c->attn_eff = num(eff, "attention", 0);
+    if (c->attn_eff < 0 || c->attn_eff > 1)
+        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)", path);
     struct {
         const char *key;
         double v;
@@ -225,6 +228,24 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     if (c->gemm_eff > 1 || c->coll_eff > 1 || c->overlap < 0 || c->overlap > 1)
         return loom_fail(LOOM_ECONFIG, "cluster %s: efficiencies must be in (0, 1]", path);
     if (c->hbm_bw <= 0) c->hbm_bw = 20 * c->intra_bw;
+    /* GEMM efficiency by size: [{"m", "n", "k", "eff"}, ...] (or "flops"
+     * instead of m, n, k); kept sorted by FLOPs */
+    const cJSON *curve = cJSON_GetObjectItemCaseSensitive(root, "gemm_curve"), *gp;
+    cJSON_ArrayForEach(gp, curve) {
+        if (c->n_gemm >= LOOM_PLAN_MAX_POINTS) break;
+        double f = num(gp, "flops", 0);
+        if (f <= 0) f = 2.0 * num(gp, "m", 0) * num(gp, "n", 0) * num(gp, "k", 0);
+        const double ef = num(gp, "eff", 0);
+        if (!(f > 0) || !(ef > 0) || ef > 1)
+            return loom_fail(LOOM_ECONFIG, "cluster %s: gemm_curve[%d] needs m, n, k > 0 (or flops) and eff in (0, 1]",
+                             path, c->n_gemm);
+        int i = c->n_gemm++;
+        while (i > 0 && c->gemm_flops[i - 1] > f) {
+            c->gemm_flops[i] = c->gemm_flops[i - 1], c->gemm_curve[i] = c->gemm_curve[i - 1];
+            i--;
+        }
+        c->gemm_flops[i] = f, c->gemm_curve[i] = ef;
+    }
     const cJSON *coll = cJSON_GetObjectItemCaseSensitive(root, "collectives");
     for (int op = 0; coll && op < LOOM_COLL_COUNT; op++) {
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(coll, COLL_KEYS[op]);
@@ -275,6 +296,18 @@ loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
     return st;
 }
 
+double loom_plan_gemm_eff(const loom_plan_cluster *c, double flops) {
+    const int n = c->n_gemm;
+    if (n == 0) return c->gemm_eff;
+    if (flops <= c->gemm_flops[0]) return c->gemm_eff * c->gemm_curve[0];
+    if (flops >= c->gemm_flops[n - 1]) return c->gemm_eff * c->gemm_curve[n - 1];
+    int i = 1;
+    while (c->gemm_flops[i] < flops) i++;
+    const double x0 = log(c->gemm_flops[i - 1]), x1 = log(c->gemm_flops[i]);
+    const double w = x1 > x0 ? (log(flops) - x0) / (x1 - x0) : 1;
+    return c->gemm_eff * (c->gemm_curve[i - 1] + w * (c->gemm_curve[i] - c->gemm_curve[i - 1]));
+}
+
 double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes) {
     if (g <= 1 && op != LOOM_COLL_P2P) return 0;
     /* measured points: the same group size, else the nearest smaller one scaled */
@@ -304,6 +337,7 @@ double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, i
 
 static const char *AXIS_NAMES[LOOM_PLAN_NAXES] = {"tp", "cp", "dp", "pp"};
 static const char *RECOMPUTE_NAMES[] = {"none", "selective", "full"};
+static const char *CP_IMPL_NAMES[LOOM_PLAN_CP_IMPL_COUNT] = {"ring", "ulysses", "allgather"};
 
 static loom_status parse_order(const char *s, loom_plan_layout *l) {
     int seen = 0, k = 0;
@@ -359,6 +393,14 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
             l->recompute = (loom_recompute)f;
             continue;
         }
+        if (strcmp(k, "cp_impl") == 0) {
+            int f = -1;
+            for (int i = 0; i < LOOM_PLAN_CP_IMPL_COUNT; i++)
+                if (strcmp(v, CP_IMPL_NAMES[i]) == 0) f = i;
+            if (f < 0) return loom_fail(LOOM_EUSAGE, "--layout cp_impl=%s: ring, ulysses or allgather", v);
+            l->cp_impl = (loom_plan_cp_impl)f;
+            continue;
+        }
         char *end;
         long x = strtol(v, &end, 10);
         if (*end || end == v || x < 0 || x > 1 << 24)
@@ -375,8 +417,8 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
                    : strcmp(k, "v") == 0    ? &l->v
                                             : NULL;
         if (!dst)
-            return loom_fail(LOOM_EUSAGE, "--layout: unknown key '%s' (dp, tp, pp, cp, ep, zero, sp, schedule, "
-                                          "mbs, m, v, recompute, order)",
+            return loom_fail(LOOM_EUSAGE, "--layout: unknown key '%s' (dp, tp, pp, cp, cp_impl, ep, zero, sp, "
+                                          "schedule, mbs, m, v, recompute, order)",
                              k);
         if (dst != &l->zero && dst != &l->sp && x < 1)
             return loom_fail(LOOM_EUSAGE, "--layout %s=%ld: must be >= 1", k, x);
@@ -395,9 +437,11 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
 }
 
 void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap) {
-    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,ep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
+    char cpi[32] = "";
+    if (l->cp > 1) snprintf(cpi, sizeof cpi, "cp_impl=%s,", CP_IMPL_NAMES[l->cp_impl]);
+    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,%sep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
              "order=%s.%s.%s.%s",
-             l->dp, l->tp, l->pp, l->cp, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs, l->m, l->v,
+             l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs, l->m, l->v,
              RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
              AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
 }

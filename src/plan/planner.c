@@ -42,6 +42,41 @@ static double layer_flops(const loom_plan_model *m, const shape_costs *sc, doubl
     return 2 * tok * (sc->attn_w + n_topk(m) * sc->mlp_w + sc->router_w) + 4 * tok * s * m->hidden;
 }
 
+/* Effective GEMM efficiency of one layer's forward on a rank holding `tok`
+ * tokens of sequences of length s, split by t: the FLOP-weighted harmonic
+ * mean of each GEMM's efficiency at its size (loom_plan_gemm_eff). The
+ * backward's GEMMs have the same sizes. Expert GEMMs see tok*k*ep/E tokens.
+ * Attention counts 4*tok*s*h/t model FLOPs; materialised (flash = 0) it runs
+ * them all as two batched GEMMs, a causal flash kernel computes half of them
+ * at the cluster's efficiency.attention (the GEMM curve when absent). */
+static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, const loom_plan_cluster *c,
+                             double tok, double s, double t, int ep, int flash) {
+    const double h = m->hidden, kvd = sc->hd * m->kv_heads, F = m->ffn, k = n_topk(m);
+    const double per_expert = m->experts > 1 ? (double)ep / m->experts : 1; /* share of tok*k one expert gets */
+    const double up = m->gated ? 2.0 : 1.0;
+    const struct {
+        double flops, size; /* on the rank; of one GEMM */
+    } g[] = {
+        {2 * tok * h * (h + 2 * kvd) / t, 2 * tok * h * (h + 2 * kvd) / t},          /* QKV */
+        {2 * tok * h * h / t, 2 * tok * h * h / t},                                  /* projection */
+        {2 * tok * k * h * F * up / t, 2 * tok * k * per_expert * h * F * up / t},   /* MLP up (+gate) */
+        {2 * tok * k * F * h / t, 2 * tok * k * per_expert * F * h / t},             /* MLP down */
+        {2 * tok * h * (m->experts > 1 ? m->experts : 0), 2 * tok * h * m->experts}, /* router */
+        {4 * tok * s * h / t, 2 * tok * s * h / t},                                  /* QK^T, PV (batched) */
+    };
+    double fl = 0, tm = 0;
+    const size_t attn = sizeof g / sizeof g[0] - 1;
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        if (g[i].flops <= 0) continue;
+        fl += g[i].flops;
+        if (i == attn && flash)
+            tm += 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
+        else
+            tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
+    }
+    return tm > 0 ? fl / tm : c->gemm_eff;
+}
+
 static double plan_model_flops(const loom_plan_model *m, double tokens, double s) {
     const shape_costs sc = shape_of(m);
     return 3 * (m->layers * layer_flops(m, &sc, tokens, s) + 2 * tokens * sc.head_w);
@@ -123,7 +158,11 @@ static int check_divides(const loom_plan_model *m, const loom_plan_cluster *c, c
     if (m->heads % l->tp) return snprintf(why, cap, "tp=%d does not divide %d heads", l->tp, m->heads), 0;
     if (m->ffn % l->tp) return snprintf(why, cap, "tp=%d does not divide ffn %d", l->tp, m->ffn), 0;
     if (l->sp && l->tp < 2) return snprintf(why, cap, "sp needs tp > 1"), 0;
-    if (j->seq % l->cp) return snprintf(why, cap, "cp=%d does not divide seq %d", l->cp, j->seq), 0;
+    if (l->cp > 1 && j->seq % (2 * l->cp))
+        return snprintf(why, cap, "cp=%d: seq %d is not a multiple of 2*cp (the load-balanced split)", l->cp, j->seq), 0;
+    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ULYSSES && (m->heads / l->tp) % l->cp)
+        return snprintf(why, cap, "cp_impl=ulysses: cp=%d does not divide the %d heads per tp rank", l->cp,
+                        m->heads / l->tp), 0;
     if (l->sp && (j->seq / l->cp) % l->tp)
         return snprintf(why, cap, "sp: tp=%d does not divide the %d tokens of a cp shard", l->tp, j->seq / l->cp), 0;
     if (l->ep > 1 && (n_experts(m) % l->ep || ((long)l->dp * l->cp) % l->ep))
@@ -150,6 +189,7 @@ typedef struct eval_ctx {
     shape_costs sc;
     double wb, gb, ob, ab; /* bytes: weight, grad, optimizer state per param, activation element */
     double peak;
+    int flash; /* the job's attention keeps no s x s scores */
 } eval_ctx;
 
 static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j) {
@@ -157,6 +197,7 @@ static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, con
     e.sc = shape_of(m);
     if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c->peak_bf16;
     else e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c->peak_fp32;
+    e.flash = j->flash;
     return e;
 }
 
@@ -165,13 +206,15 @@ static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, con
 static double layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
                         double s_loc, double s) {
     const double t = l->tp, A = s_loc * b * m->hidden, k = n_topk(m);
-    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, softmax output only */
+    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, log-sum-exps only */
         const double N = b * s_loc, hd = (double)m->hidden / m->heads, h = m->hidden;
         const double res = 4 * N * h / (l->sp ? t : 1) + 4 * N;
         if (l->recompute == LOOM_RECOMPUTE_FULL) return 4 * N * h / (l->sp ? t : 1);
         double x = res + N * (h + 2 * hd * m->kv_heads) / t + N * h / t +
                    k * (m->gated ? 3.0 : 2.0) * N * m->ffn / t;
-        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc * s;
+        /* the online-softmax kernel keeps one log-sum-exp per row and head,
+         * no T x T probabilities (docs/context-parallel.md) */
+        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc;
         return 4 * x;
     }
     const double u = e->ab / 2; /* the paper counts 2-byte elements */
@@ -182,7 +225,7 @@ static double layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_
     const double scores = 5.0 * m->heads * s_loc * s * b;
     if (l->recompute == LOOM_RECOMPUTE_FULL) return u * 2 * A / (l->sp ? t : 1);
     double x = (l->sp ? (rep + masks) / t : rep + masks) + (attn + mlp) / t;
-    if (l->recompute == LOOM_RECOMPUTE_NONE) x += scores / t;
+    if (l->recompute == LOOM_RECOMPUTE_NONE && !e->flash) x += scores / t;
     return u * x;
 }
 
@@ -240,6 +283,13 @@ static void memory(const loom_plan_model *m, const loom_plan_cluster *c, const l
             a += layer_act(m, e, &l2, b, s_loc, s);
         }
         if (last) a += b * s_loc * m->vocab / t * 4.0 * 2; /* fp32 logits and their gradient */
+        if (l->cp > 1) { /* the exchange's buffers, once (docs/context-parallel.md) */
+            const double C = m->hidden / t, Ckv = C * m->kv_heads / m->heads, n = b * s_loc;
+            a += (l->cp_impl == LOOM_PLAN_CP_RING      ? 5 * 2 * n * Ckv
+                  : l->cp_impl == LOOM_PLAN_CP_ULYSSES ? 3 * n * (C + 2 * Ckv) + 5 * n * C
+                                                  : 2 * b * s * Ckv) *
+                 e->ab;
+        }
         if (e->ab == 4) { /* loom: per-slot input/output, one shared backward scratch set */
             const double N = b * s_loc, h = m->hidden, ht = h / t, F = (double)m->ffn / t;
             a += live * 4 * (2 * N / t + 2 * N * h / (l->sp ? t : 1));
@@ -321,11 +371,13 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
 
     const int S = l->pp * l->v;
     const double t = l->tp, cp = l->cp, b = l->mbs, s = j->seq, s_loc = s / cp;
-    const double eff = e.peak * c->gemm_eff;
+    /* GEMM efficiency at this layout's GEMM sizes (one number per layer) */
+    const double eff = e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash);
     /* layers per rank: the partitioner's split with the head's cost in blocks */
     const double f_layer = layer_flops(m, &e.sc, b * s, s) / (t * cp);
     const double f_head = 2 * b * s * e.sc.head_w / (t * cp);
-    const double head_cost = f_head / f_layer;
+    const double head_cost =
+        (f_head / (e.peak * loom_plan_gemm_eff(c, f_head))) / (f_layer / eff); /* in time, layer units */
     int counts_small[64], *counts = S <= 64 ? counts_small : malloc(sizeof(int) * S);
     if (!counts) return loom_fail(LOOM_EOS, "out of memory");
     double max_rank_cost = 0, mean_cost = (m->layers + head_cost) / l->pp;
@@ -358,6 +410,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         if (l->pp == 1) mean_cost = max_rank_cost;
     }
     r->stage_imbalance = max_rank_cost / mean_cost - 1;
+    r->head_cost = head_cost;
     r->in_flight = l->pp > 1 ? peak_live_formula(l) : 1;
     memory(m, c, j, l, &e, layers_max, first, last, r);
     if (r->mem_total > c->memory) {
@@ -375,9 +428,11 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     kept.recompute = LOOM_RECOMPUTE_NONE;
     const double elem = layers_max * layer_act(m, &e, &kept, b, s_loc, s) / c->hbm_bw;
     const double f_rank = max_rank_cost * f_layer / eff;
-    double fwd = f_rank + elem, bwd_in = f_rank + elem, bwd_w = f_rank;
+    /* element-wise: one pass forward (written), two backward (read, gradient written) */
+    double fwd = f_rank + elem, bwd_in = f_rank + 2 * elem, bwd_w = f_rank;
     const double attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
-    double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff
+    /* full recompute repeats the layers' forward, element-wise work included */
+    double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem
                        : l->recompute == LOOM_RECOMPUTE_SELECTIVE ? attn_part * 0.5
                                                                   : 0;
     /* tensor parallel: collectives per layer per micro-batch */
@@ -397,15 +452,41 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         }
         if (l->recompute == LOOM_RECOMPUTE_FULL) tp_b += tp_f;
     }
-    /* context parallel: K/V ring, overlapped with the attention it feeds */
-    double cp_f = 0, cp_b = 0;
+    /* context parallel (docs/context-parallel.md), per layer and micro-batch.
+     * C = channels per tp rank, Ckv = K (or V) channels per tp rank (GQA). */
+    double cp_f = 0, cp_b = 0, cp_layer_bytes = 0;
     if (l->cp > 1) {
         const int cin = axis_inter(l, c, LOOM_PLAN_CP);
-        const double kv = 2 * b * s_loc * m->hidden * (double)m->kv_heads / m->heads * e.ab / t;
-        const double ring = (l->cp - 1) * loom_plan_coll_time(c, LOOM_COLL_P2P, 2, cin, kv);
-        const double attn_layer = attn_part / layers_max;
-        cp_f = layers_max * fmax(0, ring - attn_layer);
-        cp_b = layers_max * fmax(0, 2 * ring - 2 * attn_layer);
+        const double C = m->hidden / t, Ckv = C * m->kv_heads / m->heads, n = b * s_loc, g = l->cp;
+        const double attn_f = attn_part / layers_max; /* this rank's attention forward */
+        if (l->cp_impl == LOOM_PLAN_CP_RING) {
+            /* cp-1 K/V blocks forward, each overlapped with 1/cp of the
+             * attention; backward the blocks again plus cp dK/dV accumulators,
+             * overlapped with 1/cp of the backward attention each, the last
+             * accumulator after the compute (exposed) */
+            const double kv = 2 * n * Ckv * e.ab, p2p = loom_plan_coll_time(c, LOOM_COLL_P2P, 2, cin, kv);
+            cp_f = (g - 1) * fmax(0, p2p - attn_f / g);
+            cp_b = (g - 1) * fmax(0, 2 * p2p - 2 * attn_f / g) + p2p;
+            cp_layer_bytes = kv * (3 * g - 2);
+        } else if (l->cp_impl == LOOM_PLAN_CP_ULYSSES) {
+            /* all-to-alls (blocking): q, k, v then out forward; q, k, v, out,
+             * dout then dq, dk, dv backward (sizes of a rank's own input) */
+            const double qkv = n * (C + 2 * Ckv) * e.ab, o = n * C * e.ab;
+            cp_f = loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv) +
+                   loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, o);
+            cp_b = loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv + 2 * o) +
+                   loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv);
+            cp_layer_bytes = 3 * qkv + 3 * o;
+        } else {
+            /* all-gather of K and V before the attention (exposed), again in
+             * the backward, and a reduce-scatter of dK, dV */
+            const double kv_full = 2 * b * s * Ckv * e.ab;
+            const double ag = loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, l->cp, cin, kv_full);
+            cp_f = ag;
+            cp_b = ag + loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, l->cp, cin, kv_full);
+            cp_layer_bytes = 3 * kv_full * (g - 1) / g;
+        }
+        cp_f *= layers_max, cp_b *= layers_max;
     }
     /* expert parallel: dispatch + combine all-to-all, forward and backward */
     double ep_f = 0, ep_b = 0;
@@ -512,12 +593,13 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     if (counts != counts_small) free(counts);
     /* DP reductions hide behind the last micro-batch's backward */
-    const double window = c->overlap * (Bi + W);
+    const double window = j->no_dp_overlap ? 0 : c->overlap * (Bi + W);
     r->t_dp = fmax(0, dp_t - window);
     r->t_step = makespan + r->t_dp + opt;
     r->t_compute = l->m * (fwd + bwd_in + bwd_w + recompute);
     r->t_tp = l->m * (tp_f + tp_b), r->t_cp = l->m * (cp_f + cp_b), r->t_ep = l->m * (ep_f + ep_b);
     r->t_pp = msg;
+    r->cp_bytes = cp_layer_bytes * layers_max * l->m;
     r->t_bubble = makespan - busy;
     const double tokens = (double)j->batch * j->seq;
     const int N = job_gpus(c, j);
@@ -629,6 +711,8 @@ loom_status loom_plan_search(const loom_plan_model *m, const loom_plan_cluster *
                 if (j->serve) mbss[0] = 1;
                 for (int eq = 0; eq < nep; eq++) {
                     if (m->experts > 1 && m->experts % eps[eq]) continue;
+                    /* cp > 1: ring and (where the heads divide) Ulysses, the two loom runs */
+                    for (int ci = 0; ci < (cp > 1 ? 2 : 1); ci++)
                     for (int sp = 0; sp <= (tp > 1 && !j->serve); sp++)
                         for (int zero = 0; zero <= (j->serve || dp * cp < 2 ? 0 : 3); zero++)
                             for (int mq = 0; mq < nmbs; mq++)
@@ -637,12 +721,14 @@ loom_status loom_plan_search(const loom_plan_model *m, const loom_plan_cluster *
                                         for (int rc = 0, rc_done = 0; rc < (j->serve ? 1 : 3) && !rc_done; rc++)
                                             for (int o = 0; o < (pp > 1 && dp > 1 ? 2 : 1); o++) {
                                                 loom_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp,
-                                                                      .ep = eps[eq], .zero = zero, .sp = sp,
+                                                                      .ep = eps[eq], .cp_impl = (loom_plan_cp_impl)ci,
+                                                                      .zero = zero, .sp = sp,
                                                                       .mbs = mbss[mq], .m = local / mbss[mq],
                                                                       .v = v, .recompute = (loom_recompute)rc};
                                                 l.sched = pp > 1 && !j->serve ? (loom_sched_kind)sk : LOOM_SCHED_1F1B;
                                                 memcpy(l.order, orders[o], sizeof l.order);
                                                 if (l.sched == LOOM_SCHED_INTERLEAVED && v == 1) continue;
+                                                if (ci == LOOM_PLAN_CP_ULYSSES && (m->heads / tp) % cp) continue;
                                                 if (o == 1) { /* the other order only when it moves a group across nodes */
                                                     loom_plan_layout l0 = l;
                                                     memcpy(l0.order, orders[0], sizeof l0.order);
@@ -762,6 +848,7 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
                                 j->batch, j->seq, l->dp, l->tp, l->pp);
 #define ADD(...) (n += (size_t)snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__))
     if (l->cp > 1) ADD(" --cp %d", l->cp);
+    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ULYSSES) ADD(" --cp-impl ulysses");
     if (l->ep > 1) ADD(" --ep %d", l->ep);
     if (l->sp) ADD(" --sp");
     if (l->zero) ADD(" --zero %d", l->zero);
@@ -776,6 +863,7 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
         ADD(" --mesh-order %s,%s,%s,%s", ax[l->order[0]], ax[l->order[1]], ax[l->order[2]], ax[l->order[3]]);
     if (l->recompute != LOOM_RECOMPUTE_NONE) ADD("  # recompute=%s: not in loom train yet",
                                                  l->recompute == LOOM_RECOMPUTE_FULL ? "full" : "selective");
+    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ALLGATHER) ADD("  # cp_impl=allgather: not in loom train (ring, ulysses)");
     if (!m->loom_trains) ADD("  # loom trains GPT-2 shapes only");
     if (j->bf16) ADD("  # loom on CPU runs fp32");
 #undef ADD

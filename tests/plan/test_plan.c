@@ -6,7 +6,12 @@
  *  - HF config.json for Llama and Mixtral keys; parameter counts of known
  *    models (Llama 3 70B 70.6 B, Mixtral 8x7B 46.7 B total / 12.9 B active);
  *  - memory falls by the ZeRO stage as the formulas say;
- *  - a 16,384-GPU search answers in under a second. */
+ *  - a 16,384-GPU search answers in under a second;
+ *  - cp: the bytes a rank sends per step equal docs/context-parallel.md's
+ *    formulas (ring, Ulysses, all-gather; MHA fp32 and GQA bf16), and "CP
+ *    communication exposed" is named when the attention is too short to hide
+ *    the ring, not when it is long;
+ *  - GEMM efficiency by size interpolates the cluster's curve. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,9 +54,12 @@ static void test_bubble_is_simulators(void) {
         const int S = l.pp * l.v;
         int counts[128];
         double scale[128];
+        /* the head's cost in layers: its FLOPs over a layer's, each at its GEMM efficiency */
         const double b = l.mbs, sq = j.seq, h = m.hidden, hd = h / m.heads;
         const double layer = 2 * b * sq * (2 * h * h + 2 * h * hd * m.kv_heads + 3 * h * m.ffn) + 4 * b * sq * sq * h;
-        const double head = 2 * b * sq * h * m.vocab / layer;
+        const double head = r.head_cost;
+        CHECK(head > 0.5 * 2 * b * sq * h * m.vocab / layer && head < 2 * 2 * b * sq * h * m.vocab / layer,
+              "%s: head cost %.3f layers, near its FLOP share %.3f", layouts[i], head, 2 * b * sq * h * m.vocab / layer);
         CHECK(loom_partition_balance(m.layers, l.pp, l.v, 0, head, counts) == LOOM_OK, "partition");
         double max_rank = 0;
         for (int rk = 0; rk < l.pp; rk++) {
@@ -210,11 +218,92 @@ static void test_16k_speed(void) {
           st.rejected_memory, st.rejected_divide);
 }
 
+static loom_plan_result eval_layout(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                                    const char *layout) {
+    loom_plan_layout l;
+    loom_plan_result r;
+    CHECK(loom_plan_layout_parse(layout, j, &l) == LOOM_OK, "parse %s: %s", layout, loom_errmsg());
+    CHECK(loom_plan_evaluate(m, c, j, &l, 1, &r) == LOOM_OK, "evaluate %s: %s", layout, loom_errmsg());
+    CHECK(r.feasible, "%s feasible (%s)", layout, r.reason);
+    return r;
+}
+
+static void test_cp_volume(void) {
+    loom_plan_cluster c = h100();
+    /* GPT-2 small in fp32 (MHA): docs' ring 8*B*(T/cp)*C*(3cp-2) and Ulysses
+     * 48*B*(T/cp)*C bytes per layer and micro-batch, C = n_embd/tp */
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    loom_plan_job j = {.batch = 8, .seq = 4096, .bf16 = 0, .gpus = 8};
+    const double B = 2, T = 4096, layers = m.layers, mb = 2; /* batch 8 / dp 2 = 2 x mbs 2 */
+    const int cps[] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        const int cp = cps[i], tp = 8 / (2 * cp);
+        const double C = (double)m.hidden / tp;
+        char lay[128];
+        snprintf(lay, sizeof lay, "dp=2,tp=%d,cp=%d,mbs=2,m=2,cp_impl=ring", tp, cp);
+        loom_plan_result r = eval_layout(&m, &c, &j, lay);
+        const double ring = 8 * B * (T / cp) * C * (3 * cp - 2) * layers * mb;
+        CHECK(fabs(r.cp_bytes - ring) < 1e-9 * ring, "%s: cp bytes %.6g == docs' ring formula %.6g", lay, r.cp_bytes,
+              ring);
+        snprintf(lay, sizeof lay, "dp=2,tp=%d,cp=%d,mbs=2,m=2,cp_impl=ulysses", tp, cp);
+        r = eval_layout(&m, &c, &j, lay);
+        const double uly = 48 * B * (T / cp) * C * layers * mb;
+        CHECK(fabs(r.cp_bytes - uly) < 1e-9 * uly, "%s: cp bytes %.6g == docs' Ulysses formula %.6g", lay, r.cp_bytes,
+              uly);
+    }
+    /* Llama 3 8B in bf16 (GQA, 8 of 32 heads carry K/V): K/V blocks shrink by kv/heads */
+    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    j = (loom_plan_job){.batch = 2, .seq = 32768, .bf16 = 1, .gpus = 16, .flash = 1};
+    const double Ckv = 4096.0 / 2 * 8 / 32, n = 32768.0 / 8;
+    loom_plan_result r = eval_layout(&m, &c, &j, "dp=1,tp=2,cp=8,zero=3,mbs=1,m=2,cp_impl=ring");
+    double want = 2 * n * Ckv * 2 * (3 * 8 - 2) * m.layers * 2;
+    CHECK(fabs(r.cp_bytes - want) < 1e-9 * want, "llama3-8b ring cp=8: %.6g == %.6g", r.cp_bytes, want);
+    r = eval_layout(&m, &c, &j, "dp=1,tp=2,cp=8,zero=3,mbs=1,m=2,cp_impl=allgather");
+    want = 3 * (2 * 32768.0 * Ckv * 2) * 7 / 8 * m.layers * 2;
+    CHECK(fabs(r.cp_bytes - want) < 1e-9 * want, "llama3-8b all-gather cp=8: %.6g == %.6g", r.cp_bytes, want);
+    /* exposed: a short sequence split 8 ways leaves ~128 tokens of attention per
+     * ring step, far less than a K/V transfer's latency; hidden: at 128k tokens
+     * the attention of a step dwarfs the transfer */
+    j = (loom_plan_job){.batch = 8, .seq = 2048, .bf16 = 1, .gpus = 8, .flash = 1};
+    r = eval_layout(&m, &c, &j, "dp=1,cp=8,zero=3,mbs=1,m=8,cp_impl=ring");
+    CHECK(strstr(r.failures, "CP communication exposed") != NULL, "seq 2048 cp=8 ring: failure named (%s), cp %.3g of "
+          "step %.3g s", r.failures, r.t_cp, r.t_step);
+    j = (loom_plan_job){.batch = 1, .seq = 131072, .bf16 = 1, .gpus = 8, .flash = 1};
+    r = eval_layout(&m, &c, &j, "dp=1,cp=8,zero=3,mbs=1,m=1,cp_impl=ring,recompute=full");
+    CHECK(strstr(r.failures, "CP communication exposed") == NULL && r.t_cp < 0.05 * r.t_step,
+          "seq 131072 cp=8 ring: hidden (cp %.3g of step %.3g s; %s)", r.t_cp, r.t_step, r.failures);
+    /* Ulysses needs the heads per tp rank divisible by cp */
+    j = (loom_plan_job){.batch = 8, .seq = 4096, .bf16 = 1, .gpus = 64};
+    expect_reject(&m, &c, &j, "dp=1,tp=8,cp=8,mbs=1,m=8,cp_impl=ulysses", "cp_impl=ulysses");
+
+
+}
+
+static void test_gemm_curve(void) {
+    loom_plan_cluster c = h100();
+    CHECK(c.n_gemm >= 2, "dgx-h100 has a GEMM curve (%d points)", c.n_gemm);
+    for (int i = 0; i < c.n_gemm; i++)
+        CHECK(fabs(loom_plan_gemm_eff(&c, c.gemm_flops[i]) - c.gemm_eff * c.gemm_curve[i]) < 1e-12, "point %d exact", i);
+    const double mid = sqrt(c.gemm_flops[0] * c.gemm_flops[1]); /* halfway in log(FLOPs) */
+    CHECK(fabs(loom_plan_gemm_eff(&c, mid) - 0.5 * (c.gemm_curve[0] + c.gemm_curve[1]) * c.gemm_eff) < 1e-12,
+          "log-linear between points");
+    CHECK(loom_plan_gemm_eff(&c, 1) == c.gemm_eff * c.gemm_curve[0] &&
+              loom_plan_gemm_eff(&c, 1e30) == c.gemm_eff * c.gemm_curve[c.n_gemm - 1],
+          "clamped at the ends");
+    loom_plan_cluster old; /* a cluster file without a curve: one number for every shape */
+    CHECK(loom_plan_cluster_load("dgx2-v100", &old) == LOOM_OK, "dgx2-v100 (no gemm_curve) loads: %s", loom_errmsg());
+    CHECK(old.n_gemm == 0 && loom_plan_gemm_eff(&old, 1e6) == old.gemm_eff && loom_plan_gemm_eff(&old, 1e12) == 0.7,
+          "no curve: efficiency.gemm (0.7) for every size");
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
     test_models();
     test_zero_memory();
     test_16k_speed();
+    test_cp_volume();
+    test_gemm_curve();
     return check_done();
 }

@@ -56,6 +56,10 @@ def main():
         with open(out) as f:
             c = json.load(f)
         lt.check(c["gpus_per_node"] == 2 and c["peak_tflops"]["fp32"] > 0, "calibrate wrote 2 ranks, a peak")
+        curve = c.get("gemm_curve", [])
+        lt.check(len(curve) >= 4 and all(0 < p["eff"] <= 1 for p in curve) and max(p["eff"] for p in curve) == 1
+                 and min(p["m"] for p in curve) <= 32,
+                 "calibrate wrote GEMM efficiency by size, skinny shapes included, best = 1: %s" % curve)
         lt.check(len(c["collectives"]["all_reduce"]) == 1 and c["collectives"]["p2p"][0]["group"] == 2,
                  "collectives by group size")
         p = lt.run(["plan", "--model", "mini", "--cluster", out, "--batch", "8", "--seq", "128", "--precision",

@@ -23,7 +23,7 @@ import loomtest as lt  # noqa: E402
 TOL = 0.10
 MODEL = "mini"
 SEQ = 128
-# (ranks, layout for loom plan, loom train flags, global batch)
+# (ranks, layout for loom plan, loom train flags, global batch[, sequence])
 LAYOUTS = [
     (1, "dp=1", [], 16),
     (2, "dp=2", ["--dp", "2"], 32),
@@ -31,6 +31,9 @@ LAYOUTS = [
     (2, "dp=1,tp=2,sp=1", ["--tp", "2", "--sp"], 16),
     (2, "dp=1,pp=2,schedule=1f1b,m=4", ["--pp", "2", "--schedule", "1f1b", "--micro-batches", "4"], 16),
     (2, "dp=1,pp=2,schedule=gpipe,m=4", ["--pp", "2", "--schedule", "gpipe", "--micro-batches", "4"], 16),
+    # context parallel: activations on T/cp rows plus the ring's K/V buffers (a longer sequence, so they matter)
+    (2, "dp=1,cp=2,cp_impl=ring", ["--cp", "2"], 16, 256),
+    (2, "dp=1,cp=2,cp_impl=ulysses", ["--cp", "2", "--cp-impl", "ulysses"], 16, 256),
 ]
 
 
@@ -38,18 +41,19 @@ def main():
     with tempfile.TemporaryDirectory(prefix="loom-planmem-") as tmp:
         data = lt.make_text_data(tmp)
         clusters = {}
-        for np_, layout, flags, batch in LAYOUTS:
+        for np_, layout, flags, batch, *rest in LAYOUTS:
+            seq = rest[0] if rest else SEQ
             if np_ not in clusters:
                 path = os.path.join(tmp, "machine%d.json" % np_)
                 lt.run(["calibrate", "--out", path, "--quiet"], np=np_)
                 clusters[np_] = path
             p = lt.run(["plan", "--model", MODEL, "--cluster", clusters[np_], "--gpus", np_, "--batch", batch,
-                        "--seq", SEQ, "--precision", "fp32", "--layout", layout, "--json"])
+                        "--seq", seq, "--precision", "fp32", "--layout", layout, "--json"])
             pred = json.loads(p.stdout)
             lt.check(pred["feasible"], "%s: feasible" % layout)
             predicted = pred["memory_bytes"]["total"]
             rss = lt.peak_rss(tmp, layout, np_, ["train", "--model", MODEL, "--data", data, "--steps", "2",
-                                                 "--batch", batch, "--seq", SEQ, "--quiet"] + flags)
+                                                 "--batch", batch, "--seq", seq, "--quiet"] + flags)
             measured = max(rss)
             err = predicted / measured - 1
             print("%-32s ranks %d  predicted %7.1f MB  measured %7.1f MB (max of %s)  %+5.1f%%" %
