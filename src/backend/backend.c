@@ -14,13 +14,14 @@
 
 #include "loom/status.h"
 
-/* Registration hook of the CUDA backend (src/backend/cuda, loom_cuda_*): a
- * build with the CUDA backend defines LOOM_HAVE_CUDA for this file and links
- * the library that defines the table. */
-#ifdef LOOM_HAVE_CUDA
-extern const loom_backend loom_backend_cuda; /* src/backend/cuda_table.c */
-loom_status loom_backend_cuda_start(void);   /* picks and initialises the device */
-#endif
+/* Registration hook of the CUDA backend (src/backend/cuda, loom_cuda_*). Its
+ * table, src/backend/cuda_table.c, is linked only into `loom-cuda`, the
+ * binary a build with -DLOOM_CUDA=ON adds: the plain `loom` never loads the
+ * CUDA libraries (hundreds of MB mapped at start, counted in every memory
+ * measurement, and absent on a CPU-only machine). So these references are
+ * weak: NULL in `loom`, the table in `loom-cuda`. */
+extern const loom_backend loom_backend_cuda __attribute__((weak));
+loom_status loom_backend_cuda_start(void) __attribute__((weak)); /* picks and initialises the device */
 
 static const loom_backend *be = &loom_backend_cpu;
 
@@ -71,14 +72,14 @@ loom_status loom_backend_set(const loom_backend *t) {
 loom_status loom_backend_select(const char *name) {
     if (strcmp(name, "cpu") == 0) return loom_backend_set(&loom_backend_cpu);
     if (strcmp(name, "cuda") == 0) {
-#ifdef LOOM_HAVE_CUDA
-        LOOM_TRY(loom_backend_cuda_start());
-        return loom_backend_set(&loom_backend_cuda);
-#else
+        if (&loom_backend_cuda != NULL && loom_backend_cuda_start != NULL) {
+            LOOM_TRY(loom_backend_cuda_start());
+            return loom_backend_set(&loom_backend_cuda);
+        }
         return loom_fail(LOOM_EUSAGE,
                          "--device cuda: this loom was built without the CUDA backend "
-                         "(configure with -DLOOM_CUDA=ON; it needs nvcc, cuBLAS and NCCL)");
-#endif
+                         "(configure with -DLOOM_CUDA=ON and run loom-cuda, the binary with it; "
+                         "it needs nvcc, cuBLAS and NCCL)");
     }
     return loom_fail(LOOM_EUSAGE, "--device %s: unknown backend (known: cpu, cuda)", name);
 }

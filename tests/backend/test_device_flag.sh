@@ -2,10 +2,12 @@
 # test_device_flag.sh [CUDA_BUILT] - `--device` of loom train / eval / generate.
 #  - --device cpu trains exactly as no flag does (the same loss lines);
 #  - an unknown backend exits 64 naming it, before anything is written;
-#  - --device cuda on a build without the CUDA backend (CUDA_BUILT not ON)
-#    exits 64 with the message naming -DLOOM_CUDA=ON, on one rank and on two
-#    (rank named, no hang); with the CUDA backend built it must either run or
-#    fail with a message naming cuda.
+#  - --device cuda with build/loom (which never has the CUDA backend) exits
+#    64 with the message naming -DLOOM_CUDA=ON and loom-cuda, on one rank and
+#    on two (rank named, no hang);
+#  - with the CUDA backend built (CUDA_BUILT = ON), build/loom-cuda trains
+#    --device cpu exactly as loom, and --device cuda runs or exits 64 naming
+#    the missing device.
 # Needs LOOM, LOOM_RUN, LOOM_SRC (set by ctest).
 set -u
 cuda_built=${1:-OFF}
@@ -30,7 +32,8 @@ la=$(grep -o '"loss": *[^,]*' "$dir/a.jsonl"); lb=$(grep -o '"loss": *[^,]*' "$d
 grep -q "device tpu: unknown backend" "$dir/c.err" || bad "--device tpu message: $(cat "$dir/c.err")"
 [ ! -e "$dir/c.jsonl" ] || bad "--device tpu wrote metrics"
 
-if [ "$cuda_built" != ON ]; then
+# build/loom never has the CUDA backend (it is in build/loom-cuda)
+if true; then
     for cmd in "train $common" "eval --model tiny --load-params $dir/none.safetensors"; do
         "$LOOM" $cmd --device cuda >/dev/null 2>"$dir/d.err"; rc=$?
         [ $rc -eq 64 ] || bad "$cmd --device cuda: exit $rc, want 64"
@@ -43,9 +46,18 @@ if [ "$cuda_built" != ON ]; then
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "two ranks --device cuda: exit $rc"
     grep -q "rank 0: --device cuda: this loom was built without the CUDA backend" "$dir/e.err" ||
         bad "two ranks message: $(cat "$dir/e.err")"
-else
-    "$LOOM" train $common --device cuda >/dev/null 2>"$dir/d.err"; rc=$?
-    [ $rc -eq 0 ] || grep -qi "cuda" "$dir/d.err" || bad "--device cuda with CUDA built: exit $rc without naming cuda"
+fi
+if [ "$cuda_built" = ON ]; then
+    # loom-cuda: --device cpu trains exactly as loom; --device cuda runs, or
+    # (no GPU here) exits 64 naming the missing device
+    lc=$(dirname "$LOOM")/loom-cuda
+    [ -x "$lc" ] || bad "CUDA backend built but $lc missing"
+    "$lc" train $common --device cpu --metrics "$dir/f.jsonl" >/dev/null 2>"$dir/f.err" || bad "loom-cuda --device cpu: $(cat "$dir/f.err")"
+    lf=$(grep -o '"loss": *[^,]*' "$dir/f.jsonl")
+    [ -n "$lf" ] && [ "$lf" = "$la" ] || bad "loom-cuda --device cpu losses [$lf] differ from loom's [$la]"
+    "$lc" train $common --device cuda >/dev/null 2>"$dir/d.err"; rc=$?
+    [ $rc -eq 0 ] || { [ $rc -eq 64 ] && grep -q "no CUDA device is visible" "$dir/d.err"; } ||
+        bad "loom-cuda --device cuda: exit $rc, $(cat "$dir/d.err")"
 fi
 [ $fail -eq 0 ] && echo "device flag: all checks passed"
 exit $fail

@@ -10,7 +10,7 @@
 # This checks the routing through src/backend/cuda_table.c (every kernel,
 # tensor op, allocation, staged init) and the kernels' logic - not a GPU's
 # rounding or speed; `ctest -L gpu` on a GPU is that check. Registered only
-# for builds with the CUDA backend (BUILD_DIR/libloom.a defines
+# for builds with the CUDA backend (src/backend/cuda_table.c, compiled here, defines
 # loom_backend_cuda). Needs LOOM_SRC, LOOM_RUN (ctest sets them).
 set -eu
 build=$1
@@ -35,6 +35,10 @@ for f in "$work"/*.cu "$emu/emu_runtime.cpp"; do
         -x c++ -c "$f" -o "$o"
     objs="$objs $o"
 done
+# the CUDA table, as build/loom-cuda links it (the plain loom has none)
+mpicc -std=c11 -D_GNU_SOURCE -O1 -DLOOM_HAVE_CUDA=1 -I"$work" -I"$root/include" -I"$root/src" \
+    -c "$root/src/backend/cuda_table.c" -o "$work/cuda_table.o"
+objs="$objs $work/cuda_table.o"
 for f in "$root"/tools/*.c; do
     o="$work/$(basename "$f").o"
     mpicc -std=c11 -D_GNU_SOURCE -O1 -I"$root/include" -I"$root/src" -I"$root/tools" -c "$f" -o "$o"
