@@ -840,8 +840,9 @@ void loom_plan_heuristic(const loom_plan_model *m, const loom_plan_cluster *c, c
 void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l, char *buf,
                            size_t cap) {
     if (j->serve) {
-        snprintf(buf, cap, "serve with dp=%d tp=%d pp=%d ep=%d replicas x shards (loom has no serving command yet)",
-                 l->dp, l->tp, l->pp, l->ep);
+        int k = snprintf(buf, cap, "loom serve --model %s --dp %d --tp %d --pp %d", m->name, l->dp, l->tp, l->pp);
+        if (l->ep > 1 && k >= 0 && (size_t)k < cap)
+            snprintf(buf + k, cap - (size_t)k, "  # ep=%d: loom serve has no expert parallelism", l->ep);
         return;
     }
     size_t n = (size_t)snprintf(buf, cap, "loom train --model %s --batch %d --seq %d --dp %d --tp %d --pp %d", m->name,
@@ -861,10 +862,10 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
     static const char *ax[] = {"tp", "cp", "dp", "pp"};
     if (l->order[2] != LOOM_PLAN_DP)
         ADD(" --mesh-order %s,%s,%s,%s", ax[l->order[0]], ax[l->order[1]], ax[l->order[2]], ax[l->order[3]]);
-    if (l->recompute != LOOM_RECOMPUTE_NONE) ADD("  # recompute=%s: not in loom train yet",
-                                                 l->recompute == LOOM_RECOMPUTE_FULL ? "full" : "selective");
+    if (l->recompute != LOOM_RECOMPUTE_NONE)
+        ADD(" --recompute %s", l->recompute == LOOM_RECOMPUTE_FULL ? "full" : "selective");
+    if (j->bf16) ADD(" --precision bf16");
     if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ALLGATHER) ADD("  # cp_impl=allgather: not in loom train (ring, ulysses)");
     if (!m->loom_trains) ADD("  # loom trains GPT-2 shapes only");
-    if (j->bf16) ADD("  # loom on CPU runs fp32");
 #undef ADD
 }
