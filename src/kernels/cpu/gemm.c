@@ -22,6 +22,8 @@ static void gemm_call(const kern_gemm *g, int m0, int m) {
     /* op(A) rows m0.. : with A not transposed they are rows of A, with A
      * transposed they are columns of A. */
     const float *a = g->ta == CblasNoTrans ? g->A + (size_t)m0 * g->lda : g->A + m0;
+    if (g->bias) /* the thread that multiplies these rows fills them: no serial pass */
+        for (int i = m0; i < m0 + m; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
     cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, g->N, g->K, g->alpha, a, g->lda, g->B, g->ldb,
                 g->beta, g->C + (size_t)m0 * g->ldc, g->ldc);
 }

@@ -50,6 +50,7 @@ typedef struct {
     float beta;
     float *C;
     int ldc;
+    const float *bias; /* (N) or NULL: each row of C is set to it first (beta 1 then adds the product) */
 } kern_gemm;
 
 /* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
