@@ -504,8 +504,9 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
                   loom_kernels_get_precision() ? "; precision bf16 mixed: operands rounded to bf16, fp32 "
                                                  "accumulate on the fp32 kernels (no bf16 GEMM in this OpenBLAS)"
                                                : "");
-        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
-                  loom_sysmem_process_age(), loom_kernels_get_threads());
+        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s); "
+                  "%.2f s of CPU)",
+                  loom_sysmem_process_age(), loom_kernels_get_threads(), loom_sysmem_process_cpu());
         report_memory(s.dp, rss0, rss_max);
         report_tp_regions(&s);
     }
