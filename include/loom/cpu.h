@@ -44,6 +44,11 @@ void loom_blas_select(char **argv);
  * user's OPENBLAS_CORETYPE, or OpenBLAS's own), e.g.
  * "OpenBLAS 0.3.21 core SkylakeX (chosen by loom: avx512f avx512bw ...)". */
 void loom_blas_describe(char *buf, size_t n);
+/* One line on the GEMM that --precision bf16 uses: oneMKL's
+ * cblas_gemm_bf16bf16f32 on CPUs with AVX512-BF16 or AMX-BF16 (dlopen'ed
+ * libmkl_rt), else the fp32 kernels on bf16-rounded operands, and why.
+ * LOOM_BF16_GEMM=mkl|off|auto overrides the choice. */
+void loom_bf16_gemm_describe(char *buf, size_t n);
 /* The core type OpenBLAS runs ("Haswell", "SkylakeX", ...). */
 const char *loom_blas_core(void);
 

@@ -34,6 +34,11 @@ static void gemm_call(const kern_gemm *g, int m0, int m, int n0, int n) {
     float *c = g->C + (size_t)m0 * g->ldc + n0;
     if (g->bias) /* the thread that multiplies this block fills it: no serial pass */
         for (int i = 0; i < m; i++) memcpy(c + (size_t)i * g->ldc, g->bias + n0, (size_t)n * sizeof *g->bias);
+    if (g->A16) { /* bf16 operands for the bf16 provider, at the same offsets */
+        const uint16_t *a16 = g->A16 + (a - g->A), *b16 = g->B16 + (b - g->B);
+        kern_bf16_gemm_call(g->ta, g->tb, m, n, g->K, g->alpha, a16, g->lda, b16, g->ldb, g->beta, c, g->ldc);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, n, g->K, g->alpha, a, g->lda, b, g->ldb, g->beta, c,
                 g->ldc);
 }
