@@ -24,9 +24,9 @@
 #include "kern_internal.h"
 
 static int kern_bf16;
-static float *bf16_buf[2];
+static void *bf16_buf[2]; /* float copies */
 static size_t bf16_cap[2];
-static uint16_t *bf16_h[2]; /* 16-bit copies for the provider */
+static void *bf16_h[2]; /* uint16_t copies for the provider */
 static size_t bf16_hcap[2];
 
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
@@ -55,26 +55,27 @@ void loom_round_bf16(float *dst, const float *src, size_t n) {
     }
 }
 
+/* *buf grown to hold n elements of `size` bytes (*cap counts elements);
+ * 0 without memory. */
+static int bf16_grow(void **buf, size_t *cap, size_t n, size_t size) {
+    if (n <= *cap) return 1;
+    void *p = realloc(*buf, n * size);
+    if (!p) return 0;
+    *buf = p;
+    *cap = n;
+    return 1;
+}
+
 /* A rounded copy of n floats in buffer `which`, or NULL without memory. */
 static const float *bf16_copy(int which, const float *src, size_t n) {
-    if (n > bf16_cap[which]) {
-        float *p = realloc(bf16_buf[which], n * sizeof *p);
-        if (!p) return NULL;
-        bf16_buf[which] = p;
-        bf16_cap[which] = n;
-    }
+    if (!bf16_grow(&bf16_buf[which], &bf16_cap[which], n, sizeof(float))) return NULL;
     loom_round_bf16(bf16_buf[which], src, n);
     return bf16_buf[which];
 }
 
 /* The bf16 bits (as uint16) of n floats in buffer `which`, or NULL. */
 static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
-    if (n > bf16_hcap[which]) {
-        uint16_t *p = realloc(bf16_h[which], n * sizeof *p);
-        if (!p) return NULL;
-        bf16_h[which] = p;
-        bf16_hcap[which] = n;
-    }
+    if (!bf16_grow(&bf16_h[which], &bf16_hcap[which], n, sizeof(uint16_t))) return NULL;
     uint16_t *dst = bf16_h[which];
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
