@@ -503,6 +503,8 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         if (loom_kernels_get_precision()) loom_bf16_gemm_describe(bf16, sizeof bf16);
         loom_info("gemm: %s%s%s", gemm, bf16[0] ? "; precision bf16 mixed (fp32 accumulation), bf16 gemm: " : "",
                   bf16);
+        loom_omp_describe(gemm, sizeof gemm);
+        loom_info("threads: %d per rank; %s", loom_kernels_get_threads(), gemm);
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s); "
                   "%.2f s of CPU)",
                   loom_sysmem_process_age(), loom_kernels_get_threads(), loom_sysmem_process_cpu());
