@@ -19,7 +19,8 @@ links libopenblas) forced to the same kernels loom chose (OPENBLAS_CORETYPE =
 the core `loom calibrate` names), torch.set_num_threads(threads) with OpenBLAS
 on `threads` threads or on one (the better of the two per run), a step of
 forward, backward, clip_grad_norm_(1.0), AdamW, zero_grad (tests/oracle/
-torch_gpt2.py). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
+torch_gpt2.py), with the GOMP_SPINCOUNT=20000 loom sets for itself (both use
+libgomp). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
 byte-level tokens of the same text.
 
 --recompute adds loom rows with those --recompute modes (the throughput cost).
@@ -95,7 +96,9 @@ def bench_torch(cfg_name, B, T, threads, steps, text, coretype):
     pthreads and torch's OpenMP pool spin against each other on few cores."""
     best = 0.0
     for blas in ([threads, 1] if threads > 1 else [1]):
+        # GOMP_SPINCOUNT: the bounded spinning loom sets for itself (docs/performance.md)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas))
+        env.setdefault("GOMP_SPINCOUNT", "20000")
         if coretype:
             env["OPENBLAS_CORETYPE"] = coretype
         p = run([sys.executable, os.path.abspath(__file__), "--worker-config", cfg_name, "--worker-B", B,
