@@ -53,7 +53,7 @@ static void test_exp_sqrt(void) {
     fill_inputs(x, N, -95.0f, 95.0f);
     long bad = -1;
     for (size_t i = 0; i + KV <= N && bad < 0; i += KV) {
-        kv8 y = kv_expf(kv_load(x + i));
+        kvf y = kv_expf(kv_load(x + i));
         for (int l = 0; l < KV; l++)
             if (!same_bits(y[l], kern_expf(x[i + l]))) bad = (long)(i + l);
     }
@@ -62,7 +62,7 @@ static void test_exp_sqrt(void) {
     for (size_t i = 0; i < N; i++) x[i] = fabsf(x[i]) * (i % 3 ? 1.0f : 1e-30f);
     bad = -1;
     for (size_t i = 0; i + KV <= N && bad < 0; i += KV) {
-        kv8 y = kv_sqrtf(kv_load(x + i));
+        kvf y = kv_sqrtf(kv_load(x + i));
         for (int l = 0; l < KV; l++)
             if (!same_bits(y[l], sqrtf(x[i + l])) || !same_bits(y[l], kern_sqrtf(x[i + l])))
                 bad = (long)(i + l);

@@ -21,8 +21,8 @@ static inline float gelu_exp_m2u(float x) {
 }
 
 /* gelu_exp_m2u on KV lanes, operation for operation. */
-static inline kv8 gelu_exp_m2u_v(kv8 x) {
-    kv8 z = kv_set1(-2.0f * GELU_K0) * (x + kv_set1(GELU_K1) * x * x * x);
+static inline kvf gelu_exp_m2u_v(kvf x) {
+    kvf z = kv_set1(-2.0f * GELU_K0) * (x + kv_set1(GELU_K1) * x * x * x);
     z = kv_sel(z > kv_set1(80.0f), kv_set1(80.0f), z);
     return kv_expf(z);
 }
@@ -30,7 +30,7 @@ static inline kv8 gelu_exp_m2u_v(kv8 x) {
 static void gelu_fwd_span(float *out, const float *inp, size_t n) {
     size_t i = 0;
     for (; i + KV <= n; i += KV) {
-        kv8 x = kv_load(inp + i);
+        kvf x = kv_load(inp + i);
         kv_store(out + i, x / (kv_set1(1.0f) + gelu_exp_m2u_v(x)));
     }
     for (; i < n; i++) {
@@ -40,14 +40,14 @@ static void gelu_fwd_span(float *out, const float *inp, size_t n) {
 }
 
 static void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size_t n) {
-    const kv8 one = kv_set1(1.0f);
+    const kvf one = kv_set1(1.0f);
     size_t i = 0;
     for (; i + KV <= n; i += KV) {
-        kv8 x = kv_load(inp + i);
-        kv8 e = gelu_exp_m2u_v(x);
-        kv8 s = one / (one + e);
-        kv8 du = kv_set1(GELU_K0) * (one + kv_set1(3.0f * GELU_K1) * x * x);
-        kv8 grad = s + kv_set1(2.0f) * x * s * (du * (e * s));
+        kvf x = kv_load(inp + i);
+        kvf e = gelu_exp_m2u_v(x);
+        kvf s = one / (one + e);
+        kvf du = kv_set1(GELU_K0) * (one + kv_set1(3.0f * GELU_K1) * x * x);
+        kvf grad = s + kv_set1(2.0f) * x * s * (du * (e * s));
         kv_store(dinp + i, kv_load(dinp + i) + grad * kv_load(dout + i));
     }
     for (; i < n; i++) {

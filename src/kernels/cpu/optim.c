@@ -25,14 +25,14 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
                        const adamw_consts *k) {
     const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
     const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps;
-    const kv8 vdecay = kv_set1(decay), vb1 = kv_set1(b1), vc1 = kv_set1(c1), vb2 = kv_set1(b2);
-    const kv8 vc2 = kv_set1(c2), vbc2s = kv_set1(bc2s), vneg = kv_set1(neg_step), veps = kv_set1(eps);
+    const kvf vdecay = kv_set1(decay), vb1 = kv_set1(b1), vc1 = kv_set1(c1), vb2 = kv_set1(b2);
+    const kvf vc2 = kv_set1(c2), vbc2s = kv_set1(bc2s), vneg = kv_set1(neg_step), veps = kv_set1(eps);
     size_t i = 0;
     for (; i + KV <= n; i += KV) {
-        kv8 gi = kv_load(g + i);
-        kv8 mi = kv_load(m + i) * vb1 + vc1 * gi;
-        kv8 vi = kv_load(v + i) * vb2 + vc2 * gi * gi;
-        kv8 denom = kv_sqrtf(vi) / vbc2s + veps;
+        kvf gi = kv_load(g + i);
+        kvf mi = kv_load(m + i) * vb1 + vc1 * gi;
+        kvf vi = kv_load(v + i) * vb2 + vc2 * gi * gi;
+        kvf denom = kv_sqrtf(vi) / vbc2s + veps;
         kv_store(p + i, kv_load(p + i) * vdecay + vneg * (mi / denom));
         kv_store(m + i, mi);
         kv_store(v + i, vi);
