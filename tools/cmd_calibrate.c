@@ -43,11 +43,12 @@ static loom_status parse_threads(const char *s, int *out, int *n, int cap) {
 
 /* The kernel and its peaks, per thread count (rank 0 only). */
 static loom_status print_peaks(const int *counts, int n, int force) {
-    char flags[160], gemm[512];
+    char flags[160], gemm[512], bf16[512];
     const loom_cpu_features *f = loom_cpu_features_get();
     loom_cpu_features_str(f, flags, sizeof flags);
     loom_blas_describe(gemm, sizeof gemm);
-    printf("cpu: %s\nflags: %s\ngemm: %s\n", loom_cpu_name(), flags, gemm);
+    loom_bf16_gemm_describe(bf16, sizeof bf16);
+    printf("cpu: %s\nflags: %s\ngemm: %s\nbf16 gemm: %s\n", loom_cpu_name(), flags, gemm, bf16);
     printf("\n%7s %14s %14s %8s %8s  %s\n", "threads", "sgemm GFLOP/s", "FMA GFLOP/s", "of FMA",
            "clock", "record");
     for (int i = 0; i < n; i++) {

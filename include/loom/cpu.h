@@ -44,6 +44,16 @@ void loom_blas_select(char **argv);
  * user's OPENBLAS_CORETYPE, or OpenBLAS's own), e.g.
  * "OpenBLAS 0.3.21 core SkylakeX (chosen by loom: avx512f avx512bw ...)". */
 void loom_blas_describe(char *buf, size_t n);
+/* One line on the GEMM that --precision bf16 uses: oneMKL's
+ * cblas_gemm_bf16bf16f32 on CPUs with AVX512-BF16 or AMX-BF16 (dlopen'ed
+ * libmkl_rt), else the fp32 kernels on bf16-rounded operands, and why.
+ * LOOM_BF16_GEMM=mkl|off|auto overrides the choice. */
+void loom_bf16_gemm_describe(char *buf, size_t n);
+/* How OpenMP's waiting threads wait, and who chose it: loom_blas_select
+ * also re-executes with GOMP_SPINCOUNT=20000 (bounded spinning; libgomp's
+ * default spins ~1 ms and starves loom's own threads on a shared machine)
+ * unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY, or LOOM_OMP_AUTO=0. */
+void loom_omp_describe(char *buf, size_t n);
 /* The core type OpenBLAS runs ("Haswell", "SkylakeX", ...). */
 const char *loom_blas_core(void);
 

@@ -174,7 +174,8 @@ void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, 
 void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int t);
 
-/* Sum of squares in double (for gradient norms). */
+/* Sum of squares in double (for gradient norms); the same double whatever
+ * the thread count. */
 double loom_sumsq(const float *x, size_t n);
 /* x *= s. */
 void loom_scale(float *x, size_t n, float s);

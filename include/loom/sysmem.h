@@ -18,4 +18,9 @@ size_t loom_sysmem_peak_rss(void);
  * included); -1 where unknown. */
 double loom_sysmem_process_age(void);
 
+/* CPU seconds (user + system, all threads) this process has used so far;
+ * -1 where unknown. Beside the wall time above it tells start-up's own cost
+ * from the wait for a busy machine's cores. */
+double loom_sysmem_process_cpu(void);
+
 #endif

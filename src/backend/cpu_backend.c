@@ -8,6 +8,7 @@
  * before it returns, so a stream is only a name and an event is always
  * complete: order is kept trivially. Local to the calling rank.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "loom/arena.h"
@@ -18,8 +19,13 @@
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) memcpy(dst, src, bytes);
 }
+/* Zeroing whole floats (gradients before a step) is shared out over the
+ * compute threads; anything else is one memset. */
 static void cpu_memset(void *dst, int byte, size_t bytes) {
-    if (bytes) memset(dst, byte, bytes);
+    if (byte == 0 && bytes % sizeof(float) == 0 && (uintptr_t)dst % sizeof(float) == 0)
+        loom_cpu_zero(dst, bytes / sizeof(float));
+    else if (bytes)
+        memset(dst, byte, bytes);
 }
 
 /* One dummy object each: a CPU stream or event has no state. */

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,4 +46,11 @@ double loom_sysmem_process_age(void) {
     long hz = sysconf(_SC_CLK_TCK);
     if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &ts) != 0) return -1;
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - (double)start / (double)hz;
+}
+
+double loom_sysmem_process_cpu(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
 }

@@ -247,7 +247,7 @@ void loom_gpt_free(loom_gpt *m) {
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->a_acts.cap; }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-    if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params);
+    if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params); /* threaded on the CPU */
 }
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {

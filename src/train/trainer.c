@@ -500,14 +500,16 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
         const loom_model_config *mc = &s.model_cfg;
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
                   mc->n_embd, mc->n_head, mc->vocab_size);
-        char gemm[512];
+        char gemm[512], bf16[512] = "";
         loom_blas_describe(gemm, sizeof gemm);
-        loom_info("gemm: %s%s", gemm,
-                  loom_kernels_get_precision() ? "; precision bf16 mixed: operands rounded to bf16, fp32 "
-                                                 "accumulate on the fp32 kernels (no bf16 GEMM in this OpenBLAS)"
-                                               : "");
-        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s))",
-                  loom_sysmem_process_age(), loom_kernels_get_threads());
+        if (loom_kernels_get_precision()) loom_bf16_gemm_describe(bf16, sizeof bf16);
+        loom_info("gemm: %s%s%s", gemm, bf16[0] ? "; precision bf16 mixed (fp32 accumulation), bf16 gemm: " : "",
+                  bf16);
+        loom_omp_describe(gemm, sizeof gemm);
+        loom_info("threads: %d per rank; %s", loom_kernels_get_threads(), gemm);
+        loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s); "
+                  "%.2f s of CPU)",
+                  loom_sysmem_process_age(), loom_kernels_get_threads(), loom_sysmem_process_cpu());
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }

@@ -7,7 +7,10 @@ use: loom reads CPUID itself). Checks, through the real `loom` binary:
   Haswell/Zen or wider) and says why;
 - a user's OPENBLAS_CORETYPE is kept (and said to be the user's);
 - LOOM_BLAS_AUTO=0 leaves OpenBLAS's own choice;
-- runs on different kernels agree on the loss to float rounding (1e-5).
+- runs on different kernels agree on the loss to float rounding (1e-5);
+- OpenMP's waiting: loom re-executes with GOMP_SPINCOUNT=20000 (the
+  "threads:" line says so), a user's GOMP_SPINCOUNT or OMP_WAIT_POLICY is
+  kept, LOOM_OMP_AUTO=0 leaves the runtime's default.
 """
 import os
 import re
@@ -32,6 +35,8 @@ def run(env_extra):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("LOOM_BLAS_CHOSEN", None)
+    for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "LOOM_OMP_CHOSEN", "LOOM_OMP_AUTO"):
+        env.pop(k, None)
     env.update(env_extra)
     import subprocess
     p = subprocess.run([lt.LOOM, "train", "--model", "tiny", "--steps", "2", "--threads", "1",
@@ -41,11 +46,15 @@ def run(env_extra):
     m = re.search(r"gemm: OpenBLAS \S+ sgemm kernels (\S+) \(([^)]*)\)", p.stderr)
     lt.check(m is not None, "no gemm: line in start-up output:\n" + p.stderr[-2000:])
     losses = [float(x) for x in re.findall(r"step \d+/\d+ loss ([0-9.]+)", p.stderr)]
+    t = re.search(r"^threads: \d+ per rank; (.*)$", p.stderr, re.M)
+    lt.check(t is not None, "no threads: line in start-up output:\n" + p.stderr[-2000:])
+    run.threads_line = t.group(1) if t else ""
     return (m.group(1), m.group(2)) if m else ("", ""), losses
 
 
 (core, why), loss_default = run({})
 print("default: core %s (%s); flags avx512=%s avx2=%s" % (core, why, avx512, avx2))
+lt.check(run.threads_line.startswith("GOMP_SPINCOUNT=20000 (set by loom"), "default waiting: %s" % run.threads_line)
 if avx512:
     lt.check(core.lower() in WIDE512, "AVX-512 CPU but OpenBLAS runs %s" % core)
 elif avx2:
@@ -63,4 +72,11 @@ if avx2:
 (core_o, why_o), _ = run({"LOOM_BLAS_AUTO": "0"})
 print("LOOM_BLAS_AUTO=0: core %s (%s)" % (core_o, why_o))
 lt.check("OpenBLAS's own choice" in why_o, "auto off but: %s" % why_o)
+
+for extra, want in (({"GOMP_SPINCOUNT": "5000"}, "GOMP_SPINCOUNT=5000 (set by the user)"),
+                    ({"OMP_WAIT_POLICY": "passive"}, "OMP_WAIT_POLICY=passive (set by the user)"),
+                    ({"LOOM_OMP_AUTO": "0"}, "the OpenMP runtime's default waiting")):
+    run(extra)
+    print("%s: %s" % (extra, run.threads_line))
+    lt.check(run.threads_line == want, "%s: threads line %r, want %r" % (extra, run.threads_line, want))
 lt.done()

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "kref.h"
+#include "loom/backend.h"
 #include "loom/kernels.h"
 
 #define B 3
@@ -120,8 +121,8 @@ static void test_two_threads(void) {
     compare(two.losses, one.losses, N, "vxent losses");
     compare(two.dlogits, one.dlogits, N * VL, "vxent dlogits");
     compare(two.p, one.p, N * C, "adamw p");
-    CHECK(fabs(two.sumsq - one.sumsq) <= 1e-12 * one.sumsq, "sumsq %.17g vs %.17g", two.sumsq,
-          one.sumsq);
+    /* the blocks' partials are added in block order whatever the threads: the same double */
+    CHECK(two.sumsq == one.sumsq, "sumsq %.17g (2 threads) vs %.17g (1)", two.sumsq, one.sumsq);
 
     run_t *runs[2] = {&one, &two};
     for (int k = 0; k < 2; k++) {
@@ -136,6 +137,38 @@ static void test_two_threads(void) {
     free(one.dy), free(one.dqkv_in);
 }
 
+/* sumsq over several windows of blocks at 1, 2 and 3 threads against a
+ * double sum in block order; all_finite and zero on the threaded paths. */
+static void test_flat_helpers(void) {
+    const size_t n = 600 * 16384 + 123; /* > one 512-block window of loom_sumsq */
+    float *x = kr_rand_floats(n, -1, 1);
+    double ref = 0.0;
+    for (size_t lo = 0; lo < n; lo += 16384) {
+        double blk = 0.0;
+        for (size_t i = lo; i < n && i < lo + 16384; i++) blk += (double)x[i] * x[i];
+        ref += blk;
+    }
+    double s[3];
+    for (int t = 1; t <= 3; t++) {
+        loom_kernels_set_threads(t);
+        s[t - 1] = loom_sumsq(x, n);
+        CHECK(loom_all_finite(x, n), "all_finite on finite data, %d threads", t);
+        float keep = x[n - 7];
+        x[n - 7] = NAN;
+        CHECK(!loom_all_finite(x, n), "all_finite misses a NaN near the end, %d threads", t);
+        x[n - 7] = keep;
+    }
+    CHECK(fabs(s[0] - ref) <= 1e-12 * ref, "sumsq %.17g vs double %.17g", s[0], ref);
+    CHECK(s[1] == s[0] && s[2] == s[0], "sumsq differs across threads: %.17g %.17g %.17g", s[0], s[1], s[2]);
+    loom_kernels_set_threads(2);
+    loom_tensor_zero(x + 1, n - 2); /* the CPU backend: loom_cpu_zero */
+    size_t nz = 0;
+    for (size_t i = 1; i < n - 1; i++) nz += x[i] != 0.0f;
+    CHECK(nz == 0 && x[0] != 0.0f && x[n - 1] != 0.0f, "zero: %zu nonzero inside, ends %g %g", nz, x[0], x[n - 1]);
+    loom_kernels_set_threads(1);
+    free(x);
+}
+
 static void test_settings(void) {
     loom_kernels_set_threads(3);
     CHECK(loom_kernels_get_threads() == 3, "set_threads(3) gives %d", loom_kernels_get_threads());
@@ -148,6 +181,7 @@ static void test_settings(void) {
 
 int main(void) {
     test_two_threads();
+    test_flat_helpers();
     test_settings();
     return check_done();
 }

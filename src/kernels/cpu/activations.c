@@ -7,7 +7,7 @@
  * The derivative is s + 2 x u' s (1 - s) with s = sigmoid(2u) and
  * 1 - s = exp(-2u) s. Loops are split into blocks shared out over threads.
  */
-#include "kern_internal.h"
+#include "kern_vec.h"
 
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f
@@ -20,15 +20,37 @@ static inline float gelu_exp_m2u(float x) {
     return kern_expf(z);
 }
 
+/* gelu_exp_m2u on KV lanes, operation for operation. */
+static inline kvf gelu_exp_m2u_v(kvf x) {
+    kvf z = kv_set1(-2.0f * GELU_K0) * (x + kv_set1(GELU_K1) * x * x * x);
+    z = kv_sel(z > kv_set1(80.0f), kv_set1(80.0f), z);
+    return kv_expf(z);
+}
+
 static void gelu_fwd_span(float *out, const float *inp, size_t n) {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+    for (; i + KV <= n; i += KV) {
+        kvf x = kv_load(inp + i);
+        kv_store(out + i, x / (kv_set1(1.0f) + gelu_exp_m2u_v(x)));
+    }
+    for (; i < n; i++) {
         float x = inp[i];
         out[i] = x / (1.0f + gelu_exp_m2u(x));
     }
 }
 
 static void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size_t n) {
-    for (size_t i = 0; i < n; i++) {
+    const kvf one = kv_set1(1.0f);
+    size_t i = 0;
+    for (; i + KV <= n; i += KV) {
+        kvf x = kv_load(inp + i);
+        kvf e = gelu_exp_m2u_v(x);
+        kvf s = one / (one + e);
+        kvf du = kv_set1(GELU_K0) * (one + kv_set1(3.0f * GELU_K1) * x * x);
+        kvf grad = s + kv_set1(2.0f) * x * s * (du * (e * s));
+        kv_store(dinp + i, kv_load(dinp + i) + grad * kv_load(dout + i));
+    }
+    for (; i < n; i++) {
         float x = inp[i];
         float e = gelu_exp_m2u(x);
         float s = 1.0f / (1.0f + e);

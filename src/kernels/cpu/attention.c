@@ -20,7 +20,7 @@
  */
 #include <cblas.h>
 
-#include "kern_internal.h"
+#include "kern_vec.h"
 
 #define ATT_BQ 64 /* query rows per tile */
 #define ATT_BK 64 /* keys per tile */
@@ -87,7 +87,7 @@ static void tile_fwd(const loom_att_view *v, const float *q, const float *k, con
             }
             float mnew = mx > mrow[i] ? mx : mrow[i];
             float alpha = mrow[i] == -INFINITY ? 0.0f : kern_expf(mrow[i] - mnew);
-            kern_exp_shift(row, n, mnew);
+            kv_exp_shift(row, n, mnew);
             lrow[i] = lrow[i] * alpha + kern_sum(row, n);
             if (alpha != 1.0f) kern_scale_row(o + (size_t)(i0 + i) * o_ld, HS, alpha);
             mrow[i] = mnew;
@@ -139,7 +139,7 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
             for (int i = 0; i < m; i++) {
                 float *row = p + (size_t)i * ATT_BK;
                 if (lse[i0 + i] == -INFINITY) memset(row, 0, (size_t)n * sizeof *row);
-                else kern_exp_shift(row, n, lse[i0 + i]); /* masked: exp(-inf) = 0 */
+                else kv_exp_shift(row, n, lse[i0 + i]); /* masked: exp(-inf) = 0 */
             }
             /* dv (n,HS) += p^T dout;  dp (m,n) = dout v^T */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, HS, m, 1.0f, p, ATT_BK,

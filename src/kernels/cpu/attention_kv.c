@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kern_internal.h"
+#include "kern_vec.h"
 
 size_t loom_attention_kv_scratch_floats(int n, int len) {
     return (size_t)n * (size_t)len * (size_t)loom_kernels_get_threads();
@@ -30,7 +30,7 @@ void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float 
             float *row = s + (size_t)i * len;
             int nk = p0 + i + 1;
             float mx = kern_max(row, nk);
-            kern_exp_shift(row, nk, mx);
+            kv_exp_shift(row, nk, mx);
             kern_scale_row(row, nk, 1.0f / kern_sum(row, nk));
             memset(row + nk, 0, (size_t)(len - nk) * sizeof *row);
         }

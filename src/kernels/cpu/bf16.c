@@ -11,6 +11,10 @@
  * without its speed. Debian's OpenBLAS 0.3.21 exports no sbgemm, so a fast
  * path needs oneDNN or kernels of loom's own (docs/performance.md).
  *
+ * With the bf16 GEMM provider (gemm_mkl.c: oneMKL on CPUs with AVX512-BF16
+ * or AMX-BF16) the operands are stored as 16-bit bf16 instead - the same
+ * rounding - and the provider multiplies them on the bf16 units.
+ *
  * The rounded copies live in two buffers that grow to the largest operand
  * seen (the first step allocates them; later steps reuse them).
  */
@@ -20,8 +24,10 @@
 #include "kern_internal.h"
 
 static int kern_bf16;
-static float *bf16_buf[2];
+static void *bf16_buf[2]; /* float copies */
 static size_t bf16_cap[2];
+static void *bf16_h[2]; /* uint16_t copies for the provider */
+static size_t bf16_hcap[2];
 
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
 int loom_kernels_get_precision(void) { return kern_bf16; }
@@ -49,16 +55,41 @@ void loom_cpu_round_bf16(float *dst, const float *src, size_t n) {
     }
 }
 
+/* *buf grown to hold n elements of `size` bytes (*cap counts elements);
+ * 0 without memory. */
+static int bf16_grow(void **buf, size_t *cap, size_t n, size_t size) {
+    if (n <= *cap) return 1;
+    void *p = realloc(*buf, n * size);
+    if (!p) return 0;
+    *buf = p;
+    *cap = n;
+    return 1;
+}
+
 /* A rounded copy of n floats in buffer `which`, or NULL without memory. */
 static const float *bf16_copy(int which, const float *src, size_t n) {
-    if (n > bf16_cap[which]) {
-        float *p = realloc(bf16_buf[which], n * sizeof *p);
-        if (!p) return NULL;
-        bf16_buf[which] = p;
-        bf16_cap[which] = n;
-    }
+    if (!bf16_grow(&bf16_buf[which], &bf16_cap[which], n, sizeof(float))) return NULL;
     loom_cpu_round_bf16(bf16_buf[which], src, n);
     return bf16_buf[which];
+}
+
+/* The bf16 bits (as uint16) of n floats in buffer `which`, or NULL. */
+static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
+    if (!bf16_grow(&bf16_h[which], &bf16_hcap[which], n, sizeof(uint16_t))) return NULL;
+    uint16_t *dst = bf16_h[which];
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, hi = lo + KERN_BLOCK < n ? lo + KERN_BLOCK : n;
+        for (size_t i = lo; i < hi; i++) {
+            float r = bf16_round(src[i]);
+            uint32_t u;
+            memcpy(&u, &r, sizeof u);
+            dst[i] = (uint16_t)(u >> 16);
+        }
+    }
+    return dst;
 }
 
 int kern_gemm_bf16_operands(kern_gemm *g) {
@@ -68,6 +99,13 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
     size_t b_rows = (size_t)(g->tb == CblasNoTrans ? g->K : g->N);
     size_t na = a_rows ? (a_rows - 1) * (size_t)g->lda + (size_t)(g->ta == CblasNoTrans ? g->K : g->M) : 0;
     size_t nb = b_rows ? (b_rows - 1) * (size_t)g->ldb + (size_t)(g->tb == CblasNoTrans ? g->N : g->K) : 0;
+    if (kern_bf16_gemm_ready()) {
+        const uint16_t *a16 = bf16_copy16(0, g->A, na), *b16 = bf16_copy16(1, g->B, nb);
+        if (!a16 || !b16) return 0;
+        g->A16 = a16;
+        g->B16 = b16;
+        return 1;
+    }
     const float *a = bf16_copy(0, g->A, na), *b = bf16_copy(1, g->B, nb);
     if (!a || !b) return 0;
     g->A = a;

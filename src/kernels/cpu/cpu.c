@@ -106,21 +106,72 @@ static int core_good_enough(const char *have, const char *want) {
     return have512 || have2;
 }
 
-void loom_blas_select(char **argv) {
+/* The OpenBLAS core to re-execute with, or NULL. */
+static const char *blas_reexec_core(void) {
     const char *user = getenv("OPENBLAS_CORETYPE"), *ours = getenv("LOOM_BLAS_CHOSEN");
     const char *autosel = getenv("LOOM_BLAS_AUTO");
-    if (autosel && !strcmp(autosel, "0")) return;
-    if (ours) return; /* already re-executed once: never loop */
-    if (user && *user) return; /* the user's choice */
+    if (autosel && !strcmp(autosel, "0")) return NULL;
+    if (ours) return NULL; /* already re-executed once: never loop */
+    if (user && *user) return NULL; /* the user's choice */
     const char *want = loom_blas_wanted_coretype(loom_cpu_features_get());
     const char *have = openblas_get_corename();
-    if (!want || !have || core_good_enough(have, want)) return;
-    setenv("OPENBLAS_CORETYPE", want, 1);
-    setenv("LOOM_BLAS_CHOSEN", want, 1);
+    if (!want || !have || core_good_enough(have, want)) return NULL;
+    return want;
+}
+
+/* libgomp's waiting threads spin GOMP_SPINCOUNT times before they sleep:
+ * 300000 by default, about a millisecond. When another process holds a core
+ * the spinning thread takes time slices from loom's own threads: on a shared
+ * 2-core Zen 3 an empty 2-thread region averaged 835 us, 10 us with 20000
+ * spins, and 2-thread training runs fell below one thread's speed; on a quiet
+ * machine 20000 spins (tens of microseconds) still cover the gaps between
+ * loom's parallel loops. libgomp reads the variable before main, hence the
+ * re-execution. Not when the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY, or
+ * LOOM_OMP_AUTO=0. */
+#define LOOM_GOMP_SPINCOUNT "20000"
+static int omp_wants_spincount(void) {
+    const char *autosel = getenv("LOOM_OMP_AUTO");
+    if (autosel && !strcmp(autosel, "0")) return 0;
+    return !getenv("GOMP_SPINCOUNT") && !getenv("OMP_WAIT_POLICY");
+}
+
+/* GOMP_SPINCOUNT is the value loom set (LOOM_OMP_CHOSEN records it). */
+static int omp_spin_is_ours(void) {
+    const char *ours = getenv("LOOM_OMP_CHOSEN"), *spin = getenv("GOMP_SPINCOUNT");
+    return ours && spin && !strcmp(ours, spin);
+}
+
+void loom_omp_describe(char *buf, size_t n) {
+    const char *spin = getenv("GOMP_SPINCOUNT"), *policy = getenv("OMP_WAIT_POLICY");
+    if (policy && *policy)
+        snprintf(buf, n, "OMP_WAIT_POLICY=%s (set by the user)", policy);
+    else if (spin && !strcmp(spin, LOOM_GOMP_SPINCOUNT) && omp_spin_is_ours())
+        snprintf(buf, n, "GOMP_SPINCOUNT=%s (set by loom: bounded spinning of waiting threads)", spin);
+    else if (spin && *spin)
+        snprintf(buf, n, "GOMP_SPINCOUNT=%s (set by the user)", spin);
+    else
+        snprintf(buf, n, "the OpenMP runtime's default waiting");
+}
+
+void loom_blas_select(char **argv) {
+    const char *want = blas_reexec_core();
+    int spin = omp_wants_spincount();
+    if (!want && !spin) return;
+    if (want) {
+        setenv("OPENBLAS_CORETYPE", want, 1);
+        setenv("LOOM_BLAS_CHOSEN", want, 1);
+    }
+    if (spin) { /* set now: never loops */
+        setenv("GOMP_SPINCOUNT", LOOM_GOMP_SPINCOUNT, 1);
+        setenv("LOOM_OMP_CHOSEN", LOOM_GOMP_SPINCOUNT, 1);
+    }
     execv("/proc/self/exe", argv);
-    fprintf(stderr, "loom: warning: could not re-execute with OPENBLAS_CORETYPE=%s; sgemm stays on "
-                    "OpenBLAS's %s kernels\n", want, have);
-    unsetenv("OPENBLAS_CORETYPE");
+    if (want) {
+        fprintf(stderr, "loom: warning: could not re-execute with OPENBLAS_CORETYPE=%s; sgemm stays on "
+                        "OpenBLAS's %s kernels\n", want, openblas_get_corename());
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("LOOM_BLAS_CHOSEN");
+    }
 }
 
 const char *loom_blas_core(void) {

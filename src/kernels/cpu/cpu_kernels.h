@@ -56,6 +56,7 @@ void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t 
 double loom_cpu_sumsq(const float *x, size_t n);
 void loom_cpu_scale(float *x, size_t n, float s);
 int loom_cpu_all_finite(const float *x, size_t n);
+void loom_cpu_zero(float *x, size_t n); /* x = 0 (n), over the threads */
 void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
 
 /* Tensor ops of the backend table (include/loom/backend.h says what each does). */

@@ -51,13 +51,23 @@ typedef struct {
     float beta;
     float *C;
     int ldc;
+    const float *bias; /* (N) or NULL: each row of C is set to it first (beta 1 then adds the product) */
+    const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
 } kern_gemm;
 
 /* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
 void kern_sgemm(const kern_gemm *g);
-/* In bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c);
+/* In bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c), or,
+ * with the bf16 GEMM provider, sets g->A16 and g->B16 to bf16 copies;
  * returns 0 when the copies cannot be allocated (g unchanged). */
 int kern_gemm_bf16_operands(kern_gemm *g);
+
+/* The bf16 GEMM provider (gemm_mkl.c): 1 when bf16 products go to oneMKL
+ * (decided at the first call, from the CPU flags), and the row-major
+ * C = alpha op(A) op(B) + beta C it runs on bf16 operands. */
+int kern_bf16_gemm_ready(void);
+void kern_bf16_gemm_call(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                         const uint16_t *b, int ldb, float beta, float *c, int ldc);
 
 /* Index of the calling thread inside a KERN_PARALLEL_FOR loop (0 outside). */
 int kern_thread_id(void);

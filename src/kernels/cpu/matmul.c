@@ -17,14 +17,10 @@
 void loom_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b,
                      int N, int C, int OC) {
     /* out (N,OC), inp (N,C), w (C,OC), b (OC) or NULL */
-    float beta = 0.0f;
-    if (b) {
-        for (int i = 0; i < N; i++) memcpy(out + (size_t)i * OC, b, (size_t)OC * sizeof *b);
-        beta = 1.0f;
-    }
+    /* with a bias, each thread's rows of out start as b and the product adds to them */
     kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = OC, .K = C,
-                   .alpha = 1.0f, .A = inp, .lda = C, .B = w, .ldb = OC, .beta = beta,
-                   .C = out, .ldc = OC};
+                   .alpha = 1.0f, .A = inp, .lda = C, .B = w, .ldb = OC, .beta = b ? 1.0f : 0.0f,
+                   .C = out, .ldc = OC, .bias = b};
     kern_sgemm(&g);
 }
 

@@ -7,7 +7,7 @@
  * rounded to float once. The loop is elementwise and shared out over threads
  * in blocks; every rank calls it on its own shard, nothing is collective.
  */
-#include "kern_internal.h"
+#include "kern_vec.h"
 
 /* Per-step constants of the update, already rounded to float. */
 typedef struct {
@@ -19,12 +19,25 @@ typedef struct {
     float eps;
 } adamw_consts;
 
-/* The update of one block; kern_sqrtf equals sqrtf but lets gcc vectorize. */
+/* The update of one block: KV lanes at a time (kern_vec.h), the same
+ * operations as the scalar tail, so the same floats. */
 static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
                        const adamw_consts *k) {
     const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
     const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps;
-    for (size_t i = 0; i < n; i++) {
+    const kvf vdecay = kv_set1(decay), vb1 = kv_set1(b1), vc1 = kv_set1(c1), vb2 = kv_set1(b2);
+    const kvf vc2 = kv_set1(c2), vbc2s = kv_set1(bc2s), vneg = kv_set1(neg_step), veps = kv_set1(eps);
+    size_t i = 0;
+    for (; i + KV <= n; i += KV) {
+        kvf gi = kv_load(g + i);
+        kvf mi = kv_load(m + i) * vb1 + vc1 * gi;
+        kvf vi = kv_load(v + i) * vb2 + vc2 * gi * gi;
+        kvf denom = kv_sqrtf(vi) / vbc2s + veps;
+        kv_store(p + i, kv_load(p + i) * vdecay + vneg * (mi / denom));
+        kv_store(m + i, mi);
+        kv_store(v + i, vi);
+    }
+    for (; i < n; i++) {
         float gi = g[i];
         float mi = m[i] * b1 + c1 * gi;
         float vi = v[i] * b2 + c2 * gi * gi;

@@ -150,19 +150,26 @@ static double kern_sumsq_block(const float *x, size_t n) {
     return s;
 }
 
+/* Blocks whose partial sums one window of loom_cpu_sumsq keeps (on the stack). */
+#define SUMSQ_WINDOW 512
+
+/* The blocks' partial sums are computed in parallel, a window at a time,
+ * then added in block order on one thread: the same double, bit for bit,
+ * whatever the thread count (an OpenMP reduction would add the threads'
+ * partials in an order that depends on the count). */
 double loom_cpu_sumsq(const float *x, size_t n) {
     /* x (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
-    double total = 0.0;
-#ifdef LOOM_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1) reduction(+ : total)
-#else
-    (void)nth;
-#endif
-    for (size_t k = 0; k < nblk; k++) {
-        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
-        total += kern_sumsq_block(x + lo, len);
+    double total = 0.0, part[SUMSQ_WINDOW];
+    for (size_t w0 = 0; w0 < nblk; w0 += SUMSQ_WINDOW) {
+        size_t nw = nblk - w0 < SUMSQ_WINDOW ? nblk - w0 : SUMSQ_WINDOW;
+        KERN_PARALLEL_FOR(nth)
+        for (size_t k = 0; k < nw; k++) {
+            size_t lo = (w0 + k) * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+            part[k] = kern_sumsq_block(x + lo, len);
+        }
+        for (size_t k = 0; k < nw; k++) total += part[k];
     }
     return total;
 }
@@ -180,8 +187,7 @@ void loom_cpu_scale(float *x, size_t n, float s) {
 
 /* A float is inf or NaN exactly when its exponent bits are all ones; testing
  * the bits keeps the loop integer-only and vectorizable. */
-int loom_cpu_all_finite(const float *x, size_t n) {
-    /* x (n) */
+static uint32_t kern_nonfinite_block(const float *x, size_t n) {
     const uint32_t expo = 0x7f800000u;
     uint32_t bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -189,5 +195,33 @@ int loom_cpu_all_finite(const float *x, size_t n) {
         memcpy(&u, x + i, sizeof u);
         bad |= (uint32_t)((u & expo) == expo);
     }
+    return bad;
+}
+
+int loom_cpu_all_finite(const float *x, size_t n) {
+    /* x (n); blocks over the threads, their flags OR-ed */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    uint32_t bad = 0;
+#ifdef LOOM_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1) reduction(| : bad)
+#else
+    (void)nth;
+#endif
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        bad |= kern_nonfinite_block(x + lo, len);
+    }
     return bad == 0;
+}
+
+void loom_cpu_zero(float *x, size_t n) {
+    /* x (n) = 0, shared out over the threads (the CPU backend's memset to 0) */
+    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (size_t k = 0; k < nblk; k++) {
+        size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
+        memset(x + lo, 0, len * sizeof *x);
+    }
 }

@@ -10,7 +10,7 @@
  */
 #include <math.h>
 
-#include "kern_internal.h"
+#include "kern_vec.h"
 
 #define EMB_COLS 64
 
@@ -75,7 +75,7 @@ void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *g
         float *z = logits + (size_t)i * V_l; /* (V_l) */
         int t = targets[i] - v0;
         tgt[i] = targets[i] >= 0 && t >= 0 && t < V_valid ? z[t] - gmax[i] : 0.0f;
-        kern_exp_shift(z, V_valid, gmax[i]);
+        kv_exp_shift(z, V_valid, gmax[i]);
         for (int j = V_valid; j < V_l; j++) z[j] = 0.0f;
         rowsum[i] = kern_sum(z, V_valid);
     }

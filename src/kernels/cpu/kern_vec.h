@@ -1,0 +1,96 @@
+/* kern_vec.h - explicit 8-lane float vectors for the elementwise kernels
+ * (private to src/kernels/cpu).
+ *
+ * gcc 12 does not vectorize loops around kern_expf / kern_sqrtf: it turns
+ * their selects into branches ("control flow in loop") and such loops ran
+ * one float at a time - AdamW alone was 25-30 % of a one-thread GPT-2 step.
+ * So the hot loops use GCC/clang vector extensions (kvf = 8 floats: one AVX2
+ * register, two SSE registers without AVX) with the SAME operations in the
+ * same order as the scalar definitions in kern_internal.h. The build is
+ * -std=c11, under which gcc does not contract a*b+c into an FMA
+ * (-ffp-contract=off) in scalar and vector code alike, so every lane gives
+ * exactly the float the scalar code gives; tails shorter than KV lanes run
+ * the scalar code. kernels_vec checks the bit-equality.
+ */
+#ifndef LOOM_KERN_VEC_H
+#define LOOM_KERN_VEC_H
+
+#include "kern_internal.h"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+/* KV lanes: 8 (one ymm register) with AVX, else 4 (one xmm register), so
+ * that no vector wider than the ISA's registers crosses a function call. */
+#if defined(__AVX__)
+#define KV 8
+#else
+#define KV 4
+#endif
+typedef float kvf __attribute__((vector_size(4 * KV)));
+typedef int32_t kvi __attribute__((vector_size(4 * KV)));
+typedef uint32_t kvu __attribute__((vector_size(4 * KV)));
+
+static inline kvf kv_load(const float *p) {
+    kvf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void kv_store(float *p, kvf v) { memcpy(p, &v, sizeof v); }
+
+static inline kvf kv_set1(float x) {
+    kvf v;
+    for (int l = 0; l < KV; l++) v[l] = x;
+    return v;
+}
+
+/* m ? a : b per lane; m from a vector comparison (all ones or all zeros). */
+static inline kvf kv_sel(kvi m, kvf a, kvf b) {
+    return (kvf)((m & (kvi)a) | (~m & (kvi)b));
+}
+
+/* kern_expf on KV lanes, operation for operation. */
+static inline kvf kv_expf(kvf a) {
+    const kvf lo = kv_set1(-87.33654f), hi = kv_set1(88.0f);
+    const kvf magic = kv_set1(12582912.0f);
+    kvf x = kv_sel(a < lo, lo, kv_sel(a > hi, hi, a));
+    kvf t = x * kv_set1(1.44269504088896341f) + magic;
+    kvf kf = t - magic;
+    kvf r = x - kf * kv_set1(0.693145751953125f);
+    r = r - kf * kv_set1(1.428606820309417232e-6f);
+    kvf p = kv_set1(1.0f / 5040.0f);
+    p = p * r + kv_set1(1.0f / 720.0f);
+    p = p * r + kv_set1(1.0f / 120.0f);
+    p = p * r + kv_set1(1.0f / 24.0f);
+    p = p * r + kv_set1(1.0f / 6.0f);
+    p = p * r + kv_set1(0.5f);
+    p = p * r + kv_set1(1.0f);
+    p = p * r + kv_set1(1.0f);
+    kvu sb = ((kvu)t - 0x4B400000u + 127u) << 23; /* bits of 2^k */
+    kvf y = p * (kvf)sb;
+    y = kv_sel(a < lo, kv_set1(0.0f), y);
+    y = kv_sel(a > kv_set1(88.72283f), kv_set1(INFINITY), y);
+    return y;
+}
+
+/* sqrt per lane, correctly rounded (so equal to kern_sqrtf and sqrtf). */
+static inline kvf kv_sqrtf(kvf x) {
+#if defined(__AVX__)
+    return (kvf)_mm256_sqrt_ps((__m256)x);
+#else
+    for (int l = 0; l < KV; l++) x[l] = kern_sqrtf(x[l]);
+    return x;
+#endif
+}
+
+/* x[i] = exp(x[i] - m) over [0..n): kern_exp_shift, vectorised. */
+static inline void kv_exp_shift(float *x, int n, float m) {
+    const kvf mv = kv_set1(m);
+    int i = 0;
+    for (; i + KV <= n; i += KV) kv_store(x + i, kv_expf(kv_load(x + i) - mv));
+    for (; i < n; i++) x[i] = kern_expf(x[i] - m);
+}
+
+#endif

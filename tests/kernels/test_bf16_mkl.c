@@ -1,0 +1,106 @@
+/* test_bf16_mkl.c - the bf16 GEMM provider (oneMKL's cblas_gemm_bf16bf16f32,
+ * src/kernels/cpu/gemm_mkl.c) computes what --precision bf16 means.
+ *
+ * LOOM_BF16_GEMM=mkl forces the provider, so this runs on any CPU oneMKL
+ * supports: on one without AVX512-BF16 / AMX-BF16 (the 2-core Zen 3 this was
+ * written on) oneMKL emulates the bf16 products, elsewhere it uses the bf16
+ * units. The matmul kernels in bf16 mode - every operand layout loom uses
+ * (NN with a bias, NT, TN, the LM head's NT), on 1 and 2 threads (rows and
+ * columns split) - are compared with a double product of the operands
+ * rounded to bf16 by loom_round_bf16: within fp32 accumulation error, and
+ * clearly away from the product of the unrounded operands (so the operands
+ * really went in as bf16). Fails, naming the cause, when libmkl_rt cannot be
+ * loaded: scripts/setup.sh installs it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kref.h"
+#include "loom/cpu.h"
+#include "loom/kernels.h"
+
+/* C (M,N) = op(A) op(B) [+ bias] in double; a: (M,K) or its transpose (K,M). */
+static void ref_gemm(double *c, const float *a, int ta, const float *b, int tb, const float *bias, int M,
+                     int N, int K) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = bias ? bias[j] : 0.0;
+            for (int k = 0; k < K; k++) {
+                double x = ta ? a[(size_t)k * M + i] : a[(size_t)i * K + k];
+                double y = tb ? b[(size_t)j * K + k] : b[(size_t)k * N + j];
+                s += x * y;
+            }
+            c[(size_t)i * N + j] = s;
+        }
+}
+
+static float *rounded(const float *x, size_t n) {
+    float *r = kr_floats(n);
+    loom_round_bf16(r, x, n);
+    return r;
+}
+
+/* out against the products of the rounded (near) and unrounded (far) operands. */
+static void check_pair(const float *out, const double *near, const double *far, size_t n, const char *what,
+                       int threads) {
+    double e_near = kr_err(out, near, n), e_far = kr_err(out, far, n);
+    CHECK(e_near <= 1e-5, "%s, %d thread(s): %.3g from the product of the bf16-rounded operands", what,
+          threads, e_near);
+    CHECK(e_far >= 1e-4, "%s, %d thread(s): only %.3g from the fp32 product: operands not rounded?", what,
+          threads, e_far);
+}
+
+static void run(int threads) {
+    enum { N = 96, C = 80, OC = 240, V = 500 }; /* rows, in, out, vocab */
+    loom_kernels_set_threads(threads);
+    float *x = kr_rand_floats(N * C, -1, 1), *w = kr_rand_floats(C * OC, -1, 1);
+    float *bias = kr_rand_floats(OC, -1, 1), *dy = kr_rand_floats(N * OC, -1, 1);
+    float *wte = kr_rand_floats((size_t)V * C, -1, 1);
+    float *xr = rounded(x, N * C), *wr = rounded(w, C * OC), *dyr = rounded(dy, N * OC);
+    float *wter = rounded(wte, (size_t)V * C);
+    double *near = kr_doubles((size_t)N * V), *far = kr_doubles((size_t)N * V);
+
+    float *out = kr_floats(N * OC); /* NN + bias */
+    loom_matmul_fwd(out, x, w, bias, N, C, OC);
+    ref_gemm(near, xr, 0, wr, 0, bias, N, OC, C);
+    ref_gemm(far, x, 0, w, 0, bias, N, OC, C);
+    check_pair(out, near, far, (size_t)N * OC, "matmul fwd (NN, bias)", threads);
+
+    float *dx = calloc(N * C, sizeof *dx), *dw = calloc(C * OC, sizeof *dw);
+    loom_matmul_bwd(dx, dw, NULL, dy, x, w, N, C, OC);
+    ref_gemm(near, dyr, 0, wr, 1, NULL, N, C, OC); /* dx = dy w^T */
+    ref_gemm(far, dy, 0, w, 1, NULL, N, C, OC);
+    check_pair(dx, near, far, (size_t)N * C, "matmul bwd dinp (NT)", threads);
+    ref_gemm(near, xr, 1, dyr, 0, NULL, C, OC, N); /* dw = x^T dy */
+    ref_gemm(far, x, 1, dy, 0, NULL, C, OC, N);
+    check_pair(dw, near, far, (size_t)C * OC, "matmul bwd dw (TN)", threads);
+
+    float *logits = kr_floats((size_t)N * V); /* LM head: x wte^T, N < V: split by columns */
+    loom_matmul_nt_fwd(logits, x, wte, N, C, V);
+    ref_gemm(near, xr, 0, wter, 1, NULL, N, V, C);
+    ref_gemm(far, x, 0, wte, 1, NULL, N, V, C);
+    check_pair(logits, near, far, (size_t)N * V, "LM head fwd (NT)", threads);
+
+    free(x), free(w), free(bias), free(dy), free(wte), free(xr), free(wr), free(dyr), free(wter);
+    free(near), free(far), free(out), free(dx), free(dw), free(logits);
+}
+
+int main(void) {
+    setenv("LOOM_BF16_GEMM", "mkl", 1);
+    char why[512];
+    loom_bf16_gemm_describe(why, sizeof why);
+    printf("bf16 gemm: %s\n", why);
+    int have = strstr(why, "cblas_gemm_bf16bf16f32") != NULL;
+    CHECK(have, "the bf16 provider did not load (%s): install oneMKL with scripts/setup.sh", why);
+    if (have) {
+        kr_seed(17);
+        loom_kernels_set_precision(1);
+        run(1);
+        run(2);
+        loom_kernels_set_precision(0);
+    }
+    return check_done();
+}

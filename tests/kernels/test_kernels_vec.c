@@ -1,0 +1,128 @@
+/* test_kernels_vec.c - the explicitly vectorised elementwise paths
+ * (src/kernels/cpu/kern_vec.h) give the same floats, bit for bit, as the
+ * scalar definitions they replace.
+ *
+ * - kv_expf against kern_expf and kv_sqrtf against sqrtf on random values
+ *   over the whole useful range and on the edges (underflow, overflow, the
+ *   clamp points, 0, -0, inf, subnormals);
+ * - GELU forward/backward and AdamW: a call over n = 8k + 5 elements (vector
+ *   lanes plus a scalar tail) against one call per element (n = 1: the
+ *   scalar code only);
+ * - kv_exp_shift against kern_exp_shift.
+ * A lane that differed would change training results, which loom keeps
+ * bit-identical across this change.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kernels/cpu/kern_vec.h"
+#include "loom/kernels.h"
+
+#define N 40005 /* 8k + 5 */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd32(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)(rnd32() >> 8) / 16777216.0f; }
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* The first index where two arrays differ in their bits, or -1. */
+static long first_diff(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!same_bits(a[i], b[i])) return (long)i;
+    return -1;
+}
+
+static void fill_inputs(float *x, size_t n, float lo, float hi) {
+    static const float edges[] = {0.0f, -0.0f, -87.33654f, -87.3366f, 88.0f, 88.72283f, 88.7229f,
+                                  -100.0f, 100.0f, 1e-40f, -1e-40f, 0x1p-126f, INFINITY,
+                                  -INFINITY, 80.0f, -80.0f, 1e-3f, -1e-3f};
+    for (size_t i = 0; i < n; i++) x[i] = rndf(lo, hi);
+    for (size_t i = 0; i < sizeof edges / sizeof *edges && i < n; i++) x[i * 97 % n] = edges[i];
+}
+
+static void test_exp_sqrt(void) {
+    float *x = malloc(N * sizeof *x);
+    fill_inputs(x, N, -95.0f, 95.0f);
+    long bad = -1;
+    for (size_t i = 0; i + KV <= N && bad < 0; i += KV) {
+        kvf y = kv_expf(kv_load(x + i));
+        for (int l = 0; l < KV; l++)
+            if (!same_bits(y[l], kern_expf(x[i + l]))) bad = (long)(i + l);
+    }
+    CHECK(bad < 0, "kv_expf(%.9g) differs from kern_expf", bad < 0 ? 0.0 : (double)x[bad]);
+
+    for (size_t i = 0; i < N; i++) x[i] = fabsf(x[i]) * (i % 3 ? 1.0f : 1e-30f);
+    bad = -1;
+    for (size_t i = 0; i + KV <= N && bad < 0; i += KV) {
+        kvf y = kv_sqrtf(kv_load(x + i));
+        for (int l = 0; l < KV; l++)
+            if (!same_bits(y[l], sqrtf(x[i + l])) || !same_bits(y[l], kern_sqrtf(x[i + l])))
+                bad = (long)(i + l);
+    }
+    CHECK(bad < 0, "kv_sqrtf(%.9g) differs from sqrtf", bad < 0 ? 0.0 : (double)x[bad]);
+
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    fill_inputs(a, N, -30.0f, 5.0f);
+    memcpy(b, a, N * sizeof *a);
+    kv_exp_shift(a, N, 1.25f);
+    kern_exp_shift(b, N, 1.25f);
+    bad = first_diff(a, b, N);
+    CHECK(bad < 0, "kv_exp_shift differs from kern_exp_shift at %ld", bad);
+    free(a), free(b), free(x);
+}
+
+static void test_gelu(void) {
+    float *x = malloc(N * sizeof *x), *dy = malloc(N * sizeof *dy);
+    float *o1 = malloc(N * sizeof *o1), *o2 = malloc(N * sizeof *o2);
+    float *d1 = malloc(N * sizeof *d1), *d2 = malloc(N * sizeof *d2);
+    fill_inputs(x, N, -12.0f, 12.0f);
+    for (size_t i = 0; i < N; i++) dy[i] = rndf(-1, 1), d1[i] = d2[i] = rndf(-1, 1);
+    loom_gelu_fwd(o1, x, N);
+    loom_gelu_bwd(d1, x, dy, N);
+    for (size_t i = 0; i < N; i++) {
+        loom_gelu_fwd(o2 + i, x + i, 1);
+        loom_gelu_bwd(d2 + i, x + i, dy + i, 1);
+    }
+    long bad = first_diff(o1, o2, N);
+    CHECK(bad < 0, "gelu fwd: vector and scalar differ at x = %.9g", bad < 0 ? 0.0 : (double)x[bad]);
+    bad = first_diff(d1, d2, N);
+    CHECK(bad < 0, "gelu bwd: vector and scalar differ at x = %.9g", bad < 0 ? 0.0 : (double)x[bad]);
+    free(x), free(dy), free(o1), free(o2), free(d1), free(d2);
+}
+
+static void test_adamw(void) {
+    float *p1 = malloc(N * sizeof(float)), *p2 = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
+    float *m1 = malloc(N * sizeof(float)), *m2 = malloc(N * sizeof(float));
+    float *v1 = malloc(N * sizeof(float)), *v2 = malloc(N * sizeof(float));
+    for (size_t i = 0; i < N; i++) {
+        p1[i] = p2[i] = rndf(-1, 1);
+        g[i] = rndf(-1, 1) * (i % 5 ? 1.0f : 1e-6f);
+        m1[i] = m2[i] = rndf(-0.1f, 0.1f);
+        v1[i] = v2[i] = i % 7 ? rndf(0, 0.01f) : 0.0f;
+    }
+    for (int t = 1; t <= 3; t++) {
+        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        for (size_t i = 0; i < N; i++)
+            loom_adamw_update(p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    long bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
+    CHECK(bp < 0 && bm < 0 && bv < 0, "adamw: vector and scalar differ (p at %ld, m at %ld, v at %ld)",
+          bp, bm, bv);
+    free(p1), free(p2), free(g), free(m1), free(m2), free(v1), free(v2);
+}
+
+int main(void) {
+    loom_kernels_set_threads(1);
+    test_exp_sqrt();
+    test_gelu();
+    test_adamw();
+    return check_done();
+}
