@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import loomtest as lt  # noqa: E402
 import numpy as np  # noqa: E402
 
-STEPS = 24
-COMMON = ["--steps", STEPS, "--batch", 8, "--seq", 16, "--lr", "1e-3", "--warmup", 2, "--seed", 9,
+STEPS = 80
+COMMON = ["--steps", STEPS, "--batch", 8, "--seq", 32, "--lr", "1e-3", "--warmup", 2, "--seed", 9,
           "--peak-flops", "1e11", "--no-progress"]
 
 
