@@ -83,9 +83,9 @@ int cmd_calibrate(int argc, char **argv) {
         "is reported against: the best of 7 1024^3 sgemms of that kernel, and the FMA peak\n"
         "(flop/cycle from the flags x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
-        "rank busy (times the rank's share of the cores when the ranks oversubscribe them),\n"
-        "GEMM efficiency by size (gemm_curve: five sgemm shapes from 32x512x512 to 1024^3,\n"
-        "each as a share of the fastest), memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
+        "rank computing at once (each rank's completed work in a shared 0.4 s window, so ranks\n"
+        "that oversubscribe the cores measure their share), GEMM efficiency by size (gemm_curve:\n"
+        "five sgemm shapes from 32x512x512 to 1024^3, each as a share of the fastest), memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
         "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
         "point-to-point message, each through loom's communicator; rank 0 writes the file\n"
         "(one node of N devices).",
