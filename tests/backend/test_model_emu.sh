@@ -20,14 +20,7 @@ work=$(mktemp -d /tmp/loom-model-emu-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cp "$root"/src/backend/cuda/*.cu "$root"/src/backend/cuda/*.cuh "$root"/src/backend/cuda/cuda_backend.h "$work/"
 # kernel<<<cfg>>>(args) -> emu_launch(kernel, emu_cfg(cfg), args), as tests/gpu/emu/run_emu.sh does
-/usr/bin/python3 - "$work" <<'PY'
-import glob, re, sys
-for p in glob.glob(sys.argv[1] + "/*.cu"):
-    s = open(p).read()
-    s = re.sub(r"(\w+)<<<(.*?)>>>\(", r"emu_launch(\1, emu_cfg(\2), ", s, flags=re.S)
-    s = re.sub(r"extern __shared__ float (\w+)\[\];", r"float *\1 = (float *)emu_dyn_shared();", s)
-    open(p, "w").write(s)
-PY
+/usr/bin/python3 "$emu/emu_source.py" "$work"
 objs=""
 for f in "$work"/*.cu "$emu/emu_runtime.cpp"; do
     o="$work/$(basename "$f").o"

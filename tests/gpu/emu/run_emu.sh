@@ -20,14 +20,7 @@ for f in cuda_core.cu cuda_elementwise.cu cuda_gemm.cu cuda_norm.cu cuda_vocab.c
     cp "$root/src/backend/cuda/$f" "$work/"
 done
 # kernel<<<cfg>>>(args) -> emu_launch(kernel, emu_cfg(cfg), args); dynamic shared memory
-/usr/bin/python3 - "$work" <<'PY'
-import re, sys, glob
-for p in glob.glob(sys.argv[1] + "/*.cu"):
-    s = open(p).read()
-    s = re.sub(r"(\w+)<<<(.*?)>>>\(", r"emu_launch(\1, emu_cfg(\2), ", s, flags=re.S)
-    s = re.sub(r"extern __shared__ float (\w+)\[\];", r"float *\1 = (float *)emu_dyn_shared();", s)
-    open(p, "w").write(s)
-PY
+/usr/bin/python3 "$here/emu_source.py" "$work"
 CXX="g++ -std=c++17 -O1 -g -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas"
 INC="-I$here/include -I$work -I$root/include -I$root/src"
 for f in "$work"/*.cu "$here/emu_runtime.cpp"; do
