@@ -94,9 +94,11 @@ static void mkl_decide(void) {
         }
     }
     mkl.gemm = g;
-    snprintf(mkl.why, sizeof mkl.why, "%s cblas_gemm_bf16bf16f32 (%s; %s)", v,
-             amx ? "AMX-BF16" : avx512bf16 ? "AVX512-BF16" : "forced by LOOM_BF16_GEMM=mkl, emulated on this CPU",
-             path);
+    int n = snprintf(mkl.why, sizeof mkl.why, "%s cblas_gemm_bf16bf16f32 (%s; %s)", v,
+                     amx ? "AMX-BF16" : avx512bf16 ? "AVX512-BF16" : "forced by LOOM_BF16_GEMM=mkl, emulated on this CPU",
+                     path);
+    if (n >= (int)sizeof mkl.why) /* a long library path: keep the start, mark the cut */
+        memcpy(mkl.why + sizeof mkl.why - 4, "...", 4);
 }
 
 int kern_bf16_gemm_ready(void) {
