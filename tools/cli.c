@@ -13,6 +13,7 @@
 
 #include "loom/backend.h"
 #include "loom/comm.h"
+#include "loom/kernels.h"
 #include "loom/log.h"
 
 #define LOOM_CLI_WHAT 1200 /* a config path and a key */
@@ -324,4 +325,24 @@ int cli_mpi_finish(loom_comm *world, loom_status st) {
 
 void cli_help_once(loom_comm *world, const cli_cmd *cmd) {
     if (loom_comm_rank(world) == 0) cli_print_help(cmd, stdout);
+}
+
+int cli_mpi_command(int argc, char **argv, const cli_cmd *cmd, const void *cfg, const char *device,
+                    const int *threads, loom_status (*check)(const void *cfg, int ranks),
+                    loom_status (*run)(const void *cfg, loom_comm *world)) {
+    loom_comm *world = NULL;
+    loom_status st = cli_mpi_start(&argc, &argv, &world);
+    if (st != LOOM_OK) return cli_fail(st);
+    int help;
+    st = cli_parse(cmd, argc, argv, 0, &help);
+    if (st == LOOM_OK && help) {
+        cli_help_once(world, cmd);
+        return cli_mpi_finish(world, LOOM_OK);
+    }
+    if (st == LOOM_OK) st = check(cfg, loom_comm_size(world));
+    if (st == LOOM_OK) st = cli_select_device(device);
+    st = loom_comm_agree(world, st);
+    if (st != LOOM_OK) return cli_mpi_finish(world, st);
+    loom_kernels_set_threads(cli_pick_threads(*threads, loom_comm_size(world)));
+    return cli_mpi_finish(world, run(cfg, world));
 }

@@ -87,6 +87,14 @@ loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world);
 int cli_mpi_finish(loom_comm *world, loom_status st);
 /* --help printed by rank 0 only. */
 void cli_help_once(loom_comm *world, const cli_cmd *cmd);
+/* A command that runs the model on every rank (generate, serve): start MPI,
+ * parse cmd's flags (--help: rank 0 prints it), check(cfg, ranks) on every
+ * rank, select `device`, agree on the outcome (one failing rank stops all),
+ * set *threads compute threads (0 = auto), run(cfg, world), finalize; returns
+ * the exit code. */
+int cli_mpi_command(int argc, char **argv, const cli_cmd *cmd, const void *cfg, const char *device,
+                    const int *threads, loom_status (*check)(const void *cfg, int ranks),
+                    loom_status (*run)(const void *cfg, loom_comm *world));
 
 /* Print the error of a failed status (if it has a message) and return the
  * exit code. */

@@ -194,6 +194,10 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
     return st;
 }
 
+/* cli_mpi_command's callbacks */
+static loom_status check_any(const void *c, int ranks) { return check_flags(c, ranks); }
+static loom_status run_any(const void *c, loom_comm *world) { return run(c, world); }
+
 int cmd_generate(int argc, char **argv) {
     static gen_cfg c = {.model = "mini", .format = "text", .max_tokens = 64, .top_p = 1.0, .seed = 1,
                         .tp = 1, .pp = 1};
@@ -232,19 +236,5 @@ int cmd_generate(int argc, char **argv) {
         "example: build/loom generate --model gpt2 --load-params model.safetensors \\\n"
         "           --tokenizer DIR --prompt \"Hello, my name is\" --max-tokens 20\n",
         opts, sizeof opts / sizeof opts[0]};
-    loom_comm *world = NULL;
-    loom_status st = cli_mpi_start(&argc, &argv, &world);
-    if (st != LOOM_OK) return cli_fail(st);
-    int help;
-    st = cli_parse(&cmd, argc, argv, 0, &help);
-    if (st == LOOM_OK && help) {
-        cli_help_once(world, &cmd);
-        return cli_mpi_finish(world, LOOM_OK);
-    }
-    if (st == LOOM_OK) st = check_flags(&c, loom_comm_size(world));
-    if (st == LOOM_OK) st = cli_select_device(device);
-    st = loom_comm_agree(world, st);
-    if (st != LOOM_OK) return cli_mpi_finish(world, st);
-    loom_kernels_set_threads(cli_pick_threads(c.threads, loom_comm_size(world)));
-    return cli_mpi_finish(world, run(&c, world));
+    return cli_mpi_command(argc, argv, &cmd, &c, device, &c.threads, check_any, run_any);
 }

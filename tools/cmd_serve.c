@@ -83,6 +83,10 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
     return st;
 }
 
+/* cli_mpi_command's callbacks */
+static loom_status check_any(const void *c, int ranks) { return check_flags(c, ranks); }
+static loom_status run_any(const void *c, loom_comm *world) { return run(c, world); }
+
 int cmd_serve(int argc, char **argv) {
     static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .max_seqs = 8, .queue = 64,
                           .max_body = 1 << 20};
@@ -119,19 +123,5 @@ int cmd_serve(int argc, char **argv) {
         "           --tokenizer DIR --tp 2 --port 8000\n"
         "         curl -s localhost:8000/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n",
         opts, sizeof opts / sizeof opts[0]};
-    loom_comm *world = NULL;
-    loom_status st = cli_mpi_start(&argc, &argv, &world);
-    if (st != LOOM_OK) return cli_fail(st);
-    int help;
-    st = cli_parse(&cmd, argc, argv, 0, &help);
-    if (st == LOOM_OK && help) {
-        cli_help_once(world, &cmd);
-        return cli_mpi_finish(world, LOOM_OK);
-    }
-    if (st == LOOM_OK) st = check_flags(&c, loom_comm_size(world));
-    if (st == LOOM_OK) st = cli_select_device(device);
-    st = loom_comm_agree(world, st);
-    if (st != LOOM_OK) return cli_mpi_finish(world, st);
-    loom_kernels_set_threads(cli_pick_threads(c.threads, loom_comm_size(world)));
-    return cli_mpi_finish(world, run(&c, world));
+    return cli_mpi_command(argc, argv, &cmd, &c, device, &c.threads, check_any, run_any);
 }
