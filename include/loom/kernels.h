@@ -47,9 +47,6 @@ void loom_round_bf16(float *dst, const float *src, size_t n);
  * count: after a warm-up, the best of `trials` 1024^3 sgemms (512^3 on a CPU
  * too slow for 1024^3 in 0.25 s), threaded as the model's matmuls are. */
 double loom_kernels_calibrate_sgemm(int trials);
-/* FLOP/s of one M x N x K sgemm shape, best of `trials` after a warm-up
- * (`loom calibrate` measures GEMM efficiency by size with it). */
-double loom_kernels_time_sgemm(int M, int N, int K, int trials);
 
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */

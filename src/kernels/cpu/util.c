@@ -89,28 +89,6 @@ double loom_kernels_calibrate_sgemm(int trials) {
     return 2.0 * (double)n * n * n / (t > 0 ? t : 1e-9);
 }
 
-/* FLOP/s of an M x N x K sgemm (A M x K, B K x N), best of `trials` after a
- * warm-up, threaded as the matmul kernels are; 0 if out of memory. */
-double loom_kernels_time_sgemm(int M, int N, int K, int trials) {
-    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
-    float *buf = malloc((na + nb + nc) * sizeof *buf);
-    if (!buf) return 0.0;
-    float *a = buf, *b = buf + na, *c = buf + na + nb;
-    for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
-    for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
-    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = a,
-                   .lda = K, .B = b, .ldb = N, .beta = 0.0f, .C = c, .ldc = N};
-    double best = 1e30;
-    for (int r = 0; r <= (trials > 0 ? trials : 1); r++) { /* r = 0: warm-up */
-        double t0 = kern_now();
-        kern_sgemm(&g);
-        double dt = kern_now() - t0;
-        if (r > 0 && dt < best) best = dt;
-    }
-    free(buf);
-    return 2.0 * M * N * K / (best > 0 ? best : 1e-9);
-}
-
 /* ---- residual ---------------------------------------------------------- */
 
 void loom_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n) {
