@@ -15,7 +15,7 @@
 #   link it (docs/performance.md).
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang libclang-rt-14-dev"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -47,6 +47,12 @@ void loom_round_bf16(float *dst, const float *src, size_t n);
  * count: after a warm-up, the best of `trials` 1024^3 sgemms (512^3 on a CPU
  * too slow for 1024^3 in 0.25 s), threaded as the model's matmuls are. */
 double loom_kernels_calibrate_sgemm(int trials);
+/* The bf16 GEMM provider's throughput the same way (1024^3, operands already
+ * bf16, best of `trials`); 0 when there is no provider (loom/cpu.h). */
+double loom_kernels_calibrate_bf16(int trials);
+/* 1 when bf16 products run on a bf16 GEMM provider (oneDNN or oneMKL), 0
+ * when they run as rounded floats on the fp32 kernels; decides it now. */
+int loom_kernels_bf16_provider(void);
 
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */

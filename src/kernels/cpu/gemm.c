@@ -17,6 +17,7 @@
  * activations, not all of wte), a (50257, 768) weight gradient by rows.
  */
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kern_internal.h"
@@ -54,6 +55,20 @@ void kern_sgemm(const kern_gemm *g_in) {
     const kern_gemm *g = &gb;
     if (!kern_gemm_bf16_operands(&gb)) abort(); /* out of memory for the bf16 copies */
     int nth = loom_kernels_get_threads();
+    if (g->A16 && kern_bf16_gemm_ready() == KERN_BF16_WHOLE) { /* oneDNN threads the product itself */
+        if (g->M <= 0 || g->N <= 0) return;
+        if (g->bias) {
+            KERN_PARALLEL_FOR(nth)
+            for (int i = 0; i < g->M; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
+        }
+        if (!kern_dnnl_gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta, g->C,
+                            g->ldc)) {
+            fprintf(stderr, "loom: oneDNN refused a bf16 GEMM (%d x %d x %d); LOOM_BF16_GEMM=off avoids it\n", g->M,
+                    g->N, g->K);
+            abort();
+        }
+        return;
+    }
     int cols = nth > 1 && gemm_split_cols(g);
     int len = cols ? g->N : g->M;
     int per = (len + nth - 1) / nth;

@@ -62,12 +62,25 @@ void kern_sgemm(const kern_gemm *g);
  * returns 0 when the copies cannot be allocated (g unchanged). */
 int kern_gemm_bf16_operands(kern_gemm *g);
 
-/* The bf16 GEMM provider (gemm_mkl.c): 1 when bf16 products go to oneMKL
- * (decided at the first call, from the CPU flags), and the row-major
- * C = alpha op(A) op(B) + beta C it runs on bf16 operands. */
+/* The bf16 GEMM provider (gemm_mkl.c), decided at the first call from the
+ * CPU flags: KERN_BF16_NONE (bf16-rounded floats on the fp32 kernels),
+ * KERN_BF16_SLICES (oneMKL, called by each thread on its block of C:
+ * kern_bf16_gemm_call) or KERN_BF16_WHOLE (oneDNN, called once for all of C,
+ * threading itself: kern_dnnl_gemm). Both run the row-major
+ * C = alpha op(A) op(B) + beta C on bf16 operands. */
+enum { KERN_BF16_NONE = 0, KERN_BF16_SLICES = 1, KERN_BF16_WHOLE = 2 };
 int kern_bf16_gemm_ready(void);
 void kern_bf16_gemm_call(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                          const uint16_t *b, int ldb, float beta, float *c, int ldc);
+/* gemm_dnnl.c: load oneDNN and check it has a native bf16 matmul here
+ * (1, with its description in why) or not (0, with the reason); run one
+ * GEMM (1), or 0 if oneDNN refused it. a == NULL only creates the primitive. */
+int kern_dnnl_open(char *why, size_t n);
+int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                   const uint16_t *b, int ldb, float beta, float *c, int ldc);
+
+/* Monotonic seconds (for the calibrations). */
+double kern_now(void);
 
 /* Index of the calling thread inside a KERN_PARALLEL_FOR loop (0 outside). */
 int kern_thread_id(void);

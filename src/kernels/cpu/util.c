@@ -47,7 +47,7 @@ int kern_thread_id(void) {
 #endif
 }
 
-static double kern_now(void) {
+double kern_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;

@@ -1,0 +1,241 @@
+/* gemm_dnnl.c - oneDNN's matmul as a bf16 GEMM provider.
+ *
+ * oneDNN picks its kernels from the CPU's feature flags (AVX512-BF16, AMX),
+ * not from the vendor: on an AMD Zen 4 (AVX512-BF16 on 256-bit units) its
+ * bf16 matmul ran at 181-219 GFLOP/s on one thread for the shapes of a
+ * GPT-2 124M step, twice OpenBLAS's fp32 sgemm there (84-105), where oneMKL's
+ * cblas_gemm_bf16bf16f32 converts to fp32 on such a CPU and runs its fp32
+ * kernels (docs/performance.md). So oneDNN comes first (gemm_mkl.c decides).
+ *
+ * The library is Debian's libdnnl2 (python3-torch depends on it), loaded
+ * with dlopen at the first bf16 GEMM; only its header (libdnnl-dev) is
+ * needed to build, for the types. Without the header this file builds a
+ * provider that is never ready.
+ *
+ * One primitive per GEMM shape (transposes, sizes, leading dimensions, alpha,
+ * beta, threads), created at its first use and kept: a training step runs a
+ * dozen shapes again and again. The product runs on loom's OpenMP threads
+ * (oneDNN is built on the same libgomp), called once for the whole of C from
+ * the thread that runs the model; C = alpha op(A) op(B) + beta C is oneDNN's
+ * output scale alpha and a sum post-op of scale beta. Calls come from one
+ * thread at a time (loom's compute thread).
+ */
+#include <cblas.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_internal.h"
+
+#if defined(__has_include)
+#if __has_include(<oneapi/dnnl/dnnl.h>)
+#define LOOM_HAVE_DNNL 1
+#endif
+#endif
+
+#ifdef LOOM_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static struct {
+    dnnl_status_t (*engine_create)(dnnl_engine_t *, dnnl_engine_kind_t, size_t);
+    dnnl_status_t (*stream_create)(dnnl_stream_t *, dnnl_engine_t, unsigned);
+    dnnl_status_t (*md_init_by_strides)(dnnl_memory_desc_t *, int, const dnnl_dims_t, dnnl_data_type_t,
+                                        const dnnl_dims_t);
+    dnnl_status_t (*matmul_desc_init)(dnnl_matmul_desc_t *, const dnnl_memory_desc_t *,
+                                      const dnnl_memory_desc_t *, const dnnl_memory_desc_t *,
+                                      const dnnl_memory_desc_t *);
+    dnnl_status_t (*attr_create)(dnnl_primitive_attr_t *);
+    dnnl_status_t (*attr_destroy)(dnnl_primitive_attr_t);
+    dnnl_status_t (*attr_set_output_scales)(dnnl_primitive_attr_t, dnnl_dim_t, int, const float *);
+    dnnl_status_t (*attr_set_post_ops)(dnnl_primitive_attr_t, const_dnnl_post_ops_t);
+    dnnl_status_t (*post_ops_create)(dnnl_post_ops_t *);
+    dnnl_status_t (*post_ops_destroy)(dnnl_post_ops_t);
+    dnnl_status_t (*post_ops_append_sum)(dnnl_post_ops_t, float);
+    dnnl_status_t (*pd_create)(dnnl_primitive_desc_t *, const_dnnl_op_desc_t, const_dnnl_primitive_attr_t,
+                               dnnl_engine_t, const_dnnl_primitive_desc_t);
+    dnnl_status_t (*pd_destroy)(dnnl_primitive_desc_t);
+    dnnl_status_t (*pd_query)(const_dnnl_primitive_desc_t, dnnl_query_t, int, void *);
+    dnnl_status_t (*primitive_create)(dnnl_primitive_t *, const_dnnl_primitive_desc_t);
+    dnnl_status_t (*memory_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t, void *);
+    dnnl_status_t (*memory_set_data_handle)(dnnl_memory_t, void *);
+    dnnl_status_t (*execute)(const_dnnl_primitive_t, dnnl_stream_t, int, const dnnl_exec_arg_t *);
+    dnnl_status_t (*stream_wait)(dnnl_stream_t);
+    const dnnl_version_t *(*version)(void);
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    char impl[64]; /* the kernel oneDNN chose for the first primitive, e.g. brg:avx512_core_bf16 */
+} dn;
+
+/* One cached primitive. */
+typedef struct {
+    int ta, tb, m, n, k, lda, ldb, ldc, nth;
+    float alpha, beta;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst;
+} dnnl_entry;
+
+#define DNNL_CACHE 64
+static dnnl_entry cache[DNNL_CACHE];
+static int ncache;
+
+int kern_dnnl_open(char *why, size_t n) {
+    void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, n, "oneDNN (libdnnl.so.2) not found");
+        return 0;
+    }
+    struct {
+        void **fn;
+        const char *name;
+    } syms[] = {
+        {(void **)&dn.engine_create, "dnnl_engine_create"},
+        {(void **)&dn.stream_create, "dnnl_stream_create"},
+        {(void **)&dn.md_init_by_strides, "dnnl_memory_desc_init_by_strides"},
+        {(void **)&dn.matmul_desc_init, "dnnl_matmul_desc_init"},
+        {(void **)&dn.attr_create, "dnnl_primitive_attr_create"},
+        {(void **)&dn.attr_destroy, "dnnl_primitive_attr_destroy"},
+        {(void **)&dn.attr_set_output_scales, "dnnl_primitive_attr_set_output_scales"},
+        {(void **)&dn.attr_set_post_ops, "dnnl_primitive_attr_set_post_ops"},
+        {(void **)&dn.post_ops_create, "dnnl_post_ops_create"},
+        {(void **)&dn.post_ops_destroy, "dnnl_post_ops_destroy"},
+        {(void **)&dn.post_ops_append_sum, "dnnl_post_ops_append_sum"},
+        {(void **)&dn.pd_create, "dnnl_primitive_desc_create"},
+        {(void **)&dn.pd_destroy, "dnnl_primitive_desc_destroy"},
+        {(void **)&dn.pd_query, "dnnl_primitive_desc_query"},
+        {(void **)&dn.primitive_create, "dnnl_primitive_create"},
+        {(void **)&dn.memory_create, "dnnl_memory_create"},
+        {(void **)&dn.memory_set_data_handle, "dnnl_memory_set_data_handle"},
+        {(void **)&dn.execute, "dnnl_primitive_execute"},
+        {(void **)&dn.stream_wait, "dnnl_stream_wait"},
+        {(void **)&dn.version, "dnnl_version"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
+        *syms[i].fn = dlsym(h, syms[i].name);
+        if (!*syms[i].fn) {
+            snprintf(why, n, "oneDNN (libdnnl.so.2) lacks %s", syms[i].name);
+            return 0;
+        }
+    }
+    if (dn.engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success ||
+        dn.stream_create(&dn.stream, dn.engine, dnnl_stream_default_flags) != dnnl_success) {
+        snprintf(why, n, "oneDNN: no CPU engine");
+        return 0;
+    }
+    /* Does this CPU run bf16 matmul natively? oneDNN names the kernel it
+     * chose; a reference ("ref") kernel would be far slower than the fp32
+     * fallback, so it is refused - unless LOOM_BF16_GEMM=dnnl forces it (the
+     * kernels_bf16_dnnl test checks the numerics that way on any CPU). */
+    char probe[128];
+    if (!kern_dnnl_gemm(CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+        snprintf(why, n, "oneDNN: no bf16 matmul on this CPU");
+        return 0;
+    }
+    const char *mode = getenv("LOOM_BF16_GEMM");
+    int forced = mode && !strcmp(mode, "dnnl");
+    if (strstr(dn.impl, "ref") && !forced) {
+        snprintf(why, n, "oneDNN: only its reference bf16 matmul (%s) on this CPU", dn.impl);
+        return 0;
+    }
+    const dnnl_version_t *v = dn.version();
+    snprintf(probe, sizeof probe, "oneDNN %d.%d.%d matmul (%s)", v->major, v->minor, v->patch, dn.impl);
+    snprintf(why, n, "%s", probe);
+    return 1;
+}
+
+static dnnl_entry *dnnl_find(int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb, float beta,
+                             int ldc, int nth) {
+    for (int i = 0; i < ncache; i++) {
+        dnnl_entry *e = &cache[i];
+        if (e->ta == ta && e->tb == tb && e->m == m && e->n == n && e->k == k && e->lda == lda &&
+            e->ldb == ldb && e->ldc == ldc && e->alpha == alpha && e->beta == beta && e->nth == nth)
+            return e;
+    }
+    return NULL;
+}
+
+/* A new primitive for this shape, in the cache (the oldest is replaced when
+ * it is full; its objects are kept alive, a leak bounded by how often shapes
+ * change, which in training is never). NULL if oneDNN refuses the shape. */
+static dnnl_entry *dnnl_make(int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb, float beta,
+                             int ldc, int nth) {
+    /* op(A) (m x k): element (i, p) at i*lda + p, or p*lda + i transposed;
+     * op(B) (k x n): (p, j) at p*ldb + j, or j*ldb + p transposed. */
+    dnnl_dims_t ad = {m, k}, bd = {k, n}, cd = {m, n};
+    dnnl_dims_t as = {ta == CblasNoTrans ? lda : 1, ta == CblasNoTrans ? 1 : lda};
+    dnnl_dims_t bs = {tb == CblasNoTrans ? ldb : 1, tb == CblasNoTrans ? 1 : ldb};
+    dnnl_dims_t cs = {ldc, 1};
+    dnnl_memory_desc_t amd, bmd, cmd;
+    dnnl_matmul_desc_t md;
+    if (dn.md_init_by_strides(&amd, 2, ad, dnnl_bf16, as) != dnnl_success ||
+        dn.md_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs) != dnnl_success ||
+        dn.md_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) != dnnl_success ||
+        dn.matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) != dnnl_success)
+        return NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    int ok = dn.attr_create(&attr) == dnnl_success;
+    if (ok && alpha != 1.0f) ok = dn.attr_set_output_scales(attr, 1, 0, &alpha) == dnnl_success;
+    if (ok && beta != 0.0f)
+        ok = dn.post_ops_create(&po) == dnnl_success && dn.post_ops_append_sum(po, beta) == dnnl_success &&
+             dn.attr_set_post_ops(attr, po) == dnnl_success;
+    dnnl_primitive_desc_t pd = NULL;
+    if (ok) ok = dn.pd_create(&pd, &md, attr, dn.engine, NULL) == dnnl_success;
+    if (po) dn.post_ops_destroy(po);
+    if (attr) dn.attr_destroy(attr);
+    if (!ok) return NULL;
+    if (!dn.impl[0]) {
+        const char *impl = NULL;
+        if (dn.pd_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+            snprintf(dn.impl, sizeof dn.impl, "%s", impl);
+    }
+    dnnl_entry e = {ta, tb, m, n, k, lda, ldb, ldc, nth, alpha, beta, NULL, NULL, NULL, NULL};
+    ok = dn.primitive_create(&e.prim, pd) == dnnl_success &&
+         dn.memory_create(&e.src, &amd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dn.memory_create(&e.wei, &bmd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dn.memory_create(&e.dst, &cmd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success;
+    dn.pd_destroy(pd);
+    if (!ok) return NULL;
+    int slot = ncache < DNNL_CACHE ? ncache++ : 0;
+    cache[slot] = e;
+    return &cache[slot];
+}
+
+int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                   const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+    int nth = loom_kernels_get_threads();
+    dnnl_entry *e = dnnl_find(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
+#ifdef _OPENMP
+    omp_set_num_threads(nth); /* oneDNN threads by omp_get_max_threads() */
+#endif
+    if (!e) e = dnnl_make(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
+    if (!e) return 0;
+    if (!a) return 1; /* the probe: the primitive exists */
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
+    if (dn.memory_set_data_handle(e->src, (void *)a) != dnnl_success ||
+        dn.memory_set_data_handle(e->wei, (void *)b) != dnnl_success ||
+        dn.memory_set_data_handle(e->dst, c) != dnnl_success ||
+        dn.execute(e->prim, dn.stream, 3, args) != dnnl_success || dn.stream_wait(dn.stream) != dnnl_success)
+        return 0;
+    return 1;
+}
+
+#else /* no oneDNN header at build time */
+
+int kern_dnnl_open(char *why, size_t n) {
+    snprintf(why, n, "oneDNN not built in (no oneapi/dnnl/dnnl.h; install libdnnl-dev)");
+    return 0;
+}
+
+int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                   const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
+        (void)beta, (void)c, (void)ldc;
+    return 0;
+}
+
+#endif
