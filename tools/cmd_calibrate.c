@@ -49,15 +49,17 @@ static loom_status print_peaks(const int *counts, int n, int force) {
     loom_blas_describe(gemm, sizeof gemm);
     loom_bf16_gemm_describe(bf16, sizeof bf16);
     printf("cpu: %s\nflags: %s\ngemm: %s\nbf16 gemm: %s\n", loom_cpu_name(), flags, gemm, bf16);
-    printf("\n%7s %14s %14s %8s %8s  %s\n", "threads", "sgemm GFLOP/s", "FMA GFLOP/s", "of FMA",
-           "clock", "record");
-    for (int i = 0; i < n; i++) {
-        loom_peak p;
-        LOOM_TRY(loom_peak_get(counts[i], force, &p));
-        printf("%7d %14.1f %14.1f %7.1f%% %5.2fGHz  %s (%s)\n", p.threads, p.sgemm_flops / 1e9,
-               p.fma_flops / 1e9, 100 * p.sgemm_flops / p.fma_flops, p.clock_hz / 1e9,
-               p.from_cache ? "cached" : "measured now", p.path);
-    }
+    printf("\n%-9s %7s %13s %12s %7s %9s %8s  %s\n", "precision", "threads", "GEMM GFLOP/s", "FMA GFLOP/s",
+           "of FMA", "flop/cyc", "clock", "record");
+    int precisions = loom_kernels_bf16_provider() ? 2 : 1; /* bf16 without a provider is the fp32 row */
+    for (int bf = 0; bf < precisions; bf++)
+        for (int i = 0; i < n; i++) {
+            loom_peak p;
+            LOOM_TRY(loom_peak_get(counts[i], force, bf, &p));
+            printf("%-9s %7d %13.1f %12.1f %6.1f%% %9.0f %6.2fGHz  %s (%s)\n", bf ? "bf16" : "fp32", p.threads,
+                   p.sgemm_flops / 1e9, p.fma_flops / 1e9, 100 * p.sgemm_flops / p.fma_flops, p.flop_per_cycle,
+                   p.clock_hz / 1e9, p.from_cache ? "cached" : "measured now", p.path);
+        }
     fflush(stdout);
     return LOOM_OK;
 }
@@ -78,10 +80,11 @@ int cmd_calibrate(int argc, char **argv) {
         "calibrate",
         "loom calibrate [--threads LIST] [--force]\n"
         "       scripts/loomrun -np N loom calibrate --out FILE [--threads T] [--quiet]",
-        "Without --out: print the CPU's vector features, the GEMM kernel loom runs (chosen\n"
-        "from the flags, or the user's OPENBLAS_CORETYPE) and, per thread count, the peaks MFU\n"
-        "is reported against: the best of 7 1024^3 sgemms of that kernel, and the FMA peak\n"
-        "(flop/cycle from the flags x a measured clock x threads).\n"
+        "Without --out: print the CPU's vector features, the GEMM kernels loom runs (chosen\n"
+        "from the flags, or the user's OPENBLAS_CORETYPE; and the bf16 provider) and, per\n"
+        "precision and thread count, the peaks MFU is reported against: the best of 7 1024^3\n"
+        "GEMMs of that kernel, and the FMA peak (flop/cycle measured with the widest FMA the\n"
+        "flags allow, x2 for bf16 dot products, x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
         "rank computing at once (each rank's completed work in a shared 0.4 s window, so ranks\n"
         "that oversubscribe the cores measure their share), GEMM efficiency by size (gemm_curve:\n"

@@ -66,5 +66,11 @@ double loom_cpu_clock_hz(void);
  * with AVX-512, 8 with AVX2+FMA, 4 otherwise) x 2 FLOP per FMA. An upper
  * bound for one core; CPUs with one 512-bit FMA pipe reach half of it. */
 double loom_cpu_flop_per_cycle(const loom_cpu_features *f);
+/* FLOP per cycle per core measured: the best of 20 short runs of twelve
+ * independent chains of the widest FMA the flags allow, over clock_hz,
+ * rounded to the nearest power of two and capped by the flags' bound. A CPU
+ * that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4) reads 32,
+ * not the flags' 64. */
+double loom_cpu_flop_per_cycle_measured(const loom_cpu_features *f, double clock_hz);
 
 #endif

@@ -24,28 +24,35 @@ static unsigned long long cal_fnv(const char *s, unsigned long long h) {
     return h;
 }
 
-/* The record's identity: CPU, flags, kernel, threads. */
-static void cal_identity(loom_peak *p, int threads) {
+/* The record's identity: CPU, flags, kernel, threads, precision. */
+static void cal_identity(loom_peak *p, int threads, int bf16) {
     memset(p, 0, sizeof *p);
     p->threads = threads;
+    p->bf16 = bf16;
     snprintf(p->cpu, sizeof p->cpu, "%s", loom_cpu_name());
     loom_cpu_features_str(loom_cpu_features_get(), p->flags, sizeof p->flags);
     char desc[512];
-    loom_blas_describe(desc, sizeof desc);
-    /* "OpenBLAS 0.3.21 sgemm kernels Zen (...)": up to the reason */
-    char *paren = strstr(desc, " (");
-    if (paren) *paren = '\0';
+    if (bf16) {
+        /* "oneDNN 2.6.3 matmul (brg:avx512_core_bf16), AVX512-BF16": whole */
+        loom_bf16_gemm_describe(desc, sizeof desc);
+    } else {
+        loom_blas_describe(desc, sizeof desc);
+        /* "OpenBLAS 0.3.21 sgemm kernels Zen (...)": up to the reason */
+        char *paren = strstr(desc, " (");
+        if (paren) *paren = '\0';
+    }
     desc[sizeof p->kernel - 1] = '\0';
     memcpy(p->kernel, desc, sizeof p->kernel);
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     unsigned long long h = cal_fnv(p->cpu, 0xcbf29ce484222325ull);
     h = cal_fnv(p->flags, h);
     h = cal_fnv(p->kernel, h);
+    const char *prec = bf16 ? "-bf16" : "";
     if (xdg && *xdg)
-        snprintf(p->path, sizeof p->path, "%s/loom/peak-%016llx-t%d.txt", xdg, h, threads);
+        snprintf(p->path, sizeof p->path, "%s/loom/peak-%016llx-t%d%s.txt", xdg, h, threads, prec);
     else
-        snprintf(p->path, sizeof p->path, "%s/.cache/loom/peak-%016llx-t%d.txt", home ? home : "/tmp", h,
-                 threads);
+        snprintf(p->path, sizeof p->path, "%s/.cache/loom/peak-%016llx-t%d%s.txt", home ? home : "/tmp", h,
+                 threads, prec);
 }
 
 /* A "key: value" line's value (to the end of the line) into out. */
@@ -78,6 +85,8 @@ static int cal_read(loom_peak *p) {
     if (!cal_field(text, "sgemm_flops", v, sizeof v) || (p->sgemm_flops = atof(v)) <= 0) return 0;
     if (!cal_field(text, "fma_flops", v, sizeof v) || (p->fma_flops = atof(v)) <= 0) return 0;
     if (cal_field(text, "clock_hz", v, sizeof v)) p->clock_hz = atof(v);
+    if (!cal_field(text, "flop_per_cycle", v, sizeof v) || (p->flop_per_cycle = atof(v)) <= 0)
+        return 0; /* a record from before the FMA rate was measured */
     if (cal_field(text, "trials", v, sizeof v)) p->trials = atoi(v);
     p->from_cache = 1;
     return 1;
@@ -95,23 +104,39 @@ static void cal_write(const loom_peak *p) {
     FILE *f = fopen(path, "w"); /* best effort: a cache we cannot write only costs a re-measure */
     if (!f) return;
     fprintf(f, "cpu: %s\nflags: %s\nkernel: %s\nthreads: %d\nsgemm_flops: %.6g\nfma_flops: %.6g\n"
-               "clock_hz: %.6g\ntrials: %d\n",
-            p->cpu, p->flags, p->kernel, p->threads, p->sgemm_flops, p->fma_flops, p->clock_hz, p->trials);
+               "clock_hz: %.6g\nflop_per_cycle: %.6g\ntrials: %d\n",
+            p->cpu, p->flags, p->kernel, p->threads, p->sgemm_flops, p->fma_flops, p->clock_hz, p->flop_per_cycle,
+            p->trials);
     fclose(f);
 }
 
-loom_status loom_peak_get(int threads, int force, loom_peak *out) {
+/* FLOP per cycle per core of the units the record's GEMMs run on: the
+ * measured fp32 FMA rate; with bf16 products on AVX512-BF16 twice that
+ * (VDPBF16PS: two products per fp32 lane), on AMX-BF16 1024 (a 16 x 16 tile
+ * of 32-long bf16 dot products every 16 cycles). */
+static double cal_flop_per_cycle(int bf16, double clock_hz) {
+    const loom_cpu_features *f = loom_cpu_features_get();
+    double fp32 = loom_cpu_flop_per_cycle_measured(f, clock_hz);
+    if (!bf16 || !loom_kernels_bf16_provider()) return fp32;
+    if (f->amx_bf16 && f->os_amx) return 1024.0;
+    return f->avx512_bf16 && f->os_avx512 ? 2.0 * fp32 : fp32;
+}
+
+loom_status loom_peak_get(int threads, int force, int bf16, loom_peak *out) {
     if (threads < 1) return loom_fail(LOOM_EUSAGE, "calibrate: %d threads: must be >= 1", threads);
-    cal_identity(out, threads);
+    cal_identity(out, threads, bf16);
     if (!force && cal_read(out)) return LOOM_OK;
     int saved = loom_kernels_get_threads();
     loom_kernels_set_threads(threads);
-    out->sgemm_flops = loom_kernels_calibrate_sgemm(CAL_TRIALS);
+    /* bf16 without a provider runs on the fp32 kernels: their rate */
+    out->sgemm_flops = bf16 && loom_kernels_bf16_provider() ? loom_kernels_calibrate_bf16(CAL_TRIALS)
+                                                            : loom_kernels_calibrate_sgemm(CAL_TRIALS);
     out->trials = CAL_TRIALS;
     loom_kernels_set_threads(saved);
-    if (out->sgemm_flops <= 0) return loom_fail(LOOM_EOS, "calibrate: out of memory for the sgemm buffers");
+    if (out->sgemm_flops <= 0) return loom_fail(LOOM_EOS, "calibrate: out of memory for the GEMM buffers");
     out->clock_hz = loom_cpu_clock_hz();
-    out->fma_flops = loom_cpu_flop_per_cycle(loom_cpu_features_get()) * out->clock_hz * threads;
+    out->flop_per_cycle = cal_flop_per_cycle(bf16, out->clock_hz);
+    out->fma_flops = out->flop_per_cycle * out->clock_hz * threads;
     out->from_cache = 0;
     cal_write(out);
     return LOOM_OK;
@@ -121,15 +146,16 @@ loom_status loom_peak_flops(loom_comm *world, double given, double *out, double 
     double v[2] = {given, 0};
     if (given <= 0 && loom_comm_rank(world) == 0) {
         loom_peak p;
-        loom_status st = loom_peak_get(loom_kernels_get_threads(), 0, &p);
+        int bf16 = loom_kernels_get_precision();
+        loom_status st = loom_peak_get(loom_kernels_get_threads(), 0, bf16, &p);
         if (st == LOOM_OK) {
             v[0] = p.sgemm_flops;
             v[1] = p.fma_flops;
-            loom_info("peak per rank: sgemm %.1f GFLOP/s (best of %d, %s), FMA %.1f GFLOP/s (%.0f flop/cycle x "
+            loom_info("peak per rank: %s %.1f GFLOP/s (best of %d, %s), FMA %.1f GFLOP/s (%.0f flop/cycle x "
                       "%.2f GHz x %d thread(s)); %s",
-                      p.sgemm_flops / 1e9, p.trials, p.from_cache ? "cached" : "measured now",
-                      p.fma_flops / 1e9, loom_cpu_flop_per_cycle(loom_cpu_features_get()), p.clock_hz / 1e9,
-                      p.threads, p.path);
+                      bf16 ? "bf16 gemm" : "sgemm", p.sgemm_flops / 1e9, p.trials,
+                      p.from_cache ? "cached" : "measured now", p.fma_flops / 1e9, p.flop_per_cycle,
+                      p.clock_hz / 1e9, p.threads, p.path);
         } else {
             loom_warn("%s; MFU against 1 GFLOP/s", loom_errmsg());
             loom_clear_error();

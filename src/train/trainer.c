@@ -452,8 +452,9 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         loom_info("MFU %.1f%% of the given peak (%.1f GFLOP/s per rank%s)", 100 * res->mfu, s->peak_flops / 1e9,
                   s->peak_raised ? ", raised to a step's own rate" : "");
     else
-        loom_info("MFU %.1f%% of the sgemm peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
-                  100 * res->mfu, s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "",
+        loom_info("MFU %.1f%% of the %s peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
+                  100 * res->mfu, loom_kernels_get_precision() ? "bf16 GEMM" : "sgemm", s->peak_flops / 1e9,
+                  s->peak_raised ? ", raised to a step's own rate" : "",
                   100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
 }

@@ -112,3 +112,40 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
     g->B = b;
     return 1;
 }
+
+/* Times the bf16 GEMM provider on a 1024^3 product of bf16 operands
+ * converted once beforehand (the provider's rate, as the sgemm calibration
+ * is the fp32 kernel's), threaded as the model's matmuls are; best of
+ * `trials`. 0 without a provider or memory. */
+double loom_kernels_calibrate_bf16(int trials) {
+    if (!kern_bf16_gemm_ready()) return 0.0;
+    int n = 1024;
+    size_t nn = (size_t)n * n;
+    float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b), *c = malloc(nn * sizeof *c);
+    uint16_t *a16 = malloc(nn * sizeof *a16), *b16 = malloc(nn * sizeof *b16);
+    double best = 0.0;
+    if (a && b && c && a16 && b16) {
+        for (size_t i = 0; i < nn; i++) {
+            a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+            b[i] = (float)(i % 13) * 0.0625f - 0.375f;
+        }
+        memcpy(a16, bf16_copy16(0, a, nn), nn * sizeof *a16);
+        memcpy(b16, bf16_copy16(1, b, nn), nn * sizeof *b16);
+        /* precision off: kern_sgemm takes the bf16 operands as they are */
+        int saved = kern_bf16;
+        kern_bf16 = 0;
+        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = n, .N = n, .K = n, .alpha = 1.0f, .A = a,
+                       .lda = n, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
+        double tbest = 1e30;
+        for (int r = 0; r < (trials > 0 ? trials : 1) + 1; r++) { /* the first is a warm-up */
+            double t0 = kern_now();
+            kern_sgemm(&g);
+            double dt = kern_now() - t0;
+            if (r > 0 && dt < tbest) tbest = dt;
+        }
+        kern_bf16 = saved;
+        best = 2.0 * (double)n * n * n / tbest;
+    }
+    free(a), free(b), free(c), free(a16), free(b16);
+    return best;
+}

@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 #include <cpuid.h>
+#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,4 +253,62 @@ double loom_cpu_clock_hz(void) {
 double loom_cpu_flop_per_cycle(const loom_cpu_features *f) {
     int lanes = has_avx512(f) ? 16 : (f->os_avx && f->avx2 && f->fma) ? 8 : 4;
     return 2.0 * lanes * 2.0;
+}
+
+/* fma_loop512 / fma_loop256: twelve independent FMA chains (more than pipes x
+ * latency on any x86 core), `iters` rounds; return the seconds. The
+ * accumulators start different so the compiler cannot fold the chains into
+ * one. */
+#define FMA_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define FMA_DECL(i) VEC c##i = SET1((float)(i));
+#define FMA_STEP(i) c##i = FMADD(a, b, c##i);
+#define FMA_SUM(i) s = ADD(s, c##i);
+#define FMA_LOOP(name, isa)                                                                   \
+    __attribute__((target(isa))) static double name(long iters) {                             \
+        FMA_CHAINS(FMA_DECL)                                                                  \
+        VEC a = SET1(1e-9f), b = SET1(1.0f), s = SET1(0.0f);                                  \
+        double t0 = cpu_now();                                                                \
+        for (long i = 0; i < iters; i++) {                                                    \
+            FMA_CHAINS(FMA_STEP)                                                              \
+            __asm__ volatile("" : "+v"(a));                                                   \
+        }                                                                                     \
+        double dt = cpu_now() - t0;                                                           \
+        FMA_CHAINS(FMA_SUM)                                                                   \
+        __asm__ volatile("" : : "v"(s));                                                      \
+        return dt;                                                                            \
+    }
+#define VEC __m512
+#define SET1 _mm512_set1_ps
+#define FMADD _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+FMA_LOOP(fma_loop512, "avx512f")
+#undef VEC
+#undef SET1
+#undef FMADD
+#undef ADD
+#define VEC __m256
+#define SET1 _mm256_set1_ps
+#define FMADD _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+FMA_LOOP(fma_loop256, "avx2,fma")
+#undef VEC
+#undef SET1
+#undef FMADD
+#undef ADD
+
+double loom_cpu_flop_per_cycle_measured(const loom_cpu_features *f, double clock_hz) {
+    double bound = loom_cpu_flop_per_cycle(f);
+    int wide = has_avx512(f), avx2 = f->os_avx && f->avx2 && f->fma;
+    if ((!wide && !avx2) || clock_hz <= 0) return bound;
+    const long iters = 200000; /* ~1 ms a trial */
+    double best = 1e30;
+    for (int trial = 0; trial < 20; trial++) {
+        double dt = wide ? fma_loop512(iters) : fma_loop256(iters);
+        if (dt < best) best = dt;
+    }
+    double flop = 12.0 * 2.0 * (wide ? 16 : 8) * (double)iters;
+    double per_cycle = flop / best / clock_hz;
+    double p2 = 1; /* the nearest power of two: pipes x lanes x 2 */
+    while (p2 * 1.5 < per_cycle) p2 *= 2;
+    return p2 < bound ? p2 : bound;
 }
