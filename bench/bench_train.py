@@ -3,7 +3,7 @@
 
 usage: bench/bench_train.py [--loom build/loom] [--configs small,gpt2s] [--shapes 4x64,8x256]
                             [--threads 1,2] [--runs 3] [--steps N] [--recompute selective,full]
-                            [--startup N] [--torch-only | --loom-only]
+                            [--startup N] [--precision fp32,bf16] [--torch-only | --loom-only]
 
 Configs: gpt2s = GPT-2 124M (L12 C768 NH12 V50257), small = L4 C256 NH4 V50257
 (the issue's two). Shapes B x T. Per config, shape and thread count the two sides
@@ -23,6 +23,11 @@ torch_gpt2.py), with the GOMP_SPINCOUNT=20000 loom sets for itself (both use
 libgomp). loom: --threads N, OMP_NUM_THREADS=N. Both sides train on
 byte-level tokens of the same text.
 
+--precision fp32,bf16 runs each table at each precision: loom --precision bf16
+against PyTorch with torch.autocast("cpu", dtype=torch.bfloat16) around the
+forward (its bf16 matmuls go to oneDNN, which picks its kernels from the CPU
+flags), MFU against loom's measured bf16 GEMM peak, and prints loom's bf16 /
+fp32 ratio.
 --recompute adds loom rows with those --recompute modes (the throughput cost).
 --startup N: N runs of `loom train --model gpt2-small --steps 1` reading the
 start-up line (process start to the first step, parameter init included) with
@@ -85,12 +90,12 @@ def torch_worker(args):
         chunk = np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)
         idx, tgt = torch.from_numpy(chunk[:, :T].copy()), torch.from_numpy(chunk[:, 1:].copy())
         t0 = time.perf_counter()
-        torch_gpt2.train_step(params, cfg, opt, idx, tgt, clip=1.0)
+        torch_gpt2.train_step(params, cfg, opt, idx, tgt, clip=1.0, autocast_bf16=args.worker_bf16)
         rates.append(B * T / (time.perf_counter() - t0))
     print(json.dumps({"rate": median_after_warmup(rates)}))
 
 
-def bench_torch(cfg_name, B, T, threads, steps, text, coretype):
+def bench_torch(cfg_name, B, T, threads, steps, text, coretype, precision="fp32"):
     """Best over torch's thread settings for `threads`: OpenMP and OpenBLAS both
     on `threads` threads, and (threads > 1) OpenBLAS on one thread - its
     pthreads and torch's OpenMP pool spin against each other on few cores."""
@@ -102,7 +107,8 @@ def bench_torch(cfg_name, B, T, threads, steps, text, coretype):
         if coretype:
             env["OPENBLAS_CORETYPE"] = coretype
         p = run([sys.executable, os.path.abspath(__file__), "--worker-config", cfg_name, "--worker-B", B,
-                 "--worker-T", T, "--worker-threads", threads, "--steps-run", steps, "--input", text],
+                 "--worker-T", T, "--worker-threads", threads, "--steps-run", steps, "--input", text]
+                + (["--worker-bf16"] if precision == "bf16" else []),
                 env=env, what="torch run")
         best = max(best, json.loads(p.stdout.strip().splitlines()[-1])["rate"])
     return best
@@ -117,7 +123,7 @@ def loom_data(loom, text, d):
     return data
 
 
-def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none"):
+def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none", precision="fp32"):
     L, NH, C, V, P = CONFIGS[cfg_name]
     model = os.path.join(d, cfg_name + ".json")
     with open(model, "w") as f:
@@ -126,7 +132,8 @@ def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none"):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     run([loom, "train", "--model", model, "--data", data, "--steps", steps, "--batch", B, "--seq", T,
          "--lr", repr(LR), "--threads", threads, "--metrics", metrics, "--peak-flops", "1e12",
-         "--recompute", recompute, "--no-progress", "--quiet"], env=env, what="loom train")
+         "--recompute", recompute, "--precision", precision, "--no-progress", "--quiet"], env=env,
+        what="loom train")
     with open(metrics) as f:
         rows = [json.loads(x) for x in f if x.strip()]
     if len(rows) != steps:
@@ -135,14 +142,18 @@ def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none"):
 
 
 def calibrate(loom, threads):
-    """(sgemm FLOP/s, core name, gemm line) from `loom calibrate --threads N`."""
+    """(sgemm FLOP/s, core name, gemm line, bf16 GEMM FLOP/s or None, bf16 gemm line) from
+    `loom calibrate --threads N`."""
     p = run([loom, "calibrate", "--threads", threads], what="loom calibrate")
-    m = re.search(r"^\s*%d\s+([0-9.]+)\s+([0-9.]+)" % threads, p.stdout, re.M)
+    m = re.search(r"^fp32\s+%d\s+([0-9.]+)\s+([0-9.]+)" % threads, p.stdout, re.M)
+    mb = re.search(r"^bf16\s+%d\s+([0-9.]+)\s+([0-9.]+)" % threads, p.stdout, re.M)
     g = re.search(r"^gemm: (.*)$", p.stdout, re.M)
+    gb = re.search(r"^bf16 gemm: (.*)$", p.stdout, re.M)
     core = re.search(r"sgemm kernels (\S+)", p.stdout)
-    if not m or not g or not core:
+    if not m or not g or not core or not gb:
         raise BenchError("cannot read loom calibrate output:\n" + p.stdout)
-    return float(m.group(1)) * 1e9, core.group(1), g.group(1)
+    return (float(m.group(1)) * 1e9, core.group(1), g.group(1), float(mb.group(1)) * 1e9 if mb else None,
+            gb.group(1))
 
 
 def startup(loom, n):
@@ -170,6 +181,53 @@ def stats(xs):
     return "%9.1f [%.1f-%.1f]" % (statistics.median(xs), min(xs), max(xs))
 
 
+def bench_one(a, name, B, T, t, prec, peak_rec, modes, data, d):
+    """One table: config, shape, threads, precision; loom and torch alternately.
+    MFU against loom's measured peak for that precision (bf16: the bf16 GEMM
+    provider's; the sgemm's where there is none). Returns False if a run failed."""
+    ok = True
+    fpt = flops_per_token(CONFIGS[name], T)
+    peak = peak_rec[3] if prec == "bf16" and peak_rec[3] else peak_rec[0]
+    core = peak_rec[1]
+    rows = {"loom": [], "torch": []}
+    rows.update({"loom --recompute " + m: [] for m in modes})
+    print("\n[%s B%d T%d, %d thread(s), %s] L=%d C=%d V=%d" %
+          (name, B, T, t, prec, CONFIGS[name][0], CONFIGS[name][2], CONFIGS[name][3]), flush=True)
+    for r in range(a.runs):
+        try:
+            if not a.torch_only:
+                rows["loom"].append(bench_loom(a.loom, name, B, T, t, a.steps, data, d, precision=prec))
+                for m in modes:
+                    rows["loom --recompute " + m].append(
+                        bench_loom(a.loom, name, B, T, t, a.steps, data, d, m, precision=prec))
+            if not a.loom_only:
+                rows["torch"].append(bench_torch(name, B, T, t, a.steps, a.input, core, prec))
+        except BenchError as e:
+            ok = False
+            print("  run %d FAILED: %s" % (r + 1, e))
+    for side, xs in rows.items():
+        if xs:
+            mfu = [100 * x * fpt / peak for x in xs]
+            print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
+                  (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
+    if rows["loom"] and rows["torch"]:
+        print("  %-24s %.2fx (median / median)" % ("loom / torch",
+              statistics.median(rows["loom"]) / statistics.median(rows["torch"])))
+    for m in modes:
+        k = "loom --recompute " + m
+        if rows[k] and rows["loom"]:
+            print("  %-24s %.2fx of none" % (m, statistics.median(rows[k]) / statistics.median(rows["loom"])))
+    if rows["loom"]:
+        MEDIANS[(name, B, T, t, prec)] = statistics.median(rows["loom"])
+        f32 = MEDIANS.get((name, B, T, t, "fp32"))
+        if prec == "bf16" and f32:
+            print("  %-24s %.2fx (loom bf16 / loom fp32)" % ("bf16 / fp32", MEDIANS[(name, B, T, t, prec)] / f32))
+    return ok
+
+
+MEDIANS = {}  # (config, B, T, threads, precision) -> loom's median tok/s
+
+
 def main():
     ap = argparse.ArgumentParser(description="training throughput, loom vs PyTorch, alternating runs")
     ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(ROOT, "build", "loom")))
@@ -179,6 +237,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="runs per side (default 3)")
     ap.add_argument("--steps", type=int, default=6, help="steps per run, > %d (default 6)" % WARMUP)
     ap.add_argument("--recompute", default="", help="extra loom rows: comma list of selective,full")
+    ap.add_argument("--precision", default="fp32", help="comma list of fp32, bf16 (default fp32)")
     ap.add_argument("--startup", type=int, default=0, help="start-up runs of GPT-2 124M (default 0)")
     ap.add_argument("--input", default=FORTUNES, help="text file for byte-level tokens")
     side = ap.add_mutually_exclusive_group()
@@ -190,6 +249,7 @@ def main():
     ap.add_argument("--worker-T", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--steps-run", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-bf16", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker_config:
         return torch_worker(a)
@@ -203,6 +263,10 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
     thread_list = [int(t) for t in a.threads.split(",") if t]
     modes = [m for m in a.recompute.split(",") if m]
+    precisions = [p for p in a.precision.split(",") if p]
+    for p in precisions:
+        if p not in ("fp32", "bf16"):
+            ap.error("unknown precision %r (fp32, bf16)" % p)
     if not (os.path.isfile(a.loom) and os.access(a.loom, os.X_OK)):
         sys.exit("bench_train: no loom binary at %s (build it, or pass --loom)" % a.loom)
 
@@ -212,9 +276,14 @@ def main():
     for t in thread_list:
         peaks[t] = calibrate(a.loom, t)
     print("loom gemm: %s" % peaks[thread_list[0]][2])
+    if "bf16" in precisions:
+        print("loom bf16 gemm: %s" % peaks[thread_list[0]][4])
+        print("torch bf16: torch.autocast('cpu', torch.bfloat16) around the forward (its matmuls on oneDNN)")
     print("torch: same OpenBLAS with OPENBLAS_CORETYPE=%s (the core loom runs)" % peaks[thread_list[0]][1])
     for t in thread_list:
         print("measured best sgemm, %d thread(s): %.1f GFLOP/s (loom calibrate)" % (t, peaks[t][0] / 1e9))
+        if "bf16" in precisions and peaks[t][3]:
+            print("measured best bf16 GEMM, %d thread(s): %.1f GFLOP/s (loom calibrate)" % (t, peaks[t][3] / 1e9))
     print("step = fwd + bwd + clip(1.0) + AdamW; a run's tok/s = median after %d warm-up steps; "
           "%d alternating runs per side; median [min-max] over runs" % (WARMUP, a.runs))
 
@@ -233,37 +302,8 @@ def main():
         for name in names:
             for (B, T) in shapes:
                 for t in thread_list:
-                    fpt = flops_per_token(CONFIGS[name], T)
-                    peak, core, _ = peaks[t]
-                    rows = {"loom": [], "torch": []}
-                    rows.update({"loom --recompute " + m: [] for m in modes})
-                    print("\n[%s B%d T%d, %d thread(s)] L=%d C=%d V=%d" %
-                          (name, B, T, t, CONFIGS[name][0], CONFIGS[name][2], CONFIGS[name][3]), flush=True)
-                    for r in range(a.runs):
-                        try:
-                            if not a.torch_only:
-                                rows["loom"].append(bench_loom(a.loom, name, B, T, t, a.steps, data, d))
-                                for m in modes:
-                                    rows["loom --recompute " + m].append(
-                                        bench_loom(a.loom, name, B, T, t, a.steps, data, d, m))
-                            if not a.loom_only:
-                                rows["torch"].append(bench_torch(name, B, T, t, a.steps, a.input, core))
-                        except BenchError as e:
-                            ok = False
-                            print("  run %d FAILED: %s" % (r + 1, e))
-                    for side, xs in rows.items():
-                        if xs:
-                            mfu = [100 * x * fpt / peak for x in xs]
-                            print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
-                                  (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
-                    if rows["loom"] and rows["torch"]:
-                        print("  %-24s %.2fx (median / median)" % ("loom / torch",
-                              statistics.median(rows["loom"]) / statistics.median(rows["torch"])))
-                    for m in modes:
-                        k = "loom --recompute " + m
-                        if rows[k] and rows["loom"]:
-                            print("  %-24s %.2fx of none" % (m, statistics.median(rows[k]) /
-                                                             statistics.median(rows["loom"])))
+                    for prec in precisions:
+                        ok &= bench_one(a, name, B, T, t, prec, peaks[t], modes, data, d)
     return 0 if ok else 1
 
 

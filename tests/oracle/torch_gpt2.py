@@ -243,13 +243,20 @@ def make_adamw(params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
-def train_step(params, cfg, opt, idx, targets, clip=None):
+def train_step(params, cfg, opt, idx, targets, clip=None, autocast_bf16=False):
     """One step: forward, backward, optional clip_grad_norm_(clip), opt.step, zero_grad.
 
+    autocast_bf16: the forward under torch.autocast("cpu", torch.bfloat16)
+    (PyTorch's bf16 mixed precision: matmuls in bf16, fp32 master weights).
     Returns (loss, grad_norm) as Python floats; grad_norm is the pre-clip total
     norm when clip is given, else None.
     """
-    _, loss = forward(params, cfg, idx, targets)
+    if autocast_bf16:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = forward(params, cfg, idx, targets)
+        loss = loss.float()
+    else:
+        _, loss = forward(params, cfg, idx, targets)
     loss.backward()
     norm = None
     if clip is not None:
