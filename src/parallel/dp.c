@@ -388,10 +388,8 @@ static loom_status check_stage(const loom_dp_engine *e) {
     if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
     const loom_backend *be = loom_backend_current();
     if (e->cfg.comm_bf16 && !be->host_memory)
-        return loom_fail(LOOM_EUSAGE,
-                         "--comm-precision bf16 with --device %s: the gradients are converted to bf16 "
-                         "on the host, and this backend's memory is not host memory",
-                         be->name);
+        return loom_fail(LOOM_EUSAGE, "data-parallel engine: bf16 reductions need a host-memory "
+                         "backend (this one is %s)", be->name);
     return LOOM_OK;
 }
 
