@@ -71,7 +71,9 @@
  * Bytes follow comm.h's convention (all-reduce: the buffer; reduce-scatter:
  * the full input; all-gather: the full output). ZeRO >= 1 adds one 16-byte
  * all-reduce over dp for the gradient norm. At dp = 1 nothing is
- * communicated over dp.
+ * communicated over dp. With comm_bf16 (loom_dp_config) the gradient
+ * reductions carry 2-byte bf16 elements: their bytes halve; the rest is as
+ * above.
  */
 #ifndef LOOM_DP_H
 #define LOOM_DP_H
