@@ -75,7 +75,8 @@ static loom_status check_cp(const loom_train_config *c, const loom_model_config 
     return LOOM_OK;
 }
 
-/* --comm-precision bf16: the dp (x cp) gradient reductions in bf16 (dp.h). */
+/* --comm-precision bf16: the dp (x cp) gradient reductions (dp.h) and the TP
+ * activation collectives (parallel.h) in bf16. */
 static loom_status check_comm_precision(const loom_train_config *c) {
     if (strcmp(c->comm_precision, "fp32") == 0) return LOOM_OK;
     if (strcmp(c->comm_precision, "bf16"))
@@ -83,9 +84,10 @@ static loom_status check_comm_precision(const loom_train_config *c) {
     if (strcmp(c->precision, "bf16"))
         return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 needs --precision bf16: it is part of "
                          "mixed precision (this run computes in %s)", c->precision);
-    if (c->layout.dp * c->layout.cp == 1)
-        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 with dp=1 cp=1: it sends the gradient "
-                         "reductions over dp x cp in bf16, and this layout has none");
+    if (c->layout.dp * c->layout.cp * c->layout.tp == 1)
+        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 with dp=1 cp=1 tp=1: it sends the "
+                         "gradient reductions over dp x cp and the TP collectives in bf16, and this "
+                         "layout has neither");
     return LOOM_OK;
 }
 
@@ -237,6 +239,12 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
     s->n_phase++;
 }
 
+loom_tp loom_train_tp_group(const loom_train_run_state *s) {
+    const loom_train_config *c = s->cfg;
+    return (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp,
+                     .comm_bf16 = strcmp(c->comm_precision, "bf16") == 0};
+}
+
 loom_cp loom_train_cp_group(const loom_train_run_state *s) {
     loom_cp cp = {.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank};
     loom_cp_parse_impl(s->cfg->cp_impl[0] ? s->cfg->cp_impl : "ring", &cp.impl); /* checked */
@@ -353,8 +361,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         st = loom_train_pp_setup(s, &mc, Bm);
     } else {
         loom_model_part part = loom_model_part_whole(&mc);
-        part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
-                            .sp = c->sp};
+        part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
         loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
