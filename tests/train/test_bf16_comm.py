@@ -3,7 +3,8 @@ the tensor-parallel activation collectives in bf16, half their bytes, and the
 run still the one-rank bf16 run within what bf16 rounding allows.
 
 Layouts at --precision bf16 --comm-precision bf16: dp=2 zero 0 (the
-all-reduce), dp=2 zero 2 (reduce-scatters per micro-batch, --grad-accum 2),
+all-reduce; and with --grad-accum 4, the early-wte path), dp=2 zero 1 (the
+reduce-scatter), dp=2 zero 2 (reduce-scatters per micro-batch, --grad-accum 2),
 dp=3 zero 1 with one bucket per unit (the buckets need padding: the blocking
 padded reduce-scatter), tp=2 with SP (all-gathers and reduce-scatters of
 activations), and tp=2 x dp=2 zero 0 (TP all-reduces and the dp all-reduce).
@@ -65,6 +66,10 @@ L = 2
 # gradient's path), batch, flags); zero 1 with --bucket-mb 0 at dp = 3: the
 # blocks (49984 floats) are not a multiple of 3, so their buckets are padded
 LAYOUTS = [("dp=2 zero=0", 2, 2, 1, 8, ["--dp", 2, "--zero", 0]),
+           # 32 rows per micro-batch: dp x B x T <= V / 2, the early-wte path
+           # (wte reduced alone, the embedding rows gathered in fp32)
+           ("dp=2 zero=0 accum=4 early wte", 2, 2, 1, 8, ["--dp", 2, "--zero", 0, "--grad-accum", 4]),
+           ("dp=2 zero=1", 2, 2, 1, 8, ["--dp", 2, "--zero", 1]),
            ("dp=2 zero=2 accum=2", 2, 2, 1, 8, ["--dp", 2, "--zero", 2, "--grad-accum", 2]),
            ("dp=3 zero=1 padded", 3, 3, 1, 6, ["--dp", 3, "--zero", 1, "--bucket-mb", 0]),
            ("tp=2 sp", 2, 2, 4 * L + 2, 8, ["--tp", 2, "--sp"]),
