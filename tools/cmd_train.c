@@ -103,6 +103,7 @@ int cmd_train(int argc, char **argv) {
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
         {"schedule", OPT_STR, c.schedule, sizeof c.schedule, "NAME", "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
         {"precision", OPT_STR, c.precision, sizeof c.precision, "P", "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
+        {"comm-precision", OPT_STR, c.comm_precision, sizeof c.comm_precision, "P", "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
         {"recompute", OPT_STR, c.recompute, sizeof c.recompute, "MODE", "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
         {"micro-batches", OPT_INT, &c.micro_batches, 0, "M", "pipeline micro-batches per step per DP rank (default: pp)"},
         {"virtual-stages", OPT_INT, &c.virtual_stages, 0, "V", "model chunks per pipeline rank, for interleaved (default 1)"},

@@ -49,7 +49,13 @@
 typedef struct loom_comm loom_comm;
 typedef struct loom_req loom_req;
 
-typedef enum { LOOM_F32, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8 } loom_dtype;
+/* LOOM_BF16: bfloat16 values (uint16_t bits, loom/bf16.h), 2 bytes each;
+ * reductions support LOOM_SUM only. Each hop of the reduction adds two bf16
+ * values in fp32 and rounds the sum to bf16 (loom_bf16_sum), so every partial
+ * sum is rounded: over n ranks a sum carries n - 1 roundings of at most
+ * 2^-8 (bf16's unit roundoff) of the partial sum each, and its error grows with the group size.
+ * The MPI communicator sums them with a user-defined op. */
+typedef enum { LOOM_F32, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8, LOOM_BF16 } loom_dtype;
 typedef enum { LOOM_SUM, LOOM_MAX, LOOM_MIN } loom_redop;
 
 typedef enum {

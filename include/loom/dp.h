@@ -71,7 +71,9 @@
  * Bytes follow comm.h's convention (all-reduce: the buffer; reduce-scatter:
  * the full input; all-gather: the full output). ZeRO >= 1 adds one 16-byte
  * all-reduce over dp for the gradient norm. At dp = 1 nothing is
- * communicated over dp.
+ * communicated over dp. With comm_bf16 (loom_dp_config) the gradient
+ * reductions carry 2-byte bf16 elements: their bytes halve; the rest is as
+ * above.
  */
 #ifndef LOOM_DP_H
 #define LOOM_DP_H
@@ -93,6 +95,15 @@ typedef struct loom_dp_config {
      * loom_dp_finish_grads. ZeRO-2/3 always sum them in the engine (the
      * model's own gradient buffer is not used there). */
     int sum_tp_partials;
+    /* 1: the gradient reductions over dp (zero 0's all-reduce, zero 1-3's
+     * reduce-scatters) carry bf16: each bucket is rounded into a bf16 copy
+     * (loom_bf16_pack), summed as LOOM_BF16 (every partial sum rounded,
+     * comm.h) and converted back to fp32 when its reduction completes - half
+     * the bytes. The early wte's embedding rows, the parameter all-gathers
+     * and the norm stay fp32. Costs a bf16 buffer: zero 0/1 sum_b P_b x 2
+     * bytes, zero 2/3 the staging slots x 2 bytes (counted with the
+     * gradients). Host-memory backends only (LOOM_EUSAGE otherwise). */
+    int comm_bf16;
 } loom_dp_config;
 
 typedef struct loom_adamw_hparams {

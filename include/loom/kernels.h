@@ -42,6 +42,11 @@ void loom_kernels_set_precision(int bf16);
 int loom_kernels_get_precision(void);
 /* dst[i] = src[i] rounded to bfloat16, kept as float (dst may be src). */
 void loom_round_bf16(float *dst, const float *src, size_t n);
+/* Host memory only (not through the backend): dst[i] = the bf16 bits of
+ * src[i] rounded (loom/bf16.h), and back (exact); threaded like the kernels.
+ * The bf16 gradient reductions use them (dp.c), on host-memory backends. */
+void loom_bf16_pack(uint16_t *dst, const float *src, size_t n);
+void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n);
 
 /* Measured single-precision GEMM throughput in FLOP/s with the current thread
  * count: after a warm-up, the best of `trials` 1024^3 sgemms (512^3 on a CPU

@@ -24,6 +24,13 @@ typedef struct loom_tp {
     loom_comm *comm; /* NULL when tp_size == 1 */
     int size, rank;
     int sp;          /* sequence parallelism on */
+    /* 1: the activation and activation-gradient collectives above (copy,
+     * reduce, SP gather / reduce-scatter) carry bf16 (--comm-precision bf16):
+     * the floats are rounded to bf16 into a host buffer, sent (sums as
+     * LOOM_BF16, every partial sum rounded: comm.h) and converted back.
+     * Host-memory backends only. loom_tp_grad_allreduce and loom_tp_allreduce
+     * stay fp32 (parameter gradients, softmax statistics). */
+    int comm_bf16;
 } loom_tp;
 
 /* f: forward identity; backward sums the partial input gradients, in place. */

@@ -59,6 +59,8 @@ typedef struct loom_train_config {
     char schedule[32];  /* pipeline schedule: gpipe, 1f1b, interleaved, zb */
     char recompute[16]; /* activation recompute: none, selective, full */
     char precision[8];  /* GEMM precision: fp32, bf16 (mixed: bf16 operands, fp32 accumulation) */
+    char comm_precision[8]; /* DP gradient reductions and TP activation collectives: fp32, bf16
+                               (loom_dp_config.comm_bf16, loom_tp.comm_bf16) */
     int micro_batches;  /* pipeline micro-batches per step per DP rank (0: pp) */
     int virtual_stages; /* chunks per pipeline rank (interleaved) */
     char stage_layers[256]; /* "3,3,2,2": blocks per virtual stage; "" = balanced */

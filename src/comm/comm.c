@@ -16,6 +16,7 @@ size_t loom_dtype_size(loom_dtype t) {
     case LOOM_I32: return 4;
     case LOOM_I64: return 8;
     case LOOM_U8: return 1;
+    case LOOM_BF16: return 2;
     }
     return 0;
 }

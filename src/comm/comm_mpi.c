@@ -65,6 +65,7 @@
 #include <time.h>
 
 #include "comm/comm_internal.h"
+#include "loom/bf16.h"
 #include "loom/log.h"
 
 struct loom_comm {
@@ -118,6 +119,7 @@ struct loom_req {
 static int g_world_rank = -1;   /* rank in MPI_COMM_WORLD, for messages */
 static int g_started_mpi;       /* we called MPI_Init_thread, so we finalize */
 static int g_live_worlds;       /* loom_comm_init calls not yet finalized */
+static MPI_Op g_bf16_sum = MPI_OP_NULL; /* LOOM_BF16 sums (bf16_sum_op), made by loom_comm_init */
 static double g_timeout_s;      /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
 
 #define LOOM_COMM_TIMEOUT_DEFAULT 600.0
@@ -548,6 +550,14 @@ static void singleton_settings(void) {
     setenv("OMPI_MCA_pml", "ob1", 0);
 }
 
+/* MPI's user-defined op for LOOM_BF16 sums (comm.h): one hop of the
+ * reduction, inout = bf16(in + inout) element by element. Commutative (the
+ * fp32 addition is), not associative (every hop rounds). */
+static void bf16_sum_op(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    loom_bf16_sum(inout, in, (size_t)*len);
+}
+
 static loom_status start_runtime(int *argc, char ***argv) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
@@ -568,6 +578,8 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     const char *fault = getenv("LOOM_COMM_FAULT");
     g_stall_starts = fault && strcmp(fault, "stall-start") == 0;
     LOOM_TRY(start_runtime(argc, argv));
+    if (g_bf16_sum == MPI_OP_NULL && MPI_Op_create(bf16_sum_op, 1, &g_bf16_sum) != MPI_SUCCESS)
+        return loom_fail(LOOM_EUNAVAIL, "MPI_Op_create of the bf16 sum failed");
     int world_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -591,7 +603,10 @@ void loom_comm_finalize(loom_comm *world) {
     }
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (g_live_worlds <= 0 && g_started_mpi && !finalized) MPI_Finalize();
+    if (g_live_worlds <= 0 && g_started_mpi && !finalized) {
+        if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
+        MPI_Finalize();
+    }
 }
 
 void loom_comm_abort(loom_comm *c, int code) {
@@ -650,6 +665,7 @@ static MPI_Datatype mpi_type(loom_dtype t) {
     case LOOM_I32: return MPI_INT32_T;
     case LOOM_I64: return MPI_INT64_T;
     case LOOM_U8: return MPI_UINT8_T;
+    case LOOM_BF16: return MPI_UINT16_T; /* summed by g_bf16_sum */
     }
     return MPI_DATATYPE_NULL;
 }
@@ -675,6 +691,12 @@ static loom_status describe_reduce(loom_comm *c, loom_comm_op op, const void *se
     LOOM_TRY(describe(c, op, send, recv, count, k));
     k->type = mpi_type(t);
     k->redop = mpi_op(rop);
+    if (t == LOOM_BF16) {
+        if (rop != LOOM_SUM)
+            return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s: bf16 reductions support only the sum",
+                             g_world_rank, loom_comm_op_name(op), c->name);
+        k->redop = g_bf16_sum;
+    }
     return LOOM_OK;
 }
 

@@ -46,6 +46,11 @@ static void reduce_done(dp_part *p, dp_bucket *b) {
     loom_dp_engine *e = p->e;
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     b->rs = NULL;
+    if (b->rs_bf16) { /* the bf16 result back to fp32, where the fp32 one would land */
+        b->rs_bf16 = 0;
+        if (e->cfg.zero >= 2) loom_bf16_unpack(p->stage[b->slot], p->stage16[b->slot], b->S);
+        else loom_bf16_unpack(p->m->grad_mem + b->lo, p->grad16 + b->h_off, e->cfg.zero ? b->S : b->n);
+    }
     if (e->cfg.zero < 2) {
         b->gstate = DP_DONE;
         return;
@@ -170,21 +175,37 @@ static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
     count_reduction(e, b, overlapped);
     b->gstate = DP_DONE;
     if (e->N == 1) return LOOM_OK;
+    uint16_t *h = e->cfg.comm_bf16 ? p->grad16 + b->h_off : NULL;
     if (e->cfg.zero == 0 || b->P == b->n) {
         LOOM_TRY(make_room(e));
+        void *buf = g;
+        loom_dtype t = LOOM_F32;
+        if (h) {
+            loom_bf16_pack(h, g, b->n);
+            buf = h;
+            t = LOOM_BF16;
+        }
         loom_status st = e->cfg.zero == 0
-                             ? loom_comm_iallreduce(e->dp, g, b->n, LOOM_F32, LOOM_SUM, &b->rs)
-                             : loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
+                             ? loom_comm_iallreduce(e->dp, buf, b->n, t, LOOM_SUM, &b->rs)
+                             : loom_comm_ireduce_scatter(e->dp, buf, buf, b->S, t, LOOM_SUM, &b->rs);
         if (st == LOOM_OK) {
             b->gstate = DP_REDUCING;
+            b->rs_bf16 = h != NULL;
             record_started(p, b);
         }
         return st;
     }
-    loom_tensor_copy(p->scratch, g, b->n);
-    loom_tensor_zero(p->scratch + b->n, b->P - b->n);
-    LOOM_TRY(loom_comm_reduce_scatter(e->dp, p->scratch, p->scratch, b->S, LOOM_F32, LOOM_SUM));
-    loom_tensor_copy(g, p->scratch, b->S);
+    if (h) { /* the padded bucket's own bf16 run is P long */
+        loom_bf16_pack(h, g, b->n);
+        memset(h + b->n, 0, (b->P - b->n) * sizeof *h);
+        LOOM_TRY(loom_comm_reduce_scatter(e->dp, h, h, b->S, LOOM_BF16, LOOM_SUM));
+        loom_bf16_unpack(g, h, b->S);
+    } else {
+        loom_tensor_copy(p->scratch, g, b->n);
+        loom_tensor_zero(p->scratch + b->n, b->P - b->n);
+        LOOM_TRY(loom_comm_reduce_scatter(e->dp, p->scratch, p->scratch, b->S, LOOM_F32, LOOM_SUM));
+        loom_tensor_copy(g, p->scratch, b->S);
+    }
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     return LOOM_OK;
 }
@@ -201,9 +222,19 @@ static loom_status start_reduce23(dp_part *p, dp_bucket *b) {
         reduce_done(p, b);
         return LOOM_OK;
     }
-    loom_status st = loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
+    loom_status st;
+    if (e->cfg.comm_bf16) {
+        uint16_t *h = p->stage16[b->slot];
+        loom_bf16_pack(h, g, b->P);
+        st = loom_comm_ireduce_scatter(e->dp, h, h, b->S, LOOM_BF16, LOOM_SUM, &b->rs);
+    } else {
+        st = loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
+    }
     if (st != LOOM_OK) b->gstate = DP_IDLE;
-    else record_started(p, b);
+    else {
+        b->rs_bf16 = e->cfg.comm_bf16;
+        record_started(p, b);
+    }
     return st;
 }
 
@@ -355,6 +386,10 @@ static loom_status add_gathered_rows(dp_part *p) {
 static loom_status check_stage(const loom_dp_engine *e) {
     const int z = e->cfg.zero;
     if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
+    const loom_backend *be = loom_backend_current();
+    if (e->cfg.comm_bf16 && !be->host_memory)
+        return loom_fail(LOOM_EUSAGE, "data-parallel engine: bf16 reductions need a host-memory "
+                         "backend (this one is %s)", be->name);
     return LOOM_OK;
 }
 
@@ -365,6 +400,9 @@ static float *take(loom_arena *a, size_t floats) {
     }
     return floats ? loom_arena_alloc(a, floats * F) : NULL;
 }
+
+/* n bf16 values, taken as float pairs (dp_layout.c counts them so). */
+static uint16_t *take16(loom_arena *a, size_t n) { return (uint16_t *)take(a, (n + 1) / 2); }
 
 /* Plan (arenas uncommitted) or hand out (committed) the part's buffers. */
 static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
@@ -380,6 +418,9 @@ static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
         p->gshard = take(&p->a_grads, p->S);
         for (int k = 0; k < DP_SLOTS; k++) p->stage[k] = take(&p->a_grads, p->slot_floats[k]);
     }
+    if (e->cfg.comm_bf16 && z < 2) p->grad16 = take16(&p->a_grads, p->grad16_n);
+    for (int k = 0; e->cfg.comm_bf16 && z >= 2 && k < DP_SLOTS; k++)
+        p->stage16[k] = take16(&p->a_grads, p->slot_floats[k]);
     if (z == 3) {
         p->pshard = take(&p->a_params, p->S);
         for (int k = 0; k < DP_SLOTS; k++) p->gather[k] = take(&p->a_params, p->slot_floats[k]);

@@ -6,7 +6,8 @@
  * backend whose memory the host cannot read (CUDA) they would need host
  * copies first, as params_io.c makes for --save-params / --load-params.
  * Until then --save-dir and --resume are refused there with a message, before
- * anything runs or is written.
+ * anything runs or is written. So is --comm-precision bf16: the data-parallel
+ * engine packs each gradient bucket into bf16 with host loops.
  *
  * Several ranks: loom's communicator (comm_mpi.c) hands tensor pointers to
  * MPI, which on device memory works only with a CUDA-aware MPI. The NCCL and
@@ -31,6 +32,12 @@ loom_status loom_train_check_device(const loom_train_config *c) {
                          "--%s with --device %s: sharded checkpoints are not supported on this "
                          "backend yet (they need host memory); use --save-params / --load-params",
                          c->save_dir[0] ? "save-dir" : "resume", be->name);
+    if (strcmp(c->comm_precision, "fp32") != 0)
+        return loom_fail(LOOM_EUSAGE,
+                         "--comm-precision %s with --device %s: the gradients are converted to bf16 on "
+                         "the host (dp.c), and this backend's memory is not host memory; use "
+                         "--comm-precision fp32",
+                         c->comm_precision, be->name);
     const int ranks = c->layout.dp * c->layout.tp * c->layout.pp * c->layout.cp;
     const char *aware = getenv("LOOM_CUDA_AWARE_MPI");
     if (ranks > 1 && !(aware && strcmp(aware, "1") == 0))

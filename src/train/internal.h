@@ -121,6 +121,8 @@ loom_status loom_train_check_device(const loom_train_config *c);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);
+/* This rank's tensor-parallel group for a model part (size 1 without --tp). */
+loom_tp loom_train_tp_group(const loom_train_run_state *s);
 /* This rank's context-parallel group for a model part (size 1 without --cp). */
 loom_cp loom_train_cp_group(const loom_train_run_state *s);
 /* Sample micro-batch tokens as loom_data_sample does for whole sequences of

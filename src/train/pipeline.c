@@ -81,7 +81,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     for (int ch = 0; ch < v; ch++) {
         int vs = loom_pp_vstage(pp, r, ch);
         loom_model_part part = loom_model_part_whole(mc);
-        part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp};
+        part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
         part.layer_begin = first[vs];

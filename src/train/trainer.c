@@ -49,6 +49,7 @@ void loom_train_config_default(loom_train_config *c) {
     snprintf(c->schedule, sizeof c->schedule, "1f1b");
     snprintf(c->recompute, sizeof c->recompute, "none");
     snprintf(c->precision, sizeof c->precision, "fp32");
+    snprintf(c->comm_precision, sizeof c->comm_precision, "fp32");
     c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->moe_warn_imbalance = 2.0f;
@@ -74,6 +75,22 @@ static loom_status check_cp(const loom_train_config *c, const loom_model_config 
     return LOOM_OK;
 }
 
+/* --comm-precision bf16: the dp (x cp) gradient reductions (dp.h) and the TP
+ * activation collectives (parallel.h) in bf16. */
+static loom_status check_comm_precision(const loom_train_config *c) {
+    if (strcmp(c->comm_precision, "fp32") == 0) return LOOM_OK;
+    if (strcmp(c->comm_precision, "bf16"))
+        return loom_fail(LOOM_EUSAGE, "--comm-precision %s: expected fp32 or bf16", c->comm_precision);
+    if (strcmp(c->precision, "bf16"))
+        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 needs --precision bf16: it is part of "
+                         "mixed precision (this run computes in %s)", c->precision);
+    if (c->layout.dp * c->layout.cp * c->layout.tp == 1)
+        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 with dp=1 cp=1 tp=1: it sends the "
+                         "gradient reductions over dp x cp and the TP collectives in bf16, and this "
+                         "layout has neither");
+    return LOOM_OK;
+}
+
 /* Checks that depend only on the config: identical on every rank. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
     const loom_layout *l = &c->layout;
@@ -81,6 +98,7 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     LOOM_TRY(loom_recompute_parse(c->recompute, &recompute));
     if (strcmp(c->precision, "fp32") && strcmp(c->precision, "bf16"))
         return loom_fail(LOOM_EUSAGE, "--precision %s: expected fp32 or bf16", c->precision);
+    LOOM_TRY(check_comm_precision(c));
     LOOM_TRY(loom_layout_check(l, world));
     LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
     LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
@@ -221,6 +239,12 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
     s->n_phase++;
 }
 
+loom_tp loom_train_tp_group(const loom_train_run_state *s) {
+    const loom_train_config *c = s->cfg;
+    return (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp,
+                     .comm_bf16 = strcmp(c->comm_precision, "bf16") == 0};
+}
+
 loom_cp loom_train_cp_group(const loom_train_run_state *s) {
     loom_cp cp = {.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank};
     loom_cp_parse_impl(s->cfg->cp_impl[0] ? s->cfg->cp_impl : "ring", &cp.impl); /* checked */
@@ -337,8 +361,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         st = loom_train_pp_setup(s, &mc, Bm);
     } else {
         loom_model_part part = loom_model_part_whole(&mc);
-        part.tp = (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
-                            .sp = c->sp};
+        part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
         loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
@@ -348,7 +371,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
-    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1};
+    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1,
+                          .comm_bf16 = strcmp(c->comm_precision, "bf16") == 0};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
     if (st == LOOM_OK) st = loom_ep_engine_create(s->parts, s->n_parts, s->mesh, &hp, &s->ep);

@@ -60,6 +60,13 @@ if LOOM_CUDA_AWARE_MPI=0 OMP_NUM_THREADS=1 timeout 120 "$LOOM_RUN" -np 2 "$work/
     echo "FAIL: --device cuda on 2 ranks without LOOM_CUDA_AWARE_MPI was not refused: $(tail -3 "$work/refused")"
     exit 1
 fi
+# --comm-precision bf16 packs gradients on the host: refused on a device backend
+if OMP_NUM_THREADS=1 timeout 120 "$LOOM_RUN" -np 2 "$work/loom_emu" train $common --dp 2 --device cuda \
+    --precision bf16 --comm-precision bf16 >"$work/refused" 2>&1 ||
+    ! grep -q "comm-precision bf16 with --device cuda" "$work/refused"; then
+    echo "FAIL: --comm-precision bf16 with --device cuda was not refused: $(tail -3 "$work/refused")"
+    exit 1
+fi
 OMP_NUM_THREADS=1 "$work/loom_emu" train $common --device cpu --metrics "$work/cpu.jsonl"
 fail=0
 run() {

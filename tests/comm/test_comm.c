@@ -4,11 +4,13 @@
  * Collective over the world: run it under scripts/loomrun -np N (or alone, as
  * a one-rank world). Exit code 1 if any rank saw a failure.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "loom/bf16.h"
 #include "loom/comm.h"
 
 static loom_comm *W;
@@ -116,6 +118,66 @@ static void test_reduce_scatter(loom_dtype t, int mode /* 0 blocking, 1 in place
     CHECK(bad == 0, "reduce_scatter %s mode %d: %d wrong values", dtype_name(t), mode, bad);
     check_delta(W, &before, LOOM_OP_REDUCE_SCATTER, 1, total * loom_dtype_size(t), "reduce_scatter");
     free(send);
+}
+
+/* ---- bf16 sums ---------------------------------------------------------- */
+
+/* LOOM_BF16 sums (comm.h): 2 bytes an element in the stats; integers whose
+ * every partial sum is below 256 add exactly whatever order MPI takes, so
+ * they must equal the exact sum; values with all 8 significant bits set are
+ * rounded at each hop: one hop (2 ranks) is exactly loom_bf16_sum of the two
+ * (test_bf16_sum.c checks that against a reference), and on n ranks the
+ * result stays within (n - 1) roundings of at most 2^-8 (bf16's unit
+ * roundoff: 8 significant bits) of the sum of |x|. */
+static uint16_t rough(int r, size_t i) {
+    double v = 1.0 + (double)((r * 37 + (int)i * 11) % 128) / 128; /* 8 significant bits */
+    return loom_bf16_from_f32((float)((r + (int)i) % 3 ? v : -v));
+}
+
+static void test_bf16(int mode /* 0 allreduce, 1 iallreduce, 2 reduce_scatter in place, 3 ireduce_scatter */) {
+    enum { PER = 9 };
+    const size_t total = PER * (size_t)n, count = mode < 2 ? PER : total;
+    uint16_t *x = malloc(2 * total * sizeof *x), *y = x + total;
+    for (size_t i = 0; i < count; i++) {
+        x[i] = loom_bf16_from_f32((float)contrib(rank, i));
+        y[i] = rough(rank, i);
+    }
+    for (int which = 0; which < 2; which++) {
+        uint16_t *buf = which ? y : x;
+        loom_comm_stats before = *loom_comm_get_stats(W);
+        loom_status st;
+        loom_req *req = NULL;
+        if (mode == 0) st = loom_comm_allreduce(W, buf, PER, LOOM_BF16, LOOM_SUM);
+        else if (mode == 1) st = loom_comm_iallreduce(W, buf, PER, LOOM_BF16, LOOM_SUM, &req);
+        else if (mode == 2) st = loom_comm_reduce_scatter(W, buf, buf, PER, LOOM_BF16, LOOM_SUM);
+        else st = loom_comm_ireduce_scatter(W, buf, buf, PER, LOOM_BF16, LOOM_SUM, &req);
+        if (st == LOOM_OK) st = loom_comm_wait(req);
+        CHECK(st == LOOM_OK, "bf16 mode %d: %s", mode, loom_errmsg());
+        check_delta(W, &before, mode < 2 ? LOOM_OP_ALLREDUCE : LOOM_OP_REDUCE_SCATTER, 1, count * 2, "bf16");
+        int bad = 0;
+        for (size_t k = 0; k < PER; k++) {
+            size_t i = mode < 2 ? k : (size_t)rank * PER + k; /* reduce-scatter: my slice, at the start */
+            double got = loom_bf16_to_f32(buf[k]);
+            if (!which) {
+                bad += got != expect_reduce(LOOM_SUM, i);
+                continue;
+            }
+            double exact = 0, mag = 0;
+            for (int r = 0; r < n; r++) {
+                exact += loom_bf16_to_f32(rough(r, i));
+                mag += fabs(loom_bf16_to_f32(rough(r, i)));
+            }
+            uint16_t one = rough(0, i);
+            if (n == 2) loom_bf16_sum(&one, &(uint16_t){rough(1, i)}, 1);
+            bad += n == 2 ? buf[k] != one : fabs(got - exact) > (n - 1) * ldexp(1.0, -8) * mag * 1.01;
+        }
+        CHECK(bad == 0, "bf16 mode %d %s: %d wrong sums", mode, which ? "rounded" : "exact", bad);
+    }
+    uint16_t one = 0;
+    CHECK(loom_comm_allreduce(W, &one, 1, LOOM_BF16, LOOM_MAX) == LOOM_EUNAVAIL &&
+              strstr(loom_errmsg(), "bf16 reductions support only the sum"),
+          "bf16 max refused: %s", loom_errmsg());
+    free(x);
 }
 
 /* ---- byte-moving collectives ------------------------------------------ */
@@ -337,7 +399,7 @@ static void test_errors(void) {
 static void test_basics(void) {
     CHECK(loom_dtype_size(LOOM_F32) == 4 && loom_dtype_size(LOOM_F64) == 8 &&
               loom_dtype_size(LOOM_I32) == 4 && loom_dtype_size(LOOM_I64) == 8 &&
-              loom_dtype_size(LOOM_U8) == 1, "dtype sizes");
+              loom_dtype_size(LOOM_U8) == 1 && loom_dtype_size(LOOM_BF16) == 2, "dtype sizes");
     CHECK(strcmp(loom_comm_op_name(LOOM_OP_REDUCE_SCATTER), "reduce_scatter") == 0, "op name");
     CHECK(strcmp(loom_comm_name(W), "world") == 0, "world name '%s'", loom_comm_name(W));
     CHECK(rank >= 0 && rank < n, "rank %d of %d", rank, n);
@@ -359,6 +421,7 @@ int main(int argc, char **argv) {
             for (int nb = 0; nb < 2; nb++) test_allreduce(types[t], ops[o], nb);
     for (int mode = 0; mode < 3; mode++) test_reduce_scatter(types[mode % 4], mode), test_allgather(mode);
     test_reduce_scatter(LOOM_I64, 0);
+    for (int mode = 0; mode < 4; mode++) test_bf16(mode);
     test_alltoall();
     test_alltoallv();
     test_bcast_barrier();

@@ -5,6 +5,12 @@
  * a double-precision product of the hand-rounded operands (within fp32
  * accumulation error), and against the fp32 product (it must differ: the
  * operands really are rounded).
+ *
+ * loom/bf16.h's scalars on random floats, and the one hop of a bf16
+ * reduction (loom_bf16_sum, what the communicator's LOOM_BF16 sum applies),
+ * against a second reference: the two bf16 neighbours of the exact value
+ * (double) found by bit truncation, the nearer chosen, a tie to the even
+ * mantissa; the host pack/unpack the gradient reductions use.
  */
 #include <math.h>
 #include <stdint.h>
@@ -12,6 +18,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "loom/bf16.h"
 #include "loom/kernels.h"
 #include "loom/rng.h"
 
@@ -67,6 +74,109 @@ static void test_round(void) {
     free(r);
 }
 
+/* ---- loom/bf16.h against an exact reference; the bf16 sum's hop ---------- */
+
+/* The bf16 (as its 16 bits) nearest to the exact value v, ties to even:
+ * |v| truncated to bf16 and the next bf16 above it, compared in double (both
+ * candidates and v are exact there). v past the largest bf16's rounding
+ * boundary is infinity. */
+static uint16_t ref_round_exact(double v) {
+    if (isnan(v)) return 0x7fc0;
+    uint16_t sign = signbit(v) ? 0x8000 : 0;
+    double a = fabs(v);
+    if (isinf(a)) return sign | 0x7f80;
+    float af = (float)a; /* only to find the binade: lo must not exceed a */
+    uint32_t lo = to_bits(af) & 0xffff0000u;
+    if ((double)from_bits(lo) > a) lo -= 0x10000u;
+    uint32_t hi = lo + 0x10000u;
+    double dlo = a - (double)from_bits(lo);
+    double dhi = (hi >= 0x7f800000u ? ldexp(1.0, 128) : (double)from_bits(hi)) - a; /* inf: 2^128 */
+    uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (((lo >> 16) & 1u) ? hi : lo);
+    return sign | (uint16_t)(pick >> 16);
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t next32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* A finite bf16 with an exponent in [e0, e0 + span). */
+static uint16_t random_bf16(int e0, int span) {
+    uint32_t u = next32();
+    uint32_t e = (uint32_t)(e0 + (int)(u % (uint32_t)span));
+    return (uint16_t)(((u >> 8) & 0x8000u) | (e << 7) | ((u >> 12) & 0x7fu));
+}
+
+static int same(uint16_t a, uint16_t b) {
+    int an = (a & 0x7f80) == 0x7f80 && (a & 0x7f), bn = (b & 0x7f80) == 0x7f80 && (b & 0x7f);
+    return an || bn ? an && bn : a == b; /* any NaN matches any NaN */
+}
+
+static void test_round_random(void) {
+    int bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float x = from_bits(next32() ^ (next32() << 16));
+        if (isnan(x)) continue;
+        uint16_t got = loom_bf16_from_f32(x), want = ref_round_exact(x);
+        if (got != want && bad++ < 5)
+            fprintf(stderr, "round %a: got 0x%04x want 0x%04x\n", x, got, want);
+        CHECK(to_bits(loom_bf16_round(x)) == (uint32_t)got << 16, "loom_bf16_round(%a) is not the bf16 bits", x);
+    }
+    CHECK(bad == 0, "%d of 200000 roundings differ from the reference", bad);
+    /* ties: exactly half a bf16 ulp above an even and an odd mantissa */
+    CHECK(loom_bf16_from_f32(from_bits(0x3f808000u)) == 0x3f80, "tie to even (down)");
+    CHECK(loom_bf16_from_f32(from_bits(0x3f818000u)) == 0x3f82, "tie to even (up)");
+    CHECK(loom_bf16_from_f32(from_bits(0x7f7fffffu)) == 0x7f80, "FLT_MAX rounds to inf");
+    CHECK(loom_bf16_from_f32(-INFINITY) == 0xff80, "-inf");
+    uint16_t q = loom_bf16_from_f32(from_bits(0x7f800001u)); /* a signalling NaN whose payload is low */
+    CHECK((q & 0x7f80) == 0x7f80 && (q & 0x7f), "NaN stays NaN: 0x%04x", q);
+    for (uint32_t h = 0; h < 0x10000u; h++) /* every bf16 converts to float and back exactly */
+        if ((h & 0x7f80) != 0x7f80 || !(h & 0x7f))
+            CHECK(loom_bf16_from_f32(loom_bf16_to_f32((uint16_t)h)) == h, "bf16 0x%04x round trip", h);
+}
+
+static void test_sum(void) {
+    enum { N = 4096 };
+    static uint16_t a[N], b[N], want[N];
+    int bad = 0;
+    for (int rep = 0; rep < 64; rep++) {
+        for (int i = 0; i < N; i++) {
+            /* exponents close (exact fp32 sums, carries, cancellation) and far
+             * apart (the smaller operand below half an ulp), subnormals too */
+            int e0 = rep % 4 == 0 ? 0 : rep % 4 == 1 ? 100 : 120, span = rep % 4 == 3 ? 40 : 8;
+            a[i] = random_bf16(e0, span);
+            b[i] = random_bf16(e0, span);
+            want[i] = ref_round_exact((double)loom_bf16_to_f32(a[i]) + (double)loom_bf16_to_f32(b[i]));
+        }
+        loom_bf16_sum(a, b, N);
+        for (int i = 0; i < N; i++)
+            if (!same(a[i], want[i]) && bad++ < 5)
+                fprintf(stderr, "sum: got 0x%04x want 0x%04x\n", a[i], want[i]);
+    }
+    CHECK(bad == 0, "%d bf16 sums differ from the correctly rounded reference", bad);
+    /* specials: overflow, inf - inf, signed zeros, NaN */
+    uint16_t x[5] = {0x7f7f, 0x7f80, 0x8000, 0x8000, 0x7fc0};
+    uint16_t y[5] = {0x7f7f, 0xff80, 0x8000, 0x0000, 0x3f80};
+    loom_bf16_sum(x, y, 5);
+    CHECK(x[0] == 0x7f80, "max + max overflows to inf: 0x%04x", x[0]);
+    CHECK((x[1] & 0x7f80) == 0x7f80 && (x[1] & 0x7f), "inf + -inf is NaN: 0x%04x", x[1]);
+    CHECK(x[2] == 0x8000 && x[3] == 0x0000, "-0 + -0 = -0 (0x%04x), -0 + 0 = +0 (0x%04x)", x[2], x[3]);
+    CHECK((x[4] & 0x7f80) == 0x7f80 && (x[4] & 0x7f), "NaN + 1 is NaN: 0x%04x", x[4]);
+}
+
+static void test_pack(void) {
+    enum { N = 10007 }; /* not a multiple of the kernels' block */
+    static float src[N], back[N];
+    static uint16_t h[N];
+    for (int i = 0; i < N; i++) src[i] = from_bits((next32() & 0x3fffffffu) | 0x30000000u) * (i % 2 ? 1.f : -1.f);
+    loom_bf16_pack(h, src, N);
+    loom_bf16_unpack(back, h, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += h[i] != ref_round_exact(src[i]) || to_bits(back[i]) != (uint32_t)h[i] << 16;
+    CHECK(bad == 0, "pack/unpack: %d of %d values wrong", bad, N);
+}
+
 static void test_gemm(void) {
     const int N = 37, C = 64, OC = 48;
     float *in = malloc(sizeof(float) * N * C), *w = malloc(sizeof(float) * C * OC);
@@ -102,6 +212,9 @@ static void test_gemm(void) {
 
 int main(void) {
     test_round();
+    test_round_random();
+    test_sum();
+    test_pack();
     test_gemm();
     return check_done();
 }

@@ -62,6 +62,7 @@ static int nccl_type(loom_dtype t, ncclDataType_t *out) {
     case LOOM_I32: *out = ncclInt32; return 1;
     case LOOM_I64: *out = ncclInt64; return 1;
     case LOOM_U8: *out = ncclUint8; return 1;
+    case LOOM_BF16: return 0; /* bf16 reductions run on host memory (comm_mpi.c) only */
     }
     return 0;
 }

@@ -3,7 +3,8 @@
  * In bf16 mode every operand of kern_sgemm (activations, weights, output
  * gradients) is rounded to bfloat16 (round to nearest, ties to even - what
  * PyTorch's .to(torch.bfloat16) and the AVX512-BF16 VCVTNEPS2BF16
- * instruction do) before the product, and the product accumulates in fp32.
+ * instruction do; loom/bf16.h, the rounding the bf16 gradient reductions
+ * use too) before the product, and the product accumulates in fp32.
  * Master weights, optimizer state, norms, softmax, the loss and every
  * reduction stay fp32. Here the rounded operands are kept as floats (a bf16
  * value is a float with its low 16 bits zero) and the product runs on the
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 
 #include "kern_internal.h"
+#include "loom/bf16.h"
 
 static int kern_bf16;
 static void *bf16_buf[2]; /* float copies */
@@ -32,28 +34,21 @@ static size_t bf16_hcap[2];
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
 int loom_kernels_get_precision(void) { return kern_bf16; }
 
-static inline float bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7f800000u) == 0x7f800000u) { /* inf stays, NaN stays NaN (quiet) */
-        if (u & 0x007fffffu) u = (u & 0xffff0000u) | 0x00400000u;
-    } else {
-        u += 0x7fffu + ((u >> 16) & 1u);
-        u &= 0xffff0000u;
-    }
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
+/* dst[i] = CONVERT(src[i]) for i < n, in blocks over the kernels' threads. */
+#define BF16_MAP(dst, src, n, CONVERT)                                                             \
+    do {                                                                                           \
+        size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                        \
+        int nth_ = loom_kernels_get_threads();                                                     \
+        KERN_PARALLEL_FOR(nth_)                                                                    \
+        for (size_t k_ = 0; k_ < nblk_; k_++) {                                                    \
+            size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);   \
+            for (size_t i_ = lo_; i_ < hi_; i_++) (dst)[i_] = CONVERT((src)[i_]);                  \
+        }                                                                                          \
+    } while (0)
 
-void loom_cpu_round_bf16(float *dst, const float *src, size_t n) {
-    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
-    int nth = loom_kernels_get_threads();
-    KERN_PARALLEL_FOR(nth)
-    for (size_t k = 0; k < nblk; k++) {
-        size_t lo = k * KERN_BLOCK, hi = lo + KERN_BLOCK < n ? lo + KERN_BLOCK : n;
-        for (size_t i = lo; i < hi; i++) dst[i] = bf16_round(src[i]);
-    }
-}
+void loom_cpu_round_bf16(float *dst, const float *src, size_t n) { BF16_MAP(dst, src, n, loom_bf16_round); }
+void loom_bf16_pack(uint16_t *dst, const float *src, size_t n) { BF16_MAP(dst, src, n, loom_bf16_from_f32); }
+void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n) { BF16_MAP(dst, src, n, loom_bf16_to_f32); }
 
 /* *buf grown to hold n elements of `size` bytes (*cap counts elements);
  * 0 without memory. */
@@ -76,20 +71,8 @@ static const float *bf16_copy(int which, const float *src, size_t n) {
 /* The bf16 bits (as uint16) of n floats in buffer `which`, or NULL. */
 static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
     if (!bf16_grow(&bf16_h[which], &bf16_hcap[which], n, sizeof(uint16_t))) return NULL;
-    uint16_t *dst = bf16_h[which];
-    size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
-    int nth = loom_kernels_get_threads();
-    KERN_PARALLEL_FOR(nth)
-    for (size_t k = 0; k < nblk; k++) {
-        size_t lo = k * KERN_BLOCK, hi = lo + KERN_BLOCK < n ? lo + KERN_BLOCK : n;
-        for (size_t i = lo; i < hi; i++) {
-            float r = bf16_round(src[i]);
-            uint32_t u;
-            memcpy(&u, &r, sizeof u);
-            dst[i] = (uint16_t)(u >> 16);
-        }
-    }
-    return dst;
+    loom_bf16_pack(bf16_h[which], src, n);
+    return bf16_h[which];
 }
 
 int kern_gemm_bf16_operands(kern_gemm *g) {
