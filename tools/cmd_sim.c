@@ -12,13 +12,14 @@
 #include <string.h>
 
 #include "cli.h"
+#include "loom/model.h"
 #include "loom/pipeline.h"
 #include "loom/sim.h"
 
 
 typedef struct sim_args {
     int pp, m, v, layers, max_cols;
-    char schedule[32], stage_layers[1024], trace[1024], from_trace[1024];
+    char schedule[32], stage_layers[1024], trace[1024], from_trace[1024], recompute[16];
     loom_sim_costs costs; /* NAN: flag not given */
     double cost_embed, cost_head;
 } sim_args;
@@ -96,6 +97,8 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
     else
         printf("costs: f=%g b=%g w=%g (%s) comm=%g opt=%g\n", c->f, c->b, c->w,
                s->split_backward ? "B and W separate" : "full backward b+w", c->comm, c->opt);
+    if (!strcmp(a->recompute, "full"))
+        printf("recompute: full - each backward re-runs its chunk's forward first (b includes f)\n");
     if (counts) {
         printf("layers per virtual stage (%d layers, embedding %g, head %g):", a->layers, a->cost_embed,
                a->cost_head);
@@ -167,6 +170,33 @@ static loom_status check_trace_flags(const sim_args *a) {
     return LOOM_OK;
 }
 
+/* --recompute full: as loom train runs it, every backward of a chunk first
+ * re-runs the chunk's forward from its input (B costs b + f); the embedding and
+ * the LM head are never recomputed, so next to a block they weigh less by
+ * (f+b+w)/(2f+b+w) when the partitioner splits the layers. selective adds
+ * nothing (loom's attention backward recomputes its probabilities in any
+ * mode). zb is refused, as loom train refuses it: the separate W would need
+ * the block's activations again after other blocks' recomputes. */
+static loom_status apply_recompute(sim_args *a, loom_sched_kind k) {
+    int rc;
+    LOOM_TRY(loom_recompute_parse(a->recompute, &rc));
+    if (rc != LOOM_RECOMPUTE_FULL) return LOOM_OK;
+    if (a->from_trace[0])
+        return loom_fail(LOOM_EUSAGE, "--recompute full: not with --from-trace (the traced B already "
+                                      "includes the recomputed forward)");
+    if (k == LOOM_SCHED_ZB)
+        return loom_fail(LOOM_EUSAGE, "--recompute full with --schedule zb: refused, as loom train refuses it "
+                                      "(W would need the block's activations after other blocks' recomputes)");
+    loom_sim_costs *c = &a->costs;
+    const double plain = c->f + c->b + c->w, longer = 2 * c->f + c->b + c->w;
+    if (longer > 0) {
+        a->cost_embed *= plain / longer;
+        a->cost_head *= plain / longer;
+    }
+    c->b += c->f;
+    return LOOM_OK;
+}
+
 static loom_status run(sim_args *a) {
     loom_sched_kind k;
     LOOM_TRY(loom_schedule_parse(a->schedule, &k));
@@ -194,6 +224,7 @@ static loom_status run(sim_args *a) {
         return loom_fail(LOOM_EUSAGE, "--cost-embed %g: must be a finite number >= 0", a->cost_embed);
     if (!(isfinite(a->cost_head) && a->cost_head >= 0))
         return loom_fail(LOOM_EUSAGE, "--cost-head %g: must be a finite number >= 0", a->cost_head);
+    LOOM_TRY(apply_recompute(a, k));
     const int S = a->pp * a->v;
     int *counts = NULL;
     double *scale = NULL;
@@ -233,7 +264,7 @@ static loom_status run(sim_args *a) {
 
 int cmd_sim(int argc, char **argv) {
     static sim_args a;
-    a = (sim_args){.pp = 4, .m = 8, .v = 1, .max_cols = UNSET_COLS, .schedule = "1f1b"};
+    a = (sim_args){.pp = 4, .m = 8, .v = 1, .max_cols = UNSET_COLS, .schedule = "1f1b", .recompute = "none"};
     loom_sim_costs_default(&a.costs);
     /* NAN = not given (the flag parser only takes finite numbers) */
     a.costs.f = a.costs.b = a.costs.w = a.costs.comm = a.costs.opt = NAN;
@@ -259,6 +290,8 @@ int cmd_sim(int argc, char **argv) {
          "LM head cost in blocks, on the last stage (default 0)"},
         {"max-cols", OPT_INT, &a.max_cols, 0, "N",
          "widest timeline in columns (default 400; 120 with --from-trace)"},
+        {"recompute", OPT_STR, a.recompute, sizeof a.recompute, "MODE",
+         "none, selective or full: full adds f to every backward (default none)"},
         {"trace", OPT_STR, a.trace, sizeof a.trace, "FILE", "write a Chrome trace-event JSON (Perfetto)"},
         {"from-trace", OPT_STR, a.from_trace, sizeof a.from_trace, "DIR",
          "costs measured by `loom train --trace DIR` (same --schedule, --pp, --micro-batches, "
@@ -277,6 +310,12 @@ int cmd_sim(int argc, char **argv) {
         "are the classic F=1, B=2. Stages are uniform unless --layers is given, which\n"
         "splits the layers with the partitioner (or --stage-layers) and scales each\n"
         "stage's f, b, w by its cost relative to the mean.\n"
+        "\n"
+        "--recompute full charges what loom train --recompute full does: each\n"
+        "backward first re-runs its chunk's forward (b + f), the embedding and head\n"
+        "are not recomputed (so they weigh less against a block in the split), and\n"
+        "zb is refused. selective changes nothing (the attention backward always\n"
+        "recomputes its probabilities).\n"
         "\n"
         "--from-trace DIR replays the same schedule with costs measured by\n"
         "`loom train --trace DIR` (give the run's --schedule, --pp, --micro-batches and\n"

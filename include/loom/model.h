@@ -222,6 +222,8 @@ typedef struct loom_gpt_opts {
 } loom_gpt_opts;
 
 enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_SELECTIVE = 1, LOOM_RECOMPUTE_FULL = 2 };
+/* "none" | "selective" | "full" -> LOOM_RECOMPUTE_*; LOOM_EUSAGE naming --recompute. */
+loom_status loom_recompute_parse(const char *name, int *mode);
 
 struct loom_gpt {
     loom_model_config cfg;

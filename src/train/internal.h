@@ -91,8 +91,6 @@ typedef struct loom_train_run_state {
  * flags and kernel: loom/calibrate.h) and broadcast; *fma the FMA peak from
  * flags and clock (never below *out). Collective over world. */
 loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma);
-/* "none" | "selective" | "full" -> LOOM_RECOMPUTE_*; LOOM_EUSAGE naming --recompute. */
-loom_status loom_recompute_parse(const char *name, int *mode);
 /* achieved / peak, raising *peak to `achieved` first when a run beats it (so
  * MFU never reads above 100%); sets *raised then. */
 double loom_mfu(double *peak, double achieved, int *raised);

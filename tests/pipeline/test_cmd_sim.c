@@ -44,6 +44,23 @@ int main(void) {
     CHECK(rc == 0 && strstr(sim_out, "layers per virtual stage (12 layers, embedding 0, head 6): 9 3"),
           "layers:\n%s", sim_out);
 
+    /* --recompute full: b grows by f (same bubble as --cost-b 2 with latency,
+     * where the bubble depends on the costs), the head weighs 3/4 as much
+     * against a block, so the split moves a block off the head's stage */
+    rc = sim("--pp", "4", "--micro-batches", "8", "--cost-comm", "0.5", "--recompute", "full", NULL);
+    CHECK(rc == 0 && strstr(sim_out, "costs: f=1 b=2 w=1") && strstr(sim_out, "recompute: full") &&
+              strstr(sim_out, "bubble    0.384615 (simulated)"),
+          "recompute full:\n%s", sim_out);
+    rc = sim("--pp", "4", "--micro-batches", "8", "--cost-comm", "0.5", NULL);
+    CHECK(rc == 0 && strstr(sim_out, "bubble    0.414634 (simulated)") && !strstr(sim_out, "recompute"),
+          "no recompute, same latency:\n%s", sim_out);
+    rc = sim("--pp", "2", "--micro-batches", "4", "--layers", "12", "--cost-head", "6", "--recompute", "full",
+             NULL);
+    CHECK(rc == 0 && strstr(sim_out, "layers per virtual stage (12 layers, embedding 0, head 4.5): 8 4"),
+          "recompute full split:\n%s", sim_out);
+    rc = sim("--pp", "2", "--micro-batches", "4", "--recompute", "selective", NULL);
+    CHECK(rc == 0 && strstr(sim_out, "costs: f=1 b=1 w=1"), "selective adds nothing:\n%s", sim_out);
+
     char dir[] = "/tmp/loom_cmd_sim_dirXXXXXX", trace[256], bad[300];
     if (mkdtemp(dir)) {
         snprintf(trace, sizeof trace, "%s/t.json", dir);
@@ -71,6 +88,10 @@ int main(void) {
     expect_usage("--cost-head -1: must be a finite number >= 0",
                  sim("--layers", "8", "--cost-head", "-1", NULL));
     expect_usage("unknown flag --stages", sim("--stages", "4", NULL));
+    expect_usage("--recompute full with --schedule zb: refused", sim("--schedule", "zb", "--recompute", "full", NULL));
+    expect_usage("--recompute some: expected none, selective or full", sim("--recompute", "some", NULL));
+    expect_usage("--recompute full: not with --from-trace",
+                 sim("--recompute", "full", "--from-trace", "/nonexistent", NULL));
     expect_usage("--stage-layers needs --layers N", sim("--stage-layers", "2,2", NULL));
     expect_usage("pp=4 x v=2 = 8 virtual stages but the model has 6 layers",
                  sim("--pp", "4", "--micro-batches", "8", "--schedule", "interleaved", "--virtual-stages",
