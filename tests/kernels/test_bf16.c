@@ -175,6 +175,27 @@ static void test_pack(void) {
     int bad = 0;
     for (int i = 0; i < N; i++) bad += h[i] != ref_round_exact(src[i]) || to_bits(back[i]) != (uint32_t)h[i] << 16;
     CHECK(bad == 0, "pack/unpack: %d of %d values wrong", bad, N);
+
+    /* the vector lanes against the scalar definition (loom/bf16.h) on every
+     * kind of bit pattern: NaNs (quiet and signalling, both signs), infs,
+     * subnormals, zeros, ties and near-ties around each exponent, FLT_MAX */
+    enum { M = 4099 };
+    static float sp[M], r[M];
+    static uint16_t hp[M];
+    static const uint32_t lows[] = {0x0u, 0x1u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0xffffu, 0x7fffffu, 0x400000u,
+                                    0x3fffffu, 0x7f8000u, 0x7fffu | 0x10000u};
+    for (int i = 0; i < M; i++) {
+        uint32_t expo = (uint32_t)(i / 12 % 256), low = lows[i % 12], sign = (uint32_t)(i / 3072) << 31;
+        sp[i] = from_bits(sign | expo << 23 | (low & 0x7fffffu));
+    }
+    loom_bf16_pack(hp, sp, M);
+    loom_round_bf16(r, sp, M);
+    int badv = 0;
+    for (int i = 0; i < M; i++) {
+        float want = loom_bf16_round(sp[i]);
+        badv += hp[i] != loom_bf16_from_f32(sp[i]) || to_bits(r[i]) != to_bits(want);
+    }
+    CHECK(badv == 0, "vector pack/round vs scalar on special patterns: %d of %d differ", badv, M);
 }
 
 static void test_gemm(void) {
