@@ -35,24 +35,11 @@ static size_t bf16_hcap[2];
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
 int loom_kernels_get_precision(void) { return kern_bf16; }
 
-/* dst[i] = CONVERT(src[i]) for i < n, in blocks over the kernels' threads. */
-#define BF16_MAP(dst, src, n, CONVERT)                                                             \
-    do {                                                                                           \
-        size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                        \
-        int nth_ = loom_kernels_get_threads();                                                     \
-        KERN_PARALLEL_FOR(nth_)                                                                    \
-        for (size_t k_ = 0; k_ < nblk_; k_++) {                                                    \
-            size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);   \
-            for (size_t i_ = lo_; i_ < hi_; i_++) (dst)[i_] = CONVERT((src)[i_]);                  \
-        }                                                                                          \
-    } while (0)
-
 /* loom_bf16_round's bits on KV lanes, operation for operation and without
- * branches (gcc left the scalar loop one element at a time: the pack was
- * ~7 % of a small-config bf16 step): inf and NaN keep their upper half (NaN
- * made quiet), everything else rounds to nearest, ties to even. Not
- * VCVTNEPS2BF16, which flushes subnormals to zero. kernels_bf16 checks the
- * bits against the scalar rounding. */
+ * branches (gcc left the scalar loop one element at a time): inf and NaN
+ * keep their upper half (NaN made quiet), everything else rounds to
+ * nearest, ties to even. Not VCVTNEPS2BF16, which flushes subnormals to
+ * zero. kernels_bf16 checks the lanes against the scalar rounding. */
 static inline kvu bf16_round_bits(kvu u) {
     const kvu expo = (kvu){0} + 0x7f800000u, mant = (kvu){0} + 0x007fffffu, hi = (kvu){0} + 0xffff0000u;
     kvu special = (kvu)((u & expo) == expo);
@@ -62,9 +49,31 @@ static inline kvu bf16_round_bits(kvu u) {
     return (special & kept) | (~special & rounded);
 }
 
-/* BF16_MAP with the vector rounding: full vectors of KV lanes, the scalar
- * definition for a block's tail. STORE(dst, i, bits) writes lanes i.. */
-#define BF16_MAP_VEC(dst, src, n, CONVERT, STORE)                                                  \
+typedef uint16_t kvh __attribute__((vector_size(2 * KV)));
+
+/* One vector of KV elements from i: rounded floats, bf16 bits, or back. */
+static inline void round_lanes(float *dst, const float *src, size_t i) {
+    kvu u;
+    memcpy(&u, src + i, sizeof u);
+    u = bf16_round_bits(u);
+    memcpy(dst + i, &u, sizeof u);
+}
+static inline void pack_lanes(uint16_t *dst, const float *src, size_t i) {
+    kvu u;
+    memcpy(&u, src + i, sizeof u);
+    kvh h = __builtin_convertvector(bf16_round_bits(u) >> 16, kvh);
+    memcpy(dst + i, &h, sizeof h);
+}
+static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
+    kvh h;
+    memcpy(&h, src + i, sizeof h);
+    kvu u = __builtin_convertvector(h, kvu) << 16;
+    memcpy(dst + i, &u, sizeof u);
+}
+
+/* dst[i] = CONVERT(src[i]) for i < n, in blocks over the kernels' threads:
+ * LANES(dst, src, i) for whole vectors, CONVERT for a block's tail. */
+#define BF16_MAP(dst, src, n, CONVERT, LANES)                                                      \
     do {                                                                                           \
         size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                        \
         int nth_ = loom_kernels_get_threads();                                                     \
@@ -72,31 +81,20 @@ static inline kvu bf16_round_bits(kvu u) {
         for (size_t k_ = 0; k_ < nblk_; k_++) {                                                    \
             size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);   \
             size_t i_ = lo_;                                                                       \
-            for (; i_ + KV <= hi_; i_ += KV) {                                                     \
-                kvu u_;                                                                            \
-                memcpy(&u_, (src) + i_, sizeof u_);                                                \
-                kvu r_ = bf16_round_bits(u_);                                                      \
-                STORE((dst), i_, r_);                                                              \
-            }                                                                                      \
+            for (; i_ + KV <= hi_; i_ += KV) LANES((dst), (src), i_);                              \
             for (; i_ < hi_; i_++) (dst)[i_] = CONVERT((src)[i_]);                                 \
         }                                                                                          \
     } while (0)
 
-typedef uint16_t kvh __attribute__((vector_size(2 * KV)));
-#define BF16_STORE_F32(dst, i, bits) memcpy((dst) + (i), &(bits), sizeof(bits))
-#define BF16_STORE_H(dst, i, bits)                                                                 \
-    do {                                                                                           \
-        kvh h_ = __builtin_convertvector((bits) >> 16, kvh);                                       \
-        memcpy((dst) + (i), &h_, sizeof h_);                                                       \
-    } while (0)
-
 void loom_cpu_round_bf16(float *dst, const float *src, size_t n) {
-    BF16_MAP_VEC(dst, src, n, loom_bf16_round, BF16_STORE_F32);
+    BF16_MAP(dst, src, n, loom_bf16_round, round_lanes);
 }
 void loom_bf16_pack(uint16_t *dst, const float *src, size_t n) {
-    BF16_MAP_VEC(dst, src, n, loom_bf16_from_f32, BF16_STORE_H);
+    BF16_MAP(dst, src, n, loom_bf16_from_f32, pack_lanes);
 }
-void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n) { BF16_MAP(dst, src, n, loom_bf16_to_f32); }
+void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n) {
+    BF16_MAP(dst, src, n, loom_bf16_to_f32, unpack_lanes);
+}
 
 /* *buf grown to hold n elements of `size` bytes (*cap counts elements);
  * 0 without memory. */
