@@ -11,7 +11,10 @@
  *    formulas (ring, Ulysses, all-gather; MHA fp32 and GQA bf16), and "CP
  *    communication exposed" is named when the attention is too short to hide
  *    the ring, not when it is long;
- *  - GEMM efficiency by size interpolates the cluster's curve. */
+ *  - GEMM efficiency by size interpolates the cluster's curve;
+ *  - the element-wise bytes of a layer equal a hand count of its kernels
+ *    (GPT as Megatron-LM 2021 runs it, with and without flash attention;
+ *    Llama-style), and the step time grows by them at HBM bandwidth. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -297,6 +300,74 @@ static void test_gemm_curve(void) {
           "no curve: efficiency.gemm (0.7) for every size");
 }
 
+/* Element-wise bytes of one layer: gpt2-small (h 768, 12 heads, ffn 3072),
+ * tp=2, micro-batch 2 x 128 tokens, bf16. Hand inventory, per kernel, in
+ * bytes read + written (2-byte elements, 1-byte masks): n = 256 tokens,
+ * ht = 384 channels per tp rank, 6 heads per rank, sc = 256 x 128 x 6
+ * scores, qkv = 3 x 384 channels, ffn per rank 1536. */
+static void test_elementwise_bytes(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    loom_plan_job j = {.batch = 2, .seq = 128, .bf16 = 1};
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse("dp=1,tp=2,mbs=2,m=1", &j, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    const double n = 256, h = 768, ht = 384, qkv = 1152, sc = 256.0 * 128 * 6, F = 1536;
+    const double fwd_hand = 2 * 2 * n * h      /* LayerNorm 1: read x, write y */
+                            + 2 * 2 * n * qkv  /* QKV bias add: read, write */
+                            + 2 * 2 * sc       /* scale+mask+softmax: read scores, write probabilities */
+                            + (2 * 2 + 1) * sc /* dropout: read, write, 1-byte mask */
+                            + 2 * 2 * n * ht   /* context permute to contiguous */
+                            + 2 * 7 * n * h    /* 2 x bias+dropout+add: read out, residual, write, mask */
+                            + 2 * 2 * n * h    /* LayerNorm 2 */
+                            + 2 * 2 * n * F;   /* bias+GeLU */
+    const double bwd_hand = 2 * 10 * n * h     /* 2 x LayerNorm: read dy, x, write dx; dgamma/dbeta re-read dy, x */
+                            + 2 * 6 * n * h    /* 2 residual gradient sums */
+                            + 6 * n * qkv      /* QKV bias gradient + the split's concatenation */
+                            + 2 * 2 * n * ht   /* permute back */
+                            + 5 * sc           /* dropout back: read grad, mask, write */
+                            + 6 * sc           /* softmax back: read grad, probabilities, write */
+                            + 2 * 7 * n * h    /* 2 x bias+dropout+add back (+ bias gradient) */
+                            + 8 * n * F;       /* GeLU back: read grad, input, write; bias gradient */
+    double bwd, sel;
+    double fwd = loom_plan_elementwise_bytes(&m, &j, &l, &bwd, &sel);
+    CHECK(fabs(fwd - fwd_hand) < 0.5, "GPT forward element-wise %.0f == hand count %.0f", fwd, fwd_hand);
+    CHECK(fabs(bwd - bwd_hand) < 0.5, "GPT backward element-wise %.0f == hand count %.0f", bwd, bwd_hand);
+    CHECK(fabs(sel - 9 * sc) < 0.5, "selective recompute repeats softmax + dropout: %.0f == %.0f", sel, 9 * sc);
+    /* flash attention: no scores, no permute */
+    j.flash = 1;
+    double bwd_f, sel_f;
+    double fwd_f = loom_plan_elementwise_bytes(&m, &j, &l, &bwd_f, &sel_f);
+    CHECK(fabs(fwd_f - (fwd_hand - 9 * sc - 4 * n * ht)) < 0.5, "flash forward %.0f", fwd_f);
+    CHECK(fabs(bwd_f - (bwd_hand - 11 * sc - 4 * n * ht)) < 0.5 && sel_f == 0, "flash backward %.0f", bwd_f);
+    /* Llama-style (llama3-8b: h 4096, 32 heads, 8 KV heads, ffn 14336), tp=1,
+     * one 64-token sequence, flash: RMSNorm x 2, RoPE on q and k, two
+     * residual adds, SwiGLU (read gate and up, write) */
+    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    loom_plan_job jl = {.batch = 1, .seq = 64, .bf16 = 1, .flash = 1};
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1", &jl, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    const double N = 64, H = 4096, KV = 1024, FF = 14336;
+    const double lf = 2 * 4 * N * H + 4 * N * (H + KV) + 2 * 6 * N * H + 6 * N * FF;
+    const double lb = 2 * 10 * N * H + 2 * 6 * N * H + 4 * N * (H + KV) + 10 * N * FF;
+    fwd = loom_plan_elementwise_bytes(&m, &jl, &l, &bwd, NULL);
+    CHECK(fabs(fwd - lf) < 0.5 && fabs(bwd - lb) < 0.5, "Llama forward %.0f == %.0f, backward %.0f == %.0f", fwd,
+          lf, bwd, lb);
+    /* the step of a one-layer-deep view: more element-wise bytes, more time;
+     * with scores materialised the batched attention GEMMs are no faster
+     * than the score bytes at HBM bandwidth */
+    loom_plan_cluster c = h100();
+    loom_plan_job jb = {.batch = 8, .seq = 2048, .bf16 = 1, .gpus = 8};
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=1", &jb, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result r1, r2;
+    CHECK(loom_plan_evaluate(&m, &c, &jb, &l, 1, &r1) == LOOM_OK && r1.feasible, "evaluate");
+    c.hbm_bw *= 0.5;
+    CHECK(loom_plan_evaluate(&m, &c, &jb, &l, 1, &r2) == LOOM_OK && r2.feasible, "evaluate");
+    double eb = 0, ef = loom_plan_elementwise_bytes(&m, &jb, &l, &eb, NULL);
+    const double extra = m.layers * (ef + eb) / (2 * c.hbm_bw); /* half the bandwidth: the element-wise time again */
+    CHECK(r2.t_compute - r1.t_compute > 0.99 * extra, "halving HBM bandwidth adds at least the element-wise time: "
+          "%.4g s > %.4g s", r2.t_compute - r1.t_compute, extra);
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
@@ -305,5 +376,6 @@ int main(void) {
     test_16k_speed();
     test_cp_volume();
     test_gemm_curve();
+    test_elementwise_bytes();
     return check_done();
 }
