@@ -605,10 +605,22 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     /* per micro-batch costs the simulator runs with */
     const int split = loom_schedule_splits_backward(l->sched) && l->pp > 1;
-    const double z3_exposed = fmax(0, z3 - c->overlap * (fwd + bwd_in + bwd_w));
-    const double F = fwd + tp_f + cp_f + ep_f + z3_exposed * 0.5;
-    const double Bi = bwd_in + recompute + tp_b + cp_b + ep_b + z3_exposed * 0.5;
-    const double W = bwd_w;
+    /* ZeRO-3: a micro-batch's forward gathers hide behind its forward, its
+     * backward gathers behind its backward (recompute included); the
+     * gradient reduce-scatter shares the link with the backward's gathers,
+     * so it hides only in what of the backward they leave (t_dp below) */
+    const double z3_ag = 0.5 * z3, z3_bwd = bwd_in + recompute + bwd_w;
+    const double F = fwd + tp_f + cp_f + ep_f + fmax(0, z3_ag - c->overlap * fwd);
+    const double Bi = bwd_in + recompute + tp_b + cp_b + ep_b + fmax(0, z3_ag - c->overlap * z3_bwd);
+    /* gradient accumulation over micro-batches (GPU stacks, unsharded
+     * gradients): every micro-batch after the first adds its weight gradients
+     * to the rank's gradient buffer, reading both and writing the sum
+     * (Megatron-LM 2021: autograd's in-place add into param.grad, or
+     * main_grad.add_ with contiguous buffers); averaged over the m */
+    const double grad_acc = e.ab == 2 && l->zero <= 1 && l->m > 1
+                                ? (l->m - 1.0) / l->m * 3 * e.gb * (dense_p + exp_p) / c->hbm_bw
+                                : 0;
+    const double W = bwd_w + grad_acc;
     /* the optimizer: read/write params, grads and two moments of this rank's shard */
     const double shard = (l->zero >= 1 && zg > 1) ? (dense_p / zg + exp_p / eg) : (dense_p + exp_p);
     const double opt = shard * (e.wb + e.gb + e.ob) * 2 / c->hbm_bw;
@@ -670,10 +682,12 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     if (counts != counts_small) free(counts);
     /* DP reductions hide behind the last micro-batch's backward */
-    const double window = j->no_dp_overlap ? 0 : c->overlap * (Bi + W);
+    const double window = j->no_dp_overlap ? 0
+                          : z3 > 0         ? fmax(0, c->overlap * z3_bwd - z3_ag)
+                                           : c->overlap * (Bi + W);
     r->t_dp = fmax(0, dp_t - window);
     r->t_step = makespan + r->t_dp + opt;
-    r->t_compute = l->m * (fwd + bwd_in + bwd_w + recompute);
+    r->t_compute = l->m * (fwd + bwd_in + W + recompute);
     r->t_tp = l->m * (tp_f + tp_b), r->t_cp = l->m * (cp_f + cp_b), r->t_ep = l->m * (ep_f + ep_b);
     r->t_pp = msg;
     r->cp_bytes = cp_layer_bytes * layers_max * l->m;

@@ -14,7 +14,10 @@
  *  - GEMM efficiency by size interpolates the cluster's curve;
  *  - the element-wise bytes of a layer equal a hand count of its kernels
  *    (GPT as Megatron-LM 2021 runs it, with and without flash attention;
- *    Llama-style), and the step time grows by them at HBM bandwidth. */
+ *    Llama-style), and the step time grows by them at HBM bandwidth;
+ *  - gradient accumulation costs 3 x 2 bytes per parameter per extra
+ *    micro-batch; ZeRO-3's reduce-scatter hides only where the backward's
+ *    gathers leave room. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -368,6 +371,46 @@ static void test_elementwise_bytes(void) {
           "%.4g s > %.4g s", r2.t_compute - r1.t_compute, extra);
 }
 
+/* Gradient accumulation (bf16, unsharded gradients): each micro-batch after
+ * the first reads the rank's gradient buffer and its new gradients and writes
+ * the sum, 3 x 2 bytes per parameter at HBM bandwidth. ZeRO-3: the gradient
+ * reduce-scatter shares the link with the backward's parameter gathers, so
+ * when the gathers fill the backward it is exposed whole. */
+static void test_grad_acc_and_zero3(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    loom_plan_cluster c = h100();
+    loom_plan_job j4 = {.batch = 32, .seq = 1024, .bf16 = 1, .gpus = 8}, j1 = j4;
+    j1.batch = 8;
+    loom_plan_layout l4, l1;
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=4", &j4, &l4) == LOOM_OK, "parse: %s", loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=1", &j1, &l1) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result r4, r1;
+    CHECK(loom_plan_evaluate(&m, &c, &j4, &l4, 1, &r4) == LOOM_OK && r4.feasible, "evaluate m=4");
+    CHECK(loom_plan_evaluate(&m, &c, &j1, &l1, 1, &r1) == LOOM_OK && r1.feasible, "evaluate m=1");
+    const double h = m.hidden, P = m.layers * (4 * h * h + 2 * h * m.ffn) + (double)m.vocab * h +
+                                   (double)m.max_seq * h + (double)m.vocab * h; /* layers, embedding, head */
+    const double want = 3 * 3 * 2 * P / c.hbm_bw; /* 3 accumulations of 6 bytes per parameter */
+    const double got = r4.t_compute - 4 * r1.t_compute;
+    CHECK(fabs(got / want - 1) < 1e-6, "gradient accumulation %.6g s == 3 x 6 bytes x %.4g params / HBM = %.6g s", got,
+          P, want);
+    /* ZeRO-3 over 2 nodes */
+    loom_plan_job jz = {.batch = 16, .seq = 1024, .bf16 = 1, .gpus = 16};
+    loom_plan_layout lz;
+    CHECK(loom_plan_layout_parse("dp=16,zero=3,mbs=1,m=1", &jz, &lz) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result rz;
+    c.inter_bw = 1e9; /* gathers longer than the backward: nothing left to hide the reduce-scatter */
+    CHECK(loom_plan_evaluate(&m, &c, &jz, &lz, 1, &rz) == LOOM_OK && rz.feasible, "evaluate zero=3 slow");
+    /* the dense parameters' reduce-scatter, plus the (empty) expert group's latency the planner charges */
+    const double rs = loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 2 * P) +
+                      loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 0);
+    CHECK(fabs(rz.t_dp / rs - 1) < 1e-9, "zero=3, slow link: reduce-scatter exposed whole, %.6g s == %.6g s", rz.t_dp,
+          rs);
+    c.inter_bw = 1e15; /* gathers short: the reduce-scatter hides behind the backward */
+    CHECK(loom_plan_evaluate(&m, &c, &jz, &lz, 1, &rz) == LOOM_OK && rz.feasible, "evaluate zero=3 fast");
+    CHECK(rz.t_dp == 0, "zero=3, fast link: reduce-scatter hidden (%.4g s exposed)", rz.t_dp);
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
@@ -377,5 +420,6 @@ int main(void) {
     test_cp_volume();
     test_gemm_curve();
     test_elementwise_bytes();
+    test_grad_acc_and_zero3();
     return check_done();
 }
