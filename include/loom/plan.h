@@ -176,6 +176,12 @@ typedef struct loom_plan_result {
 loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
                                const loom_plan_layout *l, int simulate, loom_plan_result *r);
 
+/* Element-wise HBM bytes (read + written) of one layer for one micro-batch of
+ * layout l: returns the forward's; *bwd the backward's, *sel what selective
+ * recompute repeats (docs/planning.md, "Element-wise traffic"). */
+double loom_plan_elementwise_bytes(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l,
+                                   double *bwd, double *sel);
+
 typedef struct loom_plan_search_stats {
     long considered, feasible, simulated;
     long rejected_divide, rejected_memory, rejected_batch;

@@ -48,9 +48,15 @@ static double layer_flops(const loom_plan_model *m, const shape_costs *sc, doubl
  * backward's GEMMs have the same sizes. Expert GEMMs see tok*k*ep/E tokens.
  * Attention counts 4*tok*s*h/t model FLOPs; materialised (flash = 0) it runs
  * them all as two batched GEMMs, a causal flash kernel computes half of them
- * at the cluster's efficiency.attention (the GEMM curve when absent). */
+ * at the cluster's efficiency.attention (the GEMM curve when absent).
+ * score_bytes > 0 (materialised scores in 2-byte elements): the two batched
+ * GEMMs write and read the tok*s*heads/t scores, score_bytes in all per
+ * forward, and run at the roofline: no faster than those bytes at HBM
+ * bandwidth (their inner dimension is one head, hd FLOPs per byte moved,
+ * below A100's 312/2.04 = 153 for hd < 153). peak_per_bw = peak / HBM. */
 static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, const loom_plan_cluster *c,
-                             double tok, double s, double t, int ep, int flash) {
+                             double tok, double s, double t, int ep, int flash, double score_bytes,
+                             double peak_per_bw) {
     const double h = m->hidden, kvd = sc->hd * m->kv_heads, F = m->ffn, k = n_topk(m);
     const double per_expert = m->experts > 1 ? (double)ep / m->experts : 1; /* share of tok*k one expert gets */
     const double up = m->gated ? 2.0 : 1.0;
@@ -71,6 +77,8 @@ static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, co
         fl += g[i].flops;
         if (i == attn && flash)
             tm += 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
+        else if (i == attn) /* in units of peak FLOPs: bytes * peak / bandwidth */
+            tm += fmax(g[i].flops / loom_plan_gemm_eff(c, g[i].size), score_bytes * peak_per_bw);
         else
             tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
     }
@@ -195,8 +203,8 @@ typedef struct eval_ctx {
 static eval_ctx ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j) {
     eval_ctx e;
     e.sc = shape_of(m);
-    if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c->peak_bf16;
-    else e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c->peak_fp32;
+    if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c ? c->peak_bf16 : 0;
+    else e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c ? c->peak_fp32 : 0;
     e.flash = j->flash;
     return e;
 }
@@ -227,6 +235,74 @@ static double layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_
     double x = (l->sp ? (rep + masks) / t : rep + masks) + (attn + mlp) / t;
     if (l->recompute == LOOM_RECOMPUTE_NONE && !e->flash) x += scores / t;
     return u * x;
+}
+
+/* Element-wise HBM traffic of one layer for one micro-batch, in bytes read
+ * plus written (docs/planning.md, "Element-wise traffic"): fwd, bwd, and
+ * sel = the forward part selective recompute repeats (softmax, dropout).
+ *
+ * fp32 (loom on CPU): one pass over the bytes the layer keeps forward, two
+ * backward (written; read and their gradients written), as before.
+ *
+ * bf16: one entry per kernel of the stack, each reading its inputs and
+ * writing its outputs once at 2 bytes an element (masks 1 byte). GPT
+ * (Megatron-LM 2021, arXiv:2104.04473 section 4.2, and its code at
+ * 6985e589): LayerNorm; the QKV bias added after the GEMM (F.linear on a 3-D
+ * input); fused scale+mask+softmax; dropout on the probabilities (1-byte
+ * mask); the context permuted to contiguous; fused bias+dropout+add after the
+ * projection and the MLP; fused bias+GeLU. Backward: each op's gradient reads
+ * its saved input(s) and the incoming gradient and writes the outgoing one;
+ * LayerNorm's weight gradients read gradient and input again; bias gradients
+ * read the gradient once; the residual stream's two gradients are summed
+ * (read 2, write 1); the QKV split's gradient is a concatenation. Llama-style
+ * (gated): RMSNorm, RoPE on q and k, residual adds, SwiGLU, no bias, no
+ * dropout; MoE adds the token permutation in and out (k copies of a token).
+ * --flash-attention: no score traffic and no permute (inside the kernel). */
+typedef struct elem_bytes {
+    double fwd, bwd, sel;
+} elem_bytes;
+
+static elem_bytes layer_elem(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
+                             double s_loc, double s) {
+    elem_bytes r = {0, 0, 0};
+    if (e->ab == 4) {
+        loom_plan_layout kept = *l;
+        kept.recompute = LOOM_RECOMPUTE_NONE;
+        r.fwd = layer_act(m, e, &kept, b, s_loc, s);
+        r.bwd = 2 * r.fwd;
+        return r;
+    }
+    const double w = e->ab, t = l->tp, n = b * s_loc, h = m->hidden, k = n_topk(m);
+    const double hr = h / (l->sp ? t : 1);          /* LayerNorm / residual channels on this rank */
+    const double ht = h / t, kvt = ht * m->kv_heads / m->heads, Ft = (double)m->ffn / t;
+    const double sc = e->flash ? 0 : n * s * m->heads / t; /* score elements on this rank */
+    const double moe = m->experts > 1 ? 2 * 2 * w * n * k * hr : 0; /* permute in and out */
+    if (!m->gated) {
+        const double norm_f = 2 * w * n * hr, norm_b = 5 * w * n * hr;
+        const double bda_f = (3 * w + 1) * n * hr, bda_b = (3 * w + 1) * n * hr;
+        const double qkv = n * (ht + 2 * kvt), perm = e->flash ? 0 : 2 * w * n * ht;
+        const double soft_f = 2 * w * sc, drop_f = (2 * w + 1) * sc;
+        r.sel = soft_f + drop_f;
+        r.fwd = 2 * norm_f + 2 * w * qkv + r.sel + perm + 2 * bda_f + 2 * w * n * k * Ft + moe;
+        r.bwd = 2 * norm_b + 2 * 3 * w * n * hr /* residual sums */ + 3 * w * qkv + perm + (2 * w + 1) * sc +
+                3 * w * sc + 2 * bda_b + 4 * w * n * k * Ft + moe;
+    } else {
+        const double norm_f = 2 * w * n * hr, norm_b = 5 * w * n * hr, add = 3 * w * n * hr;
+        const double rope = 2 * w * n * (ht + kvt);
+        r.sel = 2 * w * sc;
+        r.fwd = 2 * norm_f + rope + r.sel + 2 * add + 3 * w * n * k * Ft + moe;
+        r.bwd = 2 * norm_b + 2 * add + rope + 3 * w * sc + 5 * w * n * k * Ft + moe;
+    }
+    return r;
+}
+
+double loom_plan_elementwise_bytes(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l,
+                                   double *bwd, double *sel) {
+    const eval_ctx e = ctx_of(m, NULL, j);
+    const elem_bytes r = layer_elem(m, &e, l, l->mbs, (double)j->seq / l->cp, j->seq);
+    if (bwd) *bwd = r.bwd;
+    if (sel) *sel = r.sel;
+    return r.fwd;
 }
 
 /* Memory of the most loaded stage; fills r->mem_*; returns the number of
@@ -372,7 +448,9 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const int S = l->pp * l->v;
     const double t = l->tp, cp = l->cp, b = l->mbs, s = j->seq, s_loc = s / cp;
     /* GEMM efficiency at this layout's GEMM sizes (one number per layer) */
-    const double eff = e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash);
+    const double score_bytes = e.ab == 2 && !e.flash ? 2 * e.ab * b * s_loc * s * m->heads / t : 0;
+    const double eff =
+        e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash, score_bytes, e.peak / c->hbm_bw);
     /* layers per rank: the partitioner's split with the head's cost in blocks */
     const double f_layer = layer_flops(m, &e.sc, b * s, s) / (t * cp);
     const double f_head = 2 * b * s * e.sc.head_w / (t * cp);
@@ -421,20 +499,19 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
                       (r->mem_total - c->memory) / GB, bd);
     }
     /* compute of one micro-batch on the slowest rank, in layer units, plus
-     * the memory-bound element-wise work: about three passes over the bytes a
-     * layer keeps (written in the forward, read and their gradients written
-     * in the backward); without SP the LayerNorm/residual part is not split */
-    loom_plan_layout kept = *l;
-    kept.recompute = LOOM_RECOMPUTE_NONE;
-    const double elem = layers_max * layer_act(m, &e, &kept, b, s_loc, s) / c->hbm_bw;
+     * the memory-bound element-wise work at HBM bandwidth (layer_elem: per
+     * kernel on GPU stacks; fp32: three passes over the bytes a layer keeps) */
+    const elem_bytes eb = layer_elem(m, &e, l, b, s_loc, s);
+    const double elem_f = layers_max * eb.fwd / c->hbm_bw, elem_b = layers_max * eb.bwd / c->hbm_bw;
     const double f_rank = max_rank_cost * f_layer / eff;
-    /* element-wise: one pass forward (written), two backward (read, gradient written) */
-    double fwd = f_rank + elem, bwd_in = f_rank + 2 * elem, bwd_w = f_rank;
+    double fwd = f_rank + elem_f, bwd_in = f_rank + elem_b, bwd_w = f_rank;
     const double attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
-    /* full recompute repeats the layers' forward, element-wise work included */
-    double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem
-                       : l->recompute == LOOM_RECOMPUTE_SELECTIVE ? attn_part * 0.5
-                                                                  : 0;
+    /* full recompute repeats the layers' forward, element-wise work included;
+     * selective the attention core (its softmax and dropout too) */
+    double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem_f
+                       : l->recompute == LOOM_RECOMPUTE_SELECTIVE
+                           ? attn_part * 0.5 + layers_max * eb.sel / c->hbm_bw
+                           : 0;
     /* tensor parallel: collectives per layer per micro-batch */
     const int tin = axis_inter(l, c, LOOM_PLAN_TP);
     const double act = b * s_loc * m->hidden * e.ab;
@@ -528,10 +605,22 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     /* per micro-batch costs the simulator runs with */
     const int split = loom_schedule_splits_backward(l->sched) && l->pp > 1;
-    const double z3_exposed = fmax(0, z3 - c->overlap * (fwd + bwd_in + bwd_w));
-    const double F = fwd + tp_f + cp_f + ep_f + z3_exposed * 0.5;
-    const double Bi = bwd_in + recompute + tp_b + cp_b + ep_b + z3_exposed * 0.5;
-    const double W = bwd_w;
+    /* ZeRO-3: a micro-batch's forward gathers hide behind its forward, its
+     * backward gathers behind its backward (recompute included); the
+     * gradient reduce-scatter shares the link with the backward's gathers,
+     * so it hides only in what of the backward they leave (t_dp below) */
+    const double z3_ag = 0.5 * z3, z3_bwd = bwd_in + recompute + bwd_w;
+    const double F = fwd + tp_f + cp_f + ep_f + fmax(0, z3_ag - c->overlap * fwd);
+    const double Bi = bwd_in + recompute + tp_b + cp_b + ep_b + fmax(0, z3_ag - c->overlap * z3_bwd);
+    /* gradient accumulation over micro-batches (GPU stacks, unsharded
+     * gradients): every micro-batch after the first adds its weight gradients
+     * to the rank's gradient buffer, reading both and writing the sum
+     * (Megatron-LM 2021: autograd's in-place add into param.grad, or
+     * main_grad.add_ with contiguous buffers); averaged over the m */
+    const double grad_acc = e.ab == 2 && l->zero <= 1 && l->m > 1
+                                ? (l->m - 1.0) / l->m * 3 * e.gb * (dense_p + exp_p) / c->hbm_bw
+                                : 0;
+    const double W = bwd_w + grad_acc;
     /* the optimizer: read/write params, grads and two moments of this rank's shard */
     const double shard = (l->zero >= 1 && zg > 1) ? (dense_p / zg + exp_p / eg) : (dense_p + exp_p);
     const double opt = shard * (e.wb + e.gb + e.ob) * 2 / c->hbm_bw;
@@ -593,10 +682,12 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     }
     if (counts != counts_small) free(counts);
     /* DP reductions hide behind the last micro-batch's backward */
-    const double window = j->no_dp_overlap ? 0 : c->overlap * (Bi + W);
+    const double window = j->no_dp_overlap ? 0
+                          : z3 > 0         ? fmax(0, c->overlap * z3_bwd - z3_ag)
+                                           : c->overlap * (Bi + W);
     r->t_dp = fmax(0, dp_t - window);
     r->t_step = makespan + r->t_dp + opt;
-    r->t_compute = l->m * (fwd + bwd_in + bwd_w + recompute);
+    r->t_compute = l->m * (fwd + bwd_in + W + recompute);
     r->t_tp = l->m * (tp_f + tp_b), r->t_cp = l->m * (cp_f + cp_b), r->t_ep = l->m * (ep_f + ep_b);
     r->t_pp = msg;
     r->cp_bytes = cp_layer_bytes * layers_max * l->m;

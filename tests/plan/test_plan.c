@@ -11,7 +11,13 @@
  *    formulas (ring, Ulysses, all-gather; MHA fp32 and GQA bf16), and "CP
  *    communication exposed" is named when the attention is too short to hide
  *    the ring, not when it is long;
- *  - GEMM efficiency by size interpolates the cluster's curve. */
+ *  - GEMM efficiency by size interpolates the cluster's curve;
+ *  - the element-wise bytes of a layer equal a hand count of its kernels
+ *    (GPT as Megatron-LM 2021 runs it, with and without flash attention;
+ *    Llama-style), and the step time grows by them at HBM bandwidth;
+ *  - gradient accumulation costs 3 x 2 bytes per parameter per extra
+ *    micro-batch; ZeRO-3's reduce-scatter hides only where the backward's
+ *    gathers leave room. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -297,6 +303,114 @@ static void test_gemm_curve(void) {
           "no curve: efficiency.gemm (0.7) for every size");
 }
 
+/* Element-wise bytes of one layer: gpt2-small (h 768, 12 heads, ffn 3072),
+ * tp=2, micro-batch 2 x 128 tokens, bf16. Hand inventory, per kernel, in
+ * bytes read + written (2-byte elements, 1-byte masks): n = 256 tokens,
+ * ht = 384 channels per tp rank, 6 heads per rank, sc = 256 x 128 x 6
+ * scores, qkv = 3 x 384 channels, ffn per rank 1536. */
+static void test_elementwise_bytes(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    loom_plan_job j = {.batch = 2, .seq = 128, .bf16 = 1};
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse("dp=1,tp=2,mbs=2,m=1", &j, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    const double n = 256, h = 768, ht = 384, qkv = 1152, sc = 256.0 * 128 * 6, F = 1536;
+    const double fwd_hand = 2 * 2 * n * h      /* LayerNorm 1: read x, write y */
+                            + 2 * 2 * n * qkv  /* QKV bias add: read, write */
+                            + 2 * 2 * sc       /* scale+mask+softmax: read scores, write probabilities */
+                            + (2 * 2 + 1) * sc /* dropout: read, write, 1-byte mask */
+                            + 2 * 2 * n * ht   /* context permute to contiguous */
+                            + 2 * 7 * n * h    /* 2 x bias+dropout+add: read out, residual, write, mask */
+                            + 2 * 2 * n * h    /* LayerNorm 2 */
+                            + 2 * 2 * n * F;   /* bias+GeLU */
+    const double bwd_hand = 2 * 10 * n * h     /* 2 x LayerNorm: read dy, x, write dx; dgamma/dbeta re-read dy, x */
+                            + 2 * 6 * n * h    /* 2 residual gradient sums */
+                            + 6 * n * qkv      /* QKV bias gradient + the split's concatenation */
+                            + 2 * 2 * n * ht   /* permute back */
+                            + 5 * sc           /* dropout back: read grad, mask, write */
+                            + 6 * sc           /* softmax back: read grad, probabilities, write */
+                            + 2 * 7 * n * h    /* 2 x bias+dropout+add back (+ bias gradient) */
+                            + 8 * n * F;       /* GeLU back: read grad, input, write; bias gradient */
+    double bwd, sel;
+    double fwd = loom_plan_elementwise_bytes(&m, &j, &l, &bwd, &sel);
+    CHECK(fabs(fwd - fwd_hand) < 0.5, "GPT forward element-wise %.0f == hand count %.0f", fwd, fwd_hand);
+    CHECK(fabs(bwd - bwd_hand) < 0.5, "GPT backward element-wise %.0f == hand count %.0f", bwd, bwd_hand);
+    CHECK(fabs(sel - 9 * sc) < 0.5, "selective recompute repeats softmax + dropout: %.0f == %.0f", sel, 9 * sc);
+    /* flash attention: no scores, no permute */
+    j.flash = 1;
+    double bwd_f, sel_f;
+    double fwd_f = loom_plan_elementwise_bytes(&m, &j, &l, &bwd_f, &sel_f);
+    CHECK(fabs(fwd_f - (fwd_hand - 9 * sc - 4 * n * ht)) < 0.5, "flash forward %.0f", fwd_f);
+    CHECK(fabs(bwd_f - (bwd_hand - 11 * sc - 4 * n * ht)) < 0.5 && sel_f == 0, "flash backward %.0f", bwd_f);
+    /* Llama-style (llama3-8b: h 4096, 32 heads, 8 KV heads, ffn 14336), tp=1,
+     * one 64-token sequence, flash: RMSNorm x 2, RoPE on q and k, two
+     * residual adds, SwiGLU (read gate and up, write) */
+    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    loom_plan_job jl = {.batch = 1, .seq = 64, .bf16 = 1, .flash = 1};
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1", &jl, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    const double N = 64, H = 4096, KV = 1024, FF = 14336;
+    const double lf = 2 * 4 * N * H + 4 * N * (H + KV) + 2 * 6 * N * H + 6 * N * FF;
+    const double lb = 2 * 10 * N * H + 2 * 6 * N * H + 4 * N * (H + KV) + 10 * N * FF;
+    fwd = loom_plan_elementwise_bytes(&m, &jl, &l, &bwd, NULL);
+    CHECK(fabs(fwd - lf) < 0.5 && fabs(bwd - lb) < 0.5, "Llama forward %.0f == %.0f, backward %.0f == %.0f", fwd,
+          lf, bwd, lb);
+    /* the step of a one-layer-deep view: more element-wise bytes, more time;
+     * with scores materialised the batched attention GEMMs are no faster
+     * than the score bytes at HBM bandwidth */
+    loom_plan_cluster c = h100();
+    loom_plan_job jb = {.batch = 8, .seq = 2048, .bf16 = 1, .gpus = 8};
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=1", &jb, &l) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result r1, r2;
+    CHECK(loom_plan_evaluate(&m, &c, &jb, &l, 1, &r1) == LOOM_OK && r1.feasible, "evaluate");
+    c.hbm_bw *= 0.5;
+    CHECK(loom_plan_evaluate(&m, &c, &jb, &l, 1, &r2) == LOOM_OK && r2.feasible, "evaluate");
+    double eb = 0, ef = loom_plan_elementwise_bytes(&m, &jb, &l, &eb, NULL);
+    const double extra = m.layers * (ef + eb) / (2 * c.hbm_bw); /* half the bandwidth: the element-wise time again */
+    CHECK(r2.t_compute - r1.t_compute > 0.99 * extra, "halving HBM bandwidth adds at least the element-wise time: "
+          "%.4g s > %.4g s", r2.t_compute - r1.t_compute, extra);
+}
+
+/* Gradient accumulation (bf16, unsharded gradients): each micro-batch after
+ * the first reads the rank's gradient buffer and its new gradients and writes
+ * the sum, 3 x 2 bytes per parameter at HBM bandwidth. ZeRO-3: the gradient
+ * reduce-scatter shares the link with the backward's parameter gathers, so
+ * when the gathers fill the backward it is exposed whole. */
+static void test_grad_acc_and_zero3(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    loom_plan_cluster c = h100();
+    loom_plan_job j4 = {.batch = 32, .seq = 1024, .bf16 = 1, .gpus = 8}, j1 = j4;
+    j1.batch = 8;
+    loom_plan_layout l4, l1;
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=4", &j4, &l4) == LOOM_OK, "parse: %s", loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=8,mbs=1,m=1", &j1, &l1) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result r4, r1;
+    CHECK(loom_plan_evaluate(&m, &c, &j4, &l4, 1, &r4) == LOOM_OK && r4.feasible, "evaluate m=4");
+    CHECK(loom_plan_evaluate(&m, &c, &j1, &l1, 1, &r1) == LOOM_OK && r1.feasible, "evaluate m=1");
+    const double h = m.hidden, P = m.layers * (4 * h * h + 2 * h * m.ffn) + (double)m.vocab * h +
+                                   (double)m.max_seq * h + (double)m.vocab * h; /* layers, embedding, head */
+    const double want = 3 * 3 * 2 * P / c.hbm_bw; /* 3 accumulations of 6 bytes per parameter */
+    const double got = r4.t_compute - 4 * r1.t_compute;
+    CHECK(fabs(got / want - 1) < 1e-6, "gradient accumulation %.6g s == 3 x 6 bytes x %.4g params / HBM = %.6g s", got,
+          P, want);
+    /* ZeRO-3 over 2 nodes */
+    loom_plan_job jz = {.batch = 16, .seq = 1024, .bf16 = 1, .gpus = 16};
+    loom_plan_layout lz;
+    CHECK(loom_plan_layout_parse("dp=16,zero=3,mbs=1,m=1", &jz, &lz) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result rz;
+    c.inter_bw = 1e9; /* gathers longer than the backward: nothing left to hide the reduce-scatter */
+    CHECK(loom_plan_evaluate(&m, &c, &jz, &lz, 1, &rz) == LOOM_OK && rz.feasible, "evaluate zero=3 slow");
+    /* the dense parameters' reduce-scatter, plus the (empty) expert group's latency the planner charges */
+    const double rs = loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 2 * P) +
+                      loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 0);
+    CHECK(fabs(rz.t_dp / rs - 1) < 1e-9, "zero=3, slow link: reduce-scatter exposed whole, %.6g s == %.6g s", rz.t_dp,
+          rs);
+    c.inter_bw = 1e15; /* gathers short: the reduce-scatter hides behind the backward */
+    CHECK(loom_plan_evaluate(&m, &c, &jz, &lz, 1, &rz) == LOOM_OK && rz.feasible, "evaluate zero=3 fast");
+    CHECK(rz.t_dp == 0, "zero=3, fast link: reduce-scatter hidden (%.4g s exposed)", rz.t_dp);
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
@@ -305,5 +419,7 @@ int main(void) {
     test_16k_speed();
     test_cp_volume();
     test_gemm_curve();
+    test_elementwise_bytes();
+    test_grad_acc_and_zero3();
     return check_done();
 }
