@@ -10,6 +10,7 @@
 #include "loom/plan_calibrate.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,17 @@ static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, dou
     return st;
 }
 
+/* Processors this process may run on (its affinity mask, as nproc counts
+ * them; the online CPUs where the mask is unavailable). */
+static int cpus_usable(void) {
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 static size_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -204,6 +216,10 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     const double p2p_bw = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].bandwidth : bw;
     fprintf(f, "{\n  \"name\": \"%s: %d ranks (measured by loom calibrate)\",\n", host, n);
     fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
+    /* the processors the ranks time-share, in units of one rank's threads
+     * (the rates below are each rank's with all n computing) */
+    const int threads = loom_kernels_get_threads() > 0 ? loom_kernels_get_threads() : 1;
+    fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus_usable() / threads);
     fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
     fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
     fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);
@@ -234,8 +250,8 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
         return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
     }
     if (verbose)
-        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %ld cores), copy %.2f GB/s, "
+        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %d cores), copy %.2f GB/s, "
                "%.1f MB resident per rank at start\nwrote %s\n",
-               gemm / 1e9, n, GEMM_WINDOW, sysconf(_SC_NPROCESSORS_ONLN), bw / 1e9, rss / 1e6, path);
+               gemm / 1e9, n, GEMM_WINDOW, cpus_usable(), bw / 1e9, rss / 1e6, path);
     return LOOM_OK;
 }
