@@ -569,15 +569,15 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     /* devices sharing cores: the pipeline replays each stage's work at its
      * speed alone and lets the simulator share the node's cores; all else
      * runs with every device busy (all_busy = 1 on the calibrated node) */
-    const sharing sh = l->pp > 1 ? sharing_of(c, j, l) : (sharing){1, 1, 0, 0};
-    const sharing sh_all = sharing_of(c, j, l);
-    const double solo = sh.cores > 0 ? sh.solo : 1;
+    const sharing sh = sharing_of(c, j, l);
+    const int shared_pipe = l->pp > 1 && sh.cores > 0;
+    const double solo = shared_pipe ? sh.solo : 1;
     r->sim_f = solo * F / l->v, r->sim_b = solo * (split ? Bi : Bi + W) / l->v, r->sim_w = split ? solo * W / l->v : 0;
     r->sim_comm = msg;
-    r->sim_cores = sh.cores, r->sim_share = sh.share;
+    r->sim_cores = shared_pipe ? sh.cores : 0, r->sim_share = shared_pipe ? sh.share : 0;
     double makespan, busy;
     if (l->pp == 1) {
-        makespan = l->m * (F + Bi + W) * sh_all.all_busy;
+        makespan = l->m * (F + Bi + W) * sh.all_busy;
         busy = makespan;
         r->bubble = 0;
     } else if (simulate) {
@@ -629,17 +629,17 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         busy = l->m * (F + Bi + W) * solo;
         makespan = busy / (1 - bub) + 2 * (l->pp - 1) * msg;
         /* shared cores: the node's work cannot finish faster than with every stage busy */
-        if (sh.cores > 0) makespan = fmax(makespan, l->m * (F + Bi + W) * sh.all_busy);
+        if (shared_pipe) makespan = fmax(makespan, l->m * (F + Bi + W) * sh.all_busy);
         r->bubble = 1 - busy / makespan;
     }
     if (counts != counts_small) free(counts);
     /* DP reductions hide behind the last micro-batch's backward */
     const double window = j->no_dp_overlap ? 0 : c->overlap * (Bi + W);
-    r->t_dp = fmax(0, dp_t - window) * sh_all.all_busy;
-    r->t_step = makespan + r->t_dp + opt * sh_all.all_busy;
+    r->t_dp = fmax(0, dp_t - window) * sh.all_busy;
+    r->t_step = makespan + r->t_dp + opt * sh.all_busy;
     /* the parts of the slowest rank's busy time (with shared cores: its wall
      * time computing in the replay, in the proportions of its work) */
-    const double part = sh.cores > 0 ? busy / (l->m * (F + Bi + W)) : sh_all.all_busy;
+    const double part = shared_pipe ? busy / (l->m * (F + Bi + W)) : sh.all_busy;
     r->t_compute = l->m * (fwd + bwd_in + bwd_w + recompute) * part;
     r->t_tp = l->m * (tp_f + tp_b) * part, r->t_cp = l->m * (cp_f + cp_b) * part, r->t_ep = l->m * (ep_f + ep_b) * part;
     r->t_pp = msg;

@@ -321,10 +321,10 @@ static loom_plan_cluster cpu_node(double cores, const char *path) {
     return c;
 }
 
-static loom_plan_result eval(const loom_plan_cluster *c, const char *layout) {
+static loom_plan_result eval_on(const loom_plan_cluster *c, const char *layout, int gpus) {
     loom_plan_model m;
     loom_plan_model_builtin("mini", &m);
-    loom_plan_job j = {.batch = 16, .seq = 128, .bf16 = 0, .gpus = 4};
+    loom_plan_job j = {.batch = 16, .seq = 128, .bf16 = 0, .gpus = gpus};
     loom_plan_layout l;
     loom_plan_result r;
     memset(&r, 0, sizeof r);
@@ -333,6 +333,8 @@ static loom_plan_result eval(const loom_plan_cluster *c, const char *layout) {
           loom_errmsg(), r.reason);
     return r;
 }
+
+static loom_plan_result eval(const loom_plan_cluster *c, const char *layout) { return eval_on(c, layout, 4); }
 
 /* Devices that time-share cores (cores_per_node): a pipeline's idle stages
  * hand their cores to the busy ones, so a pipeline on 4 ranks and 2 cores
@@ -406,6 +408,11 @@ static void test_shared_cores(void) {
     CHECK(dp2pp2.sim_share == 2 && dp2pp2.sim_cores == 1,
           "dp=2 x pp=2: 2 stages per node, each stage set's share 1 core (%d, %g)", dp2pp2.sim_share,
           dp2pp2.sim_cores);
+    /* 2 of the node's 4 devices on 2 cores: no sharing in this job, so
+     * twice the rate the file measured with 4 busy, every part of the step */
+    const loom_plan_result d2own = eval_on(&own, "dp=2", 2), d2two = eval_on(&two, "dp=2", 2);
+    CHECK(fabs(d2two.t_step - 0.5 * d2own.t_step) < 1e-12 * d2own.t_step && d2two.t_dp == 0.5 * d2own.t_dp,
+          "dp=2 on a 4-device, 2-core node: step %.6g = half of %.6g", d2two.t_step, d2own.t_step);
     /* a bad key is named */
     FILE *f = fopen(p_bad, "w");
     if (f) {
