@@ -51,6 +51,9 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
     cJSON_AddBoolToObject(o, "bubble_simulated", r->simulated);
     add_numbers(cJSON_AddObjectToObject(o, "sim_costs_s"),
                 (const named[]){{"f", r->sim_f}, {"b", r->sim_b}, {"w", r->sim_w}, {"comm", r->sim_comm}, {NULL, 0}});
+    /* devices that share cores: the simulator's processors per node and stages per node (0: own devices) */
+    add_numbers(cJSON_AddObjectToObject(o, "sim_shared_cores"),
+                (const named[]){{"cores", r->sim_cores}, {"stages_per_node", r->sim_share}, {NULL, 0}});
     cJSON_AddNumberToObject(o, "stage_imbalance", r->stage_imbalance);
     cJSON_AddNumberToObject(o, "head_cost_layers", r->head_cost);
     if (j->serve) {

@@ -143,9 +143,10 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
     } else {
         printf("bubble    %.6f (simulated)\n", r->bubble);
         const double cf = loom_sim_closed_form_bubble(s->kind, s->pp, s->micro_batches, s->virtual_stages, c);
-        if (isnan(cf) || c->comm != 0 || counts)
+        if (isnan(cf) || c->comm != 0 || counts || c->cores > 0)
             printf("closed    %s: %s\n", closed_form_text(s->kind),
-                   isnan(cf) ? "none for m < pp" : "applies only with --cost-comm 0 and uniform stages");
+                   isnan(cf) ? "none for m < pp"
+                             : "applies only with --cost-comm 0, uniform stages and no --cores");
         else
             printf("closed    %.6f %s\n", cf, closed_form_text(s->kind));
     }
@@ -220,6 +221,10 @@ static loom_status run(sim_args *a) {
         return loom_fail(LOOM_EUSAGE, "--stage-layers needs --layers N (the model's layer count)");
     if (a->layers < 0) return loom_fail(LOOM_EUSAGE, "--layers %d: must be >= 1", a->layers);
     LOOM_TRY(loom_sim_costs_check(&a->costs, 0));
+    if (a->costs.share && !(a->costs.cores > 0))
+        return loom_fail(LOOM_EUSAGE, "--share %d: only with --cores C (ranks that share processors)", a->costs.share);
+    if (a->from_trace[0] && a->costs.cores > 0)
+        return loom_fail(LOOM_EUSAGE, "--cores: not with --from-trace (measured durations already include the sharing)");
     if (!(isfinite(a->cost_embed) && a->cost_embed >= 0))
         return loom_fail(LOOM_EUSAGE, "--cost-embed %g: must be a finite number >= 0", a->cost_embed);
     if (!(isfinite(a->cost_head) && a->cost_head >= 0))
@@ -281,6 +286,10 @@ int cmd_sim(int argc, char **argv) {
         {"cost-comm", OPT_DOUBLE, &a.costs.comm, 0, "T",
          "latency of one activation/gradient message (default 0)"},
         {"cost-opt", OPT_DOUBLE, &a.costs.opt, 0, "T", "optimizer step (default 0)"},
+        {"cores", OPT_DOUBLE, &a.costs.cores, 0, "C",
+         "the ranks of a node time-share C processors (CPU cores): while k compute, each runs at "
+         "min(1, C/k) of its speed and the costs are a rank's alone (default 0: own devices)"},
+        {"share", OPT_INT, &a.costs.share, 0, "N", "with --cores: N consecutive ranks per node (default: all)"},
         {"layers", OPT_INT, &a.layers, 0, "N",
          "model layers: scale each stage's costs by its share (default: uniform)"},
         {"stage-layers", OPT_STR, a.stage_layers, sizeof a.stage_layers, "LIST",
@@ -309,7 +318,9 @@ int cmd_sim(int argc, char **argv) {
         "interleaved) and b, then w as a separate W pass, in zb; the defaults f=b=w=1\n"
         "are the classic F=1, B=2. Stages are uniform unless --layers is given, which\n"
         "splits the layers with the partitioner (or --stage-layers) and scales each\n"
-        "stage's f, b, w by its cost relative to the mean.\n"
+        "stage's f, b, w by its cost relative to the mean. --cores C replays ranks that\n"
+        "time-share C processors (more ranks than CPU cores): a rank computing alone runs at\n"
+        "full speed, k computing ranks on C < k cores each at C/k (busy = wall time computing).\n"
         "\n"
         "--recompute full charges what loom train --recompute full does: each\n"
         "backward first re-runs its chunk's forward (b + f), the embedding and head\n"
@@ -327,6 +338,7 @@ int cmd_sim(int argc, char **argv) {
         "own duration, and the closed form. Exit 66 if DIR or a trace file is missing,\n"
         "65 if one is malformed or holds another schedule or layout.\n"
         "example: loom sim --pp 4 --micro-batches 8 --schedule zb --trace zb.json\n"
+        "         loom sim --pp 4 --micro-batches 4 --cores 2\n"
         "         loom sim --pp 2 --micro-batches 8 --schedule 1f1b --from-trace run/trace\n",
         opts,
         sizeof opts / sizeof opts[0]};

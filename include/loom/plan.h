@@ -72,6 +72,11 @@ typedef struct loom_plan_cluster {
     double gemm_eff;               /* achieved / peak in large GEMMs */
     double coll_eff;               /* achieved / link bandwidth in collectives */
     double overlap;                /* fraction of the backward DP reductions can hide behind */
+    /* cores_per_node: processors the devices of a node time-share (CPU
+     * ranks; `loom calibrate` writes it), in units of one device's threads;
+     * 0 (absent): every device computes on its own (GPUs). The rates above
+     * are per device with all gpus_per_node devices of a node busy. */
+    double cores;
     /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
@@ -162,6 +167,8 @@ typedef struct loom_plan_result {
     int simulated;                   /* 1: bubble and makespan from loom_sim_run */
     /* the costs the simulator ran with (per micro-batch, s) */
     double sim_f, sim_b, sim_w, sim_comm, stage_imbalance;
+    double sim_cores;                /* loom_sim_costs.cores: processors per node the pipeline ranks share (0: own devices) */
+    int sim_share;                   /* loom_sim_costs.share: consecutive pipeline ranks per node */
     double head_cost;                /* the LM head's time in layers (the partitioner's cost) */
     double tokens_per_s_dev, mfu;
     double model_flops;              /* per step, 6*active*tokens + attention (no recompute) */

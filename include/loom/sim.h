@@ -46,9 +46,19 @@ typedef struct loom_sim_costs {
      * backward runs b + w as its B, so measured costs give b = the measured
      * full backward and w = 0. */
     const loom_sim_stage_cost *stage;
+    /* Ranks that time-share processors (CPU cores; docs/planning.md, "Devices
+     * that share cores"). cores = 0 (the default): every rank has its own
+     * device, and an action takes its duration. cores > 0: the pipeline
+     * ranks sit on nodes of `share` consecutive ranks (0: all on one node),
+     * the ranks of a node time-share `cores` processors, and while k of
+     * them compute (F, B, W, OPT_STEP) each progresses at min(1, cores / k)
+     * of its own speed: durations are those of a rank computing alone, a
+     * rank waiting for a message uses no processor (processor sharing). */
+    double cores;
+    int share;
 } loom_sim_costs;
 
-/* f = b = w = 1, comm = opt = 0, no scale, no per-stage costs. */
+/* f = b = w = 1, comm = opt = 0, no scale, no per-stage costs, own devices. */
 void loom_sim_costs_default(loom_sim_costs *c);
 /* LOOM_EUSAGE unless every cost (stage scale, per-stage cost) is in [0, 1e9] ("--cost-f
  * -1: must be a finite number >= 0 (at most 1e9)"). */
@@ -59,7 +69,7 @@ typedef struct loom_sim_result {
     double makespan;     /* latest end over all ranks */
     double bubble;       /* 1 - sum(busy) / (pp * makespan); 0 when makespan is 0 */
     double *start, *end; /* (n_total) parallel to the schedule's actions */
-    double *busy;        /* (pp) compute time per rank */
+    double *busy;        /* (pp) compute time per rank (wall time of its F, B, W, OPT_STEP) */
     double *rank_end;    /* (pp) end of each rank's last action */
     int *peak_live;      /* (pp) */
 } loom_sim_result;

@@ -10,6 +10,7 @@
 #include "loom/plan_calibrate.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,29 @@ static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, dou
     return st;
 }
 
+/* Processors the ranks may run on together: the union of every rank's
+ * affinity mask (mpirun may bind each rank to one core when they fit, so
+ * one rank's own mask is not the node's), as nproc counts them; the online
+ * CPUs where the mask is unavailable. Collective over world. */
+static loom_status cpus_usable(loom_comm *world, int *out) {
+    enum { NCPU = 1024 };
+    static unsigned char on[NCPU];
+    memset(on, 0, sizeof on);
+    cpu_set_t set;
+    int any = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int i = 0; i < NCPU && i < CPU_SETSIZE; i++) any += on[i] = CPU_ISSET(i, &set) ? 1 : 0;
+    if (!any) { /* no mask: the online CPUs */
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        for (long i = 0; i < (n > 0 ? n : 1) && i < NCPU; i++) on[i] = 1;
+    }
+    LOOM_TRY(loom_comm_allreduce(world, on, NCPU, LOOM_U8, LOOM_MAX));
+    int n = 0;
+    for (int i = 0; i < NCPU; i++) n += on[i];
+    *out = n > 0 ? n : 1;
+    return LOOM_OK;
+}
+
 static size_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -145,6 +169,8 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
                                     &shape_flops[i]));
     LOOM_TRY(loom_comm_allreduce(world, shape_flops, NSHAPE, LOOM_F64, LOOM_SUM));
     for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i] /= n);
+    int cpus = 1;
+    LOOM_TRY(cpus_usable(world, &cpus));
     LOOM_TRY(loom_comm_barrier(world));
     double bw = copy_bandwidth();
     double sum[2] = {bw, (double)base_rss};
@@ -204,6 +230,10 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     const double p2p_bw = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].bandwidth : bw;
     fprintf(f, "{\n  \"name\": \"%s: %d ranks (measured by loom calibrate)\",\n", host, n);
     fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
+    /* the processors the ranks time-share, in units of one rank's threads
+     * (the rates below are each rank's with all n computing) */
+    const int threads = loom_kernels_get_threads() > 0 ? loom_kernels_get_threads() : 1;
+    fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads);
     fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
     fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
     fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);
@@ -234,8 +264,8 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
         return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
     }
     if (verbose)
-        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %ld cores), copy %.2f GB/s, "
+        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %d cores), copy %.2f GB/s, "
                "%.1f MB resident per rank at start\nwrote %s\n",
-               gemm / 1e9, n, GEMM_WINDOW, sysconf(_SC_NPROCESSORS_ONLN), bw / 1e9, rss / 1e6, path);
+               gemm / 1e9, n, GEMM_WINDOW, cpus, bw / 1e9, rss / 1e6, path);
     return LOOM_OK;
 }

@@ -213,6 +213,15 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     c->coll_eff = num(eff, "collective", 1);
     c->overlap = num(eff, "overlap", 1);
     c->attn_eff = num(eff, "attention", 0);
+    const cJSON *cores = cJSON_GetObjectItemCaseSensitive(root, "cores_per_node");
+    if (cores) {
+        c->cores = cJSON_IsNumber(cores) ? cores->valuedouble : -1;
+        if (!(isfinite(c->cores) && c->cores > 0))
+            return loom_fail(LOOM_ECONFIG,
+                             "cluster %s: 'cores_per_node' must be a positive number (absent: devices do not "
+                             "share processors)",
+                             path);
+    }
     if (c->attn_eff < 0 || c->attn_eff > 1)
         return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)", path);
     struct {

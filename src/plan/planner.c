@@ -157,6 +157,37 @@ static int job_gpus(const loom_plan_cluster *c, const loom_plan_job *j) {
     return j->gpus > 0 ? j->gpus : c->gpus_per_node * c->nodes;
 }
 
+/* Devices that time-share processors (cluster key cores_per_node; docs/
+ * planning.md, "Devices that share cores"). The cluster's rates are per
+ * device with all gpus_per_node devices of a node busy: with C cores and D
+ * devices each got min(1, C/D) of the speed it has alone. A time t at those
+ * rates takes t * solo when the device computes alone, and t * all_busy
+ * when the job's own devices on the node (min(N, gpus_per_node)) all
+ * compute. For the pipeline, the g = (devices per node) / (pp stride)
+ * consecutive stages of a node (at least 1, at most pp) share the node's
+ * cores among their D/g replicas: cores C*g/D per stage set. No key, or no
+ * node with more devices than cores: solo = all_busy = 1, cores 0. */
+typedef struct sharing {
+    double solo, all_busy, cores;
+    int share;
+} sharing;
+
+static sharing sharing_of(const loom_plan_cluster *c, const loom_plan_job *j, const loom_plan_layout *l) {
+    sharing sh = {1, 1, 0, 0};
+    const int N = job_gpus(c, j);
+    const double C = c->cores, D_cal = c->gpus_per_node, D = N < c->gpus_per_node ? N : c->gpus_per_node;
+    if (!(C > 0) || (D_cal <= C && D <= C)) return sh;
+    sh.solo = fmin(1, C / D_cal);
+    sh.all_busy = sh.solo / fmin(1, C / D);
+    const long stride = axis_stride(l, LOOM_PLAN_PP);
+    long g = stride < D ? (long)D / stride : 1;
+    if (g > l->pp) g = l->pp;
+    if (g < 1) g = 1;
+    sh.share = (int)g;
+    sh.cores = C * g / D;
+    return sh;
+}
+
 /* Divisibility and schedule rules; "" when the layout divides. */
 static int check_divides(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
                          const loom_plan_layout *l, char *why, size_t cap) {
@@ -624,11 +655,18 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     /* the optimizer: read/write params, grads and two moments of this rank's shard */
     const double shard = (l->zero >= 1 && zg > 1) ? (dense_p / zg + exp_p / eg) : (dense_p + exp_p);
     const double opt = shard * (e.wb + e.gb + e.ob) * 2 / c->hbm_bw;
-    r->sim_f = F / l->v, r->sim_b = split ? Bi / l->v : (Bi + W) / l->v, r->sim_w = split ? W / l->v : 0;
+    /* devices sharing cores: the pipeline replays each stage's work at its
+     * speed alone and lets the simulator share the node's cores; all else
+     * runs with every device busy (all_busy = 1 on the calibrated node) */
+    const sharing sh = sharing_of(c, j, l);
+    const int shared_pipe = l->pp > 1 && sh.cores > 0;
+    const double solo = shared_pipe ? sh.solo : 1;
+    r->sim_f = solo * F / l->v, r->sim_b = solo * (split ? Bi : Bi + W) / l->v, r->sim_w = split ? solo * W / l->v : 0;
     r->sim_comm = msg;
+    r->sim_cores = shared_pipe ? sh.cores : 0, r->sim_share = shared_pipe ? sh.share : 0;
     double makespan, busy;
     if (l->pp == 1) {
-        makespan = l->m * (F + Bi + W);
+        makespan = l->m * (F + Bi + W) * sh.all_busy;
         busy = makespan;
         r->bubble = 0;
     } else if (simulate) {
@@ -644,6 +682,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
             loom_sim_costs_default(&sc);
             sc.f = r->sim_f, sc.b = r->sim_b, sc.w = r->sim_w, sc.comm = msg, sc.opt = 0;
             sc.stage_scale = scale;
+            sc.cores = r->sim_cores, sc.share = r->sim_share;
             st = loom_sim_run(sch, &sc, &res);
         }
         if (st == LOOM_OK) {
@@ -676,8 +715,10 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         sc.f = r->sim_f, sc.b = r->sim_b, sc.w = r->sim_w;
         double bub = loom_sim_closed_form_bubble(l->sched, l->pp, l->m, l->v, &sc);
         if (isnan(bub)) bub = (l->pp - 1.0) / (l->m + l->pp - 1.0);
-        busy = l->m * (F + Bi + W);
+        busy = l->m * (F + Bi + W) * solo;
         makespan = busy / (1 - bub) + 2 * (l->pp - 1) * msg;
+        /* shared cores: the node's work cannot finish faster than with every stage busy */
+        if (shared_pipe) makespan = fmax(makespan, l->m * (F + Bi + W) * sh.all_busy);
         r->bubble = 1 - busy / makespan;
     }
     if (counts != counts_small) free(counts);
@@ -685,10 +726,13 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const double window = j->no_dp_overlap ? 0
                           : z3 > 0         ? fmax(0, c->overlap * z3_bwd - z3_ag)
                                            : c->overlap * (Bi + W);
-    r->t_dp = fmax(0, dp_t - window);
-    r->t_step = makespan + r->t_dp + opt;
-    r->t_compute = l->m * (fwd + bwd_in + W + recompute);
-    r->t_tp = l->m * (tp_f + tp_b), r->t_cp = l->m * (cp_f + cp_b), r->t_ep = l->m * (ep_f + ep_b);
+    r->t_dp = fmax(0, dp_t - window) * sh.all_busy;
+    r->t_step = makespan + r->t_dp + opt * sh.all_busy;
+    /* the parts of the slowest rank's busy time (with shared cores: its wall
+     * time computing in the replay, in the proportions of its work) */
+    const double part = shared_pipe ? busy / (l->m * (F + Bi + W)) : sh.all_busy;
+    r->t_compute = l->m * (fwd + bwd_in + W + recompute) * part;
+    r->t_tp = l->m * (tp_f + tp_b) * part, r->t_cp = l->m * (cp_f + cp_b) * part, r->t_ep = l->m * (ep_f + ep_b) * part;
     r->t_pp = msg;
     r->cp_bytes = cp_layer_bytes * layers_max * l->m;
     r->t_bubble = makespan - busy;

@@ -17,7 +17,8 @@
 #include "loom/sim.h"
 
 void loom_sim_costs_default(loom_sim_costs *c) {
-    *c = (loom_sim_costs){.f = 1, .b = 1, .w = 1, .comm = 0, .opt = 0, .stage_scale = NULL, .stage = NULL};
+    *c = (loom_sim_costs){
+        .f = 1, .b = 1, .w = 1, .comm = 0, .opt = 0, .stage_scale = NULL, .stage = NULL, .cores = 0, .share = 0};
 }
 
 /* Costs above 1e9 could overflow a makespan of millions of actions. */
@@ -35,6 +36,8 @@ loom_status loom_sim_costs_check(const loom_sim_costs *c, int n_stages) {
     LOOM_TRY(check_cost("--cost-w", c->w));
     LOOM_TRY(check_cost("--cost-comm", c->comm));
     LOOM_TRY(check_cost("--cost-opt", c->opt));
+    LOOM_TRY(check_cost("--cores", c->cores));
+    if (c->share < 0) return loom_fail(LOOM_EUSAGE, "--share %d: must be >= 0 (0: every rank on one node)", c->share);
     for (int s = 0; c->stage_scale && s < n_stages; s++)
         if (!(isfinite(c->stage_scale[s]) && c->stage_scale[s] >= 0 &&
               c->stage_scale[s] <= LOOM_SIM_MAX_COST))
@@ -114,6 +117,137 @@ static loom_status simulate(const loom_schedule *s, const double *dur, double co
     return LOOM_OK;
 }
 
+/* ---- ranks that share processors ---------------------------------------------
+ *
+ * The replay of validate.c runs each rank as far as it can and times an
+ * action from its own rank's clock, which is right when no rank slows
+ * another. With shared processors an action's speed depends on what the
+ * other ranks of its node do at each instant, so this replay moves all
+ * ranks forward in time together, event by event: between two events (an
+ * action ends, a message arrives) the set of computing ranks is fixed, and
+ * on a node where k ranks compute each does min(1, cores/k) seconds of its
+ * own work per second. Sends and receives are as in validate.c: a send
+ * takes no time and its message arrives `comm` later; a receive ends when
+ * its message has arrived. The lists were validated first, so every
+ * receive has its send and nothing deadlocks (checked again: an instant
+ * with nothing to wait for and ranks unfinished is an error). */
+
+/* Index of the message an action sends or receives: boundary e between
+ * virtual stages e and e+1, activations (g = 0) or gradients (g = 1). */
+static int ps_msg(const loom_schedule *s, int r, const loom_pp_action *a) {
+    const int S = s->pp * s->virtual_stages, stg = loom_pp_vstage(s->pp, r, a->chunk);
+    const int g = a->kind == LOOM_PP_SEND_GRAD || a->kind == LOOM_PP_RECV_GRAD;
+    const int e = a->kind == LOOM_PP_SEND_ACT || a->kind == LOOM_PP_RECV_GRAD ? stg : stg - 1;
+    return (g * s->micro_batches + a->mb) * (S - 1) + e;
+}
+
+/* Speed of computing rank k: min(1, cores / the computing ranks of its node). */
+static double ps_rate(const int *state, int k, int pp, int share, double cores) {
+    int busy = 0;
+    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++) busy += state[q] == 1;
+    return busy > cores ? cores / busy : 1.0;
+}
+
+static loom_status simulate_shared(const loom_schedule *s, const double *dur, const loom_sim_costs *c,
+                                   loom_sim_result **out) {
+    const int pp = s->pp, S = pp * s->virtual_stages;
+    const size_t n = (size_t)s->n_total, nmsg = 2 * (size_t)s->micro_batches * (size_t)(S > 1 ? S - 1 : 1);
+    const int share = c->share > 0 && c->share < pp ? c->share : pp;
+    loom_sim_result *r = calloc(1, sizeof *r);
+    double *rem = calloc((size_t)pp, sizeof *rem), *arrive = malloc(nmsg * sizeof *arrive);
+    int *pc = calloc((size_t)pp, sizeof *pc), *state = calloc((size_t)pp, sizeof *state);
+    if (r) {
+        r->start = malloc((2 * n + 1) * sizeof *r->start);
+        r->busy = calloc(2 * (size_t)pp, sizeof *r->busy);
+        r->peak_live = calloc((size_t)pp, sizeof *r->peak_live);
+    }
+    loom_status st = LOOM_OK;
+    if (!r || !r->start || !r->busy || !r->peak_live || !rem || !arrive || !pc || !state)
+        st = loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
+    if (st == LOOM_OK) {
+        r->end = r->start + n;
+        r->rank_end = r->busy + pp;
+    }
+    /* state: 0 before its current action, 1 computing it (rem left), 2 waiting in a receive */
+    for (size_t k = 0; st == LOOM_OK && k < nmsg; k++) arrive[k] = -1; /* not sent */
+    double t = 0;
+    for (int left = pp; st == LOOM_OK && left > 0;) {
+        /* everything that happens at time t */
+        for (int moved = 1; moved;) {
+            moved = 0;
+            for (int k = 0; k < pp; k++)
+                for (const int len = s->offset[k + 1] - s->offset[k]; pc[k] < len;) {
+                    const int i = s->offset[k] + pc[k];
+                    const loom_pp_action *a = &s->actions[i];
+                    if (state[k] == 0) r->start[i] = t;
+                    if (is_compute(a->kind)) {
+                        if (state[k] == 0) rem[k] = dur[i], state[k] = 1;
+                        if (rem[k] > 0) break;
+                    } else if (a->kind == LOOM_PP_SEND_ACT || a->kind == LOOM_PP_SEND_GRAD) {
+                        arrive[ps_msg(s, k, a)] = t + c->comm;
+                    } else if (a->kind == LOOM_PP_RECV_ACT || a->kind == LOOM_PP_RECV_GRAD) {
+                        const double at = arrive[ps_msg(s, k, a)];
+                        if (at < 0 || at > t) {
+                            state[k] = 2;
+                            break;
+                        }
+                    }
+                    r->end[i] = t;
+                    state[k] = 0;
+                    pc[k]++;
+                    moved = 1;
+                    if (pc[k] == len) left--;
+                }
+        }
+        if (left == 0) break;
+        /* the next event: a computation ends or an awaited message arrives */
+        double dt = INFINITY;
+        for (int k = 0; k < pp; k++) {
+            if (state[k] == 1) {
+                const double rate = ps_rate(state, k, pp, share, c->cores);
+                if (rem[k] / rate < dt) dt = rem[k] / rate;
+            } else if (state[k] == 2) {
+                const double at = arrive[ps_msg(s, k, &s->actions[s->offset[k] + pc[k]])];
+                if (at >= 0 && at - t < dt) dt = at - t;
+            }
+        }
+        if (!isfinite(dt)) {
+            st = loom_fail(LOOM_EDATA, "shared-processor replay stalled at time %g with %d ranks unfinished", t, left);
+            break;
+        }
+        const double t1 = t + dt;
+        for (int k = 0; k < pp; k++) {
+            if (state[k] != 1) continue;
+            const double rate = ps_rate(state, k, pp, share, c->cores);
+            /* the one(s) that set dt end exactly now */
+            rem[k] = rem[k] / rate <= dt * (1 + 1e-12) ? 0 : rem[k] - rate * dt;
+        }
+        t = t1;
+    }
+    free(rem);
+    free(arrive);
+    free(pc);
+    free(state);
+    if (st != LOOM_OK) {
+        loom_sim_free(r);
+        return st;
+    }
+    r->pp = pp;
+    r->n_total = s->n_total;
+    double total_busy = 0;
+    for (int k = 0; k < pp; k++) {
+        for (int i = s->offset[k]; i < s->offset[k + 1]; i++)
+            if (is_compute(s->actions[i].kind)) r->busy[k] += r->end[i] - r->start[i];
+        r->rank_end[k] = s->offset[k + 1] > s->offset[k] ? r->end[s->offset[k + 1] - 1] : 0;
+        if (r->rank_end[k] > r->makespan) r->makespan = r->rank_end[k];
+        r->peak_live[k] = loom_schedule_peak_live(s, k);
+        total_busy += r->busy[k];
+    }
+    r->bubble = r->makespan > 0 ? 1.0 - total_busy / ((double)pp * r->makespan) : 0.0;
+    *out = r;
+    return LOOM_OK;
+}
+
 loom_status loom_sim_run(const loom_schedule *s, const loom_sim_costs *c, loom_sim_result **out) {
     *out = NULL;
     LOOM_TRY(loom_sim_costs_check(c, s->pp * s->virtual_stages));
@@ -123,7 +257,7 @@ loom_status loom_sim_run(const loom_schedule *s, const loom_sim_costs *c, loom_s
     for (int k = 0; k < s->pp; k++)
         for (int i = s->offset[k]; i < s->offset[k + 1]; i++)
             dur[i] = loom_sim_duration(s, k, &s->actions[i], c);
-    loom_status st = simulate(s, dur, c->comm, out);
+    loom_status st = c->cores > 0 ? simulate_shared(s, dur, c, out) : simulate(s, dur, c->comm, out);
     free(dur);
     return st;
 }

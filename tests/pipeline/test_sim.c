@@ -1,8 +1,8 @@
 /* test_sim.c - the pipeline simulator: bubbles equal their closed forms
  * (gpipe, 1f1b, interleaved for any f, b, w; zb for f = b = w and over random
  * costs), zb beats 1f1b, peak live activations, hand-timed runs with
- * non-uniform costs, message latency and stage scales, the text timeline and
- * the Chrome trace. Pure, no MPI.
+ * non-uniform costs, message latency and stage scales, ranks that share
+ * processors (costs.cores), the text timeline and the Chrome trace. Pure, no MPI.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -250,6 +250,101 @@ static void test_cost_model(void) {
     loom_schedule_free(s);
 }
 
+/* ---- ranks that share processors (costs.cores) ------------------------------------ */
+
+static void test_shared_cores(void) {
+    /* enough cores for every rank: the same timeline as own devices, for
+     * every schedule, with latency and uneven stages */
+    const loom_sched_kind kinds[] = {LOOM_SCHED_GPIPE, LOOM_SCHED_1F1B, LOOM_SCHED_INTERLEAVED, LOOM_SCHED_ZB};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++)
+        for (int p = 2; p <= 4; p++)
+            for (int m = p; m <= 2 * p; m += p) {
+                const int v = kinds[ki] == LOOM_SCHED_INTERLEAVED ? 2 : 1;
+                double scale[8];
+                for (int q = 0; q < p * v; q++) scale[q] = 1 + 0.25 * ((q * 7) % 5);
+                loom_sim_costs own = {.f = 1, .b = 1.5, .w = 0.75, .comm = 0.25, .opt = 0.5, .stage_scale = scale};
+                loom_sim_costs shared = own;
+                shared.cores = p;
+                loom_schedule *s = NULL;
+                loom_sim_result *a = simulate(kinds[ki], p, m, v, &own, &s);
+                loom_sim_result *b = simulate(kinds[ki], p, m, v, &shared, NULL);
+                if (a && b) {
+                    double worst = 0;
+                    for (int i = 0; i < s->n_total; i++)
+                        worst = fmax(worst, fmax(fabs(a->start[i] - b->start[i]), fabs(a->end[i] - b->end[i])));
+                    CHECK(worst < 1e-9 && fabs(a->bubble - b->bubble) < 1e-12,
+                          "%s p=%d m=%d: cores %d = own devices (largest time difference %g)",
+                          loom_schedule_name(kinds[ki]), p, m, p, worst);
+                    /* one core, no latency: never idle, so the makespan is all the work */
+                    loom_sim_costs one = own;
+                    one.cores = 1, one.comm = 0;
+                    loom_sim_result *c = simulate(kinds[ki], p, m, v, &one, NULL);
+                    double work = 0;
+                    for (int q = 0; q < p; q++) work += a->busy[q];
+                    if (c)
+                        CHECK(fabs(c->makespan - work) < 1e-9 * work,
+                              "%s p=%d m=%d one core: makespan %g = all the work %g", loom_schedule_name(kinds[ki]),
+                              p, m, c->makespan, work);
+                    /* two cores: no faster than own devices nor than the work over two cores */
+                    loom_sim_costs two = own;
+                    two.cores = 2;
+                    loom_sim_result *d = simulate(kinds[ki], p, m, v, &two, NULL);
+                    if (d)
+                        CHECK(d->makespan >= a->makespan - 1e-9 && d->makespan >= work / 2 - 1e-9 &&
+                                  (p == 2 || d->makespan > a->makespan),
+                              "%s p=%d m=%d two cores: makespan %g (own devices %g, work / 2 %g)",
+                              loom_schedule_name(kinds[ki]), p, m, d->makespan, a->makespan, work / 2);
+                    loom_sim_free(c);
+                    loom_sim_free(d);
+                }
+                loom_sim_free(a);
+                loom_sim_free(b);
+                loom_schedule_free(s);
+            }
+
+    /* by hand: gpipe p=2 m=2, f = 1, full backward 1, one core. Rank 0's F1
+     * and rank 1's F0 share it from t = 1 (half speed each, both end at 3);
+     * rank 1's B1 and rank 0's B0 from t = 5:
+     *   rank 0  F0 [0,1]  F1 [1,3]            B0 [5,7]  B1 [7,8]
+     *   rank 1            F0 [1,3]  F1 [3,4]  B0 [4,5]  B1 [5,7] */
+    loom_sim_costs c = {.f = 1, .b = 1, .w = 0, .cores = 1};
+    loom_schedule *s = NULL;
+    loom_sim_result *r = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c, &s);
+    if (r) {
+        expect_at(s, r, 0, LOOM_PP_F, 0, 0, 1);
+        expect_at(s, r, 0, LOOM_PP_F, 1, 1, 3);
+        expect_at(s, r, 1, LOOM_PP_F, 0, 1, 3);
+        expect_at(s, r, 1, LOOM_PP_F, 1, 3, 4);
+        expect_at(s, r, 1, LOOM_PP_B, 0, 4, 5);
+        expect_at(s, r, 1, LOOM_PP_B, 1, 5, 7);
+        expect_at(s, r, 0, LOOM_PP_B, 0, 5, 7);
+        expect_at(s, r, 0, LOOM_PP_B, 1, 7, 8);
+        CHECK(r->makespan == 8 && r->busy[0] == 6 && r->busy[1] == 6, "makespan %g busy %g %g", r->makespan,
+              r->busy[0], r->busy[1]);
+        CHECK(fabs(r->bubble - 0.25) < 1e-12, "bubble %g: 1 - 12 / (2 x 8), busy is wall time computing", r->bubble);
+    }
+    loom_sim_free(r);
+    /* 1.5 cores: two computing ranks run at 0.75 each; makespan 1 + 4/3 + 2 + 4/3 + 1 */
+    c.cores = 1.5;
+    r = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c, NULL);
+    if (r) CHECK(fabs(r->makespan - 20.0 / 3) < 1e-12, "1.5 cores: makespan %.15g, want 20/3", r->makespan);
+    loom_sim_free(r);
+    /* two nodes of one rank each (share 1): nothing shared, own devices' timeline */
+    c.cores = 1, c.share = 1;
+    r = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c, NULL);
+    if (r) CHECK(r->makespan == 6, "share 1, one core each: makespan %g = own devices' 6", r->makespan);
+    loom_sim_free(r);
+    /* bad values are usage errors */
+    c = (loom_sim_costs){.f = 1, .b = 1, .w = 1, .cores = -2};
+    r = (loom_sim_result *)&c;
+    CHECK(loom_sim_run(s, &c, &r) == LOOM_EUSAGE && r == NULL && strstr(loom_errmsg(), "--cores -2"),
+          "negative cores: %s", loom_errmsg());
+    c = (loom_sim_costs){.f = 1, .b = 1, .w = 1, .cores = 2, .share = -1};
+    CHECK(loom_sim_run(s, &c, &r) == LOOM_EUSAGE && strstr(loom_errmsg(), "--share -1"), "negative share: %s",
+          loom_errmsg());
+    loom_schedule_free(s);
+}
+
 /* ---- timeline and trace ---------------------------------------------------------- */
 
 static void test_timeline(void) {
@@ -396,6 +491,7 @@ int main(void) {
     test_interleaved();
     test_zb();
     test_cost_model();
+    test_shared_cores();
     test_timeline();
     test_trace();
     return check_done();

@@ -17,11 +17,15 @@
  *    Llama-style), and the step time grows by them at HBM bandwidth;
  *  - gradient accumulation costs 3 x 2 bytes per parameter per extra
  *    micro-batch; ZeRO-3's reduce-scatter hides only where the backward's
- *    gathers leave room. */
+ *    gathers leave room;
+ *  - devices that share cores (cores_per_node): pipelines faster than on
+ *    independent devices, with the simulator's bubble; all-busy layouts,
+ *    enough cores or no key: unchanged. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "loom/plan.h"
@@ -411,6 +415,131 @@ static void test_grad_acc_and_zero3(void) {
     CHECK(rz.t_dp == 0, "zero=3, fast link: reduce-scatter hidden (%.4g s exposed)", rz.t_dp);
 }
 
+/* A 4-device CPU node as `loom calibrate` writes it (rates with all four
+ * ranks busy), with cores_per_node `cores` (<= 0: the key absent). */
+static loom_plan_cluster cpu_node(double cores, const char *path) {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "create %s", path);
+    if (f) {
+        fprintf(f, "{\"name\": \"cpu\", \"gpus_per_node\": 4, \"nodes\": 1, \"memory_gb\": 2, \"reserved_gb\": 0.05,\n"
+                   " \"peak_tflops\": {\"fp32\": 0.039}, \"hbm_gbps\": 5,\n"
+                   " \"intra_node\": {\"bandwidth_gbps\": 3, \"latency_us\": 10},\n"
+                   " \"efficiency\": {\"gemm\": 0.9, \"collective\": 1, \"overlap\": 0},\n"
+                   " \"gemm_curve\": [{\"m\": 32, \"n\": 512, \"k\": 512, \"eff\": 0.6}, {\"m\": 1024, \"n\": 1024, \"k\": 1024, \"eff\": 1}]");
+        if (cores > 0) fprintf(f, ",\n \"cores_per_node\": %g", cores);
+        fprintf(f, "}\n");
+        fclose(f);
+    }
+    loom_plan_cluster c;
+    CHECK(loom_plan_cluster_load(path, &c) == LOOM_OK, "load %s: %s", path, loom_errmsg());
+    return c;
+}
+
+static loom_plan_result eval_on(const loom_plan_cluster *c, const char *layout, int gpus) {
+    loom_plan_model m;
+    loom_plan_model_builtin("mini", &m);
+    loom_plan_job j = {.batch = 16, .seq = 128, .bf16 = 0, .gpus = gpus};
+    loom_plan_layout l;
+    loom_plan_result r;
+    memset(&r, 0, sizeof r);
+    CHECK(loom_plan_layout_parse(layout, &j, &l) == LOOM_OK, "parse %s: %s", layout, loom_errmsg());
+    CHECK(loom_plan_evaluate(&m, c, &j, &l, 1, &r) == LOOM_OK && r.feasible, "evaluate %s: %s %s", layout,
+          loom_errmsg(), r.reason);
+    return r;
+}
+
+static loom_plan_result eval(const loom_plan_cluster *c, const char *layout) { return eval_on(c, layout, 4); }
+
+/* Devices that time-share cores (cores_per_node): a pipeline's idle stages
+ * hand their cores to the busy ones, so a pipeline on 4 ranks and 2 cores
+ * is faster than on 4 devices of the same (all-busy) rate; layouts that keep
+ * every rank busy predict exactly what they did; a node with as many cores
+ * as devices, or no key, is the independent-device model. */
+static void test_shared_cores(void) {
+    char p_own[64], p_two[64], p_four[64], p_bad[64];
+    snprintf(p_own, sizeof p_own, "/tmp/loom-plan-own-%d.json", (int)getpid());
+    snprintf(p_two, sizeof p_two, "/tmp/loom-plan-two-%d.json", (int)getpid());
+    snprintf(p_four, sizeof p_four, "/tmp/loom-plan-four-%d.json", (int)getpid());
+    snprintf(p_bad, sizeof p_bad, "/tmp/loom-plan-bad-%d.json", (int)getpid());
+    const loom_plan_cluster own = cpu_node(0, p_own), two = cpu_node(2, p_two), four = cpu_node(4, p_four);
+    CHECK(own.cores == 0 && two.cores == 2, "cores_per_node read: %g %g", own.cores, two.cores);
+    const char *busy[] = {"dp=4", "dp=4,zero=2", "dp=2,tp=2", "tp=4,sp=1", "dp=1,tp=4,m=2"};
+    for (size_t i = 0; i < sizeof busy / sizeof busy[0]; i++) {
+        const loom_plan_result a = eval(&own, busy[i]), b = eval(&two, busy[i]);
+        CHECK(a.t_step == b.t_step && a.t_compute == b.t_compute && b.sim_cores == 0,
+              "%s: every rank busy all the time, the same step on shared cores %.9g == %.9g", busy[i], b.t_step,
+              a.t_step);
+    }
+    const char *pipes[] = {"pp=4,schedule=1f1b,m=4", "pp=4,schedule=zb,m=8", "dp=2,pp=2,m=4", "tp=2,pp=2,m=4",
+                           "dp=2,pp=2,schedule=interleaved,m=4,v=2", "pp=2,dp=2,schedule=gpipe,m=4,order=tp.cp.pp.dp"};
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+        const loom_plan_result a = eval(&own, pipes[i]), b = eval(&two, pipes[i]), c4 = eval(&four, pipes[i]);
+        CHECK(b.t_step < a.t_step, "%s: shared cores %.4f s < independent devices %.4f s", pipes[i], b.t_step,
+              a.t_step);
+        CHECK(c4.t_step == a.t_step && c4.bubble == a.bubble && c4.sim_cores == 0,
+              "%s: 4 cores for 4 devices = independent devices (%.9g vs %.9g)", pipes[i], c4.t_step, a.t_step);
+        /* the bubble is the simulator's, with the sharing the planner reports */
+        CHECK(b.sim_cores > 0 && b.sim_share >= 1, "%s: sim shares cores (%g, %d)", pipes[i], b.sim_cores,
+              b.sim_share);
+        loom_schedule *s = NULL;
+        CHECK(loom_schedule_build(b.l.sched, b.l.pp, b.l.m, b.l.v, &s) == LOOM_OK, "build");
+        loom_plan_model m;
+        loom_plan_model_builtin("mini", &m);
+        const int S = b.l.pp * b.l.v;
+        int counts[64];
+        double scale[64], max_rank = 0;
+        CHECK(loom_partition_balance(m.layers, b.l.pp, b.l.v, 0, b.head_cost, counts) == LOOM_OK, "partition");
+        for (int rk = 0; rk < b.l.pp; rk++) {
+            double cost = 0;
+            for (int ch = 0; ch < b.l.v; ch++) cost += loom_partition_stage_cost(counts, S, ch * b.l.pp + rk, 0, b.head_cost);
+            max_rank = fmax(max_rank, cost);
+        }
+        for (int v = 0; v < S; v++) scale[v] = loom_partition_stage_cost(counts, S, v, 0, b.head_cost) / (max_rank / b.l.v);
+        /* no faster than the node's work on its cores (every stage here is on the one node) */
+        double work = 0;
+        for (int v = 0; v < S; v++) work += b.l.m * (b.sim_f + b.sim_b + b.sim_w) * scale[v];
+        CHECK(b.sim_share == b.l.pp && b.t_step >= work / b.sim_cores, "%s: step %.4f >= the node's work / cores %.4f",
+              pipes[i], b.t_step, work / b.sim_cores);
+        loom_sim_costs sc;
+        loom_sim_costs_default(&sc);
+        sc.f = b.sim_f, sc.b = b.sim_b, sc.w = b.sim_w, sc.comm = b.sim_comm, sc.stage_scale = scale;
+        sc.cores = b.sim_cores, sc.share = b.sim_share;
+        loom_sim_result *res = NULL;
+        CHECK(loom_sim_run(s, &sc, &res) == LOOM_OK, "sim");
+        if (res) {
+            CHECK(fabs(res->bubble - b.bubble) < 1e-12, "%s: planner bubble %.9f == simulator %.9f", pipes[i],
+                  b.bubble, res->bubble);
+            CHECK(fabs(b.t_compute + b.t_tp + b.t_bubble - res->makespan) < 1e-9 * res->makespan,
+                  "%s: compute %.4f + tp %.4f + bubble %.4f = makespan %.4f", pipes[i], b.t_compute, b.t_tp,
+                  b.t_bubble, res->makespan);
+        }
+        loom_sim_free(res);
+        loom_schedule_free(s);
+    }
+    const loom_plan_result pp4 = eval(&two, "pp=4,schedule=1f1b,m=4"), dp2pp2 = eval(&two, "dp=2,pp=2,m=4");
+    CHECK(pp4.sim_share == 4 && pp4.sim_cores == 2, "pp=4 on one node: 4 stages share 2 cores (%d, %g)",
+          pp4.sim_share, pp4.sim_cores);
+    CHECK(dp2pp2.sim_share == 2 && dp2pp2.sim_cores == 1,
+          "dp=2 x pp=2: 2 stages per node, each stage set's share 1 core (%d, %g)", dp2pp2.sim_share,
+          dp2pp2.sim_cores);
+    /* 2 of the node's 4 devices on 2 cores: no sharing in this job, so
+     * twice the rate the file measured with 4 busy, every part of the step */
+    const loom_plan_result d2own = eval_on(&own, "dp=2", 2), d2two = eval_on(&two, "dp=2", 2);
+    CHECK(fabs(d2two.t_step - 0.5 * d2own.t_step) < 1e-12 * d2own.t_step && d2two.t_dp == 0.5 * d2own.t_dp,
+          "dp=2 on a 4-device, 2-core node: step %.6g = half of %.6g", d2two.t_step, d2own.t_step);
+    /* a bad key is named */
+    FILE *f = fopen(p_bad, "w");
+    if (f) {
+        fprintf(f, "{\"gpus_per_node\": 4, \"memory_gb\": 2, \"peak_tflops\": {\"fp32\": 0.04}, "
+                   "\"intra_node\": {\"bandwidth_gbps\": 3}, \"cores_per_node\": 0}\n");
+        fclose(f);
+    }
+    loom_plan_cluster bad;
+    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG && strstr(loom_errmsg(), "'cores_per_node' must be a positive number"),
+          "cores_per_node 0 refused: %s", loom_errmsg());
+    remove(p_own), remove(p_two), remove(p_four), remove(p_bad);
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
@@ -421,5 +550,6 @@ int main(void) {
     test_gemm_curve();
     test_elementwise_bytes();
     test_grad_acc_and_zero3();
+    test_shared_cores();
     return check_done();
 }

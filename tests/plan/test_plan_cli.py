@@ -56,6 +56,9 @@ def main():
         with open(out) as f:
             c = json.load(f)
         lt.check(c["gpus_per_node"] == 2 and c["peak_tflops"]["fp32"] > 0, "calibrate wrote 2 ranks, a peak")
+        lt.check(c.get("cores_per_node") == len(os.sched_getaffinity(0)),
+                 "calibrate wrote the cores the ranks share (%s, nproc %d)" % (c.get("cores_per_node"),
+                                                                              len(os.sched_getaffinity(0))))
         curve = c.get("gemm_curve", [])
         lt.check(len(curve) >= 4 and all(0 < p["eff"] <= 1 for p in curve) and max(p["eff"] for p in curve) == 1
                  and min(p["m"] for p in curve) <= 32,
