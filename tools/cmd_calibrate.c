@@ -83,7 +83,7 @@ int cmd_calibrate(int argc, char **argv) {
         "Without --out: print the CPU's vector features, the GEMM kernels loom runs (chosen\n"
         "from the flags, or the user's OPENBLAS_CORETYPE; and the bf16 provider) and, per\n"
         "precision and thread count, the peaks MFU is reported against: the best of 7\n"
-        "1024^3 and of 7 2048^3 GEMMs of that kernel, and the FMA peak (flop/cycle measured with the widest FMA the\n"
+        "GEMMs of that kernel at each of 1024^3, 2048^3 and 2048x2304x768, and the FMA peak (flop/cycle measured with the widest FMA the\n"
         "flags allow, x2 for bf16 dot products, x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
         "rank computing at once (each rank's completed work in a shared 0.4 s window, so ranks\n"

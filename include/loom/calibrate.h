@@ -1,7 +1,7 @@
 /* calibrate.h - the peak loom's MFU is measured against.
  *
  * Two peaks per thread count and precision: the best rate the chosen GEMM
- * kernel reaches on this machine (best of several trials of 1024^3 and 2048^3, threaded
+ * kernel reaches on this machine (best of several trials of 1024^3, 2048^3 and 2048x2304x768, threaded
  * as the model's matmuls are: OpenBLAS's sgemm for fp32, the bf16 provider
  * for bf16), and the FMA peak from a measured FMA rate and clock (loom/cpu.h). Each record names the CPU, its flags and the kernel it was
  * measured with, and is cached in $XDG_CACHE_HOME/loom (or ~/.cache/loom)

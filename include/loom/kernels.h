@@ -49,11 +49,12 @@ void loom_bf16_pack(uint16_t *dst, const float *src, size_t n);
 void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n);
 
 /* Measured single-precision GEMM throughput in FLOP/s with the current thread
- * count: after a warm-up, the best of `trials` 1024^3 and (when one takes
- * under 0.1 s) `trials` 2048^3 sgemms (512^3 alone on a CPU too slow for
- * 1024^3 in 0.25 s), threaded as the model's matmuls are. */
+ * count: after a warm-up, the best of `trials` sgemms of 1024^3, 2048^3 and
+ * 2048 x 2304 x 768, each shape tried while the one before took under 0.1 s
+ * (512^3 alone on a CPU too slow for 1024^3 in 0.25 s), threaded as the
+ * model's matmuls are. */
 double loom_kernels_calibrate_sgemm(int trials);
-/* The bf16 GEMM provider's throughput the same way (1024^3 and 2048^3,
+/* The bf16 GEMM provider's throughput the same way (the same shapes,
  * operands already bf16, best of `trials` each); 0 when there is no provider (loom/cpu.h). */
 double loom_kernels_calibrate_bf16(int trials);
 /* 1 when bf16 products run on a bf16 GEMM provider (oneDNN or oneMKL), 0

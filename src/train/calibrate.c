@@ -13,7 +13,7 @@
 #include "loom/log.h"
 #include "train/internal.h"
 
-/* GEMM trials per size and calibration (1024^3 and 2048^3, best kept) */
+/* GEMM trials per shape and calibration (kern_cal_shapes, best kept) */
 #define CAL_TRIALS 7
 
 static unsigned long long cal_fnv(const char *s, unsigned long long h) {
@@ -48,7 +48,7 @@ static void cal_identity(loom_peak *p, int threads, int bf16) {
     h = cal_fnv(p->flags, h);
     h = cal_fnv(p->kernel, h);
     /* the method: records of the 1024^3-only calibration are measured again */
-    h = cal_fnv("gemm 1024^3+2048^3", h);
+    h = cal_fnv("gemm 1024^3+2048^3+2048x2304x768", h);
     const char *prec = bf16 ? "-bf16" : "";
     if (xdg && *xdg)
         snprintf(p->path, sizeof p->path, "%s/loom/peak-%016llx-t%d%s.txt", xdg, h, threads, prec);

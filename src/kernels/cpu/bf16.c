@@ -144,28 +144,27 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
 
 /* Times the bf16 GEMM provider on products of bf16 operands converted once
  * beforehand (the provider's rate, as the sgemm calibration is the fp32
- * kernel's), threaded as the model's matmuls are: 1024^3 and, when one of
- * those takes under 0.1 s, 2048^3, best of `trials` each (the best rate, as
- * loom_kernels_calibrate_sgemm). 0 without a provider or memory. */
+ * kernel's), threaded as the model's matmuls are: the best rate over
+ * kern_cal_shapes, best of `trials` each, a shape tried only while the
+ * previous one took under 0.1 s (as loom_kernels_calibrate_sgemm). 0 without
+ * a provider or memory. */
 double loom_kernels_calibrate_bf16(int trials) {
     if (!kern_bf16_gemm_ready()) return 0.0;
-    const size_t big = (size_t)2048 * 2048;
+    const size_t big = (size_t)2048 * 2304;
     float *a = malloc(big * sizeof *a), *b = malloc(big * sizeof *b), *c = malloc(big * sizeof *c);
     uint16_t *a16 = malloc(big * sizeof *a16), *b16 = malloc(big * sizeof *b16);
     double best = 0.0;
-    for (int n = 1024; n <= 2048 && a && b && c && a16 && b16; n *= 2) {
-        size_t nn = (size_t)n * n;
-        for (size_t i = 0; i < nn; i++) {
-            a[i] = (float)(i % 17) * 0.0625f - 0.5f;
-            b[i] = (float)(i % 13) * 0.0625f - 0.375f;
-        }
-        memcpy(a16, bf16_copy16(0, a, nn), nn * sizeof *a16);
-        memcpy(b16, bf16_copy16(1, b, nn), nn * sizeof *b16);
+    for (int i = 0; i < KERN_CAL_SHAPES && a && b && c && a16 && b16; i++) {
+        int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
+        size_t na = (size_t)m * k, nb = (size_t)k * n;
+        kern_cal_fill(a, b, na, nb);
+        memcpy(a16, bf16_copy16(0, a, na), na * sizeof *a16);
+        memcpy(b16, bf16_copy16(1, b, nb), nb * sizeof *b16);
         /* precision off: kern_sgemm takes the bf16 operands as they are */
         int saved = kern_bf16;
         kern_bf16 = 0;
-        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = n, .N = n, .K = n, .alpha = 1.0f, .A = a,
-                       .lda = n, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
+        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
+                       .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
         double tbest = 1e30;
         for (int r = 0; r < (trials > 0 ? trials : 1) + 1; r++) { /* the first is a warm-up */
             double t0 = kern_now();
@@ -174,7 +173,7 @@ double loom_kernels_calibrate_bf16(int trials) {
             if (r > 0 && dt < tbest) tbest = dt;
         }
         kern_bf16 = saved;
-        double rate = 2.0 * (double)n * n * n / tbest;
+        double rate = 2.0 * (double)m * n * k / tbest;
         if (rate > best) best = rate;
         if (tbest > 0.1) break;
     }

@@ -55,6 +55,11 @@ typedef struct {
     const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
 } kern_gemm;
 
+/* The GEMM calibration's shapes {M, N, K} (util.c) and its operand fill. */
+#define KERN_CAL_SHAPES 3
+extern const int kern_cal_shapes[KERN_CAL_SHAPES][3];
+void kern_cal_fill(float *a, float *b, size_t na, size_t nb);
+
 /* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
 void kern_sgemm(const kern_gemm *g);
 /* In bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c), or,

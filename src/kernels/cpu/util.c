@@ -53,11 +53,11 @@ double kern_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best time of `reps` n x n x n sgemms on a, b -> c, threaded as the
- * matmul kernels are. */
-static double kern_time_sgemm(float *c, const float *a, const float *b, int n, int reps) {
-    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = n, .N = n, .K = n,
-                   .alpha = 1.0f, .A = a, .lda = n, .B = b, .ldb = n, .beta = 0.0f, .C = c,
+/* Best time of `reps` m x n x k sgemms on a, b -> c (row-major, not
+ * transposed), threaded as the matmul kernels are. */
+static double kern_time_sgemm(float *c, const float *a, const float *b, int m, int n, int k, int reps) {
+    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k,
+                   .alpha = 1.0f, .A = a, .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c,
                    .ldc = n};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
@@ -69,32 +69,37 @@ static double kern_time_sgemm(float *c, const float *a, const float *b, int n, i
     return best;
 }
 
-/* The best sgemm rate, in FLOP/s, over square products of 1024^3 and, when
- * one of those takes under 0.1 s, 2048^3 (512^3 alone if a 1024^3 takes
- * over 0.25 s), best of `trials` each after a warm-up. The larger product
- * matters: a model's largest GEMMs (2048 token rows, the LM head) ran 5-10 %
- * faster than 1024^3 on a Zen 4, and a peak below what a training step
- * reaches makes MFU read above 100 %. Allocates its own buffers (a set-up
- * call, not a step kernel); returns 0 if that fails. */
+/* The calibration's GEMM shapes (M, N, K), smallest first: two squares and
+ * the shape of a transformer's GEMMs at 2048 tokens (K = 768 inner), which
+ * ran 3-4 % above either square with OpenBLAS's AVX-512 kernels on a Zen 4
+ * (104-105 against 101 GFLOP/s on one thread): a peak below what a training
+ * step's GEMMs reach made MFU read 103 % for GPT-2 124M at B8 T256. */
+const int kern_cal_shapes[KERN_CAL_SHAPES][3] = {{1024, 1024, 1024}, {2048, 2048, 2048}, {2048, 2304, 768}};
+
+void kern_cal_fill(float *a, float *b, size_t na, size_t nb) {
+    for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
+    for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
+}
+
+/* The best sgemm rate, in FLOP/s, over kern_cal_shapes, best of `trials`
+ * each after a warm-up; a shape is tried only while the previous one took
+ * under 0.1 s (512^3 alone if a 1024^3 takes over 0.25 s). Allocates its
+ * own buffers (a set-up call, not a step kernel); returns 0 if that fails. */
 double loom_kernels_calibrate_sgemm(int trials) {
-    int n = 1024, reps = trials > 0 ? trials : 1;
-    float *buf = malloc(3 * (size_t)2048 * 2048 * sizeof *buf);
+    const size_t big = (size_t)2048 * 2304;
+    float *buf = malloc(3 * big * sizeof *buf);
     if (!buf) return 0.0;
+    float *a = buf, *b = buf + big, *c = buf + 2 * big;
     double best = 0.0;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t nn = (size_t)n * n;
-        float *a = buf, *b = buf + nn, *c = buf + 2 * nn;
-        for (size_t i = 0; i < nn; i++) {
-            a[i] = (float)(i % 17) * 0.0625f - 0.5f;
-            b[i] = (float)(i % 13) * 0.0625f - 0.375f;
-        }
-        double t = kern_time_sgemm(c, a, b, n, 1); /* warm-up: threads, pages */
-        if (pass == 0 && t > 0.25) n = 512;
-        t = kern_time_sgemm(c, a, b, n, reps);
-        double rate = 2.0 * (double)n * n * n / (t > 0 ? t : 1e-9);
+    for (int i = 0; i < KERN_CAL_SHAPES; i++) {
+        int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
+        kern_cal_fill(a, b, (size_t)m * k, (size_t)k * n);
+        double t = kern_time_sgemm(c, a, b, m, n, k, 1); /* warm-up: threads, pages */
+        if (i == 0 && t > 0.25) m = n = k = 512;
+        t = kern_time_sgemm(c, a, b, m, n, k, trials > 0 ? trials : 1);
+        double rate = 2.0 * (double)m * n * k / (t > 0 ? t : 1e-9);
         if (rate > best) best = rate;
-        if (n != 1024 || t > 0.1) break;
-        n = 2048;
+        if (m == 512 || t > 0.1) break;
     }
     free(buf);
     return best;
