@@ -86,7 +86,7 @@ int cmd_calibrate(int argc, char **argv) {
         "GEMMs of that kernel at each of 1024^3, 2048^3 and 2048x2304x768, and the FMA peak (flop/cycle measured with the widest FMA the\n"
         "flags allow, x2 for bf16 dot products, x a measured clock x threads).\n"
         "With --out FILE, for `loom plan --cluster FILE`: sgemm FLOP/s per rank with every\n"
-        "rank computing at once (each rank's completed work in a shared 0.4 s window, so ranks\n"
+        "rank computing at once (each rank's completed work in shared 0.2 s windows, best of 3, so ranks\n"
         "that oversubscribe the cores measure their share), GEMM efficiency by size (gemm_curve:\n"
         "five sgemm shapes from 32x512x512 to 1024^3, each as a share of the fastest), memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
         "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
