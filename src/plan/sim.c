@@ -81,8 +81,9 @@ void loom_sim_free(loom_sim_result *r) {
     free(r);
 }
 
-/* Replay with durations dur (already validated by the caller's checks). */
-static loom_status simulate(const loom_schedule *s, const double *dur, double comm, loom_sim_result **out) {
+/* A result for s's actions (start/end times, per-rank busy and end, peak
+ * live), zeroed; NULL without memory. */
+static loom_sim_result *result_alloc(const loom_schedule *s) {
     const size_t n = (size_t)s->n_total, pp = (size_t)s->pp;
     loom_sim_result *r = calloc(1, sizeof *r);
     if (r) {
@@ -92,27 +93,42 @@ static loom_status simulate(const loom_schedule *s, const double *dur, double co
     }
     if (!r || !r->start || !r->busy || !r->peak_live) {
         loom_sim_free(r);
-        return loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
+        return NULL;
     }
     r->end = r->start + n;
     r->rank_end = r->busy + pp;
     r->pp = s->pp;
     r->n_total = s->n_total;
-    loom_status st = loom_schedule_replay(s, dur, comm, r->start, r->end);
-    if (st != LOOM_OK) {
-        loom_sim_free(r);
-        return st;
-    }
+    return r;
+}
+
+/* From the replayed start/end times: each rank's busy time (the compute
+ * actions' durations dur, or with dur NULL their wall time end - start, as
+ * when ranks share processors), end, peak live sets; the makespan and the
+ * bubble 1 - busy / (pp x makespan). */
+static void result_finish(const loom_schedule *s, const double *dur, loom_sim_result *r) {
     double total_busy = 0;
     for (int k = 0; k < s->pp; k++) {
         for (int i = s->offset[k]; i < s->offset[k + 1]; i++)
-            if (is_compute(s->actions[i].kind)) r->busy[k] += dur[i];
+            if (is_compute(s->actions[i].kind)) r->busy[k] += dur ? dur[i] : r->end[i] - r->start[i];
         r->rank_end[k] = s->offset[k + 1] > s->offset[k] ? r->end[s->offset[k + 1] - 1] : 0;
         if (r->rank_end[k] > r->makespan) r->makespan = r->rank_end[k];
         r->peak_live[k] = loom_schedule_peak_live(s, k);
         total_busy += r->busy[k];
     }
     r->bubble = r->makespan > 0 ? 1.0 - total_busy / ((double)s->pp * r->makespan) : 0.0;
+}
+
+/* Replay with durations dur (already validated by the caller's checks). */
+static loom_status simulate(const loom_schedule *s, const double *dur, double comm, loom_sim_result **out) {
+    loom_sim_result *r = result_alloc(s);
+    if (!r) return loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
+    loom_status st = loom_schedule_replay(s, dur, comm, r->start, r->end);
+    if (st != LOOM_OK) {
+        loom_sim_free(r);
+        return st;
+    }
+    result_finish(s, dur, r);
     *out = r;
     return LOOM_OK;
 }
@@ -151,23 +167,14 @@ static double ps_rate(const int *state, int k, int pp, int share, double cores) 
 static loom_status simulate_shared(const loom_schedule *s, const double *dur, const loom_sim_costs *c,
                                    loom_sim_result **out) {
     const int pp = s->pp, S = pp * s->virtual_stages;
-    const size_t n = (size_t)s->n_total, nmsg = 2 * (size_t)s->micro_batches * (size_t)(S > 1 ? S - 1 : 1);
+    const size_t nmsg = 2 * (size_t)s->micro_batches * (size_t)(S > 1 ? S - 1 : 1);
     const int share = c->share > 0 && c->share < pp ? c->share : pp;
-    loom_sim_result *r = calloc(1, sizeof *r);
+    loom_sim_result *r = result_alloc(s);
     double *rem = calloc((size_t)pp, sizeof *rem), *arrive = malloc(nmsg * sizeof *arrive);
     int *pc = calloc((size_t)pp, sizeof *pc), *state = calloc((size_t)pp, sizeof *state);
-    if (r) {
-        r->start = malloc((2 * n + 1) * sizeof *r->start);
-        r->busy = calloc(2 * (size_t)pp, sizeof *r->busy);
-        r->peak_live = calloc((size_t)pp, sizeof *r->peak_live);
-    }
     loom_status st = LOOM_OK;
-    if (!r || !r->start || !r->busy || !r->peak_live || !rem || !arrive || !pc || !state)
+    if (!r || !rem || !arrive || !pc || !state)
         st = loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
-    if (st == LOOM_OK) {
-        r->end = r->start + n;
-        r->rank_end = r->busy + pp;
-    }
     /* state: 0 before its current action, 1 computing it (rem left), 2 waiting in a receive */
     for (size_t k = 0; st == LOOM_OK && k < nmsg; k++) arrive[k] = -1; /* not sent */
     double t = 0;
@@ -232,18 +239,7 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
         loom_sim_free(r);
         return st;
     }
-    r->pp = pp;
-    r->n_total = s->n_total;
-    double total_busy = 0;
-    for (int k = 0; k < pp; k++) {
-        for (int i = s->offset[k]; i < s->offset[k + 1]; i++)
-            if (is_compute(s->actions[i].kind)) r->busy[k] += r->end[i] - r->start[i];
-        r->rank_end[k] = s->offset[k + 1] > s->offset[k] ? r->end[s->offset[k + 1] - 1] : 0;
-        if (r->rank_end[k] > r->makespan) r->makespan = r->rank_end[k];
-        r->peak_live[k] = loom_schedule_peak_live(s, k);
-        total_busy += r->busy[k];
-    }
-    r->bubble = r->makespan > 0 ? 1.0 - total_busy / ((double)pp * r->makespan) : 0.0;
+    result_finish(s, NULL, r);
     *out = r;
     return LOOM_OK;
 }
