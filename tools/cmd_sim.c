@@ -162,7 +162,9 @@ static loom_status check_trace_flags(const sim_args *a) {
     } f[] = {{"--cost-f", !isnan(a->costs.f)},       {"--cost-b", !isnan(a->costs.b)},
              {"--cost-w", !isnan(a->costs.w)},       {"--layers", a->layers != 0},
              {"--stage-layers", a->stage_layers[0] != 0}, {"--cost-embed", !isnan(a->cost_embed)},
-             {"--cost-head", !isnan(a->cost_head)}};
+             {"--cost-head", !isnan(a->cost_head)},
+             /* what the measured durations already hold */
+             {"--recompute full", !strcmp(a->recompute, "full")}, {"--cores", a->costs.cores > 0}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given)
             return loom_fail(LOOM_EUSAGE,
@@ -181,10 +183,7 @@ static loom_status check_trace_flags(const sim_args *a) {
 static loom_status apply_recompute(sim_args *a, loom_sched_kind k) {
     int rc;
     LOOM_TRY(loom_recompute_parse(a->recompute, &rc));
-    if (rc != LOOM_RECOMPUTE_FULL) return LOOM_OK;
-    if (a->from_trace[0])
-        return loom_fail(LOOM_EUSAGE, "--recompute full: not with --from-trace (the traced B already "
-                                      "includes the recomputed forward)");
+    if (rc != LOOM_RECOMPUTE_FULL) return LOOM_OK; /* with --from-trace: refused by check_trace_flags */
     if (k == LOOM_SCHED_ZB)
         return loom_fail(LOOM_EUSAGE, "--recompute full with --schedule zb: refused, as loom train refuses it "
                                       "(W would need the block's activations after other blocks' recomputes)");
@@ -223,8 +222,6 @@ static loom_status run(sim_args *a) {
     LOOM_TRY(loom_sim_costs_check(&a->costs, 0));
     if (a->costs.share && !(a->costs.cores > 0))
         return loom_fail(LOOM_EUSAGE, "--share %d: only with --cores C (ranks that share processors)", a->costs.share);
-    if (a->from_trace[0] && a->costs.cores > 0)
-        return loom_fail(LOOM_EUSAGE, "--cores: not with --from-trace (measured durations already include the sharing)");
     if (!(isfinite(a->cost_embed) && a->cost_embed >= 0))
         return loom_fail(LOOM_EUSAGE, "--cost-embed %g: must be a finite number >= 0", a->cost_embed);
     if (!(isfinite(a->cost_head) && a->cost_head >= 0))

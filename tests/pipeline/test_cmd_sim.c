@@ -92,6 +92,7 @@ int main(void) {
     expect_usage("--recompute some: expected none, selective or full", sim("--recompute", "some", NULL));
     expect_usage("--recompute full: not with --from-trace",
                  sim("--recompute", "full", "--from-trace", "/nonexistent", NULL));
+    expect_usage("--cores: not with --from-trace", sim("--cores", "1", "--from-trace", "/nonexistent", NULL));
     expect_usage("--stage-layers needs --layers N", sim("--stage-layers", "2,2", NULL));
     expect_usage("pp=4 x v=2 = 8 virtual stages but the model has 6 layers",
                  sim("--pp", "4", "--micro-batches", "8", "--schedule", "interleaved", "--virtual-stages",
