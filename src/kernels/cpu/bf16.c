@@ -150,7 +150,7 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
  * a provider or memory. */
 double loom_kernels_calibrate_bf16(int trials) {
     if (!kern_bf16_gemm_ready()) return 0.0;
-    const size_t big = (size_t)2048 * 2304;
+    const size_t big = kern_cal_elems();
     float *a = malloc(big * sizeof *a), *b = malloc(big * sizeof *b), *c = malloc(big * sizeof *c);
     uint16_t *a16 = malloc(big * sizeof *a16), *b16 = malloc(big * sizeof *b16);
     double best = 0.0;
@@ -165,13 +165,8 @@ double loom_kernels_calibrate_bf16(int trials) {
         kern_bf16 = 0;
         kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
                        .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
-        double tbest = 1e30;
-        for (int r = 0; r < (trials > 0 ? trials : 1) + 1; r++) { /* the first is a warm-up */
-            double t0 = kern_now();
-            kern_sgemm(&g);
-            double dt = kern_now() - t0;
-            if (r > 0 && dt < tbest) tbest = dt;
-        }
+        kern_time_gemm(&g, 1); /* warm-up: oneDNN's primitive for this shape, pages */
+        const double tbest = kern_time_gemm(&g, trials);
         kern_bf16 = saved;
         double rate = 2.0 * (double)m * n * k / tbest;
         if (rate > best) best = rate;

@@ -55,10 +55,14 @@ typedef struct {
     const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
 } kern_gemm;
 
-/* The GEMM calibration's shapes {M, N, K} (util.c) and its operand fill. */
+/* The GEMM calibration's shapes {M, N, K} (util.c), the most elements any
+ * of their operands or results holds, and its operand fill. */
 #define KERN_CAL_SHAPES 3
 extern const int kern_cal_shapes[KERN_CAL_SHAPES][3];
+size_t kern_cal_elems(void);
 void kern_cal_fill(float *a, float *b, size_t na, size_t nb);
+/* Best wall time of `reps` (at least 1) runs of g through kern_sgemm. */
+double kern_time_gemm(const kern_gemm *g, int reps);
 
 /* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
 void kern_sgemm(const kern_gemm *g);

@@ -53,16 +53,11 @@ double kern_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best time of `reps` m x n x k sgemms on a, b -> c (row-major, not
- * transposed), threaded as the matmul kernels are. */
-static double kern_time_sgemm(float *c, const float *a, const float *b, int m, int n, int k, int reps) {
-    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k,
-                   .alpha = 1.0f, .A = a, .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c,
-                   .ldc = n};
+double kern_time_gemm(const kern_gemm *g, int reps) {
     double best = 1e30;
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
         double t0 = kern_now();
-        kern_sgemm(&g);
+        kern_sgemm(g);
         double dt = kern_now() - t0;
         if (dt < best) best = dt;
     }
@@ -76,6 +71,18 @@ static double kern_time_sgemm(float *c, const float *a, const float *b, int m, i
  * step's GEMMs reach made MFU read 103 % for GPT-2 124M at B8 T256. */
 const int kern_cal_shapes[KERN_CAL_SHAPES][3] = {{1024, 1024, 1024}, {2048, 2048, 2048}, {2048, 2304, 768}};
 
+size_t kern_cal_elems(void) {
+    size_t most = 0;
+    for (int i = 0; i < KERN_CAL_SHAPES; i++) {
+        const size_t m = (size_t)kern_cal_shapes[i][0], n = (size_t)kern_cal_shapes[i][1],
+                     k = (size_t)kern_cal_shapes[i][2];
+        most = m * k > most ? m * k : most;
+        most = k * n > most ? k * n : most;
+        most = m * n > most ? m * n : most;
+    }
+    return most;
+}
+
 void kern_cal_fill(float *a, float *b, size_t na, size_t nb) {
     for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
     for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
@@ -86,7 +93,7 @@ void kern_cal_fill(float *a, float *b, size_t na, size_t nb) {
  * under 0.1 s (512^3 alone if a 1024^3 takes over 0.25 s). Allocates its
  * own buffers (a set-up call, not a step kernel); returns 0 if that fails. */
 double loom_kernels_calibrate_sgemm(int trials) {
-    const size_t big = (size_t)2048 * 2304;
+    const size_t big = kern_cal_elems();
     float *buf = malloc(3 * big * sizeof *buf);
     if (!buf) return 0.0;
     float *a = buf, *b = buf + big, *c = buf + 2 * big;
@@ -94,9 +101,14 @@ double loom_kernels_calibrate_sgemm(int trials) {
     for (int i = 0; i < KERN_CAL_SHAPES; i++) {
         int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
         kern_cal_fill(a, b, (size_t)m * k, (size_t)k * n);
-        double t = kern_time_sgemm(c, a, b, m, n, k, 1); /* warm-up: threads, pages */
-        if (i == 0 && t > 0.25) m = n = k = 512;
-        t = kern_time_sgemm(c, a, b, m, n, k, trials > 0 ? trials : 1);
+        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
+                       .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n};
+        double t = kern_time_gemm(&g, 1); /* warm-up: threads, pages */
+        if (i == 0 && t > 0.25) { /* a slow CPU: 512^3 alone */
+            m = n = k = 512;
+            g.M = g.N = g.K = g.lda = g.ldb = g.ldc = 512;
+        }
+        t = kern_time_gemm(&g, trials);
         double rate = 2.0 * (double)m * n * k / (t > 0 ? t : 1e-9);
         if (rate > best) best = rate;
         if (m == 512 || t > 0.1) break;
