@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     TIME(ms, loom_cuda_gelu_fwd(out, h4, 4 * nc)); row("gelu_fwd", ms, 32.0 * nc, "GB/s");
     TIME(ms, loom_cuda_gelu_bwd(out, x, y, nc)); row("gelu_bwd (N*C)", ms, 16.0 * nc, "GB/s");
     TIME(ms, loom_cuda_residual_fwd(out, x, y, nc)); row("residual_fwd", ms, 12.0 * nc, "GB/s");
-    TIME(ms, loom_cuda_adamw_update(w, dw, x, y, (size_t)C * 4 * C, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3));
+    TIME(ms, loom_cuda_adamw_update(w, dw, x, y, (size_t)C * 4 * C, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f));
     row("adamw (C*4C)", ms, 28.0 * C * 4 * C, "GB/s");
     printf("status: %s\n", loom_cuda_sync() == LOOM_OK ? "ok" : loom_errmsg());
     loom_cuda_shutdown();

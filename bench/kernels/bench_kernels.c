@@ -136,7 +136,7 @@ static void f_xent_b(bench *b) {
     loom_vxent_bwd(b->logits, b->logits, b->tgt, 1.0f / (float)b->N, 0, b->N, b->V);
 }
 static void f_adamw(bench *b) {
-    loom_adamw_update(b->p, b->g, b->m, b->v, b->nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10);
+    loom_adamw_update(b->p, b->g, b->m, b->v, b->nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f);
 }
 
 static void bench_alloc(bench *b, int layers) {

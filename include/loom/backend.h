@@ -107,7 +107,7 @@ typedef struct loom_backend {
     void (*vxent_bwd)(float *dlogits, const float *probs, const int32_t *targets, float dloss,
                       int v0, int N, int V_l);
     void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float wd, int t);
+                         float beta1, float beta2, float eps, float wd, int t, float gscale);
     double (*sumsq)(const float *x, size_t n);
     void (*scale)(float *x, size_t n, float s);
     int (*all_finite)(const float *x, size_t n);

@@ -177,12 +177,14 @@ void loom_vxent_finish(float *losses, float *probs, const float *gsum, const flo
 void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
                     int N, int V_l);
 
-/* AdamW exactly as torch.optim.AdamW (decoupled decay, bias correction):
- *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+/* AdamW exactly as torch.optim.AdamW (decoupled decay, bias correction), on
+ * the gradient scaled by gscale (the clip factor; 1 = unclipped):
+ *   g' = g * gscale;  p *= 1 - lr*wd;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
  *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
- * t is the 1-based step count. */
+ * t is the 1-based step count. g is only read: the same floats as scaling g
+ * in place first (loom_scale) and updating with gscale 1, one pass fewer. */
 void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float wd, int t);
+                       float beta1, float beta2, float eps, float wd, int t, float gscale);
 
 /* Sum of squares in double (for gradient norms); the same double whatever
  * the thread count. */

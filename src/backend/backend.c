@@ -199,8 +199,8 @@ void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, 
 }
 
 void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float wd, int t) {
-    be->adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
+                       float beta1, float beta2, float eps, float wd, int t, float gscale) {
+    be->adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale);
 }
 
 double loom_sumsq(const float *x, size_t n) {

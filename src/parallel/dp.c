@@ -692,10 +692,9 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
         float *g = (float *)grad_base(e, p);
         for (int k = 0; k < p->n_segs; k++) {
             const dp_seg *s = &p->segs[k];
-            if (grad_scale != 1.0f) loom_scale(g + s->g_off, s->n, grad_scale);
             loom_adamw_update(x + s->p_off, g + s->g_off, p->opt_m + s->s_off, p->opt_v + s->s_off,
                               s->n, lr, h->beta1, h->beta2, h->eps, s->decay ? h->weight_decay : 0.0f,
-                              e->t);
+                              e->t, grad_scale);
         }
     }
     if ((e->cfg.zero == 1 || e->cfg.zero == 2) && e->N > 1) {

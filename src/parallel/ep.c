@@ -142,10 +142,9 @@ loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
             if (p->unit != LOOM_UNIT_EXPERTS) continue;
             size_t so = p->offset - e->lo[i];
             float *g = e->grad[i] + so;
-            if (grad_scale != 1.0f) loom_scale(g, p->numel, grad_scale);
             loom_adamw_update(e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
                               lr, e->hp.beta1, e->hp.beta2, e->hp.eps,
-                              p->decay ? e->hp.weight_decay : 0.0f, e->t);
+                              p->decay ? e->hp.weight_decay : 0.0f, e->t, grad_scale);
         }
         /* consumed: the next step accumulates from zero (the DP engine zeroes
          * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */

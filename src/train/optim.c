@@ -27,7 +27,7 @@ void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float be
         const loom_param *p = &m->params[i];
         size_t k = p->offset;
         loom_adamw_update(m->param_mem + k, m->grad_mem + k, o->m + k, o->v + k, p->numel, lr,
-                          beta1, beta2, eps, p->decay ? wd : 0.0f, o->t);
+                          beta1, beta2, eps, p->decay ? wd : 0.0f, o->t, 1.0f);
     }
 }
 

@@ -430,9 +430,9 @@ static void w_vxent_bwd(float *dlogits, const float *probs, const int32_t *targe
 }
 
 static void w_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float wd, int t) {
+                           float beta1, float beta2, float eps, float wd, int t, float gscale) {
     n_calls[E_adamw_update]++;
-    loom_backend_cpu.adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
+    loom_backend_cpu.adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale);
 }
 
 static double w_sumsq(const float *x, size_t n) {

@@ -181,8 +181,8 @@ static void test_elementwise(size_t n) {
     float *p = host_rand(n, 1.0f), *m = host_rand(n, 0.1f), *v = host_rand(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     float *d_p = dev_from(p, n * 4), *d_m = dev_from(m, n * 4), *d_v = dev_from(v, n * 4);
-    loom_adamw_update(p, y, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
-    loom_cuda_adamw_update(d_p, d_y, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    loom_adamw_update(p, y, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
+    loom_cuda_adamw_update(d_p, d_y, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
     expect_close("adamw p", d_p, p, n, TOL);
     expect_close("adamw m", d_m, m, n, TOL);
     expect_close("adamw v", d_v, v, n, TOL);

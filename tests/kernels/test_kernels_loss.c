@@ -39,7 +39,7 @@ static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float 
         float *g = kr_rand_floats(n, -1, 1);
         for (size_t i = 0; i < n; i += 7) g[i] = 0.0f; /* eps-dominated entries */
         for (size_t i = 0; i < n; i++) gd[i] = g[i];
-        loom_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t0 + s);
+        loom_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t0 + s, 1.0f);
         adamw_ref(pd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + s);
         free(g);
     }
@@ -52,7 +52,7 @@ static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float 
     float *pc = kr_copy(p0, n);
     double *pcd = kr_widen(p0, n), *dd = kr_doubles(n);
     for (size_t i = 0; i < n; i++) gd[i] = g[i], md[i] = m[i], vd[i] = v[i];
-    loom_adamw_update(pc, g, m, v, n, lr, b1, b2, eps, wd, t0 + steps);
+    loom_adamw_update(pc, g, m, v, n, lr, b1, b2, eps, wd, t0 + steps, 1.0f);
     adamw_ref(pcd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + steps);
     for (size_t i = 0; i < n; i++) {
         pc[i] -= p0[i];

@@ -69,7 +69,7 @@ static void run_kernels(run_t *r) {
     loom_vxent_finish(r->losses, r->probs, xbuf + N, xbuf + 2 * N, r->tgt, N, VL);
     loom_vxent_bwd(r->dlogits, r->probs, r->tgt, 1.0f / N, 0, N, VL);
     free(xbuf);
-    loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.625f);
     r->sumsq = loom_sumsq(r->qkv, N * 3 * C);
 }
 

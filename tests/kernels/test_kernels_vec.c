@@ -109,13 +109,34 @@ static void test_adamw(void) {
         v1[i] = v2[i] = i % 7 ? rndf(0, 0.01f) : 0.0f;
     }
     for (int t = 1; t <= 3; t++) {
-        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         for (size_t i = 0; i < N; i++)
-            loom_adamw_update(p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+            loom_adamw_update(p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
     }
     long bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
     CHECK(bp < 0 && bm < 0 && bv < 0, "adamw: vector and scalar differ (p at %ld, m at %ld, v at %ld)",
           bp, bm, bv);
+    /* the clip factor inside the update = scaling g in place first (the
+     * separate pass it replaces), bit for bit, on vector lanes and the tail;
+     * and g is left unscaled */
+    const float gs = 0.3721f;
+    float *gc = malloc(N * sizeof(float));
+    memcpy(gc, g, N * sizeof(float));
+    for (int t = 4; t <= 5; t++) {
+        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, gs);
+        float *gsc = malloc(N * sizeof(float));
+        memcpy(gsc, g, N * sizeof(float));
+        loom_scale(gsc, N, gs);
+        loom_adamw_update(p2, gsc, m2, v2, N - 3, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+        for (size_t i = N - 3; i < N; i++)
+            loom_adamw_update(p2 + i, gsc + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+        free(gsc);
+    }
+    bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
+    CHECK(bp < 0 && bm < 0 && bv < 0,
+          "adamw gscale: differs from scale-then-update (p at %ld, m at %ld, v at %ld)", bp, bm, bv);
+    CHECK(first_diff(g, gc, N) < 0, "adamw gscale: the gradient was modified");
+    free(gc);
     free(p1), free(p2), free(g), free(m1), free(m2), free(v1), free(v2);
 }
 

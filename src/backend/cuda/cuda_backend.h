@@ -156,7 +156,7 @@ void loom_cuda_vxent_bwd(float *dlogits, const float *probs, const int32_t *targ
                          int v0, int N, int V_l);
 
 void loom_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                            float beta1, float beta2, float eps, float wd, int t);
+                            float beta1, float beta2, float eps, float wd, int t, float gscale);
 
 /* Host results: these wait for the stream. */
 double loom_cuda_sumsq(const float *x, size_t n);

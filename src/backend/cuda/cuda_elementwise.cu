@@ -75,12 +75,12 @@ void loom_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n) {
  * double on the host and rounded once, as optim.c does ---------------------- */
 
 typedef struct {
-    float decay, b1, c1, b2, c2, bc2_sqrt, neg_step, eps;
+    float decay, b1, c1, b2, c2, bc2_sqrt, neg_step, eps, gscale;
 } adamw_k;
 
 __global__ static void k_adamw(float *p, const float *g, float *m, float *v, size_t n, adamw_k k) {
     LC_FOR(i, n) {
-        float gi = g[i];
+        float gi = g[i] * k.gscale;
         float mi = m[i] * k.b1 + k.c1 * gi;
         float vi = v[i] * k.b2 + k.c2 * gi * gi;
         float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
@@ -91,7 +91,7 @@ __global__ static void k_adamw(float *p, const float *g, float *m, float *v, siz
 }
 
 void loom_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                            float beta1, float beta2, float eps, float wd, int t) {
+                            float beta1, float beta2, float eps, float wd, int t, float gscale) {
     if (!n) return;
     adamw_k k;
     k.decay = (float)(1.0 - (double)lr * (double)wd);
@@ -102,6 +102,7 @@ void loom_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t
     k.bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
     k.neg_step = -(float)((double)lr / (1.0 - pow((double)beta1, (double)t)));
     k.eps = eps;
+    k.gscale = gscale;
     k_adamw<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(p, g, m, v, n, k);
     lc_launched("adamw_update");
 }

@@ -52,7 +52,7 @@ void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const
 void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss,
                         int v0, int N, int V_l);
 void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float wd, int t);
+                           float beta1, float beta2, float eps, float wd, int t, float gscale);
 double loom_cpu_sumsq(const float *x, size_t n);
 void loom_cpu_scale(float *x, size_t n, float s);
 int loom_cpu_all_finite(const float *x, size_t n);

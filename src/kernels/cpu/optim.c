@@ -1,5 +1,6 @@
 /* optim.c - the AdamW update, following torch.optim.AdamW (torch 1.13,
  * single-tensor path) operation by operation:
+ *   g *= gscale   (the clip factor, 1 without clipping; g itself is left as it is)
  *   p *= 1 - lr*wd
  *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
  *   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -17,6 +18,7 @@ typedef struct {
     float bc2_sqrt;  /* sqrt(1 - beta2^t) */
     float step_size; /* lr / (1 - beta1^t) */
     float eps;
+    float gscale;    /* gradient clip factor: g * gscale, as a separate scale pass would store it */
 } adamw_consts;
 
 /* The update of one block: KV lanes at a time (kern_vec.h), the same
@@ -24,12 +26,13 @@ typedef struct {
 static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
                        const adamw_consts *k) {
     const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
-    const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps;
+    const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps, gs = k->gscale;
     const kvf vdecay = kv_set1(decay), vb1 = kv_set1(b1), vc1 = kv_set1(c1), vb2 = kv_set1(b2);
     const kvf vc2 = kv_set1(c2), vbc2s = kv_set1(bc2s), vneg = kv_set1(neg_step), veps = kv_set1(eps);
+    const kvf vgs = kv_set1(gs);
     size_t i = 0;
     for (; i + KV <= n; i += KV) {
-        kvf gi = kv_load(g + i);
+        kvf gi = kv_load(g + i) * vgs;
         kvf mi = kv_load(m + i) * vb1 + vc1 * gi;
         kvf vi = kv_load(v + i) * vb2 + vc2 * gi * gi;
         kvf denom = kv_sqrtf(vi) / vbc2s + veps;
@@ -38,7 +41,7 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
         kv_store(v + i, vi);
     }
     for (; i < n; i++) {
-        float gi = g[i];
+        float gi = g[i] * gs;
         float mi = m[i] * b1 + c1 * gi;
         float vi = v[i] * b2 + c2 * gi * gi;
         float denom = kern_sqrtf(vi) / bc2s + eps;
@@ -49,8 +52,8 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
 }
 
 void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float wd, int t) {
-    /* p (n), g (n), m (n), v (n) */
+                       float beta1, float beta2, float eps, float wd, int t, float gscale) {
+    /* p (n), g (n), m (n), v (n); g read only */
     adamw_consts k = {
         .decay = (float)(1.0 - (double)lr * (double)wd),
         .b1 = beta1,
@@ -60,6 +63,7 @@ void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t 
         .bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t)),
         .step_size = (float)((double)lr / (1.0 - pow((double)beta1, (double)t))),
         .eps = eps,
+        .gscale = gscale,
     };
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
     int nth = loom_kernels_get_threads();
