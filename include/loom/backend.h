@@ -64,6 +64,10 @@ typedef struct loom_backend {
     /* GEMM precision of the backend's matmuls: 0 fp32, 1 bf16 operands with
      * fp32 accumulation (loom_kernels_set_precision's meaning). */
     void (*set_precision)(int bf16);
+    /* loom_gemm_keep / loom_gemm_unkeep (kernels.h): GEMM operands the
+     * caller promises not to change in between; a backend may ignore both. */
+    void (*gemm_keep)(const float *p, size_t n);
+    void (*gemm_unkeep)(const float *p);
 
     /* ---- kernels: exactly the argument lists of kernels.h ---- */
     void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *inp, const float *w,

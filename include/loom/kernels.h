@@ -40,6 +40,13 @@ int loom_kernels_get_threads(void);
  * everything else fp32 (src/kernels/cpu/bf16.c). Global, like the threads. */
 void loom_kernels_set_precision(int bf16);
 int loom_kernels_get_precision(void);
+/* Kept GEMM operands, for bf16 mode: the caller promises that the n floats
+ * at p do not change until loom_gemm_unkeep(p) (NULL: all), so every GEMM
+ * that reads any part of them may use one bf16 conversion made at the first
+ * (the same values as converting at each). At most two at once; a third is
+ * converted at every use, as without keeping. No effect in fp32. */
+void loom_gemm_keep(const float *p, size_t n);
+void loom_gemm_unkeep(const float *p);
 /* dst[i] = src[i] rounded to bfloat16, kept as float (dst may be src). */
 void loom_round_bf16(float *dst, const float *src, size_t n);
 /* Host memory only (not through the backend): dst[i] = the bf16 bits of

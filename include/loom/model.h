@@ -303,6 +303,11 @@ loom_status loom_gpt_backward_input(loom_gpt *m, int slot, const float *dy, floa
 loom_status loom_gpt_backward_weight(loom_gpt *m, int slot);
 float *loom_gpt_input_grad(loom_gpt *m, int slot);
 void loom_gpt_zero_grad(loom_gpt *m);
+/* on = 1: the caller promises the parameters stay as they are until on = 0
+ * (a step's forwards and backwards, before the optimizer), so in bf16 mode
+ * the LM head's GEMMs convert the tied wte once instead of in every forward
+ * and backward (loom_gemm_keep). No effect on results. */
+void loom_gpt_hold_weights(loom_gpt *m, int on);
 /* After the last backward of a step: sum the gradients that sequence
  * parallelism leaves partial per TP rank (norms, wpe). Collective over tp. */
 loom_status loom_gpt_finish_grads(loom_gpt *m);

@@ -42,7 +42,8 @@ void loom_backend_arena_init(loom_arena *a, const char *name) {
 #define BE_ENTRIES(X)                                                                            \
     X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset) X(stream_create)        \
     X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)            \
-    X(stream_wait_event) X(event_sync) X(set_precision) X(layernorm_fwd) X(layernorm_bwd)        \
+    X(stream_wait_event) X(event_sync) X(set_precision) X(gemm_keep) X(gemm_unkeep)              \
+    X(layernorm_fwd) X(layernorm_bwd)                                                            \
     X(matmul_fwd) X(matmul_bwd) X(matmul_nt_fwd) X(matmul_nt_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(residual_fwd) X(residual_bwd) X(attention_fwd) X(attention_bwd) X(attention_part_fwd)      \
     X(attention_part_bwd) X(attention_merge) X(attention_kv_fwd) X(embed_fwd) X(embed_bwd)       \
@@ -197,6 +198,9 @@ void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, 
                     int N, int V_l) {
     be->vxent_bwd(dlogits, probs, targets, dloss, v0, N, V_l);
 }
+
+void loom_gemm_keep(const float *p, size_t n) { be->gemm_keep(p, n); }
+void loom_gemm_unkeep(const float *p) { be->gemm_unkeep(p); }
 
 void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int t, float gscale) {

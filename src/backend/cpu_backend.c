@@ -70,6 +70,8 @@ const loom_backend loom_backend_cpu = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_sync = cpu_event_sync,
     .set_precision = loom_kernels_set_precision,
+    .gemm_keep = loom_cpu_gemm_keep,
+    .gemm_unkeep = loom_cpu_gemm_unkeep,
     LOOM_BACKEND_KERNELS(loom_cpu_),
     .add = loom_cpu_add,
     .add2 = loom_cpu_add2,

@@ -89,6 +89,10 @@ static void cu_stream_wait_event(loom_stream *s, loom_event *e) {
 }
 static void cu_event_sync(loom_event *e) { (void)loom_cuda_event_sync((loom_cuda_event)e); }
 
+/* cuda_gemm.cu converts bf16 operands at every product; nothing kept yet. */
+static void cu_gemm_keep(const float *p, size_t n) { (void)p, (void)n; }
+static void cu_gemm_unkeep(const float *p) { (void)p; }
+
 static void cu_set_precision(int bf16) {
     loom_cuda_set_precision(bf16 ? LOOM_CUDA_BF16 : LOOM_CUDA_FP32);
 }
@@ -157,6 +161,8 @@ const loom_backend loom_backend_cuda = {
     .stream_wait_event = cu_stream_wait_event,
     .event_sync = cu_event_sync,
     .set_precision = cu_set_precision,
+    .gemm_keep = cu_gemm_keep,
+    .gemm_unkeep = cu_gemm_unkeep,
     LOOM_BACKEND_KERNELS(loom_cuda_),
     .add = cu_add,
     .add2 = cu_add2,

@@ -250,6 +250,12 @@ void loom_gpt_zero_grad(loom_gpt *m) {
     if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params); /* threaded on the CPU */
 }
 
+void loom_gpt_hold_weights(loom_gpt *m, int on) {
+    if (!m->part.has_head) return;
+    if (on) loom_gemm_keep(m->w.wte, (size_t)m->V_l * m->C);
+    else loom_gemm_unkeep(m->w.wte);
+}
+
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
     double matmul_params = L * 12.0 * C * C + V * C + loom_moe_active_params_delta(c);
@@ -550,11 +556,17 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         float *dlnf = split ? s->dlnf : m->dlnf;
         loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
         if (!split) {
-            LOOM_TRY(head_bwd_wte(m, s));
-            if (m->hooks.post_head_wte) LOOM_TRY(m->hooks.post_head_wte(m->hooks.ctx, m));
+            /* dlogits feeds both head products: converted to bf16 once */
+            loom_gemm_keep(s->logits, (size_t)m->N * m->V_l);
+            loom_status st = head_bwd_wte(m, s);
+            if (st == LOOM_OK && m->hooks.post_head_wte) st = m->hooks.post_head_wte(m->hooks.ctx, m);
+            if (st == LOOM_OK) st = head_bwd_input(m, s, dlnf);
+            loom_gemm_unkeep(s->logits);
+            LOOM_TRY(st);
+            head_bwd_lnf(m, s, dlnf);
+        } else {
+            LOOM_TRY(head_bwd_input(m, s, dlnf));
         }
-        LOOM_TRY(head_bwd_input(m, s, dlnf));
-        if (!split) head_bwd_lnf(m, s, dlnf);
     } else {
         loom_tensor_copy(m->dres, dy, nx);
     }

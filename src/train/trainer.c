@@ -290,8 +290,10 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     const int T = c->seq;
     double t0 = loom_comm_wtime(), loss_sum = 0;
     LOOM_TRY(loom_dp_begin_step(s->dp));
-    if (s->pipelined) LOOM_TRY(loom_train_pp_step(s, step, &loss_sum));
-    else LOOM_TRY(run_micro_batches(s, step, &loss_sum));
+    for (int i = 0; i < s->n_parts; i++) loom_gpt_hold_weights(s->parts[i], 1); /* until the update */
+    loom_status st = s->pipelined ? loom_train_pp_step(s, step, &loss_sum) : run_micro_batches(s, step, &loss_sum);
+    for (int i = 0; i < s->n_parts; i++) loom_gpt_hold_weights(s->parts[i], 0);
+    LOOM_TRY(st);
     double t1 = loom_comm_wtime();
     LOOM_TRY(loom_dp_finish_grads(s->dp));
     LOOM_TRY(loom_ep_finish_grads(s->ep)); /* expert gradients over edp */

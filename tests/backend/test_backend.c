@@ -54,6 +54,8 @@ enum {
     E_stream_wait_event,
     E_event_sync,
     E_set_precision,
+    E_gemm_keep,
+    E_gemm_unkeep,
     E_layernorm_fwd,
     E_layernorm_bwd,
     E_matmul_fwd,
@@ -114,6 +116,8 @@ static const char *const entry_name[E_COUNT] = {
     "stream_wait_event",
     "event_sync",
     "set_precision",
+    "gemm_keep",
+    "gemm_unkeep",
     "layernorm_fwd",
     "layernorm_bwd",
     "matmul_fwd",
@@ -173,6 +177,8 @@ static const size_t entry_offset[E_COUNT] = {
     offsetof(loom_backend, stream_wait_event),
     offsetof(loom_backend, event_sync),
     offsetof(loom_backend, set_precision),
+    offsetof(loom_backend, gemm_keep),
+    offsetof(loom_backend, gemm_unkeep),
     offsetof(loom_backend, layernorm_fwd),
     offsetof(loom_backend, layernorm_bwd),
     offsetof(loom_backend, matmul_fwd),
@@ -291,6 +297,16 @@ static void w_event_sync(loom_event *e) {
 static void w_set_precision(int bf16) {
     n_calls[E_set_precision]++;
     loom_backend_cpu.set_precision(bf16);
+}
+
+static void w_gemm_keep(const float *p, size_t n) {
+    n_calls[E_gemm_keep]++;
+    loom_backend_cpu.gemm_keep(p, n);
+}
+
+static void w_gemm_unkeep(const float *p) {
+    n_calls[E_gemm_unkeep]++;
+    loom_backend_cpu.gemm_unkeep(p);
 }
 
 static void w_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -545,6 +561,8 @@ static const loom_backend counting = {
     .stream_wait_event = w_stream_wait_event,
     .event_sync = w_event_sync,
     .set_precision = w_set_precision,
+    .gemm_keep = w_gemm_keep,
+    .gemm_unkeep = w_gemm_unkeep,
     LOOM_BACKEND_KERNELS(w_),
     .add = w_add,
     .add2 = w_add2,

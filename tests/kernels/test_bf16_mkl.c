@@ -85,6 +85,49 @@ static void run(int threads) {
     ref_gemm(far, x, 0, wte, 1, NULL, N, V, C);
     check_pair(logits, near, far, (size_t)N * V, "LM head fwd (NT)", threads);
 
+    /* kept operands (loom_gemm_keep): the LM head's backward with dlogits
+     * and wte converted once gives the same floats as converting at each
+     * product; after unkeep, or keeping the same tensor again, a changed
+     * tensor is converted afresh */
+    float *dl = kr_rand_floats((size_t)N * V, -1, 1);
+    float *dx1 = calloc(N * C, sizeof *dx1), *dwte1 = calloc((size_t)V * C, sizeof *dwte1);
+    float *dx2 = calloc(N * C, sizeof *dx2), *dwte2 = calloc((size_t)V * C, sizeof *dwte2);
+    float *lg2 = kr_floats((size_t)N * V);
+    loom_matmul_nt_bwd(dx1, NULL, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(NULL, dwte1, dl, x, wte, N, C, V);
+    loom_gemm_keep(wte, (size_t)V * C);
+    loom_gemm_keep(dl, (size_t)N * V);
+    loom_gemm_keep(x, (size_t)N * C); /* a third: not kept, still right */
+    loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+    loom_matmul_nt_bwd(NULL, dwte2, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dx2, NULL, dl, x, wte, N, C, V);
+    CHECK(!memcmp(lg2, logits, (size_t)N * V * sizeof *lg2), "kept wte: LM head fwd differs, %d thread(s)",
+          threads);
+    CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "kept dlogits, wte: head dinp differs, %d thread(s)",
+          threads);
+    CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1), "kept dlogits: head dwte differs, %d thread(s)",
+          threads);
+    for (size_t i = 0; i < (size_t)N * V; i++) dl[i] = -0.5f * dl[i] + 0.25f; /* changed ... */
+    loom_gemm_keep(dl, (size_t)N * V);                                       /* ... and kept again */
+    memset(dx1, 0, N * C * sizeof *dx1);
+    loom_matmul_nt_bwd(dx1, NULL, dl, x, wte, N, C, V);
+    loom_gemm_unkeep(NULL);
+    memset(dx2, 0, N * C * sizeof *dx2);
+    loom_matmul_nt_bwd(dx2, NULL, dl, x, wte, N, C, V);
+    CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1),
+          "kept again after a change: the old conversion was used, %d thread(s)", threads);
+    loom_gemm_keep(wte, (size_t)V * C);
+    loom_matmul_nt_fwd(lg2, x, wte, N, C, V); /* converted and kept */
+    loom_gemm_unkeep(wte);
+    for (size_t i = 0; i < (size_t)V * C; i++) wte[i] = 0.5f - wte[i]; /* changed after unkeep */
+    loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+    loom_gemm_keep(NULL, 0); /* ignored */
+    float *wter2 = rounded(wte, (size_t)V * C);
+    ref_gemm(near, xr, 0, wter2, 1, NULL, N, V, C);
+    CHECK(kr_err(lg2, near, (size_t)N * V) <= 1e-5, "after unkeep: the old wte was used, %d thread(s)", threads);
+    free(wter2);
+
+    free(dl), free(dx1), free(dwte1), free(dx2), free(dwte2), free(lg2);
     free(x), free(w), free(bias), free(dy), free(wte), free(xr), free(wr), free(dyr), free(wter);
     free(near), free(far), free(out), free(dx), free(dw), free(logits);
 }

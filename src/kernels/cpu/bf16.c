@@ -18,6 +18,16 @@
  *
  * The rounded copies live in two buffers that grow to the largest operand
  * seen (the first step allocates them; later steps reuse them).
+ *
+ * Kept operands (loom_cpu_gemm_keep): a caller that knows a tensor will not
+ * change across several GEMMs - the tied embedding wte from the LM head's
+ * forward to its backward, the logits' gradient between the head's two
+ * backward products - names it, and the first GEMM that reads any part of
+ * it converts the whole of it into a buffer of its own, which the later
+ * ones read at the same offsets. The same rounding of the same floats, so
+ * the same products; for GPT-2's head it saves two of the four conversions
+ * of a (tokens or vocabulary) x 50257 tensor per step. Forgetting it
+ * (loom_cpu_gemm_unkeep) keeps the buffer for the next step.
  */
 #include <cblas.h>
 #include <stdlib.h>
@@ -31,6 +41,18 @@ static void *bf16_buf[2]; /* float copies */
 static size_t bf16_cap[2];
 static void *bf16_h[2]; /* uint16_t copies for the provider */
 static size_t bf16_hcap[2];
+
+/* Kept operands: [src, src + n) converted once into buf (bf16 bits when
+ * is16, rounded floats otherwise) while ready. */
+#define BF16_KEEP 2
+typedef struct {
+    const float *src;
+    size_t n;
+    int ready, is16;
+    void *buf;
+    size_t cap; /* bytes */
+} bf16_kept_op;
+static bf16_kept_op bf16_keep[BF16_KEEP];
 
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
 int loom_kernels_get_precision(void) { return kern_bf16; }
@@ -121,6 +143,57 @@ static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
     return bf16_h[which];
 }
 
+void loom_cpu_gemm_keep(const float *src, size_t n) {
+    int free_slot = -1;
+    for (int i = 0; i < BF16_KEEP; i++) {
+        if (bf16_keep[i].src == src && bf16_keep[i].n == n) { /* kept again: maybe changed since */
+            bf16_keep[i].ready = 0;
+            return;
+        }
+        if (!bf16_keep[i].src && free_slot < 0) free_slot = i;
+    }
+    if (free_slot < 0 || !src || !n) return; /* full: that tensor is converted at every use, as before */
+    bf16_keep[free_slot].src = src;
+    bf16_keep[free_slot].n = n;
+    bf16_keep[free_slot].ready = 0;
+}
+
+void loom_cpu_gemm_unkeep(const float *src) {
+    for (int i = 0; i < BF16_KEEP; i++)
+        if (bf16_keep[i].src && (!src || bf16_keep[i].src == src)) {
+            bf16_keep[i].src = NULL;
+            bf16_keep[i].ready = 0;
+        }
+}
+
+/* The kept copy of [p, p + n) (bf16 bits if is16, else rounded floats),
+ * converting its tensor at the first use; NULL if p is not inside a kept
+ * tensor, 0 in *oom without memory. */
+static const void *bf16_kept(const float *p, size_t n, int is16, int *oom) {
+    for (int i = 0; i < BF16_KEEP; i++) {
+        bf16_kept_op *k = &bf16_keep[i];
+        if (!k->src || p < k->src || n > k->n || (size_t)(p - k->src) > k->n - n) continue;
+        size_t esz = is16 ? sizeof(uint16_t) : sizeof(float);
+        if (!k->ready || k->is16 != is16) {
+            if (k->n * esz > k->cap) {
+                void *b = realloc(k->buf, k->n * esz);
+                if (!b) {
+                    *oom = 1;
+                    return NULL;
+                }
+                k->buf = b;
+                k->cap = k->n * esz;
+            }
+            if (is16) loom_bf16_pack(k->buf, k->src, k->n);
+            else loom_cpu_round_bf16(k->buf, k->src, k->n);
+            k->ready = 1;
+            k->is16 = is16;
+        }
+        return (const char *)k->buf + (size_t)(p - k->src) * esz;
+    }
+    return NULL;
+}
+
 int kern_gemm_bf16_operands(kern_gemm *g) {
     if (!kern_bf16) return 1;
     /* the storage each operand spans: rows of its stored layout x ld */
@@ -128,14 +201,17 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
     size_t b_rows = (size_t)(g->tb == CblasNoTrans ? g->K : g->N);
     size_t na = a_rows ? (a_rows - 1) * (size_t)g->lda + (size_t)(g->ta == CblasNoTrans ? g->K : g->M) : 0;
     size_t nb = b_rows ? (b_rows - 1) * (size_t)g->ldb + (size_t)(g->tb == CblasNoTrans ? g->N : g->K) : 0;
-    if (kern_bf16_gemm_ready()) {
-        const uint16_t *a16 = bf16_copy16(0, g->A, na), *b16 = bf16_copy16(1, g->B, nb);
+    int is16 = kern_bf16_gemm_ready() != 0, oom = 0;
+    const void *ka = bf16_kept(g->A, na, is16, &oom), *kb = bf16_kept(g->B, nb, is16, &oom);
+    if (oom) return 0;
+    if (is16) {
+        const uint16_t *a16 = ka ? ka : bf16_copy16(0, g->A, na), *b16 = kb ? kb : bf16_copy16(1, g->B, nb);
         if (!a16 || !b16) return 0;
         g->A16 = a16;
         g->B16 = b16;
         return 1;
     }
-    const float *a = bf16_copy(0, g->A, na), *b = bf16_copy(1, g->B, nb);
+    const float *a = ka ? ka : bf16_copy(0, g->A, na), *b = kb ? kb : bf16_copy(1, g->B, nb);
     if (!a || !b) return 0;
     g->A = a;
     g->B = b;
