@@ -163,6 +163,10 @@ typedef struct loom_backend {
                              const int32_t *row, const float *w, int N, int k, int C);
     /* x[i] = v */
     void (*fill)(float *x, size_t n, float v);
+
+    /* ---- optional fused kernels: NULL = the unfused kernels above ---- */
+    void (*vxent_local)(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+                        int V_valid);
 } loom_backend;
 
 /* The widest row topk_gate takes (MoE: num_local_experts, which the config check bounds). */

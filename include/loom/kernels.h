@@ -176,6 +176,12 @@ void loom_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_va
  * their sum; tgt (N) WRITES logit[target] - gmax where the target is local, 0 else. */
 void loom_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
                     const int32_t *targets, int v0, int N, int V_l, int V_valid);
+/* The three phases above for a rank that holds the whole vocabulary (no
+ * all-reduces between them; v0 = 0): logits (N,V_l) become the probs and
+ * losses (N) WRITES the losses - the same floats as max, exp and finish.
+ * Returns 0 (and does nothing) if the backend has no such kernel; the CPU's
+ * makes one pass over the logits from memory instead of three. */
+int loom_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l, int V_valid);
 /* losses (N) WRITES log(gsum) - gtgt (0 for target < 0); probs /= gsum. */
 void loom_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
                        const int32_t *targets, int N, int V_l);

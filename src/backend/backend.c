@@ -199,6 +199,12 @@ void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, 
     be->vxent_bwd(dlogits, probs, targets, dloss, v0, N, V_l);
 }
 
+int loom_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l, int V_valid) {
+    if (!be->vxent_local) return 0;
+    be->vxent_local(losses, logits, targets, N, V_l, V_valid);
+    return 1;
+}
+
 void loom_gemm_keep(const float *p, size_t n) { be->gemm_keep(p, n); }
 void loom_gemm_unkeep(const float *p) { be->gemm_unkeep(p); }
 

@@ -227,7 +227,22 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
                 sl[k][(size_t)i * s.V_l + j] =
                     j < s.V_valid[k] ? logits[(size_t)i * V + s.v0[k] + j] : padval;
     }
+    float *loc = NULL, *loc_losses = NULL; /* one slice: the fused kernel on a copy */
+    if (ns == 1) {
+        loc = kr_floats(nl), loc_losses = kr_floats((size_t)N);
+        memcpy(loc, sl[0], nl * sizeof *loc);
+        kr_fill_nan(loc_losses, (size_t)N);
+    }
     vxent_fwd(sl, losses, targets, &s, N);
+    if (ns == 1) {
+        CHECK(loom_vxent_local(loc_losses, loc, targets, N, s.V_l, s.V_valid[0]) == 1,
+              "%s: the CPU backend has no vxent_local", what);
+        CHECK(memcmp(loc, sl[0], nl * sizeof *loc) == 0, "%s: vxent_local's probs differ from the three phases'",
+              what);
+        CHECK(memcmp(loc_losses, losses[0], (size_t)N * sizeof *loc_losses) == 0,
+              "%s: vxent_local's losses differ from the three phases'", what);
+        free(loc), free(loc_losses);
+    }
 
     double e = kr_err(losses[0], ref.losses, (size_t)N);
     CHECK(e <= KR_FWD_TOL, "%s: losses rel err %.3g", what, e);
@@ -313,6 +328,7 @@ int main(void) {
     test_vxent(7, 11, 3, 0, 3.0, 50.0f, 1, 1);  /* V_l 4: 4 + 4 + 3 valid */
     test_vxent(1, 2, 2, 0, 1.0, 50.0f, 0, 1);   /* one column each */
     test_vxent(16, 64, 3, 2, 5.0, -50.0f, 0, 1);
+    test_vxent(9, 301, 1, 3, 8.0, 50.0f, 0, 0); /* one padded slice, whole vectors: vxent_local */
     test_vxent(5, 300, 2, 3, 8.0, 1e30f, 1, 1);
     test_vxent(5, 300, 1, 0, 8.0, 0.0f, 0, 1);
     /* logits of size 1e4 (padding larger still): finite, the double

@@ -81,6 +81,29 @@ void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *g
     }
 }
 
+/* max, exp and finish for one rank holding the whole vocabulary, a row at a
+ * time: the row (V_l floats, 196 KiB for GPT-2) comes from memory once for
+ * its maximum and stays in cache for the exponentials, their sum and the
+ * scaling, where the three phases stream all the logits three times. The
+ * same operations in the same order as those phases with v0 = 0, so the
+ * same floats (kernels_vocab checks it bit for bit). */
+void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+                          int V_valid) {
+    int nth = loom_kernels_get_threads();
+    KERN_PARALLEL_FOR(nth)
+    for (int i = 0; i < N; i++) {
+        float *z = logits + (size_t)i * V_l;
+        float mx = V_valid > 0 ? kern_max(z, V_valid) : -INFINITY;
+        int t = targets[i];
+        float tgt = t >= 0 && t < V_valid ? z[t] - mx : 0.0f;
+        kv_exp_shift(z, V_valid, mx);
+        for (int j = V_valid; j < V_l; j++) z[j] = 0.0f;
+        float sum = kern_sum(z, V_valid);
+        losses[i] = t >= 0 ? logf(sum) - tgt : 0.0f;
+        kern_scale_row(z, V_l, 1.0f / sum);
+    }
+}
+
 void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
                        const int32_t *targets, int N, int V_l) {
     int nth = loom_kernels_get_threads();
