@@ -66,7 +66,8 @@ typedef struct loom_plan_cluster {
     double memory;                 /* bytes per device */
     double reserved;               /* bytes per device the framework keeps (context, buffers) */
     double peak_fp32, peak_bf16;   /* FLOP/s per device */
-    double hbm_bw;                 /* bytes/s per device (decode is bound by it) */
+    double hbm_bw;                 /* achievable bytes/s per device: hbm_gbps x hbm_eff (element-wise work, decode) */
+    double hbm_eff;                /* efficiency.hbm: achievable / hbm_gbps (a measured memory-bound kernel; 1 absent) */
     double intra_bw, intra_lat;    /* per device, bytes/s and s */
     double inter_bw, inter_lat;
     double gemm_eff;               /* achieved / peak in large GEMMs */

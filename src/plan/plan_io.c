@@ -213,6 +213,10 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     c->coll_eff = num(eff, "collective", 1);
     c->overlap = num(eff, "overlap", 1);
     c->attn_eff = num(eff, "attention", 0);
+    /* achievable / datasheet HBM bandwidth (a measured memory-bound kernel,
+     * as gemm and collective are measured fractions); absent: 1, hbm_gbps is
+     * then taken as achievable (calibrate writes a measured copy bandwidth) */
+    c->hbm_eff = num(eff, "hbm", 1);
     const cJSON *cores = cJSON_GetObjectItemCaseSensitive(root, "cores_per_node");
     if (cores) {
         c->cores = cJSON_IsNumber(cores) ? cores->valuedouble : -1;
@@ -236,7 +240,10 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
             return loom_fail(LOOM_ECONFIG, "cluster %s: '%s' must be a positive number", path, chk[i].key);
     if (c->gemm_eff > 1 || c->coll_eff > 1 || c->overlap < 0 || c->overlap > 1)
         return loom_fail(LOOM_ECONFIG, "cluster %s: efficiencies must be in (0, 1]", path);
+    if (!(c->hbm_eff > 0 && c->hbm_eff <= 1))
+        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.hbm must be in (0, 1] (or absent)", path);
     if (c->hbm_bw <= 0) c->hbm_bw = 20 * c->intra_bw;
+    c->hbm_bw *= c->hbm_eff;
     /* GEMM efficiency by size: [{"m", "n", "k", "eff"}, ...] (or "flops"
      * instead of m, n, k); kept sorted by FLOPs */
     const cJSON *curve = cJSON_GetObjectItemCaseSensitive(root, "gemm_curve"), *gp;

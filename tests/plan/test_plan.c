@@ -307,6 +307,49 @@ static void test_gemm_curve(void) {
           "no curve: efficiency.gemm (0.7) for every size");
 }
 
+/* efficiency.hbm: the achievable fraction of hbm_gbps (a measured
+ * memory-bound kernel; docs/planning.md). The presets carry their sourced
+ * fractions; a file without the key (loom calibrate's, whose hbm_gbps is a
+ * measured copy) keeps hbm_gbps as it is; out of (0, 1] is rejected. */
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "create %s", path);
+    if (f) fputs(text, f), fclose(f);
+}
+
+static void test_hbm_eff(void) {
+    const struct {
+        const char *name;
+        double gbps, eff;
+    } presets[] = {{"dgx-h100", 3350, 0.887}, {"dgx-a100-80gb", 2039, 0.834}, {"dgx2-v100", 900, 0.9}};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        loom_plan_cluster c;
+        CHECK(loom_plan_cluster_load(presets[i].name, &c) == LOOM_OK, "%s: %s", presets[i].name, loom_errmsg());
+        CHECK(c.hbm_eff == presets[i].eff && fabs(c.hbm_bw / (presets[i].gbps * 1e9 * presets[i].eff) - 1) < 1e-12,
+              "%s: achievable HBM %.4g GB/s = %.0f x %.3f", presets[i].name, c.hbm_bw / 1e9, presets[i].gbps,
+              presets[i].eff);
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/loom-plan-hbm-%d.json", (int)getpid());
+    const char *head = "{\"gpus_per_node\": 1, \"memory_gb\": 1, \"peak_tflops\": {\"fp32\": 1}, \"hbm_gbps\": 100,\n"
+                       " \"intra_node\": {\"bandwidth_gbps\": 1}, ";
+    char text[512];
+    loom_plan_cluster c;
+    snprintf(text, sizeof text, "%s\"efficiency\": {\"gemm\": 1, \"collective\": 1}}\n", head);
+    write_file(path, text);
+    CHECK(loom_plan_cluster_load(path, &c) == LOOM_OK && c.hbm_eff == 1 && c.hbm_bw == 100e9,
+          "no efficiency.hbm: hbm_gbps as given (%.4g GB/s)", c.hbm_bw / 1e9);
+    snprintf(text, sizeof text, "%s\"efficiency\": {\"gemm\": 1, \"collective\": 1, \"hbm\": 0.5}}\n", head);
+    write_file(path, text);
+    CHECK(loom_plan_cluster_load(path, &c) == LOOM_OK && c.hbm_eff == 0.5 && c.hbm_bw == 50e9,
+          "efficiency.hbm 0.5: 50 GB/s achievable (%.4g)", c.hbm_bw / 1e9);
+    snprintf(text, sizeof text, "%s\"efficiency\": {\"gemm\": 1, \"collective\": 1, \"hbm\": 1.5}}\n", head);
+    write_file(path, text);
+    CHECK(loom_plan_cluster_load(path, &c) == LOOM_ECONFIG && strstr(loom_errmsg(), "efficiency.hbm"),
+          "efficiency.hbm 1.5 rejected: %s", loom_errmsg());
+    remove(path);
+}
+
 /* Element-wise bytes of one layer: gpt2-small (h 768, 12 heads, ffn 3072),
  * tp=2, micro-batch 2 x 128 tokens, bf16. Hand inventory, per kernel, in
  * bytes read + written (2-byte elements, 1-byte masks): n = 256 tokens,
@@ -548,6 +591,7 @@ int main(void) {
     test_16k_speed();
     test_cp_volume();
     test_gemm_curve();
+    test_hbm_eff();
     test_elementwise_bytes();
     test_grad_acc_and_zero3();
     test_shared_cores();
