@@ -53,10 +53,12 @@ static double layer_flops(const loom_plan_model *m, const shape_costs *sc, doubl
  * GEMMs write and read the tok*s*heads/t scores, score_bytes in all per
  * forward, and run at the roofline: no faster than those bytes at HBM
  * bandwidth (their inner dimension is one head, hd FLOPs per byte moved,
- * below A100's 312/2.04 = 153 for hd < 153). peak_per_bw = peak / HBM. */
+ * below A100's 312/2.04 = 153 for hd < 153). peak_per_bw = peak / HBM.
+ * *attn_share (if not NULL): the two attention GEMMs' share of the layer's
+ * GEMM time, as charged here (roofline, flash kernel or curve). */
 static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, const loom_plan_cluster *c,
                              double tok, double s, double t, int ep, int flash, double score_bytes,
-                             double peak_per_bw) {
+                             double peak_per_bw, double *attn_share) {
     const double h = m->hidden, kvd = sc->hd * m->kv_heads, F = m->ffn, k = n_topk(m);
     const double per_expert = m->experts > 1 ? (double)ep / m->experts : 1; /* share of tok*k one expert gets */
     const double up = m->gated ? 2.0 : 1.0;
@@ -70,18 +72,19 @@ static double layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, co
         {2 * tok * h * (m->experts > 1 ? m->experts : 0), 2 * tok * h * m->experts}, /* router */
         {4 * tok * s * h / t, 2 * tok * s * h / t},                                  /* QK^T, PV (batched) */
     };
-    double fl = 0, tm = 0;
+    double fl = 0, tm = 0, tm_attn = 0;
     const size_t attn = sizeof g / sizeof g[0] - 1;
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         if (g[i].flops <= 0) continue;
         fl += g[i].flops;
         if (i == attn && flash)
-            tm += 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
+            tm += tm_attn = 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
         else if (i == attn) /* in units of peak FLOPs: bytes * peak / bandwidth */
-            tm += fmax(g[i].flops / loom_plan_gemm_eff(c, g[i].size), score_bytes * peak_per_bw);
+            tm += tm_attn = fmax(g[i].flops / loom_plan_gemm_eff(c, g[i].size), score_bytes * peak_per_bw);
         else
             tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
     }
+    if (attn_share) *attn_share = tm > 0 ? tm_attn / tm : 0;
     return tm > 0 ? fl / tm : c->gemm_eff;
 }
 
@@ -480,8 +483,10 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const double t = l->tp, cp = l->cp, b = l->mbs, s = j->seq, s_loc = s / cp;
     /* GEMM efficiency at this layout's GEMM sizes (one number per layer) */
     const double score_bytes = e.ab == 2 && !e.flash ? 2 * e.ab * b * s_loc * s * m->heads / t : 0;
+    double attn_share = 0; /* the attention GEMMs' share of a layer's GEMM time */
     const double eff =
-        e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash, score_bytes, e.peak / c->hbm_bw);
+        e.peak * layer_gemm_eff(m, &e.sc, c, b * s_loc, s, t, l->ep, e.flash, score_bytes, e.peak / c->hbm_bw,
+                                &attn_share);
     /* layers per rank: the partitioner's split with the head's cost in blocks */
     const double f_layer = layer_flops(m, &e.sc, b * s, s) / (t * cp);
     const double f_head = 2 * b * s * e.sc.head_w / (t * cp);
@@ -537,11 +542,24 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const double f_rank = max_rank_cost * f_layer / eff;
     double fwd = f_rank + elem_f, bwd_in = f_rank + elem_b, bwd_w = f_rank;
     const double attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
-    /* full recompute repeats the layers' forward, element-wise work included;
-     * selective the attention core (its softmax and dropout too) */
+    /* full recompute repeats the layers' forward, element-wise work included.
+     * Selective repeats what the stack drops:
+     * - GPU stacks (bf16, Megatron-LM's selective recompute): the whole core
+     *   attention, "QK^T matrix multiply, softmax, softmax dropout, and
+     *   attention over V" (Korthikanti et al. 2022, arXiv:2205.05198, section
+     *   5; Appendix A counts both GEMMs): both batched GEMMs at the time the
+     *   forward charges them (roofline, flash kernel or curve) plus the
+     *   softmax and dropout traffic (eb.sel);
+     * - loom's fp32 stack: nothing. Its attention never keeps the
+     *   probabilities: the backward recomputes them tile by tile from q, k, v
+     *   and the saved log-sum-exp in every mode (loom_attention_bwd,
+     *   include/loom/kernels.h; include/loom/model.h: "SELECTIVE keeps no
+     *   extra"), so --recompute selective runs the same kernels as none, as
+     *   the trainer's partitioner assumes (src/train/pipeline.c). */
+    const double attn_fwd = layers_max * f_layer / eff * attn_share;
     double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem_f
-                       : l->recompute == LOOM_RECOMPUTE_SELECTIVE
-                           ? attn_part * 0.5 + layers_max * eb.sel / c->hbm_bw
+                       : l->recompute == LOOM_RECOMPUTE_SELECTIVE && e.ab == 2
+                           ? attn_fwd + layers_max * eb.sel / c->hbm_bw
                            : 0;
     /* tensor parallel: collectives per layer per micro-batch */
     const int tin = axis_inter(l, c, LOOM_PLAN_TP);

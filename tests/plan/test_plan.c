@@ -418,6 +418,54 @@ static void test_elementwise_bytes(void) {
           "%.4g s > %.4g s", r2.t_compute - r1.t_compute, extra);
 }
 
+/* Selective recompute follows the stack. GPU stacks (bf16, Megatron-LM's):
+ * the whole core attention again, both batched GEMMs at the time the
+ * forward charges them - with scores materialised the larger of their FLOPs
+ * at the curve and the score bytes at HBM bandwidth, with a flash kernel
+ * half the FLOPs at efficiency.attention - plus the softmax and dropout
+ * traffic (Korthikanti et al. 2022, section 5). loom's fp32 stack: its
+ * attention backward recomputes the probabilities in every mode, so
+ * selective costs exactly what none does. gpt2-small on one H100, one
+ * 1024-token sequence (no DP, no pipeline: the difference is the recompute). */
+static void test_selective_recompute(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    const loom_plan_cluster c = h100();
+    const double s = 1024, h = m.hidden, a = m.heads, L = m.layers;
+    for (int flash = 0; flash <= 1; flash++) {
+        loom_plan_job j = {.batch = 1, .seq = (int)s, .bf16 = 1, .gpus = 1, .flash = flash};
+        loom_plan_layout ln, ls;
+        CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s", loom_errmsg());
+        CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=selective", &j, &ls) == LOOM_OK, "parse: %s",
+              loom_errmsg());
+        loom_plan_result rn, rs;
+        CHECK(loom_plan_evaluate(&m, &c, &j, &ln, 1, &rn) == LOOM_OK && rn.feasible, "evaluate none");
+        CHECK(loom_plan_evaluate(&m, &c, &j, &ls, 1, &rs) == LOOM_OK && rs.feasible, "evaluate selective");
+        double sel = 0;
+        loom_plan_elementwise_bytes(&m, &j, &ls, NULL, &sel);
+        const double fl = 4 * s * s * h; /* QK^T and attention over V, forward */
+        const double gemms = flash ? 0.5 * fl / (c.peak_bf16 * c.attn_eff)
+                                   : fmax(fl / (c.peak_bf16 * loom_plan_gemm_eff(&c, fl / 2)),
+                                          2 * 2 * s * s * a / c.hbm_bw); /* scores written, read: 2 bytes */
+        const double want = L * (gemms + sel / c.hbm_bw);
+        CHECK(fabs((rs.t_compute - rn.t_compute) / want - 1) < 1e-9,
+              "bf16%s: selective recompute %.6g s == %g layers x (both attention GEMMs %.4g s + softmax/dropout "
+              "%.4g s) = %.6g s",
+              flash ? " flash" : "", rs.t_compute - rn.t_compute, L, gemms, sel / c.hbm_bw, want);
+        CHECK(fabs(rs.t_step - rn.t_step - want) < 1e-9 * want, "bf16%s: the step grows by the same", flash ? " flash" : "");
+    }
+    loom_plan_job j = {.batch = 1, .seq = (int)s, .bf16 = 0, .gpus = 1};
+    loom_plan_layout ln, ls;
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s", loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=selective", &j, &ls) == LOOM_OK, "parse: %s", loom_errmsg());
+    loom_plan_result rn, rs;
+    CHECK(loom_plan_evaluate(&m, &c, &j, &ln, 1, &rn) == LOOM_OK && rn.feasible, "evaluate fp32 none");
+    CHECK(loom_plan_evaluate(&m, &c, &j, &ls, 1, &rs) == LOOM_OK && rs.feasible, "evaluate fp32 selective");
+    CHECK(rs.t_compute == rn.t_compute && rs.t_step == rn.t_step,
+          "fp32 (loom): selective recomputes nothing the backward does not already: %.9g == %.9g s", rs.t_step,
+          rn.t_step);
+}
+
 /* Gradient accumulation (bf16, unsharded gradients): each micro-batch after
  * the first reads the rank's gradient buffer and its new gradients and writes
  * the sum, 3 x 2 bytes per parameter at HBM bandwidth. ZeRO-3: the gradient
@@ -593,6 +641,7 @@ int main(void) {
     test_gemm_curve();
     test_hbm_eff();
     test_elementwise_bytes();
+    test_selective_recompute();
     test_grad_acc_and_zero3();
     test_shared_cores();
     return check_done();
