@@ -7,8 +7,9 @@ count, so prediction and publication are compared like for like. Prints the
 table and the median |error| (target <= 15 %).
 
 Cluster presets are plan/clusters/*.json: datasheet peaks and link speeds,
-with efficiency fractions that are assumptions (docs/planning.md), not fitted
-to this table.
+with efficiency fractions that are measured by the sources docs/planning.md
+names (GEMM curve, flash attention, achievable HBM bandwidth) or stated
+assumptions (collectives, overlap), none fitted to this table.
 
 usage: bench/plan_published.py [--loom build/loom]
 """
