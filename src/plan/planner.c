@@ -540,7 +540,25 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const elem_bytes eb = layer_elem(m, &e, l, b, s_loc, s);
     const double elem_f = layers_max * eb.fwd / c->hbm_bw, elem_b = layers_max * eb.bwd / c->hbm_bw;
     const double f_rank = max_rank_cost * f_layer / eff;
-    double fwd = f_rank + elem_f, bwd_in = f_rank + elem_b, bwd_w = f_rank;
+    /* this rank's two attention GEMMs (QK^T, PV) forward, at the time the
+     * forward charges them (roofline, flash kernel or curve) */
+    const double attn_fwd = layers_max * f_layer / eff * attn_share;
+    /* loom's fp32 stack: its attention backward (loom_attention_bwd,
+     * src/kernels/cpu/attention.c) recomputes every visible tile's scores
+     * q k^T, and exp(score - lse), before its four products (dV, dP, dQ, dK):
+     * five GEMMs of the forward's two sizes where "backward = 2 x forward"
+     * counts four. The fifth is QK^T again, half the forward's attention
+     * GEMMs (2 b s^2 h / (t cp) FLOPs per layer), charged as the forward
+     * charges them, in every recompute mode; its exp is not charged, as the
+     * forward's softmax is not. GPU stacks (bf16) are left as they were:
+     * backward twice the forward. The trainer's partitioner
+     * (src/train/pipeline.c) weighs a block 3 x its forward in any mode but
+     * full ("the attention backward recomputes its probabilities in any
+     * mode"), without this fifth GEMM; the split here (head_cost, in forward
+     * layer units) is left alike, so the extra is backward time, not a
+     * different split. */
+    const double attn_bwd_extra = e.ab == 4 ? 0.5 * attn_fwd : 0;
+    double fwd = f_rank + elem_f, bwd_in = f_rank + elem_b + attn_bwd_extra, bwd_w = f_rank;
     const double attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
     /* full recompute repeats the layers' forward, element-wise work included.
      * Selective repeats what the stack drops:
@@ -555,8 +573,8 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
      *   and the saved log-sum-exp in every mode (loom_attention_bwd,
      *   include/loom/kernels.h; include/loom/model.h: "SELECTIVE keeps no
      *   extra"), so --recompute selective runs the same kernels as none, as
-     *   the trainer's partitioner assumes (src/train/pipeline.c). */
-    const double attn_fwd = layers_max * f_layer / eff * attn_share;
+     *   the trainer's partitioner assumes (src/train/pipeline.c); that
+     *   recomputation is in bwd_in above, whatever the mode. */
     double recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem_f
                        : l->recompute == LOOM_RECOMPUTE_SELECTIVE && e.ab == 2
                            ? attn_fwd + layers_max * eb.sel / c->hbm_bw

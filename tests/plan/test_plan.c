@@ -20,7 +20,9 @@
  *    gathers leave room;
  *  - devices that share cores (cores_per_node): pipelines faster than on
  *    independent devices, with the simulator's bubble; all-busy layouts,
- *    enough cores or no key: unchanged. */
+ *    enough cores or no key: unchanged;
+ *  - fp32 (loom): the attention backward's recomputed QK^T is charged, a
+ *    hand count of 2 b s^2 h per layer at the GEMM curve; bf16 unchanged. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -631,6 +633,55 @@ static void test_shared_cores(void) {
     remove(p_own), remove(p_two), remove(p_four), remove(p_bad);
 }
 
+/* loom's fp32 attention backward (src/kernels/cpu/attention.c) recomputes
+ * each tile's scores q k^T (and their exp) before its four products, dV, dP,
+ * dQ and dK: five GEMMs of the forward's two sizes, where "backward = 2 x
+ * forward" counts four. The planner charges the fifth, QK^T, 2 b s^2 h FLOPs
+ * per layer, as the forward charges its attention GEMMs: the GEMM curve at
+ * the batched GEMM's size. One rank, one micro-batch, no pipeline: the
+ * backward the simulator runs is 2 x the forward + that, in every recompute
+ * mode but full (which adds its own forward); the fp32 element-wise backward
+ * is 2 x its forward. GPU stacks (bf16, scores materialised or flash) are
+ * unchanged: backward - 2 x forward is only the element-wise difference. */
+static void test_fp32_attention_backward(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/loom-plan-attn-%d.json", (int)getpid());
+    const loom_plan_cluster own = cpu_node(0, path);
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("mini", &m) == LOOM_OK, "mini");
+    const double L = m.layers, b = 4, s = 128, h = m.hidden; /* 16 sequences over dp=4: 4 a rank */
+    const double qk = 2 * b * s * s * h;                       /* QK^T of one layer, forward */
+    const double want = L * qk / (own.peak_fp32 * loom_plan_gemm_eff(&own, qk));
+    const char *modes[] = {"dp=4,m=1,recompute=none", "dp=4,m=1,recompute=selective"};
+    for (int i = 0; i < 2; i++) {
+        const loom_plan_result r = eval(&own, modes[i]);
+        const double extra = r.sim_b - 2 * r.sim_f;
+        CHECK(fabs(extra / want - 1) < 1e-9,
+              "fp32 %s: backward - 2 x forward %.6g s == %g layers x QK^T again (%.4g MFLOP at the curve's "
+              "%.4f) = %.6g s",
+              modes[i], extra, L, qk / 1e6, loom_plan_gemm_eff(&own, qk), want);
+        CHECK(fabs(r.t_compute - 3 * r.sim_f - want) < 1e-9 * r.t_compute,
+              "fp32 %s: compute %.6g s == 3 x forward %.6g s + %.6g s", modes[i], r.t_compute, 3 * r.sim_f, want);
+    }
+    remove(path);
+    /* bf16: nothing added (gpt2-small, one 1024-token sequence on one H100) */
+    const loom_plan_cluster c = h100();
+    CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
+    for (int flash = 0; flash <= 1; flash++) {
+        loom_plan_job j = {.batch = 1, .seq = 1024, .bf16 = 1, .gpus = 1, .flash = flash};
+        loom_plan_layout l;
+        CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &l) == LOOM_OK, "parse: %s",
+              loom_errmsg());
+        loom_plan_result r;
+        CHECK(loom_plan_evaluate(&m, &c, &j, &l, 1, &r) == LOOM_OK && r.feasible, "evaluate bf16");
+        double eb = 0, ef = loom_plan_elementwise_bytes(&m, &j, &l, &eb, NULL);
+        const double elem = m.layers * (eb - 2 * ef) / c.hbm_bw;
+        CHECK(fabs(r.sim_b - 2 * r.sim_f - elem) < 1e-9 * r.sim_b,
+              "bf16%s: backward - 2 x forward %.6g s == the element-wise difference %.6g s only", flash ? " flash" : "",
+              r.sim_b - 2 * r.sim_f, elem);
+    }
+}
+
 int main(void) {
     test_bubble_is_simulators();
     test_rejections();
@@ -644,5 +695,6 @@ int main(void) {
     test_selective_recompute();
     test_grad_acc_and_zero3();
     test_shared_cores();
+    test_fp32_attention_backward();
     return check_done();
 }
