@@ -380,16 +380,15 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
     LOOM_TRY(col_in_fwd(m, s->lnf, &xg));
     loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
     if (!s->have_targets) return LOOM_OK;
-    if (tp->size <= 1 && loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
-        if (loss_sum) loom_tensor_sum_acc(loss_sum, s->losses, (size_t)N);
-        return LOOM_OK;
+    /* one rank with the whole vocabulary: the fused kernel if the backend has one */
+    if (tp->size > 1 || !loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
+        loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
+        LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
+        float *sum = m->xsum, *tgt = m->xsum + N;
+        loom_vxent_exp(s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
+        LOOM_TRY(loom_tp_allreduce(tp, m->xsum, 2 * (size_t)N, LOOM_SUM));
+        loom_vxent_finish(s->losses, s->logits, sum, tgt, s->targets, N, Vl);
     }
-    loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
-    LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
-    float *sum = m->xsum, *tgt = m->xsum + N;
-    loom_vxent_exp(s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
-    LOOM_TRY(loom_tp_allreduce(tp, m->xsum, 2 * (size_t)N, LOOM_SUM));
-    loom_vxent_finish(s->losses, s->logits, sum, tgt, s->targets, N, Vl);
     if (loss_sum) loom_tensor_sum_acc(loss_sum, s->losses, (size_t)N);
     return LOOM_OK;
 }
