@@ -167,6 +167,9 @@ typedef struct loom_backend {
     /* ---- optional fused kernels: NULL = the unfused kernels above ---- */
     void (*vxent_local)(float *losses, float *logits, const int32_t *targets, int N, int V_l,
                         int V_valid);
+    /* needs gemm_keep to honour what it says (kernels.h) */
+    void (*vxent_local_grad)(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+                             int V_valid, float dloss);
 } loom_backend;
 
 /* The widest row topk_gate takes (MoE: num_local_experts, which the config check bounds). */

@@ -182,6 +182,16 @@ void loom_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
  * Returns 0 (and does nothing) if the backend has no such kernel; the CPU's
  * makes one pass over the logits from memory instead of three. */
 int loom_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l, int V_valid);
+/* loom_vxent_local and loom_vxent_bwd (v0 = 0) together, for a backward
+ * that follows with this dloss: losses (N) WRITES the losses, and logits
+ * (N,V_l) is left kept (loom_gemm_keep) as the gradient (probs -
+ * onehot(target)) * dloss - the same floats as the two kernels - for the
+ * head's backward products, until the caller's loom_gemm_unkeep. Read it
+ * only through those GEMMs: with a bf16 GEMM provider only the kept bf16
+ * copy holds the gradient (the floats at logits are left as they were).
+ * Returns 0 (and does nothing) if the backend has no such kernel. */
+int loom_vxent_local_grad(float *losses, float *logits, const int32_t *targets, int N, int V_l, int V_valid,
+                          float dloss);
 /* losses (N) WRITES log(gsum) - gtgt (0 for target < 0); probs /= gsum. */
 void loom_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
                        const int32_t *targets, int N, int V_l);

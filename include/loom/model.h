@@ -163,6 +163,8 @@ typedef struct loom_gpt_slot {
     float *dlnf;               /* (Nx,C) saved for W */
     loom_gpt_dsave *ds;        /* per local block (split backward), else NULL */
     int have_targets;
+    int dlogits_kept;          /* forward left dlogits kept for the backward (loom_gpt_expect_backward) */
+    float dlogits_dloss;       /* ... for this dloss */
 } loom_gpt_slot;
 
 typedef struct loom_gpt loom_gpt;
@@ -254,6 +256,8 @@ struct loom_gpt {
     loom_gpt_hooks hooks;
     loom_arena a_params, a_grads, a_acts;
     struct loom_moe *moe; /* the MoE blocks' router/expert state (moe.h); NULL if dense */
+    int expect_backward;  /* loom_gpt_expect_backward: for the next forward only */
+    float expect_dloss;
 };
 
 /* Build the table for this part and plan + allocate memory.
@@ -308,6 +312,13 @@ void loom_gpt_zero_grad(loom_gpt *m);
  * the LM head's GEMMs convert the tied wte once instead of in every forward
  * and backward (loom_gemm_keep). No effect on results. */
 void loom_gpt_hold_weights(loom_gpt *m, int on);
+/* The caller's promise that the next forward (with targets) is followed by
+ * the same slot's loom_gpt_backward with this dloss before any other
+ * forward or backward: a rank holding the whole vocabulary then computes
+ * the loss's gradient in the cross-entropy's own pass over the logits
+ * (loom_vxent_local_grad). Same results; the backward fails with
+ * LOOM_EINTERNAL if the promise is broken. */
+void loom_gpt_expect_backward(loom_gpt *m, float dloss);
 /* After the last backward of a step: sum the gradients that sequence
  * parallelism leaves partial per TP rank (norms, wpe). Collective over tp. */
 loom_status loom_gpt_finish_grads(loom_gpt *m);

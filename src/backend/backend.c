@@ -205,6 +205,13 @@ int loom_vxent_local(float *losses, float *logits, const int32_t *targets, int N
     return 1;
 }
 
+int loom_vxent_local_grad(float *losses, float *logits, const int32_t *targets, int N, int V_l, int V_valid,
+                          float dloss) {
+    if (!be->vxent_local_grad) return 0;
+    be->vxent_local_grad(losses, logits, targets, N, V_l, V_valid, dloss);
+    return 1;
+}
+
 void loom_gemm_keep(const float *p, size_t n) { be->gemm_keep(p, n); }
 void loom_gemm_unkeep(const float *p) { be->gemm_unkeep(p); }
 

@@ -87,4 +87,5 @@ const loom_backend loom_backend_cpu = {
     .combine_rows_bwd = loom_cpu_combine_rows_bwd,
     .fill = loom_cpu_fill,
     .vxent_local = loom_cpu_vxent_local,
+    .vxent_local_grad = loom_cpu_vxent_local_grad,
 };

@@ -250,6 +250,11 @@ void loom_gpt_zero_grad(loom_gpt *m) {
     if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params); /* threaded on the CPU */
 }
 
+void loom_gpt_expect_backward(loom_gpt *m, float dloss) {
+    m->expect_backward = 1;
+    m->expect_dloss = dloss;
+}
+
 void loom_gpt_hold_weights(loom_gpt *m, int on) {
     if (!m->part.has_head) return;
     if (on) loom_gemm_keep(m->w.wte, (size_t)m->V_l * m->C);
@@ -379,9 +384,16 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
     const float *xg;
     LOOM_TRY(col_in_fwd(m, s->lnf, &xg));
     loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
+    /* one rank with the whole vocabulary: the fused kernel if the backend has
+     * one, with the loss's gradient too if the backward follows */
+    const int grad = m->expect_backward && tp->size == 1;
+    m->expect_backward = 0;
+    s->dlogits_kept = 0;
     if (!s->have_targets) return LOOM_OK;
-    /* one rank with the whole vocabulary: the fused kernel if the backend has one */
-    if (tp->size > 1 || !loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
+    s->dlogits_kept = grad && loom_vxent_local_grad(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
+                                                    m->expect_dloss);
+    if (s->dlogits_kept) s->dlogits_dloss = m->expect_dloss;
+    else if (tp->size > 1 || !loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
         loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
         LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
         float *sum = m->xsum, *tgt = m->xsum + N;
@@ -409,6 +421,7 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
         HOOK(post_forward, m->part.layer_begin + li);
     }
     if (m->part.has_head) LOOM_TRY(head_fwd(m, s, loss_sum));
+    m->expect_backward = 0; /* for this forward only */
     if (loss_sum) *loss_sum += loom_moe_loss_sum(m, s); /* router losses, on every stage */
     if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
     return LOOM_OK;
@@ -557,10 +570,20 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
          * GPT-2 gradient, and a DP engine can reduce it (post_head_wte)
          * behind the rest of the backward. */
         float *dlnf = split ? s->dlnf : m->dlnf;
-        loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
+        if (s->dlogits_kept && (split || dloss != s->dlogits_dloss)) {
+            loom_gemm_unkeep(s->logits);
+            s->dlogits_kept = 0;
+            return loom_fail(LOOM_EINTERNAL, "backward: the forward was promised (loom_gpt_expect_backward) an "
+                                             "unsplit backward with dloss %g, got %s with %g",
+                             (double)s->dlogits_dloss, split ? "a split one" : "one", (double)dloss);
+        }
+        const int grad_kept = s->dlogits_kept;
+        s->dlogits_kept = 0;
+        if (!grad_kept) loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
         if (!split) {
-            /* dlogits feeds both head products: converted to bf16 once */
-            loom_gemm_keep(s->logits, (size_t)m->N * m->V_l);
+            /* dlogits feeds both head products: converted to bf16 once
+             * (already, and kept, if the forward computed it) */
+            if (!grad_kept) loom_gemm_keep(s->logits, (size_t)m->N * m->V_l);
             loom_status st = head_bwd_wte(m, s);
             if (st == LOOM_OK && m->hooks.post_head_wte) st = m->hooks.post_head_wte(m->hooks.ctx, m);
             if (st == LOOM_OK) st = head_bwd_input(m, s, dlnf);

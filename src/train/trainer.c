@@ -275,6 +275,7 @@ static loom_status run_micro_batches(loom_train_run_state *s, int step, double *
         loom_train_sample(s, step, first, Bm, s->inputs, s->targets);
         loom_dp_set_last_micro(s->dp, k == K - 1);
         double t0 = loom_comm_wtime();
+        loom_gpt_expect_backward(s->parts[0], dloss); /* the backward right below */
         LOOM_TRY(loom_gpt_forward(s->parts[0], 0, s->inputs, s->targets, loss_sum));
         double t1 = loom_comm_wtime();
         LOOM_TRY(loom_gpt_backward(s->parts[0], 0, NULL, dloss));

@@ -643,8 +643,10 @@ typedef struct {
     size_t n;
 } run_out;
 
-/* Create, init, one forward + backward of a tiny model on the current backend. */
-static int run_model(const loom_model_config *cfg, int B, int T, run_out *o) {
+/* Create, init, one forward + backward of a tiny model on the current
+ * backend; expect: 1 promises the backward first (loom_gpt_expect_backward),
+ * 2 promises it and then breaks the promise (another dloss). */
+static int run_model_expect(const loom_model_config *cfg, int B, int T, run_out *o, int expect) {
     loom_gpt *m;
     loom_model_part part = loom_model_part_whole(cfg);
     loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
@@ -665,13 +667,24 @@ static int run_model(const loom_model_config *cfg, int B, int T, run_out *o) {
     memcpy(o->params, m->param_mem, o->n * sizeof(float));
     o->loss = 0;
     loom_gpt_zero_grad(m);
+    const float dloss = 1.0f / (float)(B * T);
+    if (expect) loom_gpt_expect_backward(m, dloss);
     loom_gpt_forward(m, 0, in, tg, &o->loss);
-    loom_gpt_backward(m, 0, NULL, 1.0f / (float)(B * T));
+    loom_status st = loom_gpt_backward(m, 0, NULL, expect == 2 ? 2 * dloss : dloss);
+    if (expect == 2)
+        CHECK(st == LOOM_EINTERNAL && strstr(loom_errmsg(), "loom_gpt_expect_backward"),
+              "a broken expect_backward promise: status %d, '%s'", (int)st, loom_errmsg());
+    else
+        CHECK(st == LOOM_OK, "backward: %s", loom_errmsg());
     memcpy(o->grads, m->grad_mem, o->n * sizeof(float));
     loom_gpt_free(m);
     free(in);
     free(tg);
     return 1;
+}
+
+static int run_model(const loom_model_config *cfg, int B, int T, run_out *o) {
+    return run_model_expect(cfg, B, T, o, 0);
 }
 
 static long calls(const char *name) {
@@ -753,6 +766,17 @@ static void check_routing(void) {
     CHECK(got.n == ref.n && memcmp(got.grads, ref.grads, ref.n * sizeof(float)) == 0,
           "gradients through the counting table differ from the cpu run");
     CHECK(ref.loss > 0, "loss %g", ref.loss);
+    /* the CPU table with the backward promised: the cross-entropy makes the
+     * loss's gradient in its own pass (loom_vxent_local_grad), the same
+     * loss and gradients; a broken promise is an error, not wrong numbers */
+    run_out fused, broken;
+    if (run_model_expect(&cfg, B, T, &fused, 1)) {
+        CHECK(fused.loss == ref.loss, "expect_backward: loss %.9g, %.9g without", fused.loss, ref.loss);
+        CHECK(memcmp(fused.grads, ref.grads, ref.n * sizeof(float)) == 0,
+              "expect_backward: gradients differ from the run without it");
+        free(fused.params), free(fused.grads);
+    }
+    if (run_model_expect(&cfg, B, T, &broken, 2)) free(broken.params), free(broken.grads);
     free(ref.params);
     free(ref.grads);
     free(got.params);

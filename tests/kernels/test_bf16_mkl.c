@@ -127,6 +127,44 @@ static void run(int threads) {
     CHECK(kr_err(lg2, near, (size_t)N * V) <= 1e-5, "after unkeep: the old wte was used, %d thread(s)", threads);
     free(wter2);
 
+    /* the loss's gradient made in the cross-entropy's own pass
+     * (loom_vxent_local_grad, straight into the kept bf16 copy with a
+     * provider) feeds the head's two backward products the same operand as
+     * the cross-entropy, its backward and a kept conversion: the same
+     * losses and products, padding columns (garbage) ignored */
+    {
+        const int Vv = V - 7;
+        const float dloss = 1.0f / N;
+        int32_t *tg = malloc(N * sizeof *tg);
+        for (int i = 0; i < N; i++) tg[i] = (int32_t)((i * 37) % Vv);
+        tg[3] = -1; /* ignored */
+        float *z1 = kr_rand_floats((size_t)N * V, -4, 4), *z2 = kr_floats((size_t)N * V);
+        for (int i = 0; i < N; i++)
+            for (int j = Vv; j < V; j++) z1[(size_t)i * V + j] = 50.0f;
+        memcpy(z2, z1, (size_t)N * V * sizeof *z1);
+        float *ls1 = kr_floats(N), *ls2 = kr_floats(N);
+        memset(dx1, 0, N * C * sizeof *dx1), memset(dwte1, 0, (size_t)V * C * sizeof *dwte1);
+        memset(dx2, 0, N * C * sizeof *dx2), memset(dwte2, 0, (size_t)V * C * sizeof *dwte2);
+        /* first, so the keep buffer it fills still holds another tensor's
+         * conversion (dl's, above): a row it failed to write shows */
+        CHECK(loom_vxent_local_grad(ls2, z2, tg, N, V, Vv, dloss) == 1, "no vxent_local_grad");
+        loom_matmul_nt_bwd(NULL, dwte2, z2, x, wte, N, C, V);
+        loom_matmul_nt_bwd(dx2, NULL, z2, x, wte, N, C, V);
+        loom_gemm_unkeep(z2);
+        CHECK(loom_vxent_local(ls1, z1, tg, N, V, Vv) == 1, "no vxent_local");
+        loom_vxent_bwd(z1, z1, tg, dloss, 0, N, V);
+        loom_gemm_keep(z1, (size_t)N * V);
+        loom_matmul_nt_bwd(NULL, dwte1, z1, x, wte, N, C, V);
+        loom_matmul_nt_bwd(dx1, NULL, z1, x, wte, N, C, V);
+        loom_gemm_unkeep(z1);
+        CHECK(!memcmp(ls1, ls2, N * sizeof *ls1), "vxent_local_grad: losses differ, %d thread(s)", threads);
+        CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "vxent_local_grad: head dinp differs, %d thread(s)",
+              threads);
+        CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1),
+              "vxent_local_grad: head dwte differs, %d thread(s)", threads);
+        free(tg), free(z1), free(z2), free(ls1), free(ls2);
+    }
+
     free(dl), free(dx1), free(dwte1), free(dx2), free(dwte2), free(lg2);
     free(x), free(w), free(bias), free(dy), free(wte), free(xr), free(wr), free(dyr), free(wter);
     free(near), free(far), free(out), free(dx), free(dw), free(logits);

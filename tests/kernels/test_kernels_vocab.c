@@ -228,10 +228,17 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
                     j < s.V_valid[k] ? logits[(size_t)i * V + s.v0[k] + j] : padval;
     }
     float *loc = NULL, *loc_losses = NULL; /* one slice: the fused kernel on a copy */
+    float *gloc = NULL, *gloc_losses = NULL; /* ... and the one with the gradient */
     if (ns == 1) {
         loc = kr_floats(nl), loc_losses = kr_floats((size_t)N);
         memcpy(loc, sl[0], nl * sizeof *loc);
         kr_fill_nan(loc_losses, (size_t)N);
+        gloc = kr_floats(nl), gloc_losses = kr_floats((size_t)N);
+        memcpy(gloc, sl[0], nl * sizeof *gloc);
+        kr_fill_nan(gloc_losses, (size_t)N);
+        CHECK(loom_vxent_local_grad(gloc_losses, gloc, targets, N, s.V_l, s.V_valid[0], dloss) == 1,
+              "%s: the CPU backend has no vxent_local_grad", what);
+        loom_gemm_unkeep(gloc);
     }
     vxent_fwd(sl, losses, targets, &s, N);
     if (ns == 1) {
@@ -274,6 +281,13 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
         dl[k] = alias ? sl[k] : kr_floats(nl);
         if (!alias) kr_fill_nan(dl[k], nl);
         loom_vxent_bwd(dl[k], sl[k], targets, dloss, s.v0[k], N, s.V_l);
+    }
+    if (ns == 1) { /* fp32: the gradient in place, the same floats */
+        CHECK(memcmp(gloc, dl[0], nl * sizeof *gloc) == 0,
+              "%s: vxent_local_grad's dlogits differ from vxent_local + vxent_bwd's", what);
+        CHECK(memcmp(gloc_losses, losses[0], (size_t)N * sizeof *gloc_losses) == 0,
+              "%s: vxent_local_grad's losses differ from the three phases'", what);
+        free(gloc), free(gloc_losses);
     }
     kr_fill_nan(full, nv);
     bad = gather(full, dl, &s, N, V);

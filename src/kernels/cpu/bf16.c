@@ -57,22 +57,6 @@ static bf16_kept_op bf16_keep[BF16_KEEP];
 void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
 int loom_kernels_get_precision(void) { return kern_bf16; }
 
-/* loom_bf16_round's bits on KV lanes, operation for operation and without
- * branches (gcc left the scalar loop one element at a time): inf and NaN
- * keep their upper half (NaN made quiet), everything else rounds to
- * nearest, ties to even. Not VCVTNEPS2BF16, which flushes subnormals to
- * zero. kernels_bf16 checks the lanes against the scalar rounding. */
-static inline kvu bf16_round_bits(kvu u) {
-    const kvu expo = (kvu){0} + 0x7f800000u, mant = (kvu){0} + 0x007fffffu, hi = (kvu){0} + 0xffff0000u;
-    kvu special = (kvu)((u & expo) == expo);
-    kvu nan = special & (kvu)((u & mant) != 0);
-    kvu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & hi;
-    kvu kept = (nan & ((u & hi) | 0x00400000u)) | (~nan & u);
-    return (special & kept) | (~special & rounded);
-}
-
-typedef uint16_t kvh __attribute__((vector_size(2 * KV)));
-
 /* One vector of KV elements from i: rounded floats, bf16 bits, or back. */
 static inline void round_lanes(float *dst, const float *src, size_t i) {
     kvu u;
@@ -80,12 +64,7 @@ static inline void round_lanes(float *dst, const float *src, size_t i) {
     u = bf16_round_bits(u);
     memcpy(dst + i, &u, sizeof u);
 }
-static inline void pack_lanes(uint16_t *dst, const float *src, size_t i) {
-    kvu u;
-    memcpy(&u, src + i, sizeof u);
-    kvh h = __builtin_convertvector(bf16_round_bits(u) >> 16, kvh);
-    memcpy(dst + i, &h, sizeof h);
-}
+static inline void pack_lanes(uint16_t *dst, const float *src, size_t i) { kv_store_bf16(dst + i, kv_load(src + i)); }
 static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
     kvh h;
     memcpy(&h, src + i, sizeof h);
@@ -156,6 +135,27 @@ void loom_cpu_gemm_keep(const float *src, size_t n) {
     bf16_keep[free_slot].src = src;
     bf16_keep[free_slot].n = n;
     bf16_keep[free_slot].ready = 0;
+}
+
+uint16_t *kern_bf16_keep_filled(const float *src, size_t n) {
+    if (!kern_bf16 || !src || !n || !kern_bf16_gemm_ready()) return NULL;
+    bf16_kept_op *k = NULL;
+    for (int i = 0; i < BF16_KEEP && !k; i++)
+        if (bf16_keep[i].src == src && bf16_keep[i].n == n) k = &bf16_keep[i];
+    for (int i = 0; i < BF16_KEEP && !k; i++)
+        if (!bf16_keep[i].src) k = &bf16_keep[i];
+    if (!k) return NULL;
+    if (n * sizeof(uint16_t) > k->cap) {
+        void *b = realloc(k->buf, n * sizeof(uint16_t));
+        if (!b) {
+            k->src = NULL, k->ready = 0;
+            return NULL;
+        }
+        k->buf = b;
+        k->cap = n * sizeof(uint16_t);
+    }
+    k->src = src, k->n = n, k->ready = 1, k->is16 = 1;
+    return k->buf;
 }
 
 void loom_cpu_gemm_unkeep(const float *src) {

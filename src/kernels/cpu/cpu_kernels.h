@@ -58,6 +58,8 @@ void loom_cpu_scale(float *x, size_t n, float s);
 int loom_cpu_all_finite(const float *x, size_t n);
 void loom_cpu_zero(float *x, size_t n); /* x = 0 (n), over the threads */
 void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
+void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+                               int V_valid, float dloss);
 void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l,
                           int V_valid);
 void loom_cpu_gemm_keep(const float *p, size_t n);

@@ -70,6 +70,12 @@ void kern_sgemm(const kern_gemm *g);
  * with the bf16 GEMM provider, sets g->A16 and g->B16 to bf16 copies;
  * returns 0 when the copies cannot be allocated (g unchanged). */
 int kern_gemm_bf16_operands(kern_gemm *g);
+/* With the bf16 GEMM provider: [src, src + n) kept (loom_cpu_gemm_keep) with
+ * its bf16 copy marked converted, and that copy's n elements returned for
+ * the caller to fill with the bf16 bits of what src stands for; the GEMMs
+ * then read the copy and never src. NULL (nothing kept) without bf16 mode,
+ * the provider, a free keep slot or memory. */
+uint16_t *kern_bf16_keep_filled(const float *src, size_t n);
 
 /* The bf16 GEMM provider (gemm_mkl.c), decided at the first call from the
  * CPU flags: KERN_BF16_NONE (bf16-rounded floats on the fp32 kernels),

@@ -85,6 +85,30 @@ static inline kvf kv_sqrtf(kvf x) {
 #endif
 }
 
+/* loom_bf16_round's bits on KV lanes, operation for operation and without
+ * branches (gcc left the scalar loop one element at a time): inf and NaN
+ * keep their upper half (NaN made quiet), everything else rounds to
+ * nearest, ties to even. Not VCVTNEPS2BF16, which flushes subnormals to
+ * zero. kernels_bf16 checks the lanes against the scalar rounding. */
+static inline kvu bf16_round_bits(kvu u) {
+    const kvu expo = (kvu){0} + 0x7f800000u, mant = (kvu){0} + 0x007fffffu, hi = (kvu){0} + 0xffff0000u;
+    kvu special = (kvu)((u & expo) == expo);
+    kvu nan = special & (kvu)((u & mant) != 0);
+    kvu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & hi;
+    kvu kept = (nan & ((u & hi) | 0x00400000u)) | (~nan & u);
+    return (special & kept) | (~special & rounded);
+}
+
+typedef uint16_t kvh __attribute__((vector_size(2 * KV)));
+
+/* The bf16 bits of KV floats (loom_bf16_from_f32 per lane) stored at p. */
+static inline void kv_store_bf16(uint16_t *p, kvf v) {
+    kvu u;
+    memcpy(&u, &v, sizeof u);
+    kvh h = __builtin_convertvector(bf16_round_bits(u) >> 16, kvh);
+    memcpy(p, &h, sizeof h);
+}
+
 /* x[i] = exp(x[i] - m) over [0..n): kern_exp_shift, vectorised. */
 static inline void kv_exp_shift(float *x, int n, float m) {
     const kvf mv = kv_set1(m);
