@@ -85,6 +85,20 @@ static void run(int threads) {
     ref_gemm(far, x, 0, wte, 1, NULL, N, V, C);
     check_pair(logits, near, far, (size_t)N * V, "LM head fwd (NT)", threads);
 
+    { /* a long sum into a small C (the head's input gradient over a long
+       * vocabulary): cut along K on 2 threads, each part at its offset of
+       * the bf16 copies (gemm.c) */
+        enum { VL = 2000 + 53 };
+        float *dlong = kr_rand_floats((size_t)N * VL, -1, 1), *wlong = kr_rand_floats((size_t)VL * C, -1, 1);
+        float *dlr = rounded(dlong, (size_t)N * VL), *wlr = rounded(wlong, (size_t)VL * C);
+        float *dxl = calloc(N * C, sizeof *dxl);
+        loom_matmul_nt_bwd(dxl, NULL, dlong, x, wlong, N, C, VL);
+        ref_gemm(near, dlr, 0, wlr, 0, NULL, N, C, VL);
+        ref_gemm(far, dlong, 0, wlong, 0, NULL, N, C, VL);
+        check_pair(dxl, near, far, (size_t)N * C, "long-K head dinp (NN)", threads);
+        free(dlong), free(wlong), free(dlr), free(wlr), free(dxl);
+    }
+
     /* kept operands (loom_gemm_keep): the LM head's backward with dlogits
      * and wte converted once gives the same floats as converting at each
      * product; after unkeep, or keeping the same tensor again, a changed

@@ -169,6 +169,33 @@ static void test_flat_helpers(void) {
     free(x);
 }
 
+/* A long sum into a small C - the LM head's input gradient - is cut along K
+ * on several threads (gemm.c): added onto what C held (beta 1), every part
+ * counted once, at 1, 2 and 3 threads (3 parts, the last one shorter),
+ * against a double reference. */
+static void test_long_k(void) {
+    enum { M = 24, KC = 20, KV = 2000 + 77 }; /* rows, columns of C, the long vocabulary */
+    float *dl = kr_rand_floats((size_t)M * KV, -1, 1), *w = kr_rand_floats((size_t)KV * KC, -1, 1);
+    float *x = kr_rand_floats(M * KC, -1, 1), *c0 = kr_rand_floats(M * KC, -1, 1);
+    double *ref = kr_doubles(M * KC);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < KC; j++) {
+            double s = c0[i * KC + j];
+            for (int k = 0; k < KV; k++) s += (double)dl[(size_t)i * KV + k] * w[(size_t)k * KC + j];
+            ref[i * KC + j] = s;
+        }
+    float *c = kr_floats(M * KC);
+    for (int t = 1; t <= 3; t++) {
+        loom_kernels_set_threads(t);
+        memcpy(c, c0, M * KC * sizeof *c);
+        loom_matmul_nt_bwd(c, NULL, dl, x, w, M, KC, KV); /* dinp += dlogits wte */
+        double e = kr_err(c, ref, M * KC);
+        CHECK(e <= KR_FWD_TOL, "long-K input gradient on %d thread(s): rel err %.3g", t, e);
+    }
+    loom_kernels_set_threads(1);
+    free(dl), free(w), free(x), free(c0), free(ref), free(c);
+}
+
 static void test_settings(void) {
     loom_kernels_set_threads(3);
     CHECK(loom_kernels_get_threads() == 3, "set_threads(3) gives %d", loom_kernels_get_threads());
@@ -182,6 +209,7 @@ static void test_settings(void) {
 int main(void) {
     test_two_threads();
     test_flat_helpers();
+    test_long_k();
     test_settings();
     return check_done();
 }

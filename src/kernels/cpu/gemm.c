@@ -44,6 +44,57 @@ static void gemm_call(const kern_gemm *g, int m0, int m, int n0, int n) {
                 g->ldc);
 }
 
+/* C = beta C + alpha op(A)[:, k0:k0+kk] op(B)[k0:k0+kk, :] into c (ldc). */
+static void gemm_call_k(const kern_gemm *g, int k0, int kk, float beta, float *c, int ldc) {
+    const size_t ao = g->ta == CblasNoTrans ? (size_t)k0 : (size_t)k0 * g->lda;
+    const size_t bo = g->tb == CblasNoTrans ? (size_t)k0 * g->ldb : (size_t)k0;
+    if (g->A16) {
+        kern_bf16_gemm_call(g->ta, g->tb, g->M, g->N, kk, g->alpha, g->A16 + ao, g->lda, g->B16 + bo, g->ldb, beta,
+                            c, ldc);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, g->N, kk, g->alpha, g->A + ao, g->lda, g->B + bo, g->ldb, beta,
+                c, ldc);
+}
+
+/* Long sums into a small C - the LM head's input gradient, (tokens x C)
+ * summed over the 50257-long vocabulary - are cut along K: cut by rows or
+ * columns, every thread would pack the whole of one operand (wte, 154 MB
+ * for GPT-2), where cut along K each packs its part of both. Thread 0 adds
+ * its part into C, the others into scratch, and the parts are added to C
+ * in thread order afterwards: the same floats for a given thread count. */
+#define GEMM_K_ALIGN 256
+static float *gemm_parts;
+static size_t gemm_parts_cap;
+static int gemm_split_k(const kern_gemm *g, int nth) {
+    const int mn = g->M > g->N ? g->M : g->N;
+    if (nth < 2 || g->bias || g->K < 16 * mn || (size_t)g->M * g->N > ((size_t)1 << 20)) return 0;
+    const size_t need = (size_t)(nth - 1) * g->M * g->N;
+    if (need > gemm_parts_cap) {
+        float *p = realloc(gemm_parts, need * sizeof *p);
+        if (!p) return 0; /* a row or column cut instead */
+        gemm_parts = p, gemm_parts_cap = need;
+    }
+    return 1;
+}
+
+static void gemm_k_parts(const kern_gemm *g, int nth) {
+    int per = (g->K + nth - 1) / nth;
+    per = (per + GEMM_K_ALIGN - 1) / GEMM_K_ALIGN * GEMM_K_ALIGN;
+    const int nparts = (g->K + per - 1) / per;
+    const size_t mn = (size_t)g->M * g->N;
+    KERN_PARALLEL_FOR(nth)
+    for (int t = 0; t < nparts; t++) {
+        int k0 = t * per, kk = g->K - k0 < per ? g->K - k0 : per;
+        if (t == 0) gemm_call_k(g, k0, kk, g->beta, g->C, g->ldc);
+        else gemm_call_k(g, k0, kk, 0.0f, gemm_parts + (size_t)(t - 1) * mn, g->N);
+    }
+    KERN_PARALLEL_FOR(nth)
+    for (int i = 0; i < g->M; i++)
+        for (int t = 1; t < nparts; t++)
+            kern_add_row(g->C + (size_t)i * g->ldc, gemm_parts + (size_t)(t - 1) * mn + (size_t)i * g->N, g->N);
+}
+
 /* Measured on 2 threads of a Zen 3 (per-thread CPU time, best of 7): the
  * LM head's (256 x 50257, K 768) product scaled 1.51-1.67x cut by rows,
  * 1.96x by columns; a (50257 x 768, K 256) weight gradient 1.81x by rows,
@@ -67,6 +118,10 @@ void kern_sgemm(const kern_gemm *g_in) {
                     g->N, g->K);
             abort();
         }
+        return;
+    }
+    if (g->M > 0 && g->N > 0 && gemm_split_k(g, nth)) {
+        gemm_k_parts(g, nth);
         return;
     }
     int cols = nth > 1 && gemm_split_cols(g);
