@@ -122,37 +122,40 @@ static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
     return bf16_h[which];
 }
 
-void loom_cpu_gemm_keep(const float *src, size_t n) {
-    int free_slot = -1;
+/* The slot keeping [src, src + n), else a free one; NULL when all are taken. */
+static bf16_kept_op *keep_slot(const float *src, size_t n) {
+    bf16_kept_op *free_slot = NULL;
     for (int i = 0; i < BF16_KEEP; i++) {
-        if (bf16_keep[i].src == src && bf16_keep[i].n == n) { /* kept again: maybe changed since */
-            bf16_keep[i].ready = 0;
-            return;
-        }
-        if (!bf16_keep[i].src && free_slot < 0) free_slot = i;
+        if (bf16_keep[i].src == src && bf16_keep[i].n == n) return &bf16_keep[i];
+        if (!bf16_keep[i].src && !free_slot) free_slot = &bf16_keep[i];
     }
-    if (free_slot < 0 || !src || !n) return; /* full: that tensor is converted at every use, as before */
-    bf16_keep[free_slot].src = src;
-    bf16_keep[free_slot].n = n;
-    bf16_keep[free_slot].ready = 0;
+    return free_slot;
+}
+
+/* k's buffer grown to hold `bytes`; 0 without memory (k unchanged). */
+static int keep_grow(bf16_kept_op *k, size_t bytes) {
+    if (bytes <= k->cap) return 1;
+    void *b = realloc(k->buf, bytes);
+    if (!b) return 0;
+    k->buf = b;
+    k->cap = bytes;
+    return 1;
+}
+
+void loom_cpu_gemm_keep(const float *src, size_t n) {
+    if (!src || !n) return;
+    bf16_kept_op *k = keep_slot(src, n);
+    if (!k) return; /* full: that tensor is converted at every use, as before */
+    k->src = src, k->n = n, k->ready = 0; /* new, or kept again: maybe changed since */
 }
 
 uint16_t *kern_bf16_keep_filled(const float *src, size_t n) {
     if (!kern_bf16 || !src || !n || !kern_bf16_gemm_ready()) return NULL;
-    bf16_kept_op *k = NULL;
-    for (int i = 0; i < BF16_KEEP && !k; i++)
-        if (bf16_keep[i].src == src && bf16_keep[i].n == n) k = &bf16_keep[i];
-    for (int i = 0; i < BF16_KEEP && !k; i++)
-        if (!bf16_keep[i].src) k = &bf16_keep[i];
+    bf16_kept_op *k = keep_slot(src, n);
     if (!k) return NULL;
-    if (n * sizeof(uint16_t) > k->cap) {
-        void *b = realloc(k->buf, n * sizeof(uint16_t));
-        if (!b) {
-            k->src = NULL, k->ready = 0;
-            return NULL;
-        }
-        k->buf = b;
-        k->cap = n * sizeof(uint16_t);
+    if (!keep_grow(k, n * sizeof(uint16_t))) {
+        k->src = NULL, k->ready = 0;
+        return NULL;
     }
     k->src = src, k->n = n, k->ready = 1, k->is16 = 1;
     return k->buf;
@@ -175,14 +178,9 @@ static const void *bf16_kept(const float *p, size_t n, int is16, int *oom) {
         if (!k->src || p < k->src || n > k->n || (size_t)(p - k->src) > k->n - n) continue;
         size_t esz = is16 ? sizeof(uint16_t) : sizeof(float);
         if (!k->ready || k->is16 != is16) {
-            if (k->n * esz > k->cap) {
-                void *b = realloc(k->buf, k->n * esz);
-                if (!b) {
-                    *oom = 1;
-                    return NULL;
-                }
-                k->buf = b;
-                k->cap = k->n * esz;
+            if (!keep_grow(k, k->n * esz)) {
+                *oom = 1;
+                return NULL;
             }
             if (is16) loom_bf16_pack(k->buf, k->src, k->n);
             else loom_cpu_round_bf16(k->buf, k->src, k->n);

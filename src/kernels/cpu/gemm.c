@@ -26,35 +26,29 @@
  * register blocks of the sgemm micro-kernel. */
 #define GEMM_ALIGN 16
 
-/* C's rows [m0, m0+m) x columns [n0, n0+n). */
+/* c (m x n, ldc) = beta c + alpha op(A)[m0:m0+m, k0:k0+kk] op(B)[k0:k0+kk,
+ * n0:n0+n]: op(A) rows m0.. are rows of A (columns when A is transposed),
+ * its columns k0.. columns of A (rows); likewise op(B). The bf16 copies, for
+ * the bf16 provider, at the same offsets. */
+static void gemm_block(const kern_gemm *g, int m0, int m, int n0, int n, int k0, int kk, float beta, float *c,
+                       int ldc) {
+    const size_t ao = g->ta == CblasNoTrans ? (size_t)m0 * g->lda + k0 : (size_t)k0 * g->lda + m0;
+    const size_t bo = g->tb == CblasNoTrans ? (size_t)k0 * g->ldb + n0 : (size_t)n0 * g->ldb + k0;
+    if (g->A16) {
+        kern_bf16_gemm_call(g->ta, g->tb, m, n, kk, g->alpha, g->A16 + ao, g->lda, g->B16 + bo, g->ldb, beta, c,
+                            ldc);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, n, kk, g->alpha, g->A + ao, g->lda, g->B + bo, g->ldb, beta, c,
+                ldc);
+}
+
+/* C's rows [m0, m0+m) x columns [n0, n0+n), the whole of K. */
 static void gemm_call(const kern_gemm *g, int m0, int m, int n0, int n) {
-    /* op(A) rows m0.. : with A not transposed they are rows of A, with A
-     * transposed they are columns of A; likewise op(B) columns n0.. */
-    const float *a = g->ta == CblasNoTrans ? g->A + (size_t)m0 * g->lda : g->A + m0;
-    const float *b = g->tb == CblasNoTrans ? g->B + n0 : g->B + (size_t)n0 * g->ldb;
     float *c = g->C + (size_t)m0 * g->ldc + n0;
     if (g->bias) /* the thread that multiplies this block fills it: no serial pass */
         for (int i = 0; i < m; i++) memcpy(c + (size_t)i * g->ldc, g->bias + n0, (size_t)n * sizeof *g->bias);
-    if (g->A16) { /* bf16 operands for the bf16 provider, at the same offsets */
-        const uint16_t *a16 = g->A16 + (a - g->A), *b16 = g->B16 + (b - g->B);
-        kern_bf16_gemm_call(g->ta, g->tb, m, n, g->K, g->alpha, a16, g->lda, b16, g->ldb, g->beta, c, g->ldc);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, n, g->K, g->alpha, a, g->lda, b, g->ldb, g->beta, c,
-                g->ldc);
-}
-
-/* C = beta C + alpha op(A)[:, k0:k0+kk] op(B)[k0:k0+kk, :] into c (ldc). */
-static void gemm_call_k(const kern_gemm *g, int k0, int kk, float beta, float *c, int ldc) {
-    const size_t ao = g->ta == CblasNoTrans ? (size_t)k0 : (size_t)k0 * g->lda;
-    const size_t bo = g->tb == CblasNoTrans ? (size_t)k0 * g->ldb : (size_t)k0;
-    if (g->A16) {
-        kern_bf16_gemm_call(g->ta, g->tb, g->M, g->N, kk, g->alpha, g->A16 + ao, g->lda, g->B16 + bo, g->ldb, beta,
-                            c, ldc);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, g->N, kk, g->alpha, g->A + ao, g->lda, g->B + bo, g->ldb, beta,
-                c, ldc);
+    gemm_block(g, m0, m, n0, n, 0, g->K, g->beta, c, g->ldc);
 }
 
 /* Long sums into a small C - the LM head's input gradient, (tokens x C)
@@ -86,8 +80,8 @@ static void gemm_k_parts(const kern_gemm *g, int nth) {
     KERN_PARALLEL_FOR(nth)
     for (int t = 0; t < nparts; t++) {
         int k0 = t * per, kk = g->K - k0 < per ? g->K - k0 : per;
-        if (t == 0) gemm_call_k(g, k0, kk, g->beta, g->C, g->ldc);
-        else gemm_call_k(g, k0, kk, 0.0f, gemm_parts + (size_t)(t - 1) * mn, g->N);
+        if (t == 0) gemm_block(g, 0, g->M, 0, g->N, k0, kk, g->beta, g->C, g->ldc);
+        else gemm_block(g, 0, g->M, 0, g->N, k0, kk, 0.0f, gemm_parts + (size_t)(t - 1) * mn, g->N);
     }
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < g->M; i++)
