@@ -375,8 +375,9 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     return LOOM_OK;
 }
 
-/* ln_f, the tied LM head, and the vocab-parallel cross-entropy. */
-static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
+/* ln_f, the tied LM head, and the vocab-parallel cross-entropy; grad: the
+ * backward was promised (loom_gpt_expect_backward, with m->expect_dloss). */
+static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, int grad, double *loss_sum) {
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
     const loom_tp *tp = &m->part.tp;
     loom_layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
@@ -386,11 +387,9 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
     loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
     /* one rank with the whole vocabulary: the fused kernel if the backend has
      * one, with the loss's gradient too if the backward follows */
-    const int grad = m->expect_backward && tp->size == 1;
-    m->expect_backward = 0;
     s->dlogits_kept = 0;
     if (!s->have_targets) return LOOM_OK;
-    s->dlogits_kept = grad && loom_vxent_local_grad(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
+    s->dlogits_kept = grad && tp->size == 1 && loom_vxent_local_grad(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
                                                     m->expect_dloss);
     if (s->dlogits_kept) s->dlogits_dloss = m->expect_dloss;
     else if (tp->size > 1 || !loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
@@ -408,6 +407,8 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, double *loss_sum) {
 loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const int32_t *targets,
                              double *loss_sum) {
     loom_gpt_slot *s = &m->slots[slot];
+    const int expect = m->expect_backward; /* the promise holds for this forward only */
+    m->expect_backward = 0;
     s->have_targets = targets != NULL;
     if (targets) loom_tensor_upload_i32(s->targets, targets, (size_t)m->N);
     if (has_outer(m)) HOOK(pre_forward, LOOM_UNIT_OUTER);
@@ -420,8 +421,7 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
         LOOM_TRY(block_fwd(m, s, li));
         HOOK(post_forward, m->part.layer_begin + li);
     }
-    if (m->part.has_head) LOOM_TRY(head_fwd(m, s, loss_sum));
-    m->expect_backward = 0; /* for this forward only */
+    if (m->part.has_head) LOOM_TRY(head_fwd(m, s, expect, loss_sum));
     if (loss_sum) *loss_sum += loom_moe_loss_sum(m, s); /* router losses, on every stage */
     if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
     return LOOM_OK;
