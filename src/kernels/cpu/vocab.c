@@ -39,7 +39,11 @@ static inline float kv_max_row(const float *x, int n) {
     for (; i + KERN_LANES <= n; i += KERN_LANES)
         for (int v = 0; v < NV; v++) {
             kvf y = kv_load(x + i + v * KV);
+#if defined(__AVX__)
+            acc[v] = (kvf)_mm256_max_ps((__m256)y, (__m256)acc[v]); /* y > acc ? y : acc, NaN: acc */
+#else
             acc[v] = kv_sel(y > acc[v], y, acc[v]);
+#endif
         }
     float m = -INFINITY;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
