@@ -170,6 +170,13 @@ typedef struct loom_backend {
     /* needs gemm_keep to honour what it says (kernels.h) */
     void (*vxent_local_grad)(float *losses, float *logits, const int32_t *targets, int N, int V_l,
                              int V_valid, float dloss);
+    /* adamw_update, then g = 0, and the new p's bf16 bits to p16 (unless NULL) */
+    void (*adamw_update_zero)(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+                              float beta2, float eps, float wd, int t, float gscale, uint16_t *p16);
+    /* kept operands written by the caller (kernels.h: loom_gemm_keep_fill) */
+    int (*gemm_keeps_bf16)(void);
+    uint16_t *(*gemm_keep_fill)(const float *src, size_t n);
+    void (*gemm_keep_filled)(const float *src, int ok);
 } loom_backend;
 
 /* The widest row topk_gate takes (MoE: num_local_experts, which the config check bounds). */

@@ -43,10 +43,23 @@ int loom_kernels_get_precision(void);
 /* Kept GEMM operands, for bf16 mode: the caller promises that the n floats
  * at p do not change until loom_gemm_unkeep(p) (NULL: all), so every GEMM
  * that reads any part of them may use one bf16 conversion made at the first
- * (the same values as converting at each). At most two at once; a third is
- * converted at every use, as without keeping. No effect in fp32. */
+ * (the same values as converting at each). At most eight at once; a ninth
+ * is converted at every use, as without keeping. No effect in fp32. */
 void loom_gemm_keep(const float *p, size_t n);
 void loom_gemm_unkeep(const float *p);
+/* 1 when kept operands are bf16 copies for a bf16 GEMM provider (bf16
+ * precision, the provider ready): then keeping a large range costs 2 bytes
+ * per float. */
+int loom_gemm_keeps_bf16(void);
+/* A kept operand the caller writes itself: the buffer for the bf16 bits of
+ * [src, src + n) (NULL when loom_gemm_keeps_bf16 is 0, or no slot or
+ * memory), to be filled from the floats the caller has just stored at src;
+ * then loom_gemm_keep_filled(src, 1) - or 0 if it did not fill all of it.
+ * The next loom_gemm_keep(src, n) then uses those bits without converting;
+ * until then a GEMM converts as usual. The optimizer writes the parameters'
+ * copy as it updates them (dp.c). */
+uint16_t *loom_gemm_keep_fill(const float *src, size_t n);
+void loom_gemm_keep_filled(const float *src, int ok);
 /* dst[i] = src[i] rounded to bfloat16, kept as float (dst may be src). */
 void loom_round_bf16(float *dst, const float *src, size_t n);
 /* Host memory only (not through the backend): dst[i] = the bf16 bits of
@@ -208,6 +221,12 @@ void loom_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, 
  * in place first (loom_scale) and updating with gscale 1, one pass fewer. */
 void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int t, float gscale);
+/* loom_adamw_update (the same p, m, v), and g = 0 afterwards - the next
+ * step's gradient zeroing in the same pass - and, unless p16 is NULL, the
+ * new p's bf16 bits (loom_bf16_pack's) at p16. Returns 0 (and does nothing)
+ * if the backend has no such kernel. */
+int loom_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+                           float beta2, float eps, float wd, int t, float gscale, uint16_t *p16);
 
 /* Sum of squares in double (for gradient norms); the same double whatever
  * the thread count. */

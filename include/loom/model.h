@@ -309,8 +309,10 @@ float *loom_gpt_input_grad(loom_gpt *m, int slot);
 void loom_gpt_zero_grad(loom_gpt *m);
 /* on = 1: the caller promises the parameters stay as they are until on = 0
  * (a step's forwards and backwards, before the optimizer), so in bf16 mode
- * the LM head's GEMMs convert the tied wte once instead of in every forward
- * and backward (loom_gemm_keep). No effect on results. */
+ * each weight is converted once a step instead of at every use - with a
+ * bf16 GEMM provider all of param_mem (or none of it, when the update
+ * already wrote its copy: loom_gemm_keep_fill), else the tied wte of the
+ * LM head (loom_gemm_keep). No effect on results. */
 void loom_gpt_hold_weights(loom_gpt *m, int on);
 /* The caller's promise that the next forward (with targets) is followed by
  * the same slot's loom_gpt_backward with this dloss before any other

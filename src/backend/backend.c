@@ -220,6 +220,21 @@ void loom_adamw_update(float *p, const float *g, float *m, float *v, size_t n, f
     be->adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale);
 }
 
+int loom_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+                           float beta2, float eps, float wd, int t, float gscale, uint16_t *p16) {
+    if (!be->adamw_update_zero) return 0;
+    be->adamw_update_zero(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, p16);
+    return 1;
+}
+
+int loom_gemm_keeps_bf16(void) { return be->gemm_keeps_bf16 ? be->gemm_keeps_bf16() : 0; }
+uint16_t *loom_gemm_keep_fill(const float *src, size_t n) {
+    return be->gemm_keep_fill ? be->gemm_keep_fill(src, n) : NULL;
+}
+void loom_gemm_keep_filled(const float *src, int ok) {
+    if (be->gemm_keep_filled) be->gemm_keep_filled(src, ok);
+}
+
 double loom_sumsq(const float *x, size_t n) {
     return be->sumsq(x, n);
 }

@@ -88,4 +88,8 @@ const loom_backend loom_backend_cpu = {
     .fill = loom_cpu_fill,
     .vxent_local = loom_cpu_vxent_local,
     .vxent_local_grad = loom_cpu_vxent_local_grad,
+    .adamw_update_zero = loom_cpu_adamw_update_zero,
+    .gemm_keeps_bf16 = loom_cpu_gemm_keeps_bf16,
+    .gemm_keep_fill = loom_cpu_gemm_keep_fill,
+    .gemm_keep_filled = loom_cpu_gemm_keep_filled,
 };

@@ -256,6 +256,14 @@ void loom_gpt_expect_backward(loom_gpt *m, float dloss) {
 }
 
 void loom_gpt_hold_weights(loom_gpt *m, int on) {
+    /* with bf16 copies: all the part's parameters, each weight converted
+     * once a step (or written by the update: loom_dp_step) instead of at
+     * every use; else the tied wte, for its two uses in the head */
+    if (m->param_mem && loom_gemm_keeps_bf16()) {
+        if (on) loom_gemm_keep(m->param_mem, m->num_params);
+        else loom_gemm_unkeep(m->param_mem);
+        return;
+    }
     if (!m->part.has_head) return;
     if (on) loom_gemm_keep(m->w.wte, (size_t)m->V_l * m->C);
     else loom_gemm_unkeep(m->w.wte);

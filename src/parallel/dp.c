@@ -558,8 +558,9 @@ void loom_dp_engine_free(loom_dp_engine *e) {
 loom_status loom_dp_begin_step(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
-        if (e->cfg.zero < 2) loom_gpt_zero_grad(p->m);
-        else loom_tensor_zero(p->gshard, p->S);
+        if (e->cfg.zero >= 2) loom_tensor_zero(p->gshard, p->S);
+        else if (!p->grads_zeroed) loom_gpt_zero_grad(p->m);
+        p->grads_zeroed = 0;
         for (int k = 0; k < p->n_buckets; k++) {
             dp_bucket *b = &p->buckets[k];
             if (b->rs || b->gstate == DP_REDUCING || b->gstate == DP_ACQUIRED)
@@ -690,12 +691,22 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
         dp_part *p = &e->p[i];
         float *x = e->cfg.zero == 3 ? p->pshard : p->m->param_mem;
         float *g = (float *)grad_base(e, p);
+        int zeroed = p->zero_in_update;
+        /* every parameter updated here: their bf16 copy for the next step's
+         * GEMMs, written by the update (loom_gpt_hold_weights keeps it) */
+        uint16_t *w16 = zeroed ? loom_gemm_keep_fill(x, p->m->num_params) : NULL;
         for (int k = 0; k < p->n_segs; k++) {
             const dp_seg *s = &p->segs[k];
-            loom_adamw_update(x + s->p_off, g + s->g_off, p->opt_m + s->s_off, p->opt_v + s->s_off,
-                              s->n, lr, h->beta1, h->beta2, h->eps, s->decay ? h->weight_decay : 0.0f,
-                              e->t, grad_scale);
+            float *ps = x + s->p_off, *gs = g + s->g_off, *ms = p->opt_m + s->s_off, *vs = p->opt_v + s->s_off;
+            const float wd = s->decay ? h->weight_decay : 0.0f;
+            if (!zeroed || !loom_adamw_update_zero(ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd,
+                                                   e->t, grad_scale, w16 ? w16 + s->p_off : NULL)) {
+                loom_adamw_update(ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd, e->t, grad_scale);
+                zeroed = 0;
+            }
         }
+        if (w16) loom_gemm_keep_filled(x, zeroed);
+        p->grads_zeroed = zeroed;
     }
     if ((e->cfg.zero == 1 || e->cfg.zero == 2) && e->N > 1) {
         double t0 = loom_comm_wtime();

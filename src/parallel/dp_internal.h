@@ -93,6 +93,11 @@ typedef struct dp_part {
     size_t grad16_n;
     uint16_t *stage16[DP_SLOTS];
     float *opt_m, *opt_v;    /* AdamW state (S each) */
+    /* zero 0/1 with segs covering every float of grad_mem (zero 0, or one
+     * rank): the update zeroes the gradients it reads (loom_adamw_update_
+     * zero), and grads_zeroed says the last update did, so the next step
+     * need not zero them again */
+    int zero_in_update, grads_zeroed;
     loom_arena a_grads, a_params, a_opt;
     size_t mem_params, mem_grads, mem_opt; /* bytes this stage needs */
     loom_param_run *runs;    /* where this rank keeps the parameters (dp.h) */

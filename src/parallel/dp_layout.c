@@ -145,6 +145,7 @@ static loom_status build_segs(const loom_dp_engine *e, dp_part *p) {
     p->segs = calloc((size_t)m->n_params * (size_t)(p->n_buckets ? p->n_buckets : 1), sizeof *p->segs);
     if (!p->segs) return loom_fail(LOOM_EOS, "out of memory for the data-parallel plan");
     p->n_segs = 0;
+    size_t covered = 0;
     for (int bi = 0; bi < p->n_buckets; bi++) {
         const dp_bucket *b = &p->buckets[bi];
         size_t lo = b->mine_lo, hi = b->mine_lo + b->mine_n;
@@ -165,8 +166,11 @@ static loom_status build_segs(const loom_dp_engine *e, dp_part *p) {
             s->decay = q->decay;
             s->replicated = q->split_dim < 0;
             s->skip_norm = !m->part.has_embed && strcmp(q->name, "wte.weight") == 0;
+            covered += s->n;
         }
     }
+    /* segments are disjoint: covering num_params floats, they cover grad_mem */
+    p->zero_in_update = zero < 2 && m->grad_mem && covered == m->num_params;
     return LOOM_OK;
 }
 

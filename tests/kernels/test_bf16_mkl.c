@@ -179,6 +179,48 @@ static void run(int threads) {
         free(tg), free(z1), free(z2), free(ls1), free(ls2);
     }
 
+    /* a copy the caller writes (loom_gemm_keep_fill, as the optimizer does
+     * for the next step's weights): used without converting only once
+     * filled and kept again; a GEMM before that keep, or a fill marked
+     * incomplete, converts as usual. The fill here is deliberately wrong
+     * (all zero) so that a product shows which copy it read. */
+    {
+        const size_t nw = (size_t)V * C;
+        float *lg_conv = kr_floats((size_t)N * V);
+        loom_gemm_unkeep(NULL);
+        loom_matmul_nt_fwd(lg_conv, x, wte, N, C, V); /* converted at the use */
+        CHECK(loom_gemm_keeps_bf16() == 1, "bf16 precision with a provider: kept copies should be bf16");
+        uint16_t *fill = loom_gemm_keep_fill(wte, nw);
+        CHECK(fill != NULL, "no buffer for a kept copy the caller writes");
+        if (fill) {
+            memset(fill, 0, nw * sizeof *fill);
+            loom_gemm_keep_filled(wte, 1);
+            loom_matmul_nt_fwd(lg2, x, wte, N, C, V); /* filled, not kept yet: converts */
+            CHECK(!memcmp(lg2, lg_conv, (size_t)N * V * sizeof *lg2),
+                  "a filled copy was used before it was kept, %d thread(s)", threads);
+            loom_gemm_unkeep(wte);
+            fill = loom_gemm_keep_fill(wte, nw);
+            memset(fill, 0, nw * sizeof *fill);
+            loom_gemm_keep_filled(wte, 1);
+            loom_gemm_keep(wte, nw); /* kept: the filled bits, zeros here */
+            loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+            float worst = 0;
+            for (size_t i = 0; i < (size_t)N * V; i++) worst = fmaxf(worst, fabsf(lg2[i]));
+            CHECK(worst == 0, "a filled and kept copy was converted again (|logit| up to %g), %d thread(s)",
+                  worst, threads);
+            loom_gemm_unkeep(wte);
+            fill = loom_gemm_keep_fill(wte, nw);
+            memset(fill, 0, nw * sizeof *fill);
+            loom_gemm_keep_filled(wte, 0); /* not all written */
+            loom_gemm_keep(wte, nw);
+            loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+            CHECK(!memcmp(lg2, lg_conv, (size_t)N * V * sizeof *lg2),
+                  "an incomplete fill was used, %d thread(s)", threads);
+            loom_gemm_unkeep(wte);
+        }
+        free(lg_conv);
+    }
+
     free(dl), free(dx1), free(dwte1), free(dx2), free(dwte2), free(lg2);
     free(x), free(w), free(bias), free(dy), free(wte), free(xr), free(wr), free(dyr), free(wter);
     free(near), free(far), free(out), free(dx), free(dw), free(logits);

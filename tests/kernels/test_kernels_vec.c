@@ -136,6 +136,29 @@ static void test_adamw(void) {
     CHECK(bp < 0 && bm < 0 && bv < 0,
           "adamw gscale: differs from scale-then-update (p at %ld, m at %ld, v at %ld)", bp, bm, bv);
     CHECK(first_diff(g, gc, N) < 0, "adamw gscale: the gradient was modified");
+    /* the update that zeroes what it reads: the same p, m, v as the update
+     * (vector lanes and the scalar tail: N is no multiple of KV), g all 0 */
+    float *p3 = malloc(N * sizeof(float)), *m3 = malloc(N * sizeof(float)), *v3 = malloc(N * sizeof(float));
+    memcpy(p3, p1, N * sizeof(float)), memcpy(m3, m1, N * sizeof(float)), memcpy(v3, v1, N * sizeof(float));
+    loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs);
+    uint16_t *h3 = malloc(N * sizeof *h3), *h1 = malloc(N * sizeof *h1);
+    CHECK(loom_adamw_update_zero(p3, gc, m3, v3, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs, h3) == 1,
+          "adamw zero: the CPU backend has no adamw_update_zero");
+    bp = first_diff(p1, p3, N), bm = first_diff(m1, m3, N), bv = first_diff(v1, v3, N);
+    CHECK(bp < 0 && bm < 0 && bv < 0, "adamw zero: differs from the update (p at %ld, m at %ld, v at %ld)",
+          bp, bm, bv);
+    /* and the new parameters' bf16 bits: loom_bf16_pack's, lanes and tail */
+    loom_bf16_pack(h1, p1, N);
+    long bh = -1;
+    for (size_t i = 0; i < N && bh < 0; i++)
+        if (h1[i] != h3[i]) bh = (long)i;
+    CHECK(bh < 0, "adamw zero: bf16 copy of p differs from loom_bf16_pack at %ld", bh);
+    free(h1), free(h3);
+    long nz = -1;
+    for (size_t i = 0; i < N && nz < 0; i++)
+        if (gc[i] != 0.0f || signbit(gc[i])) nz = (long)i;
+    CHECK(nz < 0, "adamw zero: gradient %ld left %g, not +0", nz, nz < 0 ? 0.0 : (double)gc[nz]);
+    free(p3), free(m3), free(v3);
     free(gc);
     free(p1), free(p2), free(g), free(m1), free(m2), free(v1), free(v2);
 }

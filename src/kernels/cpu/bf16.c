@@ -43,12 +43,16 @@ static void *bf16_h[2]; /* uint16_t copies for the provider */
 static size_t bf16_hcap[2];
 
 /* Kept operands: [src, src + n) converted once into buf (bf16 bits when
- * is16, rounded floats otherwise) while ready. */
-#define BF16_KEEP 2
+ * is16, rounded floats otherwise) while ready. Fresh: written by the
+ * caller (loom_cpu_gemm_keep_fill) from the floats it has just stored at
+ * src, so the next loom_cpu_gemm_keep of that range makes it ready without
+ * converting (until then a GEMM converts as for any unready slot). A
+ * training step keeps each part's parameters and the logits' gradient. */
+#define BF16_KEEP 8
 typedef struct {
     const float *src;
     size_t n;
-    int ready, is16;
+    int ready, is16, fresh;
     void *buf;
     size_t cap; /* bytes */
 } bf16_kept_op;
@@ -146,26 +150,48 @@ void loom_cpu_gemm_keep(const float *src, size_t n) {
     if (!src || !n) return;
     bf16_kept_op *k = keep_slot(src, n);
     if (!k) return; /* full: that tensor is converted at every use, as before */
-    k->src = src, k->n = n, k->ready = 0; /* new, or kept again: maybe changed since */
+    if (k->src == src && k->n == n && k->fresh) { /* filled from the floats now at src */
+        k->ready = 1, k->fresh = 0;
+        return;
+    }
+    k->src = src, k->n = n, k->ready = 0, k->fresh = 0; /* new, or kept again: maybe changed since */
 }
 
-uint16_t *kern_bf16_keep_filled(const float *src, size_t n) {
-    if (!kern_bf16 || !src || !n || !kern_bf16_gemm_ready()) return NULL;
+int loom_cpu_gemm_keeps_bf16(void) { return kern_bf16 && kern_bf16_gemm_ready(); }
+
+/* A slot for [src, src + n) with room for its bf16 bits, which the caller
+ * writes (ready: at once, else at loom_cpu_gemm_keep_filled); NULL without
+ * 16-bit kept copies, a free slot or memory. */
+static uint16_t *keep_claim16(const float *src, size_t n, int ready) {
+    if (!loom_cpu_gemm_keeps_bf16() || !src || !n) return NULL;
     bf16_kept_op *k = keep_slot(src, n);
     if (!k) return NULL;
     if (!keep_grow(k, n * sizeof(uint16_t))) {
-        k->src = NULL, k->ready = 0;
+        k->src = NULL, k->ready = k->fresh = 0;
         return NULL;
     }
-    k->src = src, k->n = n, k->ready = 1, k->is16 = 1;
+    k->src = src, k->n = n, k->ready = ready, k->fresh = 0, k->is16 = 1;
     return k->buf;
 }
+
+uint16_t *loom_cpu_gemm_keep_fill(const float *src, size_t n) { return keep_claim16(src, n, 0); }
+
+void loom_cpu_gemm_keep_filled(const float *src, int ok) {
+    for (int i = 0; i < BF16_KEEP; i++) {
+        bf16_kept_op *k = &bf16_keep[i];
+        if (k->src != src || k->ready || k->fresh) continue;
+        if (ok) k->fresh = 1;
+        else k->src = NULL;
+    }
+}
+
+uint16_t *kern_bf16_keep_filled(const float *src, size_t n) { return keep_claim16(src, n, 1); }
 
 void loom_cpu_gemm_unkeep(const float *src) {
     for (int i = 0; i < BF16_KEEP; i++)
         if (bf16_keep[i].src && (!src || bf16_keep[i].src == src)) {
             bf16_keep[i].src = NULL;
-            bf16_keep[i].ready = 0;
+            bf16_keep[i].ready = bf16_keep[i].fresh = 0;
         }
 }
 

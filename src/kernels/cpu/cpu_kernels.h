@@ -53,6 +53,8 @@ void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targe
                         int v0, int N, int V_l);
 void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
                            float beta1, float beta2, float eps, float wd, int t, float gscale);
+void loom_cpu_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+                                float beta2, float eps, float wd, int t, float gscale, uint16_t *p16);
 double loom_cpu_sumsq(const float *x, size_t n);
 void loom_cpu_scale(float *x, size_t n, float s);
 int loom_cpu_all_finite(const float *x, size_t n);
@@ -63,6 +65,9 @@ void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targ
 void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l,
                           int V_valid);
 void loom_cpu_gemm_keep(const float *p, size_t n);
+int loom_cpu_gemm_keeps_bf16(void);
+uint16_t *loom_cpu_gemm_keep_fill(const float *src, size_t n);
+void loom_cpu_gemm_keep_filled(const float *src, int ok);
 void loom_cpu_gemm_unkeep(const float *p);
 
 /* Tensor ops of the backend table (include/loom/backend.h says what each does). */

@@ -9,6 +9,7 @@
  * in blocks; every rank calls it on its own shard, nothing is collective.
  */
 #include "kern_vec.h"
+#include "loom/bf16.h"
 
 /* Per-step constants of the update, already rounded to float. */
 typedef struct {
@@ -24,7 +25,7 @@ typedef struct {
 /* The update of one block: KV lanes at a time (kern_vec.h), the same
  * operations as the scalar tail, so the same floats. */
 static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
-                       const adamw_consts *k) {
+                       const adamw_consts *k, float *gz, uint16_t *p16) {
     const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
     const float bc2s = k->bc2_sqrt, neg_step = -k->step_size, eps = k->eps, gs = k->gscale;
     const kvf vdecay = kv_set1(decay), vb1 = kv_set1(b1), vc1 = kv_set1(c1), vb2 = kv_set1(b2);
@@ -33,27 +34,34 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
     size_t i = 0;
     for (; i + KV <= n; i += KV) {
         kvf gi = kv_load(g + i) * vgs;
+        if (gz) kv_store(gz + i, kv_set1(0.0f));
         kvf mi = kv_load(m + i) * vb1 + vc1 * gi;
         kvf vi = kv_load(v + i) * vb2 + vc2 * gi * gi;
         kvf denom = kv_sqrtf(vi) / vbc2s + veps;
-        kv_store(p + i, kv_load(p + i) * vdecay + vneg * (mi / denom));
+        kvf pi = kv_load(p + i) * vdecay + vneg * (mi / denom);
+        kv_store(p + i, pi);
+        if (p16) kv_store_bf16(p16 + i, pi);
         kv_store(m + i, mi);
         kv_store(v + i, vi);
     }
     for (; i < n; i++) {
         float gi = g[i] * gs;
+        if (gz) gz[i] = 0.0f;
         float mi = m[i] * b1 + c1 * gi;
         float vi = v[i] * b2 + c2 * gi * gi;
         float denom = kern_sqrtf(vi) / bc2s + eps;
         p[i] = p[i] * decay + neg_step * (mi / denom);
+        if (p16) p16[i] = loom_bf16_from_f32(p[i]);
         m[i] = mi;
         v[i] = vi;
     }
 }
 
-void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float wd, int t, float gscale) {
-    /* p (n), g (n), m (n), v (n); g read only */
+/* The update over n elements in blocks over the kernels' threads; gz: NULL,
+ * or g itself to zero each gradient once it has been read; p16: NULL, or
+ * where the new parameters' bf16 bits go (loom_bf16_pack's). */
+static void adamw_run(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, int t, float gscale, float *gz, uint16_t *p16) {
     adamw_consts k = {
         .decay = (float)(1.0 - (double)lr * (double)wd),
         .b1 = beta1,
@@ -70,6 +78,20 @@ void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t 
     KERN_PARALLEL_FOR(nth)
     for (size_t b = 0; b < nblk; b++) {
         size_t lo = b * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
-        adamw_span(p + lo, g + lo, m + lo, v + lo, len, &k);
+        adamw_span(p + lo, g + lo, m + lo, v + lo, len, &k, gz ? gz + lo : NULL, p16 ? p16 + lo : NULL);
     }
+}
+
+void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float wd, int t, float gscale) {
+    /* p (n), g (n), m (n), v (n); g read only */
+    adamw_run(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, NULL, NULL);
+}
+
+void loom_cpu_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+                                float beta2, float eps, float wd, int t, float gscale, uint16_t *p16) {
+    /* as loom_cpu_adamw_update, and g (n) = 0 afterwards: the next step's
+     * gradient zeroing done while each gradient is in a register; p16 (n,
+     * unless NULL) = the bf16 bits of the new p */
+    adamw_run(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, g, p16);
 }
