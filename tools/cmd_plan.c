@@ -45,7 +45,7 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
     add_numbers(cJSON_AddObjectToObject(o, "time_s"),
                 (const named[]){{"step", r->t_step}, {"compute", r->t_compute}, {"tp", r->t_tp}, {"cp", r->t_cp},
                                 {"ep", r->t_ep}, {"dp_exposed", r->t_dp}, {"pp_message", r->t_pp},
-                                {"bubble", r->t_bubble}, {NULL, 0}});
+                                {"bubble", r->t_bubble}, {"wake", r->t_wake}, {NULL, 0}});
     cJSON_AddNumberToObject(o, "cp_bytes_per_step", r->cp_bytes);
     cJSON_AddNumberToObject(o, "bubble", r->bubble);
     cJSON_AddBoolToObject(o, "bubble_simulated", r->simulated);
@@ -53,7 +53,9 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
                 (const named[]){{"f", r->sim_f}, {"b", r->sim_b}, {"w", r->sim_w}, {"comm", r->sim_comm}, {NULL, 0}});
     /* devices that share cores: the simulator's processors per node and stages per node (0: own devices) */
     add_numbers(cJSON_AddObjectToObject(o, "sim_shared_cores"),
-                (const named[]){{"cores", r->sim_cores}, {"stages_per_node", r->sim_share}, {NULL, 0}});
+                (const named[]){{"cores", r->sim_cores}, {"stages_per_node", r->sim_share},
+                                {"slice", r->sim_slice}, {"span", r->sim_span}, {"replicas", r->sim_replicas},
+                                {"syncs_f", r->sim_syncs_f}, {"syncs_b", r->sim_syncs_b}, {NULL, 0}});
     cJSON_AddNumberToObject(o, "stage_imbalance", r->stage_imbalance);
     cJSON_AddNumberToObject(o, "head_cost_layers", r->head_cost);
     if (j->serve) {

@@ -78,6 +78,11 @@ typedef struct loom_plan_cluster {
      * 0 (absent): every device computes on its own (GPUs). The rates above
      * are per device with all gpus_per_node devices of a node busy. */
     double cores;
+    /* sched_slice_us: the OS scheduler's time slice, s (with cores only; a
+     * rank woken from a synchronisation waits for a processor in units of
+     * it: loom_sim_wake_wait). `loom calibrate` writes the kernel's; absent:
+     * EEVDF's default, 0.75 ms x (1 + log2(min(cores, 8))). */
+    double slice;
     /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
@@ -94,6 +99,11 @@ typedef struct loom_plan_cluster {
  * a preset name (dgx-a100-80gb, dgx-h100): plan/clusters/NAME.json under the
  * source tree or $LOOM_PLAN_DIR. */
 loom_status loom_plan_cluster_load(const char *name_or_path, loom_plan_cluster *c);
+/* EEVDF's default time slice for a node of `cpus` CPUs, s (Linux >= 6.6,
+ * kernel/sched/fair.c: sysctl_sched_base_slice = 0.75 ms times the
+ * SCHED_TUNABLESCALING_LOG factor 1 + ilog2(min(cpus, 8))): 0.75 ms at 1
+ * CPU, 1.5 ms at 2, 2.25 ms at 4, 3 ms from 8 on. */
+double loom_plan_default_slice(double cpus);
 /* Time of one collective of `bytes` (the buffer each rank passes: the full
  * vector for all-reduce, the gathered output for all-gather, the input for
  * reduce-scatter and all-to-all) over a group of g ranks whose bandwidth is
@@ -163,6 +173,7 @@ typedef struct loom_plan_result {
     double cp_bytes;                 /* CP bytes a rank sends per step (docs/context-parallel.md) */
     double t_dp;                     /* exposed DP/ZeRO communication after the pipeline */
     double t_bubble;                 /* idle of the pipeline */
+    double t_wake;                   /* waits for a processor after synchronisations (devices sharing cores) */
     double t_step;
     double bubble;                   /* fraction, from the simulator (or closed form in the coarse pass) */
     int simulated;                   /* 1: bubble and makespan from loom_sim_run */
@@ -170,6 +181,8 @@ typedef struct loom_plan_result {
     double sim_f, sim_b, sim_w, sim_comm, stage_imbalance;
     double sim_cores;                /* loom_sim_costs.cores: processors per node the pipeline ranks share (0: own devices) */
     int sim_share;                   /* loom_sim_costs.share: consecutive pipeline ranks per node */
+    double sim_slice, sim_span;      /* loom_sim_costs.slice, .span (0: no waits for a processor) */
+    int sim_replicas, sim_syncs_f, sim_syncs_b; /* loom_sim_costs.replicas, .syncs_f, .syncs_b */
     double head_cost;                /* the LM head's time in layers (the partitioner's cost) */
     double tokens_per_s_dev, mfu;
     double model_flops;              /* per step, 6*active*tokens + attention (no recompute) */

@@ -56,7 +56,42 @@ typedef struct loom_sim_costs {
      * rank waiting for a message uses no processor (processor sharing). */
     double cores;
     int share;
+    /* Waiting for a processor after a synchronisation (cores > 0 only;
+     * docs/planning.md, "Devices that share cores"). slice: the OS
+     * scheduler's time slice in cost units (0, the default: no such wait).
+     * A rank that had to wait for a message (its receive blocked), and a
+     * rank at one of the syncs_f / syncs_b / syncs_w synchronisations inside
+     * an F, B or W (TP, CP, EP collectives, spread evenly through the
+     * action's work: n syncs cut it into n + 1 equal pieces), gets a
+     * processor back only after loom_sim_wake_wait(slice, span, C, k): C =
+     * cores x replicas processors of its node, k = replicas x (its own stage
+     * + the node's other stages that compute or wait for a processor) ranks
+     * that want one. Meanwhile a rank woken from a receive holds no
+     * processor (the sender went on: sends are non-blocking), while one at
+     * a collective keeps its share of them (the group's members that
+     * arrived first poll for it on theirs) and makes no progress. replicas:
+     * ranks per stage on a node, in lock-step (dp, tp, cp replicas; 0
+     * counts as 1). span: the work (at the speed alone) a computing rank
+     * does between two of its synchronisations (0: longer than any slice). */
+    double slice, span;
+    int replicas;
+    int syncs_f, syncs_b, syncs_w;
 } loom_sim_costs;
+
+/* Expected wait of a rank that becomes runnable (its synchronisation
+ * completed) while every one of the node's `cores` processors is held:
+ * 0 when runnable <= cores (a processor is free), else
+ *   X / (C + 1) + (k - C - 1) / 2 * X / C,   X = min(slice, span)
+ * with C = cores, k = runnable (the rank itself included). The C holders
+ * each give their processor up at the end of their current run, which
+ * lasts X (their slice, or less when they reach their own next
+ * synchronisation first), at a phase uniform and independent: the first
+ * of C such residuals ends after X / (C + 1) on average. An EEVDF
+ * scheduler (Linux >= 6.6) places a waking task at the queue's average
+ * virtual time (its lag kept), so half of the k - C - 1 others that wait
+ * have earlier deadlines and run first, each for X, C at a time.
+ * span <= 0 means no bound (X = slice); slice <= 0 gives 0. */
+double loom_sim_wake_wait(double slice, double span, double cores, double runnable);
 
 /* f = b = w = 1, comm = opt = 0, no scale, no per-stage costs, own devices. */
 void loom_sim_costs_default(loom_sim_costs *c);
@@ -69,8 +104,11 @@ typedef struct loom_sim_result {
     double makespan;     /* latest end over all ranks */
     double bubble;       /* 1 - sum(busy) / (pp * makespan); 0 when makespan is 0 */
     double *start, *end; /* (n_total) parallel to the schedule's actions */
-    double *busy;        /* (pp) compute time per rank (wall time of its F, B, W, OPT_STEP) */
+    double *busy;        /* (pp) compute time per rank (wall time of its F, B, W, OPT_STEP, less
+                            the waits for a processor inside them) */
     double *rank_end;    /* (pp) end of each rank's last action */
+    double *wake;        /* (pp) time waiting for a processor after synchronisations (costs.slice;
+                            not in busy, so in the bubble) */
     int *peak_live;      /* (pp) */
 } loom_sim_result;
 

@@ -142,6 +142,22 @@ static loom_status cpus_usable(loom_comm *world, int *out) {
     return LOOM_OK;
 }
 
+/* The scheduler's time slice, s: the kernel's base slice where debugfs
+ * shows it (/sys/kernel/debug/sched/base_slice_ns, Linux >= 6.6, EEVDF;
+ * root only), else EEVDF's default for this node's online CPUs (the
+ * kernel scales its slice by all of them, whatever the ranks' affinity). */
+static double sched_slice(void) {
+    FILE *f = fopen("/sys/kernel/debug/sched/base_slice_ns", "r");
+    double ns = 0;
+    if (f) {
+        if (fscanf(f, "%lf", &ns) != 1) ns = 0;
+        fclose(f);
+    }
+    if (ns > 0 && isfinite(ns)) return ns * 1e-9;
+    const long on = sysconf(_SC_NPROCESSORS_ONLN);
+    return loom_plan_default_slice(on > 0 ? (double)on : 1);
+}
+
 static size_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -243,6 +259,8 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
      * (the rates below are each rank's with all n computing) */
     const int threads = loom_kernels_get_threads() > 0 ? loom_kernels_get_threads() : 1;
     fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads);
+    /* the time slice a rank woken from a synchronisation waits for a processor in */
+    fprintf(f, "  \"sched_slice_us\": %.6g,\n", 1e6 * sched_slice());
     fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
     fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
     fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);

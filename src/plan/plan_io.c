@@ -181,6 +181,12 @@ double loom_plan_model_params(const loom_plan_model *m, double *active) {
 
 /* ---- clusters -------------------------------------------------------- */
 
+double loom_plan_default_slice(double cpus) {
+    int n = cpus >= 8 ? 8 : cpus >= 1 ? (int)cpus : 1, lg = 0;
+    while (n > 1) n >>= 1, lg++;
+    return 0.75e-3 * (1 + lg);
+}
+
 static double num(const cJSON *o, const char *key, double def) {
     const cJSON *it = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
     return cJSON_IsNumber(it) ? it->valuedouble : def;
@@ -225,6 +231,19 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
                              "cluster %s: 'cores_per_node' must be a positive number (absent: devices do not "
                              "share processors)",
                              path);
+    }
+    /* the scheduler's time slice (calibrate writes the kernel's); absent:
+     * EEVDF's default base slice, 0.75 ms scaled by 1 + ilog2(CPUs, at most
+     * 8) (kernel/sched/fair.c, SCHED_TUNABLESCALING_LOG), the cores standing
+     * for the CPUs */
+    const cJSON *slice = cJSON_GetObjectItemCaseSensitive(root, "sched_slice_us");
+    if (slice) {
+        c->slice = cJSON_IsNumber(slice) ? slice->valuedouble * 1e-6 : -1;
+        if (!(isfinite(c->slice) && c->slice > 0))
+            return loom_fail(LOOM_ECONFIG, "cluster %s: 'sched_slice_us' must be a positive number (absent: the "
+                                           "EEVDF default for cores_per_node)", path);
+    } else if (c->cores > 0) {
+        c->slice = loom_plan_default_slice(c->cores);
     }
     if (c->attn_eff < 0 || c->attn_eff > 1)
         return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)", path);

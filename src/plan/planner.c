@@ -173,10 +173,11 @@ static int job_gpus(const loom_plan_cluster *c, const loom_plan_job *j) {
 typedef struct sharing {
     double solo, all_busy, cores;
     int share;
+    double node_ranks, node_cores; /* D and C when they share (node_ranks > node_cores), else 0 */
 } sharing;
 
 static sharing sharing_of(const loom_plan_cluster *c, const loom_plan_job *j, const loom_plan_layout *l) {
-    sharing sh = {1, 1, 0, 0};
+    sharing sh = {1, 1, 0, 0, 0, 0};
     const int N = job_gpus(c, j);
     const double C = c->cores, D_cal = c->gpus_per_node, D = N < c->gpus_per_node ? N : c->gpus_per_node;
     if (!(C > 0) || (D_cal <= C && D <= C)) return sh;
@@ -188,6 +189,7 @@ static sharing sharing_of(const loom_plan_cluster *c, const loom_plan_job *j, co
     if (g < 1) g = 1;
     sh.share = (int)g;
     sh.cores = C * g / D;
+    if (D > C) sh.node_ranks = D, sh.node_cores = C;
     return sh;
 }
 
@@ -700,10 +702,44 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     r->sim_f = solo * F / l->v, r->sim_b = solo * (split ? Bi : Bi + W) / l->v, r->sim_w = split ? solo * W / l->v : 0;
     r->sim_comm = msg;
     r->sim_cores = shared_pipe ? sh.cores : 0, r->sim_share = shared_pipe ? sh.share : 0;
+    /* Synchronisations a rank meets per micro-batch, forward and backward
+     * (the collectives above, each one a wait for its group), and the DP
+     * reductions it waits for per step. With more ranks than cores on a
+     * node, every one of them hands the rank's core to another rank and it
+     * waits for one back (loom_sim_wake_wait; docs/planning.md, "Devices
+     * that share cores"). */
+    double sync_f = 0, sync_b = 0, sync_dp = 0;
+    if (l->tp > 1) {
+        sync_f += layers_max * (l->sp ? 4 : 2);
+        sync_b += layers_max * (l->sp ? 6 : 2);
+        if (l->recompute == LOOM_RECOMPUTE_FULL) sync_b += layers_max * (l->sp ? 4 : 2);
+    }
+    if (l->cp > 1) {
+        const double g = l->cp;
+        sync_f += layers_max * (l->cp_impl == LOOM_PLAN_CP_RING ? g - 1 : l->cp_impl == LOOM_PLAN_CP_ULYSSES ? 2 : 1);
+        sync_b += layers_max * (l->cp_impl == LOOM_PLAN_CP_RING ? g : 2);
+    }
+    if (m->experts > 1 && l->ep > 1) sync_f += 2.0 * layers_max, sync_b += 2.0 * layers_max;
+    if (zg > 1) { /* buckets of 25 MB (docs/data-parallel.md); ZeRO-3 one unit (a block, the embeddings) at a time */
+        const double nb = fmax(1, ceil((dense_p + exp_p) * e.gb / 25e6)), units = layers_max + 1.0;
+        sync_dp = l->zero == 0 ? nb : l->zero <= 2 ? 2 * nb : l->m * 2 * units + units;
+    }
+    /* the wait per synchronisation with all D ranks of the node wanting a
+     * core (every layout but a pipeline's, whose replay counts them), X =
+     * the slice, or the work between two synchronisations if shorter */
+    const double syncs_mb = sync_f + sync_b + (l->pp > 1 ? 2.0 * l->v : 0);
+    const double span = syncs_mb > 0 ? sh.solo * (F + Bi + W) / syncs_mb : 0;
+    const double wake = sh.node_ranks > 0 ? loom_sim_wake_wait(c->slice, span, sh.node_cores, sh.node_ranks) : 0;
+    r->sim_slice = shared_pipe && wake > 0 ? c->slice : 0, r->sim_span = shared_pipe && wake > 0 ? span : 0;
+    r->sim_replicas = shared_pipe ? (int)lround(sh.node_ranks / sh.share) : 0;
+    r->sim_syncs_f = shared_pipe && wake > 0 ? (int)lround(sync_f / l->v) : 0;
+    r->sim_syncs_b = shared_pipe && wake > 0 ? (int)lround(sync_b / l->v) : 0;
+    r->t_wake = 0;
     double makespan, busy;
     if (l->pp == 1) {
-        makespan = l->m * (F + Bi + W) * sh.all_busy;
-        busy = makespan;
+        busy = l->m * (F + Bi + W) * sh.all_busy;
+        r->t_wake = l->m * (sync_f + sync_b) * wake;
+        makespan = busy + r->t_wake;
         r->bubble = 0;
     } else if (simulate) {
         loom_schedule *sch = NULL;
@@ -719,12 +755,15 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
             sc.f = r->sim_f, sc.b = r->sim_b, sc.w = r->sim_w, sc.comm = msg, sc.opt = 0;
             sc.stage_scale = scale;
             sc.cores = r->sim_cores, sc.share = r->sim_share;
+            sc.slice = r->sim_slice, sc.span = r->sim_span, sc.replicas = r->sim_replicas;
+            sc.syncs_f = r->sim_syncs_f, sc.syncs_b = r->sim_syncs_b;
             st = loom_sim_run(sch, &sc, &res);
         }
         if (st == LOOM_OK) {
             makespan = res->makespan;
             busy = 0;
-            for (int k = 0; k < l->pp; k++) busy = fmax(busy, res->busy[k]);
+            for (int k = 0; k < l->pp; k++)
+                if (res->busy[k] > busy) busy = res->busy[k], r->t_wake = res->wake[k];
             r->bubble = res->bubble;
             r->in_flight = loom_schedule_peak_live(sch, 0);
             r->simulated = 1;
@@ -753,8 +792,12 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
         if (isnan(bub)) bub = (l->pp - 1.0) / (l->m + l->pp - 1.0);
         busy = l->m * (F + Bi + W) * solo;
         makespan = busy / (1 - bub) + 2 * (l->pp - 1) * msg;
-        /* shared cores: the node's work cannot finish faster than with every stage busy */
+        /* shared cores: the node's work cannot finish faster than with every
+         * stage busy; each synchronisation of the slowest rank (receives
+         * included) waits for a core as if every rank wanted one */
         if (shared_pipe) makespan = fmax(makespan, l->m * (F + Bi + W) * sh.all_busy);
+        r->t_wake = l->m * syncs_mb * wake;
+        makespan += r->t_wake;
         r->bubble = 1 - busy / makespan;
     }
     if (counts != counts_small) free(counts);
@@ -763,7 +806,8 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
                           : z3 > 0         ? fmax(0, c->overlap * z3_bwd - z3_ag)
                                            : c->overlap * (Bi + W);
     r->t_dp = fmax(0, dp_t - window) * sh.all_busy;
-    r->t_step = makespan + r->t_dp + opt * sh.all_busy;
+    r->t_wake += sync_dp * wake; /* after the pipeline: every rank waits for its reductions */
+    r->t_step = makespan + r->t_dp + opt * sh.all_busy + sync_dp * wake;
     /* the parts of the slowest rank's busy time (with shared cores: its wall
      * time computing in the replay, in the proportions of its work) */
     const double part = shared_pipe ? busy / (l->m * (F + Bi + W)) : sh.all_busy;
@@ -771,7 +815,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     r->t_tp = l->m * (tp_f + tp_b) * part, r->t_cp = l->m * (cp_f + cp_b) * part, r->t_ep = l->m * (ep_f + ep_b) * part;
     r->t_pp = msg;
     r->cp_bytes = cp_layer_bytes * layers_max * l->m;
-    r->t_bubble = makespan - busy;
+    r->t_bubble = makespan - busy - (r->t_wake - sync_dp * wake);
     const double tokens = (double)j->batch * j->seq;
     const int N = job_gpus(c, j);
     r->model_flops = plan_model_flops(m, tokens, s);

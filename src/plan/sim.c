@@ -18,7 +18,15 @@
 
 void loom_sim_costs_default(loom_sim_costs *c) {
     *c = (loom_sim_costs){
-        .f = 1, .b = 1, .w = 1, .comm = 0, .opt = 0, .stage_scale = NULL, .stage = NULL, .cores = 0, .share = 0};
+        .f = 1, .b = 1, .w = 1, .comm = 0, .opt = 0, .stage_scale = NULL, .stage = NULL, .cores = 0, .share = 0,
+        .slice = 0, .span = 0, .replicas = 0, .syncs_f = 0, .syncs_b = 0, .syncs_w = 0};
+}
+
+double loom_sim_wake_wait(double slice, double span, double cores, double runnable) {
+    if (!(slice > 0) || !(cores > 0) || runnable <= cores) return 0;
+    const double X = span > 0 && span < slice ? span : slice;
+    const double ahead = runnable - cores - 1 > 0 ? runnable - cores - 1 : 0;
+    return X / (cores + 1) + 0.5 * ahead * X / cores;
 }
 
 /* Costs above 1e9 could overflow a makespan of millions of actions. */
@@ -38,6 +46,11 @@ loom_status loom_sim_costs_check(const loom_sim_costs *c, int n_stages) {
     LOOM_TRY(check_cost("--cost-opt", c->opt));
     LOOM_TRY(check_cost("--cores", c->cores));
     if (c->share < 0) return loom_fail(LOOM_EUSAGE, "--share %d: must be >= 0 (0: every rank on one node)", c->share);
+    LOOM_TRY(check_cost("--slice", c->slice));
+    LOOM_TRY(check_cost("span", c->span));
+    if (c->replicas < 0 || c->syncs_f < 0 || c->syncs_b < 0 || c->syncs_w < 0)
+        return loom_fail(LOOM_EUSAGE, "replicas %d, syncs %d %d %d: must be >= 0", c->replicas, c->syncs_f,
+                         c->syncs_b, c->syncs_w);
     for (int s = 0; c->stage_scale && s < n_stages; s++)
         if (!(isfinite(c->stage_scale[s]) && c->stage_scale[s] >= 0 &&
               c->stage_scale[s] <= LOOM_SIM_MAX_COST))
@@ -88,7 +101,7 @@ static loom_sim_result *result_alloc(const loom_schedule *s) {
     loom_sim_result *r = calloc(1, sizeof *r);
     if (r) {
         r->start = malloc((2 * n + 1) * sizeof *r->start);
-        r->busy = calloc(2 * pp, sizeof *r->busy);
+        r->busy = calloc(3 * pp, sizeof *r->busy);
         r->peak_live = calloc(pp, sizeof *r->peak_live);
     }
     if (!r || !r->start || !r->busy || !r->peak_live) {
@@ -97,6 +110,7 @@ static loom_sim_result *result_alloc(const loom_schedule *s) {
     }
     r->end = r->start + n;
     r->rank_end = r->busy + pp;
+    r->wake = r->busy + 2 * pp;
     r->pp = s->pp;
     r->n_total = s->n_total;
     return r;
@@ -104,13 +118,15 @@ static loom_sim_result *result_alloc(const loom_schedule *s) {
 
 /* From the replayed start/end times: each rank's busy time (the compute
  * actions' durations dur, or with dur NULL their wall time end - start, as
- * when ranks share processors), end, peak live sets; the makespan and the
- * bubble 1 - busy / (pp x makespan). */
-static void result_finish(const loom_schedule *s, const double *dur, loom_sim_result *r) {
+ * when ranks share processors, less less[k] when given: the waits for a
+ * processor inside them), end, peak live sets; the makespan and the bubble
+ * 1 - busy / (pp x makespan). */
+static void result_finish(const loom_schedule *s, const double *dur, const double *less, loom_sim_result *r) {
     double total_busy = 0;
     for (int k = 0; k < s->pp; k++) {
         for (int i = s->offset[k]; i < s->offset[k + 1]; i++)
             if (is_compute(s->actions[i].kind)) r->busy[k] += dur ? dur[i] : r->end[i] - r->start[i];
+        if (less) r->busy[k] -= less[k];
         r->rank_end[k] = s->offset[k + 1] > s->offset[k] ? r->end[s->offset[k + 1] - 1] : 0;
         if (r->rank_end[k] > r->makespan) r->makespan = r->rank_end[k];
         r->peak_live[k] = loom_schedule_peak_live(s, k);
@@ -128,7 +144,7 @@ static loom_status simulate(const loom_schedule *s, const double *dur, double co
         loom_sim_free(r);
         return st;
     }
-    result_finish(s, dur, r);
+    result_finish(s, dur, NULL, r);
     *out = r;
     return LOOM_OK;
 }
@@ -157,11 +173,37 @@ static int ps_msg(const loom_schedule *s, int r, const loom_pp_action *a) {
     return (g * s->micro_batches + a->mb) * (S - 1) + e;
 }
 
-/* Speed of computing rank k: min(1, cores / the computing ranks of its node). */
+/* Speed of computing rank k: min(1, cores / the ranks of its node that
+ * hold a share of the processors: those computing, and those whose group
+ * waits inside a collective for its last member (state 5). */
 static double ps_rate(const int *state, int k, int pp, int share, double cores) {
     int busy = 0;
-    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++) busy += state[q] == 1;
+    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++) busy += state[q] == 1 || state[q] == 5;
     return busy > cores ? cores / busy : 1.0;
+}
+
+/* What rank k waits for a processor when its synchronisation completes now:
+ * loom_sim_wake_wait over its node's processors and the ranks that want one
+ * (its own stage, and the node's other stages that compute or already wait
+ * for a processor), each stage counted `replicas` times. */
+static double ps_wake(const int *state, int k, int pp, int share, const loom_sim_costs *c) {
+    if (!(c->slice > 0)) return 0;
+    const int rep = c->replicas > 0 ? c->replicas : 1;
+    int want = 1;
+    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++)
+        want += q != k && (state[q] == 1 || state[q] == 3 || state[q] == 5);
+    return loom_sim_wake_wait(c->slice, c->span, c->cores * rep, (double)want * rep);
+}
+
+/* Synchronisations inside a compute action (costs.syncs_*; a schedule that
+ * does not split the backward runs B's and W's in its B). */
+static int ps_syncs(const loom_schedule *s, const loom_pp_action *a, const loom_sim_costs *c) {
+    switch (a->kind) {
+    case LOOM_PP_F: return c->syncs_f;
+    case LOOM_PP_B: return s->split_backward ? c->syncs_b : c->syncs_b + c->syncs_w;
+    case LOOM_PP_W: return c->syncs_w;
+    default: return 0;
+    }
 }
 
 static loom_status simulate_shared(const loom_schedule *s, const double *dur, const loom_sim_costs *c,
@@ -170,12 +212,21 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
     const size_t nmsg = 2 * (size_t)s->micro_batches * (size_t)(S > 1 ? S - 1 : 1);
     const int share = c->share > 0 && c->share < pp ? c->share : pp;
     loom_sim_result *r = result_alloc(s);
-    double *rem = calloc((size_t)pp, sizeof *rem), *arrive = malloc(nmsg * sizeof *arrive);
-    int *pc = calloc((size_t)pp, sizeof *pc), *state = calloc((size_t)pp, sizeof *state);
+    /* per rank: work left of the current piece, the piece, processor wait
+     * left, waits inside compute actions (not busy) */
+    double *rem = calloc(4 * (size_t)pp, sizeof *rem), *arrive = malloc(nmsg * sizeof *arrive);
+    double *piece = rem + pp, *wait = rem + 2 * pp, *wait_in = rem + 3 * pp;
+    int *pc = calloc(3 * (size_t)pp, sizeof *pc);
+    int *state = pc + pp, *syncs = pc + 2 * pp;
     loom_status st = LOOM_OK;
-    if (!r || !rem || !arrive || !pc || !state)
-        st = loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
-    /* state: 0 before its current action, 1 computing it (rem left), 2 waiting in a receive */
+    if (!r || !rem || !arrive || !pc) st = loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
+    /* state: 0 before its current action, 1 computing it (rem left of this
+     * piece, syncs more pieces after it), 2 waiting in a receive, 3 waiting
+     * for a processor after its receive's message came (wait left; it holds
+     * none), 4 woken from that wait (the receive ends), 5 waiting for a
+     * processor at a synchronisation inside its action: the group's members
+     * that arrived first poll for the collective on their processors, so
+     * the group keeps its share of them meanwhile (ps_rate counts it) */
     for (size_t k = 0; st == LOOM_OK && k < nmsg; k++) arrive[k] = -1; /* not sent */
     double t = 0;
     for (int left = pp; st == LOOM_OK && left > 0;) {
@@ -187,16 +238,43 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
                     const int i = s->offset[k] + pc[k];
                     const loom_pp_action *a = &s->actions[i];
                     if (state[k] == 0) r->start[i] = t;
+                    if (state[k] == 3 || state[k] == 5) {
+                        if (wait[k] > 0) break;
+                        state[k] = is_compute(a->kind) ? 1 : 4;
+                        if (state[k] == 1) rem[k] = piece[k];
+                        moved = 1;
+                    }
                     if (is_compute(a->kind)) {
-                        if (state[k] == 0) rem[k] = dur[i], state[k] = 1;
+                        if (state[k] == 0) {
+                            syncs[k] = ps_syncs(s, a, c);
+                            piece[k] = dur[i] / (syncs[k] + 1);
+                            rem[k] = piece[k], state[k] = 1;
+                        }
                         if (rem[k] > 0) break;
+                        if (syncs[k] > 0) { /* a synchronisation inside the action */
+                            syncs[k]--;
+                            const double w = ps_wake(state, k, pp, share, c);
+                            if (w > 0) {
+                                wait[k] = w, state[k] = 5, r->wake[k] += w, wait_in[k] += w;
+                                break;
+                            }
+                            rem[k] = piece[k];
+                            continue;
+                        }
                     } else if (a->kind == LOOM_PP_SEND_ACT || a->kind == LOOM_PP_SEND_GRAD) {
                         arrive[ps_msg(s, k, a)] = t + c->comm;
-                    } else if (a->kind == LOOM_PP_RECV_ACT || a->kind == LOOM_PP_RECV_GRAD) {
+                    } else if ((a->kind == LOOM_PP_RECV_ACT || a->kind == LOOM_PP_RECV_GRAD) && state[k] != 4) {
                         const double at = arrive[ps_msg(s, k, a)];
                         if (at < 0 || at > t) {
                             state[k] = 2;
                             break;
+                        }
+                        if (state[k] == 2) { /* it blocked: it needs a processor back */
+                            const double w = ps_wake(state, k, pp, share, c);
+                            if (w > 0) {
+                                wait[k] = w, state[k] = 3, r->wake[k] += w;
+                                break;
+                            }
                         }
                     }
                     r->end[i] = t;
@@ -207,7 +285,8 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
                 }
         }
         if (left == 0) break;
-        /* the next event: a computation ends or an awaited message arrives */
+        /* the next event: a computation or a wait for a processor ends, or
+         * an awaited message arrives */
         double dt = INFINITY;
         for (int k = 0; k < pp; k++) {
             if (state[k] == 1) {
@@ -216,6 +295,8 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
             } else if (state[k] == 2) {
                 const double at = arrive[ps_msg(s, k, &s->actions[s->offset[k] + pc[k]])];
                 if (at >= 0 && at - t < dt) dt = at - t;
+            } else if ((state[k] == 3 || state[k] == 5) && wait[k] < dt) {
+                dt = wait[k];
             }
         }
         if (!isfinite(dt)) {
@@ -224,6 +305,10 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
         }
         const double t1 = t + dt;
         for (int k = 0; k < pp; k++) {
+            if (state[k] == 3 || state[k] == 5) {
+                wait[k] = wait[k] <= dt * (1 + 1e-12) ? 0 : wait[k] - dt;
+                continue;
+            }
             if (state[k] != 1) continue;
             const double rate = ps_rate(state, k, pp, share, c->cores);
             /* the one(s) that set dt end exactly now */
@@ -231,15 +316,14 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
         }
         t = t1;
     }
+    if (st == LOOM_OK) result_finish(s, NULL, wait_in, r);
     free(rem);
     free(arrive);
     free(pc);
-    free(state);
     if (st != LOOM_OK) {
         loom_sim_free(r);
         return st;
     }
-    result_finish(s, NULL, r);
     *out = r;
     return LOOM_OK;
 }

@@ -345,6 +345,83 @@ static void test_shared_cores(void) {
     loom_schedule_free(s);
 }
 
+/* ---- waiting for a processor after a synchronisation (costs.slice) --------------- */
+
+static void test_wake_waits(void) {
+    /* the expected wait, by hand: X / (C+1) + (k-C-1)/2 * X / C, X = min(slice, span) */
+    const struct {
+        double slice, span, cores, runnable, want;
+    } w[] = {
+        {1.5, 0, 2, 4, 1.5 / 3 + 0.5 * 1 * 1.5 / 2},   /* 0.875: 4 ranks on 2 cores */
+        {1.5, 0, 2, 8, 1.5 / 3 + 0.5 * 5 * 1.5 / 2},   /* 2.375: 8 ranks on 2 cores */
+        {1.5, 0, 2, 3, 0.5},                           /* nobody else queued: the first holder's residual */
+        {1.5, 0.6, 2, 4, 0.6 / 3 + 0.5 * 0.6 / 2},     /* holders synchronise before their slice ends */
+        {1.5, 3, 2, 4, 0.875},                         /* a span longer than the slice: the slice */
+        {1.5, 0, 2, 2, 0},                             /* a processor for every rank */
+        {0, 0, 2, 8, 0},                               /* no slice: no wait */
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        const double got = loom_sim_wake_wait(w[i].slice, w[i].span, w[i].cores, w[i].runnable);
+        CHECK(fabs(got - w[i].want) < 1e-12, "wake wait (slice %g, span %g, %g cores, %g runnable) = %.15g, want %.15g",
+              w[i].slice, w[i].span, w[i].cores, w[i].runnable, got, w[i].want);
+    }
+
+    /* by hand: gpipe p=2 m=2 on one core, f = 1, full backward 1, slice 0.3
+     * (every wait here has k = 2 on C = 1: 0.3 / 2 = 0.15), one
+     * synchronisation inside each F (two pieces of 0.5).
+     *   t = 1     rank 1's message lands while rank 0 computes F1: it waits
+     *             [1, 1.15] holding no core (rank 0 at full speed: 0.35 of
+     *             its first piece left), then F0 from 1.15
+     *   t = 1.85  rank 0 at F1's synchronisation, rank 1 computing: waits
+     *             [1.85, 2], its group keeping its half of the core (rank 1
+     *             still at 0.5)
+     *   t = 2.15  rank 1 at F0's synchronisation: [2.15, 2.3], the same
+     *   t = 3     rank 0's F1 ends; rank 1 alone ends F0 at 3.15, F1 (its
+     *             message came at 3, before it asked: no wait) [3.15, 4.15],
+     *             B0 [4.15, 5.15]
+     *   t = 5.15  rank 0's gradient lands while rank 1 runs B1: [5.15, 5.3]
+     *             holding nothing; B0 [5.3, 7.15], rank 1's B1 ends at 7
+     *   rank 0 B1 [7.15, 8.15]: makespan 8.15, where without the waits it is
+     *   8 (test_shared_cores): only the one wait that held a core's share on
+     *   the critical path cost time */
+    loom_sim_costs c = {.f = 1, .b = 1, .w = 0, .cores = 1, .slice = 0.3, .syncs_f = 1};
+    loom_schedule *s = NULL;
+    loom_sim_result *r = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c, &s);
+    if (r) {
+        expect_at(s, r, 0, LOOM_PP_F, 0, 0, 1);
+        expect_at(s, r, 0, LOOM_PP_F, 1, 1, 3);
+        expect_at(s, r, 1, LOOM_PP_F, 0, 1.15, 3.15);
+        expect_at(s, r, 1, LOOM_PP_F, 1, 3.15, 4.15);
+        expect_at(s, r, 1, LOOM_PP_B, 0, 4.15, 5.15);
+        expect_at(s, r, 1, LOOM_PP_B, 1, 5.15, 7);
+        expect_at(s, r, 0, LOOM_PP_B, 0, 5.3, 7.15);
+        expect_at(s, r, 0, LOOM_PP_B, 1, 7.15, 8.15);
+        CHECK(fabs(r->makespan - 8.15) < 1e-12, "makespan %.15g, want 8.15", r->makespan);
+        CHECK(fabs(r->wake[0] - 0.3) < 1e-12 && fabs(r->wake[1] - 0.3) < 1e-12, "waits %g %g, want 0.3 each",
+              r->wake[0], r->wake[1]);
+        /* busy: the wall time computing, the waits inside F1 / F0 taken out */
+        CHECK(fabs(r->busy[0] - 5.7) < 1e-12 && fabs(r->busy[1] - 5.7) < 1e-12, "busy %.15g %.15g, want 5.7",
+              r->busy[0], r->busy[1]);
+    }
+    loom_sim_free(r);
+    /* two cores for the two ranks: never a wait, the timeline of no slice */
+    c.cores = 2;
+    loom_sim_costs c0 = c;
+    c0.slice = 0;
+    r = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c, NULL);
+    loom_sim_result *r0 = simulate(LOOM_SCHED_GPIPE, 2, 2, 1, &c0, NULL);
+    if (r && r0)
+        CHECK(r->makespan == r0->makespan && r->wake[0] == 0 && r->wake[1] == 0 && r->busy[0] == r0->busy[0],
+              "cores for every rank: makespan %g = %g without a slice", r->makespan, r0->makespan);
+    loom_sim_free(r);
+    loom_sim_free(r0);
+    c = (loom_sim_costs){.f = 1, .b = 1, .w = 1, .cores = 1, .slice = -1};
+    r = (loom_sim_result *)&c;
+    CHECK(loom_sim_run(s, &c, &r) == LOOM_EUSAGE && r == NULL && strstr(loom_errmsg(), "--slice -1"),
+          "negative slice: %s", loom_errmsg());
+    loom_schedule_free(s);
+}
+
 /* ---- timeline and trace ---------------------------------------------------------- */
 
 static void test_timeline(void) {
@@ -492,6 +569,7 @@ int main(void) {
     test_zb();
     test_cost_model();
     test_shared_cores();
+    test_wake_waits();
     test_timeline();
     test_trace();
     return check_done();

@@ -509,8 +509,9 @@ static void test_grad_acc_and_zero3(void) {
 }
 
 /* A 4-device CPU node as `loom calibrate` writes it (rates with all four
- * ranks busy), with cores_per_node `cores` (<= 0: the key absent). */
-static loom_plan_cluster cpu_node(double cores, const char *path) {
+ * ranks busy), with cores_per_node `cores` (<= 0: the key absent) and
+ * sched_slice_us `slice_us` (<= 0: absent). */
+static loom_plan_cluster cpu_node_slice(double cores, double slice_us, const char *path) {
     FILE *f = fopen(path, "w");
     CHECK(f != NULL, "create %s", path);
     if (f) {
@@ -520,6 +521,7 @@ static loom_plan_cluster cpu_node(double cores, const char *path) {
                    " \"efficiency\": {\"gemm\": 0.9, \"collective\": 1, \"overlap\": 0},\n"
                    " \"gemm_curve\": [{\"m\": 32, \"n\": 512, \"k\": 512, \"eff\": 0.6}, {\"m\": 1024, \"n\": 1024, \"k\": 1024, \"eff\": 1}]");
         if (cores > 0) fprintf(f, ",\n \"cores_per_node\": %g", cores);
+        if (slice_us > 0) fprintf(f, ",\n \"sched_slice_us\": %g", slice_us);
         fprintf(f, "}\n");
         fclose(f);
     }
@@ -527,6 +529,8 @@ static loom_plan_cluster cpu_node(double cores, const char *path) {
     CHECK(loom_plan_cluster_load(path, &c) == LOOM_OK, "load %s: %s", path, loom_errmsg());
     return c;
 }
+
+static loom_plan_cluster cpu_node(double cores, const char *path) { return cpu_node_slice(cores, 0, path); }
 
 static loom_plan_result eval_on(const loom_plan_cluster *c, const char *layout, int gpus) {
     loom_plan_model m;
@@ -556,13 +560,42 @@ static void test_shared_cores(void) {
     snprintf(p_bad, sizeof p_bad, "/tmp/loom-plan-bad-%d.json", (int)getpid());
     const loom_plan_cluster own = cpu_node(0, p_own), two = cpu_node(2, p_two), four = cpu_node(4, p_four);
     CHECK(own.cores == 0 && two.cores == 2, "cores_per_node read: %g %g", own.cores, two.cores);
+    /* Every rank busy all the time: the same compute as on own devices, plus
+     * the waits for a core after each synchronisation. 4 ranks on 2 cores,
+     * no sched_slice_us: EEVDF's default slice for 2 CPUs, 0.75 ms x (1 +
+     * log2 2) = 1.5 ms, longer than mini's work between two collectives
+     * here, so X = 1.5 ms and each wait is X/3 (the first of the 2 holders'
+     * runs to end) + 1/2 x X/2 (half of the one other queued rank's run,
+     * on one of the 2 cores) = 0.875 ms. Synchronisations per step, by
+     * hand (mini: 4 layers, 12.7 MB of fp32 gradients, one 25 MB bucket):
+     * dp=4 one all-reduce; ZeRO-2 a reduce-scatter and an all-gather; tp
+     * two all-reduces per layer forward and two backward (16), with sp two
+     * all-gathers + two reduce-scatters forward and the same plus two
+     * re-gathers backward (40); m = 2 micro-batches twice. */
+    CHECK(two.slice == 1.5e-3 && own.slice == 0, "default slice: %g s on 2 cores, %g without the key", two.slice,
+          own.slice);
     const char *busy[] = {"dp=4", "dp=4,zero=2", "dp=2,tp=2", "tp=4,sp=1", "dp=1,tp=4,m=2"};
+    const double syncs[] = {1, 2, 16 + 1, 40, 2 * 16};
     for (size_t i = 0; i < sizeof busy / sizeof busy[0]; i++) {
-        const loom_plan_result a = eval(&own, busy[i]), b = eval(&two, busy[i]);
-        CHECK(a.t_step == b.t_step && a.t_compute == b.t_compute && b.sim_cores == 0,
-              "%s: every rank busy all the time, the same step on shared cores %.9g == %.9g", busy[i], b.t_step,
-              a.t_step);
+        const loom_plan_result a = eval(&own, busy[i]), b = eval(&two, busy[i]), c4 = eval(&four, busy[i]);
+        CHECK(a.t_compute == b.t_compute && b.sim_cores == 0 && a.t_wake == 0,
+              "%s: every rank busy all the time, the same compute on shared cores %.9g == %.9g", busy[i],
+              b.t_compute, a.t_compute);
+        CHECK(fabs(b.t_wake - syncs[i] * 0.875e-3) < 1e-15 && fabs(b.t_step - (a.t_step + b.t_wake)) < 1e-12,
+              "%s: %g synchronisations x 0.875 ms = %.6g s of waits (got %.6g), step %.9g = %.9g + the waits",
+              busy[i], syncs[i], syncs[i] * 0.875e-3, b.t_wake, b.t_step, a.t_step);
+        CHECK(c4.t_step == a.t_step && c4.t_wake == 0, "%s: 4 cores for 4 devices, no waits: %.9g == %.9g",
+              busy[i], c4.t_step, a.t_step);
     }
+    /* the file's slice: twice EEVDF's default, twice the waits */
+    char p_slow[64];
+    snprintf(p_slow, sizeof p_slow, "/tmp/loom-plan-slow-%d.json", (int)getpid());
+    const loom_plan_cluster slow = cpu_node_slice(2, 3000, p_slow);
+    const loom_plan_result tp4 = eval(&two, "tp=4,sp=1"), tp4slow = eval(&slow, "tp=4,sp=1");
+    CHECK(slow.slice == 3e-3 && fabs(tp4slow.t_wake - 40 * 1.75e-3) < 1e-15 &&
+              fabs(tp4slow.t_step - tp4.t_step - 40 * 0.875e-3) < 1e-12,
+          "sched_slice_us 3000: waits %.6g s, want 40 x 1.75 ms", tp4slow.t_wake);
+    remove(p_slow);
     const char *pipes[] = {"pp=4,schedule=1f1b,m=4", "pp=4,schedule=zb,m=8", "dp=2,pp=2,m=4", "tp=2,pp=2,m=4",
                            "dp=2,pp=2,schedule=interleaved,m=4,v=2", "pp=2,dp=2,schedule=gpipe,m=4,order=tp.cp.pp.dp"};
     for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
@@ -597,16 +630,36 @@ static void test_shared_cores(void) {
         loom_sim_costs_default(&sc);
         sc.f = b.sim_f, sc.b = b.sim_b, sc.w = b.sim_w, sc.comm = b.sim_comm, sc.stage_scale = scale;
         sc.cores = b.sim_cores, sc.share = b.sim_share;
-        loom_sim_result *res = NULL;
+        sc.slice = b.sim_slice, sc.span = b.sim_span, sc.replicas = b.sim_replicas;
+        sc.syncs_f = b.sim_syncs_f, sc.syncs_b = b.sim_syncs_b;
+        loom_sim_result *res = NULL, *res0 = NULL;
         CHECK(loom_sim_run(s, &sc, &res) == LOOM_OK, "sim");
-        if (res) {
+        /* 4 ranks on 2 cores: waits for a core in the replay, with the
+         * node's ranks per stage as replicas and the slice of the file */
+        CHECK(b.sim_slice == 1.5e-3 && b.sim_replicas * b.sim_share == 4 && b.sim_span > 0,
+              "%s: replay with slice %g, %d replicas x %d stages, span %g", pipes[i], b.sim_slice, b.sim_replicas,
+              b.sim_share, b.sim_span);
+        sc.slice = 0;
+        CHECK(loom_sim_run(s, &sc, &res0) == LOOM_OK, "sim without waits");
+        if (res && res0) {
             CHECK(fabs(res->bubble - b.bubble) < 1e-12, "%s: planner bubble %.9f == simulator %.9f", pipes[i],
                   b.bubble, res->bubble);
-            CHECK(fabs(b.t_compute + b.t_tp + b.t_bubble - res->makespan) < 1e-9 * res->makespan,
-                  "%s: compute %.4f + tp %.4f + bubble %.4f = makespan %.4f", pipes[i], b.t_compute, b.t_tp,
-                  b.t_bubble, res->makespan);
+            int slow_k = 0;
+            for (int k = 1; k < b.l.pp; k++)
+                if (res->busy[k] > res->busy[slow_k]) slow_k = k;
+            CHECK(fabs(b.t_compute + b.t_tp + b.t_bubble + res->wake[slow_k] - res->makespan) < 1e-9 * res->makespan &&
+                      b.t_wake >= res->wake[slow_k],
+                  "%s: compute %.4f + tp %.4f + bubble %.4f + waits %.4f = makespan %.4f", pipes[i], b.t_compute,
+                  b.t_tp, b.t_bubble, res->wake[slow_k], res->makespan);
+            /* TP collectives inside F and B: each waits holding its group's
+             * share, so the replay is longer than without the waits */
+            if (b.l.tp > 1)
+                CHECK(b.sim_syncs_f == 4 && b.sim_syncs_b == 4 && res->makespan > res0->makespan + 1e-3,
+                      "%s: 2 layers x 2 all-reduces per F and B; makespan %.6g > %.6g without waits", pipes[i],
+                      res->makespan, res0->makespan);
         }
         loom_sim_free(res);
+        loom_sim_free(res0);
         loom_schedule_free(s);
     }
     const loom_plan_result pp4 = eval(&two, "pp=4,schedule=1f1b,m=4"), dp2pp2 = eval(&two, "dp=2,pp=2,m=4");
@@ -630,6 +683,14 @@ static void test_shared_cores(void) {
     loom_plan_cluster bad;
     CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG && strstr(loom_errmsg(), "'cores_per_node' must be a positive number"),
           "cores_per_node 0 refused: %s", loom_errmsg());
+    f = fopen(p_bad, "w");
+    if (f) {
+        fprintf(f, "{\"gpus_per_node\": 4, \"memory_gb\": 2, \"peak_tflops\": {\"fp32\": 0.04}, "
+                   "\"intra_node\": {\"bandwidth_gbps\": 3}, \"cores_per_node\": 2, \"sched_slice_us\": 0}\n");
+        fclose(f);
+    }
+    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG && strstr(loom_errmsg(), "'sched_slice_us' must be a positive number"),
+          "sched_slice_us 0 refused: %s", loom_errmsg());
     remove(p_own), remove(p_two), remove(p_four), remove(p_bad);
 }
 
