@@ -730,10 +730,11 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     const double syncs_mb = sync_f + sync_b + (l->pp > 1 ? 2.0 * l->v : 0);
     const double span = syncs_mb > 0 ? sh.solo * (F + Bi + W) / syncs_mb : 0;
     const double wake = sh.node_ranks > 0 ? loom_sim_wake_wait(c->slice, span, sh.node_cores, sh.node_ranks) : 0;
-    r->sim_slice = shared_pipe && wake > 0 ? c->slice : 0, r->sim_span = shared_pipe && wake > 0 ? span : 0;
+    const int sim_waits = shared_pipe && wake > 0; /* the replay does the pipeline's waits */
+    r->sim_slice = sim_waits ? c->slice : 0, r->sim_span = sim_waits ? span : 0;
     r->sim_replicas = shared_pipe ? (int)lround(sh.node_ranks / sh.share) : 0;
-    r->sim_syncs_f = shared_pipe && wake > 0 ? (int)lround(sync_f / l->v) : 0;
-    r->sim_syncs_b = shared_pipe && wake > 0 ? (int)lround(sync_b / l->v) : 0;
+    r->sim_syncs_f = sim_waits ? (int)lround(sync_f / l->v) : 0;
+    r->sim_syncs_b = sim_waits ? (int)lround(sync_b / l->v) : 0;
     r->t_wake = 0;
     double makespan, busy;
     if (l->pp == 1) {
@@ -806,8 +807,9 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
                           : z3 > 0         ? fmax(0, c->overlap * z3_bwd - z3_ag)
                                            : c->overlap * (Bi + W);
     r->t_dp = fmax(0, dp_t - window) * sh.all_busy;
-    r->t_wake += sync_dp * wake; /* after the pipeline: every rank waits for its reductions */
-    r->t_step = makespan + r->t_dp + opt * sh.all_busy + sync_dp * wake;
+    const double wake_dp = sync_dp * wake; /* after the pipeline: every rank waits for its reductions */
+    r->t_wake += wake_dp;
+    r->t_step = makespan + r->t_dp + opt * sh.all_busy + wake_dp;
     /* the parts of the slowest rank's busy time (with shared cores: its wall
      * time computing in the replay, in the proportions of its work) */
     const double part = shared_pipe ? busy / (l->m * (F + Bi + W)) : sh.all_busy;
@@ -815,7 +817,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     r->t_tp = l->m * (tp_f + tp_b) * part, r->t_cp = l->m * (cp_f + cp_b) * part, r->t_ep = l->m * (ep_f + ep_b) * part;
     r->t_pp = msg;
     r->cp_bytes = cp_layer_bytes * layers_max * l->m;
-    r->t_bubble = makespan - busy - (r->t_wake - sync_dp * wake);
+    r->t_bubble = makespan - busy - (r->t_wake - wake_dp);
     const double tokens = (double)j->batch * j->seq;
     const int N = job_gpus(c, j);
     r->model_flops = plan_model_flops(m, tokens, s);

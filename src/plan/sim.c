@@ -173,12 +173,33 @@ static int ps_msg(const loom_schedule *s, int r, const loom_pp_action *a) {
     return (g * s->micro_batches + a->mb) * (S - 1) + e;
 }
 
+/* A rank's state in the shared-processor replay. */
+enum {
+    PS_BEFORE,    /* before its current action */
+    PS_COMPUTE,   /* computing it (rem left of this piece, syncs more pieces after it) */
+    PS_RECV,      /* waiting in a receive */
+    PS_WAKE_RECV, /* waiting for a processor after its receive's message came (wait left; it holds none) */
+    PS_WOKEN,     /* woken from that wait: the receive ends */
+    PS_WAKE_SYNC, /* waiting for a processor at a synchronisation inside its action: the group's
+                     members that arrived first poll for the collective on their processors, so
+                     the group keeps its share of them meanwhile */
+};
+#define PS_BIT(x) (1u << (x))
+
+/* The ranks of rank k's node (stages k / share * share ..) whose state is
+ * in the set `states` (PS_BIT of each), k itself left out if skip_self. */
+static int ps_count(const int *state, int k, int pp, int share, unsigned states, int skip_self) {
+    int n = 0;
+    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++)
+        n += !(skip_self && q == k) && (states & PS_BIT(state[q])) != 0;
+    return n;
+}
+
 /* Speed of computing rank k: min(1, cores / the ranks of its node that
  * hold a share of the processors: those computing, and those whose group
- * waits inside a collective for its last member (state 5). */
+ * waits inside a collective for its last member). */
 static double ps_rate(const int *state, int k, int pp, int share, double cores) {
-    int busy = 0;
-    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++) busy += state[q] == 1 || state[q] == 5;
+    const int busy = ps_count(state, k, pp, share, PS_BIT(PS_COMPUTE) | PS_BIT(PS_WAKE_SYNC), 0);
     return busy > cores ? cores / busy : 1.0;
 }
 
@@ -189,9 +210,8 @@ static double ps_rate(const int *state, int k, int pp, int share, double cores) 
 static double ps_wake(const int *state, int k, int pp, int share, const loom_sim_costs *c) {
     if (!(c->slice > 0)) return 0;
     const int rep = c->replicas > 0 ? c->replicas : 1;
-    int want = 1;
-    for (int q = k / share * share; q < pp && q < (k / share + 1) * share; q++)
-        want += q != k && (state[q] == 1 || state[q] == 3 || state[q] == 5);
+    const int want =
+        1 + ps_count(state, k, pp, share, PS_BIT(PS_COMPUTE) | PS_BIT(PS_WAKE_RECV) | PS_BIT(PS_WAKE_SYNC), 1);
     return loom_sim_wake_wait(c->slice, c->span, c->cores * rep, (double)want * rep);
 }
 
@@ -220,13 +240,7 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
     int *state = pc + pp, *syncs = pc + 2 * pp;
     loom_status st = LOOM_OK;
     if (!r || !rem || !arrive || !pc) st = loom_fail(LOOM_EOS, "out of memory simulating %d actions", s->n_total);
-    /* state: 0 before its current action, 1 computing it (rem left of this
-     * piece, syncs more pieces after it), 2 waiting in a receive, 3 waiting
-     * for a processor after its receive's message came (wait left; it holds
-     * none), 4 woken from that wait (the receive ends), 5 waiting for a
-     * processor at a synchronisation inside its action: the group's members
-     * that arrived first poll for the collective on their processors, so
-     * the group keeps its share of them meanwhile (ps_rate counts it) */
+    /* state[k]: PS_* above (PS_BEFORE, 0, from calloc) */
     for (size_t k = 0; st == LOOM_OK && k < nmsg; k++) arrive[k] = -1; /* not sent */
     double t = 0;
     for (int left = pp; st == LOOM_OK && left > 0;) {
@@ -237,25 +251,25 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
                 for (const int len = s->offset[k + 1] - s->offset[k]; pc[k] < len;) {
                     const int i = s->offset[k] + pc[k];
                     const loom_pp_action *a = &s->actions[i];
-                    if (state[k] == 0) r->start[i] = t;
-                    if (state[k] == 3 || state[k] == 5) {
+                    if (state[k] == PS_BEFORE) r->start[i] = t;
+                    if (state[k] == PS_WAKE_RECV || state[k] == PS_WAKE_SYNC) {
                         if (wait[k] > 0) break;
-                        state[k] = is_compute(a->kind) ? 1 : 4;
-                        if (state[k] == 1) rem[k] = piece[k];
+                        state[k] = is_compute(a->kind) ? PS_COMPUTE : PS_WOKEN;
+                        if (state[k] == PS_COMPUTE) rem[k] = piece[k];
                         moved = 1;
                     }
                     if (is_compute(a->kind)) {
-                        if (state[k] == 0) {
+                        if (state[k] == PS_BEFORE) {
                             syncs[k] = ps_syncs(s, a, c);
                             piece[k] = dur[i] / (syncs[k] + 1);
-                            rem[k] = piece[k], state[k] = 1;
+                            rem[k] = piece[k], state[k] = PS_COMPUTE;
                         }
                         if (rem[k] > 0) break;
                         if (syncs[k] > 0) { /* a synchronisation inside the action */
                             syncs[k]--;
                             const double w = ps_wake(state, k, pp, share, c);
                             if (w > 0) {
-                                wait[k] = w, state[k] = 5, r->wake[k] += w, wait_in[k] += w;
+                                wait[k] = w, state[k] = PS_WAKE_SYNC, r->wake[k] += w, wait_in[k] += w;
                                 break;
                             }
                             rem[k] = piece[k];
@@ -263,22 +277,22 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
                         }
                     } else if (a->kind == LOOM_PP_SEND_ACT || a->kind == LOOM_PP_SEND_GRAD) {
                         arrive[ps_msg(s, k, a)] = t + c->comm;
-                    } else if ((a->kind == LOOM_PP_RECV_ACT || a->kind == LOOM_PP_RECV_GRAD) && state[k] != 4) {
+                    } else if ((a->kind == LOOM_PP_RECV_ACT || a->kind == LOOM_PP_RECV_GRAD) && state[k] != PS_WOKEN) {
                         const double at = arrive[ps_msg(s, k, a)];
                         if (at < 0 || at > t) {
-                            state[k] = 2;
+                            state[k] = PS_RECV;
                             break;
                         }
-                        if (state[k] == 2) { /* it blocked: it needs a processor back */
+                        if (state[k] == PS_RECV) { /* it blocked: it needs a processor back */
                             const double w = ps_wake(state, k, pp, share, c);
                             if (w > 0) {
-                                wait[k] = w, state[k] = 3, r->wake[k] += w;
+                                wait[k] = w, state[k] = PS_WAKE_RECV, r->wake[k] += w;
                                 break;
                             }
                         }
                     }
                     r->end[i] = t;
-                    state[k] = 0;
+                    state[k] = PS_BEFORE;
                     pc[k]++;
                     moved = 1;
                     if (pc[k] == len) left--;
@@ -289,13 +303,13 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
          * an awaited message arrives */
         double dt = INFINITY;
         for (int k = 0; k < pp; k++) {
-            if (state[k] == 1) {
+            if (state[k] == PS_COMPUTE) {
                 const double rate = ps_rate(state, k, pp, share, c->cores);
                 if (rem[k] / rate < dt) dt = rem[k] / rate;
-            } else if (state[k] == 2) {
+            } else if (state[k] == PS_RECV) {
                 const double at = arrive[ps_msg(s, k, &s->actions[s->offset[k] + pc[k]])];
                 if (at >= 0 && at - t < dt) dt = at - t;
-            } else if ((state[k] == 3 || state[k] == 5) && wait[k] < dt) {
+            } else if ((state[k] == PS_WAKE_RECV || state[k] == PS_WAKE_SYNC) && wait[k] < dt) {
                 dt = wait[k];
             }
         }
@@ -305,11 +319,11 @@ static loom_status simulate_shared(const loom_schedule *s, const double *dur, co
         }
         const double t1 = t + dt;
         for (int k = 0; k < pp; k++) {
-            if (state[k] == 3 || state[k] == 5) {
+            if (state[k] == PS_WAKE_RECV || state[k] == PS_WAKE_SYNC) {
                 wait[k] = wait[k] <= dt * (1 + 1e-12) ? 0 : wait[k] - dt;
                 continue;
             }
-            if (state[k] != 1) continue;
+            if (state[k] != PS_COMPUTE) continue;
             const double rate = ps_rate(state, k, pp, share, c->cores);
             /* the one(s) that set dt end exactly now */
             rem[k] = rem[k] / rate <= dt * (1 + 1e-12) ? 0 : rem[k] - rate * dt;
