@@ -22,7 +22,7 @@ typedef struct loom_peak {
     double clock_hz;    /* measured when the record was made */
     double flop_per_cycle; /* per core, measured (loom_cpu_flop_per_cycle_measured; x2 for VDPBF16PS) */
     int trials;         /* sgemm trials the best was taken from */
-    char cpu[64], flags[160], kernel[96];
+    char cpu[64], flags[160], kernel[160];
     int from_cache;     /* read from the cache, not measured now */
     char path[1024];    /* the cache file */
 } loom_peak;

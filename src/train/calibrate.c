@@ -37,9 +37,19 @@ static void cal_identity(loom_peak *p, int threads, int bf16) {
         loom_bf16_gemm_describe(desc, sizeof desc);
     } else {
         loom_blas_describe(desc, sizeof desc);
-        /* "OpenBLAS 0.3.21 sgemm kernels Zen (...)": up to the reason */
+        /* "OpenBLAS 0.3.21 sgemm kernels Zen (...)": up to the reason, and
+         * where oneDNN takes some products ("...; oneDNN 2.6.3 matmul
+         * (brg:avx512_core) for forward ..."), " + " its name and kernel */
+        char *semi = strstr(desc, "; "), dnnl[160] = "";
+        if (semi) {
+            snprintf(dnnl, sizeof dnnl, " + %s", semi + 2);
+            char *what = strstr(dnnl, " for ");
+            if (what) *what = '\0';
+            *semi = '\0';
+        }
         char *paren = strstr(desc, " (");
         if (paren) *paren = '\0';
+        strncat(desc, dnnl, sizeof desc - strlen(desc) - 1);
     }
     desc[sizeof p->kernel - 1] = '\0';
     memcpy(p->kernel, desc, sizeof p->kernel);

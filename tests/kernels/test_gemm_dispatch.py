@@ -8,6 +8,9 @@ use: loom reads CPUID itself). Checks, through the real `loom` binary:
 - a user's OPENBLAS_CORETYPE is kept (and said to be the user's);
 - LOOM_BLAS_AUTO=0 leaves OpenBLAS's own choice;
 - runs on different kernels agree on the loss to float rounding (1e-5);
+- on an AVX-512 CPU with oneDNN installed the line also names oneDNN's fp32
+  matmul for the forward and input-gradient products, and
+  LOOM_FP32_GEMM=openblas takes it away (the losses again within 1e-5);
 - OpenMP's waiting: loom re-executes with GOMP_SPINCOUNT=20000 (the
   "threads:" line says so), a user's GOMP_SPINCOUNT or OMP_WAIT_POLICY is
   kept, LOOM_OMP_AUTO=0 leaves the runtime's default.
@@ -49,6 +52,8 @@ def run(env_extra):
     t = re.search(r"^threads: \d+ per rank; (.*)$", p.stderr, re.M)
     lt.check(t is not None, "no threads: line in start-up output:\n" + p.stderr[-2000:])
     run.threads_line = t.group(1) if t else ""
+    g = re.search(r"^gemm: (.*)$", p.stderr, re.M)
+    run.gemm_line = g.group(1) if g else ""
     return (m.group(1), m.group(2)) if m else ("", ""), losses
 
 
@@ -68,6 +73,29 @@ if avx2:
     lt.check(len(loss_user) == 2 and len(loss_default) == 2, "two losses each")
     for a, b in zip(loss_user, loss_default):
         lt.check(abs(a - b) <= 1e-5 * abs(b), "loss %.6f (Haswell) vs %.6f (default)" % (a, b))
+
+def have_dnnl():
+    import ctypes
+    try:
+        ctypes.CDLL("libdnnl.so.2")
+        return True
+    except OSError:
+        return False
+
+
+DNNL_FP32 = "oneDNN"
+dnnl_line = run.gemm_line
+if avx512 and have_dnnl():
+    lt.check(re.search(r"; oneDNN \S+ matmul \([^)]*avx512[^)]*\) for forward and input-gradient products$",
+                       dnnl_line) is not None, "AVX-512 CPU with oneDNN, but the gemm line: %s" % dnnl_line)
+else:
+    lt.check(DNNL_FP32 not in dnnl_line, "oneDNN named without AVX-512 or libdnnl: %s" % dnnl_line)
+_, loss_blas = run({"LOOM_FP32_GEMM": "openblas"})
+print("LOOM_FP32_GEMM=openblas: %s" % run.gemm_line)
+lt.check(DNNL_FP32 not in run.gemm_line, "LOOM_FP32_GEMM=openblas, but the gemm line: %s" % run.gemm_line)
+lt.check(len(loss_blas) == 2, "two losses with OpenBLAS alone")
+for a, b in zip(loss_blas, loss_default):
+    lt.check(abs(a - b) <= 1e-5 * abs(b), "loss %.6f (OpenBLAS alone) vs %.6f (default)" % (a, b))
 
 (core_o, why_o), _ = run({"LOOM_BLAS_AUTO": "0"})
 print("LOOM_BLAS_AUTO=0: core %s (%s)" % (core_o, why_o))

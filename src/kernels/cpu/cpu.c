@@ -10,6 +10,7 @@
  * (2048^3, Zen 5). So: OpenBLAS, with the widest kernels the flags allow.
  */
 #include "loom/cpu.h"
+#include "kern_internal.h"
 
 #include <cblas.h>
 #include <cpuid.h>
@@ -205,6 +206,12 @@ void loom_blas_describe(char *buf, size_t n) {
     else
         snprintf(buf, n, "%s sgemm kernels %s (OpenBLAS's own choice, %s for the CPU flags: %s)", ver,
                  core, want && core_good_enough(core, want) ? "as wide as needed" : "kept", flags);
+    if (kern_dnnl_f32_ready()) { /* the products gemm.c sends to oneDNN instead */
+        size_t used = strlen(buf);
+        char dnnl[200];
+        kern_dnnl_f32_describe(dnnl, sizeof dnnl);
+        if (used + 2 < n) snprintf(buf + used, n - used, "; %s", dnnl);
+    }
 }
 
 const char *loom_cpu_name(void) {

@@ -15,6 +15,13 @@
  * (M x K). So C is cut along its longer side: the LM head's (256, 50257)
  * logits by vocabulary columns (each thread packs the 256 rows of
  * activations, not all of wte), a (50257, 768) weight gradient by rows.
+ *
+ * Not every product goes to OpenBLAS: the bf16 ones go to the bf16 provider,
+ * and, on CPUs where oneDNN's fp32 matmul is chosen (gemm_dnnl.c), the fp32
+ * forward and input-gradient products (op(A) not transposed, K at most
+ * GEMM_DNNL_MAX_K) go to it as one call for all of C. The choice depends on
+ * the operation, not on M or N, so cutting a batch over ranks, or a weight's
+ * columns over tensor-parallel ranks, keeps each product on one kernel.
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -95,6 +102,30 @@ static void gemm_k_parts(const kern_gemm *g, int nth) {
  * 1.56x by columns. */
 static int gemm_split_cols(const kern_gemm *g) { return g->N > g->M; }
 
+/* oneDNN's fp32 matmul beat OpenBLAS's AVX-512 sgemm on the forward and
+ * input-gradient products of GPT-2 steps on a Zen 4 (5-17 %), but not on
+ * the LM head's input gradient, K = the 50257-long vocabulary (cut along K
+ * over the threads here instead), nor on weight gradients (op(A)
+ * transposed). docs/performance.md has the table. */
+#define GEMM_DNNL_MAX_K 4096
+static int gemm_fp32_to_dnnl(const kern_gemm *g) {
+    return !g->A16 && g->ta == CblasNoTrans && g->K <= GEMM_DNNL_MAX_K && kern_dnnl_f32_ready();
+}
+
+/* All of C in one oneDNN call, threaded by oneDNN: 1, or 0 if it refused the
+ * shape (C untouched then, bias rows aside, which the caller refills). */
+static int gemm_whole(const kern_gemm *g, int nth) {
+    if (g->bias) {
+        KERN_PARALLEL_FOR(nth)
+        for (int i = 0; i < g->M; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
+    }
+    if (g->A16)
+        return kern_dnnl_gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta,
+                              g->C, g->ldc);
+    return kern_dnnl_sgemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C,
+                           g->ldc);
+}
+
 void kern_sgemm(const kern_gemm *g_in) {
     kern_gemm gb = *g_in;
     const kern_gemm *g = &gb;
@@ -102,17 +133,16 @@ void kern_sgemm(const kern_gemm *g_in) {
     int nth = loom_kernels_get_threads();
     if (g->A16 && kern_bf16_gemm_ready() == KERN_BF16_WHOLE) { /* oneDNN threads the product itself */
         if (g->M <= 0 || g->N <= 0) return;
-        if (g->bias) {
-            KERN_PARALLEL_FOR(nth)
-            for (int i = 0; i < g->M; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
-        }
-        if (!kern_dnnl_gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta, g->C,
-                            g->ldc)) {
+        if (!gemm_whole(g, nth)) {
             fprintf(stderr, "loom: oneDNN refused a bf16 GEMM (%d x %d x %d); LOOM_BF16_GEMM=off avoids it\n", g->M,
                     g->N, g->K);
             abort();
         }
         return;
+    }
+    if (g->M > 0 && g->N > 0 && gemm_fp32_to_dnnl(g)) {
+        if (gemm_whole(g, nth)) return;
+        /* refused (not seen on a supported shape): OpenBLAS below, with the same bias rows */
     }
     if (g->M > 0 && g->N > 0 && gemm_split_k(g, nth)) {
         gemm_k_parts(g, nth);

@@ -1,4 +1,5 @@
-/* gemm_dnnl.c - oneDNN's matmul as a bf16 GEMM provider.
+/* gemm_dnnl.c - oneDNN's matmul as a bf16 GEMM provider, and for some fp32
+ * products.
  *
  * oneDNN picks its kernels from the CPU's feature flags (AVX512-BF16, AMX),
  * not from the vendor: on an AMD Zen 4 (AVX512-BF16 on 256-bit units) its
@@ -19,6 +20,15 @@
  * the thread that runs the model; C = alpha op(A) op(B) + beta C is oneDNN's
  * output scale alpha and a sum post-op of scale beta. Calls come from one
  * thread at a time (loom's compute thread).
+ *
+ * fp32: on a CPU with AVX-512, oneDNN's fp32 matmul (brg:avx512_core) ran
+ * the forward and input-gradient products of a GPT-2 step 5-17 % faster than
+ * OpenBLAS's AVX-512 sgemm on an AMD Zen 4, and lost on the weight gradients
+ * (A transposed) and on the LM head's input gradient, whose K is the whole
+ * vocabulary (docs/performance.md has the table). gemm.c sends it the
+ * products it won (kern_dnnl_f32_ready says whether it is there).
+ * LOOM_FP32_GEMM=openblas keeps every fp32 product on OpenBLAS, =dnnl uses
+ * oneDNN on any CPU, =auto (default) uses it with AVX-512.
  */
 #include <cblas.h>
 #include <dlfcn.h>
@@ -27,6 +37,7 @@
 #include <string.h>
 
 #include "kern_internal.h"
+#include "loom/cpu.h"
 
 #if defined(__has_include)
 #if __has_include(<oneapi/dnnl/dnnl.h>)
@@ -68,12 +79,18 @@ static struct {
     const dnnl_version_t *(*version)(void);
     dnnl_engine_t engine;
     dnnl_stream_t stream;
-    char impl[64]; /* the kernel oneDNN chose for the first primitive, e.g. brg:avx512_core_bf16 */
+    char impl[2][64]; /* the kernel oneDNN chose for the first primitive of each type, bf16 then f32,
+                         e.g. brg:avx512_core_bf16 */
+    int loaded;          /* 0 not tried, 1 loaded, -1 failed (load_why says why) */
+    char load_why[96];
 } dn;
+
+/* Operand types: bf16 (C in f32) or f32 throughout. */
+enum { DT_BF16 = 0, DT_F32 = 1 };
 
 /* One cached primitive. */
 typedef struct {
-    int ta, tb, m, n, k, lda, ldb, ldc, nth;
+    int dt, ta, tb, m, n, k, lda, ldb, ldc, nth;
     float alpha, beta;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
@@ -83,11 +100,17 @@ typedef struct {
 static dnnl_entry cache[DNNL_CACHE];
 static int ncache;
 
-int kern_dnnl_open(char *why, size_t n) {
+/* The library, its symbols and a CPU engine, once; 0 with the reason in why. */
+static int dnnl_load(char *why, size_t n) {
+    if (dn.loaded) {
+        if (dn.loaded < 0) snprintf(why, n, "%s", dn.load_why);
+        return dn.loaded > 0;
+    }
+    dn.loaded = -1;
     void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(why, n, "oneDNN (libdnnl.so.2) not found");
-        return 0;
+        snprintf(dn.load_why, sizeof dn.load_why, "oneDNN (libdnnl.so.2) not found");
+        return dnnl_load(why, n);
     }
     struct {
         void **fn;
@@ -117,41 +140,100 @@ int kern_dnnl_open(char *why, size_t n) {
     for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
         *syms[i].fn = dlsym(h, syms[i].name);
         if (!*syms[i].fn) {
-            snprintf(why, n, "oneDNN (libdnnl.so.2) lacks %s", syms[i].name);
-            return 0;
+            snprintf(dn.load_why, sizeof dn.load_why, "oneDNN (libdnnl.so.2) lacks %s", syms[i].name);
+            return dnnl_load(why, n);
         }
     }
     if (dn.engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success ||
         dn.stream_create(&dn.stream, dn.engine, dnnl_stream_default_flags) != dnnl_success) {
-        snprintf(why, n, "oneDNN: no CPU engine");
-        return 0;
+        snprintf(dn.load_why, sizeof dn.load_why, "oneDNN: no CPU engine");
+        return dnnl_load(why, n);
     }
+    dn.loaded = 1;
+    return 1;
+}
+
+static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
+                    int ldb, float beta, float *c, int ldc);
+
+/* "oneDNN 2.6.3 matmul (brg:avx512_core)" for type dt into buf. */
+static void dnnl_name(int dt, char *buf, size_t n) {
+    const dnnl_version_t *v = dn.version();
+    snprintf(buf, n, "oneDNN %d.%d.%d matmul (%s)", v->major, v->minor, v->patch, dn.impl[dt]);
+}
+
+int kern_dnnl_open(char *why, size_t n) {
+    if (!dnnl_load(why, n)) return 0;
     /* Does this CPU run bf16 matmul natively? oneDNN names the kernel it
      * chose; a reference ("ref") kernel would be far slower than the fp32
      * fallback, so it is refused - unless LOOM_BF16_GEMM=dnnl forces it (the
      * kernels_bf16_dnnl test checks the numerics that way on any CPU). */
-    char probe[128];
-    if (!kern_dnnl_gemm(CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+    if (!dnnl_run(DT_BF16, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
         snprintf(why, n, "oneDNN: no bf16 matmul on this CPU");
         return 0;
     }
     const char *mode = getenv("LOOM_BF16_GEMM");
     int forced = mode && !strcmp(mode, "dnnl");
-    if (strstr(dn.impl, "ref") && !forced) {
-        snprintf(why, n, "oneDNN: only its reference bf16 matmul (%s) on this CPU", dn.impl);
+    if (strstr(dn.impl[DT_BF16], "ref") && !forced) {
+        snprintf(why, n, "oneDNN: only its reference bf16 matmul (%s) on this CPU", dn.impl[DT_BF16]);
         return 0;
     }
-    const dnnl_version_t *v = dn.version();
-    snprintf(probe, sizeof probe, "oneDNN %d.%d.%d matmul (%s)", v->major, v->minor, v->patch, dn.impl);
-    snprintf(why, n, "%s", probe);
+    dnnl_name(DT_BF16, why, n);
     return 1;
 }
 
-static dnnl_entry *dnnl_find(int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb, float beta,
-                             int ldc, int nth) {
+/* The fp32 decision, made once: 1 (oneDNN takes the products gemm.c sends
+ * it) or 0, with the describe line in f32.why either way. */
+static struct {
+    int decided, ready;
+    char why[200];
+} f32;
+
+static void f32_decide(void) {
+    f32.decided = 1;
+    const char *mode = getenv("LOOM_FP32_GEMM");
+    const loom_cpu_features *f = loom_cpu_features_get();
+    int forced = mode && !strcmp(mode, "dnnl");
+    if (mode && !strcmp(mode, "openblas")) {
+        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (LOOM_FP32_GEMM=openblas)");
+        return;
+    }
+    if (!forced && !(f->avx512f && f->os_avx512)) {
+        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (no AVX-512: oneDNN's fp32 matmul not measured faster)");
+        return;
+    }
+    char why[128] = "";
+    if (!dnnl_load(why, sizeof why) ||
+        !dnnl_run(DT_F32, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (%s)", why[0] ? why : "oneDNN: no fp32 matmul");
+        return;
+    }
+    if (strstr(dn.impl[DT_F32], "ref") && !forced) {
+        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (oneDNN has only its reference fp32 matmul here)");
+        return;
+    }
+    char name[128];
+    dnnl_name(DT_F32, name, sizeof name);
+    snprintf(f32.why, sizeof f32.why, "%s for forward and input-gradient products%s", name,
+             forced ? " (forced by LOOM_FP32_GEMM=dnnl)" : "");
+    f32.ready = 1;
+}
+
+int kern_dnnl_f32_ready(void) {
+    if (!f32.decided) f32_decide();
+    return f32.ready;
+}
+
+void kern_dnnl_f32_describe(char *buf, size_t n) {
+    if (!f32.decided) f32_decide();
+    snprintf(buf, n, "%s", f32.why);
+}
+
+static dnnl_entry *dnnl_find(int dt, int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb,
+                             float beta, int ldc, int nth) {
     for (int i = 0; i < ncache; i++) {
         dnnl_entry *e = &cache[i];
-        if (e->ta == ta && e->tb == tb && e->m == m && e->n == n && e->k == k && e->lda == lda &&
+        if (e->dt == dt && e->ta == ta && e->tb == tb && e->m == m && e->n == n && e->k == k && e->lda == lda &&
             e->ldb == ldb && e->ldc == ldc && e->alpha == alpha && e->beta == beta && e->nth == nth)
             return e;
     }
@@ -161,8 +243,8 @@ static dnnl_entry *dnnl_find(int ta, int tb, int m, int n, int k, float alpha, i
 /* A new primitive for this shape, in the cache (the oldest is replaced when
  * it is full; its objects are kept alive, a leak bounded by how often shapes
  * change, which in training is never). NULL if oneDNN refuses the shape. */
-static dnnl_entry *dnnl_make(int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb, float beta,
-                             int ldc, int nth) {
+static dnnl_entry *dnnl_make(int dt, int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb,
+                             float beta, int ldc, int nth) {
     /* op(A) (m x k): element (i, p) at i*lda + p, or p*lda + i transposed;
      * op(B) (k x n): (p, j) at p*ldb + j, or j*ldb + p transposed. */
     dnnl_dims_t ad = {m, k}, bd = {k, n}, cd = {m, n};
@@ -171,8 +253,9 @@ static dnnl_entry *dnnl_make(int ta, int tb, int m, int n, int k, float alpha, i
     dnnl_dims_t cs = {ldc, 1};
     dnnl_memory_desc_t amd, bmd, cmd;
     dnnl_matmul_desc_t md;
-    if (dn.md_init_by_strides(&amd, 2, ad, dnnl_bf16, as) != dnnl_success ||
-        dn.md_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs) != dnnl_success ||
+    const dnnl_data_type_t in = dt == DT_BF16 ? dnnl_bf16 : dnnl_f32;
+    if (dn.md_init_by_strides(&amd, 2, ad, in, as) != dnnl_success ||
+        dn.md_init_by_strides(&bmd, 2, bd, in, bs) != dnnl_success ||
         dn.md_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) != dnnl_success ||
         dn.matmul_desc_init(&md, &amd, &bmd, NULL, &cmd) != dnnl_success)
         return NULL;
@@ -188,12 +271,12 @@ static dnnl_entry *dnnl_make(int ta, int tb, int m, int n, int k, float alpha, i
     if (po) dn.post_ops_destroy(po);
     if (attr) dn.attr_destroy(attr);
     if (!ok) return NULL;
-    if (!dn.impl[0]) {
+    if (!dn.impl[dt][0]) {
         const char *impl = NULL;
         if (dn.pd_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-            snprintf(dn.impl, sizeof dn.impl, "%s", impl);
+            snprintf(dn.impl[dt], sizeof dn.impl[dt], "%s", impl);
     }
-    dnnl_entry e = {ta, tb, m, n, k, lda, ldb, ldc, nth, alpha, beta, NULL, NULL, NULL, NULL};
+    dnnl_entry e = {dt, ta, tb, m, n, k, lda, ldb, ldc, nth, alpha, beta, NULL, NULL, NULL, NULL};
     ok = dn.primitive_create(&e.prim, pd) == dnnl_success &&
          dn.memory_create(&e.src, &amd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dn.memory_create(&e.wei, &bmd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
@@ -205,14 +288,14 @@ static dnnl_entry *dnnl_make(int ta, int tb, int m, int n, int k, float alpha, i
     return &cache[slot];
 }
 
-int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
-                   const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
+                    int ldb, float beta, float *c, int ldc) {
     int nth = loom_kernels_get_threads();
-    dnnl_entry *e = dnnl_find(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
+    dnnl_entry *e = dnnl_find(dt, ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
 #ifdef _OPENMP
     omp_set_num_threads(nth); /* oneDNN threads by omp_get_max_threads() */
 #endif
-    if (!e) e = dnnl_make(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
+    if (!e) e = dnnl_make(dt, ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
     if (!e) return 0;
     if (!a) return 1; /* the probe: the primitive exists */
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
@@ -222,6 +305,16 @@ int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint1
         dn.execute(e->prim, dn.stream, 3, args) != dnnl_success || dn.stream_wait(dn.stream) != dnnl_success)
         return 0;
     return 1;
+}
+
+int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                   const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+    return dnnl_run(DT_BF16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                    int ldb, float beta, float *c, int ldc) {
+    return dnnl_run(DT_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 #else /* no oneDNN header at build time */
@@ -236,6 +329,19 @@ int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint1
     (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
         (void)beta, (void)c, (void)ldc;
     return 0;
+}
+
+int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                    int ldb, float beta, float *c, int ldc) {
+    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
+        (void)beta, (void)c, (void)ldc;
+    return 0;
+}
+
+int kern_dnnl_f32_ready(void) { return 0; }
+
+void kern_dnnl_f32_describe(char *buf, size_t n) {
+    snprintf(buf, n, "OpenBLAS for every product (oneDNN not built in: install libdnnl-dev)");
 }
 
 #endif

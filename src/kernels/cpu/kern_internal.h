@@ -93,6 +93,14 @@ void kern_bf16_gemm_call(int ta, int tb, int m, int n, int k, float alpha, const
 int kern_dnnl_open(char *why, size_t n);
 int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                    const uint16_t *b, int ldb, float beta, float *c, int ldc);
+/* The fp32 products gemm.c sends to oneDNN (whole C, threading itself):
+ * whether oneDNN takes them here (decided once, from the CPU flags and
+ * LOOM_FP32_GEMM), the line saying so, and one product (1, or 0 if oneDNN
+ * refused the shape). */
+int kern_dnnl_f32_ready(void);
+void kern_dnnl_f32_describe(char *buf, size_t n);
+int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                    int ldb, float beta, float *c, int ldc);
 
 /* Monotonic seconds (for the calibrations). */
 double kern_now(void);
