@@ -72,6 +72,8 @@ static struct {
     dnnl_status_t (*pd_destroy)(dnnl_primitive_desc_t);
     dnnl_status_t (*pd_query)(const_dnnl_primitive_desc_t, dnnl_query_t, int, void *);
     dnnl_status_t (*primitive_create)(dnnl_primitive_t *, const_dnnl_primitive_desc_t);
+    dnnl_status_t (*primitive_destroy)(dnnl_primitive_t);
+    dnnl_status_t (*memory_destroy)(dnnl_memory_t);
     dnnl_status_t (*memory_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t, void *);
     dnnl_status_t (*memory_set_data_handle)(dnnl_memory_t, void *);
     dnnl_status_t (*execute)(const_dnnl_primitive_t, dnnl_stream_t, int, const dnnl_exec_arg_t *);
@@ -94,23 +96,25 @@ typedef struct {
     float alpha, beta;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
+    unsigned long used; /* the call count at its last use */
 } dnnl_entry;
 
+/* A training step runs a few dozen shapes; a Mixture-of-Experts layer's
+ * expert products take as many rows as tokens were routed to the expert,
+ * a new M nearly every step, so the least recently used entry makes room
+ * and its objects are destroyed. */
 #define DNNL_CACHE 64
 static dnnl_entry cache[DNNL_CACHE];
 static int ncache;
+static unsigned long ncalls;
 
-/* The library, its symbols and a CPU engine, once; 0 with the reason in why. */
-static int dnnl_load(char *why, size_t n) {
-    if (dn.loaded) {
-        if (dn.loaded < 0) snprintf(why, n, "%s", dn.load_why);
-        return dn.loaded > 0;
-    }
-    dn.loaded = -1;
+/* The library, its symbols and a CPU engine: 1, or 0 with the reason in
+ * dn.load_why. */
+static int dnnl_load_once(void) {
     void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         snprintf(dn.load_why, sizeof dn.load_why, "oneDNN (libdnnl.so.2) not found");
-        return dnnl_load(why, n);
+        return 0;
     }
     struct {
         void **fn;
@@ -131,7 +135,9 @@ static int dnnl_load(char *why, size_t n) {
         {(void **)&dn.pd_destroy, "dnnl_primitive_desc_destroy"},
         {(void **)&dn.pd_query, "dnnl_primitive_desc_query"},
         {(void **)&dn.primitive_create, "dnnl_primitive_create"},
+        {(void **)&dn.primitive_destroy, "dnnl_primitive_destroy"},
         {(void **)&dn.memory_create, "dnnl_memory_create"},
+        {(void **)&dn.memory_destroy, "dnnl_memory_destroy"},
         {(void **)&dn.memory_set_data_handle, "dnnl_memory_set_data_handle"},
         {(void **)&dn.execute, "dnnl_primitive_execute"},
         {(void **)&dn.stream_wait, "dnnl_stream_wait"},
@@ -141,16 +147,23 @@ static int dnnl_load(char *why, size_t n) {
         *syms[i].fn = dlsym(h, syms[i].name);
         if (!*syms[i].fn) {
             snprintf(dn.load_why, sizeof dn.load_why, "oneDNN (libdnnl.so.2) lacks %s", syms[i].name);
-            return dnnl_load(why, n);
+            return 0;
         }
     }
     if (dn.engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success ||
         dn.stream_create(&dn.stream, dn.engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(dn.load_why, sizeof dn.load_why, "oneDNN: no CPU engine");
-        return dnnl_load(why, n);
+        return 0;
     }
-    dn.loaded = 1;
     return 1;
+}
+
+/* dnnl_load_once, tried once for the bf16 and the fp32 products alike; 0
+ * with the reason in why. */
+static int dnnl_load(char *why, size_t n) {
+    if (!dn.loaded) dn.loaded = dnnl_load_once() ? 1 : -1;
+    if (dn.loaded < 0) snprintf(why, n, "%s", dn.load_why);
+    return dn.loaded > 0;
 }
 
 static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
@@ -194,6 +207,8 @@ static void f32_decide(void) {
     const char *mode = getenv("LOOM_FP32_GEMM");
     const loom_cpu_features *f = loom_cpu_features_get();
     int forced = mode && !strcmp(mode, "dnnl");
+    if (mode && *mode && strcmp(mode, "auto") && strcmp(mode, "openblas") && !forced)
+        fprintf(stderr, "loom: warning: LOOM_FP32_GEMM=%s is not auto, openblas or dnnl; auto is used\n", mode);
     if (mode && !strcmp(mode, "openblas")) {
         snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (LOOM_FP32_GEMM=openblas)");
         return;
@@ -240,9 +255,22 @@ static dnnl_entry *dnnl_find(int dt, int ta, int tb, int m, int n, int k, float 
     return NULL;
 }
 
-/* A new primitive for this shape, in the cache (the oldest is replaced when
- * it is full; its objects are kept alive, a leak bounded by how often shapes
- * change, which in training is never). NULL if oneDNN refuses the shape. */
+/* A free slot of the cache: a new one, or the least recently used entry's,
+ * its objects destroyed. */
+static dnnl_entry *dnnl_slot(void) {
+    if (ncache < DNNL_CACHE) return &cache[ncache++];
+    dnnl_entry *old = &cache[0];
+    for (int i = 1; i < DNNL_CACHE; i++)
+        if (cache[i].used < old->used) old = &cache[i];
+    dn.primitive_destroy(old->prim);
+    dn.memory_destroy(old->src);
+    dn.memory_destroy(old->wei);
+    dn.memory_destroy(old->dst);
+    return old;
+}
+
+/* A new primitive for this shape, in the cache. NULL if oneDNN refuses the
+ * shape. */
 static dnnl_entry *dnnl_make(int dt, int ta, int tb, int m, int n, int k, float alpha, int lda, int ldb,
                              float beta, int ldc, int nth) {
     /* op(A) (m x k): element (i, p) at i*lda + p, or p*lda + i transposed;
@@ -276,16 +304,21 @@ static dnnl_entry *dnnl_make(int dt, int ta, int tb, int m, int n, int k, float 
         if (dn.pd_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
             snprintf(dn.impl[dt], sizeof dn.impl[dt], "%s", impl);
     }
-    dnnl_entry e = {dt, ta, tb, m, n, k, lda, ldb, ldc, nth, alpha, beta, NULL, NULL, NULL, NULL};
+    dnnl_entry e = {dt, ta, tb, m, n, k, lda, ldb, ldc, nth, alpha, beta, NULL, NULL, NULL, NULL, 0};
     ok = dn.primitive_create(&e.prim, pd) == dnnl_success &&
          dn.memory_create(&e.src, &amd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dn.memory_create(&e.wei, &bmd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dn.memory_create(&e.dst, &cmd, dn.engine, DNNL_MEMORY_NONE) == dnnl_success;
     dn.pd_destroy(pd);
-    if (!ok) return NULL;
-    int slot = ncache < DNNL_CACHE ? ncache++ : 0;
-    cache[slot] = e;
-    return &cache[slot];
+    if (!ok) { /* what was made of it */
+        if (e.prim) dn.primitive_destroy(e.prim);
+        if (e.src) dn.memory_destroy(e.src);
+        if (e.wei) dn.memory_destroy(e.wei);
+        return NULL;
+    }
+    dnnl_entry *slot = dnnl_slot();
+    *slot = e;
+    return slot;
 }
 
 static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
@@ -297,6 +330,7 @@ static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, co
 #endif
     if (!e) e = dnnl_make(dt, ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
     if (!e) return 0;
+    e->used = ++ncalls;
     if (!a) return 1; /* the probe: the primitive exists */
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
     if (dn.memory_set_data_handle(e->src, (void *)a) != dnnl_success ||
