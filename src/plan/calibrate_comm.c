@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/kernels.h"
@@ -88,15 +89,24 @@ static double copy_bandwidth(void) {
     return best;
 }
 
-/* The sgemm rate one rank gets at shape (m x k) @ (k x n) while every rank
- * of world computes, as in training: after a warm-up and a barrier, each
- * rank runs the product for `window` seconds and divides the work it
- * completed by the time it took. When ranks outnumber cores they time-share
- * them, and this is what each one gets (a best-of-a-few-calls figure is not:
- * a short call can run while the others wait, and scaling it by the share of
- * cores double-counts them). */
+/* The sgemm rate each rank gets at shape (m x k) @ (k x n) while every rank
+ * of world computes, as in training, in one window shared by all: rank 0
+ * names [t0, t1] on the node's monotonic clock (loom_comm_wtime; one node,
+ * so every rank reads the same clock), each rank sleeps until t0 and then
+ * runs the product back to back until it passes t1 + GEMM_TAIL. So every
+ * rank computes throughout the window, whatever its share of the cores,
+ * and the work it completes inside the window is its calls that ended by
+ * t1 plus the fraction of the one in progress at t1 (interpolated between
+ * that call's start and end; the tail keeps the others computing while it
+ * finishes). *out: the world's work in the window ÷ its length ÷ ranks.
+ * Each rank timing its own calls from a barrier instead (and keeping its
+ * best window) read 2-13 % more per core with 4 or 8 ranks on 2 cores than
+ * the shared window does (docs/planning.md, "Measured here"): a rank that
+ * left the barrier first, or was not descheduled in its window, counted
+ * a core to itself. */
 #define GEMM_WINDOW 0.2 /* seconds per shape and pass */
-#define GEMM_PASSES 3   /* passes over all shapes; each shape keeps its best */
+#define GEMM_TAIL 0.1   /* seconds every rank goes on computing after the window */
+#define GEMM_PASSES 3   /* passes over all shapes; each shape keeps its best pass */
 static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, double window, double *out) {
     const size_t na = (size_t)m * k, nb = (size_t)k * n, nc = (size_t)m * n;
     float *buf = malloc((na + nb + nc) * sizeof *buf);
@@ -106,16 +116,27 @@ static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, dou
     for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
     loom_matmul_fwd(c, a, b, NULL, m, k, n); /* warm-up: pages, threads */
     loom_status st = loom_comm_barrier(world);
-    long calls = 0;
-    double dt = 0;
-    const double t0 = loom_comm_wtime();
-    while (st == LOOM_OK && dt < window) {
+    double t0 = loom_comm_wtime() + 0.1; /* time for every rank to hear it */
+    if (st == LOOM_OK) st = loom_comm_bcast(world, &t0, sizeof t0, 0);
+    const double t1 = t0 + window;
+    double calls = 0, now = loom_comm_wtime();
+    if (now < t0) {
+        const double dt = t0 - now;
+        struct timespec ts = {.tv_sec = (time_t)dt, .tv_nsec = (long)((dt - (double)(time_t)dt) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    for (now = loom_comm_wtime(); st == LOOM_OK && now < t1 + GEMM_TAIL;) {
+        const double start = now;
         loom_matmul_fwd(c, a, b, NULL, m, k, n);
-        calls++;
-        dt = loom_comm_wtime() - t0;
+        now = loom_comm_wtime();
+        if (now <= t1)
+            calls += 1;
+        else if (start < t1)
+            calls += (t1 - start) / (now - start);
     }
     free(buf);
-    *out = 2.0 * (double)m * n * k * (double)calls / (dt > 0 ? dt : 1e-9);
+    if (st == LOOM_OK) st = loom_comm_allreduce(world, &calls, 1, LOOM_F64, LOOM_SUM);
+    *out = 2.0 * (double)m * n * k * calls / window / loom_comm_size(world);
     return st;
 }
 
@@ -193,7 +214,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     static const int SHAPES[][3] = {{32, 512, 512}, {128, 512, 512}, {512, 512, 512}, {256, 1024, 1024},
                                     {1024, 1024, 1024}};
     enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
-    /* Passes over all shapes, each shape's best window kept: one window of
+    /* Passes over all shapes, each shape keeps its best pass (all ranks together): one window of
      * 0.4 s per shape let a passing disturbance halve a shape's rate (a
      * curve of 0.49-0.62 for the four smaller shapes in one of five 2-rank
      * calibrations, 0.77-0.99 in the others), and the planner then
@@ -205,8 +226,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
             LOOM_TRY(gemm_rate_together(world, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW, &r));
             shape_flops[i] = fmax(shape_flops[i], r);
         }
-    LOOM_TRY(loom_comm_allreduce(world, shape_flops, NSHAPE, LOOM_F64, LOOM_SUM));
-    for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i] /= n);
+    for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i]);
     int cpus = 1;
     LOOM_TRY(cpus_usable(world, &cpus));
     LOOM_TRY(loom_comm_barrier(world));
