@@ -18,6 +18,13 @@
    best of its repetitions, and on a shared machine the fastest step is the
    one least disturbed by other jobs. The median is printed too.
 
+With LOOM_BASE set to another loom binary, every layout with more ranks
+than cores is also calibrated and predicted with that one (its own
+efficiency fit against the same 1-rank step, its calibration right after
+the first) and its error printed beside, and both are summarised over those
+rows: two versions of the planner or calibration against the same measured
+step.
+
 Prints the table and the median and worst |error|. The target (issue 12):
 median <= 15 %, worst <= 25 %. On a shared machine with fewer cores than
 ranks the measurements are noisy: say so when quoting the numbers.
@@ -36,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
 LOOM = os.environ.get("LOOM", os.path.join(SRC, "build", "loom"))
 LOOM_RUN = os.environ.get("LOOM_RUN", os.path.join(SRC, "scripts", "loomrun"))
+LOOM_BASE = os.environ.get("LOOM_BASE", "")
 sys.path.insert(0, HERE)
 from benchlib import BenchError, cpu_model, run  # noqa: E402
 
@@ -81,8 +89,8 @@ def train_step_ms(np_, model, flags, steps, tmp, data):
     return min(ms[1:]), ms[1:]
 
 
-def predict_ms(np_, model, cluster, layout):
-    p = run([LOOM, "plan", "--model", model, "--cluster", cluster, "--gpus", np_, "--batch", BATCH, "--seq", SEQ,
+def predict_ms(np_, model, cluster, layout, loom=LOOM):
+    p = run([loom, "plan", "--model", model, "--cluster", cluster, "--gpus", np_, "--batch", BATCH, "--seq", SEQ,
              "--precision", "fp32", "--layout", layout, "--json"], what="loom plan")
     d = json.loads(p.stdout)
     return 1e3 * d["time_s"]["step"], d
@@ -114,34 +122,56 @@ def main():
         for n in nps:
             clusters[n] = os.path.join(tmp, "machine%d.json" % n)
             run([LOOM_RUN, "-np", n, LOOM, "calibrate", "--out", clusters[n], "--quiet"], what="loom calibrate")
+        eff_base = [1.0]
         # the one fitted number: GEMM efficiency of loom's kernels at this
         # shape x how fast this shared machine is right now
-        def fit_efficiency():
+        def fit_efficiency(compare=False):
             meas, _ = train_step_ms(1, a.model, [], a.steps, tmp, data)
             run([LOOM_RUN, "-np", 1, LOOM, "calibrate", "--out", clusters[1], "--quiet"], what="loom calibrate")
             set_efficiency(clusters[1], 1.0)
             pred, _ = predict_ms(1, a.model, clusters[1], "dp=1")
+            if compare:  # the base binary's own fit, against the same measured step
+                cb = os.path.join(tmp, "base1.json")
+                run([LOOM_RUN, "-np", 1, LOOM_BASE, "calibrate", "--out", cb, "--quiet"], what="base calibrate")
+                set_efficiency(cb, 1.0)
+                pred_base, _ = predict_ms(1, a.model, cb, "dp=1", LOOM_BASE)
+                eff_base[0] = min(1.0, pred_base / meas)
             return min(1.0, pred / meas), meas, pred
 
-        rows = []
+        rows, base_rows = [], []
         print("\n%-4s %-36s %11s %11s %8s %6s  %s" % ("np", "layout", "measured", "predicted", "error", "eff",
                                                      "steps (ms)"))
         for n, layout, flags in LAYOUTS:
             if n > a.max_np:
                 continue
-            eff, _, _ = fit_efficiency()
+            compare = bool(LOOM_BASE) and n > (os.cpu_count() or 1)
+            eff, _, _ = fit_efficiency(compare)
             run([LOOM_RUN, "-np", n, LOOM, "calibrate", "--out", clusters[n], "--quiet"], what="loom calibrate")
             set_efficiency(clusters[n], eff)
             pred, d = predict_ms(n, a.model, clusters[n], layout)
+            base = ""
+            if compare:
+                cb = os.path.join(tmp, "base%d.json" % n)
+                run([LOOM_RUN, "-np", n, LOOM_BASE, "calibrate", "--out", cb, "--quiet"], what="base calibrate")
+                set_efficiency(cb, eff_base[0])
+                pred_base, _ = predict_ms(n, a.model, cb, layout, LOOM_BASE)
             meas, steps = train_step_ms(n, a.model, flags, a.steps, tmp, data)
             err = pred / meas - 1
             rows.append(err)
-            print("%-4d %-36s %8.1f ms %8.1f ms %+7.1f%% %6.3f  median %.0f: %s" %
+            if compare:
+                base_rows.append((err, pred_base / meas - 1))
+                base = "  base %.1f ms %+.1f%% eff %.3f" % (pred_base, 100 * base_rows[-1][1], eff_base[0])
+            print("%-4d %-36s %8.1f ms %8.1f ms %+7.1f%% %6.3f  median %.0f: %s%s" %
                   (n, layout, meas, pred, 100 * err, eff, statistics.median(steps),
-                   " ".join("%.0f" % s for s in steps)), flush=True)
-        abs_err = [abs(e) for e in rows]
-        print("\n%d layouts: median |error| %.1f%%, worst %.1f%% (target: median <= 15%%, worst <= 25%%)" %
-              (len(rows), 100 * statistics.median(abs_err), 100 * max(abs_err)))
+                   " ".join("%.0f" % s for s in steps), base), flush=True)
+        summaries = [("", rows)]
+        if base_rows:
+            summaries += [("more ranks than cores, this binary: ", [e for e, _ in base_rows]),
+                          ("more ranks than cores, base %s: " % LOOM_BASE, [b for _, b in base_rows])]
+        for name, errs in summaries:
+            abs_err = [abs(e) for e in errs]
+            print("\n%s%d layouts: median |error| %.1f%%, worst %.1f%% (target: median <= 15%%, worst <= 25%%)" %
+                  (name, len(errs), 100 * statistics.median(abs_err), 100 * max(abs_err)))
 
 
 if __name__ == "__main__":
