@@ -100,8 +100,9 @@ static double copy_bandwidth(void) {
  * that call's start and end; the tail keeps the others computing while it
  * finishes). *out: the world's work in the window ÷ its length ÷ ranks.
  * Each rank timing its own calls from a barrier instead (and keeping its
- * best window) read 2-13 % more per core with 4 or 8 ranks on 2 cores than
- * the shared window does (docs/planning.md, "Measured here"): a rank that
+ * best window) read 5-17 % more per core with 4 or 8 ranks on 2 cores than
+ * the shared window does, and up to 12 % more than 1 or 2 ranks read
+ * (docs/planning.md, "Measured here"): a rank that
  * left the barrier first, or was not descheduled in its window, counted
  * a core to itself. */
 #define GEMM_WINDOW 0.2 /* seconds per shape and pass */
