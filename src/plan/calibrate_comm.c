@@ -120,13 +120,13 @@ static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, dou
     double t0 = loom_comm_wtime() + 0.1; /* time for every rank to hear it */
     if (st == LOOM_OK) st = loom_comm_bcast(world, &t0, sizeof t0, 0);
     const double t1 = t0 + window;
-    double calls = 0, now = loom_comm_wtime();
-    if (now < t0) {
+    double calls = 0, now;
+    while ((now = loom_comm_wtime()) < t0) { /* again if a signal cut the sleep short */
         const double dt = t0 - now;
         struct timespec ts = {.tv_sec = (time_t)dt, .tv_nsec = (long)((dt - (double)(time_t)dt) * 1e9)};
         nanosleep(&ts, NULL);
     }
-    for (now = loom_comm_wtime(); st == LOOM_OK && now < t1 + GEMM_TAIL;) {
+    for (; st == LOOM_OK && now < t1 + GEMM_TAIL;) {
         const double start = now;
         loom_matmul_fwd(c, a, b, NULL, m, k, n);
         now = loom_comm_wtime();
