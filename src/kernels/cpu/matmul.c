@@ -40,6 +40,9 @@ static void mm_bias_bwd(float *db, const float *dout, int N, int OC) {
 void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
     /* dinp (N,C) +=, dw (C,OC) +=, db (OC) +=; dout (N,OC), inp (N,C), w (C,OC) */
+    /* in bf16, dout is converted once for both products */
+    const int keep = dinp && dw && loom_cpu_gemm_keeps_bf16();
+    if (keep) loom_cpu_gemm_keep(dout, (size_t)N * OC);
     if (dinp) { /* dout @ w^T */
         kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = C, .K = OC,
                        .alpha = 1.0f, .A = dout, .lda = OC, .B = w, .ldb = OC, .beta = 1.0f,
@@ -52,6 +55,7 @@ void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, c
                        .C = dw, .ldc = OC};
         kern_sgemm(&g);
     }
+    if (keep) loom_cpu_gemm_unkeep(dout);
     if (db) mm_bias_bwd(db, dout, N, OC);
 }
 
