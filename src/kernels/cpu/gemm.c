@@ -22,6 +22,8 @@
  * GEMM_DNNL_MAX_K) go to it as one call for all of C. The choice depends on
  * the operation, not on M or N, so cutting a batch over ranks, or a weight's
  * columns over tensor-parallel ranks, keeps each product on one kernel.
+ * The LM head's bf16 weight gradient goes to loom's own kernel (gemm_head.c)
+ * on CPUs with AVX512-BF16 and no AMX.
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -126,11 +128,21 @@ static int gemm_whole(const kern_gemm *g, int nth) {
                            g->ldc);
 }
 
+/* The LM head's bf16 weight gradient goes to loom's own kernel where it is
+ * chosen (gemm_head.c): by the operation, never by M, N or K. */
+static int gemm_bf16_to_head_dw(const kern_gemm *g) {
+    return g->head_dw && g->A16 && g->ta == CblasTrans && g->tb == CblasNoTrans && g->alpha == 1.0f && !g->bias && g->K > 0 &&
+           kern_bf16_head_ready();
+}
+
 void kern_sgemm(const kern_gemm *g_in) {
     kern_gemm gb = *g_in;
     const kern_gemm *g = &gb;
     if (!kern_gemm_bf16_operands(&gb)) abort(); /* out of memory for the bf16 copies */
     int nth = loom_kernels_get_threads();
+    if (gemm_bf16_to_head_dw(g) &&
+        kern_bf16_head_dw(g->M, g->N, g->K, g->A16, g->lda, g->B16, g->ldb, g->beta, g->C, g->ldc))
+        return;
     if (g->A16 && kern_bf16_gemm_ready() == KERN_BF16_WHOLE) { /* oneDNN threads the product itself */
         if (g->M <= 0 || g->N <= 0) return;
         if (!gemm_whole(g, nth)) {

@@ -142,5 +142,8 @@ void kern_bf16_gemm_call(int ta, int tb, int m, int n, int k, float alpha, const
 
 void loom_bf16_gemm_describe(char *buf, size_t n) {
     if (!mkl.decided) mkl_decide();
-    snprintf(buf, n, "%s", mkl.why);
+    char wg[96];
+    kern_bf16_head_describe(wg, sizeof wg);
+    if (mkl.kind != KERN_BF16_NONE && wg[0]) snprintf(buf, n, "%s; %s", mkl.why, wg);
+    else snprintf(buf, n, "%s", mkl.why);
 }

@@ -53,6 +53,7 @@ typedef struct {
     int ldc;
     const float *bias; /* (N) or NULL: each row of C is set to it first (beta 1 then adds the product) */
     const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
+    int head_dw; /* the tied LM head's weight gradient (gemm_head.c takes it in bf16) */
 } kern_gemm;
 
 /* The GEMM calibration's shapes {M, N, K} (util.c), the most elements any
@@ -101,6 +102,16 @@ int kern_dnnl_f32_ready(void);
 void kern_dnnl_f32_describe(char *buf, size_t n);
 int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                     int ldb, float beta, float *c, int ldc);
+
+/* gemm_head.c: loom's AVX512-BF16 kernel for the LM head's bf16 weight
+ * gradient (C (M,N) = A^T B + beta C, A (K,M), B (K,N)): whether it is chosen here
+ * (CPU flags, LOOM_BF16_HEAD), the words saying so ("" when not), and one
+ * product, threaded over the kernel threads (1, or 0 out of memory with C
+ * untouched). */
+int kern_bf16_head_ready(void);
+void kern_bf16_head_describe(char *buf, size_t n);
+int kern_bf16_head_dw(int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                      float *C, int ldc);
 
 /* Monotonic seconds (for the calibrations). */
 double kern_now(void);

@@ -78,7 +78,7 @@ void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const f
     if (dwte) { /* dout^T @ inp */
         kern_gemm g = {.ta = CblasTrans, .tb = CblasNoTrans, .M = V, .N = C, .K = N,
                        .alpha = 1.0f, .A = dout, .lda = V, .B = inp, .ldb = C, .beta = 1.0f,
-                       .C = dwte, .ldc = C};
+                       .C = dwte, .ldc = C, .head_dw = 1};
         kern_sgemm(&g);
     }
 }
