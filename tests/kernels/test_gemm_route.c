@@ -3,8 +3,10 @@
  * argv[1] "auto": the default choice. On a CPU with AVX-512 and oneDNN
  * (libdnnl.so.2) installed, oneDNN's fp32 matmul must be chosen, and the
  * forward and input-gradient products (op(A) not transposed, K <= 4096) must
- * be oneDNN's bits while the weight gradients (A transposed) and a long-K
- * input gradient (the LM head's, K = the vocabulary) must be OpenBLAS's.
+ * be oneDNN's bits, and so must the LM head's input gradient (K = the
+ * vocabulary, over 4096) of a model at most 512 wide, while the weight
+ * gradients (A transposed) and the head's input gradient of a wider model
+ * (here 640) must be OpenBLAS's.
  * Elsewhere every product must be OpenBLAS's. argv[1] "openblas" runs with
  * LOOM_FP32_GEMM=openblas (set by ctest): every product OpenBLAS's.
  *
@@ -58,6 +60,7 @@ typedef struct {
     int lda, ldb;
     float *loom; /* loom's result (C starts as c0) */
     const float *c0;
+    int head_dx; /* the LM head's input gradient (gemm.c's head_dx) */
 } product;
 
 /* The product by one kernel directly, on one thread: dnnl 1 = oneDNN's fp32 matmul. */
@@ -86,7 +89,7 @@ static void check_product(const product *p, int dnnl_ready) {
     double *ref = ref_prod(p->a, p->ta != CblasNoTrans, p->b, p->tb != CblasNoTrans, p->c0, p->M, p->N, p->K);
     double e = kr_err(p->loom, ref, n);
     CHECK(e <= KR_FWD_TOL, "%s: rel err %.3g against the double product", p->name, e);
-    int to_dnnl = dnnl_ready && p->ta == CblasNoTrans && p->K <= 4096;
+    int to_dnnl = dnnl_ready && p->ta == CblasNoTrans && (p->K <= 4096 || (p->head_dx && p->N <= 512));
     float *blas = direct(p, 0);
     if (dnnl_ready) {
         float *dn = direct(p, 1);
@@ -190,20 +193,26 @@ int main(int argc, char **argv) {
     loom_matmul_bwd(dx, dw, NULL, dy, x, w, NT, CI, OC);
     float *dxh = kr_copy(c0x, (size_t)NT * CI), *dwte = kr_copy(c0e, (size_t)VL * CI);
     loom_matmul_nt_bwd(dxh, dwte, dlog, x, wte, NT, CI, VL);
+    float *wte2 = kr_rand_floats((size_t)VL * OC, -1, 1), *c0x2 = kr_rand_floats((size_t)NT * OC, -1, 1);
+    float *dxh2 = kr_copy(c0x2, (size_t)NT * OC); /* a model OC = 640 wide */
+    loom_matmul_nt_bwd(dxh2, NULL, dlog, NULL, wte2, NT, OC, VL);
 
     const product ps[] = {
-        {"linear forward (with bias)", CblasNoTrans, CblasNoTrans, NT, OC, CI, x, w, CI, OC, fwd, bias_rows},
-        {"linear input gradient", CblasNoTrans, CblasTrans, NT, CI, OC, dy, w, OC, OC, dx, c0x},
-        {"linear weight gradient", CblasTrans, CblasNoTrans, CI, OC, NT, x, dy, CI, OC, dw, c0w},
-        {"head forward", CblasNoTrans, CblasTrans, NT, VL, CI, x, wte, CI, CI, logits, zero},
-        {"head input gradient (long K)", CblasNoTrans, CblasNoTrans, NT, CI, VL, dlog, wte, VL, CI, dxh, c0x},
-        {"head weight gradient", CblasTrans, CblasNoTrans, VL, CI, NT, dlog, x, VL, CI, dwte, c0e},
+        {"linear forward (with bias)", CblasNoTrans, CblasNoTrans, NT, OC, CI, x, w, CI, OC, fwd, bias_rows, 0},
+        {"linear input gradient", CblasNoTrans, CblasTrans, NT, CI, OC, dy, w, OC, OC, dx, c0x, 0},
+        {"linear weight gradient", CblasTrans, CblasNoTrans, CI, OC, NT, x, dy, CI, OC, dw, c0w, 0},
+        {"head forward", CblasNoTrans, CblasTrans, NT, VL, CI, x, wte, CI, CI, logits, zero, 0},
+        {"head input gradient (long K)", CblasNoTrans, CblasNoTrans, NT, CI, VL, dlog, wte, VL, CI, dxh, c0x, 1},
+        {"head input gradient (long K, wide)", CblasNoTrans, CblasNoTrans, NT, OC, VL, dlog, wte2, VL, OC, dxh2, c0x2,
+         1},
+        {"head weight gradient", CblasTrans, CblasNoTrans, VL, CI, NT, dlog, x, VL, CI, dwte, c0e, 0},
     };
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) check_product(&ps[i], ready);
     if (ready) check_cuts(x, w, bias);
     check_many_shapes(x, w, bias, fwd);
 
     free(x), free(w), free(bias), free(dy), free(wte), free(dlog), free(zero), free(c0x), free(c0w), free(c0e);
-    free(bias_rows), free(fwd), free(logits), free(dx), free(dw), free(dxh), free(dwte);
+    free(bias_rows), free(fwd), free(logits), free(dx), free(dw), free(dxh), free(dwte), free(wte2), free(c0x2);
+    free(dxh2);
     return check_done();
 }

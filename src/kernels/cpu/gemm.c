@@ -106,12 +106,17 @@ static int gemm_split_cols(const kern_gemm *g) { return g->N > g->M; }
 
 /* oneDNN's fp32 matmul beat OpenBLAS's AVX-512 sgemm on the forward and
  * input-gradient products of GPT-2 steps on a Zen 4 (5-17 %), but not on
- * the LM head's input gradient, K = the 50257-long vocabulary (cut along K
- * over the threads here instead), nor on weight gradients (op(A)
- * transposed). docs/performance.md has the table. */
+ * weight gradients (op(A) transposed). On the LM head's input gradient,
+ * K = the 50257-long vocabulary, it won only for a narrow model: 1-25 %
+ * faster than OpenBLAS cut along K over the threads (gemm_k_parts) for
+ * C = 128..512, 1-10 % slower on one thread for C = 640..1024 (GPT-2 124M's
+ * 768 the worst). C is the model's width, the same for every layout, so the
+ * choice is the model's. docs/performance.md has the tables. */
 #define GEMM_DNNL_MAX_K 4096
+#define GEMM_DNNL_HEAD_DX_MAX_N 512
 static int gemm_fp32_to_dnnl(const kern_gemm *g) {
-    return !g->A16 && g->ta == CblasNoTrans && g->K <= GEMM_DNNL_MAX_K && kern_dnnl_f32_ready();
+    if (g->A16 || g->ta != CblasNoTrans || !kern_dnnl_f32_ready()) return 0;
+    return g->K <= GEMM_DNNL_MAX_K || (g->head_dx && g->N <= GEMM_DNNL_HEAD_DX_MAX_N);
 }
 
 /* All of C in one oneDNN call, threaded by oneDNN: 1, or 0 if it refused the

@@ -54,6 +54,7 @@ typedef struct {
     const float *bias; /* (N) or NULL: each row of C is set to it first (beta 1 then adds the product) */
     const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
     int head_dw; /* the tied LM head's weight gradient (gemm_head.c takes it in bf16) */
+    int head_dx; /* the tied LM head's input gradient, K = the vocabulary (gemm.c) */
 } kern_gemm;
 
 /* The GEMM calibration's shapes {M, N, K} (util.c), the most elements any

@@ -72,7 +72,7 @@ void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const f
     if (dinp) { /* dout @ wte */
         kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = V,
                        .alpha = 1.0f, .A = dout, .lda = V, .B = wte, .ldb = C, .beta = 1.0f,
-                       .C = dinp, .ldc = C};
+                       .C = dinp, .ldc = C, .head_dx = 1};
         kern_sgemm(&g);
     }
     if (dwte) { /* dout^T @ inp */
