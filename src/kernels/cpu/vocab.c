@@ -53,19 +53,23 @@ static inline float kv_max_row(const float *x, int n) {
 }
 
 /* e[i] = exp(z[i] - m) over [0..n) (kv_exp_shift's floats; e may be z)
- * and their kern_sum (the same lanes, tail and order), in one pass. */
-static inline float kv_exp_sum(float *e, const float *z, int n, float m) {
+ * and their kern_sum (the same lanes, tail and order), in one pass; next
+ * (NULL or n floats) is brought into cache meanwhile: the next row, whose
+ * maximum then reads it from cache instead of memory. */
+static inline float kv_exp_sum(float *e, const float *z, int n, float m, const float *next) {
     enum { NV = KERN_LANES / KV };
     const kvf mv = kv_set1(m);
     kvf acc[NV];
     for (int v = 0; v < NV; v++) acc[v] = kv_set1(0.0f);
     int i = 0;
-    for (; i + KERN_LANES <= n; i += KERN_LANES)
+    for (; i + KERN_LANES <= n; i += KERN_LANES) {
+        if (next) __builtin_prefetch(next + i, 0, 3); /* KERN_LANES floats: one 64-byte line */
         for (int v = 0; v < NV; v++) {
             kvf y = kv_expf(kv_load(z + i + v * KV) - mv);
             kv_store(e + i + v * KV, y);
             acc[v] += y;
         }
+    }
     const int tail = i;
     for (; i + KV <= n; i += KV) kv_store(e + i, kv_expf(kv_load(z + i) - mv));
     for (; i < n; i++) e[i] = kern_expf(z[i] - m);
@@ -146,11 +150,12 @@ void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *g
 /* One row of the one-rank cross-entropy up to the scaling: e (V_l) WRITES
  * exp(z - max) (padding 0; e may be z), *loss the row's loss; returns the
  * sum of the exponentials. vxent_max's, vxent_exp's and vxent_finish's
- * floats. */
-static inline float xent_row(float *e, const float *z, int32_t t, int V_l, int V_valid, float *loss) {
+ * floats. next: the row after (prefetched), or NULL. */
+static inline float xent_row(float *e, const float *z, int32_t t, int V_l, int V_valid, float *loss,
+                             const float *next) {
     float mx = V_valid > 0 ? kv_max_row(z, V_valid) : -INFINITY;
     float tgt = t >= 0 && t < V_valid ? z[t] - mx : 0.0f;
-    float sum = kv_exp_sum(e, z, V_valid, mx);
+    float sum = kv_exp_sum(e, z, V_valid, mx, next);
     for (int j = V_valid; j < V_l; j++) e[j] = 0.0f;
     *loss = t >= 0 ? logf(sum) - tgt : 0.0f;
     return sum;
@@ -168,7 +173,8 @@ void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, 
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
         float *z = logits + (size_t)i * V_l;
-        kern_scale_row(z, V_l, 1.0f / xent_row(z, z, targets[i], V_l, V_valid, &losses[i]));
+        const float *next = i + 1 < N ? z + V_l : NULL;
+        kern_scale_row(z, V_l, 1.0f / xent_row(z, z, targets[i], V_l, V_valid, &losses[i], next));
     }
 }
 
@@ -208,7 +214,7 @@ void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targ
         float *z = logits + (size_t)i * V_l;
         float *e = d16 ? scratch + (size_t)kern_thread_id() * V_l : z;
         const int t = targets[i];
-        const float sum = xent_row(e, z, t, V_l, V_valid, &losses[i]);
+        const float sum = xent_row(e, z, t, V_l, V_valid, &losses[i], i + 1 < N ? z + V_l : NULL);
         /* probability p = e * (1/sum), then p * dloss, less dloss at the
          * target: kern_scale_row and xent_grad_row's roundings, one pass */
         const float inv = 1.0f / sum;
