@@ -57,6 +57,17 @@ static inline kvf kv_sel(kvi m, kvf a, kvf b) {
 #endif
 }
 
+/* kern_fma per lane. */
+static inline kvf kv_fma(kvf a, kvf b, kvf c) {
+#if defined(__FMA__) && defined(__AVX__)
+    return (kvf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__FMA__)
+    return (kvf)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+#else
+    return a * b + c;
+#endif
+}
+
 /* kern_expf on KV lanes, operation for operation. With AVX the clamp is
  * max then min, the same floats as the scalar selects, NaN included:
  * VMAXPS(lo, a) returns a unless lo > a, VMINPS(hi, x) x unless hi < x;
@@ -70,18 +81,18 @@ static inline kvf kv_expf(kvf a) {
 #else
     kvf x = kv_sel(a < lo, lo, kv_sel(a > hi, hi, a));
 #endif
-    kvf t = x * kv_set1(1.44269504088896341f) + magic;
+    kvf t = kv_fma(x, kv_set1(1.44269504088896341f), magic);
     kvf kf = t - magic;
-    kvf r = x - kf * kv_set1(0.693145751953125f);
-    r = r - kf * kv_set1(1.428606820309417232e-6f);
+    kvf r = kv_fma(kf, kv_set1(-0.693145751953125f), x);
+    r = kv_fma(kf, kv_set1(-1.428606820309417232e-6f), r);
     kvf p = kv_set1(1.0f / 5040.0f);
-    p = p * r + kv_set1(1.0f / 720.0f);
-    p = p * r + kv_set1(1.0f / 120.0f);
-    p = p * r + kv_set1(1.0f / 24.0f);
-    p = p * r + kv_set1(1.0f / 6.0f);
-    p = p * r + kv_set1(0.5f);
-    p = p * r + kv_set1(1.0f);
-    p = p * r + kv_set1(1.0f);
+    p = kv_fma(p, r, kv_set1(1.0f / 720.0f));
+    p = kv_fma(p, r, kv_set1(1.0f / 120.0f));
+    p = kv_fma(p, r, kv_set1(1.0f / 24.0f));
+    p = kv_fma(p, r, kv_set1(1.0f / 6.0f));
+    p = kv_fma(p, r, kv_set1(0.5f));
+    p = kv_fma(p, r, kv_set1(1.0f));
+    p = kv_fma(p, r, kv_set1(1.0f));
     kvu sb = ((kvu)t - 0x4B400000u + 127u) << 23; /* bits of 2^k */
     kvf y = p * (kvf)sb;
 #if defined(__AVX__)
