@@ -136,8 +136,8 @@ static int gemm_whole(const kern_gemm *g, int nth) {
 /* The LM head's bf16 weight gradient goes to loom's own kernel where it is
  * chosen (gemm_head.c): by the operation, never by M, N or K. */
 static int gemm_bf16_to_head_dw(const kern_gemm *g) {
-    return g->head_dw && g->A16 && g->ta == CblasTrans && g->tb == CblasNoTrans && g->alpha == 1.0f && !g->bias && g->K > 0 &&
-           kern_bf16_head_ready();
+    return g->head_dw && g->A16 && g->ta == CblasTrans && g->tb == CblasNoTrans && g->alpha == 1.0f &&
+           !g->bias && g->K > 0 && kern_bf16_head_ready();
 }
 
 void kern_sgemm(const kern_gemm *g_in) {

@@ -56,13 +56,14 @@ static void wg_decide(void) {
     wg.decided = 1;
     const loom_cpu_features *f = loom_cpu_features_get();
     const char *mode = getenv("LOOM_BF16_HEAD");
-    if (mode && strcmp(mode, "auto") && strcmp(mode, "dnnl"))
-        fprintf(stderr, "loom: LOOM_BF16_HEAD=%s is not auto or dnnl; using auto\n", mode);
+    const int dnnl = mode && !strcmp(mode, "dnnl");
+    if (mode && *mode && strcmp(mode, "auto") && !dnnl)
+        fprintf(stderr, "loom: warning: LOOM_BF16_HEAD=%s is not auto or dnnl; auto is used\n", mode);
     int units = f->avx512_bf16 && f->os_avx512 && f->avx512bw && f->avx512vl;
     int amx = f->amx_bf16 && f->os_amx;
-    wg.on = units && !amx && !(mode && !strcmp(mode, "dnnl"));
+    wg.on = units && !amx && !dnnl;
     if (wg.on) snprintf(wg.why, sizeof wg.why, "loom's AVX512-BF16 kernel for the LM head's weight gradient");
-    else if (mode && !strcmp(mode, "dnnl")) snprintf(wg.why, sizeof wg.why, "the LM head's weight gradient too (LOOM_BF16_HEAD=dnnl)");
+    else if (dnnl) snprintf(wg.why, sizeof wg.why, "the LM head's weight gradient too (LOOM_BF16_HEAD=dnnl)");
     else wg.why[0] = 0;
 }
 

@@ -40,7 +40,8 @@ static void mm_bias_bwd(float *db, const float *dout, int N, int OC) {
 void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
     /* dinp (N,C) +=, dw (C,OC) +=, db (OC) +=; dout (N,OC), inp (N,C), w (C,OC) */
-    /* in bf16, dout is converted once for both products */
+    /* in bf16, dout is converted once for both products (no caller keeps
+     * an output gradient itself, so the unkeep below drops only this keep) */
     const int keep = dinp && dw && loom_cpu_gemm_keeps_bf16();
     if (keep) loom_cpu_gemm_keep(dout, (size_t)N * OC);
     if (dinp) { /* dout @ w^T */
