@@ -11,7 +11,8 @@ run ALTERNATELY (loom, torch, loom, torch, ...) --runs times each, every run a
 fresh process; a run's rate is the median tokens/s of its steps after 2 warm-up
 steps; the table gives the median over runs and the range (min-max), the ratio
 of the medians, and each side's MFU against loom's measured best sgemm for that
-thread count (`loom calibrate --force` when the bench starts: same kernel, same thread count) - 6 N FLOP per
+thread count (the best of three `loom calibrate --force` when the bench starts: same kernel, same
+thread count) - 6 N FLOP per
 token + attention, the formula loom reports.
 
 PyTorch at its best on this machine: the same OpenBLAS (Debian's torch 1.13
@@ -141,6 +142,9 @@ def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none", 
     return median_after_warmup([float(r["tokens_per_s"]) for r in rows])
 
 
+CAL_TRIALS = 3
+
+
 def calibrate(loom, threads):
     """(sgemm FLOP/s, core name, gemm line, bf16 GEMM FLOP/s or None, bf16 gemm line) from
     `loom calibrate --threads N`."""
@@ -212,6 +216,8 @@ def bench_one(a, name, B, T, t, prec, peak_rec, modes, data, d):
             mfu = [100 * x * fpt / peak for x in xs]
             print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
                   (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
+            if statistics.median(mfu) > 100:
+                print("  (MFU over 100 %%: the peak was measured low, the host busy during `loom calibrate`)")
     if rows["loom"] and rows["torch"]:
         print("  %-24s %.2fx (median / median)" % ("loom / torch",
               statistics.median(rows["loom"]) / statistics.median(rows["torch"])))
@@ -276,7 +282,13 @@ def main():
           (cpu_model(), os.cpu_count() or 0, " ".join("%.2f" % x for x in os.getloadavg())))
     peaks = {}
     for t in thread_list:
-        peaks[t] = calibrate(a.loom, t)
+        # best of CAL_TRIALS calibrations: one taken while another tenant of
+        # the host held a core read the 2-thread bf16 peak at half (210 of
+        # 414-441 GFLOP/s, 2026-11-25) and put a row at 133 % MFU
+        trials = [calibrate(a.loom, t) for _ in range(CAL_TRIALS)]
+        best = max(trials, key=lambda c: c[0])
+        bf16_best = max((c[3] for c in trials if c[3]), default=None)
+        peaks[t] = (best[0], best[1], best[2], bf16_best, best[4])
     print("loom gemm: %s" % peaks[thread_list[0]][2])
     if "bf16" in precisions:
         print("loom bf16 gemm: %s" % peaks[thread_list[0]][4])
