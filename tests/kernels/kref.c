@@ -60,6 +60,8 @@ void kr_fill_nan(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = NAN;
 }
 
+int kr_same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof *a) == 0; }
+
 double kr_err(const float *a, const double *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

@@ -29,6 +29,8 @@ float *kr_rand_floats(size_t n, double lo, double hi);
 float *kr_copy(const float *x, size_t n);
 double *kr_widen(const float *x, size_t n);
 void kr_fill_nan(float *x, size_t n);
+/* 1 when the n floats at a and b have the same bits. */
+int kr_same_bits(const float *a, const float *b, size_t n);
 
 /* max |a - b| / max |b| (0/0 counts as 0; NaN in a gives +inf). */
 double kr_err(const float *a, const double *b, size_t n);

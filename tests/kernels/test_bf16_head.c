@@ -47,8 +47,6 @@ static double *ref_tn(const float *a, int lda, const float *b, const float *c0, 
     return c;
 }
 
-static int same_bits(const float *x, const float *y, size_t n) { return memcmp(x, y, n * sizeof *x) == 0; }
-
 static uint16_t *to_bf16(const float *x, size_t n) {
     uint16_t *h = malloc(n * sizeof *h);
     CHECK(h != NULL, "out of memory");
@@ -91,15 +89,13 @@ int main(int argc, char **argv) {
     loom_round_bf16(xr, x, (size_t)K * C);
     double *near = ref_tn(dlr, LDA, xr, c0, V, C), *far = ref_tn(dlog, LDA, x, c0, V, C);
 
-    /* through the model's API: dwte += dlogits^T x (the head's backward) */
+    /* through the model's API: dwte += dlogits^T x (the head's backward);
+     * the API takes dlogits with stride V: the same values, packed */
+    float *dpk = kr_floats((size_t)K * V);
+    for (int k = 0; k < K; k++) memcpy(dpk + (size_t)k * V, dlog + (size_t)k * LDA, V * sizeof *dpk);
     loom_kernels_set_threads(1);
     float *dwte = kr_copy(c0, (size_t)V * C);
-    { /* the API takes dlogits with stride V: the same values, packed */
-        float *d = kr_floats((size_t)K * V);
-        for (int k = 0; k < K; k++) memcpy(d + (size_t)k * V, dlog + (size_t)k * LDA, V * sizeof *d);
-        loom_matmul_nt_bwd(NULL, dwte, d, x, wte, K, C, V);
-        free(d);
-    }
+    loom_matmul_nt_bwd(NULL, dwte, dpk, x, wte, K, C, V);
     double e_near = kr_err(dwte, near, (size_t)V * C), e_far = kr_err(dwte, far, (size_t)V * C);
     CHECK(e_near <= KR_FWD_TOL, "head weight gradient: %.3g from the product of the bf16-rounded operands", e_near);
     CHECK(e_far >= 1e-4, "head weight gradient: only %.3g from the fp32 product: operands not rounded?", e_far);
@@ -108,6 +104,7 @@ int main(int argc, char **argv) {
 
     if (!units) {
         printf("no AVX512-BF16 here: loom's kernel cannot run; done\n");
+        free(dpk);
         return check_done();
     }
     uint16_t *a16 = to_bf16(dlog, (size_t)K * LDA), *b16 = to_bf16(x, (size_t)K * C);
@@ -115,28 +112,26 @@ int main(int argc, char **argv) {
     double e = kr_err(whole, near, (size_t)V * C);
     CHECK(e <= KR_FWD_TOL, "kern_bf16_head_dw: %.3g from the product of the bf16-rounded operands", e);
 
-    /* which kernel took the model's product (the API call used stride V:
-     * compare against direct calls on the same packed operands) */
+    /* which kernel took the model's product: direct calls on the operands
+     * the API call had (stride V) */
     {
-        float *d = kr_floats((size_t)K * V);
-        for (int k = 0; k < K; k++) memcpy(d + (size_t)k * V, dlog + (size_t)k * LDA, V * sizeof *d);
-        uint16_t *d16 = to_bf16(d, (size_t)K * V);
+        uint16_t *d16 = to_bf16(dpk, (size_t)K * V);
         float *mine = kr_copy(c0, (size_t)V * C), *dn = kr_copy(c0, (size_t)V * C);
         CHECK(kern_bf16_head_dw(V, C, K, d16, V, b16, C, 1.0f, mine, C), "kern_bf16_head_dw ran out of memory");
         if (provider == KERN_BF16_WHOLE) {
             CHECK(kern_dnnl_gemm(CblasTrans, CblasNoTrans, V, C, K, 1.0f, d16, V, b16, C, 1.0f, dn, C),
                   "oneDNN refused the head's weight gradient");
-            CHECK(!same_bits(mine, dn, (size_t)V * C), "loom's kernel and oneDNN give the same bits here; the "
+            CHECK(!kr_same_bits(mine, dn, (size_t)V * C), "loom's kernel and oneDNN give the same bits here; the "
                   "route is not seen");
-            CHECK(same_bits(dwte, ready ? mine : dn, (size_t)V * C), "the model's head weight gradient is not "
+            CHECK(kr_same_bits(dwte, ready ? mine : dn, (size_t)V * C), "the model's head weight gradient is not "
                   "%s's bits", ready ? "loom's kernel" : "oneDNN");
             printf("the model's head weight gradient is %s's bits (the two kernels differ)\n",
                    ready ? "loom's kernel" : "oneDNN");
         } else {
-            CHECK(!ready || same_bits(dwte, mine, (size_t)V * C), "the model's head weight gradient is not loom's "
+            CHECK(!ready || kr_same_bits(dwte, mine, (size_t)V * C), "the model's head weight gradient is not loom's "
                   "kernel's bits");
         }
-        free(d), free(d16), free(mine), free(dn);
+        free(d16), free(mine), free(dn);
     }
 
     /* beta 0 over NaN: the old C is not read */
@@ -152,18 +147,18 @@ int main(int argc, char **argv) {
         float *all = direct_part(a16, b16, c0, V, C, nth);
         float *rows = direct_part(a16, b16, c0, V / 3, C, nth);
         float *cols = direct_part(a16, b16, c0, V, C / 2 + 3, nth);
-        CHECK(same_bits(all, whole, (size_t)V * C), "%d thread(s): not the one-thread bits", nth);
-        CHECK(same_bits(rows, whole, (size_t)(V / 3) * C), "first third of the rows alone, %d thread(s): not "
+        CHECK(kr_same_bits(all, whole, (size_t)V * C), "%d thread(s): not the one-thread bits", nth);
+        CHECK(kr_same_bits(rows, whole, (size_t)(V / 3) * C), "first third of the rows alone, %d thread(s): not "
               "the whole product's bits", nth);
         int cols_same = 1;
         for (int i = 0; i < V; i++)
-            cols_same &= same_bits(cols + (size_t)i * (C / 2 + 3), whole + (size_t)i * C, C / 2 + 3);
+            cols_same &= kr_same_bits(cols + (size_t)i * (C / 2 + 3), whole + (size_t)i * C, C / 2 + 3);
         CHECK(cols_same, "first %d columns alone, %d thread(s): not the whole product's bits", C / 2 + 3, nth);
         free(all), free(rows), free(cols);
     }
     printf("V %d (stride %d) x C %d x tokens %d: %.3g from the rounded product; beta 0 over NaN; rows cut, "
            "columns cut, 1 and 2 threads: the same bits\n", V, LDA, C, K, e);
-    free(a16), free(b16), free(whole), free(fresh), free(near0);
+    free(a16), free(b16), free(whole), free(fresh), free(near0), free(dpk);
     free(dlog), free(x), free(wte), free(c0), free(dlr), free(xr), free(near), free(far), free(dwte);
     return check_done();
 }

@@ -82,8 +82,6 @@ static int dlopen_libdnnl(void) {
     return h != NULL; /* kept open: loom holds it too */
 }
 
-static int same_bits(const float *x, const float *y, size_t n) { return memcmp(x, y, n * sizeof *x) == 0; }
-
 static void check_product(const product *p, int dnnl_ready) {
     const size_t n = (size_t)p->M * p->N;
     double *ref = ref_prod(p->a, p->ta != CblasNoTrans, p->b, p->tb != CblasNoTrans, p->c0, p->M, p->N, p->K);
@@ -93,14 +91,14 @@ static void check_product(const product *p, int dnnl_ready) {
     float *blas = direct(p, 0);
     if (dnnl_ready) {
         float *dn = direct(p, 1);
-        CHECK(!same_bits(blas, dn, n), "%s: OpenBLAS and oneDNN give the same bits here; the route is not seen",
+        CHECK(!kr_same_bits(blas, dn, n), "%s: OpenBLAS and oneDNN give the same bits here; the route is not seen",
               p->name);
-        CHECK(same_bits(p->loom, to_dnnl ? dn : blas, n), "%s (%c%c, K %d): not %s's bits", p->name,
+        CHECK(kr_same_bits(p->loom, to_dnnl ? dn : blas, n), "%s (%c%c, K %d): not %s's bits", p->name,
               p->ta == CblasNoTrans ? 'N' : 'T', p->tb == CblasNoTrans ? 'N' : 'T', p->K,
               to_dnnl ? "oneDNN" : "OpenBLAS");
         free(dn);
     } else {
-        CHECK(same_bits(p->loom, blas, n), "%s: not OpenBLAS's bits (oneDNN is not chosen)", p->name);
+        CHECK(kr_same_bits(p->loom, blas, n), "%s: not OpenBLAS's bits (oneDNN is not chosen)", p->name);
     }
     printf("%-34s %c%c M %4d N %4d K %4d -> %s\n", p->name, p->ta == CblasNoTrans ? 'N' : 'T',
            p->tb == CblasNoTrans ? 'N' : 'T', p->M, p->N, p->K, to_dnnl ? "oneDNN" : "OpenBLAS");
@@ -126,12 +124,12 @@ static void check_cuts(const float *x, const float *w, const float *bias) {
         float *all = fwd_part(x, w, bias, NT, OC, nth);
         float *rows = fwd_part(x, w, bias, NT / 2, OC, nth);
         float *cols = fwd_part(x, w, bias, NT, OC / 2, nth);
-        CHECK(same_bits(all, whole, (size_t)NT * OC), "forward on %d thread(s): not the one-thread bits", nth);
-        CHECK(same_bits(rows, whole, (size_t)NT / 2 * OC), "forward, first half of the rows alone, %d thread(s): "
+        CHECK(kr_same_bits(all, whole, (size_t)NT * OC), "forward on %d thread(s): not the one-thread bits", nth);
+        CHECK(kr_same_bits(rows, whole, (size_t)NT / 2 * OC), "forward, first half of the rows alone, %d thread(s): "
               "not the whole product's bits", nth);
         int cols_same = 1;
         for (int i = 0; i < NT; i++)
-            cols_same &= same_bits(cols + (size_t)i * (OC / 2), whole + (size_t)i * OC, OC / 2);
+            cols_same &= kr_same_bits(cols + (size_t)i * (OC / 2), whole + (size_t)i * OC, OC / 2);
         CHECK(cols_same, "forward, first half of the columns alone, %d thread(s): not the whole product's bits",
               nth);
         free(all), free(rows), free(cols);

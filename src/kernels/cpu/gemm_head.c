@@ -31,7 +31,6 @@
  * Chosen (kern_bf16_head_ready) on CPUs with AVX512-BF16 and no AMX-BF16,
  * where oneDNN would multiply with AMX tiles instead, unless
  * LOOM_BF16_HEAD=dnnl. */
-#include <cblas.h>
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,10 +76,15 @@ void kern_bf16_head_describe(char *buf, size_t n) {
     snprintf(buf, n, "%s", wg.why);
 }
 
+/* The first n of 16 lanes (none for n <= 0, all for n >= 16). */
+static inline __mmask16 wg_mask(int n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
 /* 16 pairs (X[2p][c], X[2p+1][c]) for c in [c0, c0+16) of X (rows K, ld):
  * columns past ncols and a row past K read as 0. */
 WG_TARGET static inline __m512i wg_pairs(const uint16_t *x, int ld, int K, int p, int c0, int ncols) {
-    const __mmask16 m = ncols >= 16 ? (__mmask16)0xffff : ncols <= 0 ? 0 : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 m = wg_mask(ncols);
     const __m256i r0 = _mm256_maskz_loadu_epi16(m, x + (size_t)(2 * p) * ld + c0);
     const __m256i r1 = 2 * p + 1 < K ? _mm256_maskz_loadu_epi16(m, x + (size_t)(2 * p + 1) * ld + c0)
                                      : _mm256_setzero_si256();
@@ -96,10 +100,7 @@ WG_TARGET static void wg_micro(const uint32_t *ap, const uint32_t *bp, int ldb, 
                                int rows, int cols, int first, float beta) {
     __m512 acc[WG_MR][WG_NR / 16];
     __mmask16 mk[WG_NR / 16];
-    for (int v = 0; v < WG_NR / 16; v++) {
-        int nc = cols - 16 * v;
-        mk[v] = nc >= 16 ? (__mmask16)0xffff : nc <= 0 ? 0 : (__mmask16)((1u << nc) - 1);
-    }
+    for (int v = 0; v < WG_NR / 16; v++) mk[v] = wg_mask(cols - 16 * v);
     for (int i = 0; i < WG_MR; i++)
         for (int v = 0; v < WG_NR / 16; v++) {
             __m512 c0 = _mm512_setzero_ps();
