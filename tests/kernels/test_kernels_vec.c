@@ -5,9 +5,13 @@
  * - kv_expf against kern_expf and kv_sqrtf against sqrtf on random values
  *   over the whole useful range and on the edges (underflow, overflow, the
  *   clamp points, 0, -0, inf, subnormals);
- * - GELU forward/backward and AdamW: a call over n = 8k + 5 elements (vector
- *   lanes plus a scalar tail) against one call per element (n = 1: the
- *   scalar code only);
+ * - GELU forward/backward and AdamW: a call over n = 16k + 5 elements (vector
+ *   lanes plus a scalar tail at KV = 4, 8 or 16) against one call per
+ *   element (n = 1: the scalar code only);
+ * - AdamW's bf16 copy of the new parameters (non-temporal stores from the
+ *   first 32-byte boundary with AVX-512) against loom_bf16_pack, at every
+ *   offset of the copy within a line, with NaN, infinities, subnormals and
+ *   values that round up to infinity or at a tie;
  * - kv_exp_shift against kern_exp_shift.
  * A lane that differed would change training results, which loom keeps
  * bit-identical across this change.
@@ -22,7 +26,7 @@
 #include "kernels/cpu/kern_vec.h"
 #include "loom/kernels.h"
 
-#define N 40005 /* 8k + 5 */
+#define N 40005 /* 16k + 5 */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd32(void) {
@@ -163,10 +167,52 @@ static void test_adamw(void) {
     free(p1), free(p2), free(g), free(m1), free(m2), free(v1), free(v2);
 }
 
+/* The update's bf16 copy of p equals loom_bf16_pack of the p it leaves, for
+ * the copy at each of 16 element offsets (the elements before a 32-byte
+ * boundary are written one at a time, the rest as vectors), on specials. */
+static void test_adamw_bf16_copy(void) {
+    enum { NB = 333, OFFS = 16 };
+    static const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                                       0x7f7fffffu, 0x7f7f8000u, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                       0x3f818000u, 0x00000000u, 0x80000000u, 0x7fffffffu, 0xffffffffu};
+    const size_t ns = sizeof special / sizeof special[0];
+    float *p0 = malloc(NB * sizeof(float)), *g0 = malloc(NB * sizeof(float));
+    float *p = malloc(NB * sizeof(float)), *g = malloc(NB * sizeof(float)), *m = malloc(NB * sizeof(float));
+    float *v = malloc(NB * sizeof(float));
+    uint16_t *buf = malloc((NB + OFFS) * sizeof *buf), *ref = malloc(NB * sizeof *ref);
+    for (size_t i = 0; i < NB; i++) {
+        p0[i] = rndf(-2, 2);
+        g0[i] = rndf(-1, 1);
+        if (i % 7 == 3) memcpy(&p0[i], &special[(i / 7) % ns], sizeof p0[i]);
+    }
+    long bad = -1, bad_off = -1;
+    for (int off = 0; off < OFFS && bad < 0; off++) {
+        memcpy(p, p0, NB * sizeof(float)), memcpy(g, g0, NB * sizeof(float));
+        memset(m, 0, NB * sizeof(float)), memset(v, 0, NB * sizeof(float));
+        /* wd 0 and a zero gradient where p is special: p stays what it was */
+        for (size_t i = 0; i < NB; i++)
+            if (i % 7 == 3) g[i] = 0.0f;
+        uint16_t *h = buf + off;
+        CHECK(loom_adamw_update_zero(p, g, m, v, NB, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f, h) == 1,
+              "adamw bf16 copy: the CPU backend has no adamw_update_zero");
+        loom_bf16_pack(ref, p, NB);
+        for (size_t i = 0; i < NB && bad < 0; i++)
+            if (h[i] != ref[i]) bad = (long)i, bad_off = off;
+    }
+    CHECK(bad < 0, "adamw bf16 copy: element %ld (copy at element offset %ld) is 0x%04x, loom_bf16_pack 0x%04x",
+          bad, bad_off, bad < 0 ? 0u : (unsigned)buf[bad_off + bad], bad < 0 ? 0u : (unsigned)ref[bad]);
+    /* the specials went through: p kept them, so the check saw them */
+    int kept = 1;
+    for (size_t i = 3; i < NB; i += 7) kept &= memcmp(&p[i], &p0[i], sizeof p[i]) == 0 || isnan(p0[i]);
+    CHECK(kept, "adamw bf16 copy: a special parameter changed under a zero gradient");
+    free(p0), free(g0), free(p), free(g), free(m), free(v), free(buf), free(ref);
+}
+
 int main(void) {
     loom_kernels_set_threads(1);
     test_exp_sqrt();
     test_gelu();
     test_adamw();
+    test_adamw_bf16_copy();
     return check_done();
 }

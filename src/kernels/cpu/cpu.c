@@ -218,7 +218,7 @@ const char *loom_cpu_name(void) {
     static char name[49];
     if (name[0]) return name;
     unsigned r[12];
-    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return strcpy(name, "unknown");
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return strcpy(name, "unknown");
     for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
     char raw[49];
     memcpy(raw, r, 48);

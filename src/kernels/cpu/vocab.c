@@ -39,7 +39,9 @@ static inline float kv_max_row(const float *x, int n) {
     for (; i + KERN_LANES <= n; i += KERN_LANES)
         for (int v = 0; v < NV; v++) {
             kvf y = kv_load(x + i + v * KV);
-#if defined(__AVX__)
+#if defined(KV_ZMM)
+            acc[v] = (kvf)_mm512_max_ps((__m512)y, (__m512)acc[v]); /* y > acc ? y : acc, NaN: acc */
+#elif defined(__AVX__)
             acc[v] = (kvf)_mm256_max_ps((__m256)y, (__m256)acc[v]); /* y > acc ? y : acc, NaN: acc */
 #else
             acc[v] = kv_sel(y > acc[v], y, acc[v]);
