@@ -28,7 +28,8 @@ byte-level tokens of the same text.
 against PyTorch with torch.autocast("cpu", dtype=torch.bfloat16) around the
 forward (its bf16 matmuls go to oneDNN, which picks its kernels from the CPU
 flags), MFU against loom's measured bf16 GEMM peak, and prints loom's bf16 /
-fp32 ratio.
+fp32 ratio: of the medians, and run by run. The precisions alternate too:
+run r of every side at every precision comes before run r+1 of any.
 --recompute adds loom rows with those --recompute modes (the throughput cost).
 --startup N: N runs of `loom train --model gpt2-small --steps 1` reading the
 start-up line (process start to the first step, parameter init included) with
@@ -187,53 +188,61 @@ def stats(xs):
     return "%9.1f [%.1f-%.1f]" % (statistics.median(xs), min(xs), max(xs))
 
 
-def bench_one(a, name, B, T, t, prec, peak_rec, modes, data, d):
-    """One table: config, shape, threads, precision; loom and torch alternately.
-    MFU against loom's measured peak for that precision (bf16: the bf16 GEMM
-    provider's; the sgemm's where there is none). Returns False if a run failed."""
+def bench_group(a, name, B, T, t, precisions, peak_rec, modes, data, d):
+    """One table per precision for a config, shape and thread count. The runs
+    alternate over everything the tables compare - run r is loom and torch
+    at each precision in turn, before run r+1 - so that a change in the
+    host's load over the minutes a group takes falls on every side alike:
+    loom against torch, and loom bf16 against loom fp32. MFU against loom's
+    measured peak for that precision (bf16: the bf16 GEMM provider's; the
+    sgemm's where there is none). Returns False if a run failed."""
     ok = True
     fpt = flops_per_token(CONFIGS[name], T)
-    peak = peak_rec[3] if prec == "bf16" and peak_rec[3] else peak_rec[0]
     core = peak_rec[1]
-    rows = {"loom": [], "torch": []}
-    rows.update({"loom --recompute " + m: [] for m in modes})
+    sides = ["loom"] + ["loom --recompute " + m for m in modes] + ["torch"]
+    rows = {prec: {side: [] for side in sides} for prec in precisions}
     print("\n[%s B%d T%d, %d thread(s), %s] L=%d C=%d V=%d" %
-          (name, B, T, t, prec, CONFIGS[name][0], CONFIGS[name][2], CONFIGS[name][3]), flush=True)
+          (name, B, T, t, " and ".join(precisions), CONFIGS[name][0], CONFIGS[name][2], CONFIGS[name][3]),
+          flush=True)
     for r in range(a.runs):
-        try:
-            if not a.torch_only:
-                rows["loom"].append(bench_loom(a.loom, name, B, T, t, a.steps, data, d, precision=prec))
-                for m in modes:
-                    rows["loom --recompute " + m].append(
-                        bench_loom(a.loom, name, B, T, t, a.steps, data, d, m, precision=prec))
-            if not a.loom_only:
-                rows["torch"].append(bench_torch(name, B, T, t, a.steps, a.input, core, prec))
-        except BenchError as e:
-            ok = False
-            print("  run %d FAILED: %s" % (r + 1, e))
-    for side, xs in rows.items():
-        if xs:
-            mfu = [100 * x * fpt / peak for x in xs]
-            print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
-                  (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
-            if statistics.median(mfu) > 100:
-                print("  (MFU over 100 %%: the peak was measured low, the host busy during `loom calibrate`)")
-    if rows["loom"] and rows["torch"]:
-        print("  %-24s %.2fx (median / median)" % ("loom / torch",
-              statistics.median(rows["loom"]) / statistics.median(rows["torch"])))
-    for m in modes:
-        k = "loom --recompute " + m
-        if rows[k] and rows["loom"]:
-            print("  %-24s %.2fx of none" % (m, statistics.median(rows[k]) / statistics.median(rows["loom"])))
-    if rows["loom"]:
-        MEDIANS[(name, B, T, t, prec)] = statistics.median(rows["loom"])
-        f32 = MEDIANS.get((name, B, T, t, "fp32"))
-        if prec == "bf16" and f32:
-            print("  %-24s %.2fx (loom bf16 / loom fp32)" % ("bf16 / fp32", MEDIANS[(name, B, T, t, prec)] / f32))
+        for prec in precisions:
+            try:
+                if not a.torch_only:
+                    rows[prec]["loom"].append(bench_loom(a.loom, name, B, T, t, a.steps, data, d, precision=prec))
+                    for m in modes:
+                        rows[prec]["loom --recompute " + m].append(
+                            bench_loom(a.loom, name, B, T, t, a.steps, data, d, m, precision=prec))
+                if not a.loom_only:
+                    rows[prec]["torch"].append(bench_torch(name, B, T, t, a.steps, a.input, core, prec))
+            except BenchError as e:
+                ok = False
+                print("  run %d (%s) FAILED: %s" % (r + 1, prec, e))
+    for prec in precisions:
+        peak = peak_rec[3] if prec == "bf16" and peak_rec[3] else peak_rec[0]
+        rp = rows[prec]
+        print("  %s:" % prec)
+        for side in sides:
+            xs = rp[side]
+            if xs:
+                mfu = [100 * x * fpt / peak for x in xs]
+                print("  %-24s tok/s %s   MFU %5.1f%% [%.1f-%.1f]" %
+                      (side, stats(xs), statistics.median(mfu), min(mfu), max(mfu)))
+                if statistics.median(mfu) > 100:
+                    print("  (MFU over 100 %%: the peak was measured low, the host busy during `loom calibrate`)")
+        if rp["loom"] and rp["torch"]:
+            print("  %-24s %.2fx (median / median)" % ("loom / torch",
+                  statistics.median(rp["loom"]) / statistics.median(rp["torch"])))
+        for m in modes:
+            k = "loom --recompute " + m
+            if rp[k] and rp["loom"]:
+                print("  %-24s %.2fx of none" % (m, statistics.median(rp[k]) / statistics.median(rp["loom"])))
+    if "fp32" in rows and "bf16" in rows and rows["fp32"]["loom"] and rows["bf16"]["loom"]:
+        f32, b16 = rows["fp32"]["loom"], rows["bf16"]["loom"]
+        pairs = [b / f for b, f in zip(b16, f32)]
+        print("  %-24s %.2fx (median / median); run by run %s" %
+              ("loom bf16 / fp32", statistics.median(b16) / statistics.median(f32),
+               " ".join("%.2f" % x for x in pairs)))
     return ok
-
-
-MEDIANS = {}  # (config, B, T, threads, precision) -> loom's median tok/s
 
 
 def main():
@@ -316,8 +325,7 @@ def main():
         for name in names:
             for (B, T) in shapes:
                 for t in thread_list:
-                    for prec in precisions:
-                        ok &= bench_one(a, name, B, T, t, prec, peaks[t], modes, data, d)
+                    ok &= bench_group(a, name, B, T, t, precisions, peaks[t], modes, data, d)
     return 0 if ok else 1
 
 
