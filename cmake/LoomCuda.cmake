@@ -57,15 +57,16 @@ if(LOOM_CUDA_ENABLED)
   target_include_directories(loom_cuda
     PUBLIC ${PROJECT_SOURCE_DIR}/src/backend/cuda
     PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${LOOM_NCCL_INCLUDE})
-  # host C: the project's warnings; device code: warnings as errors, no FMA
-  # contraction (the CPU kernels are built as ISO C, which does not contract,
-  # so elementwise kernels round as they do), IEEE division and sqrt (nvcc's
-  # default, stated here so no global flag can change it).
+  # host C: the project's warnings, and no contraction as at the top level;
+  # device code: warnings as errors, no FMA contraction (the CPU kernels
+  # are built with -ffp-contract=off, so elementwise kernels round as they
+  # do), IEEE division and sqrt (nvcc's default, stated here so no global
+  # flag can change it).
   # The top-level add_compile_options (gcc flags) would reach nvcc too: start
   # from an empty list and give each language its own.
   set_property(TARGET loom_cuda PROPERTY COMPILE_OPTIONS "")
   target_compile_options(loom_cuda PRIVATE
-    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -D_GNU_SOURCE>
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Werror -D_GNU_SOURCE -ffp-contract=off>
     $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings --fmad=false -prec-div=true -prec-sqrt=true
       -Xcompiler=-Wall,-Wextra,-Werror -Xcudafe=--display_error_number>)
   target_link_libraries(loom_cuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt ${LOOM_NCCL_LIB} MPI::MPI_C)
