@@ -38,8 +38,8 @@ static inline void adamw_one(float *p, const float *g, float *m, float *v, size_
 
 /* The update of one block: KV lanes at a time (kern_vec.h), the same
  * operations as the scalar elements, so the same floats. With AVX-512 the
- * bf16 bits go out with non-temporal stores, from the first element whose
- * bits start a 32-byte line part (the elements before it one at a time):
+ * bf16 bits go out with non-temporal stores from the first element at a
+ * 32-byte boundary of the copy (the elements before it one at a time):
  * nothing reads them before the next step's GEMMs, and a plain store first
  * reads each line it writes - 0.4-0.7 ms of a 16.3M-parameter update. */
 static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
