@@ -7,12 +7,12 @@
  * So the hot loops use GCC/clang vector extensions (kvf = KV floats: one
  * zmm register with AVX-512, one ymm with AVX2, two SSE registers without
  * AVX) with the SAME operations in the same order as the scalar definitions
- * in kern_internal.h. The build is -std=c11, under which gcc does not
- * contract a*b+c into an FMA (-ffp-contract=off) in scalar and vector code
- * alike, so every lane gives exactly the float the scalar code gives, at
- * any KV; tails shorter than KV lanes run the scalar code. Reductions keep
- * KERN_LANES running sums whatever KV is. kernels_vec checks the
- * bit-equality.
+ * in kern_internal.h. The build passes -ffp-contract=off (gcc's default
+ * under -std=c11; clang's is to contract), so no compiler fuses a*b+c into
+ * an FMA in scalar or vector code, and every lane gives exactly the float
+ * the scalar code gives, at any KV; tails shorter than KV lanes run the
+ * scalar code. Reductions keep KERN_LANES running sums whatever KV is.
+ * kernels_vec checks the bit-equality.
  */
 #ifndef LOOM_KERN_VEC_H
 #define LOOM_KERN_VEC_H
@@ -69,11 +69,12 @@ static inline kvf kv_sel(kvi m, kvf a, kvf b) {
 #endif
 }
 
-/* kern_fma per lane. */
+/* kern_fma per lane: fused exactly where kern_fma is (__FMA__; AVX-512
+ * alone, e.g. -mavx512f, does not imply it). */
 static inline kvf kv_fma(kvf a, kvf b, kvf c) {
-#if defined(KV_ZMM)
+#if defined(__FMA__) && KV == 16
     return (kvf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__) && defined(__AVX__)
+#elif defined(__FMA__) && KV == 8
     return (kvf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #elif defined(__FMA__)
     return (kvf)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
@@ -146,39 +147,52 @@ static inline kvf kv_sqrtf(kvf x) {
  * nearest, ties to even. Not VCVTNEPS2BF16, which flushes subnormals to
  * zero. kernels_bf16 checks the lanes against the scalar rounding. */
 static inline kvu bf16_round_bits(kvu u) {
-    const kvu expo = (kvu){0} + 0x7f800000u, mant = (kvu){0} + 0x007fffffu, hi = (kvu){0} + 0xffff0000u;
+    const kvu hi = (kvu){0} + 0xffff0000u;
+#if defined(KV_ZMM)
+    /* with lane masks: an infinity rounds to itself (its low half is 0),
+     * so only NaN lanes need their own value */
+    const __m512i x = (__m512i)u;
+    const kvu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & hi;
+    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(x), _mm512_castsi512_ps(x), _CMP_UNORD_Q);
+    return (kvu)_mm512_mask_mov_epi32((__m512i)rounded, nan, (__m512i)((u & hi) | 0x00400000u));
+#else
+    const kvu expo = (kvu){0} + 0x7f800000u, mant = (kvu){0} + 0x007fffffu;
     kvu special = (kvu)((u & expo) == expo);
     kvu nan = special & (kvu)((u & mant) != 0);
     kvu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & hi;
     kvu kept = (nan & ((u & hi) | 0x00400000u)) | (~nan & u);
     return (special & kept) | (~special & rounded);
+#endif
 }
 
 typedef uint16_t kvh __attribute__((vector_size(2 * KV)));
 
-/* The bf16 bits of KV floats (loom_bf16_from_f32 per lane) stored at p. */
-static inline void kv_store_bf16(uint16_t *p, kvf v) {
+/* The bf16 bits of KV floats (loom_bf16_from_f32 per lane): the upper
+ * halves of bf16_round_bits, narrowed (VPMOVDW with AVX-512). */
+static inline kvh kv_bf16_bits(kvf v) {
     kvu u;
     memcpy(&u, &v, sizeof u);
-    kvh h = __builtin_convertvector(bf16_round_bits(u) >> 16, kvh);
+#if defined(KV_ZMM)
+    return (kvh)_mm512_cvtepi32_epi16((__m512i)(bf16_round_bits(u) >> 16));
+#else
+    return __builtin_convertvector(bf16_round_bits(u) >> 16, kvh);
+#endif
+}
+
+/* kv_bf16_bits stored at p. */
+static inline void kv_store_bf16(uint16_t *p, kvf v) {
+    kvh h = kv_bf16_bits(v);
     memcpy(p, &h, sizeof h);
 }
 
 #if defined(KV_ZMM)
-/* kv_store_bf16's bits with a non-temporal store (to memory, not cache):
- * p must be 32-byte aligned, and kv_stream_fence() orders the stores
- * before anything another thread does after. */
+/* kv_store_bf16 with a non-temporal store (to memory, not cache): p must
+ * be 32-byte aligned, and kv_stream_fence() orders the stores before
+ * anything another thread does after. */
 #define KV_STREAM_BF16 1
 #define KV_STREAM_ALIGN 32
 static inline void kv_stream_bf16(uint16_t *p, kvf v) {
-    /* bf16_round_bits with lane masks: an infinity rounds to itself, so
-     * only NaN needs its own lanes */
-    const __m512i u = _mm512_castps_si512((__m512)v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_UNORD_Q),
-                              _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
-    _mm256_stream_si256((__m256i *)(void *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    _mm256_stream_si256((__m256i *)(void *)p, (__m256i)kv_bf16_bits(v));
 }
 static inline void kv_stream_fence(void) { _mm_sfence(); }
 #endif
