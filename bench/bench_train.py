@@ -3,7 +3,7 @@
 
 usage: bench/bench_train.py [--loom build/loom] [--configs small,gpt2s] [--shapes 4x64,8x256]
                             [--threads 1,2] [--runs 3] [--steps N] [--recompute selective,full]
-                            [--startup N] [--precision fp32,bf16] [--torch-only | --loom-only]
+                            [--startup N] [--precision fp32,bf16] [--keep-blas-env] [--torch-only | --loom-only]
 
 Configs: gpt2s = GPT-2 124M (L12 C768 NH12 V50257), small = L4 C256 NH4 V50257
 (the issue's two). Shapes B x T. Per config, shape and thread count the two sides
@@ -31,6 +31,12 @@ flags), MFU against loom's measured bf16 GEMM peak, and prints loom's bf16 /
 fp32 ratio: of the medians, and run by run. The precisions alternate too:
 run r of every side at every precision comes before run r+1 of any.
 --recompute adds loom rows with those --recompute modes (the throughput cost).
+--keep-blas-env: by default the bench removes OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE from the environment of both sides (some hosts set them
+for every process: OPENBLAS_CORETYPE=Haswell would hold loom, which keeps a
+user's choice, and PyTorch to AVX2 kernels on an AVX-512 CPU), so that loom
+chooses its kernels from the CPU flags and PyTorch gets the core loom
+chose; the header says what it removed. --keep-blas-env keeps them.
 --startup N: N runs of `loom train --model gpt2-small --steps 1` reading the
 start-up line (process start to the first step, parameter init included) with
 the default threads; median and range.
@@ -145,6 +151,9 @@ def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none", 
 
 CAL_TRIALS = 3
 
+# OpenBLAS's core and cache-size overrides, which a host may set for every process
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
 
 def calibrate(loom, threads):
     """(sgemm FLOP/s, core name, gemm line, bf16 GEMM FLOP/s or None, bf16 gemm line) from
@@ -257,6 +266,9 @@ def main():
     ap.add_argument("--precision", default="fp32", help="comma list of fp32, bf16 (default fp32)")
     ap.add_argument("--startup", type=int, default=0, help="start-up runs of GPT-2 124M (default 0)")
     ap.add_argument("--input", default=FORTUNES, help="text file for byte-level tokens")
+    ap.add_argument("--keep-blas-env", action="store_true",
+                    help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE from the environment (default: removed "
+                         "for both sides, so each runs its best kernels)")
     side = ap.add_mutually_exclusive_group()
     side.add_argument("--torch-only", action="store_true")
     side.add_argument("--loom-only", action="store_true")
@@ -289,6 +301,13 @@ def main():
 
     print("machine: %s, %d logical CPUs; load average at start %s" %
           (cpu_model(), os.cpu_count() or 0, " ".join("%.2f" % x for x in os.getloadavg())))
+    blas_env = ["%s=%s" % (k, os.environ[k]) for k in BLAS_ENV if k in os.environ]
+    if blas_env and not a.keep_blas_env:
+        for k in BLAS_ENV:
+            os.environ.pop(k, None)  # every run below inherits os.environ
+        print("environment: removed %s for both sides (--keep-blas-env keeps them)" % " ".join(blas_env))
+    elif blas_env:
+        print("environment: kept %s (--keep-blas-env): both sides run the core it names" % " ".join(blas_env))
     peaks = {}
     for t in thread_list:
         # best of CAL_TRIALS calibrations: one taken while another tenant of
