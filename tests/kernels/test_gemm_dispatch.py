@@ -5,7 +5,8 @@ use: loom reads CPUID itself). Checks, through the real `loom` binary:
 - by default the start-up line names an OpenBLAS core as wide as the flags
   allow (AVX-512 F/BW/VL/DQ -> SkylakeX/Cooperlake/SapphireRapids, AVX2+FMA ->
   Haswell/Zen or wider) and says why;
-- a user's OPENBLAS_CORETYPE is kept (and said to be the user's);
+- a user's OPENBLAS_CORETYPE is kept (and said to be the user's, and, when
+  it names narrower kernels than the flags allow, that it does);
 - LOOM_BLAS_AUTO=0 leaves OpenBLAS's own choice;
 - runs on different kernels agree on the loss to float rounding (1e-5);
 - on an AVX-512 CPU with oneDNN installed the line also names oneDNN's fp32
@@ -70,6 +71,9 @@ if avx2:
     (core_u, why_u), loss_user = run({"OPENBLAS_CORETYPE": "Haswell"})
     print("user Haswell: core %s (%s)" % (core_u, why_u))
     lt.check(core_u == "Haswell" and "set by the user" in why_u, "user's choice not kept: %s (%s)" % (core_u, why_u))
+    # narrower than the flags allow: the line says so and how to undo it
+    lt.check(("narrower than the SkylakeX kernels" in why_u and "unset it" in why_u) == avx512,
+             "AVX-512 %s, user Haswell: %s" % (avx512, why_u))
     lt.check(len(loss_user) == 2 and len(loss_default) == 2, "two losses each")
     for a, b in zip(loss_user, loss_default):
         lt.check(abs(a - b) <= 1e-5 * abs(b), "loss %.6f (Haswell) vs %.6f (default)" % (a, b))

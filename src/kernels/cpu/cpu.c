@@ -200,6 +200,11 @@ void loom_blas_describe(char *buf, size_t n) {
     const char *core = loom_blas_core();
     if (ours && user && !strcmp(ours, user))
         snprintf(buf, n, "%s sgemm kernels %s (chosen by loom from the CPU flags: %s)", ver, core, flags);
+    else if (user && *user && want && !core_good_enough(core, want))
+        /* some hosts set it for every process (Haswell on an AVX-512 Zen 5 halved the sgemm rate) */
+        snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user, narrower than the %s "
+                         "kernels the flags allow: unset it to let loom choose; flags: %s)",
+                 ver, core, user, want, flags);
     else if (user && *user)
         snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user; flags: %s)", ver,
                  core, user, flags);
