@@ -7,8 +7,11 @@
  * its arguments: the start of global sample g of step s comes from the
  * counter RNG stream (seed, "data") at index s*global_batch + g, so any
  * data-parallel rank can produce exactly its slice of the one global batch.
- * Shards are written to PATH.tmp, fsynced and renamed, so an existing shard is
- * replaced only by a complete one. Local I/O only: nothing here is collective.
+ * Shards are written to PATH.tmp.PID (the writer's process id), fsynced and
+ * renamed, so an existing shard is replaced only by a complete one, and two
+ * processes building the same shard at once (two first runs of `loom train`
+ * in one folder, each building the default data set) each rename a complete
+ * file of their own. Local I/O only: nothing here is collective.
  */
 #include "loom/data.h"
 
@@ -111,7 +114,7 @@ loom_status loom_tokens_check_vocab(const loom_tokens *t, int vocab_size) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Writing shards: PATH.tmp, then rename                                    */
+/* Writing shards: PATH.tmp.PID, then rename                                */
 /* ------------------------------------------------------------------------ */
 
 /* Tokens to write: either 32-bit tokens or bytes (the byte tokenizer). */
@@ -122,14 +125,13 @@ typedef struct token_src {
 
 static uint32_t token_at(const token_src *s, size_t i) { return s->u32 ? s->u32[i] : s->u8[i]; }
 
-/* "PATH.tmp" in a malloc'd string, NULL when out of memory. */
+/* "PATH.tmp.PID" in a malloc'd string, NULL when out of memory. Per
+ * process: with one PATH.tmp, a second writer's fopen truncated the first
+ * one's file under it, and the loser's rename failed (ENOENT). */
 static char *tmp_path(const char *path) {
-    size_t len = strlen(path);
-    char *tmp = malloc(len + 5);
-    if (tmp) {
-        memcpy(tmp, path, len);
-        memcpy(tmp + len, ".tmp", 5);
-    }
+    size_t len = strlen(path) + 32;
+    char *tmp = malloc(len);
+    if (tmp) snprintf(tmp, len, "%s.tmp.%ld", path, (long)getpid());
     return tmp;
 }
 
@@ -152,7 +154,7 @@ static int shard_write_body(FILE *fp, const token_src *src, size_t n, int versio
     return fflush(fp) == 0 && fsync(fileno(fp)) == 0;
 }
 
-/* Write the complete shard to PATH.tmp; on failure nothing is left behind. */
+/* Write the complete shard to PATH.tmp.PID; on failure nothing is left behind. */
 static loom_status shard_write_tmp(const char *path, const token_src *src, size_t n) {
     if (n == 0) return loom_fail(LOOM_EDATA, "file %s: refusing to write an empty shard", path);
     if (n > SHARD_MAX_TOKENS)
@@ -183,7 +185,7 @@ static loom_status shard_write_tmp(const char *path, const token_src *src, size_
     return st;
 }
 
-/* Rename PATH.tmp over PATH (commit = 1) or remove it (commit = 0). */
+/* Rename PATH.tmp.PID over PATH (commit = 1) or remove it (commit = 0). */
 static loom_status shard_finish_tmp(const char *path, int commit) {
     char *tmp = tmp_path(path);
     if (!tmp) return loom_fail(LOOM_EOS, "file %s: out of memory", path);
@@ -287,7 +289,7 @@ static int same_file(const char *a, const char *b) {
     return canonical_path(a, ca, sizeof ca) && canonical_path(b, cb, sizeof cb) && strcmp(ca, cb) == 0;
 }
 
-/* Whether writing `out` (through out.tmp) would touch the file at `other`. */
+/* Whether writing `out` (through out.tmp.PID) would touch the file at `other`. */
 static int write_touches(const char *out, const char *other) {
     char *tmp = tmp_path(out);
     int hit = same_file(out, other) || (tmp && same_file(tmp, other));
@@ -295,7 +297,7 @@ static int write_touches(const char *out, const char *other) {
     return hit;
 }
 
-/* Refuse outputs that name an input, each other, or each other's PATH.tmp:
+/* Refuse outputs that name an input, each other, or each other's PATH.tmp.PID:
  * the val shard would overwrite the train shard, or an input be replaced. */
 static loom_status check_outputs(const char *const *inputs, int n_inputs, const char *train_path,
                                  const char *val_path) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *scratch; /* check_scratch_dir */
@@ -54,6 +55,13 @@ static void expect_open_fails(const char *label, const char *path, loom_status w
     if (st == LOOM_OK) loom_tokens_close(&t);
 }
 
+/* The scratch path of NAME's tmp file while this process writes it. */
+static const char *tmp_of(const char *name) {
+    char t[200];
+    snprintf(t, sizeof t, "%s.tmp.%ld", name, (long)getpid());
+    return check_scratch_path(t);
+}
+
 static void test_round_trip(void) {
     uint32_t v1[5] = {0, 1, 50256, 65535, 7};
     uint32_t v2[4] = {0, 65536, 100000, 4000000000u};
@@ -61,7 +69,7 @@ static void test_round_trip(void) {
     CHECK(loom_tokens_write(p1, v1, 5) == LOOM_OK, "write v1: %s", loom_errmsg());
     CHECK(loom_tokens_write(p2, v2, 4) == LOOM_OK, "write v2: %s", loom_errmsg());
     CHECK(file_size(p1) == 1024 + 5 * 2 && file_size(p2) == 1024 + 4 * 4, "shard sizes");
-    CHECK(!exists(check_scratch_path("v1.bin.tmp")), "no tmp left");
+    CHECK(!exists(tmp_of("v1.bin")), "no tmp left");
     loom_tokens t;
     CHECK(loom_tokens_open(p1, &t) == LOOM_OK, "open v1: %s", loom_errmsg());
     CHECK(t.version == 1 && t.n == 5, "v1: version %d n %zu", t.version, t.n);
@@ -74,7 +82,7 @@ static void test_round_trip(void) {
     CHECK(t.map == NULL, "close unmaps");
 
     CHECK(loom_tokens_write(check_scratch_path("empty.bin"), v1, 0) == LOOM_EDATA, "writing 0 tokens is LOOM_EDATA");
-    CHECK(!exists(check_scratch_path("empty.bin")) && !exists(check_scratch_path("empty.bin.tmp")), "nothing written");
+    CHECK(!exists(check_scratch_path("empty.bin")) && !exists(tmp_of("empty.bin")), "nothing written");
     const char *nodir = check_scratch_path("no/such/dir.bin");
     CHECK(loom_tokens_write(nodir, v1, 5) == LOOM_ECANTCREAT, "missing dir: %s", loom_errmsg());
     CHECK(strstr(loom_errmsg(), nodir) != NULL, "message names the path: %s", loom_errmsg());
@@ -247,7 +255,7 @@ static void test_build_bytes(void) {
     CHECK(loom_data_build_bytes(inputs, 2, train, check_scratch_path("no/dir/val.bin"), 0.5, NULL, NULL) ==
               LOOM_ECANTCREAT, "unwritable val: %s", loom_errmsg());
     CHECK(file_size(train) == old_train && file_size(val) == old_val, "outputs untouched by failures");
-    CHECK(!exists(check_scratch_path("train.bin.tmp")) && !exists(check_scratch_path("val.bin.tmp")), "no tmp files left");
+    CHECK(!exists(tmp_of("train.bin")) && !exists(tmp_of("val.bin")), "no tmp files left");
 }
 
 static int same_bytes(const char *path, const char *want, size_t n) {
@@ -276,7 +284,7 @@ static void test_build_bytes_refusals(void) {
     CHECK(st == LOOM_EUSAGE, "train == val: status %d, expected %d (%s)", st, LOOM_EUSAGE, m);
     CHECK(strstr(m, "train shard") && strstr(m, "val shard") && strstr(m, train), "train == val message: %s", m);
     CHECK(same_bytes(train, "OLD TRAIN", 9), "train == val: the existing train file changed");
-    CHECK(!exists(check_scratch_path("keep_train.bin.tmp")), "train == val: a tmp file was left");
+    CHECK(!exists(tmp_of("keep_train.bin")), "train == val: a tmp file was left");
 
     /* the same file spelled two ways, existing and not yet existing */
     char dotted[256], fresh_a[256], fresh_b[256];
@@ -287,10 +295,10 @@ static void test_build_bytes_refusals(void) {
     snprintf(fresh_b, sizeof fresh_b, "%s/../%s/fresh.bin", scratch, strrchr(scratch, '/') + 1);
     st = loom_data_build_bytes(inputs, 1, fresh_a, fresh_b, 0.2, NULL, NULL);
     CHECK(st == LOOM_EUSAGE, "new train == new val (other spelling): %d %s", st, loom_errmsg());
-    CHECK(!exists(fresh_a) && !exists(check_scratch_path("fresh.bin.tmp")), "refused build created a file");
+    CHECK(!exists(fresh_a) && !exists(tmp_of("fresh.bin")), "refused build created a file");
 
-    /* val = train's tmp file: writing train.tmp would clobber the val file */
-    const char *val_tmp = check_scratch_path("keep_train.bin.tmp");
+    /* val = train's tmp file: writing train.tmp.PID would clobber the val file */
+    const char *val_tmp = tmp_of("keep_train.bin");
     check_write_bytes(val_tmp, "OLD VAL", 7);
     st = loom_data_build_bytes(inputs, 1, train, val_tmp, 0.2, NULL, NULL);
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), val_tmp), "val == train.tmp: %d %s", st, loom_errmsg());
@@ -320,6 +328,63 @@ static void test_build_bytes_refusals(void) {
     CHECK(nt == 41 && nv == 10, "51 bytes x 0.2 -> 41 train, 10 val: %zu %zu", nt, nv);
 }
 
+/* Two processes building the same shards at once - two first runs of
+ * `loom train` in one folder, each building the default data set - both
+ * succeed and leave complete shards and no tmp file. With one PATH.tmp
+ * for both, one's fopen truncated the other's file and the second rename
+ * failed (ENOENT). */
+static void test_build_concurrent(void) {
+    enum { BYTES = 1 << 20, ROUNDS = 12, WRITERS = 3 };
+    const char *in = check_scratch_path("conc.txt");
+    char *text = malloc(BYTES);
+    CHECK(text != NULL, "out of memory");
+    if (!text) return;
+    for (size_t i = 0; i < BYTES; i++) text[i] = (char)('a' + i % 26);
+    check_write_bytes(in, text, BYTES);
+    free(text);
+    char train[256], val[256];
+    snprintf(train, sizeof train, "%s", check_scratch_path("conc_train.bin"));
+    snprintf(val, sizeof val, "%s", check_scratch_path("conc_val.bin"));
+    const char *inputs[1] = {in};
+    pid_t kids[WRITERS];
+    for (int w = 0; w < WRITERS; w++) {
+        kids[w] = fork();
+        if (kids[w] == 0) {
+            int fails = 0;
+            for (int r = 0; r < ROUNDS; r++)
+                if (loom_data_build_bytes(inputs, 1, train, val, 0.1, NULL, NULL) != LOOM_OK) {
+                    fprintf(stderr, "writer %d round %d: %s\n", w, r, loom_errmsg());
+                    fails++;
+                }
+            _exit(fails ? 1 : 0);
+        }
+        CHECK(kids[w] > 0, "fork failed");
+    }
+    for (int w = 0; w < WRITERS; w++) {
+        int status = 0;
+        if (kids[w] > 0) waitpid(kids[w], &status, 0);
+        CHECK(kids[w] > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "writer %d: a concurrent build failed (status %d)", w, status);
+    }
+    loom_tokens t;
+    CHECK(loom_tokens_open(train, &t) == LOOM_OK, "open train: %s", loom_errmsg());
+    size_t want = BYTES - (size_t)(0.1 * BYTES + 0.5), bad = 0;
+    CHECK(t.n == want, "train shard has %zu tokens, expected %zu", t.n, want);
+    for (size_t i = 0; i < t.n; i++) bad += loom_tokens_get(&t, i) != (uint32_t)('a' + i % 26);
+    CHECK(bad == 0, "%zu train tokens wrong", bad);
+    loom_tokens_close(&t);
+    CHECK(loom_tokens_open(val, &t) == LOOM_OK && t.n == BYTES - want, "open val: %s", loom_errmsg());
+    loom_tokens_close(&t);
+    /* no writer's tmp file is left */
+    int left = 0;
+    for (int w = 0; w < WRITERS; w++) {
+        char name[96];
+        snprintf(name, sizeof name, "conc_train.bin.tmp.%ld", (long)kids[w]);
+        left += exists(check_scratch_path(name));
+    }
+    CHECK(left == 0, "%d tmp files left", left);
+}
+
 int main(void) {
     scratch = check_scratch_dir("data");
     if (!scratch) return check_done();
@@ -330,5 +395,6 @@ int main(void) {
     test_sequential();
     test_build_bytes();
     test_build_bytes_refusals();
+    test_build_concurrent();
     return check_done();
 }
