@@ -55,12 +55,15 @@ static void expect_open_fails(const char *label, const char *path, loom_status w
     if (st == LOOM_OK) loom_tokens_close(&t);
 }
 
-/* The scratch path of NAME's tmp file while this process writes it. */
-static const char *tmp_of(const char *name) {
+/* The scratch path of NAME's tmp file while process PID writes it. */
+static const char *tmp_of_pid(const char *name, pid_t pid) {
     char t[200];
-    snprintf(t, sizeof t, "%s.tmp.%ld", name, (long)getpid());
+    snprintf(t, sizeof t, "%s.tmp.%ld", name, (long)pid);
     return check_scratch_path(t);
 }
+
+/* ... while this process writes it. */
+static const char *tmp_of(const char *name) { return tmp_of_pid(name, getpid()); }
 
 static void test_round_trip(void) {
     uint32_t v1[5] = {0, 1, 50256, 65535, 7};
@@ -377,11 +380,8 @@ static void test_build_concurrent(void) {
     loom_tokens_close(&t);
     /* no writer's tmp file is left */
     int left = 0;
-    for (int w = 0; w < WRITERS; w++) {
-        char name[96];
-        snprintf(name, sizeof name, "conc_train.bin.tmp.%ld", (long)kids[w]);
-        left += exists(check_scratch_path(name));
-    }
+    for (int w = 0; w < WRITERS; w++)
+        left += exists(tmp_of_pid("conc_train.bin", kids[w])) + exists(tmp_of_pid("conc_val.bin", kids[w]));
     CHECK(left == 0, "%d tmp files left", left);
 }
 
