@@ -18,7 +18,7 @@ typedef struct gen_cfg {
     char model[1024], load_params[1024], tokenizer[1024], ids_file[1024], stop[1024], format[16];
     char logits_out[1024];
     cli_strlist prompts, ids;
-    int max_tokens, top_k, tp, pp, threads, max_len, check_kv;
+    int max_tokens, top_k, tp, pp, ep, threads, max_len, check_kv;
     double temperature, top_p;
     uint64_t seed;
 } gen_cfg;
@@ -72,10 +72,11 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
 
 static loom_status check_flags(const gen_cfg *c, int world) {
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
-    if (c->tp < 1 || c->pp < 1) return loom_fail(LOOM_EUSAGE, "--tp %d and --pp %d must be >= 1", c->tp, c->pp);
-    if (c->tp * c->pp != world)
-        return loom_fail(LOOM_EUSAGE, "tp=%d x pp=%d = %d ranks, but the job has %d", c->tp, c->pp, c->tp * c->pp,
-                         world);
+    if (c->tp < 1 || c->pp < 1 || c->ep < 1)
+        return loom_fail(LOOM_EUSAGE, "--tp %d, --pp %d and --ep %d must be >= 1", c->tp, c->pp, c->ep);
+    if (c->tp * c->pp * c->ep != world)
+        return loom_fail(LOOM_EUSAGE, "tp=%d x pp=%d x ep=%d = %d ranks, but the job has %d", c->tp, c->pp, c->ep,
+                         c->tp * c->pp * c->ep, world);
     if (c->max_tokens < 1) return loom_fail(LOOM_EUSAGE, "--max-tokens %d: must be >= 1", c->max_tokens);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
     if (c->max_len < 0) return loom_fail(LOOM_EUSAGE, "--max-len %d: must be >= 0", c->max_len);
@@ -134,6 +135,7 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
     loom_layout_default(&l);
     l.tp = c->tp;
     l.pp = c->pp;
+    l.dp = l.ep = c->ep; /* each EP rank holds 1/ep of the experts and runs every prompt */
     if (st == LOOM_OK) st = loom_layout_check(&l, loom_comm_size(world));
     LOOM_TRY(loom_comm_agree(world, st));
 
@@ -179,8 +181,8 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
             total += outs[j].n;
         }
         fflush(stdout);
-        loom_info("generated %zu tokens for %d prompt(s) (longest %zu) in %.3f s, tp=%d pp=%d", total, n, longest,
-                  secs, c->tp, c->pp);
+        loom_info("generated %zu tokens for %d prompt(s) (longest %zu) in %.3f s, tp=%d pp=%d ep=%d", total, n,
+                  longest, secs, c->tp, c->pp, c->ep);
     }
     free(logits);
     for (int j = 0; j < MAX_PROMPTS; j++) {
@@ -200,7 +202,7 @@ static loom_status run_any(const void *c, loom_comm *world) { return run(c, worl
 
 int cmd_generate(int argc, char **argv) {
     static gen_cfg c = {.model = "mini", .format = "text", .max_tokens = 64, .top_p = 1.0, .seed = 1,
-                        .tp = 1, .pp = 1};
+                        .tp = 1, .pp = 1, .ep = 1};
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
@@ -216,7 +218,8 @@ int cmd_generate(int argc, char **argv) {
         {"seed", OPT_U64, &c.seed, 0, "S", "sampling seed (default 1)"},
         {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST", "stop token ids, or none (default <|endoftext|> with --tokenizer)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
-        {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp = ranks"},
+        {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp x ep = ranks"},
+        {"ep", OPT_INT, &c.ep, 0, "N", "MoE models: experts split over N ranks, each running every prompt (default 1)"},
         {"max-len", OPT_INT, &c.max_len, 0, "N", "KV cache positions per sequence (default n_positions)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
         CLI_DEVICE_OPT(device),
@@ -230,7 +233,7 @@ int cmd_generate(int argc, char **argv) {
         "Continue prompts with a KV cache: all prompts are prefilled in one pass, then\n"
         "each unfinished one advances one token per step (greedy, or sampled with\n"
         "--temperature, --top-k, --top-p, --seed) until --max-tokens or a stop token,\n"
-        "which is kept. Under mpirun, --tp and --pp split the model as training does\n"
+        "which is kept. Under mpirun, --tp, --pp and --ep split the model as training does\n"
         "(the same parts and loader); every rank runs the model, rank 0 prints one\n"
         "line per prompt.",
         "example: build/loom generate --model gpt2 --load-params model.safetensors \\\n"

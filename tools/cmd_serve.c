@@ -14,16 +14,17 @@
 
 typedef struct serve_cfg {
     char model[1024], load_params[1024], tokenizer[1024], port_file[1024];
-    int port, tp, pp, dp, threads, max_seqs, max_len, max_rows, queue, max_body;
+    int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body;
 } serve_cfg;
 
 static loom_status check_flags(const serve_cfg *c, int world) {
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
-    if (c->tp < 1 || c->pp < 1 || c->dp < 1)
-        return loom_fail(LOOM_EUSAGE, "--tp %d, --pp %d and --dp %d must be >= 1", c->tp, c->pp, c->dp);
-    if (c->tp * c->pp * c->dp != world)
-        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d = %d ranks, but the job has %d", c->dp, c->tp, c->pp,
-                         c->dp * c->tp * c->pp, world);
+    if (c->tp < 1 || c->pp < 1 || c->dp < 1 || c->ep < 1)
+        return loom_fail(LOOM_EUSAGE, "--tp %d, --pp %d, --dp %d and --ep %d must be >= 1", c->tp, c->pp, c->dp,
+                         c->ep);
+    if (c->tp * c->pp * c->dp * c->ep != world)
+        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d x ep=%d = %d ranks, but the job has %d", c->dp, c->tp,
+                         c->pp, c->ep, c->dp * c->tp * c->pp * c->ep, world);
     if (c->port < 0 || c->port + c->dp - 1 > 65535)
         return loom_fail(LOOM_EUSAGE, "--port %d: the ports %d..%d must be in [0, 65535]", c->port, c->port,
                          c->port + c->dp - 1);
@@ -46,11 +47,12 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
     loom_layout_default(&l);
     l.tp = c->tp;
     l.pp = c->pp;
-    l.dp = c->dp;
+    l.dp = c->dp * c->ep; /* a replica's ep ranks are consecutive dp ranks: one EP group */
+    l.ep = c->ep;
     if (st == LOOM_OK) st = loom_layout_check(&l, loom_comm_size(world));
     st = loom_comm_agree(world, st);
     loom_mesh *mesh = NULL;
-    loom_comm *replica = NULL; /* this rank's replica: a tp x pp group with its own server */
+    loom_comm *replica = NULL; /* this rank's replica: a tp x pp x ep group with its own server */
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
     int max_rows = c->max_rows ? c->max_rows : max_len + c->max_seqs;
@@ -59,20 +61,21 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
     if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
-    if (st == LOOM_OK && c->dp > 1) st = loom_comm_split(world, mesh->dp_rank, loom_comm_rank(world), "replica", &replica);
+    const int r = st == LOOM_OK ? mesh->dp_rank / c->ep : 0; /* this rank's replica */
+    if (st == LOOM_OK && c->dp > 1) st = loom_comm_split(world, r, loom_comm_rank(world), "replica", &replica);
     if (st == LOOM_OK) {
-        /* ranks of a replica in world order are its (dp = 1) layout's ranks */
+        /* ranks of a replica in world order are its (dp = ep) layout's ranks */
         loom_layout one = l;
-        one.dp = 1;
+        one.dp = c->ep;
         int coords[LOOM_AXIS_COUNT] = {0};
         coords[LOOM_AXIS_PP] = c->pp - 1;
         char port_file[1100];
-        snprintf(port_file, sizeof port_file, mesh->dp_rank ? "%s.%d" : "%s", c->port_file, mesh->dp_rank);
-        loom_serve_config sc = {.port = c->port ? c->port + mesh->dp_rank : 0, .queue = c->queue,
+        snprintf(port_file, sizeof port_file, r ? "%s.%d" : "%s", c->port_file, r);
+        loom_serve_config sc = {.port = c->port ? c->port + r : 0, .queue = c->queue,
                                 .max_body = c->max_body, .model_name = mc.name,
                                 .port_file = c->port_file[0] ? port_file : NULL};
         if (c->dp > 1)
-            loom_info("%d replicas of tp=%d x pp=%d ranks; replica r serves on %s", c->dp, c->tp, c->pp,
+            loom_info("%d replicas of tp=%d x pp=%d x ep=%d ranks; replica r serves on %s", c->dp, c->tp, c->pp, c->ep,
                       c->port ? "port --port + r" : "its own free port (--port-file FILE, FILE.r)");
         st = loom_serve_run(&sc, inf, tok, replica ? replica : world, loom_layout_rank(&one, coords));
     }
@@ -88,7 +91,7 @@ static loom_status check_any(const void *c, int ranks) { return check_flags(c, r
 static loom_status run_any(const void *c, loom_comm *world) { return run(c, world); }
 
 int cmd_serve(int argc, char **argv) {
-    static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .max_seqs = 8, .queue = 64,
+    static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .ep = 1, .max_seqs = 8, .queue = 64,
                           .max_body = 1 << 20};
     static char device[16] = "cpu";
     static cli_opt opts[] = {
@@ -99,7 +102,8 @@ int cmd_serve(int argc, char **argv) {
         {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE", "write the bound port there (replica r > 0: FILE.r)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1)"},
-        {"dp", OPT_INT, &c.dp, 0, "N", "replicas, each tp x pp ranks with its own port P+r (default 1)"},
+        {"dp", OPT_INT, &c.dp, 0, "N", "replicas, each tp x pp x ep ranks with its own port P+r (default 1)"},
+        {"ep", OPT_INT, &c.ep, 0, "N", "MoE models: experts split over N ranks of each replica, each running every request (default 1)"},
         {"max-seqs", OPT_INT, &c.max_seqs, 0, "N", "KV-cache slots: requests decoding at once (default 8)"},
         {"max-len", OPT_INT, &c.max_len, 0, "N", "positions per slot, prompt + max_tokens (default n_positions)"},
         {"max-rows", OPT_INT, &c.max_rows, 0, "N", "tokens per model step (default max-len + max-seqs)"},
@@ -117,7 +121,7 @@ int cmd_serve(int argc, char **argv) {
         "The KV cache is --max-seqs slots of --max-len positions, allocated at start; a\n"
         "request waits for a slot (at most --queue wait, then 503). Rank 0 serves HTTP,\n"
         "every rank runs the model. With --dp D the job is D independent replicas of\n"
-        "tp x pp ranks; replica r serves on port P + r (a load balancer in front spreads\n"
+        "tp x pp x ep ranks; replica r serves on port P + r (a load balancer in front spreads\n"
         "requests). SIGINT or SIGTERM stops the server.",
         "example: scripts/loomrun -np 2 build/loom serve --model gpt2 --load-params model.safetensors \\\n"
         "           --tokenizer DIR --tp 2 --port 8000\n"

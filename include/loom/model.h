@@ -221,7 +221,30 @@ typedef struct loom_gpt_opts {
      * router losses (aux, z) that training adds (evaluation); backward is
      * unchanged. */
     int loss_lm_only;
+    /* Inference (loom_gpt_forward_kv): no gradients and no backward; one
+     * set of block activations serves every block, each block's output
+     * overwriting its input; B x T is the most rows of one forward (new
+     * tokens of several sequences), not bounded by n_positions; no head
+     * buffers (the caller runs its own head on the rows it needs); MoE
+     * blocks route dropless, every token to its top_k experts (capacity is
+     * a training budget). Not with SP, CP, recompute or a split backward. */
+    int forward_only;
 } loom_gpt_opts;
+
+/* Inference: the rows of one forward are the new tokens of n sequences,
+ * consecutive and in this order, each appended to its sequence's key/value
+ * cache. The cache of local block li and sequence slot s is
+ * k + ((size_t)li * max_seqs + s) * max_len * C_l floats, (max_len, C_l) with
+ * position p at row p (and v alike). */
+typedef struct loom_gpt_kv {
+    int n;             /* sequences in this forward */
+    const int *seq;    /* (n) their cache slots, distinct, < max_seqs */
+    const int *pos;    /* (n) positions already cached (the first new row's position) */
+    const int *n_new;  /* (n) new rows of each, >= 1 */
+    float *k, *v;      /* (L_l, max_seqs, max_len, C_l) device memory */
+    int max_seqs, max_len;
+    float *scratch;    /* loom_attention_kv_scratch_floats(rows, max_len) floats */
+} loom_gpt_kv;
 
 enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_SELECTIVE = 1, LOOM_RECOMPUTE_FULL = 2 };
 /* "none" | "selective" | "full" -> LOOM_RECOMPUTE_*; LOOM_EUSAGE naming --recompute. */
@@ -290,6 +313,14 @@ size_t loom_gpt_activation_bytes(const loom_gpt *m);
  * and adds their sum to *loss_sum (may be NULL). B x T as planned. */
 loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const int32_t *targets,
                              double *loss_sum);
+/* Inference forward (a part made with opts.forward_only) of the R <= B*T
+ * rows in loom_gpt_input(m, 0) through the part's blocks - the same block
+ * forward as training, attention reading and extending the caches of kv
+ * (R = the sum of kv->n_new) - leaving the output rows at loom_gpt_output(m,
+ * 0). Collective over tp, and over ep for MoE blocks (every rank of the EP
+ * group calls it, each with its own rows). The caller's checks bound R, the
+ * positions and the slots; LOOM_EINTERNAL when the part is not forward_only. */
+loom_status loom_gpt_forward_kv(loom_gpt *m, int R, const loom_gpt_kv *kv);
 /* The slot's input buffer (Nx,C) for stages after the first. */
 float *loom_gpt_input(loom_gpt *m, int slot);
 /* The slot's output (Nx,C) for stages before the last. */

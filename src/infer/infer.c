@@ -1,8 +1,10 @@
-/* infer.c - forward-only GPT-2 with a KV cache over the training model's
- * parts: the weights are a loom_gpt part (same table, shards and loader as
- * training); the step below is llm.c's forward with the attention reading a
- * per-sequence cache, and the same TP regions (copy in, reduce out) at the
- * same places as gpt.c's block_fwd. See include/loom/infer.h. */
+/* infer.c - forward-only GPT-2 (dense or MoE) with a KV cache over the
+ * training model's parts: the weights are a loom_gpt part (same table, shards
+ * and loader as training) made forward_only, whose blocks run the training
+ * block forward with attention reading and extending a per-sequence cache
+ * (loom_gpt_forward_kv); this file adds the embedding of the new tokens at
+ * their positions, the pipeline hand-over and the head on each sequence's
+ * last row. See include/loom/infer.h. */
 #include "loom/infer.h"
 
 #include <stdlib.h>
@@ -25,9 +27,10 @@ struct loom_infer {
     loom_gpt *m;
     int C, C_l, NH_l, V_l, L_l, tp;
     int *len;          /* (max_seqs) cached positions per sequence */
+    int *pos;          /* (max_seqs) a step's entries' positions before it */
     float *kc, *vc;    /* (L_l, max_seqs, max_len, C_l) */
-    float *x, *ln, *mean, *rstd, *qkv, *atty, *y, *fch, *fchg, *att_scratch; /* R rows */
-    int32_t *rows_tok; /* (R) */
+    float *att_scratch; /* the cached attention's scratch for R rows */
+    int32_t *rows_tok;  /* (R) */
     float *last, *lnf, *lnf_mean, *lnf_rstd, *logits_l, *gathered, *logits; /* S rows */
     loom_arena arena;
 };
@@ -48,15 +51,6 @@ static void layout(loom_infer *f) {
     const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
-    f->x = take(a, F(R * C));
-    f->ln = take(a, F(R * C));
-    f->mean = take(a, F(R));
-    f->rstd = take(a, F(R));
-    f->qkv = take(a, F(R * 3 * Cl));
-    f->atty = take(a, F(R * Cl));
-    f->y = take(a, F(R * C));
-    f->fch = take(a, F(R * 4 * Cl));
-    f->fchg = take(a, F(R * 4 * Cl));
     f->att_scratch = take(a, F(loom_attention_kv_scratch_floats((int)R, f->o.max_len)));
     f->rows_tok = take(a, R * sizeof(int32_t));
     f->last = take(a, F(S * C));
@@ -75,9 +69,12 @@ static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mes
         return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s", o->max_len,
                          cfg->n_positions, cfg->name);
     if (!mesh) return LOOM_OK;
-    if (mesh->layout.cp > 1 || mesh->layout.ep > 1)
-        return loom_fail(LOOM_EUSAGE, "inference runs tp x pp (x dp replicas); cp=%d and ep=%d must be 1",
-                         mesh->layout.cp, mesh->layout.ep);
+    if (mesh->layout.cp > 1)
+        return loom_fail(LOOM_EUSAGE, "inference runs tp x pp x ep (x dp replicas); cp=%d must be 1",
+                         mesh->layout.cp);
+    if (mesh->layout.ep > 1 && cfg->n_expert == 0)
+        return loom_fail(LOOM_EUSAGE, "ep=%d: model %s has no experts to split (a dense model runs ep=1)",
+                         mesh->layout.ep, cfg->name);
     LOOM_TRY(loom_model_check_tp(cfg, mesh->layout.tp, 0, 1));
     if (mesh->layout.pp > MAX_STAGES)
         return loom_fail(LOOM_EUSAGE, "inference: pp=%d stages, at most %d", mesh->layout.pp, MAX_STAGES);
@@ -100,6 +97,7 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     loom_model_part part = loom_model_part_whole(cfg);
     if (mesh) {
         part.tp = (loom_tp){.comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
+        part.ep = mesh->layout.ep > 1 ? mesh->ep : NULL;
         int counts[MAX_STAGES], first = 0;
         /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
         double C = cfg->n_embd, block = 24.0 * C * C + 4.0 * o->max_len * C;
@@ -115,7 +113,8 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
         part.has_embed = f->pp_rank == 0;
         part.has_head = f->pp_rank == f->pp_size - 1;
     }
-    loom_gpt_opts go = {.B = 1, .T = 1, .n_slots = 1, .external_grads = 1};
+    /* rows of a step through the blocks: the part's one forward-only set */
+    loom_gpt_opts go = {.B = 1, .T = o->max_rows, .n_slots = 1, .forward_only = 1};
     loom_status st = loom_gpt_create(cfg, &part, &go, &f->m);
     if (st != LOOM_OK) {
         free(f);
@@ -132,8 +131,9 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     st = loom_arena_commit(&f->arena);
     /* host side: sequence lengths and the logits handed to the caller */
     f->len = calloc((size_t)o->max_seqs, sizeof *f->len);
+    f->pos = calloc((size_t)o->max_seqs, sizeof *f->pos);
     f->logits = calloc((size_t)o->max_seqs * (size_t)cfg->vocab_size, sizeof *f->logits);
-    if (st == LOOM_OK && (!f->len || !f->logits))
+    if (st == LOOM_OK && (!f->len || !f->pos || !f->logits))
         st = loom_fail(LOOM_EOS, "out of memory for the inference logits");
     if (st != LOOM_OK) {
         loom_infer_free(f);
@@ -149,6 +149,7 @@ void loom_infer_free(loom_infer *f) {
     loom_gpt_free(f->m);
     loom_arena_free(&f->arena);
     free(f->len);
+    free(f->pos);
     free(f->logits);
     free(f);
 }
@@ -167,52 +168,14 @@ size_t loom_infer_cache_bytes(const loom_infer *f) {
     return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->C_l);
 }
 
-/* Cache rows of local block li, sequence s: (max_len, C_l). */
-static float *cache_at(const loom_infer *f, float *base, int li, int s) {
-    return base + ((size_t)li * f->o.max_seqs + (size_t)s) * (size_t)f->o.max_len * f->C_l;
-}
-
-/* One block over the R rows of the step: x (R,C) in place. */
-static loom_status block_step(loom_infer *f, int li, int n, const int *seq, const int *n_new, int R) {
-    const loom_gpt_layer_w *w = &f->m->w.h[li];
-    const loom_tp *tp = &f->m->part.tp;
-    const int C = f->C, Cl = f->C_l;
-    /* attention: x += c_proj(attn(c_attn(ln_1(x)))) with k, v appended to the cache */
-    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln1_w, w->ln1_b, R, C);
-    LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
-    loom_matmul_fwd(f->qkv, f->ln, w->qkv_w, w->qkv_b, R, C, 3 * Cl);
-    for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++) {
-        float *kc = cache_at(f, f->kc, li, seq[j]), *vc = cache_at(f, f->vc, li, seq[j]);
-        const int p0 = f->len[seq[j]];
-        for (int i = 0; i < n_new[j]; i++) {
-            const float *row = f->qkv + (size_t)(r0 + i) * 3 * Cl; /* [q | k | v] */
-            loom_tensor_copy(kc + (size_t)(p0 + i) * Cl, row + Cl, (size_t)Cl);
-            loom_tensor_copy(vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, (size_t)Cl);
-        }
-        loom_attention_kv_fwd(f->atty + (size_t)r0 * Cl, f->qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc, p0,
-                              n_new[j], Cl, f->NH_l, f->att_scratch);
-    }
-    loom_matmul_fwd(f->y, f->atty, w->proj_w, NULL, R, Cl, C);
-    LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    loom_tensor_add_bias_residual(f->x, f->y, w->proj_b, R, C);
-    /* MLP: x += c_proj(gelu(c_fc(ln_2(x)))) */
-    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln2_w, w->ln2_b, R, C);
-    LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
-    loom_matmul_fwd(f->fch, f->ln, w->fc_w, w->fc_b, R, C, 4 * Cl);
-    loom_gelu_fwd(f->fchg, f->fch, (size_t)R * 4 * Cl);
-    loom_matmul_fwd(f->y, f->fchg, w->fcp_w, NULL, R, 4 * Cl, C);
-    LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    loom_tensor_add_bias_residual(f->x, f->y, w->fcp_b, R, C);
-    return LOOM_OK;
-}
-
 /* ln_f and the tied LM head on each entry's last row; logits gathered over
  * the vocabulary shards into f->logits (n, V). */
 static loom_status head_step(loom_infer *f, int n, const int *n_new) {
     const int C = f->C, Vl = f->V_l, V = f->cfg.vocab_size;
+    const float *x = loom_gpt_output(f->m, 0); /* (R,C) */
     for (int j = 0, r = 0; j < n; j++) {
         r += n_new[j];
-        loom_tensor_copy(f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, (size_t)C);
+        loom_tensor_copy(f->last + (size_t)j * C, x + (size_t)(r - 1) * C, (size_t)C);
     }
     loom_layernorm_fwd(f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
     loom_matmul_nt_fwd(f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
@@ -258,17 +221,22 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
     *logits = NULL;
     LOOM_TRY(check_step(f, n, seq, n_new, tokens, &R));
     const int C = f->C;
+    float *x = loom_gpt_input(f->m, 0); /* (R,C) */
     if (f->m->part.has_embed) {
         loom_tensor_upload_i32(f->rows_tok, tokens, (size_t)R);
-        loom_embed_fwd(f->x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
-        LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, f->x, (size_t)R * C));
+        loom_embed_fwd(x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
+        LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, x, (size_t)R * C));
         for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
-            loom_pos_fwd(f->x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
+            loom_pos_fwd(x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
     } else {
-        LOOM_TRY(loom_comm_recv(f->pp, f->x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
+        LOOM_TRY(loom_comm_recv(f->pp, x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
     }
-    for (int li = 0; li < f->L_l; li++) LOOM_TRY(block_step(f, li, n, seq, n_new, R));
-    if (!f->m->part.has_head) LOOM_TRY(loom_comm_send(f->pp, f->x, F((size_t)R * C), f->pp_rank + 1, PP_TAG));
+    const loom_gpt_kv kv = {.n = n, .seq = seq, .pos = f->pos, .n_new = n_new, .k = f->kc, .v = f->vc,
+                            .max_seqs = f->o.max_seqs, .max_len = f->o.max_len, .scratch = f->att_scratch};
+    for (int j = 0; j < n; j++) f->pos[j] = f->len[seq[j]];
+    LOOM_TRY(loom_gpt_forward_kv(f->m, R, &kv));
+    if (!f->m->part.has_head)
+        LOOM_TRY(loom_comm_send(f->pp, loom_gpt_output(f->m, 0), F((size_t)R * C), f->pp_rank + 1, PP_TAG));
     for (int j = 0; j < n; j++) f->len[seq[j]] += n_new[j];
     if (f->m->part.has_head) {
         LOOM_TRY(head_step(f, n, n_new));

@@ -93,18 +93,23 @@ static void layout_block(loom_gpt *m, loom_arena *a, loom_gpt_layer_acts *x) {
 
 static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C;
+    const int fwd_only = m->opts.forward_only;
     s->inputs = take(a, N * sizeof(int32_t));
     s->targets = take(a, N * sizeof(int32_t));
     s->x = take(a, F(Nx * C));
-    s->dx = take(a, F(Nx * C));
+    s->dx = fwd_only ? NULL : take(a, F(Nx * C));
     for (int l = 0; l < m->L_l; l++) {
         loom_gpt_layer_acts *x = &s->acts[l];
+        if (fwd_only) { /* one set, its output too: each block overwrites its input */
+            *x = m->work;
+            continue;
+        }
         if (m->opts.recompute == LOOM_RECOMPUTE_FULL) *x = m->work; /* only the output is kept */
         else layout_block(m, a, x);
         x->res3 = take(a, F(Nx * C));
         if (s->ds) layout_dsave(m, a, &s->ds[l], m->part.tp.sp);
     }
-    if (m->part.has_head) {
+    if (m->part.has_head && !fwd_only) {
         s->lnf = take(a, F(Nx * C));
         s->lnf_mean = take(a, F(Nx));
         s->lnf_rstd = take(a, F(Nx));
@@ -117,13 +122,15 @@ static void layout_slot(loom_gpt *m, loom_arena *a, loom_gpt_slot *s) {
 /* The one set of recomputed activations (see loom_gpt.work). */
 static void layout_work(loom_gpt *m, loom_arena *a) {
     memset(&m->work, 0, sizeof m->work);
-    if (m->opts.recompute == LOOM_RECOMPUTE_FULL) layout_block(m, a, &m->work);
+    if (m->opts.recompute == LOOM_RECOMPUTE_FULL || m->opts.forward_only) layout_block(m, a, &m->work);
+    if (m->opts.forward_only) m->work.res3 = take(a, F((size_t)m->Nx * m->C));
 }
 
 static void layout_acts(loom_gpt *m, loom_arena *a) {
     const size_t N = (size_t)m->N, Nx = (size_t)m->Nx, C = (size_t)m->C, Cl = (size_t)m->C_l;
     layout_work(m, a);
     for (int s = 0; s < m->opts.n_slots; s++) layout_slot(m, a, &m->slots[s]);
+    if (m->opts.forward_only) return; /* no backward, no head */
     m->dres = take(a, F(Nx * C));
     m->dfull = m->part.tp.sp ? take(a, F(N * C)) : NULL; /* SP's gathered rows, one at a time */
     m->d4c = take(a, F(N * 4 * Cl));
@@ -160,7 +167,10 @@ static loom_status check_part(const loom_model_config *cfg, const loom_model_par
     LOOM_TRY(loom_model_check_tp(cfg, p->tp.size, p->tp.sp, o->T));
     if (o->B < 1 || o->T < 1)
         return loom_fail(LOOM_EUSAGE, "batch %d x sequence %d: both must be >= 1", o->B, o->T);
-    if (o->T > cfg->n_positions)
+    if (o->forward_only && (p->tp.sp || p->cp.size > 1 || o->recompute || o->split_backward))
+        return loom_fail(LOOM_EINTERNAL, "a forward-only part runs without SP, CP, recompute and a "
+                                         "split backward");
+    if (o->T > cfg->n_positions && !o->forward_only)
         return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T,
                          cfg->n_positions);
     if (o->recompute == LOOM_RECOMPUTE_FULL && o->split_backward)
@@ -184,6 +194,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
     m->part = *part;
     m->opts = *opts;
     if (m->opts.n_slots < 1) m->opts.n_slots = 1;
+    if (m->opts.forward_only) m->opts.external_grads = 1; /* no gradients */
     const int tp = part->tp.size;
     m->B = opts->B;
     m->T = opts->T;
@@ -207,7 +218,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         loom_backend_arena_init(&m->a_grads, "grads");
         loom_backend_arena_init(&m->a_acts, "activations");
         if (!opts->external_params) loom_arena_reserve(&m->a_params, F(m->num_params));
-        if (!opts->external_grads) loom_arena_reserve(&m->a_grads, F(m->num_params));
+        if (!m->opts.external_grads) loom_arena_reserve(&m->a_grads, F(m->num_params));
         layout_acts(m, &m->a_acts); /* plan */
         st = loom_arena_commit(&m->a_params);
     }
@@ -219,7 +230,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         return st;
     }
     if (!opts->external_params) m->param_mem = loom_arena_alloc(&m->a_params, F(m->num_params));
-    if (!opts->external_grads) m->grad_mem = loom_arena_alloc(&m->a_grads, F(m->num_params));
+    if (!m->opts.external_grads) m->grad_mem = loom_arena_alloc(&m->a_grads, F(m->num_params));
     layout_acts(m, &m->a_acts); /* hand out */
     loom_gpt_bind_all(m);
     *out = m;
@@ -293,6 +304,17 @@ static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.ha
         if (m->hooks.name) LOOM_TRY(m->hooks.name(m->hooks.ctx, m, unit));                         \
     } while (0)
 
+/* The rows one forward works on: a micro-batch of B sequences of T
+ * (training; N = B T, Nx = N / tp under SP), or the new tokens of an
+ * inference step (kv: their sequences' caches; B = 1, T = N = Nx). */
+typedef struct {
+    int B, T, N, Nx;
+    const loom_gpt_kv *kv;
+} rows_t;
+
+/* The micro-batch the part was planned for. */
+static rows_t planned(const loom_gpt *m) { return (rows_t){m->B, m->T, m->N, m->Nx, NULL}; }
+
 /* ---- the TP regions around a block's two matmuls ------------------------ */
 
 /* The (N,C) rows of a (Nx,C) shard x: with SP all-gathered into the shared
@@ -307,10 +329,10 @@ static loom_status sp_regather(loom_gpt *m, const float *x, int sharded, const f
 }
 /* Into a column-parallel matmul: x (Nx,C) -> *xg, its (N,C) rows; under SP
  * only the shard x is kept for backward. */
-static loom_status col_in_fwd(loom_gpt *m, float *x, const float **xg) {
+static loom_status col_in_fwd(loom_gpt *m, const rows_t *r, float *x, const float **xg) {
     if (m->part.tp.sp) return sp_regather(m, x, 1, xg);
     *xg = x;
-    return loom_tp_copy_fwd(&m->part.tp, x, (size_t)m->N * m->C);
+    return loom_tp_copy_fwd(&m->part.tp, x, (size_t)r->N * m->C);
 }
 /* Its conjugate: partial dxg (N,C) -> dx (Nx,C) summed over tp. */
 static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
@@ -320,9 +342,9 @@ static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
     return LOOM_OK;
 }
 /* Out of a row-parallel matmul: partial y (N,C) -> out (Nx,C) summed (y == out without SP). */
-static loom_status row_out_fwd(loom_gpt *m, float *y, float *out) {
-    if (m->part.tp.sp) return loom_sp_reduce_scatter_fwd(&m->part.tp, y, out, (size_t)m->Nx * m->C);
-    return loom_tp_reduce_fwd(&m->part.tp, out, (size_t)m->N * m->C);
+static loom_status row_out_fwd(loom_gpt *m, const rows_t *r, float *y, float *out) {
+    if (m->part.tp.sp) return loom_sp_reduce_scatter_fwd(&m->part.tp, y, out, (size_t)r->Nx * m->C);
+    return loom_tp_reduce_fwd(&m->part.tp, out, (size_t)r->N * m->C);
 }
 /* Its conjugate: dout (Nx,C) -> dy (N,C) as the matmul's output gradient. */
 static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
@@ -336,9 +358,10 @@ static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
 
 static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     const int sp = m->part.tp.sp;
+    const rows_t r = planned(m);
     float *full = sp ? m->dfull : s->x; /* (N,C) partial over tp */
     loom_embed_fwd(full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
-    LOOM_TRY(row_out_fwd(m, full, s->x));
+    LOOM_TRY(row_out_fwd(m, &r, full, s->x));
     if (m->part.cp.size > 1)
         loom_cp_pos_fwd(&m->part.cp, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     else
@@ -346,31 +369,60 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     return LOOM_OK;
 }
 
-static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
+/* Inference attention: each sequence's new keys and values (from qkv
+ * (N,3C_l), rows [q | k | v]) appended to its cache of local block li, then
+ * its new queries over every cached position up to their own. */
+static void attention_kv(loom_gpt *m, int li, const loom_gpt_kv *kv, float *atty, const float *qkv) {
+    const int Cl = m->C_l;
+    for (int j = 0, r0 = 0; j < kv->n; r0 += kv->n_new[j], j++) {
+        const size_t at = ((size_t)li * kv->max_seqs + (size_t)kv->seq[j]) * (size_t)kv->max_len * Cl;
+        float *kc = kv->k + at, *vc = kv->v + at; /* (max_len, C_l) */
+        for (int i = 0; i < kv->n_new[j]; i++) {
+            const float *row = qkv + (size_t)(r0 + i) * 3 * Cl;
+            loom_tensor_copy(kc + (size_t)(kv->pos[j] + i) * Cl, row + Cl, (size_t)Cl);
+            loom_tensor_copy(vc + (size_t)(kv->pos[j] + i) * Cl, row + 2 * Cl, (size_t)Cl);
+        }
+        loom_attention_kv_fwd(atty + (size_t)r0 * Cl, qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc,
+                              kv->pos[j], kv->n_new[j], Cl, m->NH_l, kv->scratch);
+    }
+}
+
+/* atty (N,C_l) from qkv (N,3C_l): causal over the micro-batch's sequences
+ * (ring or Ulysses across the CP group), or over the caches (inference). */
+static loom_status attention_fwd(loom_gpt *m, int li, const rows_t *r, loom_gpt_layer_acts *a) {
+    if (r->kv) attention_kv(m, li, r->kv, a->atty, a->qkv);
+    else if (m->part.cp.size > 1)
+        LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l));
+    else
+        loom_attention_fwd(a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l);
+    return LOOM_OK;
+}
+
+/* One block, training and inference alike (r: which rows, and how attention
+ * sees them); its output in s->acts[li].res3. */
+static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const rows_t *r) {
     const loom_gpt_layer_w *w = &m->w.h[li];
     loom_gpt_layer_acts *a = &s->acts[li];
-    const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l, sp = m->part.tp.sp;
+    const int N = r->N, Nx = r->Nx, C = m->C, Cl = m->C_l, sp = m->part.tp.sp;
     const float *res = block_out(s, li - 1); /* (Nx,C) */
     /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
     const float *xg; /* (N,C) the LayerNorm output's rows, gathered under SP */
     loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
-    LOOM_TRY(col_in_fwd(m, a->ln1, &xg));
+    LOOM_TRY(col_in_fwd(m, r, a->ln1, &xg));
     loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
-    if (m->part.cp.size > 1)
-        LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l));
-    else
-        loom_attention_fwd(a->atty, a->lse, a->qkv, m->B, m->T, Cl, m->NH_l);
+    LOOM_TRY(attention_fwd(m, li, r, a));
     float *y = sp ? m->dfull : a->res2;
     loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
-    LOOM_TRY(row_out_fwd(m, y, a->res2));
+    LOOM_TRY(row_out_fwd(m, r, y, a->res2));
     loom_tensor_add_bias_residual(a->res2, res, w->proj_b, Nx, C);
-    /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
+    /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); res is not read
+     * again, so res3 may be res itself (a forward-only part) */
     loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
-    LOOM_TRY(col_in_fwd(m, a->ln2, &xg));
+    LOOM_TRY(col_in_fwd(m, r, a->ln2, &xg));
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
         y = sp ? m->dlnfull : a->res3; /* (N,C); dfull holds xg, dlnfull is free in forward */
-        LOOM_TRY(loom_moe_fwd(m, s, li, xg, y));
-        LOOM_TRY(row_out_fwd(m, y, a->res3)); /* experts' partial sums over tp */
+        LOOM_TRY(loom_moe_fwd(m, s, li, N, xg, y));
+        LOOM_TRY(row_out_fwd(m, r, y, a->res3)); /* experts' partial sums over tp */
         loom_residual_fwd(a->res3, a->res3, a->res2, (size_t)Nx * C);
         return LOOM_OK;
     }
@@ -378,7 +430,7 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
     loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
     y = sp ? m->dfull : a->res3;
     loom_matmul_fwd(y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
-    LOOM_TRY(row_out_fwd(m, y, a->res3));
+    LOOM_TRY(row_out_fwd(m, r, y, a->res3));
     loom_tensor_add_bias_residual(a->res3, a->res2, w->fcp_b, Nx, C);
     return LOOM_OK;
 }
@@ -388,10 +440,11 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li) {
 static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, int grad, double *loss_sum) {
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
     const loom_tp *tp = &m->part.tp;
+    const rows_t r = planned(m);
     loom_layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
                        m->w.lnf_b, Nx, C);
     const float *xg;
-    LOOM_TRY(col_in_fwd(m, s->lnf, &xg));
+    LOOM_TRY(col_in_fwd(m, &r, s->lnf, &xg));
     loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
     /* one rank with the whole vocabulary: the fused kernel if the backend has
      * one, with the loss's gradient too if the backward follows */
@@ -415,8 +468,11 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, int grad, double *los
 loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const int32_t *targets,
                              double *loss_sum) {
     loom_gpt_slot *s = &m->slots[slot];
+    const rows_t r = planned(m);
     const int expect = m->expect_backward; /* the promise holds for this forward only */
     m->expect_backward = 0;
+    if (m->opts.forward_only)
+        return loom_fail(LOOM_EINTERNAL, "loom_gpt_forward on a forward-only part (use loom_gpt_forward_kv)");
     s->have_targets = targets != NULL;
     if (targets) loom_tensor_upload_i32(s->targets, targets, (size_t)m->N);
     if (has_outer(m)) HOOK(pre_forward, LOOM_UNIT_OUTER);
@@ -426,12 +482,21 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
     }
     for (int li = 0; li < m->L_l; li++) {
         HOOK(pre_forward, m->part.layer_begin + li);
-        LOOM_TRY(block_fwd(m, s, li));
+        LOOM_TRY(block_fwd(m, s, li, &r));
         HOOK(post_forward, m->part.layer_begin + li);
     }
     if (m->part.has_head) LOOM_TRY(head_fwd(m, s, expect, loss_sum));
     if (loss_sum) *loss_sum += loom_moe_loss_sum(m, s); /* router losses, on every stage */
     if (has_outer(m)) HOOK(post_forward, LOOM_UNIT_OUTER);
+    return LOOM_OK;
+}
+
+loom_status loom_gpt_forward_kv(loom_gpt *m, int R, const loom_gpt_kv *kv) {
+    if (!m->opts.forward_only || R < 1 || R > m->N)
+        return loom_fail(LOOM_EINTERNAL, "loom_gpt_forward_kv: %d rows on a part %s for %d", R,
+                         m->opts.forward_only ? "planned" : "not forward-only,", m->N);
+    const rows_t r = {1, R, R, R, kv};
+    for (int li = 0; li < m->L_l; li++) LOOM_TRY(block_fwd(m, &m->slots[0], li, &r));
     return LOOM_OK;
 }
 
@@ -608,7 +673,10 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         int unit = m->part.layer_begin + li;
         loom_gpt_dsave *d = split ? &s->ds[li] : &m->scratch_ds;
         HOOK(pre_backward, unit);
-        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) LOOM_TRY(block_fwd(m, s, li)); /* from its input */
+        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) { /* from its input */
+            const rows_t r = planned(m);
+            LOOM_TRY(block_fwd(m, s, li, &r));
+        }
         LOOM_TRY(block_bwd_input(m, s, li, d));
         if (!split) {
             LOOM_TRY(block_bwd_weight(m, s, li, d));

@@ -39,8 +39,10 @@ void loom_moe_free(struct loom_moe *moe);
 void loom_moe_bind_storage(loom_gpt *m);
 /* Point the view named by `suffix` (after "h.<l>.") at v; 1 if it is an MoE tensor. */
 int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads);
-/* out (N,C) WRITES the MoE MLP of x (N,C) for local block li of slot s. */
-loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out);
+/* out (N,C) WRITES the MoE MLP of x (N,C) for local block li of slot s:
+ * N = m->N rows in training, fewer in an inference forward (forward_only:
+ * one routing group, dropless). */
+loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const float *x, float *out);
 /* dx (N,C) WRITES d(x) from dout (N,C), partial over tp (the caller sums
  * it); keeps what the weight half needs. */
 loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const float *dout, float *dx);

@@ -487,19 +487,20 @@ static void permute(const moe_acts *a, int P, int El, const float *src, float *d
 
 /* ---- forward ----------------------------------------------------------------- */
 
-loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const float *x, float *out) {
+loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const float *x, float *out) {
     moe_block *bl = block_of(m, li);
     struct loom_moe *moe = m->moe;
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El;
     a->x = x;
     double zsum = route_probs(a, bl->w.router, N, C, E);
     route_topk(a, bl->bias, N, E, k, c->norm_topk);
     const int G = moe->G, Ng = N / G;
-    int64_t dropped = route_dispatch(moe, a, N, E, k, loom_moe_capacity(c, Ng));
+    const int cap = m->opts.forward_only ? Ng : loom_moe_capacity(c, Ng); /* inference: dropless */
+    int64_t dropped = route_dispatch(moe, a, N, E, k, cap);
     /* per group g of Ng tokens: aux_g = coef E sum_e (routed_ge / Ng) (mean p_ie over g);
      * a->aux, a->z = the means over the G groups (equal sizes: z's is the plain mean) */
     double aux = 0;

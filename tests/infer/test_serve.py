@@ -2,7 +2,8 @@
 """test_serve.py - `loom serve` on loopback under mpirun (2 ranks: tp=2, or
 the flags given, e.g. `--pp 2`; with `--dp 2` both replicas' ports first answer
 concurrent greedy requests with loom generate's tokens, then replica 0 gets the
-checks below).
+checks below; `--model tiny-moe --ep 2` serves a Mixture-of-Experts model
+with its experts split over the two ranks).
 
 A tiny byte-level model is trained briefly and served with 4 KV slots and a
 wait queue of 8. Checked:
@@ -67,25 +68,32 @@ def completion_ids(status, data, stream):
 
 
 def main():
+    args = sys.argv[1:]
+    model = "tiny"
+    if "--model" in args:  # e.g. --model tiny-moe --ep 2: the rest is the layout
+        i = args.index("--model")
+        model = args[i + 1]
+        del args[i:i + 2]
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
         params = os.path.join(tmp, "tiny.safetensors")
-        lt.run(["train", "--model", "tiny", "--data", data, "--steps", 60, "--lr", "3e-3", "--batch", 8, "--seq",
+        lt.run(["train", "--model", model, "--data", data, "--steps", 60, "--lr", "3e-3", "--batch", 8, "--seq",
                 64, "--threads", 1, "--save-params", params])
         text = open("/usr/share/common-licenses/GPL-3", "rb").read()
         prompts = [list(text[1000 + 400 * i:1000 + 400 * i + 10 + 3 * i]) for i in range(12)]
         ids_file = os.path.join(tmp, "p.txt")
         with open(ids_file, "w") as f:
             f.write("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
-        p = lt.run(["generate", "--model", "tiny", "--load-params", params, "--ids-file", ids_file, "--max-tokens",
+        p = lt.run(["generate", "--model", model, "--load-params", params, "--ids-file", ids_file, "--max-tokens",
                     24, "--format", "ids", "--threads", 1])
         want = [[int(t) for t in line.split()] for line in p.stdout.strip().splitlines()]
 
         port_file = os.path.join(tmp, "port")
         log = open(os.path.join(tmp, "serve.log"), "w")
-        layout = sys.argv[1:] or ["--tp", "2"]
+        layout = args or ["--tp", "2"]
         print("layout:", " ".join(layout))
-        srv = subprocess.Popen([lt.LOOM_RUN, "-np", "2", lt.LOOM, "serve", "--model", "tiny", "--load-params",
+        print("model:", model)
+        srv = subprocess.Popen([lt.LOOM_RUN, "-np", "2", lt.LOOM, "serve", "--model", model, "--load-params",
                                 params] + layout + ["--port", "0", "--port-file", port_file, "--max-seqs", "4",
                                 "--queue", "8", "--max-body", "4096", "--threads", "1"], stdout=log,
                                stderr=subprocess.STDOUT)
@@ -113,7 +121,7 @@ def main():
                       % (same, len(prompts)))
                 lt.check(same == len(prompts) and port1 != port, "dp=2 replicas: %d/%d" % (same, len(prompts)))
             run_checks(port, prompts, want)
-            p = lt.run(["serve", "--model", "tiny", "--load-params", params, "--port", port, "--threads", 1],
+            p = lt.run(["serve", "--model", model, "--load-params", params, "--port", port, "--threads", 1],
                        check_ok=False, timeout=60)
             lt.check(p.returncode == 69 and "cannot listen on 127.0.0.1:%d" % port in p.stderr,
                      "a second server on the same port: %d %r" % (p.returncode, p.stderr[-200:]))
