@@ -168,12 +168,14 @@ static const row ROWS[] = {
     {TRAIN, &TINY4, 2, 8, 32, NULL, "pp=2,v=2", "--virtual-stages 2: v > 1 only with interleaved (schedule 1f1b)"},
     {TRAIN, &TINY4, 2, 6, 32, NULL, "pp=2,v=2,schedule=interleaved,m=3",
      "interleaved needs --micro-batches divisible by pp=2, got 3"},
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=2,schedule=interleaved", "pp=2 x v=2 = 4 virtual stages but the model has 2 layers"},
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=2,schedule=interleaved",
+     "pp=2 x v=2 = 4 virtual stages but the model has 2 layers"},
     {TRAIN, &NOLAYER, 2, 8, 32, NULL, "pp=2", "the model has 0 layers: need at least 1"},
     {TRAIN, &TINY4, 2, 8, 32, NULL, "pp=2,stages=1.1.2", "--stage-layers has 3 entries, need pp=2 x v=1 = 2"},
     {TRAIN, &TINY4, 2, 8, 32, NULL, "pp=2,stages=2.3", "--stage-layers sums to 5, model has 4 layers"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,accum=2", "--grad-accum 2 with a pipeline: use --micro-batches"},
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=3", "--micro-batches 3 does not divide the 8 sequences per DP rank (--batch 8 / dp=1)"},
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=3",
+     "--micro-batches 3 does not divide the 8 sequences per DP rank (--batch 8 / dp=1)"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=0", NULL}, /* micro-batches 0: pp */
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=full", "--recompute full with --schedule zb: refused"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=selective", NULL},
@@ -204,7 +206,8 @@ static const row ROWS[] = {
     {PLAN, &LLAMA, 8, 8, 4096, NULL, "tp=8,schedule=zb,m=8", "pp=1: no pipeline schedule"},
     {PLAN, &LLAMA, 64, 64, 4096, NULL, "tp=8,pp=8,schedule=zb,recompute=full,m=64", NULL}, /* weighed, not refused */
     {PLAN, &LLAMA, 16, 16, 4096, NULL, "dp=2,tp=8,m=8", NULL},
-    {PLAN, &LLAMA, 16, 16, 4096, NULL, "dp=2,tp=8,m=3,accum=3", "--grad-accum 3 does not divide the 8 sequences per DP rank"},
+    {PLAN, &LLAMA, 16, 16, 4096, NULL, "dp=2,tp=8,m=3,accum=3",
+     "--grad-accum 3 does not divide the 8 sequences per DP rank"},
     {PLAN, &LLAMA, 8, 8, 100000, NULL, "tp=8,m=8", NULL}, /* no n_positions limit: other stacks */
     /* the planner: serving layouts */
     {SERVE, &LLAMA, 16, 64, 2048, NULL, "dp=2,tp=8,m=1", NULL},
@@ -275,13 +278,17 @@ static void test_sections(void) {
 /* ---- the typed fields' words ---------------------------------------------- */
 
 static void test_names(void) {
-    CHECK(strcmp(loom_schedule_name(LOOM_SCHED_ZB), "zb") == 0 && strcmp(loom_schedule_name(LOOM_SCHED_COUNT), "?") == 0,
+    CHECK(strcmp(loom_schedule_name(LOOM_SCHED_ZB), "zb") == 0 &&
+              strcmp(loom_schedule_name(LOOM_SCHED_COUNT), "?") == 0,
           "schedule names");
-    CHECK(strcmp(loom_cp_impl_name(LOOM_CP_ULYSSES), "ulysses") == 0 && strcmp(loom_cp_impl_names[LOOM_CP_RING], "ring") == 0,
+    CHECK(strcmp(loom_cp_impl_name(LOOM_CP_ULYSSES), "ulysses") == 0 &&
+              strcmp(loom_cp_impl_names[LOOM_CP_RING], "ring") == 0,
           "cp impl names");
-    CHECK(strcmp(loom_recompute_names[LOOM_RECOMPUTE_FULL], "full") == 0 && !loom_recompute_names[LOOM_RECOMPUTE_COUNT],
+    CHECK(strcmp(loom_recompute_names[LOOM_RECOMPUTE_FULL], "full") == 0 &&
+              !loom_recompute_names[LOOM_RECOMPUTE_COUNT],
           "recompute names");
-    CHECK(strcmp(loom_precision_names[LOOM_PRECISION_BF16], "bf16") == 0 && !loom_precision_names[LOOM_PRECISION_COUNT],
+    CHECK(strcmp(loom_precision_names[LOOM_PRECISION_BF16], "bf16") == 0 &&
+              !loom_precision_names[LOOM_PRECISION_COUNT],
           "precision names");
     CHECK(strcmp(loom_axis_name(LOOM_AXIS_PP), "pp") == 0 && !loom_axis_names[LOOM_AXIS_COUNT], "axis names");
     loom_sched_kind k = LOOM_SCHED_GPIPE;
