@@ -33,6 +33,25 @@ static const cli_opt *find_opt(const cli_cmd *cmd, const char *name) {
     return NULL;
 }
 
+/* An enum flag's word -> its index. "--precision fp16: expected fp32 or bf16". */
+typedef enum { CLI_ENUM_PROBE } cli_enum_probe;
+static loom_status set_enum(const cli_enum *e, const char *v, const char *what) {
+    _Static_assert(sizeof(cli_enum_probe) == sizeof(int), "enums are stored as int");
+    int n = 0;
+    while (e->words[n]) n++;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, e->words[i]) == 0) {
+            *(int *)e->value = i;
+            return LOOM_OK;
+        }
+    char list[256];
+    size_t k = 0;
+    for (int i = 0; i < n && k < sizeof list; i++)
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+                              e->words[i]);
+    return loom_fail(LOOM_EUSAGE, "%s %s: expected %s", what, v, list);
+}
+
 /* `what` names the setting in messages: "--steps" for a flag, or
  * "FILE: \"steps\"" for a config key. */
 static loom_status set_from_string(const cli_opt *o, const char *v, const char *what) {
@@ -81,6 +100,7 @@ static loom_status set_from_string(const cli_opt *o, const char *v, const char *
     case OPT_FLAG:
         *(int *)o->dst = 1;
         return LOOM_OK;
+    case OPT_ENUM: return set_enum(o->dst, v, what);
     }
     return LOOM_EINTERNAL;
 }
@@ -108,6 +128,7 @@ static loom_status set_from_json(const cli_opt *o, const cJSON *v, const char *p
         *(int *)o->dst = cJSON_IsTrue(v);
         return LOOM_OK;
     case OPT_STR:
+    case OPT_ENUM:
         if (!cJSON_IsString(v)) return loom_fail(LOOM_ECONFIG, "%s must be a string", what);
         return set_from_string(o, v->valuestring, what) == LOOM_OK ? LOOM_OK : LOOM_ECONFIG;
     case OPT_STRLIST:

@@ -9,7 +9,7 @@
 
 #include "loom/status.h"
 
-typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_STRLIST } cli_type;
+typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_STRLIST, OPT_ENUM } cli_type;
 
 #define CLI_LIST_MAX 64
 
@@ -18,10 +18,17 @@ typedef struct cli_strlist {
     const char *items[CLI_LIST_MAX];
 } cli_strlist;
 
+/* OPT_ENUM's dst: an enum (int-sized) set to the index of its word in
+ * `words` (NULL-terminated: layout.h's name tables). */
+typedef struct cli_enum {
+    void *value;
+    const char *const *words;
+} cli_enum;
+
 typedef struct cli_opt {
     const char *name; /* without dashes: "steps" */
     cli_type type;
-    void *dst;        /* int*, uint64_t*, float*, double*, char[cap], int* (flag), cli_strlist* */
+    void *dst;        /* int*, uint64_t*, float*, double*, char[cap], int* (flag), cli_strlist*, cli_enum* */
     size_t cap;       /* OPT_STR: buffer size */
     const char *metavar;
     const char *help;

@@ -71,12 +71,9 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
 }
 
 static loom_status check_flags(const gen_cfg *c, int world) {
+    (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
-    if (c->tp < 1 || c->pp < 1 || c->ep < 1)
-        return loom_fail(LOOM_EUSAGE, "--tp %d, --pp %d and --ep %d must be >= 1", c->tp, c->pp, c->ep);
-    if (c->tp * c->pp * c->ep != world)
-        return loom_fail(LOOM_EUSAGE, "tp=%d x pp=%d x ep=%d = %d ranks, but the job has %d", c->tp, c->pp, c->ep,
-                         c->tp * c->pp * c->ep, world);
+    if (c->ep < 1) return loom_fail(LOOM_EUSAGE, "--ep %d: must be >= 1", c->ep); /* also the layout's dp */
     if (c->max_tokens < 1) return loom_fail(LOOM_EUSAGE, "--max-tokens %d: must be >= 1", c->max_tokens);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
     if (c->max_len < 0) return loom_fail(LOOM_EUSAGE, "--max-len %d: must be >= 0", c->max_len);
@@ -136,7 +133,9 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
     l.tp = c->tp;
     l.pp = c->pp;
     l.dp = l.ep = c->ep; /* each EP rank holds 1/ep of the experts and runs every prompt */
-    if (st == LOOM_OK) st = loom_layout_check(&l, loom_comm_size(world));
+    const loom_layout_model shape = loom_model_shape(&mc);
+    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_INFER, .world = loom_comm_size(world)};
+    if (st == LOOM_OK) st = loom_layout_validate(&l, &shape, &job);
     LOOM_TRY(loom_comm_agree(world, st));
 
     loom_mesh *mesh = NULL;

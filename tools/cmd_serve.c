@@ -18,16 +18,13 @@ typedef struct serve_cfg {
 } serve_cfg;
 
 static loom_status check_flags(const serve_cfg *c, int world) {
+    (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
-    if (c->tp < 1 || c->pp < 1 || c->dp < 1 || c->ep < 1)
-        return loom_fail(LOOM_EUSAGE, "--tp %d, --pp %d, --dp %d and --ep %d must be >= 1", c->tp, c->pp, c->dp,
-                         c->ep);
-    if (c->tp * c->pp * c->dp * c->ep != world)
-        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d x ep=%d = %d ranks, but the job has %d", c->dp, c->tp,
-                         c->pp, c->ep, c->dp * c->tp * c->pp * c->ep, world);
-    if (c->port < 0 || c->port + c->dp - 1 > 65535)
-        return loom_fail(LOOM_EUSAGE, "--port %d: the ports %d..%d must be in [0, 65535]", c->port, c->port,
-                         c->port + c->dp - 1);
+    if (c->ep < 1 || c->dp < 1) /* both multiply into the layout's dp */
+        return loom_fail(LOOM_EUSAGE, "--dp %d and --ep %d must be >= 1", c->dp, c->ep);
+    if (c->port < 0 || (long long)c->port + c->dp - 1 > 65535)
+        return loom_fail(LOOM_EUSAGE, "--port %d: the ports %d..%lld must be in [0, 65535]", c->port, c->port,
+                         (long long)c->port + c->dp - 1);
     if (c->max_seqs < 1 || c->queue < 0 || c->max_body < 64 || c->max_len < 0 || c->max_rows < 0)
         return loom_fail(LOOM_EUSAGE, "--max-seqs %d >= 1, --queue %d >= 0, --max-body %d >= 64, --max-len %d and "
                          "--max-rows %d >= 0 (0 = default)", c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
@@ -49,7 +46,9 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
     l.pp = c->pp;
     l.dp = c->dp * c->ep; /* a replica's ep ranks are consecutive dp ranks: one EP group */
     l.ep = c->ep;
-    if (st == LOOM_OK) st = loom_layout_check(&l, loom_comm_size(world));
+    const loom_layout_model shape = loom_model_shape(&mc);
+    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_INFER, .world = loom_comm_size(world)};
+    if (st == LOOM_OK) st = loom_layout_validate(&l, &shape, &job);
     st = loom_comm_agree(world, st);
     loom_mesh *mesh = NULL;
     loom_comm *replica = NULL; /* this rank's replica: a tp x pp x ep group with its own server */

@@ -12,14 +12,15 @@
 #include <string.h>
 
 #include "cli.h"
-#include "loom/model.h"
+#include "loom/layout.h"
 #include "loom/pipeline.h"
 #include "loom/sim.h"
 
 
 typedef struct sim_args {
-    int pp, m, v, layers, max_cols;
-    char schedule[32], stage_layers[1024], trace[1024], from_trace[1024], recompute[16];
+    loom_layout l; /* pp, micro_batches, virtual_stages, schedule, recompute, stage_layers */
+    int layers, max_cols;
+    char stage_layers[1024], trace[1024], from_trace[1024];
     loom_sim_costs costs; /* NAN: flag not given */
     double cost_embed, cost_head;
 } sim_args;
@@ -36,14 +37,16 @@ static const char *closed_form_text(loom_sched_kind k) {
     }
 }
 
-/* Per-stage cost factors from a layer partition: stage cost relative to the
- * mean, so an even split gives all 1. */
+/* Per-stage cost factors from a layer partition (--stage-layers, checked by
+ * the validator, or balanced): stage cost relative to the mean, so an even
+ * split gives all 1. */
 static loom_status stage_scales(const sim_args *a, int *counts, double *scale) {
-    const int S = a->pp * a->v;
-    if (a->stage_layers[0])
-        LOOM_TRY(loom_partition_parse(a->stage_layers, a->layers, a->pp, a->v, counts));
+    const int S = a->l.pp * a->l.virtual_stages;
+    if (a->l.n_stage_layers)
+        memcpy(counts, a->l.stage_layers, (size_t)S * sizeof *counts);
     else
-        LOOM_TRY(loom_partition_balance(a->layers, a->pp, a->v, a->cost_embed, a->cost_head, counts));
+        LOOM_TRY(loom_partition_balance(a->layers, a->l.pp, a->l.virtual_stages, a->cost_embed, a->cost_head,
+                                        counts));
     const double total = a->layers + a->cost_embed + a->cost_head;
     for (int s = 0; s < S; s++)
         scale[s] = loom_partition_stage_cost(counts, S, s, a->cost_embed, a->cost_head) * S / total;
@@ -97,7 +100,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
     else
         printf("costs: f=%g b=%g w=%g (%s) comm=%g opt=%g\n", c->f, c->b, c->w,
                s->split_backward ? "B and W separate" : "full backward b+w", c->comm, c->opt);
-    if (!strcmp(a->recompute, "full"))
+    if (a->l.recompute == LOOM_RECOMPUTE_FULL)
         printf("recompute: full - each backward re-runs its chunk's forward first (b includes f)\n");
     if (counts) {
         printf("layers per virtual stage (%d layers, embedding %g, head %g):", a->layers, a->cost_embed,
@@ -164,7 +167,7 @@ static loom_status check_trace_flags(const sim_args *a) {
              {"--stage-layers", a->stage_layers[0] != 0}, {"--cost-embed", !isnan(a->cost_embed)},
              {"--cost-head", !isnan(a->cost_head)},
              /* what the measured durations already hold */
-             {"--recompute full", !strcmp(a->recompute, "full")}, {"--cores", a->costs.cores > 0}};
+             {"--recompute full", a->l.recompute == LOOM_RECOMPUTE_FULL}, {"--cores", a->costs.cores > 0}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given)
             return loom_fail(LOOM_EUSAGE,
@@ -178,15 +181,9 @@ static loom_status check_trace_flags(const sim_args *a) {
  * the LM head are never recomputed, so next to a block they weigh less by
  * (f+b+w)/(2f+b+w) when the partitioner splits the layers. selective adds
  * nothing (loom's attention backward recomputes its probabilities in any
- * mode). zb is refused, as loom train refuses it: the separate W would need
- * the block's activations again after other blocks' recomputes. */
-static loom_status apply_recompute(sim_args *a, loom_sched_kind k) {
-    int rc;
-    LOOM_TRY(loom_recompute_parse(a->recompute, &rc));
-    if (rc != LOOM_RECOMPUTE_FULL) return LOOM_OK; /* with --from-trace: refused by check_trace_flags */
-    if (k == LOOM_SCHED_ZB)
-        return loom_fail(LOOM_EUSAGE, "--recompute full with --schedule zb: refused, as loom train refuses it "
-                                      "(W would need the block's activations after other blocks' recomputes)");
+ * mode). zb is refused by the validator, as loom train refuses it. */
+static void apply_recompute(sim_args *a) {
+    if (a->l.recompute != LOOM_RECOMPUTE_FULL) return; /* with --from-trace: refused by check_trace_flags */
     loom_sim_costs *c = &a->costs;
     const double plain = c->f + c->b + c->w, longer = 2 * c->f + c->b + c->w;
     if (longer > 0) {
@@ -194,13 +191,15 @@ static loom_status apply_recompute(sim_args *a, loom_sched_kind k) {
         a->cost_head *= plain / longer;
     }
     c->b += c->f;
-    return LOOM_OK;
 }
 
 static loom_status run(sim_args *a) {
-    loom_sched_kind k;
-    LOOM_TRY(loom_schedule_parse(a->schedule, &k));
-    LOOM_TRY(loom_schedule_check(k, a->pp, a->m, a->v));
+    if (a->layers < 0) return loom_fail(LOOM_EUSAGE, "--layers %d: must be >= 1", a->layers);
+    LOOM_TRY(loom_layout_parse_stage_layers(a->stage_layers, &a->l));
+    const loom_layout_model model = {.name = "--layers", .n_layer = a->layers};
+    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_SIM};
+    LOOM_TRY(loom_layout_validate(&a->l, &model, &job));
+    const loom_layout *l = &a->l;
     const int max_cols = a->max_cols != UNSET_COLS ? a->max_cols : a->from_trace[0] ? 120 : 400;
     if (max_cols < 1 || max_cols > 100000)
         return loom_fail(LOOM_EUSAGE, "--max-cols %d: must be in 1..100000", max_cols);
@@ -216,9 +215,6 @@ static loom_status run(sim_args *a) {
     if (isnan(a->costs.opt)) a->costs.opt = def.opt;
     if (isnan(a->cost_embed)) a->cost_embed = 0;
     if (isnan(a->cost_head)) a->cost_head = 0;
-    if (a->stage_layers[0] && a->layers == 0)
-        return loom_fail(LOOM_EUSAGE, "--stage-layers needs --layers N (the model's layer count)");
-    if (a->layers < 0) return loom_fail(LOOM_EUSAGE, "--layers %d: must be >= 1", a->layers);
     LOOM_TRY(loom_sim_costs_check(&a->costs, 0));
     if (a->costs.share && !(a->costs.cores > 0))
         return loom_fail(LOOM_EUSAGE, "--share %d: only with --cores C (ranks that share processors)", a->costs.share);
@@ -226,8 +222,8 @@ static loom_status run(sim_args *a) {
         return loom_fail(LOOM_EUSAGE, "--cost-embed %g: must be a finite number >= 0", a->cost_embed);
     if (!(isfinite(a->cost_head) && a->cost_head >= 0))
         return loom_fail(LOOM_EUSAGE, "--cost-head %g: must be a finite number >= 0", a->cost_head);
-    LOOM_TRY(apply_recompute(a, k));
-    const int S = a->pp * a->v;
+    apply_recompute(a);
+    const int S = l->pp * l->virtual_stages;
     int *counts = NULL;
     double *scale = NULL;
     loom_schedule *s = NULL;
@@ -240,7 +236,7 @@ static loom_status run(sim_args *a) {
         st = !counts || !scale ? loom_fail(LOOM_EOS, "out of memory") : stage_scales(a, counts, scale);
         a->costs.stage_scale = scale;
     }
-    if (st == LOOM_OK) st = loom_schedule_build(k, a->pp, a->m, a->v, &s);
+    if (st == LOOM_OK) st = loom_schedule_build(l->schedule, l->pp, l->micro_batches, l->virtual_stages, &s);
     if (st == LOOM_OK && a->from_trace[0]) {
         st = loom_sim_trace_read(s, a->from_trace, &t);
         if (st == LOOM_OK) {
@@ -266,17 +262,21 @@ static loom_status run(sim_args *a) {
 
 int cmd_sim(int argc, char **argv) {
     static sim_args a;
-    a = (sim_args){.pp = 4, .m = 8, .v = 1, .max_cols = UNSET_COLS, .schedule = "1f1b", .recompute = "none"};
+    a = (sim_args){.max_cols = UNSET_COLS};
+    loom_layout_default(&a.l);
+    a.l.pp = 4;
+    a.l.micro_batches = 8;
     loom_sim_costs_default(&a.costs);
     /* NAN = not given (the flag parser only takes finite numbers) */
     a.costs.f = a.costs.b = a.costs.w = a.costs.comm = a.costs.opt = NAN;
     a.cost_embed = a.cost_head = NAN;
+    static cli_enum e_schedule = {&a.l.schedule, loom_schedule_names},
+                    e_recompute = {&a.l.recompute, loom_recompute_names};
     static cli_opt opts[] = {
-        {"pp", OPT_INT, &a.pp, 0, "P", "pipeline stages (ranks) (default 4)"},
-        {"micro-batches", OPT_INT, &a.m, 0, "M", "micro-batches per step (default 8)"},
-        {"schedule", OPT_STR, a.schedule, sizeof a.schedule, "NAME",
-         "gpipe, 1f1b, interleaved or zb (default 1f1b)"},
-        {"virtual-stages", OPT_INT, &a.v, 0, "V", "chunks per rank, interleaved only (default 1)"},
+        {"pp", OPT_INT, &a.l.pp, 0, "P", "pipeline stages (ranks) (default 4)"},
+        {"micro-batches", OPT_INT, &a.l.micro_batches, 0, "M", "micro-batches per step (default 8)"},
+        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "gpipe, 1f1b, interleaved or zb (default 1f1b)"},
+        {"virtual-stages", OPT_INT, &a.l.virtual_stages, 0, "V", "chunks per rank, interleaved only (default 1)"},
         {"cost-f", OPT_DOUBLE, &a.costs.f, 0, "T", "forward of one chunk (default 1)"},
         {"cost-b", OPT_DOUBLE, &a.costs.b, 0, "T", "input-gradient part of a backward (default 1)"},
         {"cost-w", OPT_DOUBLE, &a.costs.w, 0, "T", "weight-gradient part of a backward (default 1)"},
@@ -296,7 +296,7 @@ int cmd_sim(int argc, char **argv) {
          "LM head cost in blocks, on the last stage (default 0)"},
         {"max-cols", OPT_INT, &a.max_cols, 0, "N",
          "widest timeline in columns (default 400; 120 with --from-trace)"},
-        {"recompute", OPT_STR, a.recompute, sizeof a.recompute, "MODE",
+        {"recompute", OPT_ENUM, &e_recompute, 0, "MODE",
          "none, selective or full: full adds f to every backward (default none)"},
         {"trace", OPT_STR, a.trace, sizeof a.trace, "FILE", "write a Chrome trace-event JSON (Perfetto)"},
         {"from-trace", OPT_STR, a.from_trace, sizeof a.from_trace, "DIR",

@@ -71,7 +71,13 @@ static loom_status ensure_default_data(loom_comm *world, const char *data) {
 
 int cmd_train(int argc, char **argv) {
     static loom_train_config c;
-    static char order[64] = "tp,cp,dp,pp";
+    static char order[64] = "tp,cp,dp,pp", stage_layers[256];
+    static cli_enum e_schedule = {&c.layout.schedule, loom_schedule_names},
+                    e_precision = {&c.layout.precision, loom_precision_names},
+                    e_comm_precision = {&c.layout.comm_precision, loom_precision_names},
+                    e_recompute = {&c.layout.recompute, loom_recompute_names},
+                    e_cp_impl = {&c.layout.cp_impl, loom_cp_impl_names},
+                    e_nan_policy = {&c.nan_policy, loom_nan_policy_names};
     static char device[16] = "cpu";
     static int no_progress, progress;
     loom_train_config_default(&c);
@@ -93,24 +99,24 @@ int cmd_train(int argc, char **argv) {
         {"grad-clip", OPT_FLOAT, &c.grad_clip, 0, "X", "clip the global gradient norm to X; 0 = off (default 1.0)"},
         {"dp", OPT_INT, &c.layout.dp, 0, "N", "data-parallel degree (default 1)"},
         {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
-        {"grad-accum", OPT_INT, &c.grad_accum, 0, "K", "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
-        {"zero", OPT_INT, &c.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
+        {"grad-accum", OPT_INT, &c.layout.grad_accum, 0, "K", "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
+        {"zero", OPT_INT, &c.layout.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
         {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X", "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
         {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F", "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
         {"moe-route-cp", OPT_INT, &c.moe_route_cp, 0, "N", "MoE without --cp: route each micro-batch as N groups, the tokens each of N CP ranks would hold, so dropping and the aux loss match a --cp N run (default: one group)"},
         {"bucket-mb", OPT_DOUBLE, &c.bucket_mb, 0, "MB", "DDP gradient bucket size in MB (default 25)"},
-        {"sp", OPT_FLAG, &c.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
+        {"sp", OPT_FLAG, &c.layout.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
-        {"schedule", OPT_STR, c.schedule, sizeof c.schedule, "NAME", "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
-        {"precision", OPT_STR, c.precision, sizeof c.precision, "P", "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
-        {"comm-precision", OPT_STR, c.comm_precision, sizeof c.comm_precision, "P", "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
-        {"recompute", OPT_STR, c.recompute, sizeof c.recompute, "MODE", "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
-        {"micro-batches", OPT_INT, &c.micro_batches, 0, "M", "pipeline micro-batches per step per DP rank (default: pp)"},
-        {"virtual-stages", OPT_INT, &c.virtual_stages, 0, "V", "model chunks per pipeline rank, for interleaved (default 1)"},
-        {"stage-layers", OPT_STR, c.stage_layers, sizeof c.stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
+        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
+        {"precision", OPT_ENUM, &e_precision, 0, "P", "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
+        {"comm-precision", OPT_ENUM, &e_comm_precision, 0, "P", "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
+        {"recompute", OPT_ENUM, &e_recompute, 0, "MODE", "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
+        {"micro-batches", OPT_INT, &c.layout.micro_batches, 0, "M", "pipeline micro-batches per step per DP rank (default: pp)"},
+        {"virtual-stages", OPT_INT, &c.layout.virtual_stages, 0, "V", "model chunks per pipeline rank, for interleaved (default 1)"},
+        {"stage-layers", OPT_STR, stage_layers, sizeof stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
         {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR", "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
         {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree: the sequence split over N ranks, 2N causal-balanced chunks (default 1)"},
-        {"cp-impl", OPT_STR, c.cp_impl, sizeof c.cp_impl, "NAME", "context-parallel attention: ring (K/V passed around) or ulysses (all-to-all to heads) (default ring)"},
+        {"cp-impl", OPT_ENUM, &e_cp_impl, 0, "NAME", "context-parallel attention: ring (K/V passed around) or ulysses (all-to-all to heads) (default ring)"},
         {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
         {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
@@ -123,7 +129,7 @@ int cmd_train(int argc, char **argv) {
         {"save-every", OPT_INT, &c.save_every, 0, "N", "checkpoint every N steps (default 0: only at the end)"},
         {"keep", OPT_INT, &c.keep, 0, "K", "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
         {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR", "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
-        {"nan-policy", OPT_STR, c.nan_policy, sizeof c.nan_policy, "abort|skip", "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
+        {"nan-policy", OPT_ENUM, &e_nan_policy, 0, "abort|skip", "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
         {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
         {"progress", OPT_FLAG, &progress, 0, NULL, "force the progress bar"},
         {"no-progress", OPT_FLAG, &no_progress, 0, NULL, "plain log lines even on a terminal"},
@@ -150,7 +156,9 @@ int cmd_train(int argc, char **argv) {
         help_once(world, &cmd);
         return finish(world, LOOM_OK);
     }
+    /* the strings a layout holds as enums are parsed by the flag table; these two are lists */
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
+    if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
     if (st == LOOM_OK) st = cli_select_device(device);
     st = agree(world, st);

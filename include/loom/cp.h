@@ -23,9 +23,8 @@
 #include <stdint.h>
 
 #include "loom/comm.h"
+#include "loom/layout.h" /* loom_cp_impl, loom_cp_impl_name */
 #include "loom/status.h"
-
-typedef enum { LOOM_CP_RING = 0, LOOM_CP_ULYSSES = 1 } loom_cp_impl;
 
 typedef struct loom_cp_buffers loom_cp_buffers;
 
@@ -36,14 +35,6 @@ typedef struct loom_cp {
     loom_cp_buffers *buf; /* exchange buffers, from loom_cp_alloc */
     long tiles;           /* attention tiles computed on this rank, forward + backward */
 } loom_cp;
-
-/* "ring" / "ulysses" -> impl; LOOM_EUSAGE naming the word otherwise. */
-loom_status loom_cp_parse_impl(const char *s, loom_cp_impl *impl);
-const char *loom_cp_impl_name(loom_cp_impl impl);
-
-/* The layout checks: T divisible by 2 cp; Ulysses: (heads / tp) divisible
- * by cp. Messages name the numbers. */
-loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp);
 
 /* Buffers for a model slice of B sequences of T_l local rows and C_l
  * channels (once, before the step loop); loom_cp_release frees them. */

@@ -23,27 +23,12 @@
 
 #include <stddef.h>
 #include "loom/comm.h"
+#include "loom/layout.h"
 #include "loom/status.h"
 
-typedef enum { LOOM_AXIS_TP, LOOM_AXIS_CP, LOOM_AXIS_DP, LOOM_AXIS_PP, LOOM_AXIS_COUNT } loom_axis;
-
-typedef struct loom_layout {
-    int dp, tp, pp, cp, ep;
-    loom_axis order[LOOM_AXIS_COUNT]; /* innermost first */
-} loom_layout;
-
-const char *loom_axis_name(loom_axis a); /* "tp", "cp", "dp", "pp" */
-
-/* All degrees 1, order tp,cp,dp,pp. */
-void loom_layout_default(loom_layout *l);
-/* Parse "tp,cp,dp,pp" (each axis exactly once) into l->order. LOOM_EUSAGE on error. */
-loom_status loom_layout_parse_order(const char *s, loom_layout *l);
-/* Degree of an axis. */
-int loom_layout_degree(const loom_layout *l, loom_axis a);
-/* Checks that need only the world size: degrees >= 1, product == world_size,
- * ep divides dp*cp. Message names the numbers ("dp=2 x tp=2 x pp=1 x cp=1 = 4
- * ranks, but the job has 8"). */
-loom_status loom_layout_check(const loom_layout *l, int world_size);
+/* The layout (degrees, order and the rest) and its checks are layout.h's:
+ * loom_layout_default, loom_layout_parse_order, loom_layout_degree,
+ * loom_layout_check. */
 
 /* rank -> coordinates (indexed by loom_axis) and back; pure. The layout's
  * degrees and order must be valid (loom_layout_check). */

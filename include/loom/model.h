@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include "loom/arena.h"
 #include "loom/cp.h"
+#include "loom/layout.h"
 #include "loom/parallel.h"
 #include "loom/status.h"
 
@@ -58,6 +59,10 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg);
 loom_status loom_model_config_resolve(const char *name_or_path, loom_model_config *cfg);
 /* Sizes positive and bounded, n_head divides n_embd. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
+/* What the layout rules need of the model (layout.h): layers, heads, the
+ * MLP's (MoE: an expert's) hidden size, n_positions, experts. The name
+ * points into cfg. */
+loom_layout_model loom_model_shape(const loom_model_config *cfg);
 
 /* How this rank's part is cut. */
 typedef struct loom_model_part {
@@ -69,9 +74,6 @@ typedef struct loom_model_part {
 } loom_model_part;
 /* The whole model on one device. */
 loom_model_part loom_model_part_whole(const loom_model_config *cfg);
-/* Degrees the config must admit: tp divides n_head (and so n_embd and 4 n_embd);
- * with sp, tp divides T. Messages name both numbers. */
-loom_status loom_model_check_tp(const loom_model_config *cfg, int tp, int sp, int T);
 
 typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
 
@@ -245,10 +247,6 @@ typedef struct loom_gpt_kv {
     int max_seqs, max_len;
     float *scratch;    /* loom_attention_kv_scratch_floats(rows, max_len) floats */
 } loom_gpt_kv;
-
-enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_SELECTIVE = 1, LOOM_RECOMPUTE_FULL = 2 };
-/* "none" | "selective" | "full" -> LOOM_RECOMPUTE_*; LOOM_EUSAGE naming --recompute. */
-loom_status loom_recompute_parse(const char *name, int *mode);
 
 struct loom_gpt {
     loom_model_config cfg;

@@ -101,15 +101,8 @@
 
 #include <stddef.h>
 
+#include "loom/layout.h" /* loom_sched_kind, its names, the LOOM_PP_MAX_* limits */
 #include "loom/status.h"
-
-typedef enum loom_sched_kind {
-    LOOM_SCHED_GPIPE,
-    LOOM_SCHED_1F1B,
-    LOOM_SCHED_INTERLEAVED,
-    LOOM_SCHED_ZB,
-    LOOM_SCHED_COUNT
-} loom_sched_kind;
 
 typedef enum loom_pp_kind {
     LOOM_PP_F,
@@ -130,12 +123,6 @@ typedef struct loom_pp_action {
     int peer;  /* SEND/RECV: the other rank; -1 for compute and OPT_STEP */
 } loom_pp_action;
 
-/* Limits that keep every list small and every tag an int. */
-#define LOOM_PP_MAX_PP 1024
-#define LOOM_PP_MAX_V 64
-#define LOOM_PP_MAX_MB 65536
-#define LOOM_PP_MAX_WORK (1 << 22) /* pp * m * v */
-
 /* The lists of all ranks in one allocation. Rank r's list is
  * actions[offset[r] .. offset[r+1]); arrays indexed by "flat index" (the
  * simulator's times) are parallel to actions. */
@@ -148,21 +135,15 @@ typedef struct loom_schedule {
     loom_pp_action *actions; /* (n_total) */
 } loom_schedule;
 
-/* "gpipe", "1f1b", "interleaved", "zb". */
-const char *loom_schedule_name(loom_sched_kind k);
-/* Name -> kind; LOOM_EUSAGE "unknown schedule 'x' (gpipe, 1f1b, interleaved, zb)". */
-loom_status loom_schedule_parse(const char *name, loom_sched_kind *out);
-/* 1 if the schedule splits B and W (zb). */
-int loom_schedule_splits_backward(loom_sched_kind k);
-
-/* The (pp, micro-batches, v) a schedule accepts. LOOM_EUSAGE naming the
- * numbers and flags: "interleaved needs --micro-batches divisible by pp=4,
- * got 6", "--virtual-stages 2: v > 1 only with interleaved (schedule 1f1b)". */
+/* The (pp, micro-batches, v) a schedule accepts: the validator's schedule
+ * section, loom_layout_check_schedule (layout.h), under the name the
+ * simulator's trace reader knows. */
 loom_status loom_schedule_check(loom_sched_kind k, int pp, int m, int v);
 
-/* Build every rank's list (calls loom_schedule_check first). LOOM_EUSAGE as
- * above, LOOM_EOS when out of memory. The caller frees with
- * loom_schedule_free. */
+/* Build every rank's list (checks (k, pp, m, v) with
+ * loom_layout_check_schedule first). LOOM_EUSAGE naming the numbers and
+ * flags ("interleaved needs --micro-batches divisible by pp=4, got 6"),
+ * LOOM_EOS when out of memory. The caller frees with loom_schedule_free. */
 loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_schedule **out);
 void loom_schedule_free(loom_schedule *s);
 
@@ -222,21 +203,13 @@ int loom_pp_action_format(const loom_pp_action *a, int v, char *buf, size_t cap)
  * the number of blocks of virtual stage s; its blocks are the counts[s] after
  * those of stages 0..s-1. */
 
-/* "pp=4 x v=2 = 8 virtual stages but the model has 6 layers". LOOM_EUSAGE. */
-loom_status loom_partition_check(int n_layer, int pp, int v);
 /* Balanced split: the least possible max stage cost; among splits with that
  * cost, the most even (least sum of squared stage costs), ties to earlier
  * stages holding more blocks. counts has pp*v entries. LOOM_EUSAGE for a bad
- * layout or a negative / non-finite cost. */
+ * layout (loom_layout_check_stages: "pp=4 x v=2 = 8 virtual stages but the
+ * model has 6 layers") or a negative / non-finite cost. */
 loom_status loom_partition_balance(int n_layer, int pp, int v, double cost_embed, double cost_head,
                                    int *counts);
-/* The user's override "3,3,2,2" (--stage-layers): exactly pp*v positive
- * integers summing to n_layer. LOOM_EUSAGE: "--stage-layers sums to 9, model
- * has 8 layers", "--stage-layers has 3 entries, need pp=4 x v=2 = 8",
- * "--stage-layers entry 2 is 0: every virtual stage needs at least one layer",
- * "--stage-layers: 'x' is not a positive integer". counts is left unchanged
- * on failure. */
-loom_status loom_partition_parse(const char *list, int n_layer, int pp, int v, int *counts);
 /* Cost of virtual stage s under counts (blocks + embedding/head). */
 double loom_partition_stage_cost(const int *counts, int n_stages, int s, double cost_embed, double cost_head);
 

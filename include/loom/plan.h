@@ -155,6 +155,12 @@ typedef struct loom_plan_layout {
 loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, loom_plan_layout *l);
 /* "dp=8,tp=4,..." (the inverse). */
 void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap);
+/* The layout rules (loom_layout_validate, layout.h) for this layout of model
+ * m and job j on `devices` devices: the planner's training or serving
+ * layouts. LOOM_EUSAGE with the first broken rule as the message (a
+ * rejected layout's reason). */
+loom_status loom_plan_layout_validate(const loom_plan_model *m, const loom_plan_job *j, int devices,
+                                      const loom_plan_layout *l);
 
 #define LOOM_PLAN_TEXT 512
 

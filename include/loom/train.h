@@ -39,7 +39,15 @@
 
 #define LOOM_PATH_MAX 1024
 
+/* Non-finite loss or gradients: abort the run (exit 65), or skip that
+ * step's update. */
+typedef enum { LOOM_NAN_POLICY_ABORT, LOOM_NAN_POLICY_SKIP, LOOM_NAN_POLICY_COUNT } loom_nan_policy;
+extern const char *const loom_nan_policy_names[]; /* abort skip, NULL-terminated */
+
 typedef struct loom_train_config {
+    /* degrees, mesh order, ZeRO stage, sp, cp_impl, schedule, virtual stages,
+     * micro-batches, stage layers, grad accumulation, recompute, precision and
+     * communication precision (layout.h; checked by loom_layout_validate) */
     loom_layout layout;
     char model[LOOM_PATH_MAX];       /* built-in name or config.json */
     char data[LOOM_PATH_MAX];        /* token shard (.bin) */
@@ -53,19 +61,7 @@ typedef struct loom_train_config {
     float lr, min_lr_frac; /* cosine decays lr to lr * min_lr_frac */
     int warmup;         /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
-    int sp;             /* Megatron sequence parallelism inside the TP group */
-    char cp_impl[16];   /* context parallelism: "ring" (default) or "ulysses" */
-    int grad_accum;     /* micro-batches per step on each DP rank (communication on the last) */
-    char schedule[32];  /* pipeline schedule: gpipe, 1f1b, interleaved, zb */
-    char recompute[16]; /* activation recompute: none, selective, full */
-    char precision[8];  /* GEMM precision: fp32, bf16 (mixed: bf16 operands, fp32 accumulation) */
-    char comm_precision[8]; /* DP gradient reductions and TP activation collectives: fp32, bf16
-                               (loom_dp_config.comm_bf16, loom_tp.comm_bf16) */
-    int micro_batches;  /* pipeline micro-batches per step per DP rank (0: pp) */
-    int virtual_stages; /* chunks per pipeline rank (interleaved) */
-    char stage_layers[256]; /* "3,3,2,2": blocks per virtual stage; "" = balanced */
     char trace[LOOM_PATH_MAX]; /* directory for per-rank Chrome traces, "" = none */
-    int zero;           /* ZeRO stage 0..3 */
     double bucket_mb;   /* DDP gradient bucket size */
     int threads;        /* per rank; 0 = auto */
     double peak_flops;  /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
@@ -77,7 +73,7 @@ typedef struct loom_train_config {
     int save_every;     /* steps between checkpoints (0: only at the end) */
     int keep;           /* newest checkpoints kept in save_dir (0: all) */
     char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
-    char nan_policy[16];          /* non-finite loss/gradients: "abort" (default) or "skip" the update */
+    loom_nan_policy nan_policy;   /* non-finite loss/gradients: abort (default) or skip the update */
     /* MoE (moe.h): warn naming the block when the expert load imbalance
      * (max / mean tokens per expert) or the all-to-all share of the step
      * exceeds these */

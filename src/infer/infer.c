@@ -16,7 +16,6 @@
 #include "loom/train.h"
 
 #define PP_TAG 7301
-#define MAX_STAGES 256
 
 struct loom_infer {
     loom_model_config cfg;
@@ -69,16 +68,9 @@ static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mes
         return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s", o->max_len,
                          cfg->n_positions, cfg->name);
     if (!mesh) return LOOM_OK;
-    if (mesh->layout.cp > 1)
-        return loom_fail(LOOM_EUSAGE, "inference runs tp x pp x ep (x dp replicas); cp=%d must be 1",
-                         mesh->layout.cp);
-    if (mesh->layout.ep > 1 && cfg->n_expert == 0)
-        return loom_fail(LOOM_EUSAGE, "ep=%d: model %s has no experts to split (a dense model runs ep=1)",
-                         mesh->layout.ep, cfg->name);
-    LOOM_TRY(loom_model_check_tp(cfg, mesh->layout.tp, 0, 1));
-    if (mesh->layout.pp > MAX_STAGES)
-        return loom_fail(LOOM_EUSAGE, "inference: pp=%d stages, at most %d", mesh->layout.pp, MAX_STAGES);
-    return loom_partition_check(cfg->n_layer, mesh->layout.pp, 1);
+    const loom_layout_model shape = loom_model_shape(cfg);
+    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_INFER, .world = mesh->world_size};
+    return loom_layout_validate(&mesh->layout, &shape, &job);
 }
 
 loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mesh, const loom_infer_opts *o,
@@ -98,7 +90,7 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     if (mesh) {
         part.tp = (loom_tp){.comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
         part.ep = mesh->layout.ep > 1 ? mesh->ep : NULL;
-        int counts[MAX_STAGES], first = 0;
+        int counts[LOOM_INFER_MAX_STAGES], first = 0;
         /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
         double C = cfg->n_embd, block = 24.0 * C * C + 4.0 * o->max_len * C;
         loom_status st = loom_partition_balance(cfg->n_layer, f->pp_size, 1, 0.01,

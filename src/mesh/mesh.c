@@ -10,118 +10,10 @@
  */
 #include "loom/mesh.h"
 
-#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const g_axis_names[LOOM_AXIS_COUNT] = {"tp", "cp", "dp", "pp"};
-
-const char *loom_axis_name(loom_axis a) {
-    return (unsigned)a < LOOM_AXIS_COUNT ? g_axis_names[a] : "?";
-}
-
-void loom_layout_default(loom_layout *l) {
-    *l = (loom_layout){.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1,
-                       .order = {LOOM_AXIS_TP, LOOM_AXIS_CP, LOOM_AXIS_DP, LOOM_AXIS_PP}};
-}
-
-int loom_layout_degree(const loom_layout *l, loom_axis a) {
-    switch (a) {
-    case LOOM_AXIS_TP: return l->tp;
-    case LOOM_AXIS_CP: return l->cp;
-    case LOOM_AXIS_DP: return l->dp;
-    case LOOM_AXIS_PP: return l->pp;
-    case LOOM_AXIS_COUNT: break;
-    }
-    return 0;
-}
-
-/* ---- the axis order --------------------------------------------------- */
-
-static int axis_from_name(const char *s, size_t n) {
-    for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        if (strlen(g_axis_names[a]) == n && strncmp(s, g_axis_names[a], n) == 0) return a;
-    return -1;
-}
-
-loom_status loom_layout_parse_order(const char *s, loom_layout *l) {
-    loom_axis order[LOOM_AXIS_COUNT];
-    int seen[LOOM_AXIS_COUNT] = {0}, n = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ' ') p++;
-        size_t len = strcspn(p, ", ");
-        int a = axis_from_name(p, len);
-        if (a < 0)
-            return loom_fail(LOOM_EUSAGE, "unknown axis '%.*s' in order '%s' (axes are tp, cp, dp, pp)",
-                             (int)len, p, s);
-        if (seen[a]++)
-            return loom_fail(LOOM_EUSAGE, "axis %s appears twice in order '%s'", g_axis_names[a], s);
-        if (n < LOOM_AXIS_COUNT) order[n] = (loom_axis)a;
-        n++;
-        p += len;
-        while (*p == ' ') p++;
-        if (*p != ',') break;
-        p++;
-    }
-    if (*p != '\0')
-        return loom_fail(LOOM_EUSAGE, "unexpected '%s' in order '%s'", p, s);
-    if (n != LOOM_AXIS_COUNT)
-        return loom_fail(LOOM_EUSAGE, "order '%s' names %d axes; it must name each of tp, cp, dp, pp once",
-                         s, n);
-    memcpy(l->order, order, sizeof order);
-    return LOOM_OK;
-}
-
-/* ---- checks ----------------------------------------------------------- */
-
-static loom_status check_degrees(const loom_layout *l) {
-    const struct { const char *name; int v; } d[] = {
-        {"dp", l->dp}, {"tp", l->tp}, {"pp", l->pp}, {"cp", l->cp}, {"ep", l->ep}};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        if (d[i].v < 1) return loom_fail(LOOM_EUSAGE, "%s=%d: degrees must be >= 1", d[i].name, d[i].v);
-    return LOOM_OK;
-}
-
-static loom_status check_order(const loom_layout *l) {
-    int seen[LOOM_AXIS_COUNT] = {0};
-    for (int i = 0; i < LOOM_AXIS_COUNT; i++) {
-        unsigned a = (unsigned)l->order[i];
-        if (a >= LOOM_AXIS_COUNT)
-            return loom_fail(LOOM_EUSAGE, "axis order entry %d is %u, not an axis", i, a);
-        if (seen[a]++)
-            return loom_fail(LOOM_EUSAGE, "axis order names %s twice; each of tp, cp, dp, pp must appear once",
-                             g_axis_names[a]);
-    }
-    return LOOM_OK;
-}
-
-/* "rank" or "ranks" after the number n. */
-static const char *ranks_word(long long n) { return n == 1 ? "rank" : "ranks"; }
-
-loom_status loom_layout_check(const loom_layout *l, int world_size) {
-    LOOM_TRY(check_degrees(l));
-    LOOM_TRY(check_order(l));
-    if (world_size < 1) return loom_fail(LOOM_EUSAGE, "the job has %d ranks; it needs at least 1", world_size);
-    /* product clamped just above INT_MAX, so four ints cannot overflow */
-    long long ranks = 1;
-    const int deg[] = {l->dp, l->tp, l->pp, l->cp};
-    for (int i = 0; i < 4; i++) {
-        ranks *= deg[i];
-        if (ranks > INT_MAX) ranks = (long long)INT_MAX + 1;
-    }
-    if (ranks != world_size)
-        return loom_fail(LOOM_EUSAGE, "dp=%d x tp=%d x pp=%d x cp=%d = %s%lld %s, but the job has %d %s",
-                         l->dp, l->tp, l->pp, l->cp, ranks > INT_MAX ? "more than " : "",
-                         ranks > INT_MAX ? (long long)INT_MAX : ranks, ranks_word(ranks), world_size,
-                         ranks_word(world_size));
-    if ((l->dp * l->cp) % l->ep != 0)
-        return loom_fail(LOOM_EUSAGE, "ep=%d must divide dp*cp=%d (dp=%d, cp=%d)", l->ep,
-                         l->dp * l->cp, l->dp, l->cp);
-    return LOOM_OK;
-}
 
 /* ---- coordinates ------------------------------------------------------ */
 
@@ -186,7 +78,7 @@ static int group_color(const loom_mesh *m, loom_axis vary1, loom_axis vary2) {
 static loom_status mesh_split(loom_mesh *m) {
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
         LOOM_TRY(loom_comm_split(m->world, group_color(m, (loom_axis)a, (loom_axis)a), m->coords[a],
-                                 g_axis_names[a], mesh_slot(m, (loom_axis)a)));
+                                 loom_axis_names[a], mesh_slot(m, (loom_axis)a)));
     int dpcp_rank = loom_layout_dpcp_rank(&m->layout, m->coords);
     LOOM_TRY(loom_comm_split(m->world, group_color(m, LOOM_AXIS_DP, LOOM_AXIS_CP), dpcp_rank, "dpcp",
                              &m->dpcp));
@@ -196,7 +88,7 @@ static loom_status mesh_split(loom_mesh *m) {
 
 loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh **out) {
     *out = NULL;
-    LOOM_TRY(loom_layout_check(l, loom_comm_size(world)));
+    LOOM_TRY(loom_layout_check(l, loom_comm_size(world))); /* the validator's mesh section (layout.h) */
     loom_mesh *m = calloc(1, sizeof *m);
     if (!m) return loom_fail(LOOM_EOS, "rank %d: out of memory for the mesh", loom_comm_rank(world));
     m->layout = *l;
@@ -225,6 +117,9 @@ void loom_mesh_free(loom_mesh *m) {
     for (int a = 0; a < LOOM_AXIS_COUNT; a++) loom_comm_free(*mesh_slot(m, (loom_axis)a));
     free(m);
 }
+
+/* "rank" or "ranks" after the number n. */
+static const char *ranks_word(long long n) { return n == 1 ? "rank" : "ranks"; }
 
 /* ---- the table -------------------------------------------------------- */
 

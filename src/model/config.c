@@ -71,6 +71,12 @@ loom_status loom_model_config_check(const loom_model_config *c) {
     return loom_moe_config_check(c);
 }
 
+loom_layout_model loom_model_shape(const loom_model_config *c) {
+    return (loom_layout_model){.name = c->name, .n_layer = c->n_layer, .n_head = c->n_head,
+                               .ffn = c->n_expert > 0 ? loom_moe_hidden(c) : 4 * c->n_embd,
+                               .n_positions = c->n_positions, .n_expert = c->n_expert};
+}
+
 static char *read_file(const char *path, loom_status *st) {
     FILE *f = fopen(path, "rb");
     if (!f) {

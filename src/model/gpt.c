@@ -35,16 +35,6 @@ loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
     return p;
 }
 
-loom_status loom_model_check_tp(const loom_model_config *cfg, int tp, int sp, int T) {
-    if (tp < 1) return loom_fail(LOOM_EUSAGE, "tp=%d: must be >= 1", tp);
-    if (cfg->n_head % tp)
-        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide n_head=%d of model %s", tp, cfg->n_head,
-                         cfg->name);
-    if (sp && T % tp)
-        return loom_fail(LOOM_EUSAGE, "--sp needs tp=%d to divide the sequence length --seq %d", tp, T);
-    return LOOM_OK;
-}
-
 /* ---- memory planning ---------------------------------------------------- */
 
 /* Planning arenas count, committed ones hand out memory: the same walk does both. */
@@ -164,7 +154,8 @@ static loom_status alloc_tables(loom_gpt *m) {
 static loom_status check_part(const loom_model_config *cfg, const loom_model_part *p,
                               const loom_gpt_opts *o) {
     LOOM_TRY(loom_model_config_check(cfg));
-    LOOM_TRY(loom_model_check_tp(cfg, p->tp.size, p->tp.sp, o->T));
+    const loom_layout_model shape = loom_model_shape(cfg);
+    LOOM_TRY(loom_layout_check_tp(&shape, p->tp.size, p->tp.sp, o->T));
     if (o->B < 1 || o->T < 1)
         return loom_fail(LOOM_EUSAGE, "batch %d x sequence %d: both must be >= 1", o->B, o->T);
     if (o->forward_only && (p->tp.sp || p->cp.size > 1 || o->recompute || o->split_backward))

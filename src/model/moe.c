@@ -223,10 +223,7 @@ loom_status loom_moe_create(loom_gpt *m) {
     int n = 0;
     for (int l = m->part.layer_begin; l < m->part.layer_end; l++) n += loom_moe_layer(&m->cfg, l);
     if (n == 0) return LOOM_OK;
-    LOOM_TRY(loom_moe_config_check(&m->cfg));
-    if (loom_moe_hidden(&m->cfg) % m->part.tp.size)
-        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide the experts' hidden size %d of MoE model %s",
-                         m->part.tp.size, loom_moe_hidden(&m->cfg), m->cfg.name);
+    LOOM_TRY(loom_moe_config_check(&m->cfg)); /* tp divides the experts' hidden size: gpt.c check_part */
     const int P = ep_size(m), E = m->cfg.n_expert, k = m->cfg.top_k;
     if (E % P)
         return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,

@@ -36,30 +36,6 @@ struct loom_cp_buffers {
     size_t kv_n, big_n, rows; /* floats per ring block, per Ulysses buffer; B*T */
 };
 
-loom_status loom_cp_parse_impl(const char *s, loom_cp_impl *impl) {
-    if (!strcmp(s, "ring")) *impl = LOOM_CP_RING;
-    else if (!strcmp(s, "ulysses")) *impl = LOOM_CP_ULYSSES;
-    else return loom_fail(LOOM_EUSAGE, "--cp-impl %s: must be ring or ulysses", s);
-    return LOOM_OK;
-}
-
-const char *loom_cp_impl_name(loom_cp_impl impl) {
-    return impl == LOOM_CP_ULYSSES ? "ulysses" : "ring";
-}
-
-loom_status loom_cp_check(int cp, loom_cp_impl impl, int T, int n_head, int tp) {
-    if (cp <= 1) return LOOM_OK;
-    if (T % (2 * cp))
-        return loom_fail(LOOM_EUSAGE,
-                         "--seq %d: cp=%d needs a multiple of 2*cp=%d (the causal load-balanced "
-                         "split into 2*cp chunks)", T, cp, 2 * cp);
-    if (impl == LOOM_CP_ULYSSES && (n_head / tp) % cp)
-        return loom_fail(LOOM_EUSAGE,
-                         "--cp-impl ulysses: cp=%d must divide the heads per tp rank, n_head=%d / "
-                         "tp=%d = %d", cp, n_head, tp, n_head / tp);
-    return LOOM_OK;
-}
-
 /* The global chunk index of local chunk lc (0 or 1) of cp rank r. */
 static int chunk_of(int size, int r, int lc) { return lc == 0 ? r : 2 * size - 1 - r; }
 

@@ -7,26 +7,13 @@
  * loom_partition_balance hands out blocks one at a time, each to the stage
  * that is cheapest so far (the earliest on a tie): for costs that grow by 1
  * per block this greedy split has the least maximum stage cost and, among
- * those, the least sum of squared costs. loom_partition_parse reads the
- * user's own split.
+ * those, the least sum of squared costs. (The user's own split,
+ * --stage-layers, is a field of the layout: layout.h.)
  */
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "loom/pipeline.h"
-
-loom_status loom_partition_check(int n_layer, int pp, int v) {
-    if (pp < 1 || v < 1 || pp > LOOM_PP_MAX_PP || v > LOOM_PP_MAX_V)
-        return loom_fail(LOOM_EUSAGE, "pp=%d x v=%d: both must be >= 1 (pp <= %d, v <= %d)", pp, v,
-                         LOOM_PP_MAX_PP, LOOM_PP_MAX_V);
-    if (n_layer < 1) return loom_fail(LOOM_EUSAGE, "the model has %d layers: need at least 1", n_layer);
-    if (pp * v > n_layer)
-        return loom_fail(LOOM_EUSAGE, "pp=%d x v=%d = %d virtual stages but the model has %d layers", pp, v,
-                         pp * v, n_layer);
-    return LOOM_OK;
-}
 
 double loom_partition_stage_cost(const int *counts, int n_stages, int s, double cost_embed,
                                  double cost_head) {
@@ -63,7 +50,7 @@ static void heap_down(heap *h, int i) {
 
 loom_status loom_partition_balance(int n_layer, int pp, int v, double cost_embed, double cost_head,
                                    int *counts) {
-    LOOM_TRY(loom_partition_check(n_layer, pp, v));
+    LOOM_TRY(loom_layout_check_stages(n_layer, pp, v));
     if (!(isfinite(cost_embed) && cost_embed >= 0) || !(isfinite(cost_head) && cost_head >= 0))
         return loom_fail(LOOM_EUSAGE, "embedding cost %g and head cost %g must be finite numbers >= 0",
                          cost_embed, cost_head);
@@ -91,52 +78,4 @@ loom_status loom_partition_balance(int n_layer, int pp, int v, double cost_embed
     free(cost);
     free(idx);
     return LOOM_OK;
-}
-
-loom_status loom_partition_parse(const char *list, int n_layer, int pp, int v, int *counts) {
-    LOOM_TRY(loom_partition_check(n_layer, pp, v));
-    const int S = pp * v;
-    int *tmp = malloc((size_t)S * sizeof *tmp);
-    if (!tmp) return loom_fail(LOOM_EOS, "out of memory reading --stage-layers");
-    int n = 0;
-    long long sum = 0;
-    loom_status st = LOOM_OK;
-    const char *p = list ? list : "";
-    for (;;) {
-        while (isspace((unsigned char)*p)) p++;
-        const char *tok = p;
-        char *end = NULL;
-        errno = 0;
-        long x = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
-        if (end) p = end;
-        while (isspace((unsigned char)*p)) p++;
-        if (x < 0 || errno || x > 1000000000L || (*p != ',' && *p != '\0')) {
-            int len = 0;
-            while (tok[len] && tok[len] != ',') len++;
-            st = loom_fail(LOOM_EUSAGE, "--stage-layers: '%.*s' is not a positive integer",
-                           len > 40 ? 40 : len, tok);
-            break;
-        }
-        if (x == 0) {
-            st = loom_fail(
-                LOOM_EUSAGE,
-                "--stage-layers entry %d (virtual stage %d) is 0: every virtual stage needs at least "
-                "one layer",
-                n, n);
-            break;
-        }
-        if (n < S) tmp[n] = (int)x;
-        n++;
-        sum += x;
-        if (*p == '\0') break;
-        p++;
-    }
-    if (st == LOOM_OK && n != S)
-        st = loom_fail(LOOM_EUSAGE, "--stage-layers has %d entries, need pp=%d x v=%d = %d", n, pp, v, S);
-    if (st == LOOM_OK && sum != n_layer)
-        st = loom_fail(LOOM_EUSAGE, "--stage-layers sums to %lld, model has %d layers", sum, n_layer);
-    if (st == LOOM_OK)
-        for (int s = 0; s < S; s++) counts[s] = tmp[s];
-    free(tmp);
-    return st;
 }

@@ -14,43 +14,9 @@
 
 #include "loom/pipeline.h"
 
-static const char *SCHED_NAMES[LOOM_SCHED_COUNT] = {"gpipe", "1f1b", "interleaved", "zb"};
-
-const char *loom_schedule_name(loom_sched_kind k) {
-    return (unsigned)k < LOOM_SCHED_COUNT ? SCHED_NAMES[k] : "?";
-}
-
-loom_status loom_schedule_parse(const char *name, loom_sched_kind *out) {
-    for (int k = 0; k < LOOM_SCHED_COUNT; k++)
-        if (name && strcmp(name, SCHED_NAMES[k]) == 0) {
-            *out = (loom_sched_kind)k;
-            return LOOM_OK;
-        }
-    return loom_fail(LOOM_EUSAGE, "unknown schedule '%s' (gpipe, 1f1b, interleaved, zb)", name ? name : "");
-}
-
-int loom_schedule_splits_backward(loom_sched_kind k) { return k == LOOM_SCHED_ZB; }
-
+/* The rule is the validator's (layout.h); the simulator's trace reader calls it by this name. */
 loom_status loom_schedule_check(loom_sched_kind k, int pp, int m, int v) {
-    if ((unsigned)k >= LOOM_SCHED_COUNT) return loom_fail(LOOM_EUSAGE, "schedule %d: not a schedule", (int)k);
-    const char *name = SCHED_NAMES[k];
-    if (pp < 1 || pp > LOOM_PP_MAX_PP)
-        return loom_fail(LOOM_EUSAGE, "--pp %d: must be in 1..%d", pp, LOOM_PP_MAX_PP);
-    if (m < 1 || m > LOOM_PP_MAX_MB)
-        return loom_fail(LOOM_EUSAGE, "--micro-batches %d: must be in 1..%d", m, LOOM_PP_MAX_MB);
-    if (v < 1 || v > LOOM_PP_MAX_V)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be in 1..%d", v, LOOM_PP_MAX_V);
-    if (v > 1 && k != LOOM_SCHED_INTERLEAVED)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: v > 1 only with interleaved (schedule %s)", v,
-                         name);
-    if (k == LOOM_SCHED_INTERLEAVED && m % pp != 0)
-        return loom_fail(LOOM_EUSAGE, "interleaved needs --micro-batches divisible by pp=%d, got %d", pp, m);
-    if ((long long)pp * m * v > LOOM_PP_MAX_WORK)
-        return loom_fail(LOOM_EUSAGE,
-                         "pp=%d x micro-batches=%d x v=%d = %lld (micro-batch, stage) pairs: "
-                         "more than %d",
-                         pp, m, v, (long long)pp * m * v, LOOM_PP_MAX_WORK);
-    return LOOM_OK;
+    return loom_layout_check_schedule(k, pp, m, v);
 }
 
 /* ---- emitting one rank's list -------------------------------------------- */
@@ -161,7 +127,7 @@ static void gen_zb(emitter *e, int m) {
 
 loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_schedule **out) {
     *out = NULL;
-    LOOM_TRY(loom_schedule_check(k, pp, m, v));
+    LOOM_TRY(loom_layout_check_schedule(k, pp, m, v));
     const int cap = 7 * m * v + 1; /* F,B,W and at most 4 messages per unit, + OPT_STEP */
     loom_schedule *s = calloc(1, sizeof *s);
     loom_pp_action *tmp = malloc((size_t)cap * sizeof *tmp);
@@ -170,7 +136,7 @@ loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_sc
     if (!s || !tmp || !s->offset || !s->actions) {
         free(tmp);
         loom_schedule_free(s);
-        return loom_fail(LOOM_EOS, "out of memory building a %s schedule for pp=%d m=%d v=%d", SCHED_NAMES[k],
+        return loom_fail(LOOM_EOS, "out of memory building a %s schedule for pp=%d m=%d v=%d", loom_schedule_name(k),
                          pp, m, v);
     }
     *s = (loom_schedule){.kind = k,

@@ -370,8 +370,9 @@ double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, i
 
 /* ---- layouts as text ------------------------------------------------- */
 
-static const char *AXIS_NAMES[LOOM_PLAN_NAXES] = {"tp", "cp", "dp", "pp"};
-static const char *RECOMPUTE_NAMES[] = {"none", "selective", "full"};
+/* the axes (LOOM_PLAN_TP.. are loom_axis's order) and recompute modes are layout.h's words */
+#define AXIS_NAMES loom_axis_names
+#define RECOMPUTE_NAMES loom_recompute_names
 static const char *CP_IMPL_NAMES[LOOM_PLAN_CP_IMPL_COUNT] = {"ring", "ulysses", "allgather"};
 
 static loom_status parse_order(const char *s, loom_plan_layout *l) {
@@ -479,4 +480,32 @@ void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap) {
              l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs, l->m, l->v,
              RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
              AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
+}
+
+/* ---- the rules ----------------------------------------------------------- */
+
+/* The planner's layout as loom_layout: m micro-batches of mbs sequences are
+ * the pipeline's micro-batches, or the accumulation steps at pp = 1; the
+ * all-gather CP the planner models has the ring's rules. */
+loom_status loom_plan_layout_validate(const loom_plan_model *m, const loom_plan_job *j, int devices,
+                                      const loom_plan_layout *p) {
+    loom_layout l;
+    loom_layout_default(&l);
+    l.dp = p->dp, l.tp = p->tp, l.pp = p->pp, l.cp = p->cp, l.ep = p->ep;
+    for (int i = 0; i < LOOM_PLAN_NAXES; i++) l.order[i] = (loom_axis)p->order[i];
+    l.zero = p->zero;
+    l.sp = p->sp;
+    l.cp_impl = p->cp_impl == LOOM_PLAN_CP_ULYSSES ? LOOM_CP_ULYSSES : LOOM_CP_RING;
+    l.schedule = p->sched;
+    l.virtual_stages = p->v;
+    l.micro_batches = p->m;
+    l.grad_accum = p->pp > 1 ? 1 : p->m;
+    l.micro_batch_size = p->mbs;
+    l.recompute = (loom_recompute_mode)p->recompute;
+    l.precision = j->bf16 ? LOOM_PRECISION_BF16 : LOOM_PRECISION_FP32;
+    const loom_layout_model shape = {.name = m->name, .n_layer = m->layers, .n_head = m->heads, .ffn = m->ffn,
+                                     .n_positions = m->max_seq, .n_expert = m->experts > 1 ? m->experts : 0};
+    const loom_layout_job job = {.purpose = j->serve ? LOOM_LAYOUT_FOR_PLAN_SERVE : LOOM_LAYOUT_FOR_PLAN_TRAIN,
+                                 .world = devices, .batch = j->batch, .seq = j->seq};
+    return loom_layout_validate(&l, &shape, &job);
 }

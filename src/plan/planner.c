@@ -193,42 +193,6 @@ static sharing sharing_of(const loom_plan_cluster *c, const loom_plan_job *j, co
     return sh;
 }
 
-/* Divisibility and schedule rules; "" when the layout divides. */
-static int check_divides(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
-                         const loom_plan_layout *l, char *why, size_t cap) {
-    const long world = (long)l->dp * l->tp * l->pp * l->cp;
-    const int N = job_gpus(c, j);
-    if (world != N) return snprintf(why, cap, "dp*tp*pp*cp = %ld, the job has %d devices", world, N), 0;
-    if (m->heads % l->tp) return snprintf(why, cap, "tp=%d does not divide %d heads", l->tp, m->heads), 0;
-    if (m->ffn % l->tp) return snprintf(why, cap, "tp=%d does not divide ffn %d", l->tp, m->ffn), 0;
-    if (l->sp && l->tp < 2) return snprintf(why, cap, "sp needs tp > 1"), 0;
-    if (l->cp > 1 && j->seq % (2 * l->cp))
-        return snprintf(why, cap, "cp=%d: seq %d is not a multiple of 2*cp (the load-balanced split)", l->cp, j->seq), 0;
-    if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ULYSSES && (m->heads / l->tp) % l->cp)
-        return snprintf(why, cap, "cp_impl=ulysses: cp=%d does not divide the %d heads per tp rank", l->cp,
-                        m->heads / l->tp), 0;
-    if (l->sp && (j->seq / l->cp) % l->tp)
-        return snprintf(why, cap, "sp: tp=%d does not divide the %d tokens of a cp shard", l->tp, j->seq / l->cp), 0;
-    if (l->ep > 1 && (n_experts(m) % l->ep || ((long)l->dp * l->cp) % l->ep))
-        return snprintf(why, cap, "ep=%d must divide %d experts and dp*cp=%d", l->ep, n_experts(m), l->dp * l->cp), 0;
-    if (l->pp * l->v > m->layers)
-        return snprintf(why, cap, "pp=%d x v=%d = %d stages but %d layers", l->pp, l->v, l->pp * l->v, m->layers), 0;
-    if (l->zero && l->dp * l->cp < 2) return snprintf(why, cap, "zero=%d needs dp*cp > 1", l->zero), 0;
-    if (j->serve) {
-        if (l->cp > 1 || l->zero || l->m != 1)
-            return snprintf(why, cap, "serving layouts use dp, tp, pp, ep only"), 0;
-        return 1;
-    }
-    if (j->batch % l->dp) return snprintf(why, cap, "dp=%d does not divide batch %d", l->dp, j->batch), 0;
-    if ((long)l->mbs * l->m != j->batch / l->dp)
-        return snprintf(why, cap, "mbs=%d x m=%d != %d sequences per dp rank", l->mbs, l->m, j->batch / l->dp), 0;
-    if (l->pp == 1 && (l->v != 1 || l->sched != LOOM_SCHED_1F1B))
-        return snprintf(why, cap, "pp=1: no pipeline schedule (use schedule=1f1b, v=1)"), 0;
-    if (l->pp > 1 && loom_schedule_check(l->sched, l->pp, l->m, l->v) != LOOM_OK)
-        return snprintf(why, cap, "%s", loom_errmsg()), 0;
-    return 1;
-}
-
 typedef struct eval_ctx {
     shape_costs sc;
     double wb, gb, ob, ab; /* bytes: weight, grad, optimizer state per param, activation element */
@@ -476,8 +440,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
                                const loom_plan_layout *l, int simulate, loom_plan_result *r) {
     memset(r, 0, sizeof *r);
     r->l = *l;
-    char why[LOOM_PLAN_TEXT];
-    if (!check_divides(m, c, j, l, why, sizeof why)) return reject(r, "%s", why);
+    if (loom_plan_layout_validate(m, j, job_gpus(c, j), l) != LOOM_OK) return reject(r, "%s", loom_errmsg());
     const eval_ctx e = ctx_of(m, c, j);
     if (j->serve) return eval_serve(m, c, j, l, &e, r);
 

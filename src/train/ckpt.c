@@ -461,10 +461,10 @@ static cJSON *manifest_head(const loom_train_run_state *s, int step) {
     add_num(l, "pp", c->layout.pp);
     add_num(l, "cp", c->layout.cp);
     add_num(l, "ep", c->layout.ep);
-    add_num(l, "sp", c->sp);
-    add_num(l, "zero", c->zero);
-    cJSON_AddStringToObject(l, "schedule", c->schedule);
-    add_num(l, "virtual_stages", c->virtual_stages);
+    add_num(l, "sp", c->layout.sp);
+    add_num(l, "zero", c->layout.zero);
+    cJSON_AddStringToObject(l, "schedule", loom_schedule_name(c->layout.schedule));
+    add_num(l, "virtual_stages", c->layout.virtual_stages);
     cJSON *m = cJSON_AddObjectToObject(o, "model");
     cJSON_AddStringToObject(m, "name", mc->name);
     add_num(m, "n_layer", mc->n_layer);

@@ -95,7 +95,6 @@ loom_status loom_peak_flops(loom_comm *world, double given, double *out, double 
  * MFU never reads above 100%); sets *raised then. */
 double loom_mfu(double *peak, double achieved, int *raised);
 /* Pipeline pieces of the trainer (pipeline.c). */
-loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_config *mc);
 loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm);
 loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum);
 void loom_train_pp_teardown(loom_train_run_state *s);
@@ -110,12 +109,14 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st);
 void loom_train_moe_free(loom_train_run_state *s);
 
-/* --ep's limits in this build: a MoE model whose experts ep divides
- * (moe_report.c). Depends only on the config. */
-loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc);
-/* What the current backend (--device) cannot do yet: LOOM_EUSAGE naming it
- * (device_check.c). Depends on the config only: identical on every rank. */
-loom_status loom_train_check_device(const loom_train_config *c);
+/* The backend (--device) as the layout validator's device section sees it
+ * (layout.h): its name and memory, LOOM_CUDA_AWARE_MPI, and whether this
+ * run asks for sharded checkpoints. Config and environment only: identical
+ * on every rank. */
+loom_layout_device loom_train_device(const loom_train_config *c);
+/* The MoE options' limits (--moe-warn-*, --moe-route-cp; moe_report.c).
+ * Depends only on the config. */
+loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_config *mc);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);

@@ -1,6 +1,7 @@
-/* moe_report.c - the trainer's Mixture-of-Experts pieces: --ep's limits, and
- * per step and per MoE block the routing statistics over every rank (JSONL
- * "moe" entry, warnings naming the block).
+/* moe_report.c - the trainer's Mixture-of-Experts pieces: the MoE options'
+ * limits (--ep's are the layout validator's, layout.h), and per step and
+ * per MoE block the routing statistics over every rank (JSONL "moe" entry,
+ * warnings naming the block).
  *
  * Per block and step, over every rank's micro-batches (routing groups):
  *   tokens     kept assignments per expert (after capacity)
@@ -29,7 +30,7 @@
 #include "loom/moe.h"
 #include "train/internal.h"
 
-loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc) {
+loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_config *mc) {
     if (!(c->moe_warn_imbalance >= 1) || !(c->moe_warn_a2a > 0))
         return loom_fail(LOOM_EUSAGE, "--moe-warn-imbalance %g must be >= 1 and --moe-warn-a2a %g > 0",
                          c->moe_warn_imbalance, c->moe_warn_a2a);
@@ -39,14 +40,6 @@ loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_con
     if (c->moe_route_cp > 1 && c->seq % (2 * c->moe_route_cp))
         return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: 2*%d = %d does not divide --seq %d",
                          c->moe_route_cp, c->moe_route_cp, 2 * c->moe_route_cp, c->seq);
-    const int ep = c->layout.ep;
-    if (ep <= 1) return LOOM_OK;
-    if (mc->n_expert == 0)
-        return loom_fail(LOOM_EUSAGE, "--ep %d needs a Mixture-of-Experts model (num_local_experts > 0); "
-                         "model %s is dense (try tiny-moe)", ep, mc->name);
-    if (mc->n_expert % ep)
-        return loom_fail(LOOM_EUSAGE, "--ep %d does not divide num_local_experts=%d of model %s", ep,
-                         mc->n_expert, mc->name);
     return LOOM_OK;
 }
 

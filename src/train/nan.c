@@ -9,6 +9,8 @@
 #include "loom/log.h"
 #include "train/internal.h"
 
+const char *const loom_nan_policy_names[] = {"abort", "skip", NULL};
+
 /* The index in the whole-model table of this rank's first non-finite
  * gradient, INT32_MAX if none. */
 static int32_t first_bad(const loom_train_run_state *s, const loom_param *table, int n) {
@@ -36,7 +38,7 @@ loom_status loom_train_nonfinite(loom_train_run_state *s, int step, double loss,
     else snprintf(what, sizeof what, "every parameter gradient finite");
     free(table);
     if (cst != LOOM_OK) return cst;
-    if (strcmp(s->cfg->nan_policy, "skip") == 0) {
+    if (s->cfg->nan_policy == LOOM_NAN_POLICY_SKIP) {
         if (s->mesh->rank == 0)
             loom_warn("step %d: non-finite %s (loss %g, grad norm %g; %s): update skipped "
                       "(--nan-policy skip)", step + 1, isfinite(loss) ? "gradient" : "loss", loss,

@@ -1,8 +1,8 @@
-/* pipeline.c - the trainer's pipeline-parallel path (axis pp): check the
- * schedule flags, cut the model into one part per virtual stage this rank
- * holds, run a step through the executor, and reduce the tied embedding's
- * gradient between the first and the last stage. Collective over pp (and the
- * world at setup).
+/* pipeline.c - the trainer's pipeline-parallel path (axis pp; its flags are
+ * checked by loom_layout_validate, layout.h): cut the model into one part
+ * per virtual stage this rank holds, run a step through the executor, and
+ * reduce the tied embedding's gradient between the first and the last
+ * stage. Collective over pp (and the world at setup).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,35 +13,9 @@
 #include "loom/log.h"
 #include "train/internal.h"
 
-static int micro_batches(const loom_train_config *c) {
-    return c->micro_batches > 0 ? c->micro_batches : c->layout.pp;
-}
-
-loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_config *mc) {
-    const int pp = c->layout.pp, v = c->virtual_stages, m = micro_batches(c);
-    loom_sched_kind k;
-    LOOM_TRY(loom_schedule_parse(c->schedule, &k));
-    LOOM_TRY(loom_schedule_check(k, pp, m, v));
-    LOOM_TRY(loom_partition_check(mc->n_layer, pp, v));
-    if (c->stage_layers[0]) {
-        int counts[LOOM_MAX_PARTS * 64];
-        if (pp * v > (int)(sizeof counts / sizeof counts[0]))
-            return loom_fail(LOOM_EUSAGE, "pp=%d x v=%d virtual stages: too many", pp, v);
-        LOOM_TRY(loom_partition_parse(c->stage_layers, mc->n_layer, pp, v, counts));
-    }
-    if (v > LOOM_MAX_PARTS)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: at most %d", v, LOOM_MAX_PARTS);
-    if (c->grad_accum != 1)
-        return loom_fail(LOOM_EUSAGE,
-                         "--grad-accum %d with a pipeline: use --micro-batches (pipelines "
-                         "accumulate over their micro-batches)", c->grad_accum);
-    int per_rank = c->batch / c->layout.dp;
-    if (per_rank % m)
-        return loom_fail(LOOM_EUSAGE,
-                         "--micro-batches %d does not divide the %d sequences per DP rank "
-                         "(--batch %d / dp=%d)", m, per_rank, c->batch, c->layout.dp);
-    return LOOM_OK;
-}
+/* Every part of this rank in the model's arrays; a layout's virtual stages
+ * are at most LOOM_PP_MAX_V (checked by loom_layout_validate). */
+_Static_assert(LOOM_MAX_PARTS >= LOOM_PP_MAX_V, "a part per virtual stage");
 
 /* Relative costs for balancing, per token, forward + backward (3 x the
  * forward): a block ~ 24 C^2 + 4 T C FLOPs forward, the LM head 2 V C, the
@@ -50,33 +24,30 @@ loom_status loom_train_pp_check(const loom_train_config *c, const loom_model_con
  * the stages holding it get more blocks. (Selective recompute adds nothing
  * here: the attention backward recomputes its probabilities in any mode.) */
 static void stage_counts(const loom_train_config *c, const loom_model_config *mc, int *counts) {
-    const int pp = c->layout.pp, v = c->virtual_stages;
-    if (c->stage_layers[0] &&
-        loom_partition_parse(c->stage_layers, mc->n_layer, pp, v, counts) == LOOM_OK)
+    const loom_layout *l = &c->layout;
+    if (l->n_stage_layers) { /* matches pp x v and the model: loom_layout_validate */
+        memcpy(counts, l->stage_layers, (size_t)l->n_stage_layers * sizeof *counts);
         return;
-    int rc = LOOM_RECOMPUTE_NONE;
-    loom_recompute_parse(c->recompute, &rc); /* checked in check_config */
+    }
     double C = mc->n_embd, fwd = 24.0 * C * C + 4.0 * c->seq * C;
-    double block = (rc == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd, head = 3.0 * 2.0 * mc->vocab_size * C;
-    loom_partition_balance(mc->n_layer, pp, v, 0.01, head / block, counts);
+    double block = (l->recompute == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd, head = 3.0 * 2.0 * mc->vocab_size * C;
+    loom_partition_balance(mc->n_layer, l->pp, l->virtual_stages, 0.01, head / block, counts);
 }
 
 loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config *mc, int Bm) {
     const loom_train_config *c = s->cfg;
-    const int pp = c->layout.pp, v = c->virtual_stages, r = s->mesh->pp_rank, S = pp * v;
-    loom_sched_kind kind;
-    LOOM_TRY(loom_schedule_parse(c->schedule, &kind));
-    LOOM_TRY(loom_schedule_build(kind, pp, micro_batches(c), v, &s->sched));
+    const loom_layout *l = &c->layout;
+    const int pp = l->pp, v = l->virtual_stages, r = s->mesh->pp_rank, S = pp * v;
+    LOOM_TRY(loom_schedule_build(l->schedule, pp, loom_layout_micro_batches(l), v, &s->sched));
     LOOM_TRY(loom_schedule_validate(s->sched));
     int counts[LOOM_MAX_PARTS * 64], first[LOOM_MAX_PARTS * 64 + 1];
     stage_counts(c, mc, counts);
     first[0] = 0;
     for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
-    loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = loom_schedule_peak_live(s->sched, r),
-                          .split_backward = s->sched->split_backward,
-                          .external_params = c->zero >= 3, .external_grads = c->zero >= 2,
+    loom_gpt_opts opts = {.B = Bm, .T = c->seq / l->cp, .n_slots = loom_schedule_peak_live(s->sched, r),
+                          .split_backward = s->sched->split_backward, .recompute = l->recompute,
+                          .external_params = l->zero >= 3, .external_grads = l->zero >= 2,
                           .moe_route_cp = c->moe_route_cp};
-    loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
         int vs = loom_pp_vstage(pp, r, ch);
@@ -103,7 +74,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
             n += (size_t)snprintf(line + n, sizeof line - n, "%s%d", i ? "," : "", counts[i]);
         loom_info("pipeline: %s, pp=%d, %d micro-batches, %d virtual stage(s) per rank; blocks per "
                   "virtual stage %s",
-                  c->schedule, pp, micro_batches(c), v, line);
+                  loom_schedule_name(l->schedule), pp, loom_layout_micro_batches(l), v, line);
     }
     return LOOM_OK;
 }
@@ -117,7 +88,7 @@ void loom_train_pp_teardown(loom_train_run_state *s) {
 static void pp_batch(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     loom_train_run_state *s = ctx;
     const loom_train_config *c = s->cfg;
-    const int Bl = c->batch / c->layout.dp, Bm = Bl / micro_batches(c);
+    const int Bl = c->batch / c->layout.dp, Bm = Bl / loom_layout_micro_batches(&c->layout);
     int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)mb * Bm;
     /* the sampler fills whole sequences into s->inputs / s->targets; each
      * stage gets this rank's context-parallel rows of the ones it needs */
@@ -185,7 +156,7 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t) {
     const loom_pp_event *ev = loom_pp_exec_events(s->exec, &n);
     for (int i = 0; i < n; i++) {
         char name[96];
-        loom_pp_action_format(&ev[i].a, s->cfg->virtual_stages, name, sizeof name);
+        loom_pp_action_format(&ev[i].a, s->cfg->layout.virtual_stages, name, sizeof name);
         loom_trace_event(t, name, is_compute(ev[i].a.kind) ? "compute" : "pipeline", ev[i].t0,
                          ev[i].t1, s->mesh->rank, 0);
     }

@@ -45,84 +45,32 @@ void loom_train_config_default(loom_train_config *c) {
     c->eps = 1e-8f;
     c->grad_clip = 1.0f;
     c->log_every = 1;
-    c->grad_accum = 1;
-    snprintf(c->schedule, sizeof c->schedule, "1f1b");
-    snprintf(c->recompute, sizeof c->recompute, "none");
-    snprintf(c->precision, sizeof c->precision, "fp32");
-    snprintf(c->comm_precision, sizeof c->comm_precision, "fp32");
-    c->virtual_stages = 1;
     c->bucket_mb = 25.0;
     c->moe_warn_imbalance = 2.0f;
     c->moe_warn_a2a = 0.5f;
     c->progress = -1;
-    snprintf(c->nan_policy, sizeof c->nan_policy, "abort");
+    c->nan_policy = LOOM_NAN_POLICY_ABORT;
 }
 
-static int is_pipelined(const loom_train_config *c) {
-    return c->layout.pp > 1 || c->virtual_stages > 1;
+loom_layout_device loom_train_device(const loom_train_config *c) {
+    const loom_backend *be = loom_backend_current();
+    const char *aware = getenv("LOOM_CUDA_AWARE_MPI");
+    return (loom_layout_device){.name = be->name, .host_memory = be->host_memory,
+                                .cuda_aware_mpi = aware && strcmp(aware, "1") == 0,
+                                .ckpt_flag = c->save_dir[0] ? "--save-dir" : c->resume[0] ? "--resume" : NULL};
 }
 
-/* Context parallelism: the split, and what it does not compose with yet. */
-static loom_status check_cp(const loom_train_config *c, const loom_model_config *mc) {
-    const loom_layout *l = &c->layout;
-    loom_cp_impl impl;
-    LOOM_TRY(loom_cp_parse_impl(c->cp_impl[0] ? c->cp_impl : "ring", &impl));
-    if (l->cp == 1) return LOOM_OK;
-    LOOM_TRY(loom_cp_check(l->cp, impl, c->seq, mc->n_head, l->tp));
-    if (c->sp && (c->seq / l->cp) % l->tp)
-        return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
-                         "(--seq %d / cp)", l->cp, l->tp, c->seq / l->cp, c->seq);
-    return LOOM_OK;
-}
-
-/* --comm-precision bf16: the dp (x cp) gradient reductions (dp.h) and the TP
- * activation collectives (parallel.h) in bf16. */
-static loom_status check_comm_precision(const loom_train_config *c) {
-    if (strcmp(c->comm_precision, "fp32") == 0) return LOOM_OK;
-    if (strcmp(c->comm_precision, "bf16"))
-        return loom_fail(LOOM_EUSAGE, "--comm-precision %s: expected fp32 or bf16", c->comm_precision);
-    if (strcmp(c->precision, "bf16"))
-        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 needs --precision bf16: it is part of "
-                         "mixed precision (this run computes in %s)", c->precision);
-    if (c->layout.dp * c->layout.cp * c->layout.tp == 1)
-        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 with dp=1 cp=1 tp=1: it sends the "
-                         "gradient reductions over dp x cp and the TP collectives in bf16, and this "
-                         "layout has neither");
-    return LOOM_OK;
-}
-
-/* Checks that depend only on the config: identical on every rank. */
+/* Checks that depend only on the config: identical on every rank. The
+ * layout's are loom_layout_validate's; the rest are the trainer's options. */
 static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
-    const loom_layout *l = &c->layout;
-    int recompute;
-    LOOM_TRY(loom_recompute_parse(c->recompute, &recompute));
-    if (strcmp(c->precision, "fp32") && strcmp(c->precision, "bf16"))
-        return loom_fail(LOOM_EUSAGE, "--precision %s: expected fp32 or bf16", c->precision);
-    LOOM_TRY(check_comm_precision(c));
-    LOOM_TRY(loom_layout_check(l, world));
-    LOOM_TRY(loom_model_check_tp(mc, l->tp, c->sp, c->seq));
-    LOOM_TRY(loom_train_ep_check(c, mc)); /* ep.c's limits (moe_report.c) */
-    LOOM_TRY(check_cp(c, mc));
-    if (c->sp && l->tp == 1) return loom_fail(LOOM_EUSAGE, "--sp needs --tp > 1");
-    LOOM_TRY(loom_train_check_device(c));
+    const loom_layout_model shape = loom_model_shape(mc);
+    const loom_layout_device dev = loom_train_device(c);
+    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_TRAIN, .world = world, .batch = c->batch,
+                                 .seq = c->seq, .device = &dev};
+    LOOM_TRY(loom_layout_validate(&c->layout, &shape, &job));
+    LOOM_TRY(loom_train_moe_check(c, mc));
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
-    if (c->batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", c->batch);
-    if (c->batch % l->dp)
-        return loom_fail(LOOM_EUSAGE, "dp=%d does not divide --batch %d (global sequences per step)",
-                         l->dp, c->batch);
-    if (c->grad_accum < 1)
-        return loom_fail(LOOM_EUSAGE, "--grad-accum %d: must be >= 1", c->grad_accum);
-    if ((c->batch / l->dp) % c->grad_accum)
-        return loom_fail(LOOM_EUSAGE,
-                         "--grad-accum %d does not divide the %d sequences per DP rank "
-                         "(--batch %d / dp=%d)",
-                         c->grad_accum, c->batch / l->dp, c->batch, l->dp);
-    if (c->zero < 0 || c->zero > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", c->zero);
     if (!(c->bucket_mb >= 0)) return loom_fail(LOOM_EUSAGE, "--bucket-mb %g: must be >= 0", c->bucket_mb);
-    if (c->seq < 1) return loom_fail(LOOM_EUSAGE, "--seq %d: must be >= 1", c->seq);
-    if (c->seq > mc->n_positions)
-        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq,
-                         mc->n_positions, mc->name);
     if (!(c->lr > 0 && isfinite(c->lr))) return loom_fail(LOOM_EUSAGE, "--lr %g: must be > 0", c->lr);
     if (c->warmup < 0 || c->warmup > c->steps)
         return loom_fail(LOOM_EUSAGE, "--warmup %d: must be between 0 and --steps %d", c->warmup,
@@ -134,11 +82,8 @@ static loom_status check_config(const loom_train_config *c, const loom_model_con
     if (c->weight_decay < 0 || c->eps <= 0)
         return loom_fail(LOOM_EUSAGE, "--weight-decay must be >= 0 and --eps > 0");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required (make one with `loom data`)");
-    if (strcmp(c->nan_policy, "abort") != 0 && strcmp(c->nan_policy, "skip") != 0)
-        return loom_fail(LOOM_EUSAGE, "--nan-policy %s: must be abort or skip", c->nan_policy);
-    if (c->virtual_stages < 1)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be >= 1", c->virtual_stages);
-    if (is_pipelined(c)) LOOM_TRY(loom_train_pp_check(c, mc));
+    if ((unsigned)c->nan_policy >= LOOM_NAN_POLICY_COUNT)
+        return loom_fail(LOOM_EUSAGE, "--nan-policy %d: not a policy", (int)c->nan_policy);
     return LOOM_OK;
 }
 
@@ -193,7 +138,7 @@ static void report_tp_regions(const loom_train_run_state *s) {
     if (c->layout.tp == 1) return;
     const loom_gpt *m = s->parts[0];
     double kb = (double)m->N * m->C * sizeof(float) / 1024.0;
-    if (c->sp)
+    if (c->layout.sp)
         loom_info("tp=%d with sp: each block issues, per micro-batch, forward 2 all-gathers + 2 "
                   "reduce-scatters and backward 2 all-gathers + 2 reduce-scatters of the (B*T, C) "
                   "activations, plus 2 all-gathers re-gathering the LayerNorm outputs it keeps "
@@ -241,14 +186,13 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
 
 loom_tp loom_train_tp_group(const loom_train_run_state *s) {
     const loom_train_config *c = s->cfg;
-    return (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->sp,
-                     .comm_bf16 = strcmp(c->comm_precision, "bf16") == 0};
+    return (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->layout.sp,
+                     .comm_bf16 = c->layout.comm_precision == LOOM_PRECISION_BF16};
 }
 
 loom_cp loom_train_cp_group(const loom_train_run_state *s) {
-    loom_cp cp = {.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank};
-    loom_cp_parse_impl(s->cfg->cp_impl[0] ? s->cfg->cp_impl : "ring", &cp.impl); /* checked */
-    return cp;
+    return (loom_cp){.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank,
+                     .impl = s->cfg->layout.cp_impl};
 }
 
 void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
@@ -268,7 +212,7 @@ void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm,
  * engine communicates during the last one's backward. */
 static loom_status run_micro_batches(loom_train_run_state *s, int step, double *loss_sum) {
     const loom_train_config *c = s->cfg;
-    const int Bl = c->batch / c->layout.dp, K = c->grad_accum, Bm = Bl / K, T = c->seq;
+    const int Bl = c->batch / c->layout.dp, K = c->layout.grad_accum, Bm = Bl / K, T = c->seq;
     const float dloss = 1.0f / ((float)c->batch * (float)T);
     for (int k = 0; k < K; k++) {
         int64_t first = (int64_t)s->mesh->dp_rank * Bl + (int64_t)k * Bm;
@@ -357,25 +301,24 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         loom_comm_trace(1 << 16);
     }
     LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
-    const int micro = is_pipelined(c) ? (c->micro_batches > 0 ? c->micro_batches : c->layout.pp)
-                                      : c->grad_accum;
-    const int Bm = c->batch / c->layout.dp / micro;
-    if (is_pipelined(c)) {
+    const loom_layout *l = &c->layout;
+    const int micro = loom_layout_pipelined(l) ? loom_layout_micro_batches(l) : l->grad_accum;
+    const int Bm = c->batch / l->dp / micro;
+    if (loom_layout_pipelined(l)) {
         st = loom_train_pp_setup(s, &mc, Bm);
     } else {
         loom_model_part part = loom_model_part_whole(&mc);
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
-        loom_gpt_opts opts = {.B = Bm, .T = c->seq / c->layout.cp, .n_slots = 1,
-                              .external_params = c->zero >= 3, .external_grads = c->zero >= 2,
+        loom_gpt_opts opts = {.B = Bm, .T = c->seq / l->cp, .n_slots = 1, .recompute = l->recompute,
+                              .external_params = l->zero >= 3, .external_grads = l->zero >= 2,
                               .moe_route_cp = c->moe_route_cp};
-        loom_recompute_parse(c->recompute, &opts.recompute); /* checked in check_config */
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
-    loom_dp_config dpc = {.zero = c->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1,
-                          .comm_bf16 = strcmp(c->comm_precision, "bf16") == 0};
+    loom_dp_config dpc = {.zero = l->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1,
+                          .comm_bf16 = l->comm_precision == LOOM_PRECISION_BF16};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
     if (st == LOOM_OK) st = loom_ep_engine_create(s->parts, s->n_parts, s->mesh, &hp, &s->ep);
@@ -386,7 +329,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
-    loom_backend_set_precision(strcmp(c->precision, "bf16") == 0);
+    loom_backend_set_precision(l->precision == LOOM_PRECISION_BF16);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
     return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);

@@ -884,13 +884,16 @@ static void check_params_io(void) {
     }
     loom_train_config c;
     loom_train_config_default(&c);
-    CHECK(loom_train_check_device(&c) == LOOM_OK, "no checkpoint flags: refused");
+    loom_layout_device dev = loom_train_device(&c);
+    CHECK(loom_layout_check_device(&c.layout, &dev) == LOOM_OK, "no checkpoint flags: refused");
     snprintf(c.save_dir, sizeof c.save_dir, "ck");
-    loom_status st = loom_train_check_device(&c);
+    dev = loom_train_device(&c);
+    loom_status st = loom_layout_check_device(&c.layout, &dev);
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "--save-dir with --device counting"),
           "--save-dir without host memory: %d %s", (int)st, loom_errmsg());
     CHECK(loom_backend_select("cpu") == LOOM_OK, "back to cpu");
-    CHECK(loom_train_check_device(&c) == LOOM_OK, "--save-dir on cpu refused: %s", loom_errmsg());
+    dev = loom_train_device(&c);
+    CHECK(loom_layout_check_device(&c.layout, &dev) == LOOM_OK, "--save-dir on cpu refused: %s", loom_errmsg());
     free(fa);
     free(fb);
     loom_gpt_free(m);

@@ -52,8 +52,8 @@ with open(sys.argv[1], "wb") as f:
 PY
 common="--data $data --model tiny --steps 3 --batch 4 --seq 16 --threads 1 --peak-flops 1e9 --quiet"
 # the emulation's device memory is host memory, so MPI reads it: the
-# multi-rank runs below declare that (src/train/device_check.c), and the
-# first one checks the refusal without it
+# multi-rank runs below declare that (the layout validator's device section,
+# src/mesh/layout_check.c), and the first one checks the refusal without it
 export LOOM_CUDA_AWARE_MPI=1
 if LOOM_CUDA_AWARE_MPI=0 OMP_NUM_THREADS=1 timeout 120 "$LOOM_RUN" -np 2 "$work/loom_emu" train $common --dp 2 \
     --device cuda >"$work/refused" 2>&1 || ! grep -q "NCCL / host staging are not wired" "$work/refused"; then

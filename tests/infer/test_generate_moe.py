@@ -129,8 +129,8 @@ def main():
         dense = os.path.join(tmp, "tiny.safetensors")
         lt.run(["train", "--model", "tiny", "--data", data, "--steps", 2, "--batch", 8, "--seq", 32, "--threads", 1,
                 "--save-params", dense])
-        for model, p, np_, ep, want in (("tiny", dense, 2, "2", "no experts to split"),
-                                        ("tiny-moe", params, 3, "3", "ep=3 does not divide")):
+        for model, p, np_, ep, want in (("tiny", dense, 2, "2", "--ep 2 needs a Mixture-of-Experts model"),
+                                        ("tiny-moe", params, 3, "3", "--ep 3 does not divide num_local_experts=4")):
             r = lt.run(["generate", "--model", model, "--load-params", p, "--ids-file", ids_file, "--max-tokens", 2,
                         "--ep", ep, "--threads", 1], np=np_, check_ok=False)
             lt.check(r.returncode == 64 and want in r.stderr, "--ep %s on %s: exit %d, %r" % (

@@ -82,7 +82,7 @@ int main(void) {
         sim("--pp", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2", NULL));
     expect_usage("v > 1 only with interleaved (schedule 1f1b)",
                  sim("--schedule", "1f1b", "--virtual-stages", "2", NULL));
-    expect_usage("unknown schedule 'zb2'", sim("--schedule", "zb2", NULL));
+    expect_usage("--schedule zb2: expected gpipe, 1f1b, interleaved or zb", sim("--schedule", "zb2", NULL));
     expect_usage("--pp 0: must be in 1..1024", sim("--pp", "0", NULL));
     expect_usage("--cost-b -2: must be a finite number >= 0", sim("--cost-b", "-2", NULL));
     expect_usage("--cost-head -1: must be a finite number >= 0",

@@ -1,7 +1,8 @@
 /* test_partition.c - the stage partitioner: layout checks and their
  * messages; the balanced split against a brute-force search over every
  * split of small models (least max stage cost, then least sum of squares);
- * hand-checked splits; the --stage-layers parser and its messages. Pure.
+ * hand-checked splits; --stage-layers (parsed into the layout, checked by
+ * the layout validator) and its messages. Pure.
  */
 #include <math.h>
 #include <string.h>
@@ -10,13 +11,13 @@
 #include "loom/pipeline.h"
 
 static void test_check(void) {
-    CHECK(loom_partition_check(8, 4, 2) == LOOM_OK, "8 layers on 8 stages: %s", loom_errmsg());
-    CHECK(loom_partition_check(6, 4, 2) == LOOM_EUSAGE, "6 layers on 8 stages accepted");
+    CHECK(loom_layout_check_stages(8, 4, 2) == LOOM_OK, "8 layers on 8 stages: %s", loom_errmsg());
+    CHECK(loom_layout_check_stages(6, 4, 2) == LOOM_EUSAGE, "6 layers on 8 stages accepted");
     CHECK(strstr(loom_errmsg(), "pp=4 x v=2 = 8 virtual stages but the model has 6 layers") != NULL,
           "msg '%s'", loom_errmsg());
-    CHECK(loom_partition_check(0, 1, 1) == LOOM_EUSAGE && strstr(loom_errmsg(), "the model has 0 layers"),
+    CHECK(loom_layout_check_stages(0, 1, 1) == LOOM_EUSAGE && strstr(loom_errmsg(), "the model has 0 layers"),
           "0 layers");
-    CHECK(loom_partition_check(8, 0, 1) == LOOM_EUSAGE && strstr(loom_errmsg(), "pp=0 x v=1"), "pp 0: %s",
+    CHECK(loom_layout_check_stages(8, 0, 1) == LOOM_EUSAGE && strstr(loom_errmsg(), "pp=0 x v=1"), "pp 0: %s",
           loom_errmsg());
     int counts[8];
     CHECK(loom_partition_balance(8, 2, 2, -1, 0, counts) == LOOM_EUSAGE &&
@@ -102,12 +103,33 @@ static void test_balance_examples(void) {
     expect_split(48, 8, 1, 0, 0, "6,6,6,6,6,6,6,6");
 }
 
+/* --stage-layers as the simulator takes it: parsed where the flag enters,
+ * then matched to the model and pp x v by the validator. */
+static loom_status stage_layers(const char *in, int n_layer, int pp, int v, int *counts) {
+    loom_layout l;
+    loom_layout_default(&l);
+    l.pp = pp;
+    l.virtual_stages = v;
+    l.micro_batches = pp;
+    l.schedule = v > 1 ? LOOM_SCHED_INTERLEAVED : LOOM_SCHED_1F1B;
+    LOOM_TRY(loom_layout_parse_stage_layers(in, &l));
+    const loom_layout_model m = {.name = "test", .n_layer = n_layer};
+    const loom_layout_job j = {.purpose = LOOM_LAYOUT_FOR_SIM};
+    LOOM_TRY(loom_layout_validate(&l, &m, &j));
+    memcpy(counts, l.stage_layers, (size_t)l.n_stage_layers * sizeof *counts);
+    return LOOM_OK;
+}
+
 static void test_parse(void) {
     int counts[8] = {9, 9, 9, 9, 9, 9, 9, 9};
-    CHECK(loom_partition_parse("3,3,2,2", 10, 4, 1, counts) == LOOM_OK, "parse: %s", loom_errmsg());
+    CHECK(stage_layers("3,3,2,2", 10, 4, 1, counts) == LOOM_OK, "parse: %s", loom_errmsg());
     CHECK(counts[0] == 3 && counts[1] == 3 && counts[2] == 2 && counts[3] == 2, "parsed counts");
-    CHECK(loom_partition_parse(" 1, 2 ,3,4 ", 10, 2, 2, counts) == LOOM_OK && counts[3] == 4, "spaces: %s",
+    CHECK(stage_layers(" 1, 2 ,3,4 ", 10, 2, 2, counts) == LOOM_OK && counts[3] == 4, "spaces: %s",
           loom_errmsg());
+    loom_layout l;
+    loom_layout_default(&l);
+    CHECK(loom_layout_parse_stage_layers("1,2", &l) == LOOM_OK && l.n_stage_layers == 2, "two entries");
+    CHECK(loom_layout_parse_stage_layers("", &l) == LOOM_OK && l.n_stage_layers == 0, "'' clears the list");
     const struct {
         const char *in;
         int n, pp, v;
@@ -122,7 +144,7 @@ static void test_parse(void) {
         {"3,-1,3,2", 8, 4, 1, "--stage-layers: '-1' is not a positive integer"},
         {"3,,3,2", 8, 4, 1, "--stage-layers: '' is not a positive integer"},
         {"3,3,2,2,", 10, 4, 1, "--stage-layers: '' is not a positive integer"},
-        {"", 8, 4, 1, "--stage-layers: '' is not a positive integer"},
+        {",", 8, 4, 1, "--stage-layers: '' is not a positive integer"},
         {"3 3,2", 8, 4, 1, "--stage-layers: '3 3' is not a positive integer"},
         {"99999999999,1", 8, 2, 1, "'99999999999' is not a positive integer"},
         {"1,1,1,1,1,1", 6, 4, 2, "pp=4 x v=2 = 8 virtual stages but the model has 6 layers"},
@@ -130,12 +152,19 @@ static void test_parse(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int before[8] = {7, 7, 7, 7, 7, 7, 7, 7}, c[8];
         memcpy(c, before, sizeof c);
-        CHECK(loom_partition_parse(bad[i].in, bad[i].n, bad[i].pp, bad[i].v, c) == LOOM_EUSAGE,
-              "'%s' accepted", bad[i].in);
+        CHECK(stage_layers(bad[i].in, bad[i].n, bad[i].pp, bad[i].v, c) == LOOM_EUSAGE, "'%s' accepted",
+              bad[i].in);
         CHECK(strstr(loom_errmsg(), bad[i].msg) != NULL, "'%s': message '%s' lacks '%s'", bad[i].in,
               loom_errmsg(), bad[i].msg);
         CHECK(memcmp(c, before, sizeof c) == 0, "'%s' changed the counts", bad[i].in);
     }
+    char many[2 * LOOM_LAYOUT_MAX_STAGE_LAYERS + 8] = "1";
+    for (int i = 1; i <= LOOM_LAYOUT_MAX_STAGE_LAYERS; i++) strcat(many, ",1");
+    loom_layout_default(&l);
+    CHECK(loom_layout_parse_stage_layers(many, &l) == LOOM_EUSAGE &&
+              strstr(loom_errmsg(), "more than 512 entries") &&
+              l.n_stage_layers == 0,
+          "513 entries: %s", loom_errmsg());
 }
 
 int main(void) {

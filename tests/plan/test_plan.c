@@ -118,19 +118,20 @@ static void test_rejections(void) {
     expect_reject(&m, &c, &j, "dp=64", "over by");
     expect_reject(&m, &c, &j, "dp=1,tp=1,pp=64,schedule=gpipe,m=64,mbs=8", "activations"); /* 64 sets in flight */
     loom_plan_job j3 = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 48};
-    expect_reject(&m, &c, &j3, "dp=16,tp=3", "tp=3 does not divide 64 heads");
+    expect_reject(&m, &c, &j3, "dp=16,tp=3", "tp=3 does not divide n_head=64");
     loom_plan_job j2 = {.batch = 100, .seq = 4096, .bf16 = 1, .gpus = 64};
-    expect_reject(&m, &c, &j2, "dp=8,tp=8", "dp=8 does not divide batch 100");
+    expect_reject(&m, &c, &j2, "dp=8,tp=8", "dp=8 does not divide --batch 100");
     loom_plan_job j4 = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 1024};
-    expect_reject(&m, &c, &j4, "dp=1,tp=8,pp=128", "stages but 80 layers");
-    expect_reject(&m, &c, &j4, "dp=64,tp=8,pp=2,schedule=interleaved,v=2,m=3,mbs=2", "mbs=2 x m=3");
+    expect_reject(&m, &c, &j4, "dp=1,tp=8,pp=128", "128 virtual stages but the model has 80 layers");
+    expect_reject(&m, &c, &j4, "dp=64,tp=8,pp=2,schedule=interleaved,v=2,m=3,mbs=2",
+                  "mbs=2 x m=3 = 6, but a dp rank has 8 sequences");
     loom_plan_job j6 = {.batch = 384, .seq = 4096, .bf16 = 1, .gpus = 1024};
     expect_reject(&m, &c, &j6, "dp=64,tp=8,pp=2,schedule=interleaved,v=2,m=3", "divisible by pp=2");
     loom_plan_model mx;
     loom_plan_model_builtin("mixtral-8x7b", &mx);
-    expect_reject(&mx, &c, &j4, "dp=128,tp=8,ep=3", "ep=3 must divide 8 experts");
+    expect_reject(&mx, &c, &j4, "dp=128,tp=8,ep=3", "ep=3 must divide dp*cp=128");
     loom_plan_job j5 = {.batch = 512, .seq = 4000, .bf16 = 1, .gpus = 1024};
-    expect_reject(&mx, &c, &j5, "dp=32,tp=8,cp=3", "dp*tp*pp*cp");
+    expect_reject(&mx, &c, &j5, "dp=32,tp=8,cp=3", "= 768 ranks, but the job has 1024 ranks");
     loom_plan_layout l;
     CHECK(loom_plan_layout_parse("dp=2,bogus=3", &j, &l) == LOOM_EUSAGE, "unknown key rejected");
     CHECK(strstr(loom_errmsg(), "bogus") != NULL, "message names the key: %s", loom_errmsg());
@@ -287,7 +288,8 @@ static void test_cp_volume(void) {
           "seq 131072 cp=8 ring: hidden (cp %.3g of step %.3g s; %s)", r.t_cp, r.t_step, r.failures);
     /* Ulysses needs the heads per tp rank divisible by cp */
     j = (loom_plan_job){.batch = 8, .seq = 4096, .bf16 = 1, .gpus = 64};
-    expect_reject(&m, &c, &j, "dp=1,tp=8,cp=8,mbs=1,m=8,cp_impl=ulysses", "cp_impl=ulysses");
+    expect_reject(&m, &c, &j, "dp=1,tp=8,cp=8,mbs=1,m=8,cp_impl=ulysses",
+                  "--cp-impl ulysses: cp=8 must divide the heads per tp rank, n_head=32 / tp=8 = 4");
 
 
 }

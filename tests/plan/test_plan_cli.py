@@ -39,7 +39,7 @@ def main():
     lt.check(r.returncode == 64, "rejected layout exits 64 (got %d)" % r.returncode)
     lt.check("over by" in r.stderr and "GB" in r.stderr, "reason names the memory overrun: %s" % r.stderr.strip())
     r = lt.run(["plan", "--model", "llama3-70b", "--gpus", "48", "--layout", "dp=16,tp=3"], check_ok=False)
-    lt.check(r.returncode == 64 and "tp=3 does not divide 64 heads" in r.stderr, "divisibility: %s" % r.stderr.strip())
+    lt.check(r.returncode == 64 and "tp=3 does not divide n_head=64" in r.stderr, "divisibility: %s" % r.stderr.strip())
     r = lt.run(["plan", "--cluster", "/nonexistent/c.json"], check_ok=False)
     lt.check(r.returncode == 66 and "cannot open" in r.stderr, "missing cluster exits 66: %s" % r.stderr.strip())
     with tempfile.TemporaryDirectory(prefix="loom-plancli-") as tmp:
