@@ -124,7 +124,9 @@ static void run(loom_comm *sg, loom_comm *hg, int rank, int size) {
               "%s: staged %llu calls %llu bytes, host %llu calls %llu bytes", loom_comm_op_name((loom_comm_op)op),
               (unsigned long long)a->calls[op], (unsigned long long)a->bytes[op], (unsigned long long)b->calls[op],
               (unsigned long long)b->bytes[op]);
-    CHECK(a->bytes[LOOM_OP_ALLREDUCE] == N * 4, "allreduce bytes %llu", (unsigned long long)a->bytes[LOOM_OP_ALLREDUCE]);
+    /* allreduce, iallreduce (fp32), allreduce_as (bf16: 2 bytes a value) */
+    CHECK(a->bytes[LOOM_OP_ALLREDUCE] == N * (4 + 4 + 2), "allreduce bytes %llu",
+          (unsigned long long)a->bytes[LOOM_OP_ALLREDUCE]);
     loom_cuda_free(d), loom_cuda_free(d2);
     free(h), free(ref);
 }
