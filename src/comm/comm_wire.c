@@ -96,12 +96,16 @@ size_t loom_comm_wire_bytes(const loom_comm *c) {
 
 /* ---- the calls ---------------------------------------------------------------------------- */
 
-/* wire must be LOOM_F32 or LOOM_BF16 (a bf16 reduction a sum: the plain
- * call checks that). */
-static loom_status check_wire(const loom_comm *c, loom_comm_op op, loom_dtype wire) {
-    if (wire == LOOM_F32 || wire == LOOM_BF16) return LOOM_OK;
-    return loom_fail(LOOM_EINTERNAL, "rank %d: %s on group %s: wire format %d is not f32 or bf16",
-                     c->world_rank, loom_comm_op_name(op), c->name, (int)wire);
+/* wire must be LOOM_F32 or LOOM_BF16, and a bf16 reduction a sum (the
+ * plain call's message; refused before anything is packed). */
+static loom_status check_wire(const loom_comm *c, loom_comm_op op, loom_dtype wire, loom_redop rop) {
+    if (wire != LOOM_F32 && wire != LOOM_BF16)
+        return loom_fail(LOOM_EINTERNAL, "rank %d: %s on group %s: wire format %d is not f32 or bf16",
+                         c->world_rank, loom_comm_op_name(op), c->name, (int)wire);
+    if (wire == LOOM_BF16 && op != LOOM_OP_ALLGATHER && rop != LOOM_SUM)
+        return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s: bf16 reductions support only the sum",
+                         c->world_rank, loom_comm_op_name(op), c->name);
+    return LOOM_OK;
 }
 
 /* A wire buffer of n bf16 values for a call of `count` (checked first, as
@@ -144,7 +148,7 @@ void loom_comm_wire_finish(loom_req *r, int ok) {
 }
 
 loom_status loom_comm_allreduce_as(loom_comm *c, float *x, size_t count, loom_dtype wire, loom_redop op) {
-    LOOM_TRY(check_wire(c, LOOM_OP_ALLREDUCE, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_ALLREDUCE, wire, op));
     if (wire == LOOM_F32) return loom_comm_allreduce(c, x, count, LOOM_F32, op);
     int i = -1;
     uint16_t *h = NULL;
@@ -156,7 +160,7 @@ loom_status loom_comm_allreduce_as(loom_comm *c, float *x, size_t count, loom_dt
 loom_status loom_comm_iallreduce_as(loom_comm *c, float *x, size_t count, loom_dtype wire, loom_redop op,
                                     loom_req **req) {
     *req = NULL;
-    LOOM_TRY(check_wire(c, LOOM_OP_ALLREDUCE, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_ALLREDUCE, wire, op));
     if (wire == LOOM_F32) return loom_comm_iallreduce(c, x, count, LOOM_F32, op, req);
     int i = -1;
     uint16_t *h = NULL;
@@ -171,7 +175,7 @@ loom_status loom_comm_iallreduce_as(loom_comm *c, float *x, size_t count, loom_d
  * values unpacked into recv. */
 loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *recv,
                                         size_t count_per_rank, loom_dtype wire, loom_redop op) {
-    LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire, op));
     if (wire == LOOM_F32) return loom_comm_reduce_scatter(c, send, recv, count_per_rank, LOOM_F32, op);
     const size_t n = count_per_rank * (size_t)c->size;
     int i = -1;
@@ -186,7 +190,7 @@ loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float 
                                          size_t count_per_rank, loom_dtype wire, loom_redop op,
                                          loom_req **req) {
     *req = NULL;
-    LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire, op));
     if (wire == LOOM_F32)
         return loom_comm_ireduce_scatter(c, send, recv, count_per_rank, LOOM_F32, op, req);
     const size_t n = count_per_rank * (size_t)c->size;
@@ -202,7 +206,7 @@ loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float 
  * wire buffer, gathered in place there, every rank's block unpacked into recv. */
 loom_status loom_comm_allgather_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
                                    loom_dtype wire) {
-    LOOM_TRY(check_wire(c, LOOM_OP_ALLGATHER, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_ALLGATHER, wire, LOOM_SUM));
     if (wire == LOOM_F32) return loom_comm_allgather(c, send, recv, count_per_rank * sizeof(float));
     const size_t n = count_per_rank * (size_t)c->size, mine = count_per_rank * (size_t)c->rank;
     int i = -1;
@@ -216,7 +220,7 @@ loom_status loom_comm_allgather_as(loom_comm *c, const float *send, float *recv,
 loom_status loom_comm_iallgather_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
                                     loom_dtype wire, loom_req **req) {
     *req = NULL;
-    LOOM_TRY(check_wire(c, LOOM_OP_ALLGATHER, wire));
+    LOOM_TRY(check_wire(c, LOOM_OP_ALLGATHER, wire, LOOM_SUM));
     if (wire == LOOM_F32) return loom_comm_iallgather(c, send, recv, count_per_rank * sizeof(float), req);
     const size_t n = count_per_rank * (size_t)c->size, mine = count_per_rank * (size_t)c->rank;
     int i = -1;
