@@ -73,7 +73,8 @@ typedef struct loom_req loom_req;
  * values in fp32 and rounds the sum to bf16 (loom_bf16_sum), so every partial
  * sum is rounded: over n ranks a sum carries n - 1 roundings of at most
  * 2^-8 (bf16's unit roundoff) of the partial sum each, and its error grows with the group size.
- * The MPI communicator sums them with a user-defined op. */
+ * MPI sums them with a user-defined op (comm_mpi.c), NCCL as ncclBfloat16.
+ * An fp32 tensor is sent as bf16 with the wire format below. */
 typedef enum { LOOM_F32, LOOM_F64, LOOM_I32, LOOM_I64, LOOM_U8, LOOM_BF16 } loom_dtype;
 typedef enum { LOOM_SUM, LOOM_MAX, LOOM_MIN } loom_redop;
 

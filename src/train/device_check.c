@@ -6,13 +6,14 @@
  * backend whose memory the host cannot read (CUDA) they would need host
  * copies first, as params_io.c makes for --save-params / --load-params.
  * Until then --save-dir and --resume are refused there with a message, before
- * anything runs or is written. So is --comm-precision bf16: the data-parallel
- * engine packs each gradient bucket into bf16 with host loops.
+ * anything runs or is written. So is --comm-precision bf16: the groups are
+ * MPI groups on host memory, whose wire format packs bf16 with host loops.
  *
- * Several ranks: loom's communicator (comm_mpi.c) hands tensor pointers to
- * MPI, which on device memory works only with a CUDA-aware MPI. The NCCL and
- * host-staged communicators (src/backend/cuda/comm_nccl.c, comm_staged.c)
- * are not wired into it yet, so more than one rank is refused unless
+ * Several ranks: the groups the mesh makes are MPI groups (comm_mpi.c),
+ * which hand tensor pointers to MPI: on device memory that works only with a
+ * CUDA-aware MPI. The NCCL and host-staged implementations of loom_comm
+ * (src/comm/comm_nccl.c, comm_staged.c) are not chosen by any device yet,
+ * so more than one rank is refused unless
  * LOOM_CUDA_AWARE_MPI=1 says the MPI can read device pointers (the CPU
  * emulation of CUDA used by tests/backend/test_model_emu.sh, whose device
  * memory is host memory, is such a case). Local, config and environment
