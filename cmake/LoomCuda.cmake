@@ -51,8 +51,10 @@ if(LOOM_CUDA_ENABLED)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   message(STATUS "loom: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm ${CMAKE_CUDA_ARCHITECTURES}, "
                  "NCCL ${LOOM_NCCL_LIB})")
+  # the kernels, and the NCCL implementation of the communicator (src/comm)
   file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS
     ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.c)
+  list(APPEND LOOM_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/comm/comm_nccl.c)
   add_library(loom_cuda STATIC ${LOOM_CUDA_SOURCES})
   target_include_directories(loom_cuda
     PUBLIC ${PROJECT_SOURCE_DIR}/src/backend/cuda

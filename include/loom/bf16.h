@@ -6,9 +6,10 @@
  * do; an infinity stays infinite, a NaN stays a (quiet) NaN, and a finite
  * value past the largest bf16 rounds to infinity.
  *
- * Users: the mixed-precision GEMM operands (src/kernels/cpu/bf16.c) and the
- * bf16 gradient reductions (--comm-precision bf16: dp.c packs each bucket with
- * loom_f32_to_bf16, the communicator sums with loom_bf16_sum, comm_mpi.c).
+ * Users: the mixed-precision GEMM operands (src/kernels/cpu/bf16.c) and bf16
+ * communication (--comm-precision bf16: the communicator's wire format packs
+ * with loom_bf16_pack, comm_wire.c, and MPI sums with loom_bf16_sum,
+ * comm_mpi.c).
  */
 #ifndef LOOM_BF16_H
 #define LOOM_BF16_H

@@ -96,13 +96,15 @@ typedef struct loom_dp_config {
      * model's own gradient buffer is not used there). */
     int sum_tp_partials;
     /* 1: the gradient reductions over dp (zero 0's all-reduce, zero 1-3's
-     * reduce-scatters) carry bf16: each bucket is rounded into a bf16 copy
-     * (loom_bf16_pack), summed as LOOM_BF16 (every partial sum rounded,
-     * comm.h) and converted back to fp32 when its reduction completes - half
-     * the bytes. The early wte's embedding rows, the parameter all-gathers
-     * and the norm stay fp32. Costs a bf16 buffer: zero 0/1 sum_b P_b x 2
-     * bytes, zero 2/3 the staging slots x 2 bytes (counted with the
-     * gradients). Host-memory backends only (LOOM_EUSAGE otherwise). */
+     * reduce-scatters) carry bf16, the communicator's wire format (comm.h,
+     * loom_comm_*_as): each bucket is rounded into a bf16 wire buffer of the
+     * dp group, summed as LOOM_BF16 (every partial sum rounded) and
+     * converted back to fp32 when its reduction completes - half the bytes.
+     * The early wte's embedding rows, the parameter all-gathers and the norm
+     * stay fp32. The engine reserves the group's wire buffers when it is
+     * made, one per reduction that can be in flight at once (the largest
+     * buckets, 2 bytes a value; counted with the gradients). Host-memory
+     * backends only (LOOM_EUSAGE otherwise). */
     int comm_bf16;
 } loom_dp_config;
 

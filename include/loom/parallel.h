@@ -26,12 +26,17 @@ typedef struct loom_tp {
     int sp;          /* sequence parallelism on */
     /* 1: the activation and activation-gradient collectives above (copy,
      * reduce, SP gather / reduce-scatter) carry bf16 (--comm-precision bf16):
-     * the floats are rounded to bf16 into a host buffer, sent (sums as
-     * LOOM_BF16, every partial sum rounded: comm.h) and converted back.
-     * Host-memory backends only. loom_tp_grad_allreduce and loom_tp_allreduce
-     * stay fp32 (parameter gradients, softmax statistics). */
+     * the communicator's bf16 wire format (comm.h, loom_comm_*_as: rounded
+     * to bf16, sums as LOOM_BF16 with every partial sum rounded, converted
+     * back). loom_tp_grad_allreduce and loom_tp_allreduce stay fp32
+     * (parameter gradients, softmax statistics). */
     int comm_bf16;
 } loom_tp;
+
+/* Set aside the TP group's bf16 wire buffer for regions of up to n floats
+ * (with comm_bf16 and more than one rank; otherwise nothing), so no step
+ * allocates it. Local; LOOM_EOS without memory. */
+loom_status loom_tp_reserve(const loom_tp *tp, size_t n);
 
 /* f: forward identity; backward sums the partial input gradients, in place. */
 static inline loom_status loom_tp_copy_fwd(const loom_tp *tp, float *x, size_t n) {

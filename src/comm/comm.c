@@ -1,13 +1,21 @@
-/* comm.c - the backend-independent part of the communicator: element sizes
- * and op names used in statistics and messages. Nothing here is collective
- * and nothing here talks to MPI (see comm_mpi.c for the MPI backend). */
+/* comm.c - the implementation-independent part of the communicator that is
+ * not a call: element sizes and op names, host memory, making and freeing
+ * groups, accessors and statistics, the trace ring, and agreeing on failure.
+ * Not tied to a mesh axis. Collective: loom_comm_split (through the parent's
+ * implementation), loom_comm_free as the implementation's free is, and
+ * loom_comm_agree; nothing here talks to MPI (comm_mpi.c does). The calls
+ * themselves are comm_call.c, the bf16 wire format comm_wire.c, the
+ * watchdog comm_watch.c.
+ */
 #include "loom/comm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "comm/comm_internal.h"
+#include "comm/comm_impl.h"
+#include "loom/kernels.h"
 
 size_t loom_dtype_size(loom_dtype t) {
     switch (t) {
@@ -36,6 +44,109 @@ const char *loom_comm_op_name(loom_comm_op op) {
     }
     return "unknown";
 }
+
+double loom_comm_wtime(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- host memory ------------------------------------------------------------ */
+
+static void *host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return malloc(bytes ? bytes : 1);
+}
+static void host_free(void *ctx, void *p, size_t bytes) {
+    (void)ctx, (void)bytes;
+    free(p);
+}
+static loom_status host_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+    return LOOM_OK;
+}
+static void host_pack(void *ctx, uint16_t *dst, const float *src, size_t n) {
+    (void)ctx;
+    loom_bf16_pack(dst, src, n);
+}
+static void host_unpack(void *ctx, float *dst, const uint16_t *src, size_t n) {
+    (void)ctx;
+    loom_bf16_unpack(dst, src, n);
+}
+
+const loom_comm_mem loom_comm_mem_host = {.name = "host",
+                                          .alloc = host_alloc,
+                                          .free = host_free,
+                                          .copy_to_host = host_copy,
+                                          .copy_from_host = host_copy,
+                                          .pack_bf16 = host_pack,
+                                          .unpack_bf16 = host_unpack};
+
+/* ---- groups ----------------------------------------------------------------- */
+
+loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_size,
+                             const loom_comm_mem *mem, int rank, int size, int world_rank,
+                             const char *name, loom_comm **out) {
+    *out = NULL;
+    loom_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        loom_comm tmp = {.ops = ops, .impl = impl};
+        ops->free(&tmp);
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for group %s", world_rank, name);
+    }
+    /* requests are allocated with their implementation part after them */
+    const size_t align = sizeof(max_align_t);
+    *c = (loom_comm){.ops = ops, .impl = impl, .req_size = (req_size + align - 1) / align * align,
+                     .mem = *mem, .rank = rank, .size = size, .world_rank = world_rank};
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+    c->stats = &c->own_stats;
+    c->seq = &c->own_seq;
+    c->wire = (loom_comm_pool){.alloc = c->mem.alloc, .free = c->mem.free, .ctx = c->mem.ctx};
+    *out = c;
+    return LOOM_OK;
+}
+
+void loom_comm_adopt_host(loom_comm *c, loom_comm *host) {
+    c->host = host;
+    host->stats = c->stats;
+    host->seq = c->seq;
+}
+
+void loom_comm_release_host(loom_comm *c) {
+    if (!c->host) return;
+    c->host->stats = &c->host->own_stats;
+    c->host->seq = &c->host->own_seq;
+    c->host = NULL;
+}
+
+loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
+                            loom_comm **out) {
+    *out = NULL;
+    return parent->ops->split(parent, color, key, name, out);
+}
+
+void loom_comm_free(loom_comm *c) {
+    if (!c) return;
+    c->ops->free(c);
+    while (c->spare) {
+        loom_req *r = c->spare;
+        c->spare = r->next;
+        free(r);
+    }
+    loom_comm_pool_free(&c->wire);
+    loom_comm_free(c->host);
+    free(c);
+}
+
+int loom_comm_rank(const loom_comm *c) { return c->rank; }
+int loom_comm_size(const loom_comm *c) { return c->size; }
+const char *loom_comm_name(const loom_comm *c) { return c->name; }
+loom_comm *loom_comm_host(loom_comm *c) { return c->host ? c->host : c; }
+const loom_comm_mem *loom_comm_memory(const loom_comm *c) { return &c->mem; }
+
+const loom_comm_stats *loom_comm_get_stats(const loom_comm *c) { return c->stats; }
+void loom_comm_reset_stats(loom_comm *c) { memset(c->stats, 0, sizeof *c->stats); }
 
 /* ---- tracing: a ring of the last events ---------------------------------- */
 
@@ -73,8 +184,10 @@ const loom_comm_event *loom_comm_trace_events(size_t *n) {
 
 /* ---- agreeing on failure ------------------------------------------------ */
 
-loom_status loom_comm_agree(loom_comm *world, loom_status local) {
-    /* the lowest failing rank speaks for all: its status, its message */
+loom_status loom_comm_agree(loom_comm *c, loom_status local) {
+    /* the lowest failing rank speaks for all: its status, its message; host
+     * ints, so on the group's host side */
+    loom_comm *world = loom_comm_host(c);
     const int none = 1 << 30;
     int me = local != LOOM_OK ? loom_comm_rank(world) : none, first = me;
     loom_status st = loom_comm_allreduce(world, &first, 1, LOOM_I32, LOOM_MIN);

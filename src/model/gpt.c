@@ -214,6 +214,7 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         st = loom_arena_commit(&m->a_params);
     }
     if (st == LOOM_OK) st = loom_cp_alloc(&m->part.cp, m->B, m->T, m->C_l);
+    if (st == LOOM_OK) st = loom_tp_reserve(&m->part.tp, (size_t)m->N * m->C); /* its largest region */
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_grads);
     if (st == LOOM_OK) st = loom_arena_commit(&m->a_acts);
     if (st != LOOM_OK) {

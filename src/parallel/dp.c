@@ -46,11 +46,6 @@ static void reduce_done(dp_part *p, dp_bucket *b) {
     loom_dp_engine *e = p->e;
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     b->rs = NULL;
-    if (b->rs_bf16) { /* the bf16 result back to fp32, where the fp32 one would land */
-        b->rs_bf16 = 0;
-        if (e->cfg.zero >= 2) loom_bf16_unpack(p->stage[b->slot], p->stage16[b->slot], b->S);
-        else loom_bf16_unpack(p->m->grad_mem + b->lo, p->grad16 + b->h_off, e->cfg.zero ? b->S : b->n);
-    }
     if (e->cfg.zero < 2) {
         b->gstate = DP_DONE;
         return;
@@ -166,6 +161,11 @@ static void count_reduction(loom_dp_engine *e, dp_bucket *b, int overlapped) {
     e->timing.overlapped += overlapped;
 }
 
+/* What the gradient reductions carry (comm_bf16: the communicator's bf16
+ * wire format converts each bucket and converts the result back when its
+ * reduction completes). */
+static loom_dtype wire(const loom_dp_engine *e) { return e->cfg.comm_bf16 ? LOOM_BF16 : LOOM_F32; }
+
 /* zero 0/1: all-reduce, or reduce-scatter in place (the slice lands at the
  * bucket's start); a padded bucket goes through the scratch, blocking. */
 static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
@@ -175,37 +175,21 @@ static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
     count_reduction(e, b, overlapped);
     b->gstate = DP_DONE;
     if (e->N == 1) return LOOM_OK;
-    uint16_t *h = e->cfg.comm_bf16 ? p->grad16 + b->h_off : NULL;
     if (e->cfg.zero == 0 || b->P == b->n) {
         LOOM_TRY(make_room(e));
-        void *buf = g;
-        loom_dtype t = LOOM_F32;
-        if (h) {
-            loom_bf16_pack(h, g, b->n);
-            buf = h;
-            t = LOOM_BF16;
-        }
         loom_status st = e->cfg.zero == 0
-                             ? loom_comm_iallreduce(e->dp, buf, b->n, t, LOOM_SUM, &b->rs)
-                             : loom_comm_ireduce_scatter(e->dp, buf, buf, b->S, t, LOOM_SUM, &b->rs);
+                             ? loom_comm_iallreduce_as(e->dp, g, b->n, wire(e), LOOM_SUM, &b->rs)
+                             : loom_comm_ireduce_scatter_as(e->dp, g, g, b->S, wire(e), LOOM_SUM, &b->rs);
         if (st == LOOM_OK) {
             b->gstate = DP_REDUCING;
-            b->rs_bf16 = h != NULL;
             record_started(p, b);
         }
         return st;
     }
-    if (h) { /* the padded bucket's own bf16 run is P long */
-        loom_bf16_pack(h, g, b->n);
-        memset(h + b->n, 0, (b->P - b->n) * sizeof *h);
-        LOOM_TRY(loom_comm_reduce_scatter(e->dp, h, h, b->S, LOOM_BF16, LOOM_SUM));
-        loom_bf16_unpack(g, h, b->S);
-    } else {
-        loom_tensor_copy(p->scratch, g, b->n);
-        loom_tensor_zero(p->scratch + b->n, b->P - b->n);
-        LOOM_TRY(loom_comm_reduce_scatter(e->dp, p->scratch, p->scratch, b->S, LOOM_F32, LOOM_SUM));
-        loom_tensor_copy(g, p->scratch, b->S);
-    }
+    loom_tensor_copy(p->scratch, g, b->n);
+    loom_tensor_zero(p->scratch + b->n, b->P - b->n);
+    LOOM_TRY(loom_comm_reduce_scatter_as(e->dp, p->scratch, p->scratch, b->S, wire(e), LOOM_SUM));
+    loom_tensor_copy(g, p->scratch, b->S);
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     return LOOM_OK;
 }
@@ -222,19 +206,9 @@ static loom_status start_reduce23(dp_part *p, dp_bucket *b) {
         reduce_done(p, b);
         return LOOM_OK;
     }
-    loom_status st;
-    if (e->cfg.comm_bf16) {
-        uint16_t *h = p->stage16[b->slot];
-        loom_bf16_pack(h, g, b->P);
-        st = loom_comm_ireduce_scatter(e->dp, h, h, b->S, LOOM_BF16, LOOM_SUM, &b->rs);
-    } else {
-        st = loom_comm_ireduce_scatter(e->dp, g, g, b->S, LOOM_F32, LOOM_SUM, &b->rs);
-    }
+    loom_status st = loom_comm_ireduce_scatter_as(e->dp, g, g, b->S, wire(e), LOOM_SUM, &b->rs);
     if (st != LOOM_OK) b->gstate = DP_IDLE;
-    else {
-        b->rs_bf16 = e->cfg.comm_bf16;
-        record_started(p, b);
-    }
+    else record_started(p, b);
     return st;
 }
 
@@ -401,9 +375,6 @@ static float *take(loom_arena *a, size_t floats) {
     return floats ? loom_arena_alloc(a, floats * F) : NULL;
 }
 
-/* n bf16 values, taken as float pairs (dp_layout.c counts them so). */
-static uint16_t *take16(loom_arena *a, size_t n) { return (uint16_t *)take(a, (n + 1) / 2); }
-
 /* Plan (arenas uncommitted) or hand out (committed) the part's buffers. */
 static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
     const int z = e->cfg.zero;
@@ -418,9 +389,6 @@ static void layout_buffers(const loom_dp_engine *e, dp_part *p) {
         p->gshard = take(&p->a_grads, p->S);
         for (int k = 0; k < DP_SLOTS; k++) p->stage[k] = take(&p->a_grads, p->slot_floats[k]);
     }
-    if (e->cfg.comm_bf16 && z < 2) p->grad16 = take16(&p->a_grads, p->grad16_n);
-    for (int k = 0; e->cfg.comm_bf16 && z >= 2 && k < DP_SLOTS; k++)
-        p->stage16[k] = take16(&p->a_grads, p->slot_floats[k]);
     if (z == 3) {
         p->pshard = take(&p->a_params, p->S);
         for (int k = 0; k < DP_SLOTS; k++) p->gather[k] = take(&p->a_params, p->slot_floats[k]);
@@ -479,6 +447,41 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     return LOOM_OK;
 }
 
+static int by_size_desc(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* comm_bf16: set aside the dp group's wire buffers for the reductions that
+ * can be in flight at once (make_room bounds them): the DP_MAX_INFLIGHT
+ * largest buckets - one more at zero 1, the padded bucket's blocking
+ * reduce-scatter - and every part's early wte beside them. */
+static loom_status reserve_wire(loom_dp_engine *e) {
+    if (!e->cfg.comm_bf16 || e->N == 1) return LOOM_OK;
+    int cap = 1, n_wte = 0, n = 0;
+    for (int i = 0; i < e->n_parts; i++) cap += e->p[i].n_buckets;
+    size_t *v = malloc((size_t)cap * sizeof *v); /* values per reduction: the early wte's first */
+    if (!v) return loom_fail(LOOM_EOS, "out of memory");
+    for (int wte = 1; wte >= 0; wte--)
+        for (int i = 0; i < e->n_parts; i++)
+            for (int k = 0; k < e->p[i].n_buckets; k++) {
+                const dp_bucket *b = &e->p[i].buckets[k];
+                if (b->head_wte == wte) v[n++] = e->cfg.zero == 0 ? b->n : b->P;
+                n_wte += b->head_wte && wte;
+            }
+    qsort(v + n_wte, (size_t)(n - n_wte), sizeof *v, by_size_desc);
+    const int keep = DP_MAX_INFLIGHT + (e->cfg.zero == 1);
+    if (n - n_wte > keep) n = n_wte + keep;
+    qsort(v, (size_t)n, sizeof *v, by_size_desc);
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < n && st == LOOM_OK; i++) { /* i + 1 buffers of at least v[i] */
+        st = loom_comm_reserve_wire(e->dp, v[i], i + 1);
+        e->mem_wire += v[i] * loom_dtype_size(LOOM_BF16);
+    }
+    free(v);
+    return st;
+}
+
 loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_dp_config *cfg, const loom_adamw_hparams *hp,
                                   loom_dp_engine **out) {
@@ -512,6 +515,7 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
         if (!e->p) st = loom_fail(LOOM_EOS, "out of memory");
     }
     for (int i = 0; i < n_parts && st == LOOM_OK; i++) st = part_create(e, &e->p[i], parts[i]);
+    if (st == LOOM_OK) st = reserve_wire(e);
     if (st != LOOM_OK) {
         loom_dp_engine_free(e);
         return st;
@@ -735,6 +739,7 @@ void loom_dp_memory_bytes(const loom_dp_engine *e, loom_dp_memory *out) {
         out->optimizer += e->p[i].mem_opt;
         out->activations += loom_gpt_activation_bytes(e->parts[i]);
     }
+    out->grads += e->mem_wire;
 }
 
 void loom_dp_get_timing(const loom_dp_engine *e, loom_dp_timing *out) { *out = e->timing; }

@@ -49,8 +49,6 @@ typedef struct dp_bucket {
     dp_grad_state gstate;
     loom_req *rs;            /* in-flight gradient reduction */
     unsigned rs_seq;         /* reductions of this bucket started so far */
-    int rs_bf16;             /* the reduction in flight carries bf16 (comm_bf16) */
-    size_t h_off;            /* zero 0/1, comm_bf16: offset of its P bf16 values in grad16 */
     double rs_t0;
     dp_param_state pstate;   /* zero 3 */
     loom_req *ag;            /* zero 3: in-flight parameter gather */
@@ -86,12 +84,6 @@ typedef struct dp_part {
     float *gather[DP_SLOTS]; /* zero 3: gathered unit parameters */
     int gather_owner[DP_SLOTS];
     float *scratch;          /* zero 1: padded buckets' reductions and gathers */
-    /* comm_bf16 (dp.h): the buckets' gradients rounded to bf16 for their
-     * reductions - zero 0/1 one run per bucket (grad16_n = sum_b P_b values),
-     * zero 2/3 one per staging slot (slot_floats values each) */
-    uint16_t *grad16;
-    size_t grad16_n;
-    uint16_t *stage16[DP_SLOTS];
     float *opt_m, *opt_v;    /* AdamW state (S each) */
     /* zero 0/1 with segs covering every float of grad_mem (zero 0, or one
      * rank): the update zeroes the gradients it reads (loom_adamw_update_
@@ -137,6 +129,7 @@ struct loom_dp_engine {
     int fifo_head, fifo_n;
     double comm_call0;       /* dp group's call_seconds when the step began */
     FILE *timing_log;        /* LOOM_DP_TIMINGS */
+    size_t mem_wire;         /* comm_bf16: bytes of the dp group's wire buffers it needs */
 };
 
 /* dp_layout.c: units, buckets, slices, segments and buffer sizes of one

@@ -183,15 +183,6 @@ static void plan_memory(const loom_dp_engine *e, dp_part *p) {
     p->mem_grads = zero >= 2 ? (p->S + slots) * F : (flat + p->scratch_floats) * F;
     if (p->early) /* the gathered embedding rows and their ids */
         p->mem_grads += (size_t)e->N * p->rows_max * ((size_t)p->m->C + 1) * F;
-    if (!e->cfg.comm_bf16) return;
-    p->grad16_n = 0; /* the bf16 copies the reductions send (dp.h) */
-    for (int k = 0; zero < 2 && k < p->n_buckets; k++) {
-        p->buckets[k].h_off = p->grad16_n;
-        p->grad16_n += p->buckets[k].P;
-    }
-    if (zero < 2) p->mem_grads += (p->grad16_n + 1) / 2 * F; /* bf16 pairs, as dp.c takes them */
-    else
-        for (int k = 0; k < DP_SLOTS; k++) p->mem_grads += (p->slot_floats[k] + 1) / 2 * F;
 }
 
 loom_status loom_dp_layout_build(loom_dp_engine *e, dp_part *p) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "comm_test.h"
 #include "loom/bf16.h"
 #include "loom/comm.h"
 
@@ -408,10 +409,7 @@ static void test_basics(void) {
 }
 
 int main(int argc, char **argv) {
-    if (loom_comm_init(&argc, &argv, &W) != LOOM_OK) {
-        fprintf(stderr, "init: %s\n", loom_errmsg());
-        return 1;
-    }
+    if (!(W = comm_test_start(&argc, &argv))) return 1;
     rank = loom_comm_rank(W), n = loom_comm_size(W);
     test_basics();
     const loom_dtype types[] = {LOOM_F32, LOOM_F64, LOOM_I32, LOOM_I64};
@@ -429,10 +427,5 @@ int main(int argc, char **argv) {
     test_ring_nonblocking();
     test_split();
     test_errors();
-    int failed = check_failed_;
-    loom_comm_allreduce(W, &failed, 1, LOOM_I32, LOOM_SUM);
-    if (rank == 0) printf("failures on all %d ranks: %d\n", n, failed);
-    int local = check_done();
-    loom_comm_finalize(W);
-    return failed || local ? 1 : 0;
+    return comm_test_end(W);
 }

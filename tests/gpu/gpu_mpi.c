@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "loom/kernels.h"
 
 int gpu_mpi_start(int *argc, char ***argv, loom_comm **world, int *ndev) {
     if (loom_comm_init(argc, argv, world) != LOOM_OK) {
@@ -63,3 +64,49 @@ void gpu_v_free(gpu_v_case *v) {
     free(v->hs), free(v->hr);
     loom_cuda_free(v->ds), loom_cuda_free(v->dr);
 }
+
+/* ---- CUDA memory for the communicator (until the device object brings its own) ---- */
+
+static void *cu_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return loom_cuda_alloc(bytes);
+}
+static void cu_free(void *ctx, void *p, size_t bytes) {
+    (void)ctx, (void)bytes;
+    loom_cuda_free(p);
+}
+static loom_status cu_d2h(void *ctx, void *host, const void *src, size_t bytes) {
+    (void)ctx;
+    return loom_cuda_memcpy_d2h(host, src, bytes);
+}
+static loom_status cu_h2d(void *ctx, void *dst, const void *host, size_t bytes) {
+    (void)ctx;
+    return loom_cuda_memcpy_h2d(dst, host, bytes);
+}
+/* bf16 conversion through the host (no device kernel for it yet): slow, exact */
+static void cu_pack(void *ctx, uint16_t *dst, const float *src, size_t n) {
+    (void)ctx;
+    float *f = malloc(n * sizeof *f + 1);
+    uint16_t *h = malloc(n * sizeof *h + 1);
+    CHECK(f && h && loom_cuda_memcpy_d2h(f, src, n * sizeof *f) == LOOM_OK, "pack d2h");
+    if (f && h) loom_bf16_pack(h, f, n);
+    CHECK(h && loom_cuda_memcpy_h2d(dst, h, n * sizeof *h) == LOOM_OK, "pack h2d");
+    free(f), free(h);
+}
+static void cu_unpack(void *ctx, float *dst, const uint16_t *src, size_t n) {
+    (void)ctx;
+    float *f = malloc(n * sizeof *f + 1);
+    uint16_t *h = malloc(n * sizeof *h + 1);
+    CHECK(f && h && loom_cuda_memcpy_d2h(h, src, n * sizeof *h) == LOOM_OK, "unpack d2h");
+    if (f && h) loom_bf16_unpack(f, h, n);
+    CHECK(f && loom_cuda_memcpy_h2d(dst, f, n * sizeof *f) == LOOM_OK, "unpack h2d");
+    free(f), free(h);
+}
+
+const loom_comm_mem gpu_cuda_mem = {.name = "cuda",
+                                    .alloc = cu_alloc,
+                                    .free = cu_free,
+                                    .copy_to_host = cu_d2h,
+                                    .copy_from_host = cu_h2d,
+                                    .pack_bf16 = cu_pack,
+                                    .unpack_bf16 = cu_unpack};

@@ -28,4 +28,8 @@ typedef struct {
 void gpu_v_init(gpu_v_case *v, int rank, int size);
 void gpu_v_free(gpu_v_case *v);
 
+/* CUDA device memory as the communicator's memory ops (loom_comm_mem):
+ * loom_cuda_alloc/free and memcpy; bf16 pack/unpack through host copies. */
+extern const loom_comm_mem gpu_cuda_mem;
+
 #endif

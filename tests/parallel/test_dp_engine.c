@@ -21,7 +21,10 @@
  * at ZeRO-2/3, no full parameter buffer at ZeRO-3) and its starting
  * parameters are written through loom_dp_param_runs. The expected sizes are
  * rebuilt here from the model's unit ranges. Also: freeing the engine gives
- * the model its own buffers back (where it has them). Collective over the world (every rank is one dp rank).
+ * the model its own buffers back (where it has them). With comm_bf16, on a
+ * fresh mesh: the engine reserves the dp group's wire buffers when it is made
+ * (counted with the gradients: exactly the group's wire bytes) and no step
+ * allocates another. Collective over the world (every rank is one dp rank).
  */
 #include <math.h>
 #include <stdint.h>
@@ -243,6 +246,59 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
     loom_gpt_free(ref);
 }
 
+/* comm_bf16 at one stage: the wire buffers are reserved up front and
+ * counted, and two steps allocate none (on a fresh mesh, so the dp group's
+ * wire buffers are this engine's alone). */
+static void check_wire_reserved(loom_comm *world, int zero, int K, double mb) {
+    const loom_model_config mc = model_config();
+    loom_layout l;
+    loom_layout_default(&l);
+    l.dp = loom_comm_size(world);
+    loom_mesh *mesh = NULL;
+    loom_gpt *m = NULL;
+    loom_dp_engine *e = NULL;
+    const int N = l.dp, r = loom_comm_rank(world), Bl = B_GLOBAL / N, Bm = Bl / K;
+    loom_model_part part = loom_model_part_whole(&mc);
+    loom_gpt_opts o = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3, .external_grads = zero >= 2};
+    loom_dp_config cfg = {.zero = zero, .bucket_mb = mb, .comm_bf16 = 1};
+    CHECK(loom_mesh_create(world, &l, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
+    CHECK(mesh && loom_gpt_create(&mc, &part, &o, &m) == LOOM_OK, "model: %s", loom_errmsg());
+    CHECK(m && loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "bf16 engine: %s", loom_errmsg());
+    if (e) {
+        expect x;
+        theory(m, zero, N, K, mb, &x);
+        loom_dp_memory mem;
+        loom_dp_memory_bytes(e, &mem);
+        const size_t wire = loom_comm_wire_bytes(mesh->dp);
+        CHECK(mem.grads == x.mem.grads + wire && (N == 1) == (wire == 0),
+              "zero %d K %d bucket %g: grads %zu bytes, fp32 formula %zu + %zu wire", zero, K, mb, mem.grads,
+              x.mem.grads, wire);
+        int32_t *in = malloc(B_GLOBAL * T * sizeof *in), *tg = malloc(B_GLOBAL * T * sizeof *tg);
+        loom_status st = LOOM_OK;
+        for (int s = 0; s < 2 && st == LOOM_OK; s++) {
+            make_batch(s, in, tg, mc.vocab_size);
+            double norm = 0;
+            st = loom_dp_begin_step(e);
+            for (int k = 0; k < K && st == LOOM_OK; k++) {
+                const size_t first = (size_t)(r * Bl + k * Bm) * T;
+                loom_dp_set_last_micro(e, k == K - 1);
+                st = loom_gpt_forward(m, 0, in + first, tg + first, NULL);
+                if (st == LOOM_OK) st = loom_gpt_backward(m, 0, NULL, 1.0f / (B_GLOBAL * T));
+            }
+            if (st == LOOM_OK) st = loom_dp_finish_grads(e);
+            if (st == LOOM_OK) st = loom_dp_grad_norm(e, &norm);
+            if (st == LOOM_OK) st = loom_dp_step(e, LR, 1.0f);
+        }
+        CHECK(st == LOOM_OK, "zero %d K %d bucket %g bf16 steps: %s", zero, K, mb, loom_errmsg());
+        CHECK(loom_comm_wire_grown(mesh->dp) == 0, "zero %d K %d bucket %g: %zu wire buffers allocated in a step",
+              zero, K, mb, loom_comm_wire_grown(mesh->dp));
+        free(in), free(tg);
+    }
+    loom_dp_engine_free(e);
+    loom_gpt_free(m);
+    loom_mesh_free(mesh);
+}
+
 static void check_refusals(const loom_mesh *mesh) {
     const loom_model_config mc = model_config();
     loom_model_part part = loom_model_part_whole(&mc);
@@ -284,6 +340,8 @@ int main(int argc, char **argv) {
                 for (int b = 0; b < 2; b++) run_case(mesh, zero, K, b ? 0.06 : 0.0);
         check_refusals(mesh);
         loom_mesh_free(mesh);
+        for (int zero = 0; zero <= 3; zero++)
+            for (int b = 0; b < 2; b++) check_wire_reserved(world, zero, 2, b ? 0.06 : 0.0);
     }
     int failed = check_failed_;
     loom_comm_allreduce(world, &failed, 1, LOOM_I32, LOOM_SUM);

@@ -33,12 +33,11 @@ LIBS="$build/libloom.a -lopenblas -lcjson -lmicrohttpd -lgomp -lmvec -lm -lstdc+
 kern="$work/cuda_core.cu.o $work/cuda_elementwise.cu.o $work/cuda_gemm.cu.o $work/cuda_norm.cu.o $work/cuda_vocab.cu.o $work/cuda_attention.cu.o $work/cuda_route.cu.o $work/emu_runtime.cpp.o"
 mpicc -o "$work/test_emu" "$work/test.o" "$work/check.o" $kern $LIBS
 "$work/test_emu"
-# the host-staged MPI collectives on (emulated) device buffers, 2 ranks
-mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" -I"$root/tests" \
-    -c "$root/src/backend/cuda/comm_staged.c" -o "$work/staged.o"
-mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/src/backend/cuda" -I"$root/include" \
+# the host-staged communicator (src/comm/comm_staged.c, in libloom.a) on
+# (emulated) device buffers, 2 ranks
+mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" \
     -I"$root/tests" -c "$root/tests/gpu/test_cuda_staged.c" -o "$work/test_staged.o"
 mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/include" -I"$root/tests" \
     -c "$root/tests/gpu/gpu_mpi.c" -o "$work/gpu_mpi.o"
-mpicc -o "$work/test_staged_emu" "$work/test_staged.o" "$work/gpu_mpi.o" "$work/staged.o" "$work/check.o" $kern $LIBS
+mpicc -o "$work/test_staged_emu" "$work/test_staged.o" "$work/gpu_mpi.o" "$work/check.o" $kern $LIBS
 "$root/scripts/loomrun" -np 2 "$work/test_staged_emu"
