@@ -43,8 +43,11 @@ void *loom_host_alloc(size_t bytes) {
         void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         return p == MAP_FAILED ? NULL : p; /* page-aligned, zero */
     }
-    void *p = aligned_alloc(LOOM_ARENA_ALIGN, bytes);
-    if (p) memset(p, 0, bytes);
+    /* C11's aligned_alloc wants a size that is a multiple of the alignment */
+    const size_t whole = bytes ? (bytes + LOOM_ARENA_ALIGN - 1) / LOOM_ARENA_ALIGN * LOOM_ARENA_ALIGN
+                               : LOOM_ARENA_ALIGN;
+    void *p = aligned_alloc(LOOM_ARENA_ALIGN, whole);
+    if (p) memset(p, 0, whole);
     return p;
 }
 
