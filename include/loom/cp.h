@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "loom/comm.h"
+#include "loom/kernels.h"
 #include "loom/status.h"
 
 typedef enum { LOOM_CP_RING = 0, LOOM_CP_ULYSSES = 1 } loom_cp_impl;
@@ -30,6 +31,7 @@ typedef enum { LOOM_CP_RING = 0, LOOM_CP_ULYSSES = 1 } loom_cp_impl;
 typedef struct loom_cp_buffers loom_cp_buffers;
 
 typedef struct loom_cp {
+    loom_device *dev;     /* where the region's tensors live (its part's device) */
     loom_comm *comm;      /* the cp group (size 1 or NULL: no CP) */
     int size, rank;
     loom_cp_impl impl;

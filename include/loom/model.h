@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include "loom/arena.h"
 #include "loom/cp.h"
+#include "loom/kernels.h"
 #include "loom/parallel.h"
 #include "loom/status.h"
 
@@ -59,16 +60,17 @@ loom_status loom_model_config_resolve(const char *name_or_path, loom_model_confi
 /* Sizes positive and bounded, n_head divides n_embd. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
 
-/* How this rank's part is cut. */
+/* How this rank's part is cut, and where it runs. */
 typedef struct loom_model_part {
+    loom_device *dev;            /* every tensor and kernel of the part (device.h); tp.dev and cp.dev are it too */
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
     loom_cp cp;                  /* context-parallel group; T is then the local rows */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
     loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
 } loom_model_part;
-/* The whole model on one device. */
-loom_model_part loom_model_part_whole(const loom_model_config *cfg);
+/* The whole model on device dev. */
+loom_model_part loom_model_part_whole(loom_device *dev, const loom_model_config *cfg);
 /* Degrees the config must admit: tp divides n_head (and so n_embd and 4 n_embd);
  * with sp, tp divides T. Messages name both numbers. */
 loom_status loom_model_check_tp(const loom_model_config *cfg, int tp, int sp, int T);
@@ -230,6 +232,7 @@ loom_status loom_recompute_parse(const char *name, int *mode);
 struct loom_gpt {
     loom_model_config cfg;
     loom_model_part part;
+    loom_device *dev;    /* part.dev: where every kernel of the part runs */
     loom_gpt_opts opts;
     int B, T, N, Nx;     /* N = B*T rows; Nx = N / tp with SP, else N */
     int C, C_l, NH_l, V_l, L_l; /* local sizes; L_l local blocks */

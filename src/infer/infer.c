@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/pipeline.h"
 #include "loom/train.h"
@@ -57,7 +57,7 @@ static void layout(loom_infer *f) {
     f->y = take(a, F(R * C));
     f->fch = take(a, F(R * 4 * Cl));
     f->fchg = take(a, F(R * 4 * Cl));
-    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats((int)R, f->o.max_len)));
+    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev, (int)R, f->o.max_len)));
     f->rows_tok = take(a, R * sizeof(int32_t));
     f->last = take(a, F(S * C));
     f->lnf = take(a, F(S * C));
@@ -97,9 +97,9 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->pp_size = mesh ? mesh->layout.pp : 1;
     f->pp_rank = mesh ? mesh->pp_rank : 0;
     f->pp = mesh && f->pp_size > 1 ? mesh->pp : NULL;
-    loom_model_part part = loom_model_part_whole(cfg);
+    loom_model_part part = loom_model_part_whole(o->dev, cfg);
     if (mesh) {
-        part.tp = (loom_tp){.comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
+        part.tp = (loom_tp){.dev = o->dev, .comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
         int counts[MAX_STAGES], first = 0;
         /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
         double C = cfg->n_embd, block = 24.0 * C * C + 4.0 * o->max_len * C;
@@ -127,7 +127,7 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->V_l = f->m->V_l;
     f->L_l = f->m->L_l;
     f->tp = part.tp.size;
-    loom_backend_arena_init(&f->arena, "kv cache");
+    loom_device_arena_init(o->dev, &f->arena, "kv cache");
     layout(f);
     st = loom_arena_commit(&f->arena);
     /* host side: sequence lengths and the logits handed to the caller */
@@ -178,31 +178,31 @@ static loom_status block_step(loom_infer *f, int li, int n, const int *seq, cons
     const loom_tp *tp = &f->m->part.tp;
     const int C = f->C, Cl = f->C_l;
     /* attention: x += c_proj(attn(c_attn(ln_1(x)))) with k, v appended to the cache */
-    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln1_w, w->ln1_b, R, C);
+    loom_layernorm_fwd(f->m->dev, f->ln, f->mean, f->rstd, f->x, w->ln1_w, w->ln1_b, R, C);
     LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
-    loom_matmul_fwd(f->qkv, f->ln, w->qkv_w, w->qkv_b, R, C, 3 * Cl);
+    loom_matmul_fwd(f->m->dev, f->qkv, f->ln, w->qkv_w, w->qkv_b, R, C, 3 * Cl);
     for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++) {
         float *kc = cache_at(f, f->kc, li, seq[j]), *vc = cache_at(f, f->vc, li, seq[j]);
         const int p0 = f->len[seq[j]];
         for (int i = 0; i < n_new[j]; i++) {
             const float *row = f->qkv + (size_t)(r0 + i) * 3 * Cl; /* [q | k | v] */
-            loom_tensor_copy(kc + (size_t)(p0 + i) * Cl, row + Cl, (size_t)Cl);
-            loom_tensor_copy(vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, (size_t)Cl);
+            loom_tensor_copy(f->m->dev, kc + (size_t)(p0 + i) * Cl, row + Cl, (size_t)Cl);
+            loom_tensor_copy(f->m->dev, vc + (size_t)(p0 + i) * Cl, row + 2 * Cl, (size_t)Cl);
         }
-        loom_attention_kv_fwd(f->atty + (size_t)r0 * Cl, f->qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc, p0,
+        loom_attention_kv_fwd(f->m->dev, f->atty + (size_t)r0 * Cl, f->qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc, p0,
                               n_new[j], Cl, f->NH_l, f->att_scratch);
     }
-    loom_matmul_fwd(f->y, f->atty, w->proj_w, NULL, R, Cl, C);
+    loom_matmul_fwd(f->m->dev, f->y, f->atty, w->proj_w, NULL, R, Cl, C);
     LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    loom_tensor_add_bias_residual(f->x, f->y, w->proj_b, R, C);
+    loom_tensor_add_bias_residual(f->m->dev, f->x, f->y, w->proj_b, R, C);
     /* MLP: x += c_proj(gelu(c_fc(ln_2(x)))) */
-    loom_layernorm_fwd(f->ln, f->mean, f->rstd, f->x, w->ln2_w, w->ln2_b, R, C);
+    loom_layernorm_fwd(f->m->dev, f->ln, f->mean, f->rstd, f->x, w->ln2_w, w->ln2_b, R, C);
     LOOM_TRY(loom_tp_copy_fwd(tp, f->ln, (size_t)R * C));
-    loom_matmul_fwd(f->fch, f->ln, w->fc_w, w->fc_b, R, C, 4 * Cl);
-    loom_gelu_fwd(f->fchg, f->fch, (size_t)R * 4 * Cl);
-    loom_matmul_fwd(f->y, f->fchg, w->fcp_w, NULL, R, 4 * Cl, C);
+    loom_matmul_fwd(f->m->dev, f->fch, f->ln, w->fc_w, w->fc_b, R, C, 4 * Cl);
+    loom_gelu_fwd(f->m->dev, f->fchg, f->fch, (size_t)R * 4 * Cl);
+    loom_matmul_fwd(f->m->dev, f->y, f->fchg, w->fcp_w, NULL, R, 4 * Cl, C);
     LOOM_TRY(loom_tp_reduce_fwd(tp, f->y, (size_t)R * C));
-    loom_tensor_add_bias_residual(f->x, f->y, w->fcp_b, R, C);
+    loom_tensor_add_bias_residual(f->m->dev, f->x, f->y, w->fcp_b, R, C);
     return LOOM_OK;
 }
 
@@ -212,16 +212,16 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
     const int C = f->C, Vl = f->V_l, V = f->cfg.vocab_size;
     for (int j = 0, r = 0; j < n; j++) {
         r += n_new[j];
-        loom_tensor_copy(f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, (size_t)C);
+        loom_tensor_copy(f->m->dev, f->last + (size_t)j * C, f->x + (size_t)(r - 1) * C, (size_t)C);
     }
-    loom_layernorm_fwd(f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
-    loom_matmul_nt_fwd(f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
+    loom_layernorm_fwd(f->m->dev, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
+    loom_matmul_nt_fwd(f->m->dev, f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
     LOOM_TRY(loom_sp_gather_fwd(&f->m->part.tp, f->logits_l, f->gathered, (size_t)n * Vl));
     for (int j = 0; j < n; j++)
         for (int k = 0; k < f->tp; k++) {
             int v0 = k * Vl, cnt = V - v0 < Vl ? V - v0 : Vl;
             if (cnt > 0)
-                loom_tensor_download(f->logits + (size_t)j * V + v0,
+                loom_tensor_download(f->m->dev, f->logits + (size_t)j * V + v0,
                                      f->gathered + ((size_t)k * n + j) * Vl, (size_t)cnt);
         }
     return LOOM_OK;
@@ -259,11 +259,12 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
     LOOM_TRY(check_step(f, n, seq, n_new, tokens, &R));
     const int C = f->C;
     if (f->m->part.has_embed) {
-        loom_tensor_upload_i32(f->rows_tok, tokens, (size_t)R);
-        loom_embed_fwd(f->x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
+        loom_tensor_upload_i32(f->m->dev, f->rows_tok, tokens, (size_t)R);
+        loom_embed_fwd(f->m->dev, f->x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
         LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, f->x, (size_t)R * C));
         for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
-            loom_pos_fwd(f->x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
+            loom_pos_fwd(f->m->dev, f->x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions,
+                         C);
     } else {
         LOOM_TRY(loom_comm_recv(f->pp, f->x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
     }

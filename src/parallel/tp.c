@@ -11,7 +11,7 @@
 
 #include <stdlib.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 
 static uint16_t *tp16;
 static size_t tp16_cap;
@@ -38,9 +38,9 @@ static loom_status sum_all(const loom_tp *tp, float *x, size_t n) {
     if (!tp->comm_bf16) return loom_comm_allreduce(tp->comm, x, n, LOOM_F32, LOOM_SUM);
     uint16_t *h = bf16_buffer(n);
     if (!h) return LOOM_EOS;
-    loom_bf16_pack(h, x, n);
+    loom_bf16_pack(tp->dev, h, x, n);
     LOOM_TRY(loom_comm_allreduce(tp->comm, h, n, LOOM_BF16, LOOM_SUM));
-    loom_bf16_unpack(x, h, n);
+    loom_bf16_unpack(tp->dev, x, h, n);
     return LOOM_OK;
 }
 
@@ -54,31 +54,31 @@ loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n) {
 
 static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) loom_tensor_copy(x, x_l, n_l);
+        if (x != x_l) loom_tensor_copy(tp->dev, x, x_l, n_l);
         return LOOM_OK;
     }
     if (!tp->comm_bf16) return loom_comm_allgather(tp->comm, x_l, x, n_l * sizeof(float));
     const size_t n = n_l * (size_t)tp->size, mine = n_l * (size_t)tp->rank;
     uint16_t *h = bf16_buffer(n);
     if (!h) return LOOM_EOS;
-    loom_bf16_pack(h + mine, x_l, n_l);
+    loom_bf16_pack(tp->dev, h + mine, x_l, n_l);
     LOOM_TRY(loom_comm_allgather(tp->comm, h + mine, h, n_l * sizeof *h));
-    loom_bf16_unpack(x, h, n);
+    loom_bf16_unpack(tp->dev, x, h, n);
     return LOOM_OK;
 }
 
 static loom_status scatter_sum(const loom_tp *tp, const float *x, float *x_l, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) loom_tensor_copy(x_l, x, n_l);
+        if (x != x_l) loom_tensor_copy(tp->dev, x_l, x, n_l);
         return LOOM_OK;
     }
     if (!tp->comm_bf16) return loom_comm_reduce_scatter(tp->comm, x, x_l, n_l, LOOM_F32, LOOM_SUM);
     const size_t n = n_l * (size_t)tp->size;
     uint16_t *h = bf16_buffer(n);
     if (!h) return LOOM_EOS;
-    loom_bf16_pack(h, x, n);
+    loom_bf16_pack(tp->dev, h, x, n);
     LOOM_TRY(loom_comm_reduce_scatter(tp->comm, h, h, n_l, LOOM_BF16, LOOM_SUM));
-    loom_bf16_unpack(x_l, h, n_l);
+    loom_bf16_unpack(tp->dev, x_l, h, n_l);
     return LOOM_OK;
 }
 

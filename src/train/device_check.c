@@ -21,11 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "train/internal.h"
 
-loom_status loom_train_check_device(const loom_train_config *c) {
-    const loom_backend *be = loom_backend_current();
+loom_status loom_train_check_device(const loom_train_config *c, const loom_device *dev) {
+    const loom_backend *be = dev->be;
+    if (dev->bf16 != (strcmp(c->precision, "bf16") == 0))
+        return loom_fail(LOOM_EINTERNAL, "--precision %s on a device made for %s GEMMs", c->precision,
+                         dev->bf16 ? "bf16" : "fp32");
     if (be->host_memory) return LOOM_OK;
     if (c->save_dir[0] || c->resume[0])
         return loom_fail(LOOM_EUSAGE,

@@ -58,6 +58,7 @@ loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_r
 
 typedef struct loom_train_run_state {
     const loom_train_config *cfg;
+    loom_device *dev; /* where every part computes (device.h) */
     loom_mesh *mesh;
     loom_model_config model_cfg;
     loom_gpt *parts[LOOM_MAX_PARTS]; /* one per pipeline chunk on this rank */
@@ -90,7 +91,7 @@ typedef struct loom_train_run_state {
  * kernel on this rank's thread count, measured on rank 0 (cached per CPU,
  * flags and kernel: loom/calibrate.h) and broadcast; *fma the FMA peak from
  * flags and clock (never below *out). Collective over world. */
-loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma);
+loom_status loom_peak_flops(loom_comm *world, const loom_device *dev, double given, double *out, double *fma);
 /* achieved / peak, raising *peak to `achieved` first when a run beats it (so
  * MFU never reads above 100%); sets *raised then. */
 double loom_mfu(double *peak, double achieved, int *raised);
@@ -113,9 +114,11 @@ void loom_train_moe_free(loom_train_run_state *s);
 /* --ep's limits in this build: a MoE model whose experts ep divides
  * (moe_report.c). Depends only on the config. */
 loom_status loom_train_ep_check(const loom_train_config *c, const loom_model_config *mc);
-/* What the current backend (--device) cannot do yet: LOOM_EUSAGE naming it
- * (device_check.c). Depends on the config only: identical on every rank. */
-loom_status loom_train_check_device(const loom_train_config *c);
+/* What the device (--device) cannot do yet: LOOM_EUSAGE naming it
+ * (device_check.c); LOOM_EINTERNAL when it was made for another GEMM
+ * precision than c's. Depends on the config and the device's kind only:
+ * identical on every rank. */
+loom_status loom_train_check_device(const loom_train_config *c, const loom_device *dev);
 
 /* LOOM_ECANTCREAT unless the directory of `path` is writable. */
 loom_status loom_check_output_path(const char *path, const char *flag);

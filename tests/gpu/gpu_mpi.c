@@ -32,7 +32,6 @@ int gpu_mpi_start(int *argc, char ***argv, loom_comm **world, int *ndev) {
 }
 
 int gpu_mpi_finish(loom_comm *world) {
-    loom_cuda_shutdown();
     int rc = check_done();
     loom_comm_finalize(world);
     return rc;
