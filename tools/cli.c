@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/comm.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
@@ -328,8 +328,9 @@ int cli_pick_threads(int asked, int world) {
     return world == 1 && cores > 0 ? (int)cores : 1;
 }
 
-loom_status cli_select_device(const char *name) {
-    return loom_backend_select(name[0] ? name : "cpu");
+loom_status cli_device_create(const char *name, int threads, int world, int bf16, loom_device **dev) {
+    const loom_device_opts o = {.name = name, .threads = cli_pick_threads(threads, world), .bf16 = bf16};
+    return loom_device_create(&o, dev);
 }
 
 loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world) {
@@ -350,8 +351,9 @@ void cli_help_once(loom_comm *world, const cli_cmd *cmd) {
 
 int cli_mpi_command(int argc, char **argv, const cli_cmd *cmd, const void *cfg, const char *device,
                     const int *threads, loom_status (*check)(const void *cfg, int ranks),
-                    loom_status (*run)(const void *cfg, loom_comm *world)) {
+                    loom_status (*run)(const void *cfg, loom_device *dev, loom_comm *world)) {
     loom_comm *world = NULL;
+    loom_device *dev = NULL;
     loom_status st = cli_mpi_start(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     int help;
@@ -361,9 +363,9 @@ int cli_mpi_command(int argc, char **argv, const cli_cmd *cmd, const void *cfg, 
         return cli_mpi_finish(world, LOOM_OK);
     }
     if (st == LOOM_OK) st = check(cfg, loom_comm_size(world));
-    if (st == LOOM_OK) st = cli_select_device(device);
+    if (st == LOOM_OK) st = cli_device_create(device, *threads, loom_comm_size(world), 0, &dev);
     st = loom_comm_agree(world, st);
-    if (st != LOOM_OK) return cli_mpi_finish(world, st);
-    loom_kernels_set_threads(cli_pick_threads(*threads, loom_comm_size(world)));
-    return cli_mpi_finish(world, run(cfg, world));
+    if (st == LOOM_OK) st = run(cfg, dev, world);
+    loom_device_free(dev);
+    return cli_mpi_finish(world, st);
 }

@@ -75,18 +75,22 @@ int cli_same_file(const char *a, const char *b);
 
 /* Commands that run under MPI (train, eval, generate, serve). */
 typedef struct loom_comm loom_comm;
+typedef struct loom_device loom_device;
 /* --threads 0: OMP_NUM_THREADS if set, else every core for a one-rank job
  * and one thread per rank otherwise (ranks usually fill the cores). */
 int cli_pick_threads(int asked, int world);
 /* --device NAME: the compute backend of train, eval, generate and serve
- * (include/loom/backend.h, docs/backends.md). Select it after the flags are
- * parsed and before anything allocates model memory; an unknown backend or
- * one this build left out is LOOM_EUSAGE (exit 64) with the reason. */
+ * (include/loom/device.h, docs/backends.md). */
 #define CLI_DEVICE_OPT(var)                                                                        \
     {"device", OPT_STR, var, sizeof var, "cpu|cuda",                                              \
      "compute backend: cpu, or cuda (needs a build with the CUDA backend; docs/backends.md) "     \
      "(default cpu)"}
-loom_status cli_select_device(const char *name);
+/* The device of a command: --device `name` ("" = cpu), --threads `threads`
+ * (0 = auto: cli_pick_threads over `world` ranks), GEMM precision bf16 or
+ * not. Made once, after the flags are parsed and before anything allocates
+ * model memory; an unknown backend or one this build left out is
+ * LOOM_EUSAGE (exit 64) with the reason. */
+loom_status cli_device_create(const char *name, int threads, int world, int bf16, loom_device **dev);
 /* Start MPI; errors before this point are printed by every rank, so parse
  * flags after it. */
 loom_status cli_mpi_start(int *argc, char ***argv, loom_comm **world);
@@ -96,12 +100,12 @@ int cli_mpi_finish(loom_comm *world, loom_status st);
 void cli_help_once(loom_comm *world, const cli_cmd *cmd);
 /* A command that runs the model on every rank (generate, serve): start MPI,
  * parse cmd's flags (--help: rank 0 prints it), check(cfg, ranks) on every
- * rank, select `device`, agree on the outcome (one failing rank stops all),
- * set *threads compute threads (0 = auto), run(cfg, world), finalize; returns
- * the exit code. */
+ * rank, create the fp32 device `device` with *threads compute threads (0 =
+ * auto), agree on the outcome (one failing rank stops all), run(cfg, dev,
+ * world), free the device, finalize; returns the exit code. */
 int cli_mpi_command(int argc, char **argv, const cli_cmd *cmd, const void *cfg, const char *device,
                     const int *threads, loom_status (*check)(const void *cfg, int ranks),
-                    loom_status (*run)(const void *cfg, loom_comm *world));
+                    loom_status (*run)(const void *cfg, loom_device *dev, loom_comm *world));
 
 /* Print the error of a failed status (if it has a message) and return the
  * exit code. */

@@ -18,6 +18,7 @@
 #include "loom/calibrate.h"
 #include "loom/comm.h"
 #include "loom/cpu.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/plan_calibrate.h"
@@ -115,8 +116,10 @@ int cmd_calibrate(int argc, char **argv) {
     if (st == LOOM_OK && help) {
         if (loom_comm_rank(world) == 0) cli_print_help(&cmd, stdout);
     } else if (st == LOOM_OK && out[0]) {
-        loom_kernels_set_threads(threads[0] ? counts[0] : 1);
-        st = loom_comm_agree(world, loom_plan_calibrate(world, out, !quiet));
+        loom_device *dev = NULL; /* the CPU, the first count's threads */
+        st = loom_comm_agree(world, cli_device_create("cpu", threads[0] ? counts[0] : 1, 1, 0, &dev));
+        if (st == LOOM_OK) st = loom_comm_agree(world, loom_plan_calibrate(world, dev, out, !quiet));
+        loom_device_free(dev);
     } else if (st == LOOM_OK) {
         loom_status mine = loom_comm_rank(world) == 0 ? print_peaks(counts, n, force) : LOOM_OK;
         st = loom_comm_agree(world, mine);

@@ -111,7 +111,7 @@ static void print_result(const gen_cfg *c, loom_tokenizer *tok, int j, const loo
 
 #define MAX_PROMPTS 256
 
-static loom_status run(const gen_cfg *c, loom_comm *world) {
+static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     loom_model_config mc;
     loom_tokenizer *tok = NULL;
     loom_ids prompts[MAX_PROMPTS] = {{0}}, outs[MAX_PROMPTS] = {{0}}, stop = {0};
@@ -141,7 +141,7 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
     loom_mesh *mesh = NULL;
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
-    loom_infer_opts io = {.max_seqs = n + (c->check_kv ? 1 : 0), .max_len = max_len, .max_rows = max_len};
+    loom_infer_opts io = {.dev = dev, .max_seqs = n + (c->check_kv ? 1 : 0), .max_len = max_len, .max_rows = max_len};
     st = loom_mesh_create(world, &l, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     st = loom_comm_agree(world, st);
@@ -197,7 +197,7 @@ static loom_status run(const gen_cfg *c, loom_comm *world) {
 
 /* cli_mpi_command's callbacks */
 static loom_status check_any(const void *c, int ranks) { return check_flags(c, ranks); }
-static loom_status run_any(const void *c, loom_comm *world) { return run(c, world); }
+static loom_status run_any(const void *c, loom_device *dev, loom_comm *world) { return run(c, dev, world); }
 
 int cmd_generate(int argc, char **argv) {
     static gen_cfg c = {.model = "mini", .format = "text", .max_tokens = 64, .top_p = 1.0, .seed = 1,

@@ -32,7 +32,7 @@ static loom_status check_flags(const serve_cfg *c, int world) {
     return LOOM_OK;
 }
 
-static loom_status run(const serve_cfg *c, loom_comm *world) {
+static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_model_config mc;
     loom_tokenizer *tok = NULL;
     loom_status st = loom_model_config_resolve(c->model, &mc);
@@ -55,7 +55,7 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
     int max_rows = c->max_rows ? c->max_rows : max_len + c->max_seqs;
-    loom_infer_opts io = {.max_seqs = c->max_seqs, .max_len = max_len, .max_rows = max_rows};
+    loom_infer_opts io = {.dev = dev, .max_seqs = c->max_seqs, .max_len = max_len, .max_rows = max_rows};
     if (st == LOOM_OK) st = loom_mesh_create(world, &l, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
@@ -87,7 +87,7 @@ static loom_status run(const serve_cfg *c, loom_comm *world) {
 
 /* cli_mpi_command's callbacks */
 static loom_status check_any(const void *c, int ranks) { return check_flags(c, ranks); }
-static loom_status run_any(const void *c, loom_comm *world) { return run(c, world); }
+static loom_status run_any(const void *c, loom_device *dev, loom_comm *world) { return run(c, dev, world); }
 
 int cmd_serve(int argc, char **argv) {
     static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .ep = 1, .max_seqs = 8, .queue = 64,

@@ -8,11 +8,10 @@
 
 #include "cli.h"
 #include "loom/comm.h"
-#include "loom/kernels.h"
+#include "loom/device.h"
 #include "loom/log.h"
 #include "loom/train.h"
 
-static int pick_threads(int asked, int world) { return cli_pick_threads(asked, world); }
 static loom_status start(int *argc, char ***argv, loom_comm **world) { return cli_mpi_start(argc, argv, world); }
 
 /* Flags are checked on every rank and the outcome agreed on (one collective,
@@ -22,7 +21,11 @@ static loom_status start(int *argc, char ***argv, loom_comm **world) { return cl
  * still stops every rank. */
 static loom_status agree(loom_comm *world, loom_status st) { return loom_comm_agree(world, st); }
 
-static int finish(loom_comm *world, loom_status st) { return cli_mpi_finish(world, st); }
+/* Frees the device (NULL: none), then cli_mpi_finish. */
+static int finish(loom_comm *world, loom_device *dev, loom_status st) {
+    loom_device_free(dev);
+    return cli_mpi_finish(world, st);
+}
 static void help_once(loom_comm *world, const cli_cmd *cmd) { cli_help_once(world, cmd); }
 
 /* Two settings that must not name the same file (an output over an input or
@@ -148,30 +151,31 @@ int cmd_train(int argc, char **argv) {
         opts, sizeof opts / sizeof opts[0]};
 
     loom_comm *world = NULL;
+    loom_device *dev = NULL;
     loom_status st = start(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     int help;
     st = cli_parse(&cmd, argc, argv, 1, &help);
     if (st == LOOM_OK && help) {
         help_once(world, &cmd);
-        return finish(world, LOOM_OK);
+        return finish(world, dev, LOOM_OK);
     }
     /* the strings a layout holds as enums are parsed by the flag table; these two are lists */
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
     if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
-    if (st == LOOM_OK) st = cli_select_device(device);
+    if (st == LOOM_OK)
+        st = cli_device_create(device, c.threads, loom_comm_size(world), c.layout.precision == LOOM_PRECISION_BF16, &dev);
     st = agree(world, st);
-    if (st != LOOM_OK) return finish(world, st);
+    if (st != LOOM_OK) return finish(world, dev, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
     if (c.quiet) loom_log_set_level(LOOM_LOG_WARN);
-    loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
 
     st = ensure_default_data(world, c.data);
-    if (st != LOOM_OK) return finish(world, st);
+    if (st != LOOM_OK) return finish(world, dev, st);
     loom_train_result res;
-    st = loom_train_run(&c, world, &res);
-    return finish(world, st);
+    st = loom_train_run(&c, dev, world, &res);
+    return finish(world, dev, st);
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -195,22 +199,22 @@ int cmd_eval(int argc, char **argv) {
         "The last line printed is `loss <value>`.",
         NULL, opts, sizeof opts / sizeof opts[0]};
     loom_comm *world = NULL;
+    loom_device *dev = NULL;
     loom_status st = start(&argc, &argv, &world);
     if (st != LOOM_OK) return cli_fail(st);
     int help;
     st = cli_parse(&cmd, argc, argv, 0, &help);
     if (st == LOOM_OK && help) {
         help_once(world, &cmd);
-        return finish(world, LOOM_OK);
+        return finish(world, dev, LOOM_OK);
     }
     if (st == LOOM_OK && c.threads < 0)
         st = loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c.threads);
-    if (st == LOOM_OK) st = cli_select_device(device);
+    if (st == LOOM_OK) st = cli_device_create(device, c.threads, loom_comm_size(world), 0, &dev);
     st = agree(world, st);
-    if (st != LOOM_OK) return finish(world, st);
-    loom_kernels_set_threads(pick_threads(c.threads, loom_comm_size(world)));
+    if (st != LOOM_OK) return finish(world, dev, st);
     double loss = 0;
-    st = loom_eval_run(&c, world, &loss);
+    st = loom_eval_run(&c, dev, world, &loss);
     /* a blow-up is bad data, never a printed "loss nan" with exit 0; the
      * loss is all-reduced, so every rank sees it and rank 0 reports it */
     if (st == LOOM_OK && !isfinite(loss)) {
@@ -219,5 +223,5 @@ int cmd_eval(int argc, char **argv) {
         if (loom_comm_rank(world) != 0) loom_clear_error();
     }
     if (st == LOOM_OK && loom_comm_rank(world) == 0) printf("loss %.6f\n", loss);
-    return finish(world, st);
+    return finish(world, dev, st);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "loom/device.h"
 #include "loom/kernels.h"
 
 #define REPS 15
@@ -47,6 +48,7 @@ typedef struct bench bench;
 typedef void (*bench_fn)(bench *);
 
 struct bench {
+    loom_device *dev; /* the CPU, the asked threads */
     int B, T, C, NH, V, N;
     int32_t *tok, *tgt;
     float *wte, *wpe, *x, *dx, *x2, *mean, *rstd, *lnw, *lnb, *dlnw, *dlnb;
@@ -84,61 +86,61 @@ static void report(bench *b, const char *name, bench_fn fn, double flops, int co
 
 /* embedding as one rank holding the whole vocabulary (v0 = 0) */
 static void f_enc(bench *b) {
-    loom_embed_fwd(b->x, b->tok, b->wte, 0, b->V, b->N, b->C);
-    loom_pos_fwd(b->x, b->wpe, 0, b->N, b->T, b->C);
+    loom_embed_fwd(b->dev, b->x, b->tok, b->wte, 0, b->V, b->N, b->C);
+    loom_pos_fwd(b->dev, b->x, b->wpe, 0, b->N, b->T, b->C);
 }
 static void f_enc_b(bench *b) {
-    loom_embed_bwd(b->dwte, b->dx, b->tok, 0, b->V, b->N, b->C);
-    loom_pos_bwd(b->dwpe, b->dx, 0, b->N, b->T, b->C);
+    loom_embed_bwd(b->dev, b->dwte, b->dx, b->tok, 0, b->V, b->N, b->C);
+    loom_pos_bwd(b->dev, b->dwpe, b->dx, 0, b->N, b->T, b->C);
 }
 static void f_ln(bench *b) {
-    loom_layernorm_fwd(b->x2, b->mean, b->rstd, b->x, b->lnw, b->lnb, b->N, b->C);
+    loom_layernorm_fwd(b->dev, b->x2, b->mean, b->rstd, b->x, b->lnw, b->lnb, b->N, b->C);
 }
 static void f_ln_b(bench *b) {
-    loom_layernorm_bwd(b->dx, b->dlnw, b->dlnb, b->dy, b->x, b->lnw, b->mean, b->rstd, b->N, b->C);
+    loom_layernorm_bwd(b->dev, b->dx, b->dlnw, b->dlnb, b->dy, b->x, b->lnw, b->mean, b->rstd, b->N, b->C);
 }
-static void f_qkv(bench *b) { loom_matmul_fwd(b->qkv, b->x2, b->wqkv, b->bqkv, b->N, b->C, 3 * b->C); }
+static void f_qkv(bench *b) { loom_matmul_fwd(b->dev, b->qkv, b->x2, b->wqkv, b->bqkv, b->N, b->C, 3 * b->C); }
 static void f_qkv_b(bench *b) {
-    loom_matmul_bwd(b->dx, b->dwqkv, b->dbqkv, b->dqkv, b->x2, b->wqkv, b->N, b->C, 3 * b->C);
+    loom_matmul_bwd(b->dev, b->dx, b->dwqkv, b->dbqkv, b->dqkv, b->x2, b->wqkv, b->N, b->C, 3 * b->C);
 }
-static void f_att(bench *b) { loom_attention_fwd(b->y, b->att, b->qkv, b->B, b->T, b->C, b->NH); }
+static void f_att(bench *b) { loom_attention_fwd(b->dev, b->y, b->att, b->qkv, b->B, b->T, b->C, b->NH); }
 static void f_att_b(bench *b) {
-    loom_attention_bwd(b->dqkv, b->dy, b->qkv, b->y, b->att, b->B, b->T, b->C, b->NH);
+    loom_attention_bwd(b->dev, b->dqkv, b->dy, b->qkv, b->y, b->att, b->B, b->T, b->C, b->NH);
 }
-static void f_proj(bench *b) { loom_matmul_fwd(b->x2, b->y, b->wproj, b->lnb, b->N, b->C, b->C); }
+static void f_proj(bench *b) { loom_matmul_fwd(b->dev, b->x2, b->y, b->wproj, b->lnb, b->N, b->C, b->C); }
 static void f_proj_b(bench *b) {
-    loom_matmul_bwd(b->dy, b->dwproj, b->dlnb, b->dx, b->y, b->wproj, b->N, b->C, b->C);
+    loom_matmul_bwd(b->dev, b->dy, b->dwproj, b->dlnb, b->dx, b->y, b->wproj, b->N, b->C, b->C);
 }
-static void f_res(bench *b) { loom_residual_fwd(b->x2, b->x, b->x2, (size_t)b->N * b->C); }
-static void f_res_b(bench *b) { loom_residual_bwd(b->dx, b->dy, b->x2, (size_t)b->N * b->C); }
-static void f_fc(bench *b) { loom_matmul_fwd(b->h, b->x2, b->wfc, b->b4, b->N, b->C, 4 * b->C); }
+static void f_res(bench *b) { loom_residual_fwd(b->dev, b->x2, b->x, b->x2, (size_t)b->N * b->C); }
+static void f_res_b(bench *b) { loom_residual_bwd(b->dev, b->dx, b->dy, b->x2, (size_t)b->N * b->C); }
+static void f_fc(bench *b) { loom_matmul_fwd(b->dev, b->h, b->x2, b->wfc, b->b4, b->N, b->C, 4 * b->C); }
 static void f_fc_b(bench *b) {
-    loom_matmul_bwd(b->dx, b->dwfc, b->db4, b->dh, b->x2, b->wfc, b->N, b->C, 4 * b->C);
+    loom_matmul_bwd(b->dev, b->dx, b->dwfc, b->db4, b->dh, b->x2, b->wfc, b->N, b->C, 4 * b->C);
 }
-static void f_gelu(bench *b) { loom_gelu_fwd(b->hg, b->h, (size_t)b->N * 4 * b->C); }
-static void f_gelu_b(bench *b) { loom_gelu_bwd(b->dh, b->h, b->dqkv, (size_t)b->N * 4 * b->C); }
-static void f_fc2(bench *b) { loom_matmul_fwd(b->x2, b->hg, b->wfc2, b->lnb, b->N, 4 * b->C, b->C); }
+static void f_gelu(bench *b) { loom_gelu_fwd(b->dev, b->hg, b->h, (size_t)b->N * 4 * b->C); }
+static void f_gelu_b(bench *b) { loom_gelu_bwd(b->dev, b->dh, b->h, b->dqkv, (size_t)b->N * 4 * b->C); }
+static void f_fc2(bench *b) { loom_matmul_fwd(b->dev, b->x2, b->hg, b->wfc2, b->lnb, b->N, 4 * b->C, b->C); }
 static void f_fc2_b(bench *b) {
-    loom_matmul_bwd(b->dh, b->dwfc2, b->dlnb, b->dy, b->hg, b->wfc2, b->N, 4 * b->C, b->C);
+    loom_matmul_bwd(b->dev, b->dh, b->dwfc2, b->dlnb, b->dy, b->hg, b->wfc2, b->N, 4 * b->C, b->C);
 }
-static void f_head(bench *b) { loom_matmul_nt_fwd(b->logits, b->x2, b->wte, b->N, b->C, b->V); }
+static void f_head(bench *b) { loom_matmul_nt_fwd(b->dev, b->logits, b->x2, b->wte, b->N, b->C, b->V); }
 static void f_head_b(bench *b) {
-    loom_matmul_nt_bwd(b->dx, b->dwte, b->logits, b->x2, b->wte, b->N, b->C, b->V);
+    loom_matmul_nt_bwd(b->dev, b->dx, b->dwte, b->logits, b->x2, b->wte, b->N, b->C, b->V);
 }
 /* the cross-entropy as one rank runs it: the fused kernel where the backend
  * has one, else the vocab-parallel phases on one slice (no all-reduces) */
 static void f_xent(bench *b) {
-    if (loom_vxent_local(b->losses, b->logits, b->tgt, b->N, b->V, b->V)) return;
+    if (loom_vxent_local(b->dev, b->losses, b->logits, b->tgt, b->N, b->V, b->V)) return;
     float *rowmax = b->xstat, *sum = b->xstat + b->N;
-    loom_vxent_max(rowmax, b->logits, b->N, b->V, b->V);
-    loom_vxent_exp(b->logits, sum, sum + b->N, rowmax, b->tgt, 0, b->N, b->V, b->V);
-    loom_vxent_finish(b->losses, b->logits, sum, sum + b->N, b->tgt, b->N, b->V);
+    loom_vxent_max(b->dev, rowmax, b->logits, b->N, b->V, b->V);
+    loom_vxent_exp(b->dev, b->logits, sum, sum + b->N, rowmax, b->tgt, 0, b->N, b->V, b->V);
+    loom_vxent_finish(b->dev, b->losses, b->logits, sum, sum + b->N, b->tgt, b->N, b->V);
 }
 static void f_xent_b(bench *b) {
-    loom_vxent_bwd(b->logits, b->logits, b->tgt, 1.0f / (float)b->N, 0, b->N, b->V);
+    loom_vxent_bwd(b->dev, b->logits, b->logits, b->tgt, 1.0f / (float)b->N, 0, b->N, b->V);
 }
 static void f_adamw(bench *b) {
-    loom_adamw_update(b->p, b->g, b->m, b->v, b->nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f);
+    loom_adamw_update(b->dev, b->p, b->g, b->m, b->v, b->nparams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 1.0f);
 }
 
 static void bench_alloc(bench *b, int layers) {
@@ -172,7 +174,8 @@ int main(int argc, char **argv) {
     if (argc >= 7) threads = atoi(argv[6]);
     if (argc >= 8) layers = atoi(argv[7]);
     b.N = b.B * b.T;
-    loom_kernels_set_threads(threads);
+    const loom_device_opts dopts = {.name = "cpu", .threads = threads};
+    if (loom_device_create(&dopts, &b.dev) != LOOM_OK) return 1;
     bench_alloc(&b, layers);
     double N = b.N, C = b.C, T = b.T;
     printf("loom kernels: B=%d T=%d C=%d NH=%d V=%d, %d thread(s), best of %d\n", b.B, b.T, b.C,
@@ -211,5 +214,6 @@ int main(int argc, char **argv) {
     double step_ms = block_ms * layers + b.total_ms;
     printf("params %zu; estimated step %.2f ms = %.0f tokens/s (kernels only)\n", b.nparams,
            step_ms, N / step_ms * 1e3);
+    loom_device_free(b.dev);
     return 0;
 }

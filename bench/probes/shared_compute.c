@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/model.h"
 #include "loom/rng.h"
@@ -104,6 +105,7 @@ static double at(const double *ts, const double *ys, int n, double t) {
 /* One unit of work: the model's forward+backward, or (gemm_n > 0) one
  * sgemm of B x gemm_n x gemm_n, the shape `loom calibrate` times. */
 typedef struct {
+    loom_device *dev; /* the CPU, one thread */
     loom_gpt *m;
     int32_t *in, *tg;
     float dloss, *a, *b, *c;
@@ -113,7 +115,7 @@ typedef struct {
 static void step(const work *w) {
     double loss = 0;
     if (w->gemm_n) {
-        loom_matmul_fwd(w->c, w->a, w->b, NULL, w->B, w->gemm_n, w->gemm_n);
+        loom_matmul_fwd(w->dev, w->c, w->a, w->b, NULL, w->B, w->gemm_n, w->gemm_n);
         return;
     }
     loom_gpt_zero_grad(w->m);
@@ -128,7 +130,9 @@ static int worker(shared *s, int id, int k, const loom_model_config *cfg, int B,
         w.b = calloc((size_t)gemm_n * gemm_n, sizeof(float));
         w.c = calloc((size_t)B * gemm_n, sizeof(float));
     }
-    loom_model_part part = loom_model_part_whole(cfg);
+    const loom_device_opts dopts = {.name = "cpu", .threads = 1};
+    if (loom_device_create(&dopts, &w.dev) != LOOM_OK) return 1;
+    loom_model_part part = loom_model_part_whole(w.dev, cfg);
     loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
     loom_gpt *m;
     if (!gemm_n && loom_gpt_create(cfg, &part, &opts, &m) != LOOM_OK) return 1;
@@ -167,6 +171,7 @@ static int worker(shared *s, int id, int k, const loom_model_config *cfg, int B,
     ctx_switches(&v1, &i1);
     r->nvcsw = v1 - v0, r->nivcsw = i1 - i0;
     if (m) loom_gpt_free(m);
+    loom_device_free(w.dev);
     free(w.a), free(w.b), free(w.c);
     free(in);
     free(tg);

@@ -19,9 +19,11 @@ typedef struct loom_arena {
     size_t cap;       /* bytes committed */
     int mapped;       /* base came from mmap (large arenas), else aligned_alloc */
     /* Where the memory comes from: NULL = host memory (loom_host_alloc);
-     * a backend's device memory otherwise (loom_backend_arena_init). */
-    void *(*mem_alloc)(size_t bytes);
-    void (*mem_free)(void *p, size_t bytes);
+     * a device's memory otherwise (loom_device_arena_init), mem_ctx being
+     * its backend context, which both take first. */
+    void *(*mem_alloc)(void *mem_ctx, size_t bytes);
+    void (*mem_free)(void *mem_ctx, void *p, size_t bytes);
+    void *mem_ctx;
 } loom_arena;
 
 #define LOOM_ARENA_ALIGN 64

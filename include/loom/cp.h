@@ -24,11 +24,13 @@
 
 #include "loom/comm.h"
 #include "loom/layout.h" /* loom_cp_impl, loom_cp_impl_name */
+#include "loom/kernels.h"
 #include "loom/status.h"
 
 typedef struct loom_cp_buffers loom_cp_buffers;
 
 typedef struct loom_cp {
+    loom_device *dev;     /* where the region's tensors live (its part's device) */
     loom_comm *comm;      /* the cp group (size 1 or NULL: no CP) */
     int size, rank;
     loom_cp_impl impl;

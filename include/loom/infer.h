@@ -29,6 +29,7 @@
 #include "loom/status.h"
 
 typedef struct loom_infer_opts {
+    loom_device *dev; /* where the part, its cache and every step run (device.h) */
     int max_seqs; /* sequences with a cache at once */
     int max_len;  /* positions per sequence, <= n_positions */
     int max_rows; /* new tokens per step over all sequences */

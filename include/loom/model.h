@@ -36,6 +36,7 @@
 #include "loom/arena.h"
 #include "loom/cp.h"
 #include "loom/layout.h"
+#include "loom/kernels.h"
 #include "loom/parallel.h"
 #include "loom/status.h"
 
@@ -64,16 +65,17 @@ loom_status loom_model_config_check(const loom_model_config *cfg);
  * points into cfg. */
 loom_layout_model loom_model_shape(const loom_model_config *cfg);
 
-/* How this rank's part is cut. */
+/* How this rank's part is cut, and where it runs. */
 typedef struct loom_model_part {
+    loom_device *dev;            /* every tensor and kernel of the part (device.h); tp.dev and cp.dev are it too */
     loom_tp tp;                  /* tensor (+ sequence) parallel group */
     loom_cp cp;                  /* context-parallel group; T is then the local rows */
     int layer_begin, layer_end;  /* blocks [begin, end) */
     int has_embed, has_head;     /* first / last pipeline stage */
     loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
 } loom_model_part;
-/* The whole model on one device. */
-loom_model_part loom_model_part_whole(const loom_model_config *cfg);
+/* The whole model on device dev. */
+loom_model_part loom_model_part_whole(loom_device *dev, const loom_model_config *cfg);
 
 typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
 
@@ -251,6 +253,7 @@ typedef struct loom_gpt_kv {
 struct loom_gpt {
     loom_model_config cfg;
     loom_model_part part;
+    loom_device *dev;    /* part.dev: where every kernel of the part runs */
     loom_gpt_opts opts;
     int B, T, N, Nx;     /* N = B*T rows; Nx = N / tp with SP, else N */
     int C, C_l, NH_l, V_l, L_l; /* local sizes; L_l local blocks */

@@ -18,9 +18,11 @@
 
 #include <stddef.h>
 #include "loom/comm.h"
+#include "loom/kernels.h"
 #include "loom/status.h"
 
 typedef struct loom_tp {
+    loom_device *dev; /* where the region's tensors live (its part's device) */
     loom_comm *comm; /* NULL when tp_size == 1 */
     int size, rank;
     int sp;          /* sequence parallelism on */

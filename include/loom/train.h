@@ -93,27 +93,28 @@ typedef struct loom_train_result {
     double mfu;
 } loom_train_result;
 
-loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_train_result *res);
+loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world,
+                           loom_train_result *res);
 
 typedef struct loom_eval_config {
     char model[LOOM_PATH_MAX], data[LOOM_PATH_MAX], load_params[LOOM_PATH_MAX];
     int batch, seq, batches, threads;
 } loom_eval_config;
-/* Mean loss over sequences 0 .. batch*batches-1 read sequentially. Collective. */
-loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *mean_loss);
+/* Mean loss over sequences 0 .. batch*batches-1 read sequentially, on dev. Collective. */
+loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm *world, double *mean_loss);
 
 /* Learning rate at 0-based step s of n: linear warmup to lr over `warmup`
  * steps, then cosine down to lr * min_frac at the last step. */
 float loom_lr_at(const loom_train_config *c, int s);
 
-/* AdamW state for one model: m and v in one arena, t the step count. */
+/* AdamW state for one model: m and v in one arena of dev's memory, t the step count. */
 typedef struct loom_adamw {
     float *m, *v;
     size_t n;
     int t;
     loom_arena arena;
 } loom_adamw;
-loom_status loom_adamw_create(loom_adamw *o, size_t n);
+loom_status loom_adamw_create(loom_adamw *o, const loom_device *dev, size_t n);
 void loom_adamw_free(loom_adamw *o);
 /* One step over every parameter of the table; decay only where p->decay. */
 void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float beta2, float eps,

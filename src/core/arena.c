@@ -36,6 +36,7 @@ void loom_arena_init(loom_arena *a, const char *name) {
     a->mapped = 0;
     a->mem_alloc = NULL;
     a->mem_free = NULL;
+    a->mem_ctx = NULL;
 }
 
 void *loom_host_alloc(size_t bytes) {
@@ -70,7 +71,7 @@ loom_status loom_arena_commit(loom_arena *a) {
     /* Allocate at least one aligned block so an empty arena has a base too. */
     size_t bytes = cap ? cap : LOOM_ARENA_ALIGN;
     int mapped = !a->mem_alloc && bytes >= ARENA_MAP_MIN;
-    char *base = a->mem_alloc ? a->mem_alloc(bytes) : loom_host_alloc(bytes);
+    char *base = a->mem_alloc ? a->mem_alloc(a->mem_ctx, bytes) : loom_host_alloc(bytes);
     if (!base)
         return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name,
                          cap, (double)cap / (1024.0 * 1024.0));
@@ -94,7 +95,7 @@ void loom_arena_reset(loom_arena *a) { a->used = 0; }
 
 void loom_arena_free(loom_arena *a) {
     size_t bytes = a->cap ? a->cap : LOOM_ARENA_ALIGN;
-    if (a->mem_free) a->mem_free(a->base, bytes);
+    if (a->mem_free) a->mem_free(a->mem_ctx, a->base, bytes);
     else if (a->base) loom_host_free(a->base, bytes);
     a->mapped = 0;
     a->base = NULL;

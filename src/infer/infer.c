@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/pipeline.h"
 #include "loom/train.h"
@@ -50,7 +50,7 @@ static void layout(loom_infer *f) {
     const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
-    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats((int)R, f->o.max_len)));
+    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev, (int)R, f->o.max_len)));
     f->rows_tok = take(a, R * sizeof(int32_t));
     f->last = take(a, F(S * C));
     f->lnf = take(a, F(S * C));
@@ -86,9 +86,9 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->pp_size = mesh ? mesh->layout.pp : 1;
     f->pp_rank = mesh ? mesh->pp_rank : 0;
     f->pp = mesh && f->pp_size > 1 ? mesh->pp : NULL;
-    loom_model_part part = loom_model_part_whole(cfg);
+    loom_model_part part = loom_model_part_whole(o->dev, cfg);
     if (mesh) {
-        part.tp = (loom_tp){.comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
+        part.tp = (loom_tp){.dev = o->dev, .comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
         part.ep = mesh->layout.ep > 1 ? mesh->ep : NULL;
         int counts[LOOM_INFER_MAX_STAGES], first = 0;
         /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
@@ -118,7 +118,7 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->V_l = f->m->V_l;
     f->L_l = f->m->L_l;
     f->tp = part.tp.size;
-    loom_backend_arena_init(&f->arena, "kv cache");
+    loom_device_arena_init(o->dev, &f->arena, "kv cache");
     layout(f);
     st = loom_arena_commit(&f->arena);
     /* host side: sequence lengths and the logits handed to the caller */
@@ -167,16 +167,16 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
     const float *x = loom_gpt_output(f->m, 0); /* (R,C) */
     for (int j = 0, r = 0; j < n; j++) {
         r += n_new[j];
-        loom_tensor_copy(f->last + (size_t)j * C, x + (size_t)(r - 1) * C, (size_t)C);
+        loom_tensor_copy(f->m->dev, f->last + (size_t)j * C, x + (size_t)(r - 1) * C, (size_t)C);
     }
-    loom_layernorm_fwd(f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
-    loom_matmul_nt_fwd(f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
+    loom_layernorm_fwd(f->m->dev, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
+    loom_matmul_nt_fwd(f->m->dev, f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
     LOOM_TRY(loom_sp_gather_fwd(&f->m->part.tp, f->logits_l, f->gathered, (size_t)n * Vl));
     for (int j = 0; j < n; j++)
         for (int k = 0; k < f->tp; k++) {
             int v0 = k * Vl, cnt = V - v0 < Vl ? V - v0 : Vl;
             if (cnt > 0)
-                loom_tensor_download(f->logits + (size_t)j * V + v0,
+                loom_tensor_download(f->m->dev, f->logits + (size_t)j * V + v0,
                                      f->gathered + ((size_t)k * n + j) * Vl, (size_t)cnt);
         }
     return LOOM_OK;
@@ -215,11 +215,11 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
     const int C = f->C;
     float *x = loom_gpt_input(f->m, 0); /* (R,C) */
     if (f->m->part.has_embed) {
-        loom_tensor_upload_i32(f->rows_tok, tokens, (size_t)R);
-        loom_embed_fwd(x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
+        loom_tensor_upload_i32(f->m->dev, f->rows_tok, tokens, (size_t)R);
+        loom_embed_fwd(f->m->dev, x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
         LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, x, (size_t)R * C));
         for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
-            loom_pos_fwd(x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
+            loom_pos_fwd(f->m->dev, x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
     } else {
         LOOM_TRY(loom_comm_recv(f->pp, x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
     }

@@ -19,14 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 #include "model/internal.h"
 
-loom_model_part loom_model_part_whole(const loom_model_config *cfg) {
+loom_model_part loom_model_part_whole(loom_device *dev, const loom_model_config *cfg) {
     loom_model_part p;
     memset(&p, 0, sizeof p);
+    p.dev = p.tp.dev = p.cp.dev = dev;
     p.tp.size = 1;
     p.cp.size = 1;
     p.layer_begin = 0;
@@ -178,11 +179,14 @@ static loom_status check_part(const loom_model_config *cfg, const loom_model_par
 loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part *part,
                             const loom_gpt_opts *opts, loom_gpt **out) {
     *out = NULL;
+    if (!part->dev || part->tp.dev != part->dev || part->cp.dev != part->dev)
+        return loom_fail(LOOM_EINTERNAL, "model part: no device, or its TP / CP region on another");
     LOOM_TRY(check_part(cfg, part, opts));
     loom_gpt *m = calloc(1, sizeof *m);
     if (!m) return loom_fail(LOOM_EOS, "out of memory creating the model");
     m->cfg = *cfg;
     m->part = *part;
+    m->dev = part->dev;
     m->opts = *opts;
     if (m->opts.n_slots < 1) m->opts.n_slots = 1;
     if (m->opts.forward_only) m->opts.external_grads = 1; /* no gradients */
@@ -205,9 +209,9 @@ loom_status loom_gpt_create(const loom_model_config *cfg, const loom_model_part 
         st = loom_moe_create(m);
     }
     if (st == LOOM_OK) {
-        loom_backend_arena_init(&m->a_params, "params");
-        loom_backend_arena_init(&m->a_grads, "grads");
-        loom_backend_arena_init(&m->a_acts, "activations");
+        loom_device_arena_init(m->dev, &m->a_params, "params");
+        loom_device_arena_init(m->dev, &m->a_grads, "grads");
+        loom_device_arena_init(m->dev, &m->a_acts, "activations");
         if (!opts->external_params) loom_arena_reserve(&m->a_params, F(m->num_params));
         if (!m->opts.external_grads) loom_arena_reserve(&m->a_grads, F(m->num_params));
         layout_acts(m, &m->a_acts); /* plan */
@@ -250,7 +254,7 @@ void loom_gpt_free(loom_gpt *m) {
 size_t loom_gpt_activation_bytes(const loom_gpt *m) { return m->a_acts.cap; }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-    if (m->grad_mem) loom_tensor_zero(m->grad_mem, m->num_params); /* threaded on the CPU */
+    if (m->grad_mem) loom_tensor_zero(m->dev, m->grad_mem, m->num_params); /* threaded on the CPU */
 }
 
 void loom_gpt_expect_backward(loom_gpt *m, float dloss) {
@@ -262,14 +266,14 @@ void loom_gpt_hold_weights(loom_gpt *m, int on) {
     /* with bf16 copies: all the part's parameters, each weight converted
      * once a step (or written by the update: loom_dp_step) instead of at
      * every use; else the tied wte, for its two uses in the head */
-    if (m->param_mem && loom_gemm_keeps_bf16()) {
-        if (on) loom_gemm_keep(m->param_mem, m->num_params);
-        else loom_gemm_unkeep(m->param_mem);
+    if (m->param_mem && loom_gemm_keeps_bf16(m->dev)) {
+        if (on) loom_gemm_keep(m->dev, m->param_mem, m->num_params);
+        else loom_gemm_unkeep(m->dev, m->param_mem);
         return;
     }
     if (!m->part.has_head) return;
-    if (on) loom_gemm_keep(m->w.wte, (size_t)m->V_l * m->C);
-    else loom_gemm_unkeep(m->w.wte);
+    if (on) loom_gemm_keep(m->dev, m->w.wte, (size_t)m->V_l * m->C);
+    else loom_gemm_unkeep(m->dev, m->w.wte);
 }
 
 double loom_gpt_flops_per_token(const loom_model_config *c, int T) {
@@ -330,7 +334,7 @@ static loom_status col_in_fwd(loom_gpt *m, const rows_t *r, float *x, const floa
 static loom_status col_in_bwd(loom_gpt *m, float *dxg, float *dx) {
     if (m->part.tp.sp) return loom_sp_gather_bwd(&m->part.tp, dxg, dx, (size_t)m->Nx * m->C);
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, dxg, (size_t)m->N * m->C));
-    loom_tensor_copy(dx, dxg, (size_t)m->N * m->C);
+    loom_tensor_copy(m->dev, dx, dxg, (size_t)m->N * m->C);
     return LOOM_OK;
 }
 /* Out of a row-parallel matmul: partial y (N,C) -> out (Nx,C) summed (y == out without SP). */
@@ -342,7 +346,7 @@ static loom_status row_out_fwd(loom_gpt *m, const rows_t *r, float *y, float *ou
 static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
     if (m->part.tp.sp)
         return loom_sp_reduce_scatter_bwd(&m->part.tp, dout, dy, (size_t)m->Nx * m->C);
-    loom_tensor_copy(dy, dout, (size_t)m->N * m->C);
+    loom_tensor_copy(m->dev, dy, dout, (size_t)m->N * m->C);
     return loom_tp_reduce_bwd(&m->part.tp, dy, (size_t)m->N * m->C);
 }
 
@@ -352,12 +356,12 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     const int sp = m->part.tp.sp;
     const rows_t r = planned(m);
     float *full = sp ? m->dfull : s->x; /* (N,C) partial over tp */
-    loom_embed_fwd(full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
+    loom_embed_fwd(m->dev, full, s->inputs, m->w.wte, m->vocab_start, m->V_l, m->N, m->C);
     LOOM_TRY(row_out_fwd(m, &r, full, s->x));
     if (m->part.cp.size > 1)
         loom_cp_pos_fwd(&m->part.cp, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     else
-        loom_pos_fwd(s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+        loom_pos_fwd(m->dev, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -371,10 +375,10 @@ static void attention_kv(loom_gpt *m, int li, const loom_gpt_kv *kv, float *atty
         float *kc = kv->k + at, *vc = kv->v + at; /* (max_len, C_l) */
         for (int i = 0; i < kv->n_new[j]; i++) {
             const float *row = qkv + (size_t)(r0 + i) * 3 * Cl;
-            loom_tensor_copy(kc + (size_t)(kv->pos[j] + i) * Cl, row + Cl, (size_t)Cl);
-            loom_tensor_copy(vc + (size_t)(kv->pos[j] + i) * Cl, row + 2 * Cl, (size_t)Cl);
+            loom_tensor_copy(m->dev, kc + (size_t)(kv->pos[j] + i) * Cl, row + Cl, (size_t)Cl);
+            loom_tensor_copy(m->dev, vc + (size_t)(kv->pos[j] + i) * Cl, row + 2 * Cl, (size_t)Cl);
         }
-        loom_attention_kv_fwd(atty + (size_t)r0 * Cl, qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc,
+        loom_attention_kv_fwd(m->dev, atty + (size_t)r0 * Cl, qkv + (size_t)r0 * 3 * Cl, 3 * Cl, kc, vc,
                               kv->pos[j], kv->n_new[j], Cl, m->NH_l, kv->scratch);
     }
 }
@@ -386,7 +390,7 @@ static loom_status attention_fwd(loom_gpt *m, int li, const rows_t *r, loom_gpt_
     else if (m->part.cp.size > 1)
         LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l));
     else
-        loom_attention_fwd(a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l);
+        loom_attention_fwd(m->dev, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l);
     return LOOM_OK;
 }
 
@@ -399,31 +403,31 @@ static loom_status block_fwd(loom_gpt *m, loom_gpt_slot *s, int li, const rows_t
     const float *res = block_out(s, li - 1); /* (Nx,C) */
     /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
     const float *xg; /* (N,C) the LayerNorm output's rows, gathered under SP */
-    loom_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
+    loom_layernorm_fwd(m->dev, a->ln1, a->ln1_mean, a->ln1_rstd, res, w->ln1_w, w->ln1_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, r, a->ln1, &xg));
-    loom_matmul_fwd(a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
+    loom_matmul_fwd(m->dev, a->qkv, xg, w->qkv_w, w->qkv_b, N, C, 3 * Cl);
     LOOM_TRY(attention_fwd(m, li, r, a));
     float *y = sp ? m->dfull : a->res2;
-    loom_matmul_fwd(y, a->atty, w->proj_w, NULL, N, Cl, C);
+    loom_matmul_fwd(m->dev, y, a->atty, w->proj_w, NULL, N, Cl, C);
     LOOM_TRY(row_out_fwd(m, r, y, a->res2));
-    loom_tensor_add_bias_residual(a->res2, res, w->proj_b, Nx, C);
+    loom_tensor_add_bias_residual(m->dev, a->res2, res, w->proj_b, Nx, C);
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); res is not read
      * again, so res3 may be res itself (a forward-only part) */
-    loom_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
+    loom_layernorm_fwd(m->dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, Nx, C);
     LOOM_TRY(col_in_fwd(m, r, a->ln2, &xg));
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
         y = sp ? m->dlnfull : a->res3; /* (N,C); dfull holds xg, dlnfull is free in forward */
         LOOM_TRY(loom_moe_fwd(m, s, li, N, xg, y));
         LOOM_TRY(row_out_fwd(m, r, y, a->res3)); /* experts' partial sums over tp */
-        loom_residual_fwd(a->res3, a->res3, a->res2, (size_t)Nx * C);
+        loom_residual_fwd(m->dev, a->res3, a->res3, a->res2, (size_t)Nx * C);
         return LOOM_OK;
     }
-    loom_matmul_fwd(a->fch, xg, w->fc_w, w->fc_b, N, C, 4 * Cl);
-    loom_gelu_fwd(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
+    loom_matmul_fwd(m->dev, a->fch, xg, w->fc_w, w->fc_b, N, C, 4 * Cl);
+    loom_gelu_fwd(m->dev, a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
     y = sp ? m->dfull : a->res3;
-    loom_matmul_fwd(y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
+    loom_matmul_fwd(m->dev, y, a->fch_gelu, w->fcp_w, NULL, N, 4 * Cl, C);
     LOOM_TRY(row_out_fwd(m, r, y, a->res3));
-    loom_tensor_add_bias_residual(a->res3, a->res2, w->fcp_b, Nx, C);
+    loom_tensor_add_bias_residual(m->dev, a->res3, a->res2, w->fcp_b, Nx, C);
     return LOOM_OK;
 }
 
@@ -433,27 +437,28 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, int grad, double *los
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
     const loom_tp *tp = &m->part.tp;
     const rows_t r = planned(m);
-    loom_layernorm_fwd(s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
+    loom_layernorm_fwd(m->dev, s->lnf, s->lnf_mean, s->lnf_rstd, block_out(s, m->L_l - 1), m->w.lnf_w,
                        m->w.lnf_b, Nx, C);
     const float *xg;
     LOOM_TRY(col_in_fwd(m, &r, s->lnf, &xg));
-    loom_matmul_nt_fwd(s->logits, xg, m->w.wte, N, C, Vl);
+    loom_matmul_nt_fwd(m->dev, s->logits, xg, m->w.wte, N, C, Vl);
     /* one rank with the whole vocabulary: the fused kernel if the backend has
      * one, with the loss's gradient too if the backward follows */
     s->dlogits_kept = 0;
     if (!s->have_targets) return LOOM_OK;
-    s->dlogits_kept = grad && tp->size == 1 && loom_vxent_local_grad(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
-                                                    m->expect_dloss);
+    s->dlogits_kept = grad && tp->size == 1 &&
+                      loom_vxent_local_grad(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
+                                            m->expect_dloss);
     if (s->dlogits_kept) s->dlogits_dloss = m->expect_dloss;
-    else if (tp->size > 1 || !loom_vxent_local(s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
-        loom_vxent_max(m->xmax, s->logits, N, Vl, m->V_valid_l);
+    else if (tp->size > 1 || !loom_vxent_local(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
+        loom_vxent_max(m->dev, m->xmax, s->logits, N, Vl, m->V_valid_l);
         LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
         float *sum = m->xsum, *tgt = m->xsum + N;
-        loom_vxent_exp(s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
+        loom_vxent_exp(m->dev, s->logits, sum, tgt, m->xmax, s->targets, m->vocab_start, N, Vl, m->V_valid_l);
         LOOM_TRY(loom_tp_allreduce(tp, m->xsum, 2 * (size_t)N, LOOM_SUM));
-        loom_vxent_finish(s->losses, s->logits, sum, tgt, s->targets, N, Vl);
+        loom_vxent_finish(m->dev, s->losses, s->logits, sum, tgt, s->targets, N, Vl);
     }
-    if (loss_sum) loom_tensor_sum_acc(loss_sum, s->losses, (size_t)N);
+    if (loss_sum) loom_tensor_sum_acc(m->dev, loss_sum, s->losses, (size_t)N);
     return LOOM_OK;
 }
 
@@ -466,10 +471,10 @@ loom_status loom_gpt_forward(loom_gpt *m, int slot, const int32_t *inputs, const
     if (m->opts.forward_only)
         return loom_fail(LOOM_EINTERNAL, "loom_gpt_forward on a forward-only part (use loom_gpt_forward_kv)");
     s->have_targets = targets != NULL;
-    if (targets) loom_tensor_upload_i32(s->targets, targets, (size_t)m->N);
+    if (targets) loom_tensor_upload_i32(m->dev, s->targets, targets, (size_t)m->N);
     if (has_outer(m)) HOOK(pre_forward, LOOM_UNIT_OUTER);
     if (m->part.has_embed) {
-        loom_tensor_upload_i32(s->inputs, inputs, (size_t)m->N);
+        loom_tensor_upload_i32(m->dev, s->inputs, inputs, (size_t)m->N);
         LOOM_TRY(embed_fwd(m, s));
     }
     for (int li = 0; li < m->L_l; li++) {
@@ -498,11 +503,11 @@ loom_status loom_gpt_forward_kv(loom_gpt *m, int R, const loom_gpt_kv *kv) {
  * block output); keeps d(ln_f out) in dlnf for W. */
 static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float *dlnf) {
     const int N = m->N, Nx = m->Nx, C = m->C, Vl = m->V_l;
-    loom_tensor_zero(m->dlnfull, (size_t)N * C);
-    loom_matmul_nt_bwd(m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
+    loom_tensor_zero(m->dev, m->dlnfull, (size_t)N * C);
+    loom_matmul_nt_bwd(m->dev, m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
-    loom_tensor_zero(m->dres, (size_t)Nx * C);
-    loom_layernorm_bwd(m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
+    loom_tensor_zero(m->dev, m->dres, (size_t)Nx * C);
+    loom_layernorm_bwd(m->dev, m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
                        s->lnf_mean, s->lnf_rstd, Nx, C);
     return LOOM_OK;
 }
@@ -522,33 +527,33 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
         LOOM_TRY(loom_moe_bwd_input(m, s, li, dy, m->dlnfull));
         LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     } else {
-        if (d->sharded) loom_tensor_copy(d->dfcp, dres, (size_t)Nx * C);
+        if (d->sharded) loom_tensor_copy(m->dev, d->dfcp, dres, (size_t)Nx * C);
         LOOM_TRY(row_out_bwd(m, dres, dy));
-        loom_tensor_zero(m->d4c, (size_t)N * 4 * Cl);
-        loom_matmul_bwd(m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
-        loom_tensor_zero(d->dfch, (size_t)N * 4 * Cl);
-        loom_gelu_bwd(d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
-        loom_tensor_zero(m->dlnfull, (size_t)N * C);
-        loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
+        loom_tensor_zero(m->dev, m->d4c, (size_t)N * 4 * Cl);
+        loom_matmul_bwd(m->dev, m->d4c, NULL, NULL, dy, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+        loom_tensor_zero(m->dev, d->dfch, (size_t)N * 4 * Cl);
+        loom_gelu_bwd(m->dev, d->dfch, a->fch, m->d4c, (size_t)N * 4 * Cl);
+        loom_tensor_zero(m->dev, m->dlnfull, (size_t)N * C);
+        loom_matmul_bwd(m->dev, m->dlnfull, NULL, NULL, d->dfch, NULL, w->fc_w, N, C, 4 * Cl);
         LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln2));
     }
-    loom_layernorm_bwd(dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
+    loom_layernorm_bwd(m->dev, dres, NULL, NULL, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd, Nx, C);
     /* attention branch */
     dy = d->sharded ? m->dfull : d->dproj;
-    if (d->sharded) loom_tensor_copy(d->dproj, dres, (size_t)Nx * C);
+    if (d->sharded) loom_tensor_copy(m->dev, d->dproj, dres, (size_t)Nx * C);
     LOOM_TRY(row_out_bwd(m, dres, dy));
-    loom_tensor_zero(m->datty, (size_t)N * Cl);
-    loom_matmul_bwd(m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
-    loom_tensor_zero(d->dqkv, (size_t)N * 3 * Cl);
+    loom_tensor_zero(m->dev, m->datty, (size_t)N * Cl);
+    loom_matmul_bwd(m->dev, m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
+    loom_tensor_zero(m->dev, d->dqkv, (size_t)N * 3 * Cl);
     if (m->part.cp.size > 1)
         LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B,
                                        m->T, Cl, m->NH_l));
     else
-        loom_attention_bwd(d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
-    loom_tensor_zero(m->dlnfull, (size_t)N * C);
-    loom_matmul_bwd(m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
+        loom_attention_bwd(m->dev, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
+    loom_tensor_zero(m->dev, m->dlnfull, (size_t)N * C);
+    loom_matmul_bwd(m->dev, m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
-    loom_layernorm_bwd(dres, NULL, NULL, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
+    loom_layernorm_bwd(m->dev, dres, NULL, NULL, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
                        a->ln1_rstd, Nx, C);
     return LOOM_OK;
 }
@@ -561,9 +566,9 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
  * Summing dK would give rounding noise instead, and AdamW turns noise of any
  * size into steps of up to lr - a random walk that would differ between
  * layouts. Exact zeros keep the parameter where the math says it stays. */
-static void qkv_bias_grad(float *db, const float *dqkv, int N, int Cl) {
-    loom_tensor_colsum_acc(db, dqkv, N, 3 * Cl, Cl);                   /* query */
-    loom_tensor_colsum_acc(db + 2 * Cl, dqkv + 2 * Cl, N, 3 * Cl, Cl); /* value */
+static void qkv_bias_grad(loom_device *dev, float *db, const float *dqkv, int N, int Cl) {
+    loom_tensor_colsum_acc(dev, db, dqkv, N, 3 * Cl, Cl);                   /* query */
+    loom_tensor_colsum_acc(dev, db + 2 * Cl, dqkv + 2 * Cl, N, 3 * Cl, Cl); /* value */
 }
 
 /* Under SP each (N,C) operand below is re-gathered from the kept shard into
@@ -579,18 +584,18 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
         LOOM_TRY(loom_moe_bwd_weight(m, s, li, full));
     } else {
         LOOM_TRY(sp_regather(m, d->dfcp, d->sharded, &full));
-        loom_matmul_bwd(NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
+        loom_matmul_bwd(m->dev, NULL, g->fcp_w, g->fcp_b, full, a->fch_gelu, w->fcp_w, N, 4 * Cl, C);
         LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
-        loom_matmul_bwd(NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
+        loom_matmul_bwd(m->dev, NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
     }
-    loom_layernorm_bwd(NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
+    loom_layernorm_bwd(m->dev, NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
                        a->ln2_rstd, Nx, C);
     LOOM_TRY(sp_regather(m, d->dproj, d->sharded, &full));
-    loom_matmul_bwd(NULL, g->proj_w, g->proj_b, full, a->atty, w->proj_w, N, Cl, C);
+    loom_matmul_bwd(m->dev, NULL, g->proj_w, g->proj_b, full, a->atty, w->proj_w, N, Cl, C);
     LOOM_TRY(sp_regather(m, a->ln1, 1, &full));
-    loom_matmul_bwd(NULL, g->qkv_w, NULL, d->dqkv, full, w->qkv_w, N, C, 3 * Cl);
-    qkv_bias_grad(g->qkv_b, d->dqkv, N, Cl);
-    loom_layernorm_bwd(NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w,
+    loom_matmul_bwd(m->dev, NULL, g->qkv_w, NULL, d->dqkv, full, w->qkv_w, N, C, 3 * Cl);
+    qkv_bias_grad(m->dev, g->qkv_b, d->dqkv, N, Cl);
+    loom_layernorm_bwd(m->dev, NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w,
                        a->ln1_mean, a->ln1_rstd, Nx, C);
     return LOOM_OK;
 }
@@ -599,12 +604,12 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
 static loom_status head_bwd_wte(loom_gpt *m, loom_gpt_slot *s) {
     const float *lnfg; /* (N,C) */
     LOOM_TRY(sp_regather(m, s->lnf, 1, &lnfg));
-    loom_matmul_nt_bwd(NULL, m->g.wte, s->logits, lnfg, m->w.wte, m->N, m->C, m->V_l);
+    loom_matmul_nt_bwd(m->dev, NULL, m->g.wte, s->logits, lnfg, m->w.wte, m->N, m->C, m->V_l);
     return LOOM_OK;
 }
 
 static void head_bwd_lnf(loom_gpt *m, loom_gpt_slot *s, const float *dlnf) {
-    loom_layernorm_bwd(NULL, m->g.lnf_w, m->g.lnf_b, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
+    loom_layernorm_bwd(m->dev, NULL, m->g.lnf_w, m->g.lnf_b, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
                        s->lnf_mean, s->lnf_rstd, m->Nx, m->C);
 }
 
@@ -615,11 +620,11 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
     LOOM_TRY(row_out_bwd(m, s->dx, full));
     int taken = 0; /* a DP engine may sum these rows over dp apart from the rest of wte */
     if (m->hooks.embed_rows) LOOM_TRY(m->hooks.embed_rows(m->hooks.ctx, m, s->inputs, full, &taken));
-    if (!taken) loom_embed_bwd(m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
+    if (!taken) loom_embed_bwd(m->dev, m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
     if (m->part.cp.size > 1)
         loom_cp_pos_bwd(&m->part.cp, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     else
-        loom_pos_bwd(m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+        loom_pos_bwd(m->dev, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -636,7 +641,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
          * behind the rest of the backward. */
         float *dlnf = split ? s->dlnf : m->dlnf;
         if (s->dlogits_kept && (split || dloss != s->dlogits_dloss)) {
-            loom_gemm_unkeep(s->logits);
+            loom_gemm_unkeep(m->dev, s->logits);
             s->dlogits_kept = 0;
             return loom_fail(LOOM_EINTERNAL, "backward: the forward was promised (loom_gpt_expect_backward) an "
                                              "unsplit backward with dloss %g, got %s with %g",
@@ -644,22 +649,22 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         }
         const int grad_kept = s->dlogits_kept;
         s->dlogits_kept = 0;
-        if (!grad_kept) loom_vxent_bwd(s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
+        if (!grad_kept) loom_vxent_bwd(m->dev, s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
         if (!split) {
             /* dlogits feeds both head products: converted to bf16 once
              * (already, and kept, if the forward computed it) */
-            if (!grad_kept) loom_gemm_keep(s->logits, (size_t)m->N * m->V_l);
+            if (!grad_kept) loom_gemm_keep(m->dev, s->logits, (size_t)m->N * m->V_l);
             loom_status st = head_bwd_wte(m, s);
             if (st == LOOM_OK && m->hooks.post_head_wte) st = m->hooks.post_head_wte(m->hooks.ctx, m);
             if (st == LOOM_OK) st = head_bwd_input(m, s, dlnf);
-            loom_gemm_unkeep(s->logits);
+            loom_gemm_unkeep(m->dev, s->logits);
             LOOM_TRY(st);
             head_bwd_lnf(m, s, dlnf);
         } else {
             LOOM_TRY(head_bwd_input(m, s, dlnf));
         }
     } else {
-        loom_tensor_copy(m->dres, dy, nx);
+        loom_tensor_copy(m->dev, m->dres, dy, nx);
     }
     for (int li = m->L_l - 1; li >= 0; li--) {
         int unit = m->part.layer_begin + li;
@@ -677,7 +682,7 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
             HOOK(post_input, unit);
         }
     }
-    loom_tensor_copy(s->dx, m->dres, nx);
+    loom_tensor_copy(m->dev, s->dx, m->dres, nx);
     if (!split && m->part.has_embed) LOOM_TRY(embed_bwd_weight(m, s));
     if (!split && has_outer(m)) HOOK(post_backward, LOOM_UNIT_OUTER);
     if (split && has_outer(m)) HOOK(post_input, LOOM_UNIT_OUTER);

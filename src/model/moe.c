@@ -17,8 +17,8 @@
  * back weighted by the gates.
  *
  * Tensors (activations, scratch, the selection bias, the expert storage)
- * are the current backend's device memory and are touched only through its
- * table (backend.h). The routing bookkeeping - the chosen experts, each
+ * are the part's device memory and are touched only through its kernels
+ * (kernels.h, device.h). The routing bookkeeping - the chosen experts, each
  * row's token, the counts per expert that go to MPI as counts, the
  * capacity decisions - is host memory: sel comes down with memcpy_d2h after
  * topk_gate, and row, tok, routed and the token groups go up with
@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/cp.h"
 #include "loom/kernels.h"
 #include "model/internal.h"
@@ -122,6 +122,7 @@ typedef struct {
 } moe_block;
 
 struct loom_moe {
+    loom_device *dev;         /* the part's */
     int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
     int G;                    /* routing groups per micro-batch (opts.moe_route_cp, >= 1) */
     int32_t *order;           /* (N) tokens group by group, each group in its CP rank's order */
@@ -235,6 +236,7 @@ loom_status loom_moe_create(loom_gpt *m) {
     struct loom_moe *moe = calloc(1, sizeof *moe);
     if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
     m->moe = moe;
+    moe->dev = m->dev;
     moe->G = G;
     moe->n_blocks = n;
     moe->P = P;
@@ -258,8 +260,7 @@ loom_status loom_moe_create(loom_gpt *m) {
         b++;
     }
     size_t hbytes = 0, bytes = layout(m, moe, NULL, NULL, &hbytes);
-    const loom_backend *be = loom_backend_current();
-    moe->mem = be->alloc(bytes ? bytes : 64); /* zeroed, 64-aligned */
+    moe->mem = loom_device_alloc(m->dev, bytes ? bytes : 64); /* zeroed, 64-aligned */
     moe->hmem = calloc(1, hbytes + 64);
     if (!moe->mem || !moe->hmem)
         return loom_fail(LOOM_EOS, "out of memory for the MoE activations (%zu bytes)", bytes + hbytes);
@@ -275,11 +276,11 @@ loom_status loom_moe_create(loom_gpt *m) {
     { /* each token's routing group, to the device once (hprobs as host scratch) */
         int32_t *gid = (int32_t *)moe->hprobs;
         for (int q = 0; q < m->N; q++) gid[G > 1 ? moe->order[q] : q] = q / (m->N / G);
-        loom_tensor_upload_i32(moe->gid_d, gid, (size_t)m->N);
+        loom_tensor_upload_i32(m->dev, moe->gid_d, gid, (size_t)m->N);
     }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
-    if (moe->ex_n && m->opts.external_params) moe->ex_params = be->alloc(moe->ex_n * sizeof(float));
-    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = be->alloc(moe->ex_n * sizeof(float));
+    if (moe->ex_n && m->opts.external_params) moe->ex_params = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
+    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
     if ((m->opts.external_params && moe->ex_n && !moe->ex_params) ||
         (m->opts.external_grads && moe->ex_n && !moe->ex_grads))
         return loom_fail(LOOM_EOS, "out of memory for the expert tensors (%zu floats)", moe->ex_n);
@@ -298,11 +299,10 @@ void loom_moe_free(struct loom_moe *moe) {
     free(moe->blocks);
     free(moe->of_local);
     free(moe->stats);
-    const loom_backend *be = loom_backend_current();
-    be->free(moe->mem, moe->dmem_bytes);
+    loom_device_release(moe->dev, moe->mem, moe->dmem_bytes);
     free(moe->hmem);
-    if (moe->ex_params) be->free(moe->ex_params, moe->ex_n * sizeof(float));
-    if (moe->ex_grads) be->free(moe->ex_grads, moe->ex_n * sizeof(float));
+    if (moe->ex_params) loom_device_release(moe->dev, moe->ex_params, moe->ex_n * sizeof(float));
+    if (moe->ex_grads) loom_device_release(moe->dev, moe->ex_grads, moe->ex_n * sizeof(float));
     free(moe);
 }
 
@@ -350,17 +350,17 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
 /* ---- routing ------------------------------------------------------------------ */
 
 /* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
-static double route_probs(moe_acts *a, const float *router, int N, int C, int E) {
-    loom_matmul_fwd(a->probs, a->x, router, NULL, N, C, E);
-    return loom_tensor_softmax_lse(a->probs, a->lse, N, E);
+static double route_probs(loom_device *dev, moe_acts *a, const float *router, int N, int C, int E) {
+    loom_matmul_fwd(dev, a->probs, a->x, router, NULL, N, C, E);
+    return loom_tensor_softmax_lse(dev, a->probs, a->lse, N, E);
 }
 
 /* sel (N,k): each token's top_k experts by probability + bias, ties to the
  * lower index; gate (N,k) their probabilities, renormalised if asked. */
-static void route_topk(moe_acts *a, const float *bias, int N, int E, int k, int norm) {
-    loom_tensor_topk_gate(a->sel_d, a->gate, a->probs, bias, N, E, k, norm);
+static void route_topk(loom_device *dev, moe_acts *a, const float *bias, int N, int E, int k, int norm) {
+    loom_tensor_topk_gate(dev, a->sel_d, a->gate, a->probs, bias, N, E, k, norm);
     /* the choices to the host: route_dispatch's capacity and layout are host bookkeeping */
-    loom_tensor_download_i32(a->sel, a->sel_d, (size_t)N * k);
+    loom_tensor_download_i32(dev, a->sel, a->sel_d, (size_t)N * k);
 }
 
 /* Capacity per routing group (group by group; in each, choice-major, then
@@ -398,9 +398,9 @@ static int64_t route_dispatch(struct loom_moe *moe, moe_acts *a, int N, int E, i
             a->tok[*r] = i;
         }
     /* the layout to the device, for gather, combine and their backward */
-    loom_tensor_upload_i32(a->row_d, a->row, (size_t)N * k);
-    loom_tensor_upload_i32(a->tok_d, a->tok, (size_t)a->start[E]);
-    loom_tensor_upload_i32(a->routed_d, a->routed, (size_t)G * E);
+    loom_tensor_upload_i32(moe->dev, a->row_d, a->row, (size_t)N * k);
+    loom_tensor_upload_i32(moe->dev, a->tok_d, a->tok, (size_t)a->start[E]);
+    loom_tensor_upload_i32(moe->dev, a->routed_d, a->routed, (size_t)G * E);
     return dropped;
 }
 
@@ -427,7 +427,7 @@ static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, f
         ro += rb[q];
     }
     if (!m->part.ep) {
-        loom_tensor_copy(recv, send, so / sizeof(float));
+        loom_tensor_copy(m->dev, recv, send, so / sizeof(float));
         return LOOM_OK;
     }
     double t0 = loom_comm_wtime();
@@ -471,14 +471,14 @@ static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st)
 }
 
 /* Rows between source-major and expert-major order. */
-static void permute(const moe_acts *a, int P, int El, const float *src, float *dst, int width,
+static void permute(loom_device *dev, const moe_acts *a, int P, int El, const float *src, float *dst, int width,
                     int to_expert_major) {
     for (int s = 0; s < P; s++)
         for (int j = 0; j < El; j++) {
             size_t n = (size_t)a->rc[s * El + j], so = (size_t)a->soff[s * El + j],
                    eo = (size_t)a->eoff[s * El + j];
             size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
-            loom_tensor_copy(dst + to * width, src + from * width, n * width);
+            loom_tensor_copy(dev, dst + to * width, src + from * width, n * width);
         }
 }
 
@@ -493,8 +493,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
     const int P = moe->P, El = moe->El;
     a->x = x;
-    double zsum = route_probs(a, bl->w.router, N, C, E);
-    route_topk(a, bl->bias, N, E, k, c->norm_topk);
+    double zsum = route_probs(m->dev, a, bl->w.router, N, C, E);
+    route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk);
     const int G = moe->G, Ng = N / G;
     const int cap = m->opts.forward_only ? Ng : loom_moe_capacity(c, Ng); /* inference: dropless */
     int64_t dropped = route_dispatch(moe, a, N, E, k, cap);
@@ -502,7 +502,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
      * a->aux, a->z = the means over the G groups (equal sizes: z's is the plain mean) */
     double aux = 0;
     /* the aux loss is a host scalar from host counts: the probabilities come down */
-    loom_tensor_download(moe->hprobs, a->probs, (size_t)N * E);
+    loom_tensor_download(m->dev, moe->hprobs, a->probs, (size_t)N * E);
     memset(moe->P_g, 0, (size_t)G * E * sizeof *moe->P_g);
     for (int q = 0; q < N; q++) {
         const int i = G > 1 ? moe->order[q] : q;
@@ -516,24 +516,24 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     a->z = c->z_coef * zsum / N;
     /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
     const int A = a->start[E];
-    loom_tensor_gather_rows(moe->sendA, x, a->tok_d, A, C);
+    loom_tensor_gather_rows(m->dev, moe->sendA, x, a->tok_d, A, C);
     LOOM_TRY(exchange_counts(m, a, st));
     LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
-    permute(a, P, El, moe->t1, a->xp, C, 1);
+    permute(m->dev, a, P, El, moe->t1, a->xp, C, 1);
     /* the local experts, each over its contiguous rows */
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_fwd(a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
-        loom_gelu_fwd(a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
+        loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
+        loom_gelu_fwd(m->dev, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
         /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
-        loom_matmul_fwd(moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+        loom_matmul_fwd(m->dev, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
                         m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
     }
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
-    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    permute(m->dev, a, P, El, moe->t2, moe->t1, C, 0);
     LOOM_TRY(exchange(m, a, moe->t1, a->ye, C, 0, st));
-    loom_tensor_combine_rows(out, a->ye, a->row_d, a->gate, N, k, C);
+    loom_tensor_combine_rows(m->dev, out, a->ye, a->row_d, a->gate, N, k, C);
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
     if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
     a->counted = m->opts.recompute == LOOM_RECOMPUTE_FULL;
@@ -576,7 +576,7 @@ static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_confi
     const int G = moe->G, Ng = N / G;
     const float wgg = G > 1 ? wg / (float)G : wg;
     const float aux_scale = wgg * c->aux_coef * (float)E / ((float)Ng * (float)Ng);
-    loom_tensor_topk_gate_bwd(a->dlogit, moe->dp, moe->dgate, a->sel_d, a->gate, a->probs, a->lse,
+    loom_tensor_topk_gate_bwd(moe->dev, a->dlogit, moe->dp, moe->dgate, a->sel_d, a->gate, a->probs, a->lse,
                               a->routed_d, moe->gid_d, aux_scale, wg * c->z_coef * 2.0f, N, E, k,
                               c->norm_topk);
 }
@@ -592,37 +592,37 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
-    loom_tensor_combine_rows_bwd(moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
+    loom_tensor_combine_rows_bwd(m->dev, moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
     LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
-    permute(a, P, El, moe->t1, a->dyp, C, 1);
+    permute(m->dev, a, P, El, moe->t1, a->dyp, C, 1);
     /* the local experts' input gradients */
     const size_t R = (size_t)a->estart[El];
-    loom_tensor_zero(moe->tH, R * H);
-    loom_tensor_zero(a->dhp, R * H);
-    loom_tensor_zero(moe->t2, R * C);
+    loom_tensor_zero(m->dev, moe->tH, R * H);
+    loom_tensor_zero(m->dev, a->dhp, R * H);
+    loom_tensor_zero(m->dev, moe->t2, R * C);
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
+        loom_matmul_bwd(m->dev, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
                         bl->w.cp_w[j], n, H, C);
-        loom_gelu_bwd(a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
+        loom_gelu_bwd(m->dev, a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
                       (size_t)n * H);
-        loom_matmul_bwd(moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
+        loom_matmul_bwd(m->dev, moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
                         bl->w.fc_w[j], n, C, H);
     }
     /* back to the tokens' ranks (sendA is free again) */
-    permute(a, P, El, moe->t2, moe->t1, C, 0);
+    permute(m->dev, a, P, El, moe->t2, moe->t1, C, 0);
     LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
     /* un-dispatch: each dispatched row's input gradient back to its token;
      * partial over tp (column-parallel c_fc): the caller sums dx over tp */
-    loom_tensor_zero(dx, (size_t)N * C);
-    loom_tensor_scatter_add_rows(dx, moe->sendA, a->tok_d, A, C);
+    loom_tensor_zero(m->dev, dx, (size_t)N * C);
+    loom_tensor_scatter_add_rows(m->dev, dx, moe->sendA, a->tok_d, A, C);
     /* router: replicated over tp; dgate = dout . ye was taken from this
      * rank's partial ye, so summed first; its input gradient, complete on
      * every rank, joins dx on tp rank 0 only (the caller's sum adds it once) */
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
     router_bwd(moe, a, c, N, moe->dloss * (float)N);
-    if (m->part.tp.rank == 0) loom_matmul_bwd(dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    if (m->part.tp.rank == 0) loom_matmul_bwd(m->dev, dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
     return LOOM_OK;
 }
 
@@ -631,13 +631,13 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const flo
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
-    loom_matmul_bwd(NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
+    loom_matmul_bwd(m->dev, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
     for (int j = 0; j < El; j++) {
         int r0 = a->estart[j], n = a->estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
+        loom_matmul_bwd(m->dev, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
                         a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
-        loom_matmul_bwd(NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
+        loom_matmul_bwd(m->dev, NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
                         a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
     }
     return LOOM_OK;
@@ -653,8 +653,8 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
     float *step = m->moe->hprobs;
     for (int e = 0; e < E; e++)
         step[e] = m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
-    loom_tensor_upload(m->moe->dp, step, (size_t)E);
-    loom_tensor_add(m->moe->blocks[b].bias, m->moe->dp, (size_t)E);
+    loom_tensor_upload(m->dev, m->moe->dp, step, (size_t)E);
+    loom_tensor_add(m->dev, m->moe->blocks[b].bias, m->moe->dp, (size_t)E);
 }
 
 float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer) {

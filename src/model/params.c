@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/model.h"
 #include "loom/moe.h"
 #include "loom/rng.h"
@@ -180,7 +180,7 @@ static void init_range_host(const loom_gpt *m, uint64_t seed, size_t lo, size_t 
         loom_rng_key key = loom_rng_key_make(seed, p->name);
         size_t ntask = (b - a + INIT_TASK - 1) / INIT_TASK;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) if (ntask > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(m->dev->threads) if (ntask > 1)
 #endif
         for (size_t t = 0; t < ntask; t++) {
             size_t s0 = a + t * INIT_TASK, s1 = s0 + INIT_TASK < b ? s0 + INIT_TASK : b;
@@ -190,10 +190,10 @@ static void init_range_host(const loom_gpt *m, uint64_t seed, size_t lo, size_t 
     if (lo + n > zeroed) memset(dst + (zeroed - lo), 0, (lo + n - zeroed) * sizeof *dst);
 }
 
-/* dst is the backend's memory: filled in place when that is host memory,
+/* dst is the part's device memory: filled in place when that is host memory,
  * else generated on the host a chunk at a time and uploaded. */
 void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst) {
-    if (loom_backend_current()->host_memory) {
+    if (m->dev->be->host_memory) {
         init_range_host(m, seed, lo, n, dst);
         return;
     }
@@ -201,7 +201,7 @@ void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, 
     for (size_t k = 0; k < n; k += INIT_TASK) {
         size_t c = n - k < INIT_TASK ? n - k : INIT_TASK;
         init_range_host(m, seed, lo + k, c, chunk);
-        loom_tensor_upload(dst + k, chunk, c);
+        loom_tensor_upload(m->dev, dst + k, chunk, c);
     }
 }
 
@@ -279,7 +279,7 @@ loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **ou
     loom_gpt tmp;
     memset(&tmp, 0, sizeof tmp);
     tmp.cfg = *cfg;
-    tmp.part = loom_model_part_whole(cfg);
+    tmp.part = loom_model_part_whole(NULL, cfg); /* a table, no memory */
     tmp.params = calloc((size_t)loom_gpt_max_params(cfg, &tmp.part), sizeof *tmp.params);
     if (!tmp.params) return loom_fail(LOOM_EOS, "out of memory for the parameter table");
     *total = loom_gpt_build_table(&tmp);

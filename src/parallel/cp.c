@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 
@@ -51,25 +51,25 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
     if (!w) return loom_fail(LOOM_EOS, "out of memory for context-parallel buffers");
     cp->buf = w;
     const size_t kv = (size_t)B * T_l * 2 * C_l, big = (size_t)B * T_l * 3 * C_l;
-    void *(*dalloc)(size_t) = loom_backend_current()->alloc; /* device memory, zeroed */
+    loom_device *dev = cp->dev; /* device memory, zeroed */
     int ok = 1;
     w->kv_n = kv;
     w->big_n = big;
     if (cp->impl == LOOM_CP_RING) {
         for (int i = 0; i < 2; i++) {
-            ok &= (w->kv[i] = dalloc(kv * sizeof(float))) != NULL;
-            ok &= (w->dacc[i] = dalloc(kv * sizeof(float))) != NULL;
+            ok &= (w->kv[i] = loom_device_alloc(dev, kv * sizeof(float))) != NULL;
+            ok &= (w->dacc[i] = loom_device_alloc(dev, kv * sizeof(float))) != NULL;
         }
-        ok &= (w->din = dalloc(kv * sizeof(float))) != NULL;
+        ok &= (w->din = loom_device_alloc(dev, kv * sizeof(float))) != NULL;
     } else {
         const int P = cp->size, T = T_l * P;
         w->rows = (size_t)B * T;
-        ok &= (w->a = dalloc(big * sizeof(float))) != NULL;
-        ok &= (w->b = dalloc(big * sizeof(float))) != NULL;
-        ok &= (w->c = dalloc(big * sizeof(float))) != NULL;
-        ok &= (w->o = dalloc(big / 3 * 5 * sizeof(float))) != NULL;
-        ok &= (w->to_heads = dalloc(w->rows * sizeof(int32_t))) != NULL;
-        ok &= (w->to_seq = dalloc(w->rows * sizeof(int32_t))) != NULL;
+        ok &= (w->a = loom_device_alloc(dev, big * sizeof(float))) != NULL;
+        ok &= (w->b = loom_device_alloc(dev, big * sizeof(float))) != NULL;
+        ok &= (w->c = loom_device_alloc(dev, big * sizeof(float))) != NULL;
+        ok &= (w->o = loom_device_alloc(dev, big / 3 * 5 * sizeof(float))) != NULL;
+        ok &= (w->to_heads = loom_device_alloc(dev, w->rows * sizeof(int32_t))) != NULL;
+        ok &= (w->to_seq = loom_device_alloc(dev, w->rows * sizeof(int32_t))) != NULL;
         /* the permutations are host bookkeeping, built here and uploaded once */
         int32_t *h = ok ? malloc(2 * w->rows * sizeof *h) : NULL;
         ok &= h != NULL;
@@ -82,8 +82,8 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
                     h[w->rows + (size_t)r] = pos;
                 }
         if (h) {
-            loom_tensor_upload_i32(w->to_heads, h, w->rows);
-            loom_tensor_upload_i32(w->to_seq, h + w->rows, w->rows);
+            loom_tensor_upload_i32(cp->dev, w->to_heads, h, w->rows);
+            loom_tensor_upload_i32(cp->dev, w->to_seq, h + w->rows, w->rows);
         }
         free(h);
     }
@@ -94,12 +94,14 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
 void loom_cp_release(loom_cp *cp) {
     loom_cp_buffers *w = cp->buf;
     if (!w) return;
-    void (*dfree)(void *, size_t) = loom_backend_current()->free;
-    const size_t kv = w->kv_n * sizeof(float), big = w->big_n * sizeof(float);
-    dfree(w->kv[0], kv), dfree(w->kv[1], kv), dfree(w->dacc[0], kv), dfree(w->dacc[1], kv);
-    dfree(w->din, kv);
-    dfree(w->a, big), dfree(w->b, big), dfree(w->c, big), dfree(w->o, big / 3 * 5);
-    dfree(w->to_heads, w->rows * sizeof(int32_t)), dfree(w->to_seq, w->rows * sizeof(int32_t));
+    const size_t kv = w->kv_n * sizeof(float), big = w->big_n * sizeof(float), idx = w->rows * sizeof(int32_t);
+    const struct {
+        void *p;
+        size_t bytes;
+    } mem[] = {{w->kv[0], kv}, {w->kv[1], kv}, {w->dacc[0], kv}, {w->dacc[1], kv}, {w->din, kv},
+               {w->a, big},    {w->b, big},    {w->c, big},      {w->o, big / 3 * 5}, {w->to_heads, idx},
+               {w->to_seq, idx}};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++) loom_device_release(cp->dev, mem[i].p, mem[i].bytes);
     free(w);
     cp->buf = NULL;
 }
@@ -121,7 +123,7 @@ void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, 
                      int C) {
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * C;
-        loom_residual_fwd(o, o, wpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C,
+        loom_residual_fwd(cp->dev, o, o, wpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C,
                           (size_t)C);
     }
 }
@@ -130,7 +132,7 @@ void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0
                      int C) {
     for (int i = 0; i < n; i++) {
         float *g = dwpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C;
-        loom_residual_fwd(g, g, dout + (size_t)i * C, (size_t)C);
+        loom_residual_fwd(cp->dev, g, g, dout + (size_t)i * C, (size_t)C);
     }
 }
 
@@ -138,13 +140,13 @@ void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0
 
 /* rows (B,T_l) of width w at column col of src (row stride ls) -> dst
  * (row stride ld) at column dcol; add: += instead of =. */
-static void copy_cols(float *dst, int ld, int dcol, const float *src, int ls, int col, size_t rows,
+static void copy_cols(loom_device *dev, float *dst, int ld, int dcol, const float *src, int ls, int col, size_t rows,
                       int w, int add) {
     for (size_t i = 0; i < rows; i++) {
         float *d = dst + i * ld + dcol;
         const float *s = src + i * ls + col;
-        if (add) loom_residual_fwd(d, d, s, (size_t)w);
-        else loom_tensor_copy(d, s, (size_t)w);
+        if (add) loom_residual_fwd(dev, d, d, s, (size_t)w);
+        else loom_tensor_copy(dev, d, s, (size_t)w);
     }
 }
 
@@ -176,9 +178,9 @@ static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qk
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Tc = T_l / 2;
     const size_t rows = (size_t)B * T_l, bytes = rows * 2 * C * sizeof(float);
-    copy_cols(w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
-    loom_tensor_zero(out, rows * C);
-    loom_tensor_fill(lse, rows * NH, -INFINITY);
+    copy_cols(cp->dev, w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
+    loom_tensor_zero(cp->dev, out, rows * C);
+    loom_tensor_fill(cp->dev, lse, rows * NH, -INFINITY);
     int cur = 0;
     for (int s = 0; s < P; s++) {
         loom_req *rs = NULL, *rr = NULL;
@@ -188,7 +190,7 @@ static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qk
             for (int kc = 0; kc < 2; kc++) {
                 loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
                 if (!loom_attention_tiles(&v)) continue;
-                cp->tiles += loom_attention_part_fwd(&v, out + (size_t)qc * Tc * C,
+                cp->tiles += loom_attention_part_fwd(cp->dev, &v, out + (size_t)qc * Tc * C,
                                                      (size_t)T_l * C, C,
                                                      lse + (size_t)qc * B * NH * Tc, 1);
             }
@@ -204,7 +206,7 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Tc = T_l / 2, next = (cp->rank + 1) % P, prev = (cp->rank + P - 1) % P;
     const size_t rows = (size_t)B * T_l, n = rows * 2 * C, bytes = n * sizeof(float);
-    copy_cols(w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
+    copy_cols(cp->dev, w->kv[0], 2 * C, 0, qkv, 3 * C, C, rows, 2 * C, 0);
     int cur = 0;
     loom_req *ds = NULL, *dr = NULL; /* the accumulator leaving, and arriving */
     for (int s = 0; s < P; s++) {
@@ -212,19 +214,19 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
         LOOM_TRY(ring_pass(cp, s, cur, bytes, &rs, &rr));
         const int src = (cp->rank - s + P) % P;
         float *dl = w->dacc[s & 1];
-        loom_tensor_zero(dl, n);
+        loom_tensor_zero(cp->dev, dl, n);
         for (int qc = 0; qc < 2; qc++)
             for (int kc = 0; kc < 2; kc++) {
                 loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
                 if (!loom_attention_tiles(&v)) continue;
                 float *dk = dl + (size_t)kc * Tc * 2 * C;
-                cp->tiles += loom_attention_part_bwd(
+                cp->tiles += loom_attention_part_bwd(cp->dev, 
                     &v, dqkv + (size_t)qc * Tc * 3 * C, dk, dk + C, dout + (size_t)qc * Tc * C,
                     out + (size_t)qc * Tc * C, (size_t)T_l * C, C, lse + (size_t)qc * B * NH * Tc);
             }
         if (s > 0) { /* what the ranks before added to this block */
             LOOM_TRY(loom_comm_wait(dr));
-            loom_residual_fwd(dl, dl, w->din, n);
+            loom_residual_fwd(cp->dev, dl, dl, w->din, n);
         }
         LOOM_TRY(loom_comm_wait(ds)); /* the previous step's accumulator has left */
         LOOM_TRY(loom_comm_isend(cp->comm, dl, bytes, next, TAG_DKV, &ds));
@@ -235,7 +237,7 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
     }
     LOOM_TRY(loom_comm_wait(dr)); /* this rank's own K/V gradient, home */
     LOOM_TRY(loom_comm_wait(ds));
-    copy_cols(dqkv, 3 * C, C, w->din, 2 * C, 0, rows, 2 * C, 1);
+    copy_cols(cp->dev, dqkv, 3 * C, C, w->din, 2 * C, 0, rows, 2 * C, 1);
     return LOOM_OK;
 }
 
@@ -250,11 +252,11 @@ static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, in
     const size_t blk = (size_t)B * T_l * p * Ch; /* floats per peer */
     for (int j = 0; j < P; j++) /* to rank j: its heads of every local row */
         for (int k = 0; k < p; k++)
-            copy_cols(w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l,
+            copy_cols(cp->dev, w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l,
                       Ch, 0);
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
     /* from rank i: its rows, at their positions */
-    loom_tensor_gather_rows(y, w->b, w->to_heads, B * T, p * Ch);
+    loom_tensor_gather_rows(cp->dev, y, w->b, w->to_heads, B * T, p * Ch);
     return LOOM_OK;
 }
 
@@ -265,11 +267,11 @@ static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, in
     const int P = cp->size, Ch = C / P, T = T_l * P;
     const size_t blk = (size_t)B * T_l * p * Ch;
     /* to rank i: the rows it holds */
-    loom_tensor_gather_rows(w->a, y, w->to_seq, B * T, p * Ch);
+    loom_tensor_gather_rows(cp->dev, w->a, y, w->to_seq, B * T, p * Ch);
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
     for (int j = 0; j < P; j++) /* from rank j: its heads */
         for (int k = 0; k < p; k++)
-            copy_cols(x, p * C, k * C + j * Ch, w->b + j * blk, p * Ch, k * Ch, (size_t)B * T_l,
+            copy_cols(cp->dev, x, p * C, k * C + j * Ch, w->b + j * blk, p * Ch, k * Ch, (size_t)B * T_l,
                       Ch, add);
     return LOOM_OK;
 }
@@ -281,7 +283,7 @@ static loom_status ulysses_fwd(loom_cp *cp, float *out, float *lse, const float 
     LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
     loom_att_view v = {w->c, w->c + C / P, w->c + 2 * C / P, (size_t)T * 3 * C / P,
                        (size_t)T * 3 * C / P, 3 * C / P, 3 * C / P, B, T, T, NH / P, C / NH, 0, 0};
-    cp->tiles += loom_attention_part_fwd(&v, w->o, (size_t)T * C / P, C / P, lse, 0);
+    cp->tiles += loom_attention_part_fwd(cp->dev, &v, w->o, (size_t)T * C / P, C / P, lse, 0);
     return heads_to_seq(cp, out, w->o, B, T_l, C, 1, 0);
 }
 
@@ -297,10 +299,10 @@ static loom_status ulysses_bwd(loom_cp *cp, float *dqkv, const float *dout, cons
     LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
     LOOM_TRY(seq_to_heads(cp, o, out, B, T_l, C, 1));
     LOOM_TRY(seq_to_heads(cp, g, dout, B, T_l, C, 1));
-    loom_tensor_zero(d, 3 * n);
+    loom_tensor_zero(cp->dev, d, 3 * n);
     loom_att_view v = {w->c, w->c + Cp, w->c + 2 * Cp, (size_t)T * 3 * Cp, (size_t)T * 3 * Cp,
                        3 * Cp, 3 * Cp, B, T, T, NH / P, C / NH, 0, 0};
-    cp->tiles += loom_attention_part_bwd(&v, d, d + Cp, d + 2 * Cp, g, o, (size_t)T * Cp, Cp, lse);
+    cp->tiles += loom_attention_part_bwd(cp->dev, &v, d, d + Cp, d + 2 * Cp, g, o, (size_t)T * Cp, Cp, lse);
     return heads_to_seq(cp, dqkv, d, B, T_l, C, 3, 1);
 }
 

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 #include "loom/train.h"
@@ -52,7 +52,7 @@ static void reduce_done(dp_part *p, dp_bucket *b) {
     }
     const float *src = p->stage[b->slot];
     float *dst = p->gshard + b->so;
-    loom_tensor_add(dst, src, b->S);
+    loom_tensor_add(p->m->dev, dst, src, b->S);
     p->stage_owner[b->slot] = -1;
     b->gstate = DP_IDLE;
 }
@@ -186,10 +186,10 @@ static loom_status start_reduce01(dp_part *p, dp_bucket *b, int overlapped) {
         }
         return st;
     }
-    loom_tensor_copy(p->scratch, g, b->n);
-    loom_tensor_zero(p->scratch + b->n, b->P - b->n);
+    loom_tensor_copy(p->m->dev, p->scratch, g, b->n);
+    loom_tensor_zero(p->m->dev, p->scratch + b->n, b->P - b->n);
     LOOM_TRY(loom_comm_reduce_scatter_as(e->dp, p->scratch, p->scratch, b->S, wire(e), LOOM_SUM));
-    loom_tensor_copy(g, p->scratch, b->S);
+    loom_tensor_copy(p->m->dev, g, p->scratch, b->S);
     e->timing.reduce_s += loom_comm_wtime() - b->rs_t0;
     return LOOM_OK;
 }
@@ -231,7 +231,7 @@ static loom_status acquire_stage(dp_part *p, int bi) {
     }
     p->e->timing.exposed_s += loom_comm_wtime() - t0;
     float *buf = p->stage[b->slot];
-    loom_tensor_zero(buf, b->P);
+    loom_tensor_zero(p->m->dev, buf, b->P);
     for (int i = b->u_begin; i < b->u_end; i++) {
         const dp_unit *u = &p->units[i];
         loom_gpt_bind_unit(p->m, u->unit, NULL, buf + (u->lo - b->lo));
@@ -330,8 +330,8 @@ static loom_status hook_embed_rows(void *ctx, loom_gpt *m, const int32_t *ids, c
     if (n > p->rows_max)
         return loom_fail(LOOM_EINTERNAL, "micro-batch of %zu rows exceeds the %zu planned", n,
                          p->rows_max);
-    loom_tensor_copy(p->rows_all + r * n * C, rows, n * C);
-    loom_tensor_copy_i32(p->ids_all + r * n, ids, n);
+    loom_tensor_copy(p->m->dev, p->rows_all + r * n * C, rows, n * C);
+    loom_tensor_copy_i32(p->m->dev, p->ids_all + r * n, ids, n);
     LOOM_TRY(loom_comm_iallgather(e->dp, p->rows_all + r * n * C, p->rows_all, n * C * F,
                                   &p->rows_req));
     LOOM_TRY(loom_comm_iallgather(e->dp, p->ids_all + r * n, p->ids_all, n * sizeof *ids,
@@ -349,7 +349,7 @@ static loom_status add_gathered_rows(dp_part *p) {
     LOOM_TRY(loom_comm_wait(rq));
     LOOM_TRY(loom_comm_wait(iq));
     loom_gpt *m = p->m;
-    loom_embed_bwd(m->g.wte, p->rows_all, p->ids_all, m->vocab_start, m->V_l, p->e->N * p->rows_n,
+    loom_embed_bwd(m->dev, m->g.wte, p->rows_all, p->ids_all, m->vocab_start, m->V_l, p->e->N * p->rows_n,
                    m->C);
     p->rows_n = 0;
     return LOOM_OK;
@@ -360,7 +360,7 @@ static loom_status add_gathered_rows(dp_part *p) {
 static loom_status check_stage(const loom_dp_engine *e) {
     const int z = e->cfg.zero;
     if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
-    const loom_backend *be = loom_backend_current();
+    const loom_backend *be = e->parts[0]->dev->be;
     if (e->cfg.comm_bf16 && !be->host_memory)
         return loom_fail(LOOM_EUSAGE, "data-parallel engine: bf16 reductions need a host-memory "
                          "backend (this one is %s)", be->name);
@@ -426,9 +426,9 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     p->e = e;
     p->m = m;
     for (int k = 0; k < DP_SLOTS; k++) p->stage_owner[k] = p->gather_owner[k] = -1;
-    loom_backend_arena_init(&p->a_grads, "grad shards");
-    loom_backend_arena_init(&p->a_params, "parameter shards");
-    loom_backend_arena_init(&p->a_opt, "optimizer");
+    loom_device_arena_init(p->m->dev, &p->a_grads, "grad shards");
+    loom_device_arena_init(p->m->dev, &p->a_params, "parameter shards");
+    loom_device_arena_init(p->m->dev, &p->a_opt, "optimizer");
     LOOM_TRY(loom_dp_layout_build(e, p));
     layout_buffers(e, p);
     LOOM_TRY(loom_arena_commit(&p->a_grads));
@@ -562,7 +562,7 @@ void loom_dp_engine_free(loom_dp_engine *e) {
 loom_status loom_dp_begin_step(loom_dp_engine *e) {
     for (int i = 0; i < e->n_parts; i++) {
         dp_part *p = &e->p[i];
-        if (e->cfg.zero >= 2) loom_tensor_zero(p->gshard, p->S);
+        if (e->cfg.zero >= 2) loom_tensor_zero(p->m->dev, p->gshard, p->S);
         else if (!p->grads_zeroed) loom_gpt_zero_grad(p->m);
         p->grads_zeroed = 0;
         for (int k = 0; k < p->n_buckets; k++) {
@@ -625,7 +625,7 @@ void loom_dp_sumsq_parts(loom_gpt **parts, int n_parts, const float *const *grad
         for (int i = 0; i < m->n_params; i++) {
             const loom_param *p = &m->params[i];
             if (!m->part.has_embed && strcmp(p->name, "wte.weight") == 0) continue; /* tied copy */
-            sq[p->split_dim < 0] += loom_sumsq(g + p->offset, p->numel);
+            sq[p->split_dim < 0] += loom_sumsq(m->dev, g + p->offset, p->numel);
         }
     }
 }
@@ -637,7 +637,7 @@ loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm) {
         const float *g = grad_base(e, p);
         for (int k = 0; k < p->n_segs; k++) {
             const dp_seg *s = &p->segs[k];
-            if (!s->skip_norm) sq[s->replicated] += loom_sumsq(g + s->g_off, s->n);
+            if (!s->skip_norm) sq[s->replicated] += loom_sumsq(p->m->dev, g + s->g_off, s->n);
         }
     }
     if (e->cfg.zero >= 1 && e->N > 1) /* shards: every rank holds a different part */
@@ -671,10 +671,10 @@ static loom_status gather_params12(loom_dp_engine *e) {
                 continue;
             }
             float *s = e->cfg.zero == 1 ? p->scratch : p->stage[b->slot];
-            loom_tensor_zero(s + r * b->S, b->S);
-            loom_tensor_copy(s + r * b->S, x + b->mine_lo, b->mine_n);
+            loom_tensor_zero(p->m->dev, s + r * b->S, b->S);
+            loom_tensor_copy(p->m->dev, s + r * b->S, x + b->mine_lo, b->mine_n);
             LOOM_TRY(loom_comm_allgather(e->dp, s + r * b->S, s, b->S * F));
-            loom_tensor_copy(x + b->lo, s, b->n);
+            loom_tensor_copy(p->m->dev, x + b->lo, s, b->n);
         }
     }
     for (int i = 0; i < e->n_parts; i++) {
@@ -698,18 +698,19 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
         int zeroed = p->zero_in_update;
         /* every parameter updated here: their bf16 copy for the next step's
          * GEMMs, written by the update (loom_gpt_hold_weights keeps it) */
-        uint16_t *w16 = zeroed ? loom_gemm_keep_fill(x, p->m->num_params) : NULL;
+        uint16_t *w16 = zeroed ? loom_gemm_keep_fill(p->m->dev, x, p->m->num_params) : NULL;
         for (int k = 0; k < p->n_segs; k++) {
             const dp_seg *s = &p->segs[k];
             float *ps = x + s->p_off, *gs = g + s->g_off, *ms = p->opt_m + s->s_off, *vs = p->opt_v + s->s_off;
             const float wd = s->decay ? h->weight_decay : 0.0f;
-            if (!zeroed || !loom_adamw_update_zero(ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd,
+            if (!zeroed || !loom_adamw_update_zero(p->m->dev, ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd,
                                                    e->t, grad_scale, w16 ? w16 + s->p_off : NULL)) {
-                loom_adamw_update(ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd, e->t, grad_scale);
+                loom_adamw_update(p->m->dev, ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd, e->t,
+                                  grad_scale);
                 zeroed = 0;
             }
         }
-        if (w16) loom_gemm_keep_filled(x, zeroed);
+        if (w16) loom_gemm_keep_filled(p->m->dev, x, zeroed);
         p->grads_zeroed = zeroed;
     }
     if ((e->cfg.zero == 1 || e->cfg.zero == 2) && e->N > 1) {

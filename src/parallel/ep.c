@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
 
@@ -43,9 +43,9 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     for (int i = 0; st == LOOM_OK && i < n_parts; i++) {
         loom_moe_expert_storage(parts[i], &e->par[i], &e->grad[i], &e->lo[i], &e->n[i]);
         total += e->n[i];
-        /* device memory of the current backend, zeroed (backend.h) */
-        e->opt_m[i] = loom_backend_current()->alloc((e->n[i] ? e->n[i] : 1) * sizeof(float));
-        e->opt_v[i] = loom_backend_current()->alloc((e->n[i] ? e->n[i] : 1) * sizeof(float));
+        /* the part's device memory, zeroed */
+        e->opt_m[i] = loom_device_alloc(parts[i]->dev, (e->n[i] ? e->n[i] : 1) * sizeof(float));
+        e->opt_v[i] = loom_device_alloc(parts[i]->dev, (e->n[i] ? e->n[i] : 1) * sizeof(float));
         if (!e->opt_m[i] || !e->opt_v[i])
             st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
     }
@@ -64,11 +64,10 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
 
 void loom_ep_engine_free(loom_ep_engine *e) {
     if (!e) return;
-    const loom_backend *be = loom_backend_current();
     for (int i = 0; e->n && e->opt_m && i < e->n_parts; i++)
-        be->free(e->opt_m[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
+        loom_device_release(e->parts[i]->dev, e->opt_m[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
     for (int i = 0; e->n && e->opt_v && i < e->n_parts; i++)
-        be->free(e->opt_v[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
+        loom_device_release(e->parts[i]->dev, e->opt_v[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
     free(e->opt_m);
     free(e->opt_v);
     free(e->lo);
@@ -121,7 +120,7 @@ loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
         for (int k = 0; k < m->n_params; k++) {
             const loom_param *p = &m->params[k];
             if (p->unit == LOOM_UNIT_EXPERTS)
-                sq[p->split_dim < 0] += loom_sumsq(e->grad[i] + (p->offset - e->lo[i]), p->numel);
+                sq[p->split_dim < 0] += loom_sumsq(m->dev, e->grad[i] + (p->offset - e->lo[i]), p->numel);
         }
     }
     LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
@@ -142,13 +141,13 @@ loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
             if (p->unit != LOOM_UNIT_EXPERTS) continue;
             size_t so = p->offset - e->lo[i];
             float *g = e->grad[i] + so;
-            loom_adamw_update(e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
+            loom_adamw_update(m->dev, e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
                               lr, e->hp.beta1, e->hp.beta2, e->hp.eps,
                               p->decay ? e->hp.weight_decay : 0.0f, e->t, grad_scale);
         }
         /* consumed: the next step accumulates from zero (the DP engine zeroes
          * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */
-        loom_tensor_zero(e->grad[i], e->n[i]);
+        loom_tensor_zero(m->dev, e->grad[i], e->n[i]);
     }
     return LOOM_OK;
 }

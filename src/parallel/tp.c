@@ -9,7 +9,7 @@
  */
 #include "loom/parallel.h"
 
-#include "loom/backend.h"
+#include "loom/device.h"
 
 static int alone(const loom_tp *tp) { return tp->size == 1 || !tp->comm; }
 
@@ -35,7 +35,7 @@ loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n) {
 
 static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) loom_tensor_copy(x, x_l, n_l);
+        if (x != x_l) loom_tensor_copy(tp->dev, x, x_l, n_l);
         return LOOM_OK;
     }
     return loom_comm_allgather_as(tp->comm, x_l, x, n_l, wire(tp));
@@ -43,7 +43,7 @@ static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, si
 
 static loom_status scatter_sum(const loom_tp *tp, const float *x, float *x_l, size_t n_l) {
     if (alone(tp)) {
-        if (x != x_l) loom_tensor_copy(x_l, x, n_l);
+        if (x != x_l) loom_tensor_copy(tp->dev, x_l, x, n_l);
         return LOOM_OK;
     }
     return loom_comm_reduce_scatter_as(tp->comm, x, x_l, n_l, wire(tp), LOOM_SUM);

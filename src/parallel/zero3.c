@@ -10,7 +10,7 @@
  * loom_dp_z3_release (local).
  */
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "parallel/dp_internal.h"
 
 #define F sizeof(float)
@@ -27,7 +27,7 @@ static loom_status start_gather(dp_part *p, int bi) {
     p->gather_owner[b->slot] = bi;
     b->ag_t0 = loom_comm_wtime();
     if (e->N == 1) {
-        loom_tensor_copy(dst, p->pshard + b->so, b->S);
+        loom_tensor_copy(p->m->dev, dst, p->pshard + b->so, b->S);
         b->pstate = DP_READY;
         return LOOM_OK;
     }

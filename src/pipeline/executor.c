@@ -17,7 +17,7 @@
 
 #include "loom/pp_exec.h"
 
-#include "loom/backend.h"
+#include "loom/device.h"
 
 #define MAX_PENDING 4 /* sends in flight per slot: its output and its input gradient */
 #define RECV_AHEAD 2  /* receives of one chunk and kind posted before their action */
@@ -45,6 +45,7 @@ struct loom_pp_exec {
     int rank, v, n_actions;
     const loom_pp_action *actions;
     loom_gpt **parts;
+    loom_device *dev;   /* the parts' device: buffers and copies */
     loom_comm *pp;
     slot_state **slots; /* [chunk][slot] */
     int *n_slots;       /* per chunk */
@@ -66,13 +67,13 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
     x->v = s->virtual_stages;
     x->actions = loom_schedule_rank(s, rank, &x->n_actions);
     x->parts = parts;
+    x->dev = parts[0]->dev;
     x->pp = pp;
     const loom_gpt *m0 = parts[0];
     x->slots = calloc((size_t)x->v, sizeof *x->slots);
     x->n_slots = calloc((size_t)x->v, sizeof *x->n_slots);
     x->act_bytes = (size_t)m0->Nx * m0->C * sizeof(float);
-    const loom_backend *be = loom_backend_current(); /* activations are device memory */
-    x->dy = be->alloc(x->act_bytes);
+    x->dy = loom_device_alloc(x->dev, x->act_bytes); /* activations are device memory */
     x->inputs = malloc((size_t)m0->N * sizeof(int32_t));
     x->targets = malloc((size_t)m0->N * sizeof(int32_t));
     x->events = calloc((size_t)x->n_actions, sizeof *x->events);
@@ -85,7 +86,8 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
         int used = 0;
         for (int i = 0; i < x->n_actions; i++)
             used |= x->actions[i].kind == g->kind && x->actions[i].chunk == g->chunk;
-        for (int k = 0; used && ok && k < RECV_AHEAD; k++) ok = (g->buf[k] = be->alloc(x->act_bytes)) != NULL;
+        for (int k = 0; used && ok && k < RECV_AHEAD; k++)
+            ok = (g->buf[k] = loom_device_alloc(x->dev, x->act_bytes)) != NULL;
     }
     for (int c = 0; ok && c < x->v; c++) {
         x->n_slots[c] = parts[c]->opts.n_slots;
@@ -106,15 +108,14 @@ void loom_pp_exec_free(loom_pp_exec *x) {
     for (int c = 0; x->slots && c < x->v; c++) free(x->slots[c]);
     free(x->slots);
     free(x->n_slots);
-    const loom_backend *be = loom_backend_current();
-    be->free(x->dy, x->act_bytes);
+    loom_device_release(x->dev, x->dy, x->act_bytes);
     free(x->inputs);
     free(x->targets);
     free(x->events);
     for (int r = 0; x->rings && r < 2 * x->v; r++) {
         recv_ring *g = &x->rings[r];
         if (g->count) continue; /* a failed step left receives posted: MPI may still write */
-        for (int k = 0; k < RECV_AHEAD; k++) be->free(g->buf[k], x->act_bytes);
+        for (int k = 0; k < RECV_AHEAD; k++) loom_device_release(x->dev, g->buf[k], x->act_bytes);
     }
     free(x->rings);
     free(x);
@@ -145,7 +146,7 @@ static loom_status ring_take(loom_pp_exec *x, int i, void *dst) {
     loom_req *r = g->req[g->head];
     g->req[g->head] = NULL;
     LOOM_TRY(loom_comm_wait(r));
-    loom_backend_current()->memcpy_d2d(dst, g->buf[g->head], x->act_bytes);
+    loom_device_copy(x->dev, dst, g->buf[g->head], x->act_bytes);
     g->head = (g->head + 1) % RECV_AHEAD;
     g->count--;
     return ring_post(x, g);

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loom/kernels.h"
+#include "loom/device.h"
 #include "loom/sysmem.h"
 
 #define SMALL 64
@@ -108,14 +108,15 @@ static double copy_bandwidth(void) {
 #define GEMM_WINDOW 0.2 /* seconds per shape and pass */
 #define GEMM_TAIL 0.1   /* seconds every rank goes on computing after the window */
 #define GEMM_PASSES 3   /* passes over all shapes; each shape keeps its best pass */
-static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, double window, double *out) {
+static loom_status gemm_rate_together(loom_comm *world, loom_device *dev, int m, int n, int k, double window,
+                                      double *out) {
     const size_t na = (size_t)m * k, nb = (size_t)k * n, nc = (size_t)m * n;
     float *buf = malloc((na + nb + nc) * sizeof *buf);
     if (!buf) return loom_fail(LOOM_EOS, "rank %d: out of memory for the sgemm calibration", loom_comm_rank(world));
     float *a = buf, *b = buf + na, *c = buf + na + nb;
     for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
     for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
-    loom_matmul_fwd(c, a, b, NULL, m, k, n); /* warm-up: pages, threads */
+    loom_matmul_fwd(dev, c, a, b, NULL, m, k, n); /* warm-up: pages, threads */
     loom_status st = loom_comm_barrier(world);
     double t0 = loom_comm_wtime() + 0.1; /* time for every rank to hear it */
     if (st == LOOM_OK) st = loom_comm_bcast(world, &t0, sizeof t0, 0);
@@ -128,7 +129,7 @@ static loom_status gemm_rate_together(loom_comm *world, int m, int n, int k, dou
     }
     for (; st == LOOM_OK && now < t1 + GEMM_TAIL;) {
         const double start = now;
-        loom_matmul_fwd(c, a, b, NULL, m, k, n);
+        loom_matmul_fwd(dev, c, a, b, NULL, m, k, n);
         now = loom_comm_wtime();
         if (now <= t1)
             calls += 1;
@@ -197,16 +198,16 @@ static const char *KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_
  * libraries loom loads at its first product - oneDNN's, on CPUs where it
  * takes the fp32 forward products, about 6 MB resident per rank - are part of
  * the resident bytes measured next, as they are part of a training rank's. */
-static void gemm_libraries_loaded(void) {
+static void gemm_libraries_loaded(loom_device *dev) {
     enum { S = 64 };
     static float x[S * S], w[S * S], y[S * S], dx[S * S], dw[S * S];
-    loom_matmul_fwd(y, x, w, NULL, S, S, S);
-    loom_matmul_bwd(dx, dw, NULL, y, x, w, S, S, S);
+    loom_matmul_fwd(dev, y, x, w, NULL, S, S, S);
+    loom_matmul_bwd(dev, dx, dw, NULL, y, x, w, S, S, S);
 }
 
-loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose) {
+loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *path, int verbose) {
     const int n = loom_comm_size(world), rank = loom_comm_rank(world);
-    gemm_libraries_loaded();
+    gemm_libraries_loaded(dev);
     const size_t base_rss = loom_sysmem_peak_rss();
     /* compute and memory bandwidth: every rank at once, as in training */
     /* GEMM rate by size, every rank at once (gemm_rate_together): the
@@ -224,7 +225,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     for (int pass = 0; pass < GEMM_PASSES; pass++)
         for (int i = 0; i < NSHAPE; i++) {
             double r = 0;
-            LOOM_TRY(gemm_rate_together(world, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW, &r));
+            LOOM_TRY(gemm_rate_together(world, dev, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW, &r));
             shape_flops[i] = fmax(shape_flops[i], r);
         }
     for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i]);
@@ -291,7 +292,7 @@ loom_status loom_plan_calibrate(loom_comm *world, const char *path, int verbose)
     fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
     /* the processors the ranks time-share, in units of one rank's threads
      * (the rates below are each rank's with all n computing) */
-    const int threads = loom_kernels_get_threads() > 0 ? loom_kernels_get_threads() : 1;
+    const int threads = dev->threads;
     fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads);
     /* the time slice a rank woken from a synchronisation waits for a processor in */
     fprintf(f, "  \"sched_slice_us\": %.6g,\n", 1e6 * sched_slice());

@@ -9,6 +9,7 @@
 
 #include "loom/calibrate.h"
 #include "loom/cpu.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "train/internal.h"
@@ -138,13 +139,10 @@ loom_status loom_peak_get(int threads, int force, int bf16, loom_peak *out) {
     if (threads < 1) return loom_fail(LOOM_EUSAGE, "calibrate: %d threads: must be >= 1", threads);
     cal_identity(out, threads, bf16);
     if (!force && cal_read(out)) return LOOM_OK;
-    int saved = loom_kernels_get_threads();
-    loom_kernels_set_threads(threads);
     /* bf16 without a provider runs on the fp32 kernels: their rate */
-    out->sgemm_flops = bf16 && loom_kernels_bf16_provider() ? loom_kernels_calibrate_bf16(CAL_TRIALS)
-                                                            : loom_kernels_calibrate_sgemm(CAL_TRIALS);
+    out->sgemm_flops = bf16 && loom_kernels_bf16_provider() ? loom_kernels_calibrate_bf16(threads, CAL_TRIALS)
+                                                            : loom_kernels_calibrate_sgemm(threads, CAL_TRIALS);
     out->trials = CAL_TRIALS;
-    loom_kernels_set_threads(saved);
     if (out->sgemm_flops <= 0) return loom_fail(LOOM_EOS, "calibrate: out of memory for the GEMM buffers");
     out->clock_hz = loom_cpu_clock_hz();
     out->flop_per_cycle = cal_flop_per_cycle(bf16, out->clock_hz);
@@ -154,12 +152,12 @@ loom_status loom_peak_get(int threads, int force, int bf16, loom_peak *out) {
     return LOOM_OK;
 }
 
-loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma) {
+loom_status loom_peak_flops(loom_comm *world, const loom_device *dev, double given, double *out, double *fma) {
     double v[2] = {given, 0};
     if (given <= 0 && loom_comm_rank(world) == 0) {
         loom_peak p;
-        int bf16 = loom_kernels_get_precision();
-        loom_status st = loom_peak_get(loom_kernels_get_threads(), 0, bf16, &p);
+        int bf16 = dev->bf16;
+        loom_status st = loom_peak_get(dev->threads, 0, bf16, &p);
         if (st == LOOM_OK) {
             v[0] = p.sgemm_flops;
             v[1] = p.fma_flops;

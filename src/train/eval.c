@@ -30,7 +30,7 @@ static loom_status eval_check(const loom_eval_config *c, int world, const loom_m
     return LOOM_OK;
 }
 
-loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *mean_loss) {
+loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm *world, double *mean_loss) {
     const int world_size = loom_comm_size(world), rank = loom_comm_rank(world);
     loom_model_config mc;
     loom_status st = loom_model_config_resolve(c->model, &mc);
@@ -48,7 +48,7 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_comm *world, double *m
     }
     if (st == LOOM_OK) st = loom_tokens_check_vocab(&tok, mc.vocab_size);
     loom_gpt *m = NULL;
-    loom_model_part part = loom_model_part_whole(&mc);
+    loom_model_part part = loom_model_part_whole(dev, &mc);
     /* the language-model loss alone: no MoE router losses (those are training terms) */
     loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1, .loss_lm_only = 1};
     if (st == LOOM_OK) st = loom_gpt_create(&mc, &part, &opts, &m);

@@ -58,6 +58,7 @@ loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_r
 
 typedef struct loom_train_run_state {
     const loom_train_config *cfg;
+    loom_device *dev; /* where every part computes (device.h) */
     loom_mesh *mesh;
     loom_model_config model_cfg;
     loom_gpt *parts[LOOM_MAX_PARTS]; /* one per pipeline chunk on this rank */
@@ -90,7 +91,7 @@ typedef struct loom_train_run_state {
  * kernel on this rank's thread count, measured on rank 0 (cached per CPU,
  * flags and kernel: loom/calibrate.h) and broadcast; *fma the FMA peak from
  * flags and clock (never below *out). Collective over world. */
-loom_status loom_peak_flops(loom_comm *world, double given, double *out, double *fma);
+loom_status loom_peak_flops(loom_comm *world, const loom_device *dev, double given, double *out, double *fma);
 /* achieved / peak, raising *peak to `achieved` first when a run beats it (so
  * MFU never reads above 100%); sets *raised then. */
 double loom_mfu(double *peak, double achieved, int *raised);
@@ -110,10 +111,10 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
 void loom_train_moe_free(loom_train_run_state *s);
 
 /* The backend (--device) as the layout validator's device section sees it
- * (layout.h): its name and memory, LOOM_CUDA_AWARE_MPI, and whether this
+ * (layout.h): dev's name and memory, LOOM_CUDA_AWARE_MPI, and whether this
  * run asks for sharded checkpoints. Config and environment only: identical
  * on every rank. */
-loom_layout_device loom_train_device(const loom_train_config *c);
+loom_layout_device loom_train_device(const loom_train_config *c, const loom_device *dev);
 /* The MoE options' limits (--moe-warn-*, --moe-route-cp; moe_report.c).
  * Depends only on the config. */
 loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_config *mc);

@@ -2,12 +2,12 @@
  * Local compute only. The state (m, v) is one arena, sized once. */
 #include <math.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/train.h"
 
-loom_status loom_adamw_create(loom_adamw *o, size_t n) {
-    loom_backend_arena_init(&o->arena, "optimizer");
+loom_status loom_adamw_create(loom_adamw *o, const loom_device *dev, size_t n) {
+    loom_device_arena_init(dev, &o->arena, "optimizer");
     loom_arena_reserve(&o->arena, n * sizeof(float));
     loom_arena_reserve(&o->arena, n * sizeof(float));
     LOOM_TRY(loom_arena_commit(&o->arena));
@@ -26,7 +26,7 @@ void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float be
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *p = &m->params[i];
         size_t k = p->offset;
-        loom_adamw_update(m->param_mem + k, m->grad_mem + k, o->m + k, o->v + k, p->numel, lr,
+        loom_adamw_update(m->dev, m->param_mem + k, m->grad_mem + k, o->m + k, o->v + k, p->numel, lr,
                           beta1, beta2, eps, p->decay ? wd : 0.0f, o->t, 1.0f);
     }
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/dp.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
@@ -100,13 +100,12 @@ static void walk_runs(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, 
     }
 }
 
-/* The runs as host code can walk them: the runs themselves when the backend's
+/* The runs as host code can walk them: the runs themselves when dev's
  * memory is host memory, else host copies downloaded from the device (the
  * gaps between tensors too, so an upload puts back what was there). */
-static loom_status host_runs(const loom_param_run *runs, int n, loom_param_run **out) {
-    const loom_backend *be = loom_backend_current();
+static loom_status host_runs(loom_device *dev, const loom_param_run *runs, int n, loom_param_run **out) {
     *out = (loom_param_run *)runs;
-    if (be->host_memory) return LOOM_OK;
+    if (dev->be->host_memory) return LOOM_OK;
     loom_param_run *h = calloc((size_t)(n ? n : 1), sizeof *h);
     for (int r = 0; h && r < n; r++) {
         h[r] = runs[r];
@@ -116,7 +115,7 @@ static loom_status host_runs(const loom_param_run *runs, int n, loom_param_run *
             free(h);
             h = NULL;
         } else {
-            be->memcpy_d2h(h[r].data, runs[r].data, runs[r].n * sizeof(float));
+            loom_tensor_download(dev, h[r].data, runs[r].data, runs[r].n);
         }
     }
     if (!h) return loom_fail(LOOM_EOS, "out of memory for a host copy of the parameters");
@@ -125,11 +124,10 @@ static loom_status host_runs(const loom_param_run *runs, int n, loom_param_run *
 }
 
 /* Ends host_runs: uploads the host copies back when `upload`, frees them. */
-static void host_runs_done(const loom_param_run *runs, loom_param_run *h, int n, int upload) {
+static void host_runs_done(loom_device *dev, const loom_param_run *runs, loom_param_run *h, int n, int upload) {
     if (h == runs) return;
     for (int r = 0; r < n; r++) {
-        if (upload)
-            loom_backend_current()->memcpy_h2d(runs[r].data, h[r].data, runs[r].n * sizeof(float));
+        if (upload) loom_tensor_upload(dev, runs[r].data, h[r].data, runs[r].n);
         free(h[r].data);
     }
     free(h);
@@ -177,10 +175,10 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
         int n;
         const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
         loom_param_run *h;
-        st = host_runs(runs, n, &h);
+        st = host_runs(parts[i]->dev, runs, n, &h);
         if (st != LOOM_OK) break;
         walk_runs(parts[i], mesh, sharded, &w, h, n, 1, put_elem);
-        host_runs_done(runs, h, n, 0);
+        host_runs_done(parts[i]->dev, runs, h, n, 0);
     }
     if (st != LOOM_OK) {
         whole_close(&w);
@@ -274,10 +272,10 @@ loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mes
         int n;
         const loom_param_run *runs = part_runs(parts[i], dp, i, &whole, &n);
         loom_param_run *h;
-        st = host_runs(runs, n, &h);
+        st = host_runs(parts[i]->dev, runs, n, &h);
         if (st != LOOM_OK) break;
         walk_runs(parts[i], mesh, 0, &w, h, n, 0, get_elem);
-        host_runs_done(runs, h, n, 1);
+        host_runs_done(parts[i]->dev, runs, h, n, 1);
     }
     whole_close(&w);
     return st;

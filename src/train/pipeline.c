@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/data.h"
 #include "loom/log.h"
 #include "train/internal.h"
@@ -51,7 +51,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
         int vs = loom_pp_vstage(pp, r, ch);
-        loom_model_part part = loom_model_part_whole(mc);
+        loom_model_part part = loom_model_part_whole(s->dev, mc);
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
@@ -117,7 +117,7 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
     const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
     if (first && last) { /* both ends on this rank (pp = 1, v > 1) */
         float *a = first->g.wte, *b = last->g.wte; /* same shape on both */
-        loom_tensor_add2(a, b, p->numel);
+        loom_tensor_add2(s->dev, a, b, p->numel);
         return LOOM_OK;
     }
     return loom_comm_allreduce(s->embed_group, mine->g.wte, p->numel, LOOM_F32, LOOM_SUM);

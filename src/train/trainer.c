@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
@@ -52,22 +52,25 @@ void loom_train_config_default(loom_train_config *c) {
     c->nan_policy = LOOM_NAN_POLICY_ABORT;
 }
 
-loom_layout_device loom_train_device(const loom_train_config *c) {
-    const loom_backend *be = loom_backend_current();
+loom_layout_device loom_train_device(const loom_train_config *c, const loom_device *dev) {
     const char *aware = getenv("LOOM_CUDA_AWARE_MPI");
-    return (loom_layout_device){.name = be->name, .host_memory = be->host_memory,
+    return (loom_layout_device){.name = dev->be->name, .host_memory = dev->be->host_memory,
                                 .cuda_aware_mpi = aware && strcmp(aware, "1") == 0,
                                 .ckpt_flag = c->save_dir[0] ? "--save-dir" : c->resume[0] ? "--resume" : NULL};
 }
 
 /* Checks that depend only on the config: identical on every rank. The
  * layout's are loom_layout_validate's; the rest are the trainer's options. */
-static loom_status check_config(const loom_train_config *c, const loom_model_config *mc, int world) {
+static loom_status check_config(const loom_train_config *c, const loom_device *d, const loom_model_config *mc,
+                                int world) {
     const loom_layout_model shape = loom_model_shape(mc);
-    const loom_layout_device dev = loom_train_device(c);
+    const loom_layout_device dev = loom_train_device(c, d);
     const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_TRAIN, .world = world, .batch = c->batch,
                                  .seq = c->seq, .device = &dev};
     LOOM_TRY(loom_layout_validate(&c->layout, &shape, &job));
+    if (d->bf16 != (c->layout.precision == LOOM_PRECISION_BF16))
+        return loom_fail(LOOM_EINTERNAL, "--precision %s on a device made for %s GEMMs",
+                         c->layout.precision == LOOM_PRECISION_BF16 ? "bf16" : "fp32", d->bf16 ? "bf16" : "fp32");
     LOOM_TRY(loom_train_moe_check(c, mc));
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (!(c->bucket_mb >= 0)) return loom_fail(LOOM_EUSAGE, "--bucket-mb %g: must be >= 0", c->bucket_mb);
@@ -186,12 +189,12 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
 
 loom_tp loom_train_tp_group(const loom_train_run_state *s) {
     const loom_train_config *c = s->cfg;
-    return (loom_tp){.comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank, .sp = c->layout.sp,
-                     .comm_bf16 = c->layout.comm_precision == LOOM_PRECISION_BF16};
+    return (loom_tp){.dev = s->dev, .comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
+                     .sp = c->layout.sp, .comm_bf16 = c->layout.comm_precision == LOOM_PRECISION_BF16};
 }
 
 loom_cp loom_train_cp_group(const loom_train_run_state *s) {
-    return (loom_cp){.comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank,
+    return (loom_cp){.dev = s->dev, .comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank,
                      .impl = s->cfg->layout.cp_impl};
 }
 
@@ -280,7 +283,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     int world_size = loom_comm_size(world), rank = loom_comm_rank(world);
     loom_model_config mc;
     loom_status st = loom_model_config_resolve(c->model, &mc);
-    if (st == LOOM_OK) st = check_config(c, &mc, world_size);
+    if (st == LOOM_OK) st = check_config(c, s->dev, &mc, world_size);
     LOOM_TRY(loom_comm_agree(world, st));
 
     st = open_data(c, &mc, &s->tokens);
@@ -307,7 +310,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     if (loom_layout_pipelined(l)) {
         st = loom_train_pp_setup(s, &mc, Bm);
     } else {
-        loom_model_part part = loom_model_part_whole(&mc);
+        loom_model_part part = loom_model_part_whole(s->dev, &mc);
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
@@ -329,10 +332,9 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
-    loom_backend_set_precision(l->precision == LOOM_PRECISION_BF16);
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
-    return loom_peak_flops(world, c->peak_flops, &s->peak_flops, &s->fma_flops);
+    return loom_peak_flops(world, s->dev, c->peak_flops, &s->peak_flops, &s->fma_flops);
 }
 
 static void teardown(loom_train_run_state *s) {
@@ -423,7 +425,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
                   s->peak_raised ? ", raised to a step's own rate" : "");
     else
         loom_info("MFU %.1f%% of the %s peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
-                  100 * res->mfu, loom_kernels_get_precision() ? "bf16 GEMM" : "sgemm", s->peak_flops / 1e9,
+                  100 * res->mfu, s->dev->bf16 ? "bf16 GEMM" : "sgemm", s->peak_flops / 1e9,
                   s->peak_raised ? ", raised to a step's own rate" : "",
                   100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
@@ -454,11 +456,12 @@ static loom_status fail_fast(const loom_train_run_state *s, loom_comm *world, lo
     return st;
 }
 
-loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_train_result *res) {
+loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world, loom_train_result *res) {
     loom_train_run_state s;
     memset(&s, 0, sizeof s);
     memset(res, 0, sizeof *res);
     s.cfg = c;
+    s.dev = dev;
     if (c->save_dir[0]) loom_ckpt_signals(1);
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
@@ -473,14 +476,14 @@ loom_status loom_train_run(const loom_train_config *c, loom_comm *world, loom_tr
                   mc->n_embd, mc->n_head, mc->vocab_size);
         char gemm[512], bf16[512] = "";
         loom_blas_describe(gemm, sizeof gemm);
-        if (loom_kernels_get_precision()) loom_bf16_gemm_describe(bf16, sizeof bf16);
+        if (dev->bf16) loom_bf16_gemm_describe(bf16, sizeof bf16);
         loom_info("gemm: %s%s%s", gemm, bf16[0] ? "; precision bf16 mixed (fp32 accumulation), bf16 gemm: " : "",
                   bf16);
         loom_omp_describe(gemm, sizeof gemm);
-        loom_info("threads: %d per rank; %s", loom_kernels_get_threads(), gemm);
+        loom_info("threads: %d per rank; %s", dev->threads, gemm);
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s); "
                   "%.2f s of CPU)",
-                  loom_sysmem_process_age(), loom_kernels_get_threads(), loom_sysmem_process_cpu());
+                  loom_sysmem_process_age(), dev->threads, loom_sysmem_process_cpu());
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }

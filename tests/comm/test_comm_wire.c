@@ -19,7 +19,11 @@
 #include "comm_test.h"
 #include "loom/bf16.h"
 #include "loom/comm.h"
+#include "cpu_device.h"
 #include "loom/kernels.h"
+
+/* the reference packing: the CPU device's kernels, as tp.c and dp.c packed */
+static loom_device *ref_dev;
 
 static loom_comm *W;
 static int rank, n;
@@ -62,13 +66,13 @@ static void test_allreduce(int mode) {
     uint16_t *h = malloc(PER * sizeof *h);
     fill(x, PER, 1);
     loom_comm_stats before = *loom_comm_get_stats(W);
-    loom_bf16_pack(h, x, PER);
+    loom_bf16_pack(ref_dev, h, x, PER);
     loom_req *hr = NULL; /* blocking or started as the wire call: MPI may sum them in another order */
     CHECK((mode ? loom_comm_iallreduce(W, h, PER, LOOM_BF16, LOOM_SUM, &hr)
                 : loom_comm_allreduce(W, h, PER, LOOM_BF16, LOOM_SUM)) == LOOM_OK &&
               loom_comm_wait(hr) == LOOM_OK,
           "hand allreduce");
-    loom_bf16_unpack(ref, h, PER);
+    loom_bf16_unpack(ref_dev, ref, h, PER);
     loom_comm_stats mid = *loom_comm_get_stats(W);
     loom_status st;
     if (mode == 0) {
@@ -91,13 +95,13 @@ static void test_reduce_scatter(int mode, int in_place) {
     uint16_t *h = malloc(total * sizeof *h);
     fill(x, total, 2);
     loom_comm_stats before = *loom_comm_get_stats(W);
-    loom_bf16_pack(h, x, total);
+    loom_bf16_pack(ref_dev, h, x, total);
     loom_req *hr = NULL;
     CHECK((mode ? loom_comm_ireduce_scatter(W, h, h, PER, LOOM_BF16, LOOM_SUM, &hr)
                 : loom_comm_reduce_scatter(W, h, h, PER, LOOM_BF16, LOOM_SUM)) == LOOM_OK &&
               loom_comm_wait(hr) == LOOM_OK,
           "hand reduce_scatter");
-    loom_bf16_unpack(ref, h, PER);
+    loom_bf16_unpack(ref_dev, ref, h, PER);
     loom_comm_stats mid = *loom_comm_get_stats(W);
     float *dst = in_place ? x : out;
     loom_status st;
@@ -122,9 +126,9 @@ static void test_allgather(int mode, int in_place) {
     uint16_t *h = malloc(total * sizeof *h);
     fill(mine_x, PER, 3);
     loom_comm_stats before = *loom_comm_get_stats(W);
-    loom_bf16_pack(h + mine, mine_x, PER);
+    loom_bf16_pack(ref_dev, h + mine, mine_x, PER);
     CHECK(loom_comm_allgather(W, h + mine, h, PER * sizeof *h) == LOOM_OK, "hand allgather");
-    loom_bf16_unpack(ref, h, total);
+    loom_bf16_unpack(ref_dev, ref, h, total);
     loom_comm_stats mid = *loom_comm_get_stats(W);
     const float *src = mine_x;
     if (in_place) {
@@ -213,6 +217,7 @@ static void test_refusals(void) {
 }
 
 int main(int argc, char **argv) {
+    ref_dev = test_cpu_device(1, 0);
     if (!(W = comm_test_start(&argc, &argv))) return 1;
     rank = loom_comm_rank(W), n = loom_comm_size(W);
     for (int mode = 0; mode < 3; mode++) {
@@ -225,5 +230,6 @@ int main(int argc, char **argv) {
     test_f32_wire();
     test_reserve();
     test_refusals();
+    loom_device_free(ref_dev);
     return comm_test_end(W);
 }

@@ -1,7 +1,7 @@
 /* test_cuda_kernels.c - every CUDA kernel against the CPU kernel it mirrors.
  *
- * For each kernel of loom/kernels.h and each routing and row op of
- * loom/backend.h (against loom_backend_cpu's): random inputs (odd sizes, so no tile or
+ * For each kernel of include/loom/kernel_list.h (against the CPU device's):
+ * random inputs (odd sizes, so no tile or
  * warp divides them), the CPU kernel on host buffers, loom_cuda_X on device
  * copies of the same buffers, and a comparison of every output - including
  * outputs that accumulate (+=), which start from the same non-zero values on
@@ -23,7 +23,7 @@
 
 #include "check.h"
 #include "cuda_backend.h"
-#include "loom/backend.h"
+#include "loom/device.h"
 #include "loom/kernels.h"
 
 #define TOL 1e-5
@@ -31,6 +31,11 @@
 #define TOL_TF32 5e-3
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+/* The CPU kernels as the reference, in fp32 and in bf16 (one thread each),
+ * and the CUDA kernels' context. */
+static loom_device *cpu, *cpu_bf16;
+static loom_cuda_ctx *gpu;
 
 static float frand(void) { /* uniform in [-1, 1) */
     g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -75,18 +80,18 @@ static void test_layernorm(int N, int C) {
     float *d_inp = dev_from(inp, (size_t)N * C * 4), *d_w = dev_from(w, C * 4), *d_b = dev_from(b, C * 4);
     float *d_out = loom_cuda_alloc((size_t)N * C * 4), *d_mean = loom_cuda_alloc(N * 4),
           *d_rstd = loom_cuda_alloc(N * 4);
-    loom_layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
-    loom_cuda_layernorm_fwd(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    loom_layernorm_fwd(cpu, out, mean, rstd, inp, w, b, N, C);
+    loom_cuda_layernorm_fwd(gpu, d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
     expect_close("layernorm_fwd out", d_out, out, (size_t)N * C, TOL);
     float *dout = host_rand((size_t)N * C, 1.0f), *dinp = host_rand((size_t)N * C, 0.5f);
     float *dw = host_rand(C, 0.5f), *db = host_rand(C, 0.5f);
     float *d_dout = dev_from(dout, (size_t)N * C * 4), *d_dinp = dev_from(dinp, (size_t)N * C * 4);
     float *d_dw = dev_from(dw, C * 4), *d_db = dev_from(db, C * 4);
     float *d_db2 = dev_from(db, C * 4), *db2 = host_copy(db, C);
-    loom_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-    loom_cuda_layernorm_bwd(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
-    loom_layernorm_bwd(NULL, NULL, db2, dout, inp, w, mean, rstd, N, C); /* only db */
-    loom_cuda_layernorm_bwd(NULL, NULL, d_db2, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    loom_layernorm_bwd(cpu, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    loom_cuda_layernorm_bwd(gpu, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    loom_layernorm_bwd(cpu, NULL, NULL, db2, dout, inp, w, mean, rstd, N, C); /* only db */
+    loom_cuda_layernorm_bwd(gpu, NULL, NULL, d_db2, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
     expect_close("layernorm_bwd dinp", d_dinp, dinp, (size_t)N * C, TOL);
     expect_close("layernorm_bwd dw", d_dw, dw, C, TOL);
     expect_close("layernorm_bwd db", d_db, db, C, TOL);
@@ -103,17 +108,17 @@ static void test_layernorm(int N, int C) {
 static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     const char *tag = gpu_mode == LOOM_CUDA_BF16 ? "bf16" : gpu_mode == LOOM_CUDA_TF32 ? "tf32" : "fp32";
     char what[96];
-    loom_kernels_set_precision(gpu_mode == LOOM_CUDA_BF16);
-    loom_cuda_set_precision(gpu_mode);
+    loom_device *mm = gpu_mode == LOOM_CUDA_BF16 ? cpu_bf16 : cpu; /* the CPU's precision */
+    loom_cuda_set_precision(gpu, gpu_mode);
     size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)C * OC;
     float *inp = host_rand(nin, 1.0f), *w = host_rand(nw, 0.5f), *b = host_rand(OC, 0.5f);
     float *out = malloc(nout * 4), *out_nb = malloc(nout * 4);
     float *d_inp = dev_from(inp, nin * 4), *d_w = dev_from(w, nw * 4), *d_b = dev_from(b, OC * 4);
     float *d_out = loom_cuda_alloc(nout * 4), *d_out_nb = loom_cuda_alloc(nout * 4);
-    loom_matmul_fwd(out, inp, w, b, N, C, OC);
-    loom_matmul_fwd(out_nb, inp, w, NULL, N, C, OC);
-    loom_cuda_matmul_fwd(d_out, d_inp, d_w, d_b, N, C, OC);
-    loom_cuda_matmul_fwd(d_out_nb, d_inp, d_w, NULL, N, C, OC);
+    loom_matmul_fwd(mm, out, inp, w, b, N, C, OC);
+    loom_matmul_fwd(mm, out_nb, inp, w, NULL, N, C, OC);
+    loom_cuda_matmul_fwd(gpu, d_out, d_inp, d_w, d_b, N, C, OC);
+    loom_cuda_matmul_fwd(gpu, d_out_nb, d_inp, d_w, NULL, N, C, OC);
     snprintf(what, sizeof what, "matmul_fwd %s", tag), expect_close(what, d_out, out, nout, tol);
     snprintf(what, sizeof what, "matmul_fwd no bias %s", tag), expect_close(what, d_out_nb, out_nb, nout, tol);
     /* operands 4 bytes past an aligned address: cuBLASLt told the real alignment
@@ -122,8 +127,8 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     loom_cuda_memcpy_h2d(d_inp1 + 1, inp, nin * 4);
     loom_cuda_memcpy_h2d(d_b1 + 1, b, OC * 4);
     float *d_o1 = loom_cuda_alloc(nout * 4), *d_o2 = loom_cuda_alloc(nout * 4);
-    loom_cuda_matmul_fwd(d_o1, d_inp1 + 1, d_w, d_b, N, C, OC);
-    loom_cuda_matmul_fwd(d_o2, d_inp, d_w, d_b1 + 1, N, C, OC);
+    loom_cuda_matmul_fwd(gpu, d_o1, d_inp1 + 1, d_w, d_b, N, C, OC);
+    loom_cuda_matmul_fwd(gpu, d_o2, d_inp, d_w, d_b1 + 1, N, C, OC);
     snprintf(what, sizeof what, "matmul_fwd inp +4 bytes %s", tag), expect_close(what, d_o1, out, nout, tol);
     snprintf(what, sizeof what, "matmul_fwd bias +4 bytes %s", tag), expect_close(what, d_o2, out, nout, tol);
     loom_cuda_free(d_inp1), loom_cuda_free(d_b1);
@@ -131,8 +136,8 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
           *db = host_rand(OC, 1.0f);
     float *d_dout = dev_from(dout, nout * 4), *d_dinp = dev_from(dinp, nin * 4), *d_dw = dev_from(dw, nw * 4),
           *d_db = dev_from(db, OC * 4);
-    loom_matmul_bwd(dinp, dw, db, dout, inp, w, N, C, OC);
-    loom_cuda_matmul_bwd(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    loom_matmul_bwd(mm, dinp, dw, db, dout, inp, w, N, C, OC);
+    loom_cuda_matmul_bwd(gpu, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
     snprintf(what, sizeof what, "matmul_bwd dinp %s", tag), expect_close(what, d_dinp, dinp, nin, tol);
     snprintf(what, sizeof what, "matmul_bwd dw %s", tag), expect_close(what, d_dw, dw, nw, tol);
     snprintf(what, sizeof what, "matmul_bwd db %s", tag), expect_close(what, d_db, db, OC, TOL);
@@ -140,64 +145,63 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     int V = OC;
     float *wte = host_rand((size_t)V * C, 0.5f), *logits = malloc(nout * 4);
     float *d_wte = dev_from(wte, (size_t)V * C * 4), *d_logits = loom_cuda_alloc(nout * 4);
-    loom_matmul_nt_fwd(logits, inp, wte, N, C, V);
-    loom_cuda_matmul_nt_fwd(d_logits, d_inp, d_wte, N, C, V);
+    loom_matmul_nt_fwd(mm, logits, inp, wte, N, C, V);
+    loom_cuda_matmul_nt_fwd(gpu, d_logits, d_inp, d_wte, N, C, V);
     snprintf(what, sizeof what, "matmul_nt_fwd %s", tag), expect_close(what, d_logits, logits, nout, tol);
     float *dinp2 = host_rand(nin, 1.0f), *dwte = host_rand((size_t)V * C, 1.0f);
     float *d_dinp2 = dev_from(dinp2, nin * 4), *d_dwte = dev_from(dwte, (size_t)V * C * 4);
-    loom_matmul_nt_bwd(dinp2, dwte, dout, inp, wte, N, C, V);
-    loom_cuda_matmul_nt_bwd(d_dinp2, d_dwte, d_dout, d_inp, d_wte, N, C, V);
+    loom_matmul_nt_bwd(mm, dinp2, dwte, dout, inp, wte, N, C, V);
+    loom_cuda_matmul_nt_bwd(gpu, d_dinp2, d_dwte, d_dout, d_inp, d_wte, N, C, V);
     snprintf(what, sizeof what, "matmul_nt_bwd dinp %s", tag), expect_close(what, d_dinp2, dinp2, nin, tol);
     snprintf(what, sizeof what, "matmul_nt_bwd dwte %s", tag), expect_close(what, d_dwte, dwte, (size_t)V * C, tol);
     loom_cuda_free(d_inp), loom_cuda_free(d_w), loom_cuda_free(d_b), loom_cuda_free(d_dout), loom_cuda_free(d_wte);
     free(inp), free(w), free(b), free(out), free(out_nb), free(dout), free(dinp), free(dw), free(db), free(wte),
         free(logits), free(dinp2), free(dwte);
-    loom_kernels_set_precision(0);
-    loom_cuda_set_precision(LOOM_CUDA_FP32);
+    loom_cuda_set_precision(gpu, LOOM_CUDA_FP32);
 }
 
 static void test_elementwise(size_t n) {
     float *x = host_rand(n, 6.0f), *y = host_rand(n, 1.0f), *out = malloc(n * 4);
     x[0] = 40.0f, x[1] = -40.0f, x[2] = 0.0f; /* saturated tails */
     float *d_x = dev_from(x, n * 4), *d_y = dev_from(y, n * 4), *d_out = loom_cuda_alloc(n * 4);
-    loom_gelu_fwd(out, x, n);
-    loom_cuda_gelu_fwd(d_out, d_x, n);
+    loom_gelu_fwd(cpu, out, x, n);
+    loom_cuda_gelu_fwd(gpu, d_out, d_x, n);
     expect_close("gelu_fwd", d_out, out, n, TOL);
     float *dinp = host_rand(n, 1.0f), *d_dinp = dev_from(dinp, n * 4);
-    loom_gelu_bwd(dinp, x, y, n);
-    loom_cuda_gelu_bwd(d_dinp, d_x, d_y, n);
+    loom_gelu_bwd(cpu, dinp, x, y, n);
+    loom_cuda_gelu_bwd(gpu, d_dinp, d_x, d_y, n);
     expect_close("gelu_bwd", d_dinp, dinp, n, TOL);
     float *res = malloc(n * 4), *d_res = loom_cuda_alloc(n * 4);
-    loom_residual_fwd(res, x, y, n);
-    loom_cuda_residual_fwd(d_res, d_x, d_y, n);
+    loom_residual_fwd(cpu, res, x, y, n);
+    loom_cuda_residual_fwd(gpu, d_res, d_x, d_y, n);
     expect_close("residual_fwd", d_res, res, n, TOL);
     float *da = host_rand(n, 1.0f), *db = host_rand(n, 1.0f);
     float *d_da = dev_from(da, n * 4), *d_db = dev_from(db, n * 4);
-    loom_residual_bwd(da, db, y, n);
-    loom_cuda_residual_bwd(d_da, d_db, d_y, n);
+    loom_residual_bwd(cpu, da, db, y, n);
+    loom_cuda_residual_bwd(gpu, d_da, d_db, d_y, n);
     expect_close("residual_bwd da", d_da, da, n, TOL);
     expect_close("residual_bwd db", d_db, db, n, TOL);
     /* AdamW, step 3 (bias corrections != 1), weight decay on */
     float *p = host_rand(n, 1.0f), *m = host_rand(n, 0.1f), *v = host_rand(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     float *d_p = dev_from(p, n * 4), *d_m = dev_from(m, n * 4), *d_v = dev_from(v, n * 4);
-    loom_adamw_update(p, y, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
-    loom_cuda_adamw_update(d_p, d_y, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
+    loom_adamw_update(cpu, p, y, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
+    loom_cuda_adamw_update(gpu, d_p, d_y, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
     expect_close("adamw p", d_p, p, n, TOL);
     expect_close("adamw m", d_m, m, n, TOL);
     expect_close("adamw v", d_v, v, n, TOL);
     /* whole-buffer helpers */
-    double s_cpu = loom_sumsq(x, n), s_gpu = loom_cuda_sumsq(d_x, n);
+    double s_cpu = loom_sumsq(cpu, x, n), s_gpu = loom_cuda_sumsq(gpu, d_x, n);
     CHECK(fabs(s_gpu - s_cpu) <= 1e-9 * s_cpu, "sumsq %.17g vs cpu %.17g", s_gpu, s_cpu);
-    CHECK(loom_cuda_all_finite(d_x, n) == 1, "all_finite on finite data");
+    CHECK(loom_cuda_all_finite(gpu, d_x, n) == 1, "all_finite on finite data");
     float bad = NAN;
     loom_cuda_memcpy_h2d(d_x + n / 2, &bad, sizeof bad);
-    CHECK(loom_cuda_all_finite(d_x, n) == 0, "all_finite misses a NaN");
+    CHECK(loom_cuda_all_finite(gpu, d_x, n) == 0, "all_finite misses a NaN");
     float *sc = host_copy(y, n), *r = malloc(n * 4), *d_r = loom_cuda_alloc(n * 4);
-    loom_scale(sc, n, 0.37f);
-    loom_cuda_scale(d_y, n, 0.37f);
-    loom_round_bf16(r, sc, n);
-    loom_cuda_round_bf16(d_r, d_y, n);
+    loom_scale(cpu, sc, n, 0.37f);
+    loom_cuda_scale(gpu, d_y, n, 0.37f);
+    loom_round_bf16(cpu, r, sc, n);
+    loom_cuda_round_bf16(gpu, d_r, d_y, n);
     expect_close("scale", d_y, sc, n, 0.0);
     expect_close("round_bf16", d_r, r, n, 0.0);
     loom_cuda_free(d_x);
@@ -210,12 +214,12 @@ static void test_elementwise(size_t n) {
 static int32_t *dev_i32(const int32_t *h, size_t n) { return dev_from(h, (n ? n : 1) * 4); }
 
 static void test_routing(int N, int n, int k, int C) {
-    const loom_backend *cpu = &loom_backend_cpu;
     const size_t Nn = (size_t)N * n, Nk = (size_t)N * k;
     /* softmax with lse and the z sum */
     float *x = host_rand(Nn, 4.0f), *lse = malloc(N * 4), *d_x = dev_from(x, Nn * 4),
           *d_lse = loom_cuda_alloc(N * 4);
-    double z_cpu = cpu->softmax_lse(x, lse, N, n), z_gpu = loom_cuda_softmax_lse(d_x, d_lse, N, n);
+    double z_cpu = loom_tensor_softmax_lse(cpu, x, lse, N, n);
+    double z_gpu = loom_cuda_tensor_softmax_lse(gpu, d_x, d_lse, N, n);
     CHECK(fabs(z_gpu - z_cpu) <= 1e-9 * z_cpu, "softmax_lse z %.17g vs cpu %.17g", z_gpu, z_cpu);
     expect_close("softmax_lse p", d_x, x, Nn, TOL);
     expect_close("softmax_lse lse", d_lse, lse, N, TOL);
@@ -224,8 +228,8 @@ static void test_routing(int N, int n, int k, int C) {
           *d_bias = dev_from(bias, n * 4), *d_gate = loom_cuda_alloc(Nk * 4);
     int32_t *sel = malloc(Nk * 4), *gsel = malloc(Nk * 4), *d_sel = loom_cuda_alloc(Nk * 4);
     for (int norm = 0; norm < 2; norm++) {
-        cpu->topk_gate(sel, gate, x, bias, N, n, k, norm);
-        loom_cuda_topk_gate(d_sel, d_gate, d_p, d_bias, N, n, k, norm);
+        loom_tensor_topk_gate(cpu, sel, gate, x, bias, N, n, k, norm);
+        loom_cuda_tensor_topk_gate(gpu, d_sel, d_gate, d_p, d_bias, N, n, k, norm);
         CHECK(loom_cuda_memcpy_d2h(gsel, d_sel, Nk * 4) == LOOM_OK, "sel d2h");
         CHECK(memcmp(gsel, sel, Nk * 4) == 0, "topk_gate norm %d: choices differ", norm);
         float *g = malloc(Nk * 4);
@@ -241,8 +245,8 @@ static void test_routing(int N, int n, int k, int C) {
     float *d_dgate = dev_from(dgate, Nk * 4), *d_dx = dev_from(dx, Nn * 4), *d_dp = dev_from(dp, Nn * 4),
           *d_lse2 = dev_from(lse, N * 4), *d_gate2 = dev_from(gate, Nk * 4);
     int32_t *d_tab = dev_i32(tab, 3 * (size_t)n), *d_grp = dev_i32(grp, N), *d_sel2 = dev_i32(sel, Nk);
-    cpu->topk_gate_bwd(dx, dp, dgate, sel, gate, x, lse, tab, grp, 3e-3f, 0.7f, N, n, k, 1);
-    loom_cuda_topk_gate_bwd(d_dx, d_dp, d_dgate, d_sel2, d_gate2, d_p, d_lse2, d_tab, d_grp, 3e-3f,
+    loom_tensor_topk_gate_bwd(cpu, dx, dp, dgate, sel, gate, x, lse, tab, grp, 3e-3f, 0.7f, N, n, k, 1);
+    loom_cuda_tensor_topk_gate_bwd(gpu, d_dx, d_dp, d_dgate, d_sel2, d_gate2, d_p, d_lse2, d_tab, d_grp, 3e-3f,
                             0.7f, N, n, k, 1);
     expect_close("topk_gate_bwd dx", d_dx, dx, Nn, TOL);
     /* gather and scatter-add by an index list with repeats (M source rows) */
@@ -252,13 +256,13 @@ static void test_routing(int N, int n, int k, int C) {
     for (int r = 0; r < A; r++) idx[r] = (int32_t)((frand() + 1.0f) * 0.5f * M) % M;
     float *d_src = dev_from(src, (size_t)M * C * 4), *d_dst = dev_from(dst, (size_t)A * C * 4);
     int32_t *d_idx = dev_i32(idx, A);
-    cpu->gather_rows(dst, src, idx, A, C);
-    loom_cuda_gather_rows(d_dst, d_src, d_idx, A, C);
+    loom_tensor_gather_rows(cpu, dst, src, idx, A, C);
+    loom_cuda_tensor_gather_rows(gpu, d_dst, d_src, d_idx, A, C);
     expect_close("gather_rows", d_dst, dst, (size_t)A * C, 0.0);
     float *acc = host_rand((size_t)M * C, 1.0f), *d_acc = dev_from(acc, (size_t)M * C * 4);
     float *rows = host_rand((size_t)A * C, 1.0f), *d_rows = dev_from(rows, (size_t)A * C * 4);
-    cpu->scatter_add_rows(acc, rows, idx, A, C);
-    loom_cuda_scatter_add_rows(d_acc, d_rows, d_idx, A, C);
+    loom_tensor_scatter_add_rows(cpu, acc, rows, idx, A, C);
+    loom_cuda_tensor_scatter_add_rows(gpu, d_acc, d_rows, d_idx, A, C);
     expect_close("scatter_add_rows", d_acc, acc, (size_t)M * C, 0.0);
     /* combine: each choice its own row (a permutation), every fourth dropped */
     int32_t *row = malloc(Nk * 4);
@@ -270,16 +274,16 @@ static void test_routing(int N, int n, int k, int C) {
           *d_dout = dev_from(dout, (size_t)N * C * 4), *d_dy = dev_from(dy, (size_t)A * C * 4),
           *d_dw = dev_from(dw, Nk * 4);
     int32_t *d_row = dev_i32(row, Nk);
-    cpu->combine_rows(out, y, row, gate, N, k, C);
-    loom_cuda_combine_rows(d_out, d_y, d_row, d_gate2, N, k, C);
+    loom_tensor_combine_rows(cpu, out, y, row, gate, N, k, C);
+    loom_cuda_tensor_combine_rows(gpu, d_out, d_y, d_row, d_gate2, N, k, C);
     expect_close("combine_rows", d_out, out, (size_t)N * C, TOL);
-    cpu->combine_rows_bwd(dy, dw, dout, y, row, gate, N, k, C);
-    loom_cuda_combine_rows_bwd(d_dy, d_dw, d_dout, d_y, d_row, d_gate2, N, k, C);
+    loom_tensor_combine_rows_bwd(cpu, dy, dw, dout, y, row, gate, N, k, C);
+    loom_cuda_tensor_combine_rows_bwd(gpu, d_dy, d_dw, d_dout, d_y, d_row, d_gate2, N, k, C);
     expect_close("combine_rows_bwd dy", d_dy, dy, (size_t)A * C, TOL);
     expect_close("combine_rows_bwd dw", d_dw, dw, Nk, TOL);
     /* fill with -inf */
     float *f = malloc((size_t)A * C * 4), *d_f = loom_cuda_alloc((size_t)A * C * 4);
-    loom_cuda_fill(d_f, (size_t)A * C, -INFINITY);
+    loom_cuda_tensor_fill(gpu, d_f, (size_t)A * C, -INFINITY);
     CHECK(loom_cuda_memcpy_d2h(f, d_f, (size_t)A * C * 4) == LOOM_OK, "fill d2h");
     size_t bad = 0;
     for (size_t i = 0; i < (size_t)A * C; i++) bad += !(isinf(f[i]) && f[i] < 0);
@@ -301,12 +305,12 @@ static void test_attention(int B, int T, int C, int NH) {
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = host_rand(nqkv, 1.5f), *out = malloc(nout * 4), *lse = malloc(nl * 4);
     float *d_qkv = dev_from(qkv, nqkv * 4), *d_out = loom_cuda_alloc(nout * 4), *d_lse = loom_cuda_alloc(nl * 4);
-    loom_attention_fwd(out, lse, qkv, B, T, C, NH);
-    loom_cuda_attention_fwd(d_out, d_lse, d_qkv, B, T, C, NH);
+    loom_attention_fwd(cpu, out, lse, qkv, B, T, C, NH);
+    loom_cuda_attention_fwd(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
     float *dout = host_rand(nout, 1.0f), *dqkv = host_rand(nqkv, 0.5f);
     float *d_dout = dev_from(dout, nout * 4), *d_dqkv = dev_from(dqkv, nqkv * 4);
-    loom_attention_bwd(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    loom_cuda_attention_bwd(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); /* from the GPU's own fwd */
+    loom_attention_bwd(cpu, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    loom_cuda_attention_bwd(gpu, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); /* from the GPU's own fwd */
     snprintf(what, sizeof what, "attention_fwd out B%d T%d C%d NH%d", B, T, C, NH);
     expect_close(what, d_out, out, nout, TOL);
     snprintf(what, sizeof what, "attention_fwd lse B%d T%d C%d NH%d", B, T, C, NH);
@@ -335,27 +339,27 @@ static void test_attention_parts(int B, int T, int C, int NH) {
     g2.q = d_qkv + (h2.q - qkv), g2.k = d_qkv + (h2.k - qkv), g2.v = d_qkv + (h2.v - qkv);
     float *out = malloc(nout * 4), *lse = malloc(nl * 4);
     float *d_out = loom_cuda_alloc(nout * 4), *d_lse = loom_cuda_alloc(nl * 4);
-    loom_attention_part_fwd(&h1, out, o_bs, C, lse, 0);
-    loom_cuda_attention_part_fwd(&g1, d_out, o_bs, C, d_lse, 0);
+    loom_attention_part_fwd(cpu, &h1, out, o_bs, C, lse, 0);
+    loom_cuda_attention_part_fwd(gpu, &g1, d_out, o_bs, C, d_lse, 0);
     /* merge: a second part computed separately, merged into copies */
     float *out2 = malloc(nout * 4), *lse2 = malloc(nl * 4);
     float *d_out2 = loom_cuda_alloc(nout * 4), *d_lse2 = loom_cuda_alloc(nl * 4);
-    loom_attention_part_fwd(&h2, out2, o_bs, C, lse2, 0);
-    loom_cuda_attention_part_fwd(&g2, d_out2, o_bs, C, d_lse2, 0);
+    loom_attention_part_fwd(cpu, &h2, out2, o_bs, C, lse2, 0);
+    loom_cuda_attention_part_fwd(gpu, &g2, d_out2, o_bs, C, d_lse2, 0);
     float *mo = host_copy(out, nout), *ml = host_copy(lse, nl);
     float *d_mo = dev_from(mo, nout * 4), *d_ml = dev_from(ml, nl * 4);
-    loom_attention_merge(mo, ml, out2, lse2, o_bs, C, B, Tq, NH, HS);
-    loom_cuda_attention_merge(d_mo, d_ml, d_out2, d_lse2, o_bs, C, B, Tq, NH, HS);
+    loom_attention_merge(cpu, mo, ml, out2, lse2, o_bs, C, B, Tq, NH, HS);
+    loom_cuda_attention_merge(gpu, d_mo, d_ml, d_out2, d_lse2, o_bs, C, B, Tq, NH, HS);
     expect_close("attention_merge out", d_mo, mo, nout, TOL);
     expect_close("attention_merge lse", d_ml, ml, nl, TOL);
     /* accumulate: continue the first part with the second */
-    loom_attention_part_fwd(&h2, out, o_bs, C, lse, 1);
-    loom_cuda_attention_part_fwd(&g2, d_out, o_bs, C, d_lse, 1);
+    loom_attention_part_fwd(cpu, &h2, out, o_bs, C, lse, 1);
+    loom_cuda_attention_part_fwd(gpu, &g2, d_out, o_bs, C, d_lse, 1);
     float *dout = host_rand(nout, 1.0f), *d_dout = dev_from(dout, nout * 4);
     float *dqkv = host_rand(nqkv, 0.5f), *d_dqkv = dev_from(dqkv, nqkv * 4);
     float *dq = dqkv + (size_t)Th * 3 * C, *dk = dqkv + C, *dv = dqkv + 2 * C;
-    loom_attention_part_bwd(&h1, dq, dk, dv, dout, out, o_bs, C, lse);
-    loom_cuda_attention_part_bwd(&g1, d_dqkv + (dq - dqkv), d_dqkv + (dk - dqkv), d_dqkv + (dv - dqkv), d_dout,
+    loom_attention_part_bwd(cpu, &h1, dq, dk, dv, dout, out, o_bs, C, lse);
+    loom_cuda_attention_part_bwd(gpu, &g1, d_dqkv + (dq - dqkv), d_dqkv + (dk - dqkv), d_dqkv + (dv - dqkv), d_dout,
                                  d_out, o_bs, C, d_lse);
     expect_close("attention_part_fwd accumulate out", d_out, out, nout, TOL);
     expect_close("attention_part_fwd accumulate lse", d_lse, lse, nl, TOL);
@@ -368,11 +372,11 @@ static void test_attention_parts(int B, int T, int C, int NH) {
         memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, (size_t)C * 4);
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * 4);
     }
-    float *scratch = malloc(loom_attention_kv_scratch_floats(n, T) * 4);
-    loom_attention_kv_fwd(kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, scratch);
+    float *scratch = malloc(loom_attention_kv_scratch_floats(cpu, n, T) * 4);
+    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, scratch);
     float *d_kc = dev_from(kc, (size_t)T * C * 4), *d_vc = dev_from(vc, (size_t)T * C * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
-    loom_cuda_attention_kv_fwd(d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH, NULL);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH, NULL);
     expect_close("attention_kv_fwd", d_kv_out, kv_out, (size_t)n * C, TOL);
     loom_cuda_free(d_kc), loom_cuda_free(d_vc), loom_cuda_free(d_qkv);
     free(qkv), free(out), free(lse), free(out2), free(lse2), free(mo), free(ml), free(dout), free(dqkv), free(kc),
@@ -394,18 +398,18 @@ static void test_vocab(void) {
     float *wte = host_rand((size_t)V_l * C, 1.0f), *wpe = host_rand((size_t)T * C, 1.0f);
     float *d_wte = dev_from(wte, (size_t)V_l * C * 4), *d_wpe = dev_from(wpe, (size_t)T * C * 4);
     float *x = malloc(nx * 4), *d_x = loom_cuda_alloc(nx * 4);
-    loom_embed_fwd(x, tok, wte, v0, V_l, N, C);
-    loom_pos_fwd(x, wpe, row0, N, T, C);
-    loom_cuda_embed_fwd(d_x, d_tok, d_wte, v0, V_l, N, C);
-    loom_cuda_pos_fwd(d_x, d_wpe, row0, N, T, C);
+    loom_embed_fwd(cpu, x, tok, wte, v0, V_l, N, C);
+    loom_pos_fwd(cpu, x, wpe, row0, N, T, C);
+    loom_cuda_embed_fwd(gpu, d_x, d_tok, d_wte, v0, V_l, N, C);
+    loom_cuda_pos_fwd(gpu, d_x, d_wpe, row0, N, T, C);
     expect_close("embed_fwd + pos_fwd", d_x, x, nx, TOL);
     float *dout = host_rand(nx, 1.0f), *d_dout = dev_from(dout, nx * 4);
     float *dwte = host_rand((size_t)V_l * C, 1.0f), *dwpe = host_rand((size_t)T * C, 1.0f);
     float *d_dwte = dev_from(dwte, (size_t)V_l * C * 4), *d_dwpe = dev_from(dwpe, (size_t)T * C * 4);
-    loom_embed_bwd(dwte, dout, tok, v0, V_l, N, C);
-    loom_pos_bwd(dwpe, dout, row0, N, T, C);
-    loom_cuda_embed_bwd(d_dwte, d_dout, d_tok, v0, V_l, N, C);
-    loom_cuda_pos_bwd(d_dwpe, d_dout, row0, N, T, C);
+    loom_embed_bwd(cpu, dwte, dout, tok, v0, V_l, N, C);
+    loom_pos_bwd(cpu, dwpe, dout, row0, N, T, C);
+    loom_cuda_embed_bwd(gpu, d_dwte, d_dout, d_tok, v0, V_l, N, C);
+    loom_cuda_pos_bwd(gpu, d_dwpe, d_dout, row0, N, T, C);
     expect_close("embed_bwd", d_dwte, dwte, (size_t)V_l * C, TOL);
     expect_close("pos_bwd", d_dwpe, dwpe, (size_t)T * C, TOL);
     /* cross-entropy on one rank's slice: the "all-reduced" values are this rank's own */
@@ -414,15 +418,15 @@ static void test_vocab(void) {
     float mx[29], sum[29], tg[29], loss[29];
     float *d_mx = loom_cuda_alloc(sizeof mx), *d_sum = loom_cuda_alloc(sizeof sum), *d_tg = loom_cuda_alloc(sizeof tg),
           *d_loss = loom_cuda_alloc(sizeof loss);
-    loom_vxent_max(mx, logits, N, V_l, V_valid);
-    loom_cuda_vxent_max(d_mx, d_logits, N, V_l, V_valid);
-    loom_vxent_exp(logits, sum, tg, mx, tgt, v0, N, V_l, V_valid);
-    loom_cuda_vxent_exp(d_logits, d_sum, d_tg, d_mx, d_tgt, v0, N, V_l, V_valid);
-    loom_vxent_finish(loss, logits, sum, tg, tgt, N, V_l);
-    loom_cuda_vxent_finish(d_loss, d_logits, d_sum, d_tg, d_tgt, N, V_l);
+    loom_vxent_max(cpu, mx, logits, N, V_l, V_valid);
+    loom_cuda_vxent_max(gpu, d_mx, d_logits, N, V_l, V_valid);
+    loom_vxent_exp(cpu, logits, sum, tg, mx, tgt, v0, N, V_l, V_valid);
+    loom_cuda_vxent_exp(gpu, d_logits, d_sum, d_tg, d_mx, d_tgt, v0, N, V_l, V_valid);
+    loom_vxent_finish(cpu, loss, logits, sum, tg, tgt, N, V_l);
+    loom_cuda_vxent_finish(gpu, d_loss, d_logits, d_sum, d_tg, d_tgt, N, V_l);
     float *dl = malloc(nl * 4), *d_dl = loom_cuda_alloc(nl * 4);
-    loom_vxent_bwd(dl, logits, tgt, 1.0f / N, v0, N, V_l);
-    loom_cuda_vxent_bwd(d_dl, d_logits, d_tgt, 1.0f / N, v0, N, V_l);
+    loom_vxent_bwd(cpu, dl, logits, tgt, 1.0f / N, v0, N, V_l);
+    loom_cuda_vxent_bwd(gpu, d_dl, d_logits, d_tgt, 1.0f / N, v0, N, V_l);
     expect_close("vxent_max", d_mx, mx, N, TOL);
     expect_close("vxent_exp rowsum", d_sum, sum, N, TOL);
     expect_close("vxent_exp tgt", d_tg, tg, N, TOL);
@@ -473,7 +477,7 @@ static void test_error_sticky(void) {
     int B = 1, T = 4, C = 512, NH = 1; /* HS 512 > 256 */
     float *d_qkv = loom_cuda_alloc((size_t)B * T * 3 * C * 4), *d_out = loom_cuda_alloc((size_t)B * T * C * 4),
           *d_lse = loom_cuda_alloc((size_t)B * NH * T * 4);
-    loom_cuda_attention_fwd(d_out, d_lse, d_qkv, B, T, C, NH);
+    loom_cuda_attention_fwd(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
     loom_status st = loom_cuda_status();
     CHECK(st == LOOM_EUNAVAIL && strstr(loom_errmsg(), "head size"), "HS 512: status %d '%s'", (int)st,
           loom_errmsg());
@@ -490,7 +494,12 @@ int main(void) {
         fprintf(stderr, "%s\n", loom_errmsg());
         return 1;
     }
-    loom_kernels_set_threads(1);
+    const loom_device_opts f32 = {.name = "cpu", .threads = 1}, b16 = {.name = "cpu", .threads = 1, .bf16 = 1};
+    if (loom_device_create(&f32, &cpu) != LOOM_OK || loom_device_create(&b16, &cpu_bf16) != LOOM_OK ||
+        loom_cuda_ctx_create(LOOM_CUDA_FP32, &gpu) != LOOM_OK) {
+        fprintf(stderr, "%s\n", loom_errmsg());
+        return 1;
+    }
     test_memory_streams();
     test_layernorm(37, 100);
     test_layernorm(5, 768);
@@ -510,6 +519,8 @@ int main(void) {
     test_routing(37, 11, 3, 45);
     test_routing(5, 64, 8, 7); /* 64 experts, top 8 */
     test_error_sticky();
-    loom_cuda_shutdown();
+    loom_cuda_ctx_free(gpu);
+    loom_device_free(cpu);
+    loom_device_free(cpu_bf16);
     return check_done();
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "loom/bf16.h"
 #include "loom/kernels.h"
 #include "loom/rng.h"
@@ -41,7 +42,7 @@ static float ref_round(float x) {
     return from_bits(lo);
 }
 
-static void test_round(void) {
+static void test_round(loom_device *dev) {
     const struct { uint32_t in, want; } cases[] = {
         {0x3f800000u, 0x3f800000u}, /* 1 */
         {0x3f808000u, 0x3f800000u}, /* 1 + 2^-8: tie, to even (down) */
@@ -54,19 +55,19 @@ static void test_round(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float x = from_bits(cases[i].in), y;
-        loom_round_bf16(&y, &x, 1);
+        loom_round_bf16(dev, &y, &x, 1);
         CHECK(to_bits(y) == cases[i].want, "round 0x%08x -> 0x%08x, want 0x%08x", cases[i].in, to_bits(y),
               cases[i].want);
     }
     float nan = from_bits(0x7fc00001u), y;
-    loom_round_bf16(&y, &nan, 1);
+    loom_round_bf16(dev, &y, &nan, 1);
     CHECK(isnan(y), "NaN stays NaN");
     /* many random values against the reference */
     const size_t n = 100000;
     float *x = malloc(n * sizeof *x), *r = malloc(n * sizeof *r);
     loom_rng_key k = loom_rng_key_make(9, "bf16");
     for (size_t i = 0; i < n; i++) x[i] = (float)(loom_rng_u64(k, i) >> 40) * 1e-3f - 8000.0f;
-    loom_round_bf16(r, x, n);
+    loom_round_bf16(dev, r, x, n);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += to_bits(r[i]) != to_bits(ref_round(x[i]));
     CHECK(bad == 0, "%zu of %zu random values rounded differently", bad, n);
@@ -165,13 +166,13 @@ static void test_sum(void) {
     CHECK((x[4] & 0x7f80) == 0x7f80 && (x[4] & 0x7f), "NaN + 1 is NaN: 0x%04x", x[4]);
 }
 
-static void test_pack(void) {
+static void test_pack(loom_device *dev) {
     enum { N = 10007 }; /* not a multiple of the kernels' block */
     static float src[N], back[N];
     static uint16_t h[N];
     for (int i = 0; i < N; i++) src[i] = from_bits((next32() & 0x3fffffffu) | 0x30000000u) * (i % 2 ? 1.f : -1.f);
-    loom_bf16_pack(h, src, N);
-    loom_bf16_unpack(back, h, N);
+    loom_bf16_pack(dev, h, src, N);
+    loom_bf16_unpack(dev, back, h, N);
     int bad = 0;
     for (int i = 0; i < N; i++) bad += h[i] != ref_round_exact(src[i]) || to_bits(back[i]) != (uint32_t)h[i] << 16;
     CHECK(bad == 0, "pack/unpack: %d of %d values wrong", bad, N);
@@ -188,8 +189,8 @@ static void test_pack(void) {
         uint32_t expo = (uint32_t)(i / 12 % 256), low = lows[i % 12], sign = (uint32_t)(i / 3072) << 31;
         sp[i] = from_bits(sign | expo << 23 | (low & 0x7fffffu));
     }
-    loom_bf16_pack(hp, sp, M);
-    loom_round_bf16(r, sp, M);
+    loom_bf16_pack(dev, hp, sp, M);
+    loom_round_bf16(dev, r, sp, M);
     int badv = 0;
     for (int i = 0; i < M; i++) {
         float want = loom_bf16_round(sp[i]);
@@ -198,7 +199,8 @@ static void test_pack(void) {
     CHECK(badv == 0, "vector pack/round vs scalar on special patterns: %d of %d differ", badv, M);
 }
 
-static void test_gemm(void) {
+/* The same product on a bf16 device and on an fp32 one. */
+static void test_gemm(loom_device *bf16, loom_device *fp32) {
     const int N = 37, C = 64, OC = 48;
     float *in = malloc(sizeof(float) * N * C), *w = malloc(sizeof(float) * C * OC);
     float *out = malloc(sizeof(float) * N * OC), *out32 = malloc(sizeof(float) * N * OC);
@@ -206,10 +208,8 @@ static void test_gemm(void) {
     loom_rng_fill_normal(loom_rng_key_make(1, "in"), 0, in, (size_t)N * C, 1.0f);
     loom_rng_fill_normal(loom_rng_key_make(1, "w"), 0, w, (size_t)C * OC, 0.1f);
     loom_rng_fill_normal(loom_rng_key_make(1, "b"), 0, b, (size_t)OC, 0.1f);
-    loom_kernels_set_precision(1);
-    loom_matmul_fwd(out, in, w, b, N, C, OC);
-    loom_kernels_set_precision(0);
-    loom_matmul_fwd(out32, in, w, b, N, C, OC);
+    loom_matmul_fwd(bf16, out, in, w, b, N, C, OC);
+    loom_matmul_fwd(fp32, out32, in, w, b, N, C, OC);
     double worst = 0, worst32 = 0, scale = 0;
     for (int i = 0; i < N; i++)
         for (int j = 0; j < OC; j++) {
@@ -232,10 +232,13 @@ static void test_gemm(void) {
 }
 
 int main(void) {
-    test_round();
+    loom_device *fp32 = test_cpu_device(1, 0), *bf16 = test_cpu_device(1, 1);
+    test_round(fp32);
     test_round_random();
     test_sum();
-    test_pack();
-    test_gemm();
+    test_pack(fp32);
+    test_gemm(bf16, fp32);
+    loom_device_free(fp32);
+    loom_device_free(bf16);
     return check_done();
 }

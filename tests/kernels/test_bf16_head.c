@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kernels/cpu/kern_internal.h"
 #include "kref.h"
 #include "loom/bf16.h"
@@ -34,6 +35,8 @@
 #include "loom/kernels.h"
 
 enum { V = 701, LDA = 709, C = 200, K = 1101 }; /* vocabulary, its padded stride, channels, tokens */
+
+static loom_device *dev; /* the CPU in bf16, one thread */
 
 /* C0 + A^T B in double, A (K, lda) x (M columns), B (K, N). */
 static double *ref_tn(const float *a, int lda, const float *b, const float *c0, int M, int N) {
@@ -50,25 +53,26 @@ static double *ref_tn(const float *a, int lda, const float *b, const float *c0, 
 static uint16_t *to_bf16(const float *x, size_t n) {
     uint16_t *h = malloc(n * sizeof *h);
     CHECK(h != NULL, "out of memory");
-    loom_bf16_pack(h, x, n);
+    loom_bf16_pack(dev, h, x, n);
     return h;
 }
 
 /* kern_bf16_head_dw on rows [0, m) and columns [0, n) of the whole product,
- * on nth threads, starting from c0 (beta 1) into an m x n buffer. */
+ * on nth threads (a context of its own), starting from c0 (beta 1) into an
+ * m x n buffer. */
 static float *direct_part(const uint16_t *a16, const uint16_t *b16, const float *c0, int m, int n, int nth) {
     float *c = kr_floats((size_t)m * n);
     for (int i = 0; i < m; i++) memcpy(c + (size_t)i * n, c0 + (size_t)i * C, (size_t)n * sizeof *c);
-    loom_kernels_set_threads(nth);
-    CHECK(kern_bf16_head_dw(m, n, K, a16, LDA, b16, C, 1.0f, c, n), "kern_bf16_head_dw ran out of memory");
-    loom_kernels_set_threads(1);
+    loom_cpu_ctx *ctx = loom_cpu_ctx_create(nth, 1);
+    CHECK(ctx && kern_bf16_head_dw(ctx, m, n, K, a16, LDA, b16, C, 1.0f, c, n), "kern_bf16_head_dw ran out of memory");
+    loom_cpu_ctx_free(ctx);
     return c;
 }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "auto";
     kr_seed(29);
-    loom_kernels_set_precision(1);
+    dev = test_cpu_device(1, 1);
     const loom_cpu_features *f = loom_cpu_features_get();
     const int units = f->avx512_bf16 && f->os_avx512 && f->avx512bw && f->avx512vl;
     const int amx = f->amx_bf16 && f->os_amx;
@@ -85,17 +89,16 @@ int main(int argc, char **argv) {
     float *dlog = kr_rand_floats((size_t)K * LDA, -1, 1), *x = kr_rand_floats((size_t)K * C, -1, 1);
     float *wte = kr_rand_floats((size_t)V * C, -1, 1), *c0 = kr_rand_floats((size_t)V * C, -1, 1);
     float *dlr = kr_floats((size_t)K * LDA), *xr = kr_floats((size_t)K * C);
-    loom_round_bf16(dlr, dlog, (size_t)K * LDA);
-    loom_round_bf16(xr, x, (size_t)K * C);
+    loom_round_bf16(dev, dlr, dlog, (size_t)K * LDA);
+    loom_round_bf16(dev, xr, x, (size_t)K * C);
     double *near = ref_tn(dlr, LDA, xr, c0, V, C), *far = ref_tn(dlog, LDA, x, c0, V, C);
 
     /* through the model's API: dwte += dlogits^T x (the head's backward);
      * the API takes dlogits with stride V: the same values, packed */
     float *dpk = kr_floats((size_t)K * V);
     for (int k = 0; k < K; k++) memcpy(dpk + (size_t)k * V, dlog + (size_t)k * LDA, V * sizeof *dpk);
-    loom_kernels_set_threads(1);
     float *dwte = kr_copy(c0, (size_t)V * C);
-    loom_matmul_nt_bwd(NULL, dwte, dpk, x, wte, K, C, V);
+    loom_matmul_nt_bwd(dev, NULL, dwte, dpk, x, wte, K, C, V);
     double e_near = kr_err(dwte, near, (size_t)V * C), e_far = kr_err(dwte, far, (size_t)V * C);
     CHECK(e_near <= KR_FWD_TOL, "head weight gradient: %.3g from the product of the bf16-rounded operands", e_near);
     CHECK(e_far >= 1e-4, "head weight gradient: only %.3g from the fp32 product: operands not rounded?", e_far);
@@ -105,6 +108,7 @@ int main(int argc, char **argv) {
     if (!units) {
         printf("no AVX512-BF16 here: loom's kernel cannot run; done\n");
         free(dpk);
+        loom_device_free(dev);
         return check_done();
     }
     uint16_t *a16 = to_bf16(dlog, (size_t)K * LDA), *b16 = to_bf16(x, (size_t)K * C);
@@ -117,9 +121,10 @@ int main(int argc, char **argv) {
     {
         uint16_t *d16 = to_bf16(dpk, (size_t)K * V);
         float *mine = kr_copy(c0, (size_t)V * C), *dn = kr_copy(c0, (size_t)V * C);
-        CHECK(kern_bf16_head_dw(V, C, K, d16, V, b16, C, 1.0f, mine, C), "kern_bf16_head_dw ran out of memory");
+        CHECK(kern_bf16_head_dw(dev->ctx, V, C, K, d16, V, b16, C, 1.0f, mine, C),
+              "kern_bf16_head_dw ran out of memory");
         if (provider == KERN_BF16_WHOLE) {
-            CHECK(kern_dnnl_gemm(CblasTrans, CblasNoTrans, V, C, K, 1.0f, d16, V, b16, C, 1.0f, dn, C),
+            CHECK(kern_dnnl_gemm(1, CblasTrans, CblasNoTrans, V, C, K, 1.0f, d16, V, b16, C, 1.0f, dn, C),
                   "oneDNN refused the head's weight gradient");
             CHECK(!kr_same_bits(mine, dn, (size_t)V * C), "loom's kernel and oneDNN give the same bits here; the "
                   "route is not seen");
@@ -137,7 +142,8 @@ int main(int argc, char **argv) {
     /* beta 0 over NaN: the old C is not read */
     float *fresh = kr_floats((size_t)V * C);
     kr_fill_nan(fresh, (size_t)V * C);
-    CHECK(kern_bf16_head_dw(V, C, K, a16, LDA, b16, C, 0.0f, fresh, C), "kern_bf16_head_dw ran out of memory");
+    CHECK(kern_bf16_head_dw(dev->ctx, V, C, K, a16, LDA, b16, C, 0.0f, fresh, C),
+          "kern_bf16_head_dw ran out of memory");
     double *near0 = ref_tn(dlr, LDA, xr, NULL, V, C);
     e = kr_err(fresh, near0, (size_t)V * C);
     CHECK(e <= KR_FWD_TOL, "beta 0 over NaN: %.3g from the rounded product", e);
@@ -160,5 +166,6 @@ int main(int argc, char **argv) {
            "columns cut, 1 and 2 threads: the same bits\n", V, LDA, C, K, e);
     free(a16), free(b16), free(whole), free(fresh), free(near0), free(dpk);
     free(dlog), free(x), free(wte), free(c0), free(dlr), free(xr), free(near), free(far), free(dwte);
+    loom_device_free(dev);
     return check_done();
 }

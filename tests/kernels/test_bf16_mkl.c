@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
 #include "loom/cpu.h"
 #include "loom/kernels.h"
@@ -38,9 +39,9 @@ static void ref_gemm(double *c, const float *a, int ta, const float *b, int tb, 
         }
 }
 
-static float *rounded(const float *x, size_t n) {
+static float *rounded(loom_device *dev, const float *x, size_t n) {
     float *r = kr_floats(n);
-    loom_round_bf16(r, x, n);
+    loom_round_bf16(dev, r, x, n);
     return r;
 }
 
@@ -54,24 +55,25 @@ static void check_pair(const float *out, const double *near, const double *far, 
           threads, e_far);
 }
 
+/* The products on a bf16 device of `threads` threads. */
 static void run(int threads) {
     enum { N = 96, C = 80, OC = 240, V = 500 }; /* rows, in, out, vocab */
-    loom_kernels_set_threads(threads);
+    loom_device *dev = test_cpu_device(threads, 1);
     float *x = kr_rand_floats(N * C, -1, 1), *w = kr_rand_floats(C * OC, -1, 1);
     float *bias = kr_rand_floats(OC, -1, 1), *dy = kr_rand_floats(N * OC, -1, 1);
     float *wte = kr_rand_floats((size_t)V * C, -1, 1);
-    float *xr = rounded(x, N * C), *wr = rounded(w, C * OC), *dyr = rounded(dy, N * OC);
-    float *wter = rounded(wte, (size_t)V * C);
+    float *xr = rounded(dev, x, N * C), *wr = rounded(dev, w, C * OC), *dyr = rounded(dev, dy, N * OC);
+    float *wter = rounded(dev, wte, (size_t)V * C);
     double *near = kr_doubles((size_t)N * V), *far = kr_doubles((size_t)N * V);
 
     float *out = kr_floats(N * OC); /* NN + bias */
-    loom_matmul_fwd(out, x, w, bias, N, C, OC);
+    loom_matmul_fwd(dev, out, x, w, bias, N, C, OC);
     ref_gemm(near, xr, 0, wr, 0, bias, N, OC, C);
     ref_gemm(far, x, 0, w, 0, bias, N, OC, C);
     check_pair(out, near, far, (size_t)N * OC, "matmul fwd (NN, bias)", threads);
 
     float *dx = calloc(N * C, sizeof *dx), *dw = calloc(C * OC, sizeof *dw);
-    loom_matmul_bwd(dx, dw, NULL, dy, x, w, N, C, OC);
+    loom_matmul_bwd(dev, dx, dw, NULL, dy, x, w, N, C, OC);
     ref_gemm(near, dyr, 0, wr, 1, NULL, N, C, OC); /* dx = dy w^T */
     ref_gemm(far, dy, 0, w, 1, NULL, N, C, OC);
     check_pair(dx, near, far, (size_t)N * C, "matmul bwd dinp (NT)", threads);
@@ -80,7 +82,7 @@ static void run(int threads) {
     check_pair(dw, near, far, (size_t)C * OC, "matmul bwd dw (TN)", threads);
 
     float *logits = kr_floats((size_t)N * V); /* LM head: x wte^T, N < V: split by columns */
-    loom_matmul_nt_fwd(logits, x, wte, N, C, V);
+    loom_matmul_nt_fwd(dev, logits, x, wte, N, C, V);
     ref_gemm(near, xr, 0, wter, 1, NULL, N, V, C);
     ref_gemm(far, x, 0, wte, 1, NULL, N, V, C);
     check_pair(logits, near, far, (size_t)N * V, "LM head fwd (NT)", threads);
@@ -90,9 +92,9 @@ static void run(int threads) {
        * the bf16 copies (gemm.c) */
         enum { VL = 2000 + 53 };
         float *dlong = kr_rand_floats((size_t)N * VL, -1, 1), *wlong = kr_rand_floats((size_t)VL * C, -1, 1);
-        float *dlr = rounded(dlong, (size_t)N * VL), *wlr = rounded(wlong, (size_t)VL * C);
+        float *dlr = rounded(dev, dlong, (size_t)N * VL), *wlr = rounded(dev, wlong, (size_t)VL * C);
         float *dxl = calloc(N * C, sizeof *dxl);
-        loom_matmul_nt_bwd(dxl, NULL, dlong, x, wlong, N, C, VL);
+        loom_matmul_nt_bwd(dev, dxl, NULL, dlong, x, wlong, N, C, VL);
         ref_gemm(near, dlr, 0, wlr, 0, NULL, N, C, VL);
         ref_gemm(far, dlong, 0, wlong, 0, NULL, N, C, VL);
         check_pair(dxl, near, far, (size_t)N * C, "long-K head dinp (NN)", threads);
@@ -107,14 +109,14 @@ static void run(int threads) {
     float *dx1 = calloc(N * C, sizeof *dx1), *dwte1 = calloc((size_t)V * C, sizeof *dwte1);
     float *dx2 = calloc(N * C, sizeof *dx2), *dwte2 = calloc((size_t)V * C, sizeof *dwte2);
     float *lg2 = kr_floats((size_t)N * V);
-    loom_matmul_nt_bwd(dx1, NULL, dl, x, wte, N, C, V);
-    loom_matmul_nt_bwd(NULL, dwte1, dl, x, wte, N, C, V);
-    loom_gemm_keep(wte, (size_t)V * C);
-    loom_gemm_keep(dl, (size_t)N * V);
-    loom_gemm_keep(x, (size_t)N * C); /* a third: not kept, still right */
-    loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
-    loom_matmul_nt_bwd(NULL, dwte2, dl, x, wte, N, C, V);
-    loom_matmul_nt_bwd(dx2, NULL, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, dx1, NULL, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, NULL, dwte1, dl, x, wte, N, C, V);
+    loom_gemm_keep(dev, wte, (size_t)V * C);
+    loom_gemm_keep(dev, dl, (size_t)N * V);
+    loom_gemm_keep(dev, x, (size_t)N * C); /* a third: not kept, still right */
+    loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, NULL, dwte2, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, dx2, NULL, dl, x, wte, N, C, V);
     CHECK(!memcmp(lg2, logits, (size_t)N * V * sizeof *lg2), "kept wte: LM head fwd differs, %d thread(s)",
           threads);
     CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "kept dlogits, wte: head dinp differs, %d thread(s)",
@@ -122,21 +124,21 @@ static void run(int threads) {
     CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1), "kept dlogits: head dwte differs, %d thread(s)",
           threads);
     for (size_t i = 0; i < (size_t)N * V; i++) dl[i] = -0.5f * dl[i] + 0.25f; /* changed ... */
-    loom_gemm_keep(dl, (size_t)N * V);                                       /* ... and kept again */
+    loom_gemm_keep(dev, dl, (size_t)N * V);                                       /* ... and kept again */
     memset(dx1, 0, N * C * sizeof *dx1);
-    loom_matmul_nt_bwd(dx1, NULL, dl, x, wte, N, C, V);
-    loom_gemm_unkeep(NULL);
+    loom_matmul_nt_bwd(dev, dx1, NULL, dl, x, wte, N, C, V);
+    loom_gemm_unkeep(dev, NULL);
     memset(dx2, 0, N * C * sizeof *dx2);
-    loom_matmul_nt_bwd(dx2, NULL, dl, x, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, dx2, NULL, dl, x, wte, N, C, V);
     CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1),
           "kept again after a change: the old conversion was used, %d thread(s)", threads);
-    loom_gemm_keep(wte, (size_t)V * C);
-    loom_matmul_nt_fwd(lg2, x, wte, N, C, V); /* converted and kept */
-    loom_gemm_unkeep(wte);
+    loom_gemm_keep(dev, wte, (size_t)V * C);
+    loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V); /* converted and kept */
+    loom_gemm_unkeep(dev, wte);
     for (size_t i = 0; i < (size_t)V * C; i++) wte[i] = 0.5f - wte[i]; /* changed after unkeep */
-    loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
-    loom_gemm_keep(NULL, 0); /* ignored */
-    float *wter2 = rounded(wte, (size_t)V * C);
+    loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V);
+    loom_gemm_keep(dev, NULL, 0); /* ignored */
+    float *wter2 = rounded(dev, wte, (size_t)V * C);
     ref_gemm(near, xr, 0, wter2, 1, NULL, N, V, C);
     CHECK(kr_err(lg2, near, (size_t)N * V) <= 1e-5, "after unkeep: the old wte was used, %d thread(s)", threads);
     free(wter2);
@@ -161,16 +163,16 @@ static void run(int threads) {
         memset(dx2, 0, N * C * sizeof *dx2), memset(dwte2, 0, (size_t)V * C * sizeof *dwte2);
         /* first, so the keep buffer it fills still holds another tensor's
          * conversion (dl's, above): a row it failed to write shows */
-        CHECK(loom_vxent_local_grad(ls2, z2, tg, N, V, Vv, dloss) == 1, "no vxent_local_grad");
-        loom_matmul_nt_bwd(NULL, dwte2, z2, x, wte, N, C, V);
-        loom_matmul_nt_bwd(dx2, NULL, z2, x, wte, N, C, V);
-        loom_gemm_unkeep(z2);
-        CHECK(loom_vxent_local(ls1, z1, tg, N, V, Vv) == 1, "no vxent_local");
-        loom_vxent_bwd(z1, z1, tg, dloss, 0, N, V);
-        loom_gemm_keep(z1, (size_t)N * V);
-        loom_matmul_nt_bwd(NULL, dwte1, z1, x, wte, N, C, V);
-        loom_matmul_nt_bwd(dx1, NULL, z1, x, wte, N, C, V);
-        loom_gemm_unkeep(z1);
+        CHECK(loom_vxent_local_grad(dev, ls2, z2, tg, N, V, Vv, dloss) == 1, "no vxent_local_grad");
+        loom_matmul_nt_bwd(dev, NULL, dwte2, z2, x, wte, N, C, V);
+        loom_matmul_nt_bwd(dev, dx2, NULL, z2, x, wte, N, C, V);
+        loom_gemm_unkeep(dev, z2);
+        CHECK(loom_vxent_local(dev, ls1, z1, tg, N, V, Vv) == 1, "no vxent_local");
+        loom_vxent_bwd(dev, z1, z1, tg, dloss, 0, N, V);
+        loom_gemm_keep(dev, z1, (size_t)N * V);
+        loom_matmul_nt_bwd(dev, NULL, dwte1, z1, x, wte, N, C, V);
+        loom_matmul_nt_bwd(dev, dx1, NULL, z1, x, wte, N, C, V);
+        loom_gemm_unkeep(dev, z1);
         CHECK(!memcmp(ls1, ls2, N * sizeof *ls1), "vxent_local_grad: losses differ, %d thread(s)", threads);
         CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "vxent_local_grad: head dinp differs, %d thread(s)",
               threads);
@@ -187,36 +189,36 @@ static void run(int threads) {
     {
         const size_t nw = (size_t)V * C;
         float *lg_conv = kr_floats((size_t)N * V);
-        loom_gemm_unkeep(NULL);
-        loom_matmul_nt_fwd(lg_conv, x, wte, N, C, V); /* converted at the use */
-        CHECK(loom_gemm_keeps_bf16() == 1, "bf16 precision with a provider: kept copies should be bf16");
-        uint16_t *fill = loom_gemm_keep_fill(wte, nw);
+        loom_gemm_unkeep(dev, NULL);
+        loom_matmul_nt_fwd(dev, lg_conv, x, wte, N, C, V); /* converted at the use */
+        CHECK(loom_gemm_keeps_bf16(dev) == 1, "bf16 precision with a provider: kept copies should be bf16");
+        uint16_t *fill = loom_gemm_keep_fill(dev, wte, nw);
         CHECK(fill != NULL, "no buffer for a kept copy the caller writes");
         if (fill) {
             memset(fill, 0, nw * sizeof *fill);
-            loom_gemm_keep_filled(wte, 1);
-            loom_matmul_nt_fwd(lg2, x, wte, N, C, V); /* filled, not kept yet: converts */
+            loom_gemm_keep_filled(dev, wte, 1);
+            loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V); /* filled, not kept yet: converts */
             CHECK(!memcmp(lg2, lg_conv, (size_t)N * V * sizeof *lg2),
                   "a filled copy was used before it was kept, %d thread(s)", threads);
-            loom_gemm_unkeep(wte);
-            fill = loom_gemm_keep_fill(wte, nw);
+            loom_gemm_unkeep(dev, wte);
+            fill = loom_gemm_keep_fill(dev, wte, nw);
             memset(fill, 0, nw * sizeof *fill);
-            loom_gemm_keep_filled(wte, 1);
-            loom_gemm_keep(wte, nw); /* kept: the filled bits, zeros here */
-            loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+            loom_gemm_keep_filled(dev, wte, 1);
+            loom_gemm_keep(dev, wte, nw); /* kept: the filled bits, zeros here */
+            loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V);
             float worst = 0;
             for (size_t i = 0; i < (size_t)N * V; i++) worst = fmaxf(worst, fabsf(lg2[i]));
             CHECK(worst == 0, "a filled and kept copy was converted again (|logit| up to %g), %d thread(s)",
                   worst, threads);
-            loom_gemm_unkeep(wte);
-            fill = loom_gemm_keep_fill(wte, nw);
+            loom_gemm_unkeep(dev, wte);
+            fill = loom_gemm_keep_fill(dev, wte, nw);
             memset(fill, 0, nw * sizeof *fill);
-            loom_gemm_keep_filled(wte, 0); /* not all written */
-            loom_gemm_keep(wte, nw);
-            loom_matmul_nt_fwd(lg2, x, wte, N, C, V);
+            loom_gemm_keep_filled(dev, wte, 0); /* not all written */
+            loom_gemm_keep(dev, wte, nw);
+            loom_matmul_nt_fwd(dev, lg2, x, wte, N, C, V);
             CHECK(!memcmp(lg2, lg_conv, (size_t)N * V * sizeof *lg2),
                   "an incomplete fill was used, %d thread(s)", threads);
-            loom_gemm_unkeep(wte);
+            loom_gemm_unkeep(dev, wte);
         }
         free(lg_conv);
     }
@@ -224,6 +226,7 @@ static void run(int threads) {
     free(dl), free(dx1), free(dwte1), free(dx2), free(dwte2), free(lg2);
     free(x), free(w), free(bias), free(dy), free(wte), free(xr), free(wr), free(dyr), free(wter);
     free(near), free(far), free(out), free(dx), free(dw), free(logits);
+    loom_device_free(dev);
 }
 
 int main(int argc, char **argv) {
@@ -248,10 +251,8 @@ int main(int argc, char **argv) {
     }
     if (have) {
         kr_seed(17);
-        loom_kernels_set_precision(1);
         run(1);
         run(2);
-        loom_kernels_set_precision(0);
     }
     return check_done();
 }

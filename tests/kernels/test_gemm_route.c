@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kernels/cpu/kern_internal.h"
 #include "kref.h"
 #include "loom/cpu.h"
@@ -67,9 +68,8 @@ typedef struct {
 static float *direct(const product *p, int dnnl) {
     float *c = kr_floats((size_t)p->M * p->N);
     memcpy(c, p->c0, (size_t)p->M * p->N * sizeof *c);
-    loom_kernels_set_threads(1);
     if (dnnl)
-        CHECK(kern_dnnl_sgemm(p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c, p->N),
+        CHECK(kern_dnnl_sgemm(1, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c, p->N),
               "%s: oneDNN refused the product", p->name);
     else
         cblas_sgemm(CblasRowMajor, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c,
@@ -110,9 +110,9 @@ static void check_product(const product *p, int dnnl_ready) {
 static float *fwd_part(const float *x, const float *w, const float *bias, int m, int oc, int nth) {
     float *wpart = kr_floats((size_t)CI * oc), *out = kr_floats((size_t)m * oc);
     for (int i = 0; i < CI; i++) memcpy(wpart + (size_t)i * oc, w + (size_t)i * OC, (size_t)oc * sizeof *w);
-    loom_kernels_set_threads(nth);
-    loom_matmul_fwd(out, x, wpart, bias, m, CI, oc);
-    loom_kernels_set_threads(1);
+    loom_device *dev = test_cpu_device(nth, 0);
+    loom_matmul_fwd(dev, out, x, wpart, bias, m, CI, oc);
+    loom_device_free(dev);
     free(wpart);
     return out;
 }
@@ -139,13 +139,13 @@ static void check_cuts(const float *x, const float *w, const float *bias) {
 }
 
 /* Forward products of 1, 2, ..., 100 rows, then 1..10 again. */
-static void check_many_shapes(const float *x, const float *w, const float *bias, const float *whole) {
+static void check_many_shapes(loom_device *dev, const float *x, const float *w, const float *bias, const float *whole) {
     float *out = kr_floats((size_t)NT * OC);
     double *ref = kr_widen(whole, (size_t)NT * OC);
     double worst = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int m = 1; m <= (pass ? 10 : 100); m++) {
-            loom_matmul_fwd(out, x, w, bias, m, CI, OC);
+            loom_matmul_fwd(dev, out, x, w, bias, m, CI, OC);
             double e = kr_err(out, ref, (size_t)m * OC);
             worst = e > worst ? e : worst;
             CHECK(e <= KR_FWD_TOL, "forward of %d rows (pass %d): rel err %.3g against the whole product", m,
@@ -183,17 +183,17 @@ int main(int argc, char **argv) {
     float *bias_rows = kr_floats((size_t)NT * OC);
     for (int i = 0; i < NT; i++) memcpy(bias_rows + (size_t)i * OC, bias, OC * sizeof *bias);
 
-    loom_kernels_set_threads(1);
+    loom_device *dev = test_cpu_device(1, 0);
     float *fwd = kr_floats((size_t)NT * OC), *logits = kr_floats((size_t)NT * VL);
-    loom_matmul_fwd(fwd, x, w, bias, NT, CI, OC);
-    loom_matmul_nt_fwd(logits, x, wte, NT, CI, VL);
+    loom_matmul_fwd(dev, fwd, x, w, bias, NT, CI, OC);
+    loom_matmul_nt_fwd(dev, logits, x, wte, NT, CI, VL);
     float *dx = kr_copy(c0x, (size_t)NT * CI), *dw = kr_copy(c0w, (size_t)CI * OC);
-    loom_matmul_bwd(dx, dw, NULL, dy, x, w, NT, CI, OC);
+    loom_matmul_bwd(dev, dx, dw, NULL, dy, x, w, NT, CI, OC);
     float *dxh = kr_copy(c0x, (size_t)NT * CI), *dwte = kr_copy(c0e, (size_t)VL * CI);
-    loom_matmul_nt_bwd(dxh, dwte, dlog, x, wte, NT, CI, VL);
+    loom_matmul_nt_bwd(dev, dxh, dwte, dlog, x, wte, NT, CI, VL);
     float *wte2 = kr_rand_floats((size_t)VL * OC, -1, 1), *c0x2 = kr_rand_floats((size_t)NT * OC, -1, 1);
     float *dxh2 = kr_copy(c0x2, (size_t)NT * OC); /* a model OC = 640 wide */
-    loom_matmul_nt_bwd(dxh2, NULL, dlog, NULL, wte2, NT, OC, VL);
+    loom_matmul_nt_bwd(dev, dxh2, NULL, dlog, NULL, wte2, NT, OC, VL);
 
     const product ps[] = {
         {"linear forward (with bias)", CblasNoTrans, CblasNoTrans, NT, OC, CI, x, w, CI, OC, fwd, bias_rows, 0},
@@ -207,10 +207,11 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) check_product(&ps[i], ready);
     if (ready) check_cuts(x, w, bias);
-    check_many_shapes(x, w, bias, fwd);
+    check_many_shapes(dev, x, w, bias, fwd);
 
     free(x), free(w), free(bias), free(dy), free(wte), free(dlog), free(zero), free(c0x), free(c0w), free(c0e);
     free(bias_rows), free(fwd), free(logits), free(dx), free(dw), free(dxh), free(dwte), free(wte2), free(c0x2);
     free(dxh2);
+    loom_device_free(dev);
     return check_done();
 }

@@ -14,8 +14,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 typedef struct {
     int B, T, C, NH;
@@ -70,7 +73,7 @@ static void test_attention(int B, int T, int C, int NH, double qk_range) {
     float *out = kr_floats(nout), *lse = kr_floats(nlse), *dout = kr_rand_floats(nout, -1, 1);
     kr_fill_nan(out, nout);
     kr_fill_nan(lse, nlse);
-    loom_attention_fwd(out, lse, qkv, B, T, C, NH);
+    loom_attention_fwd(dev, out, lse, qkv, B, T, C, NH);
 
     att_ref ref = {B, T, C, NH, kr_widen(qkv, nqkv), kr_widen(dout, nout), kr_doubles(nout),
                    kr_doubles(nlse)};
@@ -83,9 +86,9 @@ static void test_attention(int B, int T, int C, int NH, double qk_range) {
     double *fd = kr_doubles(nqkv);
     kr_fd_grad(fd, ref.qkv, nqkv, att_objective, &ref);
     kr_acc dqkv = kr_acc_new(nqkv);
-    loom_attention_bwd(dqkv.g, dout, qkv, out, lse, B, T, C, NH);
+    loom_attention_bwd(dev, dqkv.g, dout, qkv, out, lse, B, T, C, NH);
     kr_acc_snap(&dqkv);
-    loom_attention_bwd(dqkv.g, dout, qkv, out, lse, B, T, C, NH);
+    loom_attention_bwd(dev, dqkv.g, dout, qkv, out, lse, B, T, C, NH);
     kr_acc_check(&dqkv, fd, what);
 
     kr_acc_free(&dqkv);
@@ -99,9 +102,9 @@ static void test_attention_large_scores(void) {
     size_t nqkv = (size_t)B * T * 3 * C;
     float *qkv = kr_rand_floats(nqkv, -100, 100);
     float out[9 * 8], lse[1 * 2 * 9];
-    loom_attention_fwd(out, lse, qkv, B, T, C, NH);
-    CHECK(loom_all_finite(out, sizeof out / sizeof *out), "large scores: out not finite");
-    CHECK(loom_all_finite(lse, sizeof lse / sizeof *lse), "large scores: lse not finite");
+    loom_attention_fwd(dev, out, lse, qkv, B, T, C, NH);
+    CHECK(loom_all_finite(dev, out, sizeof out / sizeof *out), "large scores: out not finite");
+    CHECK(loom_all_finite(dev, lse, sizeof lse / sizeof *lse), "large scores: lse not finite");
     free(qkv);
 }
 
@@ -132,13 +135,13 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
     float *out = kr_floats(nout), *lse = kr_floats(nlse), *out2 = kr_floats(nout);
     float *lse2 = kr_floats(nlse), *acc = kr_floats(nout), *acclse = kr_floats(nlse);
     size_t o_bs = (size_t)mq * C;
-    long tiles = loom_attention_part_fwd(&p1, out, o_bs, C, lse, 0);
-    tiles += loom_attention_part_fwd(&p2, out2, o_bs, C, lse2, 0);
+    long tiles = loom_attention_part_fwd(dev, &p1, out, o_bs, C, lse, 0);
+    tiles += loom_attention_part_fwd(dev, &p2, out2, o_bs, C, lse2, 0);
     CHECK(tiles == loom_attention_tiles(&p1) + loom_attention_tiles(&p2) && tiles > 0,
           "%s: tiles %ld", what, tiles);
-    loom_attention_merge(out, lse, out2, lse2, o_bs, C, B, mq, NH, HS);
-    loom_attention_part_fwd(&p2, acc, o_bs, C, acclse, 0);
-    loom_attention_part_fwd(&p1, acc, o_bs, C, acclse, 1); /* the other order */
+    loom_attention_merge(dev, out, lse, out2, lse2, o_bs, C, B, mq, NH, HS);
+    loom_attention_part_fwd(dev, &p2, acc, o_bs, C, acclse, 0);
+    loom_attention_part_fwd(dev, &p1, acc, o_bs, C, acclse, 1); /* the other order */
 
     float *r = kr_rand_floats(nout, -1, 1); /* dout of the slice */
     double *rfull = kr_doubles(nfull);
@@ -174,9 +177,9 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
     float *dkv2 = kr_floats(nkv2);
     for (int pass = 0; pass < 2; pass++) {
         memset(dkv2, 0, nkv2 * sizeof *dkv2);
-        loom_attention_part_bwd(&p1, dqkv.g + (size_t)qa * 3 * C, dqkv.g + C, dqkv.g + 2 * C, r,
+        loom_attention_part_bwd(dev, &p1, dqkv.g + (size_t)qa * 3 * C, dqkv.g + C, dqkv.g + 2 * C, r,
                                 out, o_bs, C, lse);
-        loom_attention_part_bwd(&p2, dqkv.g + (size_t)qa * 3 * C, dkv2, dkv2 + C, r, out, o_bs,
+        loom_attention_part_bwd(dev, &p2, dqkv.g + (size_t)qa * 3 * C, dkv2, dkv2 + C, r, out, o_bs,
                                 C, lse);
         for (int b = 0; b < B; b++) /* the ring's dK/dV come home */
             for (int t = 0; t < T2; t++)
@@ -206,7 +209,7 @@ static void test_tiles(void) {
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     kr_seed(3);
     test_attention(2, 5, 12, 3, 1.0);  /* HS = 4 */
     test_attention(1, 1, 6, 2, 1.0);   /* a single position */
@@ -219,5 +222,6 @@ int main(void) {
     test_partial(1, 150, 4, 2, 40, 75, 90);   /* multi-tile; rows that see none of part 2 */
     test_partial(1, 160, 4, 1, 100, 60, 64);  /* queries wholly after part 1 */
     test_tiles();
+    loom_device_free(dev);
     return check_done();
 }

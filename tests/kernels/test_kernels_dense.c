@@ -9,8 +9,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 /* ---- matmul (N,C) @ (C,OC) + b ------------------------------------------ */
 
@@ -43,7 +46,7 @@ static void mm_bwd_subset(int mask, const float *dout, const float *inp, const f
     for (int k = 0; k < 3; k++) {
         g[k] = (mask >> k) & 1 ? calloc(n[k], sizeof(float)) : NULL;
     }
-    loom_matmul_bwd(g[0], g[1], g[2], dout, inp, w, N, C, OC);
+    loom_matmul_bwd(dev, g[0], g[1], g[2], dout, inp, w, N, C, OC);
     for (int k = 0; k < 3; k++) {
         if (!g[k]) continue;
         double e = kr_err(g[k], fd[k], n[k]);
@@ -60,7 +63,7 @@ static void test_matmul(int N, int C, int OC, int with_bias) {
     float *b = with_bias ? kr_rand_floats((size_t)OC, -1, 1) : NULL;
     float *out = kr_floats((size_t)N * OC), *dout = kr_rand_floats((size_t)N * OC, -1, 1);
     kr_fill_nan(out, (size_t)N * OC);
-    loom_matmul_fwd(out, inp, w, b, N, C, OC);
+    loom_matmul_fwd(dev, out, inp, w, b, N, C, OC);
 
     mm_ref ref = {N, C, OC, kr_widen(inp, (size_t)N * C), kr_widen(w, (size_t)C * OC),
                   b ? kr_widen(b, (size_t)OC) : NULL, kr_widen(dout, (size_t)N * OC),
@@ -80,9 +83,9 @@ static void test_matmul(int N, int C, int OC, int with_bias) {
 
     kr_acc dinp = kr_acc_new((size_t)N * C), dw = kr_acc_new((size_t)C * OC);
     kr_acc db = kr_acc_new((size_t)OC);
-    loom_matmul_bwd(dinp.g, dw.g, db.g, dout, inp, w, N, C, OC);
+    loom_matmul_bwd(dev, dinp.g, dw.g, db.g, dout, inp, w, N, C, OC);
     kr_acc_snap(&dinp), kr_acc_snap(&dw), kr_acc_snap(&db);
-    loom_matmul_bwd(dinp.g, dw.g, db.g, dout, inp, w, N, C, OC);
+    loom_matmul_bwd(dev, dinp.g, dw.g, db.g, dout, inp, w, N, C, OC);
     kr_acc_check(&dinp, fd_inp, "matmul dinp");
     kr_acc_check(&dw, fd_w, "matmul dw");
     kr_acc_check(&db, fd_b, "matmul db");
@@ -123,7 +126,7 @@ static void test_matmul_nt(int N, int C, int V) {
     float *inp = kr_rand_floats((size_t)N * C, -1, 1), *wte = kr_rand_floats((size_t)V * C, -1, 1);
     float *out = kr_floats((size_t)N * V), *dout = kr_rand_floats((size_t)N * V, -1, 1);
     kr_fill_nan(out, (size_t)N * V);
-    loom_matmul_nt_fwd(out, inp, wte, N, C, V);
+    loom_matmul_nt_fwd(dev, out, inp, wte, N, C, V);
 
     nt_ref ref = {N, C, V, kr_widen(inp, (size_t)N * C), kr_widen(wte, (size_t)V * C),
                   kr_widen(dout, (size_t)N * V), kr_doubles((size_t)N * V)};
@@ -136,20 +139,20 @@ static void test_matmul_nt(int N, int C, int V) {
     kr_fd_grad(fd_wte, ref.wte, (size_t)V * C, nt_objective, &ref);
 
     kr_acc dinp = kr_acc_new((size_t)N * C), dwte = kr_acc_new((size_t)V * C);
-    loom_matmul_nt_bwd(dinp.g, dwte.g, dout, inp, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, dinp.g, dwte.g, dout, inp, wte, N, C, V);
     kr_acc_snap(&dinp), kr_acc_snap(&dwte);
-    loom_matmul_nt_bwd(dinp.g, dwte.g, dout, inp, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, dinp.g, dwte.g, dout, inp, wte, N, C, V);
     kr_acc_check(&dinp, fd_inp, "matmul_nt dinp");
     kr_acc_check(&dwte, fd_wte, "matmul_nt dwte");
 
     /* each output alone, the other NULL */
     float *g = calloc((size_t)N * C, sizeof *g);
-    loom_matmul_nt_bwd(g, NULL, dout, inp, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, g, NULL, dout, inp, wte, N, C, V);
     e = kr_err(g, fd_inp, (size_t)N * C);
     CHECK(e <= KR_BWD_TOL, "%s: dinp alone rel err %.3g", what, e);
     free(g);
     g = calloc((size_t)V * C, sizeof *g);
-    loom_matmul_nt_bwd(NULL, g, dout, inp, wte, N, C, V);
+    loom_matmul_nt_bwd(dev, NULL, g, dout, inp, wte, N, C, V);
     e = kr_err(g, fd_wte, (size_t)V * C);
     CHECK(e <= KR_BWD_TOL, "%s: dwte alone rel err %.3g", what, e);
     free(g);
@@ -167,17 +170,17 @@ static void test_residual(size_t n) {
     double *ref = kr_doubles(n), *fd = kr_widen(dout, n);
     for (size_t i = 0; i < n; i++) ref[i] = (double)a[i] + (double)b[i];
     kr_fill_nan(out, n);
-    loom_residual_fwd(out, a, b, n);
+    loom_residual_fwd(dev, out, a, b, n);
     double e = kr_err(out, ref, n);
     CHECK(e <= KR_FWD_TOL, "residual n=%zu: forward rel err %.3g", n, e);
     float *alias = kr_copy(a, n); /* out may alias a */
-    loom_residual_fwd(alias, alias, b, n);
+    loom_residual_fwd(dev, alias, alias, b, n);
     CHECK(memcmp(alias, out, n * sizeof *out) == 0, "residual n=%zu: aliased forward differs", n);
 
     kr_acc da = kr_acc_new(n), db = kr_acc_new(n);
-    loom_residual_bwd(da.g, db.g, dout, n);
+    loom_residual_bwd(dev, da.g, db.g, dout, n);
     kr_acc_snap(&da), kr_acc_snap(&db);
-    loom_residual_bwd(da.g, db.g, dout, n);
+    loom_residual_bwd(dev, da.g, db.g, dout, n);
     kr_acc_check(&da, fd, "residual da"); /* dL/da = R exactly */
     kr_acc_check(&db, fd, "residual db");
     kr_acc_free(&da), kr_acc_free(&db);
@@ -185,7 +188,7 @@ static void test_residual(size_t n) {
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     kr_seed(1);
     test_matmul(7, 12, 20, 1);
     test_matmul(7, 12, 20, 0);
@@ -195,5 +198,6 @@ int main(void) {
     test_matmul_nt(16, 32, 64);
     test_residual(7);
     test_residual(100003); /* several blocks and a ragged tail */
+    loom_device_free(dev);
     return check_done();
 }

@@ -9,8 +9,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 /* ---- AdamW -------------------------------------------------------------------- */
 
@@ -39,7 +42,7 @@ static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float 
         float *g = kr_rand_floats(n, -1, 1);
         for (size_t i = 0; i < n; i += 7) g[i] = 0.0f; /* eps-dominated entries */
         for (size_t i = 0; i < n; i++) gd[i] = g[i];
-        loom_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t0 + s, 1.0f);
+        loom_adamw_update(dev, p, g, m, v, n, lr, b1, b2, eps, wd, t0 + s, 1.0f);
         adamw_ref(pd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + s);
         free(g);
     }
@@ -52,7 +55,7 @@ static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float 
     float *pc = kr_copy(p0, n);
     double *pcd = kr_widen(p0, n), *dd = kr_doubles(n);
     for (size_t i = 0; i < n; i++) gd[i] = g[i], md[i] = m[i], vd[i] = v[i];
-    loom_adamw_update(pc, g, m, v, n, lr, b1, b2, eps, wd, t0 + steps, 1.0f);
+    loom_adamw_update(dev, pc, g, m, v, n, lr, b1, b2, eps, wd, t0 + steps, 1.0f);
     adamw_ref(pcd, gd, md, vd, n, lr, b1, b2, eps, wd, t0 + steps);
     for (size_t i = 0; i < n; i++) {
         pc[i] -= p0[i];
@@ -70,34 +73,34 @@ static void test_vector_helpers(size_t n) {
     float *x = kr_rand_floats(n, -2, 2);
     double want = 0;
     for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
-    double got = loom_sumsq(x, n);
+    double got = loom_sumsq(dev, x, n);
     CHECK(fabs(got - want) <= 1e-10 * want, "sumsq n=%zu: %.17g want %.17g", n, got, want);
 
     float *y = kr_copy(x, n);
-    loom_scale(y, n, 0.3f);
+    loom_scale(dev, y, n, 0.3f);
     int bad = 0;
     for (size_t i = 0; i < n; i++) bad += y[i] != x[i] * 0.3f;
     CHECK(bad == 0, "scale n=%zu: %d entries differ from x * s", n, bad);
 
-    CHECK(loom_all_finite(x, n), "all_finite n=%zu: finite data reported non-finite", n);
+    CHECK(loom_all_finite(dev, x, n), "all_finite n=%zu: finite data reported non-finite", n);
     float specials[3] = {INFINITY, -INFINITY, NAN};
     size_t where[3] = {0, n / 2, n - 1};
     for (int s = 0; s < 3; s++)
         for (int w = 0; w < 3; w++) {
             float keep = x[where[w]];
             x[where[w]] = specials[s];
-            CHECK(!loom_all_finite(x, n), "all_finite n=%zu: missed %g at %zu", n, specials[s],
+            CHECK(!loom_all_finite(dev, x, n), "all_finite n=%zu: missed %g at %zu", n, specials[s],
                   where[w]);
             x[where[w]] = keep;
         }
     x[0] = 3.4e38f; /* large but finite, and a subnormal */
     x[n - 1] = 1e-45f;
-    CHECK(loom_all_finite(x, n), "all_finite n=%zu: FLT_MAX-ish or subnormal flagged", n);
+    CHECK(loom_all_finite(dev, x, n), "all_finite n=%zu: FLT_MAX-ish or subnormal flagged", n);
     free(x), free(y);
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     kr_seed(4);
     test_adamw(1001, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 5);
     test_adamw(1001, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 5);
@@ -105,5 +108,6 @@ int main(void) {
     test_vector_helpers(1);
     test_vector_helpers(1000);
     test_vector_helpers(100003);
+    loom_device_free(dev);
     return check_done();
 }

@@ -8,9 +8,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kernels/cpu/kern_internal.h"
 #include "kref.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 /* ---- layernorm ------------------------------------------------------------ */
 
@@ -48,7 +51,7 @@ static void test_layernorm(int N, int C, double offset) {
     float *out = kr_floats(nc), *mean = kr_floats((size_t)N), *rstd = kr_floats((size_t)N);
     float *dout = kr_rand_floats(nc, -1, 1);
     kr_fill_nan(out, nc);
-    loom_layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+    loom_layernorm_fwd(dev, out, mean, rstd, inp, w, b, N, C);
 
     ln_ref ref = {N, C, kr_widen(inp, nc), kr_widen(w, (size_t)C), kr_widen(b, (size_t)C),
                   kr_widen(dout, nc), kr_doubles(nc), kr_doubles((size_t)N), kr_doubles((size_t)N)};
@@ -66,17 +69,17 @@ static void test_layernorm(int N, int C, double offset) {
     kr_fd_grad(fd_b, ref.b, (size_t)C, ln_objective, &ref);
 
     kr_acc dinp = kr_acc_new(nc), dw = kr_acc_new((size_t)C), db = kr_acc_new((size_t)C);
-    loom_layernorm_bwd(dinp.g, dw.g, db.g, dout, inp, w, mean, rstd, N, C);
+    loom_layernorm_bwd(dev, dinp.g, dw.g, db.g, dout, inp, w, mean, rstd, N, C);
     kr_acc_snap(&dinp), kr_acc_snap(&dw), kr_acc_snap(&db);
-    loom_layernorm_bwd(dinp.g, dw.g, db.g, dout, inp, w, mean, rstd, N, C);
+    loom_layernorm_bwd(dev, dinp.g, dw.g, db.g, dout, inp, w, mean, rstd, N, C);
     kr_acc_check(&dinp, fd_inp, "layernorm dinp");
     kr_acc_check(&dw, fd_w, "layernorm dw");
     kr_acc_check(&db, fd_b, "layernorm db");
 
     /* NULL outputs take the other (two-loop) path */
     float *g = calloc(nc, sizeof *g), *gw = calloc((size_t)C, sizeof *gw);
-    loom_layernorm_bwd(g, NULL, NULL, dout, inp, w, mean, rstd, N, C);
-    loom_layernorm_bwd(NULL, gw, NULL, dout, inp, w, mean, rstd, N, C);
+    loom_layernorm_bwd(dev, g, NULL, NULL, dout, inp, w, mean, rstd, N, C);
+    loom_layernorm_bwd(dev, NULL, gw, NULL, dout, inp, w, mean, rstd, N, C);
     e = kr_err(g, fd_inp, nc);
     CHECK(e <= KR_BWD_TOL, "%s: dinp alone rel err %.3g", what, e);
     e = kr_err(gw, fd_w, (size_t)C);
@@ -115,7 +118,7 @@ static void test_gelu(size_t n, double lo, double hi) {
     float *inp = kr_rand_floats(n, lo, hi), *out = kr_floats(n), *dout = kr_rand_floats(n, -1, 1);
     inp[0] = 0.0f;
     kr_fill_nan(out, n);
-    loom_gelu_fwd(out, inp, n);
+    loom_gelu_fwd(dev, out, inp, n);
     gelu_ref ref = {n, kr_widen(inp, n), kr_widen(dout, n), kr_doubles(n)};
     gelu_objective(&ref);
     double e = kr_err(out, ref.out, n), worst = 0;
@@ -134,9 +137,9 @@ static void test_gelu(size_t n, double lo, double hi) {
     double *fd = kr_doubles(n);
     kr_fd_grad(fd, ref.inp, n, gelu_objective, &ref);
     kr_acc dinp = kr_acc_new(n);
-    loom_gelu_bwd(dinp.g, inp, dout, n);
+    loom_gelu_bwd(dev, dinp.g, inp, dout, n);
     kr_acc_snap(&dinp);
-    loom_gelu_bwd(dinp.g, inp, dout, n);
+    loom_gelu_bwd(dev, dinp.g, inp, dout, n);
     kr_acc_check(&dinp, fd, "gelu dinp");
 
     kr_acc_free(&dinp);
@@ -148,8 +151,8 @@ static void test_gelu(size_t n, double lo, double hi) {
 static void test_gelu_extremes(void) {
     float x[6] = {-1e4f, -60.0f, -12.0f, 12.0f, 60.0f, 1e4f};
     float y[6], dx[6] = {0}, one[6] = {1, 1, 1, 1, 1, 1};
-    loom_gelu_fwd(y, x, 6);
-    loom_gelu_bwd(dx, x, one, 6);
+    loom_gelu_fwd(dev, y, x, 6);
+    loom_gelu_bwd(dev, dx, x, one, 6);
     for (int i = 0; i < 6; i++) {
         double want = x[i] > 0 ? x[i] : 0.0, dwant = x[i] > 0 ? 1.0 : 0.0;
         CHECK(isfinite(y[i]) && fabs(y[i] - want) <= 1e-6 * fabs(x[i]),
@@ -197,7 +200,7 @@ static void test_sqrtf(void) {
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     kr_seed(2);
     test_layernorm(7, 12, 0.0);
     test_layernorm(5, 1, 0.0);  /* C = 1: output is the bias */
@@ -208,5 +211,6 @@ int main(void) {
     test_gelu_extremes();
     test_expf();
     test_sqrtf();
+    loom_device_free(dev);
     return check_done();
 }

@@ -3,17 +3,18 @@
  * Runs each kernel at sizes that give several OpenMP blocks, column slices
  * and (b, h) pairs, first on one thread and then on two, and compares every
  * output (the one-thread paths are checked against double references in the
- * other kernel tests). Also checks the thread setting itself and the sgemm
- * calibration.
+ * other kernel tests): each count is a device of its own, both alive at
+ * once. Also checks the device's thread setting and the sgemm calibration.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
-#include "loom/backend.h"
 #include "loom/kernels.h"
 
 #define B 3
@@ -48,29 +49,29 @@ static void run_alloc(run_t *r) {
     r->p = kr_copy(r->x, N * C), r->m = calloc(N * C, sizeof(float)), r->v = calloc(N * C, sizeof(float));
 }
 
-static void run_kernels(run_t *r) {
+static void run_kernels(loom_device *dev, run_t *r) {
     float *xbuf = kr_floats(3 * N);
-    loom_embed_fwd(r->enc, r->tok, r->wte + V0 * C, V0, VS, N, C);
-    loom_pos_fwd(r->enc, r->wpe, 0, N / 2, T, C);
-    loom_pos_fwd(r->enc + (N / 2) * C, r->wpe, N / 2, N - N / 2, T, C); /* row0 != 0 */
-    loom_embed_bwd(r->dwte, r->dy, r->tok, V0, VS, N, C);
-    loom_pos_bwd(r->dwpe, r->dy, 0, N / 2, T, C);
-    loom_pos_bwd(r->dwpe, r->dy + (N / 2) * C, N / 2, N - N / 2, T, C);
-    loom_layernorm_fwd(r->ln, r->mean, r->rstd, r->x, r->w, r->bias, N, C);
-    loom_layernorm_bwd(r->dln, r->dlnw, r->dlnb, r->dy, r->x, r->w, r->mean, r->rstd, N, C);
-    loom_matmul_fwd(r->mm, r->x, r->wte, r->bias, N, C, 3 * C); /* wte as a (C,3C) weight */
-    loom_matmul_bwd(r->dmmx, r->dmmw, r->dmmb, r->dqkv_in, r->x, r->wte, N, C, 3 * C);
-    loom_attention_fwd(r->att_out, r->att, r->qkv, B, T, C, NH);
-    loom_attention_bwd(r->dqkv, r->dy, r->qkv, r->att_out, r->att, B, T, C, NH);
-    loom_gelu_fwd(r->gelu, r->qkv, N * 3 * C);
-    loom_gelu_bwd(r->dgelu, r->qkv, r->dqkv_in, N * 3 * C);
-    loom_vxent_max(xbuf, r->probs, N, VL, V);
-    loom_vxent_exp(r->probs, xbuf + N, xbuf + 2 * N, xbuf, r->tgt, 0, N, VL, V);
-    loom_vxent_finish(r->losses, r->probs, xbuf + N, xbuf + 2 * N, r->tgt, N, VL);
-    loom_vxent_bwd(r->dlogits, r->probs, r->tgt, 1.0f / N, 0, N, VL);
+    loom_embed_fwd(dev, r->enc, r->tok, r->wte + V0 * C, V0, VS, N, C);
+    loom_pos_fwd(dev, r->enc, r->wpe, 0, N / 2, T, C);
+    loom_pos_fwd(dev, r->enc + (N / 2) * C, r->wpe, N / 2, N - N / 2, T, C); /* row0 != 0 */
+    loom_embed_bwd(dev, r->dwte, r->dy, r->tok, V0, VS, N, C);
+    loom_pos_bwd(dev, r->dwpe, r->dy, 0, N / 2, T, C);
+    loom_pos_bwd(dev, r->dwpe, r->dy + (N / 2) * C, N / 2, N - N / 2, T, C);
+    loom_layernorm_fwd(dev, r->ln, r->mean, r->rstd, r->x, r->w, r->bias, N, C);
+    loom_layernorm_bwd(dev, r->dln, r->dlnw, r->dlnb, r->dy, r->x, r->w, r->mean, r->rstd, N, C);
+    loom_matmul_fwd(dev, r->mm, r->x, r->wte, r->bias, N, C, 3 * C); /* wte as a (C,3C) weight */
+    loom_matmul_bwd(dev, r->dmmx, r->dmmw, r->dmmb, r->dqkv_in, r->x, r->wte, N, C, 3 * C);
+    loom_attention_fwd(dev, r->att_out, r->att, r->qkv, B, T, C, NH);
+    loom_attention_bwd(dev, r->dqkv, r->dy, r->qkv, r->att_out, r->att, B, T, C, NH);
+    loom_gelu_fwd(dev, r->gelu, r->qkv, N * 3 * C);
+    loom_gelu_bwd(dev, r->dgelu, r->qkv, r->dqkv_in, N * 3 * C);
+    loom_vxent_max(dev, xbuf, r->probs, N, VL, V);
+    loom_vxent_exp(dev, r->probs, xbuf + N, xbuf + 2 * N, xbuf, r->tgt, 0, N, VL, V);
+    loom_vxent_finish(dev, r->losses, r->probs, xbuf + N, xbuf + 2 * N, r->tgt, N, VL);
+    loom_vxent_bwd(dev, r->dlogits, r->probs, r->tgt, 1.0f / N, 0, N, VL);
     free(xbuf);
-    loom_adamw_update(r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.625f);
-    r->sumsq = loom_sumsq(r->qkv, N * 3 * C);
+    loom_adamw_update(dev, r->p, r->dy, r->m, r->v, N * C, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.625f);
+    r->sumsq = loom_sumsq(dev, r->qkv, N * 3 * C);
 }
 
 static void compare(const float *a, const float *b, size_t n, const char *what) {
@@ -93,13 +94,12 @@ static void test_two_threads(void) {
     two = one;
     run_alloc(&one);
     run_alloc(&two);
-    loom_kernels_set_threads(1);
-    run_kernels(&one);
-    loom_kernels_set_threads(2);
-    CHECK(loom_kernels_get_threads() == 2, "get_threads %d after set_threads(2)",
-          loom_kernels_get_threads());
-    run_kernels(&two);
-    loom_kernels_set_threads(1);
+    loom_device *d1 = test_cpu_device(1, 0), *d2 = test_cpu_device(2, 0);
+    CHECK(d2->threads == 2, "a device made for 2 threads has %d", d2->threads);
+    run_kernels(d1, &one);
+    run_kernels(d2, &two);
+    loom_device_free(d1);
+    loom_device_free(d2);
 
     compare(two.enc, one.enc, N * C, "embed+pos out");
     compare(two.dwte, one.dwte, VS * C, "embed dwte");
@@ -149,23 +149,23 @@ static void test_flat_helpers(void) {
         ref += blk;
     }
     double s[3];
+    loom_device *devs[3];
     for (int t = 1; t <= 3; t++) {
-        loom_kernels_set_threads(t);
-        s[t - 1] = loom_sumsq(x, n);
-        CHECK(loom_all_finite(x, n), "all_finite on finite data, %d threads", t);
+        loom_device *dev = devs[t - 1] = test_cpu_device(t, 0);
+        s[t - 1] = loom_sumsq(dev, x, n);
+        CHECK(loom_all_finite(dev, x, n), "all_finite on finite data, %d threads", t);
         float keep = x[n - 7];
         x[n - 7] = NAN;
-        CHECK(!loom_all_finite(x, n), "all_finite misses a NaN near the end, %d threads", t);
+        CHECK(!loom_all_finite(dev, x, n), "all_finite misses a NaN near the end, %d threads", t);
         x[n - 7] = keep;
     }
     CHECK(fabs(s[0] - ref) <= 1e-12 * ref, "sumsq %.17g vs double %.17g", s[0], ref);
     CHECK(s[1] == s[0] && s[2] == s[0], "sumsq differs across threads: %.17g %.17g %.17g", s[0], s[1], s[2]);
-    loom_kernels_set_threads(2);
-    loom_tensor_zero(x + 1, n - 2); /* the CPU backend: loom_cpu_zero */
+    loom_tensor_zero(devs[1], x + 1, n - 2); /* 2 threads, the CPU backend: loom_cpu_zero */
     size_t nz = 0;
     for (size_t i = 1; i < n - 1; i++) nz += x[i] != 0.0f;
     CHECK(nz == 0 && x[0] != 0.0f && x[n - 1] != 0.0f, "zero: %zu nonzero inside, ends %g %g", nz, x[0], x[n - 1]);
-    loom_kernels_set_threads(1);
+    for (int t = 0; t < 3; t++) loom_device_free(devs[t]);
     free(x);
 }
 
@@ -186,22 +186,25 @@ static void test_long_k(void) {
         }
     float *c = kr_floats(M * KC);
     for (int t = 1; t <= 3; t++) {
-        loom_kernels_set_threads(t);
+        loom_device *dev = test_cpu_device(t, 0);
         memcpy(c, c0, M * KC * sizeof *c);
-        loom_matmul_nt_bwd(c, NULL, dl, x, w, M, KC, KV); /* dinp += dlogits wte */
+        loom_matmul_nt_bwd(dev, c, NULL, dl, x, w, M, KC, KV); /* dinp += dlogits wte */
         double e = kr_err(c, ref, M * KC);
         CHECK(e <= KR_FWD_TOL, "long-K input gradient on %d thread(s): rel err %.3g", t, e);
+        loom_device_free(dev);
     }
-    loom_kernels_set_threads(1);
     free(dl), free(w), free(x), free(c0), free(ref), free(c);
 }
 
 static void test_settings(void) {
-    loom_kernels_set_threads(3);
-    CHECK(loom_kernels_get_threads() == 3, "set_threads(3) gives %d", loom_kernels_get_threads());
-    loom_kernels_set_threads(0); /* clamps to 1 */
-    CHECK(loom_kernels_get_threads() == 1, "set_threads(0) gives %d", loom_kernels_get_threads());
-    double flops = loom_kernels_calibrate_sgemm(3);
+    loom_device *d3 = test_cpu_device(3, 0), *d0 = test_cpu_device(0, 0);
+    CHECK(d3->threads == 3, "a device for 3 threads has %d", d3->threads);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    CHECK(d0->threads == (cpus > 0 ? cpus : 1), "a device for 0 threads has %d, %ld CPUs are online", d0->threads,
+          cpus);
+    loom_device_free(d3);
+    loom_device_free(d0);
+    double flops = loom_kernels_calibrate_sgemm(1, 3);
     printf("sgemm on 1 thread: %.1f GFLOP/s\n", flops * 1e-9);
     CHECK(flops > 1e9 && flops < 1e14, "calibrate_sgemm: %.3g FLOP/s", flops);
 }

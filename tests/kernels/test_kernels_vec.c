@@ -25,9 +25,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kernels/cpu/kern_vec.h"
 #include "loom/bf16.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 #define N 40005 /* 16k + 5 */
 
@@ -92,11 +95,11 @@ static void test_gelu(void) {
     float *d1 = malloc(N * sizeof *d1), *d2 = malloc(N * sizeof *d2);
     fill_inputs(x, N, -12.0f, 12.0f);
     for (size_t i = 0; i < N; i++) dy[i] = rndf(-1, 1), d1[i] = d2[i] = rndf(-1, 1);
-    loom_gelu_fwd(o1, x, N);
-    loom_gelu_bwd(d1, x, dy, N);
+    loom_gelu_fwd(dev, o1, x, N);
+    loom_gelu_bwd(dev, d1, x, dy, N);
     for (size_t i = 0; i < N; i++) {
-        loom_gelu_fwd(o2 + i, x + i, 1);
-        loom_gelu_bwd(d2 + i, x + i, dy + i, 1);
+        loom_gelu_fwd(dev, o2 + i, x + i, 1);
+        loom_gelu_bwd(dev, d2 + i, x + i, dy + i, 1);
     }
     long bad = first_diff(o1, o2, N);
     CHECK(bad < 0, "gelu fwd: vector and scalar differ at x = %.9g", bad < 0 ? 0.0 : (double)x[bad]);
@@ -116,9 +119,9 @@ static void test_adamw(void) {
         v1[i] = v2[i] = i % 7 ? rndf(0, 0.01f) : 0.0f;
     }
     for (int t = 1; t <= 3; t++) {
-        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+        loom_adamw_update(dev, p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         for (size_t i = 0; i < N; i++)
-            loom_adamw_update(p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+            loom_adamw_update(dev, p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
     }
     long bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
     CHECK(bp < 0 && bm < 0 && bv < 0, "adamw: vector and scalar differ (p at %ld, m at %ld, v at %ld)",
@@ -130,13 +133,13 @@ static void test_adamw(void) {
     float *gc = malloc(N * sizeof(float));
     memcpy(gc, g, N * sizeof(float));
     for (int t = 4; t <= 5; t++) {
-        loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, gs);
+        loom_adamw_update(dev, p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, gs);
         float *gsc = malloc(N * sizeof(float));
         memcpy(gsc, g, N * sizeof(float));
-        loom_scale(gsc, N, gs);
-        loom_adamw_update(p2, gsc, m2, v2, N - 3, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+        loom_scale(dev, gsc, N, gs);
+        loom_adamw_update(dev, p2, gsc, m2, v2, N - 3, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         for (size_t i = N - 3; i < N; i++)
-            loom_adamw_update(p2 + i, gsc + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+            loom_adamw_update(dev, p2 + i, gsc + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         free(gsc);
     }
     bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
@@ -147,15 +150,15 @@ static void test_adamw(void) {
      * (vector lanes and the scalar tail: N is no multiple of KV), g all 0 */
     float *p3 = malloc(N * sizeof(float)), *m3 = malloc(N * sizeof(float)), *v3 = malloc(N * sizeof(float));
     memcpy(p3, p1, N * sizeof(float)), memcpy(m3, m1, N * sizeof(float)), memcpy(v3, v1, N * sizeof(float));
-    loom_adamw_update(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs);
+    loom_adamw_update(dev, p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs);
     uint16_t *h3 = malloc(N * sizeof *h3), *h1 = malloc(N * sizeof *h1);
-    CHECK(loom_adamw_update_zero(p3, gc, m3, v3, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs, h3) == 1,
+    CHECK(loom_adamw_update_zero(dev, p3, gc, m3, v3, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, gs, h3) == 1,
           "adamw zero: the CPU backend has no adamw_update_zero");
     bp = first_diff(p1, p3, N), bm = first_diff(m1, m3, N), bv = first_diff(v1, v3, N);
     CHECK(bp < 0 && bm < 0 && bv < 0, "adamw zero: differs from the update (p at %ld, m at %ld, v at %ld)",
           bp, bm, bv);
     /* and the new parameters' bf16 bits: loom_bf16_pack's, lanes and tail */
-    loom_bf16_pack(h1, p1, N);
+    loom_bf16_pack(dev, h1, p1, N);
     long bh = -1;
     for (size_t i = 0; i < N && bh < 0; i++)
         if (h1[i] != h3[i]) bh = (long)i;
@@ -198,7 +201,7 @@ static void test_adamw_bf16_copy(void) {
         for (size_t i = 0; i < NB; i++)
             if (i % 7 == 3) g[i] = 0.0f;
         uint16_t *h = buf + off;
-        CHECK(loom_adamw_update_zero(p, g, m, v, NB, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f, h) == 1,
+        CHECK(loom_adamw_update_zero(dev, p, g, m, v, NB, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f, h) == 1,
               "adamw bf16 copy: the CPU backend has no adamw_update_zero");
         for (size_t i = 0; i < NB; i++) ref[i] = loom_bf16_from_f32(p[i]);
         for (size_t i = 0; i < NB && bad < 0; i++)
@@ -214,10 +217,11 @@ static void test_adamw_bf16_copy(void) {
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     test_exp_sqrt();
     test_gelu();
     test_adamw();
     test_adamw_bf16_copy();
+    loom_device_free(dev);
     return check_done();
 }

@@ -18,8 +18,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "kref.h"
 #include "loom/kernels.h"
+
+static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */
 
 #define MAXS 3 /* most vocabulary slices */
 
@@ -78,13 +81,13 @@ static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) 
     memset(out, 0, nc * sizeof *out);
     for (int k = 0; k < ns; k++) {
         kr_fill_nan(part, nc); /* writes, never reads */
-        loom_embed_fwd(part, tok, wte + (size_t)s.v0[k] * C, s.v0[k], s.V_l, N, C);
+        loom_embed_fwd(dev, part, tok, wte + (size_t)s.v0[k] * C, s.v0[k], s.V_l, N, C);
         for (size_t i = 0; i < nc; i++) out[i] += part[i];
     }
     int done = 0;
     for (int k = 0; k < nchunk; k++) {
         int row0 = done, n = k == nchunk - 1 ? N - done : N / nchunk;
-        loom_pos_fwd(out + (size_t)row0 * C, wpe, row0, n, T, C);
+        loom_pos_fwd(dev, out + (size_t)row0 * C, wpe, row0, n, T, C);
         done += n;
     }
     emb_ref ref = {N, T, C, tok, kr_widen(wte, Vp * C), kr_widen(wpe, (size_t)maxT * C),
@@ -97,11 +100,11 @@ static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) 
     kr_acc dwte = kr_acc_new(Vp * C), dwpe = kr_acc_new((size_t)maxT * C);
     for (int rep = 0; rep < 2; rep++) {
         for (int k = 0; k < ns; k++)
-            loom_embed_bwd(dwte.g + (size_t)s.v0[k] * C, dout, tok, s.v0[k], s.V_l, N, C);
+            loom_embed_bwd(dev, dwte.g + (size_t)s.v0[k] * C, dout, tok, s.v0[k], s.V_l, N, C);
         done = 0;
         for (int k = 0; k < nchunk; k++) {
             int row0 = done, n = k == nchunk - 1 ? N - done : N / nchunk;
-            loom_pos_bwd(dwpe.g, dout + (size_t)row0 * C, row0, n, T, C);
+            loom_pos_bwd(dev, dwpe.g, dout + (size_t)row0 * C, row0, n, T, C);
             done += n;
         }
         if (rep == 0) kr_acc_snap(&dwte), kr_acc_snap(&dwpe);
@@ -166,18 +169,18 @@ static void vxent_fwd(float **sl, float **losses, const int32_t *targets, const 
     for (int i = 0; i < N; i++) gmax[i] = -INFINITY;
     for (int k = 0; k < s->ns; k++) {
         kr_fill_nan(mx, (size_t)N);
-        loom_vxent_max(mx, sl[k], N, s->V_l, s->V_valid[k]);
+        loom_vxent_max(dev, mx, sl[k], N, s->V_l, s->V_valid[k]);
         for (int i = 0; i < N; i++) gmax[i] = mx[i] > gmax[i] ? mx[i] : gmax[i]; /* MAX */
     }
     memset(gsum, 0, (size_t)2 * N * sizeof *gsum);
     for (int k = 0; k < s->ns; k++) {
         kr_fill_nan(sum, (size_t)2 * N);
-        loom_vxent_exp(sl[k], sum, sum + N, gmax, targets, s->v0[k], N, s->V_l, s->V_valid[k]);
+        loom_vxent_exp(dev, sl[k], sum, sum + N, gmax, targets, s->v0[k], N, s->V_l, s->V_valid[k]);
         for (int i = 0; i < 2 * N; i++) gsum[i] += sum[i]; /* SUM of [sum-exp | target] */
     }
     for (int k = 0; k < s->ns; k++) {
         kr_fill_nan(losses[k], (size_t)N);
-        loom_vxent_finish(losses[k], sl[k], gsum, gsum + N, targets, N, s->V_l);
+        loom_vxent_finish(dev, losses[k], sl[k], gsum, gsum + N, targets, N, s->V_l);
     }
     free(mx), free(gmax), free(sum), free(gsum);
 }
@@ -236,13 +239,13 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
         gloc = kr_floats(nl), gloc_losses = kr_floats((size_t)N);
         memcpy(gloc, sl[0], nl * sizeof *gloc);
         kr_fill_nan(gloc_losses, (size_t)N);
-        CHECK(loom_vxent_local_grad(gloc_losses, gloc, targets, N, s.V_l, s.V_valid[0], dloss) == 1,
+        CHECK(loom_vxent_local_grad(dev, gloc_losses, gloc, targets, N, s.V_l, s.V_valid[0], dloss) == 1,
               "%s: the CPU backend has no vxent_local_grad", what);
-        loom_gemm_unkeep(gloc);
+        loom_gemm_unkeep(dev, gloc);
     }
     vxent_fwd(sl, losses, targets, &s, N);
     if (ns == 1) {
-        CHECK(loom_vxent_local(loc_losses, loc, targets, N, s.V_l, s.V_valid[0]) == 1,
+        CHECK(loom_vxent_local(dev, loc_losses, loc, targets, N, s.V_l, s.V_valid[0]) == 1,
               "%s: the CPU backend has no vxent_local", what);
         CHECK(memcmp(loc, sl[0], nl * sizeof *loc) == 0, "%s: vxent_local's probs differ from the three phases'",
               what);
@@ -253,7 +256,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
 
     double e = kr_err(losses[0], ref.losses, (size_t)N);
     CHECK(e <= KR_FWD_TOL, "%s: losses rel err %.3g", what, e);
-    CHECK(loom_all_finite(losses[0], (size_t)N), "%s: losses not finite", what);
+    CHECK(loom_all_finite(dev, losses[0], (size_t)N), "%s: losses not finite", what);
     for (int k = 1; k < ns; k++)
         CHECK(memcmp(losses[k], losses[0], (size_t)N * sizeof(float)) == 0,
               "%s: slice %d's losses differ from slice 0's", what, k);
@@ -266,7 +269,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
     CHECK(bad == 0, "%s: %d padding probs nonzero", what, bad);
     e = kr_err(full, ref.probs, nv);
     CHECK(e <= KR_FWD_TOL, "%s: probs rel err %.3g", what, e);
-    CHECK(loom_all_finite(full, nv), "%s: probs not finite", what);
+    CHECK(loom_all_finite(dev, full, nv), "%s: probs not finite", what);
     double worst = 0;
     for (int i = 0; i < N; i++) {
         double sum = 0;
@@ -280,7 +283,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
     for (int k = 0; k < ns; k++) {
         dl[k] = alias ? sl[k] : kr_floats(nl);
         if (!alias) kr_fill_nan(dl[k], nl);
-        loom_vxent_bwd(dl[k], sl[k], targets, dloss, s.v0[k], N, s.V_l);
+        loom_vxent_bwd(dev, dl[k], sl[k], targets, dloss, s.v0[k], N, s.V_l);
     }
     if (ns == 1) { /* fp32: the gradient in place, the same floats */
         CHECK(memcmp(gloc, dl[0], nl * sizeof *gloc) == 0,
@@ -292,7 +295,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
     kr_fill_nan(full, nv);
     bad = gather(full, dl, &s, N, V);
     CHECK(bad == 0, "%s: %d padding dlogits nonzero", what, bad);
-    CHECK(loom_all_finite(full, nv), "%s: dlogits not finite", what);
+    CHECK(loom_all_finite(dev, full, nv), "%s: dlogits not finite", what);
     double *an = kr_doubles(nv); /* dloss * (p - onehot) in double */
     for (int i = 0; i < N; i++)
         for (int j = 0; j < V; j++) {
@@ -324,7 +327,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
 }
 
 int main(void) {
-    loom_kernels_set_threads(1);
+    dev = test_cpu_device(1, 0);
     kr_seed(6);
     /* embedding: one slice (v0 = 0, V_l = V), then 2 and 3 with a padded last */
     /* row chunks that do not start at a multiple of T (row0 % T != 0) */
@@ -350,5 +353,6 @@ int main(void) {
     test_vxent(6, 9, 1, 0, 1e4, 0.0f, 1, 0);
     test_vxent(6, 9, 3, 2, 1e4, 3e4f, 0, 0);
     test_vxent(6, 9, 2, 1, 1e4, 3e4f, 1, 0);
+    loom_device_free(dev);
     return check_done();
 }

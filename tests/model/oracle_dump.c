@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/model.h"
 #include "loom/moe.h"
@@ -51,7 +52,13 @@ int main(int argc, char **argv) {
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
 
     loom_gpt *m;
-    loom_model_part part = loom_model_part_whole(&cfg);
+    loom_device *dev = NULL;
+    const loom_device_opts dopts = {.name = "cpu"}; /* a thread per CPU, fp32 */
+    if (loom_device_create(&dopts, &dev) != LOOM_OK) {
+        fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
+        return 1;
+    }
+    loom_model_part part = loom_model_part_whole(dev, &cfg);
     loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
     if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK) {
         fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
@@ -89,7 +96,7 @@ int main(int argc, char **argv) {
     float *grads = malloc(m->num_params * sizeof(float));
     memcpy(grads, m->grad_mem, m->num_params * sizeof(float));
     loom_adamw opt;
-    loom_adamw_create(&opt, m->num_params);
+    loom_adamw_create(&opt, dev, m->num_params);
     loom_adamw_step(&opt, m, lr, b1, b2, eps, wd);
 
     loom_st_writer *w;
@@ -156,6 +163,7 @@ int main(int argc, char **argv) {
     else printf("oracle_dump: %d parameters, loss %.6f -> %s\n", m->n_params, loss, argv[1]);
     loom_adamw_free(&opt);
     loom_gpt_free(m);
+    loom_device_free(dev);
     free(in); free(tg); free(params0); free(logits); free(grads);
     return st == LOOM_OK ? 0 : 1;
 }

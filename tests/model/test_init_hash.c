@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "loom/model.h"
 #include "loom/rng.h"
 #include "model/internal.h"
@@ -39,10 +40,11 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 }
 
 /* A model part's table (no activations): what loom_gpt_init_range needs. */
-static loom_gpt *make_part(const loom_model_config *cfg, int tp, int tp_rank, int l0, int l1) {
+static loom_gpt *make_part(loom_device *dev, const loom_model_config *cfg, int tp, int tp_rank, int l0, int l1) {
     loom_gpt *m = calloc(1, sizeof *m);
     m->cfg = *cfg;
-    m->part = loom_model_part_whole(cfg);
+    m->part = loom_model_part_whole(dev, cfg);
+    m->dev = dev;
     m->part.tp.size = tp;
     m->part.tp.rank = tp_rank;
     m->part.layer_begin = l0;
@@ -81,7 +83,7 @@ static uint64_t reference_hash(const shape *s) {
 }
 
 /* Fill every part of one layout, assemble the global tensors, hash them. */
-static uint64_t layout_hash(const shape *s, int tp, int pp, size_t run) {
+static uint64_t layout_hash(loom_device *dev, const shape *s, int tp, int pp, size_t run) {
     loom_param *tab;
     int n;
     size_t total;
@@ -97,7 +99,7 @@ static uint64_t layout_hash(const shape *s, int tp, int pp, size_t run) {
     for (int stage = 0; stage < pp; stage++) {
         int l0 = L * stage / pp, l1 = L * (stage + 1) / pp;
         for (int r = 0; r < tp; r++) {
-            loom_gpt *m = make_part(&s->cfg, tp, r, l0, l1);
+            loom_gpt *m = make_part(dev, &s->cfg, tp, r, l0, l1);
             float *local = malloc(m->num_params * sizeof(float));
             size_t step = run ? run : m->num_params;
             for (size_t lo = 0; lo < m->num_params; lo += step)
@@ -143,12 +145,14 @@ static uint64_t layout_hash(const shape *s, int tp, int pp, size_t run) {
 int main(int argc, char **argv) {
     /* `model_init_hash gpt2-small`: GPT-2 124M at seed 1337, tp 1 and 4 (by
      * hand; not in ctest: slow before the init was threaded) */
+    loom_device *dev = test_cpu_device(0, 0); /* the init on every CPU */
     if (argc > 1) {
         shape big = {.seed = 1337, .want = 0x5dce01615b11cbcbull};
         if (loom_model_config_builtin(argv[1], &big.cfg) != LOOM_OK) return 64;
-        CHECK(layout_hash(&big, 1, 1, 0) == big.want, "%s tp=1: hash differs", argv[1]);
-        CHECK(layout_hash(&big, 4, 1, 0) == big.want, "%s tp=4: hash differs", argv[1]);
+        CHECK(layout_hash(dev, &big, 1, 1, 0) == big.want, "%s tp=1: hash differs", argv[1]);
+        CHECK(layout_hash(dev, &big, 4, 1, 0) == big.want, "%s tp=4: hash differs", argv[1]);
         printf("%s: hash 0x%016llx\n", argv[1], (unsigned long long)reference_hash(&big));
+        loom_device_free(dev);
         return check_done();
     }
     const shape shapes[] = {
@@ -169,11 +173,12 @@ int main(int argc, char **argv) {
         for (size_t t = 0; t < 3; t++)
             for (int pp = 1; pp <= 2; pp++)
                 for (size_t r = 0; r < 2; r++) {
-                    uint64_t h = layout_hash(s, tps[t], pp, runs[r]);
+                    uint64_t h = layout_hash(dev, s, tps[t], pp, runs[r]);
                     CHECK(h == s->want, "%s tp=%d pp=%d run=%zu: hash 0x%016llx != recorded 0x%016llx",
                           s->cfg.name, tps[t], pp, runs[r], (unsigned long long)h,
                           (unsigned long long)s->want);
                 }
     }
+    loom_device_free(dev);
     return check_done();
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "loom/comm.h"
 #include "loom/cp.h"
 #include "loom/kernels.h"
@@ -48,7 +49,7 @@ static void local_rows(float *xl, const float *x, const loom_cp *cp, int T, int 
                    x + ((size_t)b * T + loom_cp_position(cp, t, T_l)) * w, (size_t)w * sizeof *x);
 }
 
-static void run(loom_comm *world, loom_cp_impl impl) {
+static void run(loom_device *dev, loom_comm *world, loom_cp_impl impl) {
     const int P = loom_comm_size(world), T_l = 2 * TC, T = P * T_l;
     const char *name = loom_cp_impl_name(impl);
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
@@ -58,10 +59,10 @@ static void run(loom_comm *world, loom_cp_impl impl) {
     uint64_t seed = 11;
     for (size_t i = 0; i < nq; i++) qkv[i] = frand(&seed);
     for (size_t i = 0; i < no; i++) dout[i] = frand(&seed);
-    loom_attention_fwd(out, lse, qkv, B, T, C, NH);
-    loom_attention_bwd(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    loom_attention_fwd(dev, out, lse, qkv, B, T, C, NH);
+    loom_attention_bwd(dev, dqkv, dout, qkv, out, lse, B, T, C, NH);
 
-    loom_cp cp = {.comm = world, .size = P, .rank = loom_comm_rank(world), .impl = impl};
+    loom_cp cp = {.dev = dev, .comm = world, .size = P, .rank = loom_comm_rank(world), .impl = impl};
     CHECK(loom_cp_alloc(&cp, B, T_l, C) == LOOM_OK, "alloc: %s", loom_errmsg());
     const size_t lq = (size_t)B * T_l * 3 * C, lo = (size_t)B * T_l * C;
     float *qkv_l = malloc(lq * sizeof *qkv_l), *dout_l = malloc(lo * sizeof *dout_l);
@@ -108,11 +109,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "init: %s\n", loom_errmsg());
         return 1;
     }
-    loom_kernels_set_threads(1);
+    loom_device *dev = test_cpu_device(1, 0);
     if (loom_comm_size(world) > 1) {
-        run(world, LOOM_CP_RING);
-        run(world, LOOM_CP_ULYSSES);
+        run(dev, world, LOOM_CP_RING);
+        run(dev, world, LOOM_CP_ULYSSES);
     }
+    loom_device_free(dev);
     int failed = check_failed_;
     loom_comm_allreduce(world, &failed, 1, LOOM_I32, LOOM_SUM);
     int local = check_done();

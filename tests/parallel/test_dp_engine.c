@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu_device.h"
 #include "loom/dp.h"
 #include "loom/kernels.h"
 #include "loom/train.h"
@@ -141,17 +142,17 @@ static double ref_step(loom_gpt *r, loom_adamw *opt, const int32_t *in, const in
     loom_gpt *parts[1] = {r};
     loom_dp_sumsq_parts(parts, 1, NULL, sq);
     double norm = sqrt(sq[0] + sq[1]);
-    if (norm > CLIP) loom_scale(r->grad_mem, r->num_params, CLIP / (float)(norm + 1e-6));
+    if (norm > CLIP) loom_scale(r->dev, r->grad_mem, r->num_params, CLIP / (float)(norm + 1e-6));
     loom_adamw_step(opt, r, LR, HP.beta1, HP.beta2, HP.eps, HP.weight_decay);
     return norm;
 }
 
-static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
+static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, double mb) {
     const loom_model_config mc = model_config();
     const int N = mesh->world_size, r = mesh->rank, Bl = B_GLOBAL / N, Bm = Bl / K;
     char label[96];
     snprintf(label, sizeof label, "N=%d zero=%d K=%d bucket=%gMB", N, zero, K, mb);
-    loom_model_part part = loom_model_part_whole(&mc);
+    loom_model_part part = loom_model_part_whole(dev, &mc);
     loom_gpt_opts ro = {.B = B_GLOBAL, .T = T, .n_slots = 1},
                   eo = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3,
                         .external_grads = zero >= 2};
@@ -160,7 +161,7 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
     loom_dp_engine *e = NULL;
     CHECK(loom_gpt_create(&mc, &part, &ro, &ref) == LOOM_OK, "%s: reference: %s", label, loom_errmsg());
     CHECK(loom_gpt_create(&mc, &part, &eo, &m) == LOOM_OK, "%s: model: %s", label, loom_errmsg());
-    CHECK(loom_adamw_create(&opt, ref->num_params) == LOOM_OK, "%s: optimizer", label);
+    CHECK(loom_adamw_create(&opt, dev, ref->num_params) == LOOM_OK, "%s: optimizer", label);
     loom_dp_config cfg = {.zero = zero, .bucket_mb = mb};
     loom_status st = loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e);
     CHECK(st == LOOM_OK, "%s: engine: %s", label, loom_errmsg());
@@ -249,7 +250,7 @@ static void run_case(const loom_mesh *mesh, int zero, int K, double mb) {
 /* comm_bf16 at one stage: the wire buffers are reserved up front and
  * counted, and two steps allocate none (on a fresh mesh, so the dp group's
  * wire buffers are this engine's alone). */
-static void check_wire_reserved(loom_comm *world, int zero, int K, double mb) {
+static void check_wire_reserved(loom_device *dev, loom_comm *world, int zero, int K, double mb) {
     const loom_model_config mc = model_config();
     loom_layout l;
     loom_layout_default(&l);
@@ -258,7 +259,7 @@ static void check_wire_reserved(loom_comm *world, int zero, int K, double mb) {
     loom_gpt *m = NULL;
     loom_dp_engine *e = NULL;
     const int N = l.dp, r = loom_comm_rank(world), Bl = B_GLOBAL / N, Bm = Bl / K;
-    loom_model_part part = loom_model_part_whole(&mc);
+    loom_model_part part = loom_model_part_whole(dev, &mc);
     loom_gpt_opts o = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3, .external_grads = zero >= 2};
     loom_dp_config cfg = {.zero = zero, .bucket_mb = mb, .comm_bf16 = 1};
     CHECK(loom_mesh_create(world, &l, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
@@ -299,9 +300,9 @@ static void check_wire_reserved(loom_comm *world, int zero, int K, double mb) {
     loom_mesh_free(mesh);
 }
 
-static void check_refusals(const loom_mesh *mesh) {
+static void check_refusals(loom_device *dev, const loom_mesh *mesh) {
     const loom_model_config mc = model_config();
-    loom_model_part part = loom_model_part_whole(&mc);
+    loom_model_part part = loom_model_part_whole(dev, &mc);
     loom_gpt_opts o = {.B = 1, .T = T, .n_slots = 1, .split_backward = 1};
     loom_gpt *m = NULL;
     loom_dp_engine *e = NULL;
@@ -334,14 +335,15 @@ int main(int argc, char **argv) {
     loom_mesh *mesh = NULL;
     CHECK(loom_mesh_create(world, &l, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
     if (mesh) {
-        loom_kernels_set_threads(1);
+        loom_device *dev = test_cpu_device(1, 0);
         for (int zero = 0; zero <= 3; zero++)
             for (int K = 1; K <= 2; K++)
-                for (int b = 0; b < 2; b++) run_case(mesh, zero, K, b ? 0.06 : 0.0);
-        check_refusals(mesh);
+                for (int b = 0; b < 2; b++) run_case(dev, mesh, zero, K, b ? 0.06 : 0.0);
+        check_refusals(dev, mesh);
         loom_mesh_free(mesh);
         for (int zero = 0; zero <= 3; zero++)
-            for (int b = 0; b < 2; b++) check_wire_reserved(world, zero, 2, b ? 0.06 : 0.0);
+            for (int b = 0; b < 2; b++) check_wire_reserved(dev, world, zero, 2, b ? 0.06 : 0.0);
+        loom_device_free(dev);
     }
     int failed = check_failed_;
     loom_comm_allreduce(world, &failed, 1, LOOM_I32, LOOM_SUM);

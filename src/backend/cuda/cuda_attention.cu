@@ -270,8 +270,9 @@ template <class K> static int att_shm_ok(K kernel, size_t bytes, const char *wha
     return lc_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what);
 }
 
-long loom_cuda_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld, float *lse,
+long loom_cuda_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, size_t o_bs, int o_ld, float *lse,
                                   int accumulate) {
+    (void)ctx;
     if (att_check(v)) {
         att_args a = att_make(v, o_bs, o_ld);
         dim3 grid((v->Tq + ATT_WARPS - 1) / ATT_WARPS, v->B * v->NH);
@@ -284,11 +285,11 @@ long loom_cuda_attention_part_fwd(const loom_att_view *v, float *out, size_t o_b
     return loom_attention_tiles(v);
 }
 
-long loom_cuda_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv, const float *dout,
+long loom_cuda_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, float *dk, float *dv, const float *dout,
                                   const float *out, size_t o_bs, int o_ld, const float *lse) {
     if (att_check(v)) {
         att_args a = att_make(v, o_bs, o_ld);
-        float *D = (float *)lc_scratch(LC_SCRATCH_ROWS, (size_t)v->B * v->NH * v->Tq * sizeof(float));
+        float *D = (float *)lc_scratch(lc_ctx(ctx), LC_SCRATCH_ROWS, (size_t)v->B * v->NH * v->Tq * sizeof(float));
         size_t shm = att_shm_bwd(v->HS);
         if (D && att_shm_ok(k_att_bwd_q, shm, "attention_bwd shared memory") &&
             att_shm_ok(k_att_bwd_kv, shm, "attention_bwd shared memory")) {
@@ -311,15 +312,15 @@ static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
     return v;
 }
 
-void loom_cuda_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void loom_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_cuda_attention_part_fwd(&v, out, (size_t)T * C, C, lse, 0);
+    loom_cuda_attention_part_fwd(ctx, &v, out, (size_t)T * C, C, lse, 0);
 }
 
-void loom_cuda_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+void loom_cuda_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_cuda_attention_part_bwd(&v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
+    loom_cuda_attention_part_bwd(ctx, &v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
 }
 
 /* Merge of two partial results: one warp per (b, h, row). */
@@ -345,8 +346,9 @@ __global__ static void k_att_merge(float *out, float *lse, const float *out2, co
     if (threadIdx.x == 0) lse[row] = mx + logf(l);
 }
 
-void loom_cuda_attention_merge(float *out, float *lse, const float *out2, const float *lse2, size_t o_bs,
+void loom_cuda_attention_merge(void *ctx, float *out, float *lse, const float *out2, const float *lse2, size_t o_bs,
                                int o_ld, int B, int Tq, int NH, int HS) {
+    (void)ctx;
     size_t rows = (size_t)B * NH * Tq;
     if (!rows) return;
     k_att_merge<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), dim3(32, ATT_WARPS), 0, lc_stream()>>>(
@@ -356,9 +358,9 @@ void loom_cuda_attention_merge(float *out, float *lse, const float *out2, const 
 
 /* Decode against a KV cache: the view of n query rows at positions p0.. of
  * one sequence over cache rows 0 .. p0+n-1; no lse needed. */
-void loom_cuda_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
-                                int n, int C, int NH, float *scratch) {
+void loom_cuda_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc, const float *vc,
+                                int p0, int n, int C, int NH, float *scratch) {
     (void)scratch;
     loom_att_view v = {q, kc, vc, 0, 0, ldq, C, 1, n, p0 + n, NH, C / NH, p0, 0};
-    loom_cuda_attention_part_fwd(&v, out, 0, C, NULL, 0);
+    loom_cuda_attention_part_fwd(ctx, &v, out, 0, C, NULL, 0);
 }

@@ -1,5 +1,6 @@
-/* cuda_core.cu - device selection, the sticky error, the cuBLAS handle,
- * scratch buffers, device memory, streams and events of the CUDA backend.
+/* cuda_core.cu - device selection, the sticky error, the context (its
+ * cuBLAS handle, precision and scratch buffers), device memory, streams and
+ * events of the CUDA backend.
  *
  * Kernels return void (as on the CPU), so a failure inside one is kept: the
  * first failed launch, CUDA call or cuBLAS call stores "cuda: <what>: <why>"
@@ -7,6 +8,7 @@
  * failures are usually consequences of the first, so only the first counts.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
@@ -14,10 +16,6 @@
 static char lc_err_msg[256];
 static int lc_err_set;
 static thread_local cudaStream_t lc_cur_stream;
-static cublasHandle_t lc_handle;
-static int lc_handle_failed;
-static void *lc_scr[LC_SCRATCH_N];
-static size_t lc_scr_cap[LC_SCRATCH_N];
 
 static void lc_remember(const char *what, const char *why) {
     if (lc_err_set) return;
@@ -41,38 +39,64 @@ int lc_blas(cublasStatus_t s, const char *what) {
 
 cudaStream_t lc_stream(void) { return lc_cur_stream; }
 
-cublasHandle_t lc_cublas(void) {
-    if (!lc_handle && !lc_handle_failed) {
-        if (!lc_blas(cublasCreate(&lc_handle), "cublasCreate")) {
-            lc_handle_failed = 1;
-            lc_handle = NULL;
-            return NULL;
-        }
-    }
-    if (lc_handle) lc_blas(cublasSetStream(lc_handle, lc_cur_stream), "cublasSetStream");
-    return lc_handle;
+cublasHandle_t lc_cublas(loom_cuda_ctx *c) {
+    lc_blas(cublasSetStream(c->blas, lc_cur_stream), "cublasSetStream");
+    return c->blas;
 }
 
-void *lc_scratch(int slot, size_t bytes) {
-    if (bytes <= lc_scr_cap[slot] && lc_scr[slot]) return lc_scr[slot];
+void *lc_scratch(loom_cuda_ctx *c, int slot, size_t bytes) {
+    if (bytes <= c->scr_cap[slot] && c->scr[slot]) return c->scr[slot];
     /* cudaFree waits for the device, so kernels still reading the old buffer finish first */
-    if (lc_scr[slot]) cudaFree(lc_scr[slot]);
-    lc_scr[slot] = NULL;
-    lc_scr_cap[slot] = 0;
-    if (!lc_cuda(cudaMalloc(&lc_scr[slot], bytes ? bytes : 1), "scratch cudaMalloc")) {
-        lc_scr[slot] = NULL;
+    if (c->scr[slot]) cudaFree(c->scr[slot]);
+    c->scr[slot] = NULL;
+    c->scr_cap[slot] = 0;
+    if (!lc_cuda(cudaMalloc(&c->scr[slot], bytes ? bytes : 1), "scratch cudaMalloc")) {
+        c->scr[slot] = NULL;
         return NULL;
     }
-    lc_scr_cap[slot] = bytes;
-    return lc_scr[slot];
+    c->scr_cap[slot] = bytes;
+    return c->scr[slot];
 }
 
-void lc_scratch_free(void) {
-    for (int i = 0; i < LC_SCRATCH_N; i++) {
-        if (lc_scr[i]) cudaFree(lc_scr[i]);
-        lc_scr[i] = NULL;
-        lc_scr_cap[i] = 0;
+/* ---- the context ------------------------------------------------------------- */
+
+loom_status loom_cuda_ctx_create(int precision, loom_cuda_ctx **out) {
+    *out = NULL;
+    loom_cuda_ctx *c = (loom_cuda_ctx *)calloc(1, sizeof *c);
+    if (!c) return loom_fail(LOOM_EOS, "cuda: out of memory for a context");
+    loom_cuda_set_precision(c, precision);
+    if (!lc_blas(cublasCreate(&c->blas), "cublasCreate")) {
+        free(c);
+        return loom_cuda_status();
     }
+    *out = c;
+    return LOOM_OK;
+}
+
+void loom_cuda_ctx_free(loom_cuda_ctx *c) {
+    if (!c) return;
+    for (int i = 0; i < LC_SCRATCH_N; i++)
+        if (c->scr[i]) cudaFree(c->scr[i]);
+    if (c->lt) cublasLtDestroy(c->lt);
+    cublasDestroy(c->blas);
+    free(c->host);
+    free(c);
+}
+
+void loom_cuda_set_precision(loom_cuda_ctx *c, int mode) {
+    c->precision = mode == LOOM_CUDA_BF16 || mode == LOOM_CUDA_TF32 ? mode : LOOM_CUDA_FP32;
+}
+
+int loom_cuda_get_precision(const loom_cuda_ctx *c) { return c->precision; }
+
+float *loom_cuda_host_scratch(loom_cuda_ctx *c, size_t n) {
+    if (n > c->host_n) {
+        float *p = (float *)realloc(c->host, n * sizeof(float));
+        if (!p) abort(); /* kernels return void; out of host memory mid-step */
+        c->host = p;
+        c->host_n = n;
+    }
+    return c->host;
 }
 
 /* ---- device ---------------------------------------------------------------- */
@@ -93,16 +117,7 @@ loom_status loom_cuda_init(int dev) {
     cudaError_t e = cudaSetDevice(dev);
     if (e != cudaSuccess)
         return loom_fail(LOOM_EUNAVAIL, "cuda: cannot use device %d: %s", dev, cudaGetErrorString(e));
-    if (!lc_cublas()) return loom_cuda_status();
     return LOOM_OK;
-}
-
-void loom_cuda_shutdown(void) {
-    lc_scratch_free();
-    if (lc_handle) cublasDestroy(lc_handle);
-    lc_handle = NULL;
-    lc_handle_failed = 0;
-    lc_gemm_shutdown();
 }
 
 loom_status loom_cuda_status(void) {

@@ -1,4 +1,5 @@
-/* cuda_elementwise.cu - GELU (tanh), residual, AdamW, scale, bf16 rounding:
+/* cuda_elementwise.cu - GELU (tanh), residual, AdamW, scale, bf16 rounding
+ * and packing:
  * flat grid-stride loops, the same formulas as the CPU kernels
  * (src/kernels/cpu/activations.c, util.c, optim.c, bf16.c) in the same
  * order of operations. The library is built without FMA contraction, so an
@@ -35,13 +36,15 @@ __global__ static void k_gelu_bwd(float *dinp, const float *inp, const float *do
     }
 }
 
-void loom_cuda_gelu_fwd(float *out, const float *inp, size_t n) {
+void loom_cuda_gelu_fwd(void *ctx, float *out, const float *inp, size_t n) {
+    (void)ctx;
     if (!n) return;
     k_gelu_fwd<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(out, inp, n);
     lc_launched("gelu_fwd");
 }
 
-void loom_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+void loom_cuda_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *dout, size_t n) {
+    (void)ctx;
     if (!n) return;
     k_gelu_bwd<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(dinp, inp, dout, n);
     lc_launched("gelu_bwd");
@@ -59,13 +62,15 @@ __global__ static void k_residual_bwd(float *da, float *db, const float *dout, s
     }
 }
 
-void loom_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n) {
+void loom_cuda_residual_fwd(void *ctx, float *out, const float *a, const float *b, size_t n) {
+    (void)ctx;
     if (!n) return;
     k_residual_fwd<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(out, a, b, n);
     lc_launched("residual_fwd");
 }
 
-void loom_cuda_residual_bwd(float *da, float *db, const float *dout, size_t n) {
+void loom_cuda_residual_bwd(void *ctx, float *da, float *db, const float *dout, size_t n) {
+    (void)ctx;
     if (!n) return;
     k_residual_bwd<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(da, db, dout, n);
     lc_launched("residual_bwd");
@@ -90,8 +95,9 @@ __global__ static void k_adamw(float *p, const float *g, float *m, float *v, siz
     }
 }
 
-void loom_cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+void loom_cuda_adamw_update(void *ctx, float *p, const float *g, float *m, float *v, size_t n, float lr,
                             float beta1, float beta2, float eps, float wd, int t, float gscale) {
+    (void)ctx;
     if (!n) return;
     adamw_k k;
     k.decay = (float)(1.0 - (double)lr * (double)wd);
@@ -113,7 +119,8 @@ __global__ static void k_scale(float *x, size_t n, float s) {
     LC_FOR(i, n) x[i] *= s;
 }
 
-void loom_cuda_scale(float *x, size_t n, float s) {
+void loom_cuda_scale(void *ctx, float *x, size_t n, float s) {
+    (void)ctx;
     if (!n) return;
     k_scale<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(x, n, s);
     lc_launched("scale");
@@ -135,10 +142,33 @@ __global__ static void k_round_bf16(float *dst, const float *src, size_t n) {
     LC_FOR(i, n) dst[i] = bf16_round(src[i]);
 }
 
-void loom_cuda_round_bf16(float *dst, const float *src, size_t n) {
+void loom_cuda_round_bf16(void *ctx, float *dst, const float *src, size_t n) {
+    (void)ctx;
     if (!n) return;
     k_round_bf16<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(dst, src, n);
     lc_launched("round_bf16");
+}
+
+/* bf16 bits and back (loom/bf16.h: loom_bf16_from_f32, loom_bf16_to_f32) */
+__global__ static void k_bf16_pack(uint16_t *dst, const float *src, size_t n) {
+    LC_FOR(i, n) dst[i] = (uint16_t)(__float_as_uint(bf16_round(src[i])) >> 16);
+}
+__global__ static void k_bf16_unpack(float *dst, const uint16_t *src, size_t n) {
+    LC_FOR(i, n) dst[i] = __uint_as_float((unsigned)src[i] << 16);
+}
+
+void loom_cuda_bf16_pack(void *ctx, uint16_t *dst, const float *src, size_t n) {
+    (void)ctx;
+    if (!n) return;
+    k_bf16_pack<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(dst, src, n);
+    lc_launched("bf16_pack");
+}
+
+void loom_cuda_bf16_unpack(void *ctx, float *dst, const uint16_t *src, size_t n) {
+    (void)ctx;
+    if (!n) return;
+    k_bf16_unpack<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(dst, src, n);
+    lc_launched("bf16_unpack");
 }
 
 /* Sum of squares in double: each block writes one partial, the host adds
@@ -159,10 +189,10 @@ __global__ static void k_sumsq(double *part, const float *x, size_t n) {
 /* Reductions to a host value use up to this many blocks. */
 #define LC_RED_BLOCKS 1024
 
-double loom_cuda_sumsq(const float *x, size_t n) {
+double loom_cuda_sumsq(void *ctx, const float *x, size_t n) {
     if (!n) return 0.0;
     unsigned nb = lc_blocks(n) < LC_RED_BLOCKS ? lc_blocks(n) : LC_RED_BLOCKS;
-    double *part = (double *)lc_scratch(LC_SCRATCH_RED, nb * sizeof(double));
+    double *part = (double *)lc_scratch(lc_ctx(ctx), LC_SCRATCH_RED, nb * sizeof(double));
     if (!part) return NAN;
     k_sumsq<<<nb, LC_THREADS, 0, lc_stream()>>>(part, x, n);
     if (!lc_launched("sumsq")) return NAN;
@@ -183,9 +213,9 @@ __global__ static void k_nonfinite(unsigned *bad, const float *x, size_t n) {
     if (__syncthreads_or(b) && threadIdx.x == 0) *bad = 1u;
 }
 
-int loom_cuda_all_finite(const float *x, size_t n) {
+int loom_cuda_all_finite(void *ctx, const float *x, size_t n) {
     if (!n) return 1;
-    unsigned *bad = (unsigned *)lc_scratch(LC_SCRATCH_RED, LC_RED_BLOCKS * sizeof(double));
+    unsigned *bad = (unsigned *)lc_scratch(lc_ctx(ctx), LC_SCRATCH_RED, LC_RED_BLOCKS * sizeof(double));
     if (!bad) return 0;
     unsigned host = 1;
     if (!lc_cuda(cudaMemsetAsync(bad, 0, sizeof *bad, lc_stream()), "all_finite memset")) return 0;

@@ -8,7 +8,7 @@
  * C = op(A) op(B) is issued as the column-major C^T = op(B)^T op(A)^T: the
  * operands swap places and keep their transpose flags (lc_gemm_rm).
  *
- * Precision (loom_cuda_set_precision): FP32 computes in fp32 with TF32 off
+ * Precision (the context's, loom_cuda_set_precision): FP32 computes in fp32 with TF32 off
  * (CUBLAS_COMPUTE_32F, pedantic enough that no tensor-core TF32 is used);
  * TF32 allows it (CUBLAS_COMPUTE_32F_FAST_TF32); BF16 rounds both operands
  * to bf16 into scratch buffers (nearest even, as the CPU's bf16 mode rounds
@@ -24,21 +24,13 @@
 
 #include "cuda_internal.cuh"
 
-static int lc_precision = LOOM_CUDA_FP32;
-
-void loom_cuda_set_precision(int mode) {
-    lc_precision = mode == LOOM_CUDA_BF16 || mode == LOOM_CUDA_TF32 ? mode : LOOM_CUDA_FP32;
-}
-
-int loom_cuda_get_precision(void) { return lc_precision; }
-
 __global__ static void k_to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
     LC_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-/* A bf16 copy of the n floats at src in scratch `slot`, or NULL. */
-static const void *lc_bf16_copy(int slot, const float *src, size_t n) {
-    __nv_bfloat16 *d = (__nv_bfloat16 *)lc_scratch(slot, n * sizeof *d);
+/* A bf16 copy of the n floats at src in c's scratch `slot`, or NULL. */
+static const void *lc_bf16_copy(loom_cuda_ctx *c, int slot, const float *src, size_t n) {
+    __nv_bfloat16 *d = (__nv_bfloat16 *)lc_scratch(c, slot, n * sizeof *d);
     if (!d) return NULL;
     if (n) k_to_bf16<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(d, src, n);
     return lc_launched("bf16 operand copy") ? d : NULL;
@@ -51,20 +43,19 @@ static size_t lc_span(bool trans, int rows_nt, int cols_nt, int ld) {
 }
 
 /* Row-major C (M,N) = alpha op(A) op(B) + beta C; op(A) is (M,K), op(B) (K,N). */
-static void lc_gemm_rm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                       const float *B, int ldb, float beta, float *C, int ldc, const char *what) {
+static void lc_gemm_rm(loom_cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc, const char *what) {
     if (M <= 0 || N <= 0) return;
-    cublasHandle_t h = lc_cublas();
-    if (!h) return;
+    cublasHandle_t h = lc_cublas(c);
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const void *a = A, *b = B;
     cudaDataType_t type = CUDA_R_32F;
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (lc_precision == LOOM_CUDA_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (lc_precision == LOOM_CUDA_BF16 && K > 0) {
+    if (c->precision == LOOM_CUDA_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (c->precision == LOOM_CUDA_BF16 && K > 0) {
         /* A is stored (M,K) or, transposed, (K,M); B (K,N) or (N,K) */
-        a = lc_bf16_copy(LC_SCRATCH_A, A, lc_span(ta, M, K, lda));
-        b = lc_bf16_copy(LC_SCRATCH_B, B, lc_span(tb, K, N, ldb));
+        a = lc_bf16_copy(c, LC_SCRATCH_A, A, lc_span(ta, M, K, lda));
+        b = lc_bf16_copy(c, LC_SCRATCH_B, B, lc_span(tb, K, N, ldb));
         if (!a || !b) return;
         type = CUDA_R_16BF;
     }
@@ -76,9 +67,6 @@ static void lc_gemm_rm(bool ta, bool tb, int M, int N, int K, float alpha, const
 /* ---- cuBLASLt: the forward with its bias fused ------------------------------ */
 
 #define LT_WORKSPACE ((size_t)32 << 20)
-
-static cublasLtHandle_t lc_lt;
-static int lc_lt_failed;
 
 /* Largest power of two (<= 256) dividing the address: cuBLASLt's heuristics
  * otherwise assume 256-byte aligned operands, and slices of larger buffers
@@ -92,20 +80,21 @@ static uint32_t lc_align(const void *p) {
 
 /* out (N,OC) = inp (N,C) @ w (C,OC) + b through one cublasLtMatmul; 0 when
  * cuBLASLt cannot (then nothing was launched and the caller falls back). */
-static int lc_lt_bias_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC) {
-    if (!lc_lt && !lc_lt_failed && cublasLtCreate(&lc_lt) != CUBLAS_STATUS_SUCCESS) lc_lt_failed = 1;
+static int lc_lt_bias_fwd(loom_cuda_ctx *c, float *out, const float *inp, const float *w, const float *b, int N,
+                          int C, int OC) {
+    if (!c->lt && !c->lt_failed && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) c->lt_failed = 1;
     /* the bias's alignment is not part of the heuristic query: only 16-byte aligned biases go here */
-    if (lc_lt_failed || N <= 0 || OC <= 0 || C <= 0 || lc_align(b) < 16) return 0;
+    if (c->lt_failed || N <= 0 || OC <= 0 || C <= 0 || lc_align(b) < 16) return 0;
     const void *a = w, *bb = inp; /* column-major: out^T (OC,N) = w^T (OC,C) inp^T (C,N) */
     cudaDataType_t type = CUDA_R_32F;
-    cublasComputeType_t compute = lc_precision == LOOM_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    if (lc_precision == LOOM_CUDA_BF16) {
-        a = lc_bf16_copy(LC_SCRATCH_B, w, (size_t)C * OC);
-        bb = lc_bf16_copy(LC_SCRATCH_A, inp, (size_t)N * C);
+    cublasComputeType_t compute = c->precision == LOOM_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (c->precision == LOOM_CUDA_BF16) {
+        a = lc_bf16_copy(c, LC_SCRATCH_B, w, (size_t)C * OC);
+        bb = lc_bf16_copy(c, LC_SCRATCH_A, inp, (size_t)N * C);
         if (!a || !bb) return 0;
         type = CUDA_R_16BF;
     }
-    void *ws = lc_scratch(LC_SCRATCH_WS, LT_WORKSPACE);
+    void *ws = lc_scratch(c, LC_SCRATCH_WS, LT_WORKSPACE);
     if (!ws) return 0;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
@@ -135,10 +124,10 @@ static int lc_lt_bias_fwd(float *out, const float *inp, const float *w, const fl
             CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(lc_lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
         found > 0) {
         const float one = 1.0f, zero = 0.0f;
-        done = cublasLtMatmul(lc_lt, op, &one, a, la, bb, lb, &zero, out, lc, out, lc, &heur.algo, ws, wsz,
+        done = cublasLtMatmul(c->lt, op, &one, a, la, bb, lb, &zero, out, lc, out, lc, &heur.algo, ws, wsz,
                               lc_stream()) == CUBLAS_STATUS_SUCCESS;
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -147,13 +136,6 @@ static int lc_lt_bias_fwd(float *out, const float *inp, const float *w, const fl
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
     return done;
-}
-
-void lc_gemm_shutdown(void) {
-    if (lc_lt) cublasLtDestroy(lc_lt);
-    lc_lt = NULL;
-    lc_lt_failed = 0;
-    lc_precision = LOOM_CUDA_FP32;
 }
 
 /* out (N,OC) = b broadcast over rows */
@@ -186,10 +168,11 @@ void lc_colsum_acc(float *db, const float *dout, int N, int OC) {
     lc_launched("bias gradient");
 }
 
-void loom_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N,
-                          int C, int OC) {
+void loom_cuda_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N, int C,
+                          int OC) {
+    loom_cuda_ctx *c = lc_ctx(ctx);
     float beta = 0.0f;
-    if (b && lc_lt_bias_fwd(out, inp, w, b, N, C, OC)) {
+    if (b && lc_lt_bias_fwd(c, out, inp, w, b, N, C, OC)) {
         lc_launched("matmul_fwd (cuBLASLt)");
         return;
     }
@@ -198,29 +181,31 @@ void loom_cuda_matmul_fwd(float *out, const float *inp, const float *w, const fl
         if (!lc_launched("matmul_fwd bias")) return;
         beta = 1.0f;
     }
-    lc_gemm_rm(false, false, N, OC, C, 1.0f, inp, C, w, OC, beta, out, OC, "matmul_fwd");
+    lc_gemm_rm(c, false, false, N, OC, C, 1.0f, inp, C, w, OC, beta, out, OC, "matmul_fwd");
 }
 
-void loom_cuda_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void loom_cuda_matmul_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                           const float *w, int N, int C, int OC) {
-    if (dinp) lc_gemm_rm(false, true, N, C, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, C, "matmul_bwd dinp");
-    if (dw) lc_gemm_rm(true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC, "matmul_bwd dw");
+    loom_cuda_ctx *c = lc_ctx(ctx);
+    if (dinp) lc_gemm_rm(c, false, true, N, C, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, C, "matmul_bwd dinp");
+    if (dw) lc_gemm_rm(c, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC, "matmul_bwd dw");
     if (db) lc_colsum_acc(db, dout, N, OC);
 }
 
-void loom_cuda_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V) {
-    lc_gemm_rm(false, true, N, V, C, 1.0f, inp, C, wte, C, 0.0f, out, V, "matmul_nt_fwd");
+void loom_cuda_matmul_nt_fwd(void *ctx, float *out, const float *inp, const float *wte, int N, int C, int V) {
+    lc_gemm_rm(lc_ctx(ctx), false, true, N, V, C, 1.0f, inp, C, wte, C, 0.0f, out, V, "matmul_nt_fwd");
 }
 
-void loom_cuda_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
+void loom_cuda_matmul_nt_bwd(void *ctx, float *dinp, float *dwte, const float *dout, const float *inp,
                              const float *wte, int N, int C, int V) {
-    if (dinp) lc_gemm_rm(false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
-    if (dwte) lc_gemm_rm(true, false, V, C, N, 1.0f, dout, V, inp, C, 1.0f, dwte, C, "matmul_nt_bwd dwte");
+    loom_cuda_ctx *c = lc_ctx(ctx);
+    if (dinp) lc_gemm_rm(c, false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
+    if (dwte) lc_gemm_rm(c, true, false, V, C, N, 1.0f, dout, V, inp, C, 1.0f, dwte, C, "matmul_nt_bwd dwte");
 }
 
 /* ---- calibration ---------------------------------------------------------------- */
 
-double loom_cuda_calibrate_gemm(int n, int trials) {
+double loom_cuda_calibrate_gemm(loom_cuda_ctx *ctx, int n, int trials) {
     if (n <= 0) n = 4096;
     if (trials <= 0) trials = 1;
     size_t nn = (size_t)n * n;
@@ -232,11 +217,11 @@ double loom_cuda_calibrate_gemm(int n, int trials) {
     /* every float 0x3c3c3c3c (~0.0115): finite products, no denormals */
     if (lc_cuda(cudaMemsetAsync(a, 0x3c, 2 * nn * sizeof(float), lc_stream()), "calibrate memset") &&
         lc_cuda(cudaEventCreate(&e0), "calibrate event") && lc_cuda(cudaEventCreate(&e1), "calibrate event")) {
-        lc_gemm_rm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm"); /* warm-up */
+        lc_gemm_rm(ctx, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm"); /* warm-up */
         for (int t = 0; t < trials; t++) {
             float ms = 0.0f;
             cudaEventRecord(e0, lc_stream());
-            lc_gemm_rm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm");
+            lc_gemm_rm(ctx, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm");
             cudaEventRecord(e1, lc_stream());
             if (!lc_cuda(cudaEventSynchronize(e1), "calibrate synchronize") ||
                 !lc_cuda(cudaEventElapsedTime(&ms, e0, e1), "calibrate elapsed"))

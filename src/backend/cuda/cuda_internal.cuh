@@ -1,35 +1,49 @@
 /* cuda_internal.cuh - helpers shared by the CUDA backend's .cu files (private
- * to src/backend/cuda): the current stream, the cuBLAS handle, the sticky
- * error, scratch buffers and launch geometry. */
+ * to src/backend/cuda): the context, the current stream, the cuBLAS handle,
+ * the sticky error, scratch buffers and launch geometry. */
 #ifndef LOOM_CUDA_INTERNAL_CUH
 #define LOOM_CUDA_INTERNAL_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
 #include "cuda_backend.h"
 
+/* Device scratch slots of a context: GEMM operand copies (A, B), attention
+ * backward's per-row D, reduction partials, the cuBLASLt workspace. */
+enum { LC_SCRATCH_A, LC_SCRATCH_B, LC_SCRATCH_ROWS, LC_SCRATCH_RED, LC_SCRATCH_WS, LC_SCRATCH_N };
+
+struct loom_cuda_ctx {
+    int precision;         /* LOOM_CUDA_FP32 / _BF16 / _TF32 */
+    cublasHandle_t blas;   /* made with the context */
+    cublasLtHandle_t lt;   /* made at the first fused-bias forward (cuda_gemm.cu) */
+    int lt_failed;
+    void *scr[LC_SCRATCH_N];     /* grown (never shrunk) on demand */
+    size_t scr_cap[LC_SCRATCH_N];
+    float *host;           /* loom_cuda_host_scratch */
+    size_t host_n;
+};
+
+/* A kernel's context, as the table passes it. */
+static inline loom_cuda_ctx *lc_ctx(void *ctx) { return (loom_cuda_ctx *)ctx; }
+
 /* The calling thread's current stream. */
 cudaStream_t lc_stream(void);
-/* The process's cuBLAS handle, bound to lc_stream() (created on first use;
- * NULL after a remembered failure to create it). */
-cublasHandle_t lc_cublas(void);
+/* c's cuBLAS handle, bound to lc_stream(). */
+cublasHandle_t lc_cublas(loom_cuda_ctx *c);
 /* Remember the first failure: after a launch, lc_launched("gelu_fwd") checks
  * cudaGetLastError; lc_cuda / lc_blas check a returned status. Each returns
  * 1 when all is well. */
 int lc_launched(const char *what);
 int lc_cuda(cudaError_t e, const char *what);
 int lc_blas(cublasStatus_t s, const char *what);
-/* A device scratch buffer of at least `bytes`, one per slot, grown (never
+/* c's device scratch buffer `slot` of at least `bytes`, grown (never
  * shrunk) on demand; NULL (failure remembered) when out of memory. */
-enum { LC_SCRATCH_A, LC_SCRATCH_B, LC_SCRATCH_ROWS, LC_SCRATCH_RED, LC_SCRATCH_WS, LC_SCRATCH_N };
-void *lc_scratch(int slot, size_t bytes);
-void lc_scratch_free(void);
+void *lc_scratch(loom_cuda_ctx *c, int slot, size_t bytes);
 /* db (OC) += column sums of dout (N,OC), deterministic (cuda_gemm.cu). */
 void lc_colsum_acc(float *db, const float *dout, int N, int OC);
-/* Free the cuBLASLt handle, precision back to fp32 (cuda_gemm.cu). */
-void lc_gemm_shutdown(void);
 
 /* Blocks for a flat loop of n elements, 256 threads each, capped (grid-stride
  * loops cover the rest). */

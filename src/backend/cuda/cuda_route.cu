@@ -23,7 +23,8 @@ __global__ static void k_softmax_lse(float *x, float *lse, int N, int n) {
     }
 }
 
-double loom_cuda_softmax_lse(float *x, float *lse, int N, int n) {
+double loom_cuda_tensor_softmax_lse(void *ctx, float *x, float *lse, int N, int n) {
+    (void)ctx;
     if (N <= 0) return 0;
     k_softmax_lse<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(x, lse, N, n);
     lc_launched("softmax_lse");
@@ -61,8 +62,9 @@ __global__ static void k_topk_gate(int32_t *sel, float *gate, const float *p, co
     }
 }
 
-void loom_cuda_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+void loom_cuda_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
                          int k, int norm) {
+    (void)ctx;
     if (N <= 0) return;
     k_topk_gate<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(sel, gate, p, bias, N, n, k,
                                                                      norm);
@@ -99,10 +101,11 @@ __global__ static void k_topk_gate_bwd(float *dx, float *dp, const float *dgate,
     }
 }
 
-void loom_cuda_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
+void loom_cuda_tensor_topk_gate_bwd(void *ctx, float *dx, float *dp, const float *dgate, const int32_t *sel,
                              const float *gate, const float *p, const float *lse,
                              const int32_t *add_tab, const int32_t *add_row, float add_scale,
                              float z_scale, int N, int n, int k, int norm) {
+    (void)ctx;
     if (N <= 0) return;
     k_topk_gate_bwd<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(
         dx, dp, dgate, sel, gate, p, lse, add_tab, add_row, add_scale, z_scale, N, n, k, norm);
@@ -116,7 +119,8 @@ __global__ static void k_gather_rows(float *dst, const float *src, const int32_t
     }
 }
 
-void loom_cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cuda_tensor_gather_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+    (void)ctx;
     if (n <= 0 || C <= 0) return;
     k_gather_rows<<<lc_blocks((size_t)n * C), LC_THREADS, 0, lc_stream()>>>(dst, src, idx, n, C);
     lc_launched("gather_rows");
@@ -129,7 +133,8 @@ __global__ static void k_scatter_add_rows(float *dst, const float *src, const in
     }
 }
 
-void loom_cuda_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cuda_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+    (void)ctx;
     if (n <= 0 || C <= 0) return;
     k_scatter_add_rows<<<lc_blocks((size_t)C), LC_THREADS, 0, lc_stream()>>>(dst, src, idx, n, C);
     lc_launched("scatter_add_rows");
@@ -149,8 +154,9 @@ __global__ static void k_combine_rows(float *out, const float *y, const int32_t 
     }
 }
 
-void loom_cuda_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+void loom_cuda_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w, int N,
                             int k, int C) {
+    (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_combine_rows<<<lc_blocks((size_t)N * C), LC_THREADS, 0, lc_stream()>>>(out, y, row, w, N, k, C);
     lc_launched("combine_rows");
@@ -175,8 +181,9 @@ __global__ static void k_combine_rows_bwd(float *dy, float *dw, const float *dou
     }
 }
 
-void loom_cuda_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
+void loom_cuda_tensor_combine_rows_bwd(void *ctx, float *dy, float *dw, const float *dout, const float *y,
                                 const int32_t *row, const float *w, int N, int k, int C) {
+    (void)ctx;
     if (N <= 0 || k <= 0) return;
     k_combine_rows_bwd<<<lc_blocks((size_t)N * k), LC_THREADS, 0, lc_stream()>>>(dy, dw, dout, y, row,
                                                                                  w, N, k, C);
@@ -187,7 +194,8 @@ __global__ static void k_fill(float *x, size_t n, float v) {
     LC_FOR(i, n) x[i] = v;
 }
 
-void loom_cuda_fill(float *x, size_t n, float v) {
+void loom_cuda_tensor_fill(void *ctx, float *x, size_t n, float v) {
+    (void)ctx;
     if (!n) return;
     k_fill<<<lc_blocks(n), LC_THREADS, 0, lc_stream()>>>(x, n, v);
     lc_launched("fill");

@@ -19,8 +19,9 @@ __global__ static void k_embed_fwd(float *out, const int32_t *tok, const float *
     }
 }
 
-void loom_cuda_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+void loom_cuda_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
                          int C) {
+    (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_embed_fwd<<<lc_blocks((size_t)N * C), LC_THREADS, 0, lc_stream()>>>(out, tok, wte_l, v0, V_l, N, C);
     lc_launched("embed_fwd");
@@ -51,8 +52,9 @@ __global__ static void k_embed_bwd(float *dwte_l, const float *dout, const int32
     }
 }
 
-void loom_cuda_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
+void loom_cuda_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
                          int C) {
+    (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_embed_bwd<<<N, LC_THREADS, 0, lc_stream()>>>(dwte_l, dout, tok, v0, V_l, N, C);
     lc_launched("embed_bwd");
@@ -65,7 +67,8 @@ __global__ static void k_pos_fwd(float *out, const float *wpe, int row0, int n, 
     }
 }
 
-void loom_cuda_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C) {
+void loom_cuda_pos_fwd(void *ctx, float *out, const float *wpe, int row0, int n, int T, int C) {
+    (void)ctx;
     if (n <= 0 || C <= 0) return;
     k_pos_fwd<<<lc_blocks((size_t)n * C), LC_THREADS, 0, lc_stream()>>>(out, wpe, row0, n, T, C);
     lc_launched("pos_fwd");
@@ -82,7 +85,8 @@ __global__ static void k_pos_bwd(float *dwpe, const float *dout, int row0, int n
     }
 }
 
-void loom_cuda_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C) {
+void loom_cuda_pos_bwd(void *ctx, float *dwpe, const float *dout, int row0, int n, int T, int C) {
+    (void)ctx;
     if (n <= 0 || C <= 0 || T <= 0) return;
     k_pos_bwd<<<lc_blocks((size_t)T * C), LC_THREADS, 0, lc_stream()>>>(dwpe, dout, row0, n, T, C);
     lc_launched("pos_bwd");
@@ -109,7 +113,8 @@ __global__ static void k_vxent_max(float *rowmax, const float *logits, int V_l, 
     if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 
-void loom_cuda_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid) {
+void loom_cuda_vxent_max(void *ctx, float *rowmax, const float *logits, int N, int V_l, int V_valid) {
+    (void)ctx;
     if (N <= 0) return;
     k_vxent_max<<<N, LC_THREADS, 0, lc_stream()>>>(rowmax, logits, V_l, V_valid);
     lc_launched("vxent_max");
@@ -133,8 +138,9 @@ __global__ static void k_vxent_exp(float *logits, float *rowsum, float *tgt, con
     if (threadIdx.x == 0) rowsum[i] = s;
 }
 
-void loom_cuda_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
+void loom_cuda_vxent_exp(void *ctx, float *logits, float *rowsum, float *tgt, const float *gmax,
                          const int32_t *targets, int v0, int N, int V_l, int V_valid) {
+    (void)ctx;
     if (N <= 0) return;
     k_vxent_exp<<<N, LC_THREADS, 0, lc_stream()>>>(logits, rowsum, tgt, gmax, targets, v0, V_l, V_valid);
     lc_launched("vxent_exp");
@@ -149,8 +155,9 @@ __global__ static void k_vxent_finish(float *losses, float *probs, const float *
     for (int j = threadIdx.x; j < V_l; j += LC_THREADS) p[j] *= inv;
 }
 
-void loom_cuda_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
+void loom_cuda_vxent_finish(void *ctx, float *losses, float *probs, const float *gsum, const float *gtgt,
                             const int32_t *targets, int N, int V_l) {
+    (void)ctx;
     if (N <= 0) return;
     k_vxent_finish<<<N, LC_THREADS, 0, lc_stream()>>>(losses, probs, gsum, gtgt, targets, V_l);
     lc_launched("vxent_finish");
@@ -171,8 +178,9 @@ __global__ static void k_vxent_bwd(float *dlogits, const float *probs, const int
     }
 }
 
-void loom_cuda_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
+void loom_cuda_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
                          int N, int V_l) {
+    (void)ctx;
     if (N <= 0) return;
     k_vxent_bwd<<<N, LC_THREADS, 0, lc_stream()>>>(dlogits, probs, targets, dloss, v0, V_l);
     lc_launched("vxent_bwd");

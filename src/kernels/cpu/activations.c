@@ -60,10 +60,10 @@ static void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size
     }
 }
 
-void loom_cpu_gelu_fwd(float *out, const float *inp, size_t n) {
+void loom_cpu_gelu_fwd(void *ctx, float *out, const float *inp, size_t n) {
     /* out (n), inp (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (size_t k = 0; k < nblk; k++) {
         size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
@@ -71,10 +71,10 @@ void loom_cpu_gelu_fwd(float *out, const float *inp, size_t n) {
     }
 }
 
-void loom_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+void loom_cpu_gelu_bwd(void *ctx, float *dinp, const float *inp, const float *dout, size_t n) {
     /* dinp (n) +=, inp (n), dout (n) */
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (size_t k = 0; k < nblk; k++) {
         size_t lo = k * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;

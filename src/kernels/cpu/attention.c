@@ -105,12 +105,12 @@ static void tile_fwd(const loom_att_view *v, const float *q, const float *k, con
     }
 }
 
-long loom_cpu_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+long loom_cpu_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, size_t o_bs, int o_ld,
                              float *lse, int accumulate) {
     const int nqt = (v->Tq + ATT_BQ - 1) / ATT_BQ;
     const int work = v->B * v->NH * nqt;
     const float scale = 1.0f / sqrtf((float)v->HS);
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int w = 0; w < work; w++) {
         int bh = w / nqt, i0 = (w % nqt) * ATT_BQ;
@@ -161,11 +161,11 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
     }
 }
 
-long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
+long loom_cpu_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, float *dk, float *dv,
                              const float *dout, const float *out, size_t o_bs, int o_ld,
                              const float *lse) {
     const float scale = 1.0f / sqrtf((float)v->HS);
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int bh = 0; bh < v->B * v->NH; bh++) {
         int b = bh / v->NH, h = bh % v->NH;
@@ -176,8 +176,9 @@ long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, f
     return loom_attention_tiles(v);
 }
 
-void loom_cpu_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
+void loom_cpu_attention_merge(void *ctx, float *out, float *lse, const float *out2, const float *lse2,
                           size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
+    (void)ctx;
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         for (int i = 0; i < Tq; i++) {
@@ -205,13 +206,13 @@ static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
     return v;
 }
 
-void loom_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void loom_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_cpu_attention_part_fwd(&v, out, (size_t)T * C, C, lse, 0);
+    loom_cpu_attention_part_fwd(ctx, &v, out, (size_t)T * C, C, lse, 0);
 }
 
-void loom_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+void loom_cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
-    loom_cpu_attention_part_bwd(&v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
+    loom_cpu_attention_part_bwd(ctx, &v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
 }

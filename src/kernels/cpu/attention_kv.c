@@ -10,16 +10,17 @@
 #include <string.h>
 
 #include "kern_vec.h"
+#include "loom/device.h"
 
-size_t loom_attention_kv_scratch_floats(int n, int len) {
-    return (size_t)n * (size_t)len * (size_t)loom_kernels_get_threads();
+size_t loom_attention_kv_scratch_floats(const loom_device *dev, int n, int len) {
+    return (size_t)n * (size_t)len * (size_t)dev->threads;
 }
 
-void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
+void loom_cpu_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
                            int n, int C, int NH, float *scratch) {
     const int HS = C / NH, len = p0 + n;
     const float scale = 1.0f / sqrtf((float)HS);
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     if (nth > NH) nth = NH;
     KERN_PARALLEL_FOR(nth)
     for (int h = 0; h < NH; h++) {

@@ -1,4 +1,4 @@
-/* bf16.c - mixed precision for the model's GEMMs (loom_kernels_set_precision).
+/* bf16.c - mixed precision for the model's GEMMs (a device made with bf16).
  *
  * In bf16 mode every operand of kern_sgemm (activations, weights, output
  * gradients) is rounded to bfloat16 (round to nearest, ties to even - what
@@ -16,8 +16,9 @@
  * or AMX-BF16) the operands are stored as 16-bit bf16 instead - the same
  * rounding - and the provider multiplies them on the bf16 units.
  *
- * The rounded copies live in two buffers that grow to the largest operand
- * seen (the first step allocates them; later steps reuse them).
+ * The rounded copies live in two buffers of the context that grow to the
+ * largest operand seen (the first step allocates them; later steps reuse
+ * them).
  *
  * Kept operands (loom_cpu_gemm_keep): a caller that knows a tensor will not
  * change across several GEMMs - the tied embedding wte from the LM head's
@@ -36,30 +37,6 @@
 #include "kern_vec.h"
 #include "loom/bf16.h"
 
-static int kern_bf16;
-static void *bf16_buf[2]; /* float copies */
-static size_t bf16_cap[2];
-static void *bf16_h[2]; /* uint16_t copies for the provider */
-static size_t bf16_hcap[2];
-
-/* Kept operands: [src, src + n) converted once into buf (bf16 bits when
- * is16, rounded floats otherwise) while ready. Fresh: written by the
- * caller (loom_cpu_gemm_keep_fill) from the floats it has just stored at
- * src, so the next loom_cpu_gemm_keep of that range makes it ready without
- * converting (until then a GEMM converts as for any unready slot). A
- * training step keeps each part's parameters and the logits' gradient. */
-#define BF16_KEEP 8
-typedef struct {
-    const float *src;
-    size_t n;
-    int ready, is16, fresh;
-    void *buf;
-    size_t cap; /* bytes */
-} bf16_kept_op;
-static bf16_kept_op bf16_keep[BF16_KEEP];
-
-void loom_kernels_set_precision(int bf16) { kern_bf16 = bf16 != 0; }
-int loom_kernels_get_precision(void) { return kern_bf16; }
 
 /* One vector of KV elements from i: rounded floats, bf16 bits, or back. */
 static inline void round_lanes(float *dst, const float *src, size_t i) {
@@ -76,12 +53,12 @@ static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
     memcpy(dst + i, &u, sizeof u);
 }
 
-/* dst[i] = CONVERT(src[i]) for i < n, in blocks over the kernels' threads:
+/* dst[i] = CONVERT(src[i]) for i < n, in blocks over ctx's threads:
  * LANES(dst, src, i) for whole vectors, CONVERT for a block's tail. */
-#define BF16_MAP(dst, src, n, CONVERT, LANES)                                                      \
+#define BF16_MAP(ctx, dst, src, n, CONVERT, LANES)                                                 \
     do {                                                                                           \
         size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                        \
-        int nth_ = loom_kernels_get_threads();                                                     \
+        int nth_ = kern_threads(ctx);                                                              \
         KERN_PARALLEL_FOR(nth_)                                                                    \
         for (size_t k_ = 0; k_ < nblk_; k_++) {                                                    \
             size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);   \
@@ -91,64 +68,43 @@ static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
         }                                                                                          \
     } while (0)
 
-void loom_cpu_round_bf16(float *dst, const float *src, size_t n) {
-    BF16_MAP(dst, src, n, loom_bf16_round, round_lanes);
+void loom_cpu_round_bf16(void *ctx, float *dst, const float *src, size_t n) {
+    BF16_MAP(ctx, dst, src, n, loom_bf16_round, round_lanes);
 }
-void loom_bf16_pack(uint16_t *dst, const float *src, size_t n) {
-    BF16_MAP(dst, src, n, loom_bf16_from_f32, pack_lanes);
+void loom_cpu_bf16_pack(void *ctx, uint16_t *dst, const float *src, size_t n) {
+    BF16_MAP(ctx, dst, src, n, loom_bf16_from_f32, pack_lanes);
 }
-void loom_bf16_unpack(float *dst, const uint16_t *src, size_t n) {
-    BF16_MAP(dst, src, n, loom_bf16_to_f32, unpack_lanes);
-}
-
-/* *buf grown to hold n elements of `size` bytes (*cap counts elements);
- * 0 without memory. */
-static int bf16_grow(void **buf, size_t *cap, size_t n, size_t size) {
-    if (n <= *cap) return 1;
-    void *p = realloc(*buf, n * size);
-    if (!p) return 0;
-    *buf = p;
-    *cap = n;
-    return 1;
+void loom_cpu_bf16_unpack(void *ctx, float *dst, const uint16_t *src, size_t n) {
+    BF16_MAP(ctx, dst, src, n, loom_bf16_to_f32, unpack_lanes);
 }
 
 /* A rounded copy of n floats in buffer `which`, or NULL without memory. */
-static const float *bf16_copy(int which, const float *src, size_t n) {
-    if (!bf16_grow(&bf16_buf[which], &bf16_cap[which], n, sizeof(float))) return NULL;
-    loom_cpu_round_bf16(bf16_buf[which], src, n);
-    return bf16_buf[which];
+static const float *bf16_copy(loom_cpu_ctx *c, int which, const float *src, size_t n) {
+    float *dst = kern_buf_grow(&c->round[which], n * sizeof(float));
+    if (dst) loom_cpu_round_bf16(c, dst, src, n);
+    return dst;
 }
 
 /* The bf16 bits (as uint16) of n floats in buffer `which`, or NULL. */
-static const uint16_t *bf16_copy16(int which, const float *src, size_t n) {
-    if (!bf16_grow(&bf16_h[which], &bf16_hcap[which], n, sizeof(uint16_t))) return NULL;
-    loom_bf16_pack(bf16_h[which], src, n);
-    return bf16_h[which];
+static const uint16_t *bf16_copy16(loom_cpu_ctx *c, int which, const float *src, size_t n) {
+    uint16_t *dst = kern_buf_grow(&c->bits[which], n * sizeof(uint16_t));
+    if (dst) loom_cpu_bf16_pack(c, dst, src, n);
+    return dst;
 }
 
 /* The slot keeping [src, src + n), else a free one; NULL when all are taken. */
-static bf16_kept_op *keep_slot(const float *src, size_t n) {
-    bf16_kept_op *free_slot = NULL;
-    for (int i = 0; i < BF16_KEEP; i++) {
-        if (bf16_keep[i].src == src && bf16_keep[i].n == n) return &bf16_keep[i];
-        if (!bf16_keep[i].src && !free_slot) free_slot = &bf16_keep[i];
+static kern_kept *keep_slot(loom_cpu_ctx *c, const float *src, size_t n) {
+    kern_kept *free_slot = NULL;
+    for (int i = 0; i < KERN_KEEP; i++) {
+        if (c->keep[i].src == src && c->keep[i].n == n) return &c->keep[i];
+        if (!c->keep[i].src && !free_slot) free_slot = &c->keep[i];
     }
     return free_slot;
 }
 
-/* k's buffer grown to hold `bytes`; 0 without memory (k unchanged). */
-static int keep_grow(bf16_kept_op *k, size_t bytes) {
-    if (bytes <= k->cap) return 1;
-    void *b = realloc(k->buf, bytes);
-    if (!b) return 0;
-    k->buf = b;
-    k->cap = bytes;
-    return 1;
-}
-
-void loom_cpu_gemm_keep(const float *src, size_t n) {
+void loom_cpu_gemm_keep(void *ctx, const float *src, size_t n) {
     if (!src || !n) return;
-    bf16_kept_op *k = keep_slot(src, n);
+    kern_kept *k = keep_slot(ctx, src, n);
     if (!k) return; /* full: that tensor is converted at every use, as before */
     if (k->src == src && k->n == n && k->fresh) { /* filled from the floats now at src */
         k->ready = 1, k->fresh = 0;
@@ -157,85 +113,87 @@ void loom_cpu_gemm_keep(const float *src, size_t n) {
     k->src = src, k->n = n, k->ready = 0, k->fresh = 0; /* new, or kept again: maybe changed since */
 }
 
-int loom_cpu_gemm_keeps_bf16(void) { return kern_bf16 && kern_bf16_gemm_ready(); }
+int loom_cpu_gemm_keeps_bf16(void *ctx) { return ((loom_cpu_ctx *)ctx)->bf16 && kern_bf16_gemm_ready(); }
 
 /* A slot for [src, src + n) with room for its bf16 bits, which the caller
  * writes (ready: at once, else at loom_cpu_gemm_keep_filled); NULL without
  * 16-bit kept copies, a free slot or memory. */
-static uint16_t *keep_claim16(const float *src, size_t n, int ready) {
-    if (!loom_cpu_gemm_keeps_bf16() || !src || !n) return NULL;
-    bf16_kept_op *k = keep_slot(src, n);
+static uint16_t *keep_claim16(loom_cpu_ctx *c, const float *src, size_t n, int ready) {
+    if (!loom_cpu_gemm_keeps_bf16(c) || !src || !n) return NULL;
+    kern_kept *k = keep_slot(c, src, n);
     if (!k) return NULL;
-    if (!keep_grow(k, n * sizeof(uint16_t))) {
+    if (!kern_buf_grow(&k->buf, n * sizeof(uint16_t))) {
         k->src = NULL, k->ready = k->fresh = 0;
         return NULL;
     }
     k->src = src, k->n = n, k->ready = ready, k->fresh = 0, k->is16 = 1;
-    return k->buf;
+    return k->buf.p;
 }
 
-uint16_t *loom_cpu_gemm_keep_fill(const float *src, size_t n) { return keep_claim16(src, n, 0); }
+uint16_t *loom_cpu_gemm_keep_fill(void *ctx, const float *src, size_t n) { return keep_claim16(ctx, src, n, 0); }
 
-void loom_cpu_gemm_keep_filled(const float *src, int ok) {
-    for (int i = 0; i < BF16_KEEP; i++) {
-        bf16_kept_op *k = &bf16_keep[i];
+void loom_cpu_gemm_keep_filled(void *ctx, const float *src, int ok) {
+    loom_cpu_ctx *c = ctx;
+    for (int i = 0; i < KERN_KEEP; i++) {
+        kern_kept *k = &c->keep[i];
         if (k->src != src || k->ready || k->fresh) continue;
         if (ok) k->fresh = 1;
         else k->src = NULL;
     }
 }
 
-uint16_t *kern_bf16_keep_filled(const float *src, size_t n) { return keep_claim16(src, n, 1); }
+uint16_t *kern_bf16_keep_filled(loom_cpu_ctx *c, const float *src, size_t n) { return keep_claim16(c, src, n, 1); }
 
-void loom_cpu_gemm_unkeep(const float *src) {
-    for (int i = 0; i < BF16_KEEP; i++)
-        if (bf16_keep[i].src && (!src || bf16_keep[i].src == src)) {
-            bf16_keep[i].src = NULL;
-            bf16_keep[i].ready = bf16_keep[i].fresh = 0;
+void loom_cpu_gemm_unkeep(void *ctx, const float *src) {
+    loom_cpu_ctx *c = ctx;
+    for (int i = 0; i < KERN_KEEP; i++)
+        if (c->keep[i].src && (!src || c->keep[i].src == src)) {
+            c->keep[i].src = NULL;
+            c->keep[i].ready = c->keep[i].fresh = 0;
         }
 }
 
 /* The kept copy of [p, p + n) (bf16 bits if is16, else rounded floats),
  * converting its tensor at the first use; NULL if p is not inside a kept
  * tensor, 0 in *oom without memory. */
-static const void *bf16_kept(const float *p, size_t n, int is16, int *oom) {
-    for (int i = 0; i < BF16_KEEP; i++) {
-        bf16_kept_op *k = &bf16_keep[i];
+static const void *bf16_kept(loom_cpu_ctx *c, const float *p, size_t n, int is16, int *oom) {
+    for (int i = 0; i < KERN_KEEP; i++) {
+        kern_kept *k = &c->keep[i];
         if (!k->src || p < k->src || n > k->n || (size_t)(p - k->src) > k->n - n) continue;
         size_t esz = is16 ? sizeof(uint16_t) : sizeof(float);
         if (!k->ready || k->is16 != is16) {
-            if (!keep_grow(k, k->n * esz)) {
+            if (!kern_buf_grow(&k->buf, k->n * esz)) {
                 *oom = 1;
                 return NULL;
             }
-            if (is16) loom_bf16_pack(k->buf, k->src, k->n);
-            else loom_cpu_round_bf16(k->buf, k->src, k->n);
+            if (is16) loom_cpu_bf16_pack(c, k->buf.p, k->src, k->n);
+            else loom_cpu_round_bf16(c, k->buf.p, k->src, k->n);
             k->ready = 1;
             k->is16 = is16;
         }
-        return (const char *)k->buf + (size_t)(p - k->src) * esz;
+        return (const char *)k->buf.p + (size_t)(p - k->src) * esz;
     }
     return NULL;
 }
 
-int kern_gemm_bf16_operands(kern_gemm *g) {
-    if (!kern_bf16) return 1;
+int kern_gemm_bf16_operands(loom_cpu_ctx *c, kern_gemm *g) {
+    if (!c->bf16) return 1;
     /* the storage each operand spans: rows of its stored layout x ld */
     size_t a_rows = (size_t)(g->ta == CblasNoTrans ? g->M : g->K);
     size_t b_rows = (size_t)(g->tb == CblasNoTrans ? g->K : g->N);
     size_t na = a_rows ? (a_rows - 1) * (size_t)g->lda + (size_t)(g->ta == CblasNoTrans ? g->K : g->M) : 0;
     size_t nb = b_rows ? (b_rows - 1) * (size_t)g->ldb + (size_t)(g->tb == CblasNoTrans ? g->N : g->K) : 0;
     int is16 = kern_bf16_gemm_ready() != 0, oom = 0;
-    const void *ka = bf16_kept(g->A, na, is16, &oom), *kb = bf16_kept(g->B, nb, is16, &oom);
+    const void *ka = bf16_kept(c, g->A, na, is16, &oom), *kb = bf16_kept(c, g->B, nb, is16, &oom);
     if (oom) return 0;
     if (is16) {
-        const uint16_t *a16 = ka ? ka : bf16_copy16(0, g->A, na), *b16 = kb ? kb : bf16_copy16(1, g->B, nb);
+        const uint16_t *a16 = ka ? ka : bf16_copy16(c, 0, g->A, na), *b16 = kb ? kb : bf16_copy16(c, 1, g->B, nb);
         if (!a16 || !b16) return 0;
         g->A16 = a16;
         g->B16 = b16;
         return 1;
     }
-    const float *a = ka ? ka : bf16_copy(0, g->A, na), *b = kb ? kb : bf16_copy(1, g->B, nb);
+    const float *a = ka ? ka : bf16_copy(c, 0, g->A, na), *b = kb ? kb : bf16_copy(c, 1, g->B, nb);
     if (!a || !b) return 0;
     g->A = a;
     g->B = b;
@@ -248,30 +206,29 @@ int kern_gemm_bf16_operands(kern_gemm *g) {
  * kern_cal_shapes, best of `trials` each, a shape tried only while the
  * previous one took under 0.1 s (as loom_kernels_calibrate_sgemm). 0 without
  * a provider or memory. */
-double loom_kernels_calibrate_bf16(int trials) {
+double loom_kernels_calibrate_bf16(int threads, int trials) {
     if (!kern_bf16_gemm_ready()) return 0.0;
     const size_t big = kern_cal_elems();
     float *a = malloc(big * sizeof *a), *b = malloc(big * sizeof *b), *c = malloc(big * sizeof *c);
     uint16_t *a16 = malloc(big * sizeof *a16), *b16 = malloc(big * sizeof *b16);
+    /* precision fp32: kern_sgemm takes the bf16 operands as they are */
+    loom_cpu_ctx *ctx = loom_cpu_ctx_create(threads, 0);
     double best = 0.0;
-    for (int i = 0; i < KERN_CAL_SHAPES && a && b && c && a16 && b16; i++) {
+    for (int i = 0; i < KERN_CAL_SHAPES && a && b && c && a16 && b16 && ctx; i++) {
         int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
         size_t na = (size_t)m * k, nb = (size_t)k * n;
         kern_cal_fill(a, b, na, nb);
-        memcpy(a16, bf16_copy16(0, a, na), na * sizeof *a16);
-        memcpy(b16, bf16_copy16(1, b, nb), nb * sizeof *b16);
-        /* precision off: kern_sgemm takes the bf16 operands as they are */
-        int saved = kern_bf16;
-        kern_bf16 = 0;
+        loom_cpu_bf16_pack(ctx, a16, a, na);
+        loom_cpu_bf16_pack(ctx, b16, b, nb);
         kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
                        .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
-        kern_time_gemm(&g, 1); /* warm-up: oneDNN's primitive for this shape, pages */
-        const double tbest = kern_time_gemm(&g, trials);
-        kern_bf16 = saved;
+        kern_time_gemm(ctx, &g, 1); /* warm-up: oneDNN's primitive for this shape, pages */
+        const double tbest = kern_time_gemm(ctx, &g, trials);
         double rate = 2.0 * (double)m * n * k / tbest;
         if (rate > best) best = rate;
         if (tbest > 0.1) break;
     }
     free(a), free(b), free(c), free(a16), free(b16);
+    loom_cpu_ctx_free(ctx);
     return best;
 }

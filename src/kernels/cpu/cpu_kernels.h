@@ -1,7 +1,16 @@
-/* cpu_kernels.h - the CPU backend's kernels (private to src/kernels/cpu and
- * src/backend): loom_cpu_X has exactly the arguments and contract of loom_X
- * in include/loom/kernels.h, which dispatches to the current backend's X.
- * The small tensor ops of the backend table are at the end (tensor_ops.c).
+/* cpu_kernels.h - the CPU backend's context and kernels (private to
+ * src/kernels/cpu and src/backend).
+ *
+ * loom_cpu_ctx is what a CPU device (include/loom/device.h) owns besides
+ * its table: the settings every kernel reads and the state that used to be
+ * process-wide - the thread count, the GEMM precision, the kept bf16
+ * operands and the scratch that grows to the largest operand seen (the
+ * first step allocates it, later steps reuse it). Each device has its own,
+ * so two devices (two thread counts, two precisions) run side by side.
+ *
+ * loom_cpu_X(ctx, ...) is kernel X of include/loom/kernel_list.h with its
+ * contract; ctx is the loom_cpu_ctx (void * as the table passes it). The
+ * prototypes are generated from that list.
  */
 #ifndef LOOM_CPU_KERNELS_H
 #define LOOM_CPU_KERNELS_H
@@ -10,86 +19,54 @@
 #include <stdint.h>
 
 #include "loom/kernels.h"
+#include "loom/status.h"
 
-void loom_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                            const float *b, int N, int C);
-void loom_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                            const float *w, const float *mean, const float *rstd, int N, int C);
-void loom_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *b, int N, int C,
-                         int OC);
-void loom_cpu_matmul_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                         const float *w, int N, int C, int OC);
-void loom_cpu_matmul_nt_fwd(float *out, const float *inp, const float *wte, int N, int C, int V);
-void loom_cpu_matmul_nt_bwd(float *dinp, float *dwte, const float *dout, const float *inp,
-                            const float *wte, int N, int C, int V);
-void loom_cpu_gelu_fwd(float *out, const float *inp, size_t n);
-void loom_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
-void loom_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
-void loom_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);
-void loom_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
-void loom_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
-                            const float *lse, int B, int T, int C, int NH);
-long loom_cpu_attention_part_fwd(const loom_att_view *v, float *out, size_t o_bs, int o_ld,
-                                 float *lse, int accumulate);
-long loom_cpu_attention_part_bwd(const loom_att_view *v, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *out, size_t o_bs, int o_ld,
-                                 const float *lse);
-void loom_cpu_attention_merge(float *out, float *lse, const float *out2, const float *lse2,
-                              size_t o_bs, int o_ld, int B, int Tq, int NH, int HS);
-void loom_cpu_attention_kv_fwd(float *out, const float *q, int ldq, const float *kc,
-                               const float *vc, int p0, int n, int C, int NH, float *scratch);
-void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
-                        int C);
-void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l,
-                        int N, int C);
-void loom_cpu_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C);
-void loom_cpu_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C);
-void loom_cpu_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid);
-void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
-                        const int32_t *targets, int v0, int N, int V_l, int V_valid);
-void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
-                           const int32_t *targets, int N, int V_l);
-void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss,
-                        int v0, int N, int V_l);
-void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float wd, int t, float gscale);
-void loom_cpu_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
-                                float beta2, float eps, float wd, int t, float gscale, uint16_t *p16);
-double loom_cpu_sumsq(const float *x, size_t n);
-void loom_cpu_scale(float *x, size_t n, float s);
-int loom_cpu_all_finite(const float *x, size_t n);
-void loom_cpu_zero(float *x, size_t n); /* x = 0 (n), over the threads */
-void loom_cpu_round_bf16(float *dst, const float *src, size_t n);
-void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targets, int N, int V_l,
-                               int V_valid, float dloss);
-void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l,
-                          int V_valid);
-void loom_cpu_gemm_keep(const float *p, size_t n);
-int loom_cpu_gemm_keeps_bf16(void);
-uint16_t *loom_cpu_gemm_keep_fill(const float *src, size_t n);
-void loom_cpu_gemm_keep_filled(const float *src, int ok);
-void loom_cpu_gemm_unkeep(const float *p);
+/* A buffer that grows, never shrinks: cap bytes at p. */
+typedef struct kern_buf {
+    void *p;
+    size_t cap;
+} kern_buf;
 
-/* Tensor ops of the backend table (include/loom/backend.h says what each does). */
-void loom_cpu_add(float *y, const float *x, size_t n);
-void loom_cpu_add2(float *a, float *b, size_t n);
-void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias, int n, int C);
-void loom_cpu_colsum_acc(float *y, const float *x, int N, int ld, int ncols);
-void loom_cpu_sum_acc(double *host_acc, const float *x, size_t n);
-/* Routing and row ops of the backend table (route_ops.c). */
-double loom_cpu_softmax_lse(float *x, float *lse, int N, int n);
-void loom_cpu_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
-                        int k, int norm);
-void loom_cpu_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
-                            const float *gate, const float *p, const float *lse,
-                            const int32_t *add_tab, const int32_t *add_row, float add_scale,
-                            float z_scale, int N, int n, int k, int norm);
-void loom_cpu_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
-void loom_cpu_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C);
-void loom_cpu_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
-                           int k, int C);
-void loom_cpu_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
-                               const int32_t *row, const float *w, int N, int k, int C);
-void loom_cpu_fill(float *x, size_t n, float v);
+/* A kept operand (loom_gemm_keep): [src, src + n) converted once into buf
+ * (bf16 bits when is16, rounded floats otherwise) while ready. Fresh:
+ * written by the caller (loom_gemm_keep_fill) from the floats it has just
+ * stored at src, so the next keep of that range makes it ready without
+ * converting (until then a GEMM converts as for any unready slot). A
+ * training step keeps each part's parameters and the logits' gradient. */
+#define KERN_KEEP 8
+typedef struct kern_kept {
+    const float *src;
+    size_t n;
+    int ready, is16, fresh;
+    kern_buf buf;
+} kern_kept;
+
+typedef struct loom_cpu_ctx {
+    int threads; /* kernel threads (OpenMP), >= 1 */
+    int bf16;    /* GEMM precision: 1 operands rounded to bf16 (bf16.c) */
+    kern_kept keep[KERN_KEEP];
+    kern_buf round[2];  /* bf16-rounded float copies of a GEMM's A and B (bf16.c) */
+    kern_buf bits[2];   /* their bf16 bits, for the bf16 GEMM provider */
+    kern_buf k_parts;   /* partial products of a GEMM cut along K (gemm.c) */
+    kern_buf xent_rows; /* a row of exponentials per thread (vocab.c) */
+    kern_buf head_b, head_a; /* the LM head kernel's packed operands, 64-byte aligned (gemm_head.c) */
+} loom_cpu_ctx;
+
+/* A context for `threads` (0: one per online CPU) and the precision;
+ * NULL without memory. Sets the threading libraries as the count needs:
+ * with OpenMP, OpenBLAS on one thread (the kernels split rows over the
+ * OpenMP threads themselves, because two spinning pools slow each other
+ * down) and OpenMP's default to the count; without OpenMP the count goes to
+ * OpenBLAS. Library settings, not loom's: every kernel still passes its
+ * context's count to each parallel loop. */
+loom_cpu_ctx *loom_cpu_ctx_create(int threads, int bf16);
+void loom_cpu_ctx_free(loom_cpu_ctx *c);
+
+#define LOOM_KERNEL(ret, name, params, args, need) ret loom_cpu_##name(void *ctx, LOOM_UNPACK params);
+#include "loom/kernel_list.h"
+#undef LOOM_KERNEL
+
+int loom_cpu_gemm_keeps_bf16(void *ctx);
+void loom_cpu_zero(void *ctx, float *x, size_t n); /* x = 0 (n), over the threads */
 
 #endif

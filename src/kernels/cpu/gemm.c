@@ -1,7 +1,7 @@
 /* gemm.c - cblas_sgemm shared out over the kernel threads.
  *
  * With OpenMP, loom runs one pool of threads: OpenBLAS is kept on one thread
- * (loom_kernels_set_threads) and each OpenMP thread calls sgemm on its own
+ * (loom_cpu_ctx_create) and each OpenMP thread calls sgemm on its own
  * block of C. Two pools (OpenBLAS's pthreads and OpenMP's) spin against each
  * other after every switch and measured slower on two threads than on one.
  * Each output element is still the same K-long sum, so the split changes
@@ -67,21 +67,15 @@ static void gemm_call(const kern_gemm *g, int m0, int m, int n0, int n) {
  * its part into C, the others into scratch, and the parts are added to C
  * in thread order afterwards: the same floats for a given thread count. */
 #define GEMM_K_ALIGN 256
-static float *gemm_parts;
-static size_t gemm_parts_cap;
-static int gemm_split_k(const kern_gemm *g, int nth) {
+/* The scratch for the parts (the context's, grown to fit), or NULL: no K
+ * cut for this product (or no memory: a row or column cut instead). */
+static float *gemm_split_k(loom_cpu_ctx *c, const kern_gemm *g, int nth) {
     const int mn = g->M > g->N ? g->M : g->N;
-    if (nth < 2 || g->bias || g->K < 16 * mn || (size_t)g->M * g->N > ((size_t)1 << 20)) return 0;
-    const size_t need = (size_t)(nth - 1) * g->M * g->N;
-    if (need > gemm_parts_cap) {
-        float *p = realloc(gemm_parts, need * sizeof *p);
-        if (!p) return 0; /* a row or column cut instead */
-        gemm_parts = p, gemm_parts_cap = need;
-    }
-    return 1;
+    if (nth < 2 || g->bias || g->K < 16 * mn || (size_t)g->M * g->N > ((size_t)1 << 20)) return NULL;
+    return kern_buf_grow(&c->k_parts, (size_t)(nth - 1) * g->M * g->N * sizeof(float));
 }
 
-static void gemm_k_parts(const kern_gemm *g, int nth) {
+static void gemm_k_parts(const kern_gemm *g, int nth, float *parts) {
     int per = (g->K + nth - 1) / nth;
     per = (per + GEMM_K_ALIGN - 1) / GEMM_K_ALIGN * GEMM_K_ALIGN;
     const int nparts = (g->K + per - 1) / per;
@@ -90,12 +84,12 @@ static void gemm_k_parts(const kern_gemm *g, int nth) {
     for (int t = 0; t < nparts; t++) {
         int k0 = t * per, kk = g->K - k0 < per ? g->K - k0 : per;
         if (t == 0) gemm_block(g, 0, g->M, 0, g->N, k0, kk, g->beta, g->C, g->ldc);
-        else gemm_block(g, 0, g->M, 0, g->N, k0, kk, 0.0f, gemm_parts + (size_t)(t - 1) * mn, g->N);
+        else gemm_block(g, 0, g->M, 0, g->N, k0, kk, 0.0f, parts + (size_t)(t - 1) * mn, g->N);
     }
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < g->M; i++)
         for (int t = 1; t < nparts; t++)
-            kern_add_row(g->C + (size_t)i * g->ldc, gemm_parts + (size_t)(t - 1) * mn + (size_t)i * g->N, g->N);
+            kern_add_row(g->C + (size_t)i * g->ldc, parts + (size_t)(t - 1) * mn + (size_t)i * g->N, g->N);
 }
 
 /* Measured on 2 threads of a Zen 3 (per-thread CPU time, best of 7): the
@@ -127,9 +121,9 @@ static int gemm_whole(const kern_gemm *g, int nth) {
         for (int i = 0; i < g->M; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
     }
     if (g->A16)
-        return kern_dnnl_gemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta,
+        return kern_dnnl_gemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta,
                               g->C, g->ldc);
-    return kern_dnnl_sgemm(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C,
+    return kern_dnnl_sgemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C,
                            g->ldc);
 }
 
@@ -140,13 +134,13 @@ static int gemm_bf16_to_head_dw(const kern_gemm *g) {
            !g->bias && g->K > 0 && kern_bf16_head_ready();
 }
 
-void kern_sgemm(const kern_gemm *g_in) {
+void kern_sgemm(loom_cpu_ctx *c, const kern_gemm *g_in) {
     kern_gemm gb = *g_in;
     const kern_gemm *g = &gb;
-    if (!kern_gemm_bf16_operands(&gb)) abort(); /* out of memory for the bf16 copies */
-    int nth = loom_kernels_get_threads();
+    if (!kern_gemm_bf16_operands(c, &gb)) abort(); /* out of memory for the bf16 copies */
+    int nth = c->threads;
     if (gemm_bf16_to_head_dw(g) &&
-        kern_bf16_head_dw(g->M, g->N, g->K, g->A16, g->lda, g->B16, g->ldb, g->beta, g->C, g->ldc))
+        kern_bf16_head_dw(c, g->M, g->N, g->K, g->A16, g->lda, g->B16, g->ldb, g->beta, g->C, g->ldc))
         return;
     if (g->A16 && kern_bf16_gemm_ready() == KERN_BF16_WHOLE) { /* oneDNN threads the product itself */
         if (g->M <= 0 || g->N <= 0) return;
@@ -161,8 +155,9 @@ void kern_sgemm(const kern_gemm *g_in) {
         if (gemm_whole(g, nth)) return;
         /* refused (not seen on a supported shape): OpenBLAS below, with the same bias rows */
     }
-    if (g->M > 0 && g->N > 0 && gemm_split_k(g, nth)) {
-        gemm_k_parts(g, nth);
+    float *parts = g->M > 0 && g->N > 0 ? gemm_split_k(c, g, nth) : NULL;
+    if (parts) {
+        gemm_k_parts(g, nth, parts);
         return;
     }
     int cols = nth > 1 && gemm_split_cols(g);

@@ -166,8 +166,18 @@ static int dnnl_load(char *why, size_t n) {
     return dn.loaded > 0;
 }
 
-static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
-                    int ldb, float beta, float *c, int ldc);
+static int dnnl_run(int nth, int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda,
+                    const void *b, int ldb, float beta, float *c, int ldc);
+
+/* The threads a probe's primitive is made for: OpenMP's default as the
+ * last device set it (the probe changes nothing). */
+static int probe_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 /* "oneDNN 2.6.3 matmul (brg:avx512_core)" for type dt into buf. */
 static void dnnl_name(int dt, char *buf, size_t n) {
@@ -181,7 +191,8 @@ int kern_dnnl_open(char *why, size_t n) {
      * chose; a reference ("ref") kernel would be far slower than the fp32
      * fallback, so it is refused - unless LOOM_BF16_GEMM=dnnl forces it (the
      * kernels_bf16_dnnl test checks the numerics that way on any CPU). */
-    if (!dnnl_run(DT_BF16, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+    if (!dnnl_run(probe_threads(), DT_BF16, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f,
+                  NULL, 64)) {
         snprintf(why, n, "oneDNN: no bf16 matmul on this CPU");
         return 0;
     }
@@ -219,7 +230,8 @@ static void f32_decide(void) {
     }
     char why[128] = "";
     if (!dnnl_load(why, sizeof why) ||
-        !dnnl_run(DT_F32, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+        !dnnl_run(probe_threads(), DT_F32, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL,
+                  64)) {
         snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (%s)", why[0] ? why : "oneDNN: no fp32 matmul");
         return;
     }
@@ -321,9 +333,8 @@ static dnnl_entry *dnnl_make(int dt, int ta, int tb, int m, int n, int k, float 
     return slot;
 }
 
-static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
-                    int ldb, float beta, float *c, int ldc) {
-    int nth = loom_kernels_get_threads();
+static int dnnl_run(int nth, int dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda,
+                    const void *b, int ldb, float beta, float *c, int ldc) {
     dnnl_entry *e = dnnl_find(dt, ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, nth);
 #ifdef _OPENMP
     omp_set_num_threads(nth); /* oneDNN threads by omp_get_max_threads() */
@@ -341,14 +352,14 @@ static int dnnl_run(int dt, int ta, int tb, int m, int n, int k, float alpha, co
     return 1;
 }
 
-int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+int kern_dnnl_gemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                    const uint16_t *b, int ldb, float beta, float *c, int ldc) {
-    return dnnl_run(DT_BF16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return dnnl_run(nth, DT_BF16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                    int ldb, float beta, float *c, int ldc) {
-    return dnnl_run(DT_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc) {
+    return dnnl_run(nth, DT_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 #else /* no oneDNN header at build time */
@@ -358,16 +369,16 @@ int kern_dnnl_open(char *why, size_t n) {
     return 0;
 }
 
-int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+int kern_dnnl_gemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                    const uint16_t *b, int ldb, float beta, float *c, int ldc) {
-    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
+    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
         (void)beta, (void)c, (void)ldc;
     return 0;
 }
 
-int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                    int ldb, float beta, float *c, int ldc) {
-    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
+int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc) {
+    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
         (void)beta, (void)c, (void)ldc;
     return 0;
 }

@@ -123,18 +123,16 @@ WG_TARGET static void wg_micro(const uint32_t *ap, const uint32_t *bp, int ldb, 
             if (mk[v]) _mm512_mask_storeu_ps(c + (size_t)i * ldc + 16 * v, mk[v], acc[i][v]);
 }
 
-/* Scratch that grows to the largest product seen: B's pairs, and each
- * thread's packed block of A. */
-static uint32_t *wg_bp, *wg_ap;
-static size_t wg_bp_cap, wg_ap_cap;
-
-static uint32_t *wg_grow(uint32_t **buf, size_t *cap, size_t n) {
-    if (n > *cap) {
-        free(*buf);
-        *buf = aligned_alloc(64, (n * sizeof **buf + 63) / 64 * 64);
-        *cap = *buf ? n : 0;
+/* The context's scratch (head_b: B's pairs, head_a: each thread's packed
+ * block of A) grown to n pairs, 64-byte aligned; contents not kept. */
+static uint32_t *wg_grow(kern_buf *b, size_t n) {
+    const size_t bytes = n * sizeof(uint32_t);
+    if (bytes > b->cap || !b->p) {
+        free(b->p);
+        b->p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        b->cap = b->p ? bytes : 0;
     }
-    return *buf;
+    return b->p;
 }
 
 /* One task: C rows [m0, m0+mb) x columns [n0, n0+nc). */
@@ -175,16 +173,15 @@ WG_TARGET static void wg_pack_b(uint32_t *bp, int ldbp, const uint16_t *B, int l
     for (int c = 0; c < ldbp; c += 16) _mm512_storeu_si512(bp + (size_t)p * ldbp + c, wg_pairs(B, ldb, K, p, c, N - c));
 }
 
-int kern_bf16_head_dw(int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
-                    float *C, int ldc) {
+int kern_bf16_head_dw(loom_cpu_ctx *c, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B,
+                      int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return 1;
     const int K2 = (K + 1) / 2, ldbp = (N + WG_NR - 1) / WG_NR * WG_NR;
-    const int nth = loom_kernels_get_threads();
+    const int nth = c->threads;
     const int kc = K2 < WG_KC ? K2 : WG_KC;
-    if (!wg_grow(&wg_bp, &wg_bp_cap, (size_t)(K2 > 0 ? K2 : 1) * ldbp) ||
-        !wg_grow(&wg_ap, &wg_ap_cap, (size_t)nth * (kc > 0 ? kc : 1) * WG_MB))
-        return 0;
-    uint32_t *bp = wg_bp;
+    uint32_t *bp = wg_grow(&c->head_b, (size_t)(K2 > 0 ? K2 : 1) * ldbp);
+    uint32_t *ap = wg_grow(&c->head_a, (size_t)nth * (kc > 0 ? kc : 1) * WG_MB);
+    if (!bp || !ap) return 0;
     KERN_PARALLEL_FOR(nth)
     for (int p = 0; p < K2; p++) wg_pack_b(bp, ldbp, B, ldb, K, N, p);
     const int mtasks = (M + WG_MB - 1) / WG_MB, ntasks = (N + WG_NC - 1) / WG_NC;
@@ -192,7 +189,7 @@ int kern_bf16_head_dw(int M, int N, int K, const uint16_t *A, int lda, const uin
     for (int t = 0; t < mtasks * ntasks; t++) {
         const int m0 = t / ntasks * WG_MB, n0 = t % ntasks * WG_NC;
         wg_task(A, lda, bp, ldbp, K, beta, C, ldc, m0, M - m0 < WG_MB ? M - m0 : WG_MB, n0,
-                N - n0 < WG_NC ? N - n0 : WG_NC, wg_ap + (size_t)kern_thread_id() * kc * WG_MB);
+                N - n0 < WG_NC ? N - n0 : WG_NC, ap + (size_t)kern_thread_id() * kc * WG_MB);
     }
     return 1;
 }

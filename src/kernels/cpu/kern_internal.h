@@ -64,20 +64,29 @@ extern const int kern_cal_shapes[KERN_CAL_SHAPES][3];
 size_t kern_cal_elems(void);
 void kern_cal_fill(float *a, float *b, size_t na, size_t nb);
 /* Best wall time of `reps` (at least 1) runs of g through kern_sgemm. */
-double kern_time_gemm(const kern_gemm *g, int reps);
+double kern_time_gemm(loom_cpu_ctx *c, const kern_gemm *g, int reps);
 
-/* Runs g with the rows of C shared out over the kernel threads (gemm.c). */
-void kern_sgemm(const kern_gemm *g);
-/* In bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c), or,
+/* The context's kernel threads (ctx: a loom_cpu_ctx, as kernels get it). */
+static inline int kern_threads(const void *ctx) { return ((const loom_cpu_ctx *)ctx)->threads; }
+/* b grown to at least `bytes` (contents kept); NULL without memory (b unchanged). */
+void *kern_buf_grow(kern_buf *b, size_t bytes);
+void kern_buf_free(kern_buf *b);
+
+/* Runs g with the rows of C shared out over c's threads (gemm.c). */
+void kern_sgemm(loom_cpu_ctx *c, const kern_gemm *g);
+/* In c's bf16 mode, points g->A and g->B at bf16-rounded copies (bf16.c), or,
  * with the bf16 GEMM provider, sets g->A16 and g->B16 to bf16 copies;
  * returns 0 when the copies cannot be allocated (g unchanged). */
-int kern_gemm_bf16_operands(kern_gemm *g);
+int kern_gemm_bf16_operands(loom_cpu_ctx *c, kern_gemm *g);
 /* With the bf16 GEMM provider: [src, src + n) kept (loom_cpu_gemm_keep) with
  * its bf16 copy marked converted, and that copy's n elements returned for
  * the caller to fill with the bf16 bits of what src stands for; the GEMMs
  * then read the copy and never src. NULL (nothing kept) without bf16 mode,
  * the provider, a free keep slot or memory. */
-uint16_t *kern_bf16_keep_filled(const float *src, size_t n);
+uint16_t *kern_bf16_keep_filled(loom_cpu_ctx *c, const float *src, size_t n);
+/* Threads: set the threading libraries for n (cpu_kernels.h's
+ * loom_cpu_ctx_create says how); returns n, or the online CPUs for 0. */
+int kern_threads_setup(int n);
 
 /* The bf16 GEMM provider (gemm_mkl.c), decided at the first call from the
  * CPU flags: KERN_BF16_NONE (bf16-rounded floats on the fp32 kernels),
@@ -91,9 +100,10 @@ void kern_bf16_gemm_call(int ta, int tb, int m, int n, int k, float alpha, const
                          const uint16_t *b, int ldb, float beta, float *c, int ldc);
 /* gemm_dnnl.c: load oneDNN and check it has a native bf16 matmul here
  * (1, with its description in why) or not (0, with the reason); run one
- * GEMM (1), or 0 if oneDNN refused it. a == NULL only creates the primitive. */
+ * GEMM on nth threads (1), or 0 if oneDNN refused it. a == NULL only
+ * creates the primitive. */
 int kern_dnnl_open(char *why, size_t n);
-int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+int kern_dnnl_gemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                    const uint16_t *b, int ldb, float beta, float *c, int ldc);
 /* The fp32 products gemm.c sends to oneDNN (whole C, threading itself):
  * whether oneDNN takes them here (decided once, from the CPU flags and
@@ -101,7 +111,7 @@ int kern_dnnl_gemm(int ta, int tb, int m, int n, int k, float alpha, const uint1
  * refused the shape). */
 int kern_dnnl_f32_ready(void);
 void kern_dnnl_f32_describe(char *buf, size_t n);
-int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                     int ldb, float beta, float *c, int ldc);
 
 /* gemm_head.c: loom's AVX512-BF16 kernel for the LM head's bf16 weight
@@ -111,8 +121,8 @@ int kern_dnnl_sgemm(int ta, int tb, int m, int n, int k, float alpha, const floa
  * untouched). */
 int kern_bf16_head_ready(void);
 void kern_bf16_head_describe(char *buf, size_t n);
-int kern_bf16_head_dw(int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
-                      float *C, int ldc);
+int kern_bf16_head_dw(loom_cpu_ctx *c, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                      float beta, float *C, int ldc);
 
 /* Monotonic seconds (for the calibrations). */
 double kern_now(void);

@@ -35,10 +35,10 @@ static void ln_fwd_row(float *out, float *mean, float *rstd, const float *x, con
     *rstd = s;
 }
 
-void loom_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+void loom_cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp, const float *w,
                         const float *b, int N, int C) {
     /* out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C) */
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++)
         ln_fwd_row(out + (size_t)i * C, mean + i, rstd + i, inp + (size_t)i * C, w, b, C);
@@ -93,10 +93,10 @@ static void ln_bwd_params(float *dw, float *db, const float *dout, const float *
 
 /* Rows go to threads for dinp; then column slices (all of C on one thread)
  * for dw and db. Every output may be NULL. */
-void loom_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void loom_cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
     /* dinp (N,C) +=, dw (C) +=, db (C) +=; dout (N,C), inp (N,C), w (C), mean (N), rstd (N) */
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     if (dinp) {
         KERN_PARALLEL_FOR(nth)
         for (int i = 0; i < N; i++)

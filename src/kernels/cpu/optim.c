@@ -78,8 +78,8 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
 
 /* The update over n elements in blocks over the kernels' threads; gz: NULL,
  * or g itself to zero each gradient once it has been read; p16: NULL, or
- * where the new parameters' bf16 bits go (loom_bf16_pack's). */
-static void adamw_run(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+ * where the new parameters' bf16 bits go (loom_cpu_bf16_pack's). */
+static void adamw_run(int nth, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                       float beta2, float eps, float wd, int t, float gscale, float *gz, uint16_t *p16) {
     adamw_consts k = {
         .decay = (float)(1.0 - (double)lr * (double)wd),
@@ -93,7 +93,6 @@ static void adamw_run(float *p, const float *g, float *m, float *v, size_t n, fl
         .gscale = gscale,
     };
     size_t nblk = (n + KERN_BLOCK - 1) / KERN_BLOCK;
-    int nth = loom_kernels_get_threads();
     KERN_PARALLEL_FOR(nth)
     for (size_t b = 0; b < nblk; b++) {
         size_t lo = b * KERN_BLOCK, len = lo + KERN_BLOCK < n ? KERN_BLOCK : n - lo;
@@ -101,16 +100,16 @@ static void adamw_run(float *p, const float *g, float *m, float *v, size_t n, fl
     }
 }
 
-void loom_cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, float lr,
+void loom_cpu_adamw_update(void *ctx, float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float wd, int t, float gscale) {
     /* p (n), g (n), m (n), v (n); g read only */
-    adamw_run(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, NULL, NULL);
+    adamw_run(kern_threads(ctx), p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, NULL, NULL);
 }
 
-void loom_cpu_adamw_update_zero(float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
+void loom_cpu_adamw_update_zero(void *ctx, float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
                                 float beta2, float eps, float wd, int t, float gscale, uint16_t *p16) {
     /* as loom_cpu_adamw_update, and g (n) = 0 afterwards: the next step's
      * gradient zeroing done while each gradient is in a register; p16 (n,
      * unless NULL) = the bf16 bits of the new p */
-    adamw_run(p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, g, p16);
+    adamw_run(kern_threads(ctx), p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, g, p16);
 }

@@ -1,4 +1,4 @@
-/* route_ops.c - the CPU backend's routing and row ops (include/loom/backend.h):
+/* route_ops.c - the CPU backend's routing and row ops (include/loom/kernel_list.h):
  * row softmax with logsumexp, top-k gating and its backward, gathers,
  * scatter-adds and weighted combines of rows by an index list, a fill.
  *
@@ -9,7 +9,8 @@
  */
 #include "kern_internal.h"
 
-double loom_cpu_softmax_lse(float *x, float *lse, int N, int n) {
+double loom_cpu_tensor_softmax_lse(void *ctx, float *x, float *lse, int N, int n) {
+    (void)ctx;
     double zsum = 0;
     for (int i = 0; i < N; i++) {
         float *p = x + (size_t)i * n;
@@ -24,9 +25,10 @@ double loom_cpu_softmax_lse(float *x, float *lse, int N, int n) {
     return zsum;
 }
 
-void loom_cpu_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+void loom_cpu_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
                         int k, int norm) {
-    float score[1024]; /* LOOM_TOPK_MAX_N (backend.h) */
+    (void)ctx;
+    float score[1024]; /* LOOM_TOPK_MAX_N (kernels.h) */
     for (int i = 0; i < N; i++) {
         const float *pi = p + (size_t)i * n;
         for (int e = 0; e < n; e++) score[e] = pi[e] + bias[e];
@@ -48,10 +50,11 @@ void loom_cpu_topk_gate(int32_t *sel, float *gate, const float *p, const float *
     }
 }
 
-void loom_cpu_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
+void loom_cpu_tensor_topk_gate_bwd(void *ctx, float *dx, float *dp, const float *dgate, const int32_t *sel,
                             const float *gate, const float *p, const float *lse,
                             const int32_t *add_tab, const int32_t *add_row, float add_scale,
                             float z_scale, int N, int n, int k, int norm) {
+    (void)ctx;
     memset(dp, 0, (size_t)N * n * sizeof *dp);
     for (int i = 0; i < N; i++) {
         const int32_t *s = sel + (size_t)i * k;
@@ -81,12 +84,14 @@ void loom_cpu_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int3
     }
 }
 
-void loom_cpu_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cpu_tensor_gather_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+    (void)ctx;
     for (int r = 0; r < n; r++)
         memcpy(dst + (size_t)r * C, src + (size_t)idx[r] * C, (size_t)C * sizeof *dst);
 }
 
-void loom_cpu_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cpu_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+    (void)ctx;
     for (int r = 0; r < n; r++) {
         float *d = dst + (size_t)idx[r] * C;
         const float *s = src + (size_t)r * C;
@@ -94,8 +99,9 @@ void loom_cpu_scatter_add_rows(float *dst, const float *src, const int32_t *idx,
     }
 }
 
-void loom_cpu_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+void loom_cpu_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w, int N,
                            int k, int C) {
+    (void)ctx;
     memset(out, 0, (size_t)N * C * sizeof *out);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < k; j++) {
@@ -107,8 +113,9 @@ void loom_cpu_combine_rows(float *out, const float *y, const int32_t *row, const
         }
 }
 
-void loom_cpu_combine_rows_bwd(float *dy, float *dw, const float *dout, const float *y,
+void loom_cpu_tensor_combine_rows_bwd(void *ctx, float *dy, float *dw, const float *dout, const float *y,
                                const int32_t *row, const float *w, int N, int k, int C) {
+    (void)ctx;
     memset(dw, 0, (size_t)N * k * sizeof *dw);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < k; j++) {
@@ -124,6 +131,7 @@ void loom_cpu_combine_rows_bwd(float *dy, float *dw, const float *dout, const fl
         }
 }
 
-void loom_cpu_fill(float *x, size_t n, float v) {
+void loom_cpu_tensor_fill(void *ctx, float *x, size_t n, float v) {
+    (void)ctx;
     for (size_t i = 0; i < n; i++) x[i] = v;
 }

@@ -1,4 +1,4 @@
-/* tensor_ops.c - the CPU backend's small tensor ops (include/loom/backend.h):
+/* tensor_ops.c - the CPU backend's small tensor ops (include/loom/kernel_list.h):
  * add, the bias + residual add of a block, column sums, a loss sum.
  *
  * They are the loops model, parallel and pipeline code ran inline before the
@@ -7,15 +7,18 @@
  */
 #include "kern_internal.h"
 
-void loom_cpu_add(float *y, const float *x, size_t n) {
+void loom_cpu_tensor_add(void *ctx, float *y, const float *x, size_t n) {
+    (void)ctx;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-void loom_cpu_add2(float *a, float *b, size_t n) {
+void loom_cpu_tensor_add2(void *ctx, float *a, float *b, size_t n) {
+    (void)ctx;
     for (size_t i = 0; i < n; i++) a[i] = b[i] = a[i] + b[i];
 }
 
-void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias, int n, int C) {
+void loom_cpu_tensor_add_bias_residual(void *ctx, float *out, const float *res, const float *bias, int n, int C) {
+    (void)ctx;
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * C;
         const float *r = res + (size_t)i * C;
@@ -23,13 +26,15 @@ void loom_cpu_add_bias_residual(float *out, const float *res, const float *bias,
     }
 }
 
-void loom_cpu_colsum_acc(float *y, const float *x, int N, int ld, int ncols) {
+void loom_cpu_tensor_colsum_acc(void *ctx, float *y, const float *x, int N, int ld, int ncols) {
+    (void)ctx;
     for (int i = 0; i < N; i++) {
         const float *row = x + (size_t)i * ld;
         for (int j = 0; j < ncols; j++) y[j] += row[j];
     }
 }
 
-void loom_cpu_sum_acc(double *host_acc, const float *x, size_t n) {
+void loom_cpu_tensor_sum_acc(void *ctx, double *host_acc, const float *x, size_t n) {
+    (void)ctx;
     for (size_t i = 0; i < n; i++) *host_acc += x[i];
 }

@@ -82,10 +82,10 @@ static inline float kv_exp_sum(float *e, const float *z, int n, float m, const f
     return s;
 }
 
-void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+void loom_cpu_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
                     int C) {
     /* out (N,C), tok (N), wte_l (V_l,C) */
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
         float *o = out + (size_t)i * C;
@@ -95,10 +95,10 @@ void loom_cpu_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int 
     }
 }
 
-void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
+void loom_cpu_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
                     int C) {
     /* threads own disjoint column slices: two tokens may share a row */
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     int cols = nth > 1 ? EMB_COLS : C, ntask = (C + cols - 1) / cols;
     KERN_PARALLEL_FOR(nth)
     for (int task = 0; task < ntask; task++) {
@@ -110,15 +110,15 @@ void loom_cpu_embed_bwd(float *dwte_l, const float *dout, const int32_t *tok, in
     }
 }
 
-void loom_cpu_pos_fwd(float *out, const float *wpe, int row0, int n, int T, int C) {
-    int nth = loom_kernels_get_threads();
+void loom_cpu_pos_fwd(void *ctx, float *out, const float *wpe, int row0, int n, int T, int C) {
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < n; i++)
         kern_add_row(out + (size_t)i * C, wpe + (size_t)((row0 + i) % T) * C, C);
 }
 
-void loom_cpu_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, int C) {
-    int nth = loom_kernels_get_threads();
+void loom_cpu_pos_bwd(void *ctx, float *dwpe, const float *dout, int row0, int n, int T, int C) {
+    int nth = kern_threads(ctx);
     int cols = nth > 1 ? EMB_COLS : C, ntask = (C + cols - 1) / cols;
     KERN_PARALLEL_FOR(nth)
     for (int task = 0; task < ntask; task++) {
@@ -128,16 +128,16 @@ void loom_cpu_pos_bwd(float *dwpe, const float *dout, int row0, int n, int T, in
     }
 }
 
-void loom_cpu_vxent_max(float *rowmax, const float *logits, int N, int V_l, int V_valid) {
-    int nth = loom_kernels_get_threads();
+void loom_cpu_vxent_max(void *ctx, float *rowmax, const float *logits, int N, int V_l, int V_valid) {
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++)
         rowmax[i] = V_valid > 0 ? kern_max(logits + (size_t)i * V_l, V_valid) : -INFINITY;
 }
 
-void loom_cpu_vxent_exp(float *logits, float *rowsum, float *tgt, const float *gmax,
+void loom_cpu_vxent_exp(void *ctx, float *logits, float *rowsum, float *tgt, const float *gmax,
                     const int32_t *targets, int v0, int N, int V_l, int V_valid) {
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
         float *z = logits + (size_t)i * V_l; /* (V_l) */
@@ -169,27 +169,15 @@ static inline float xent_row(float *e, const float *z, int32_t t, int V_l, int V
  * scaling, where the three phases stream all the logits three times. The
  * same operations in the same order as those phases with v0 = 0, so the
  * same floats (kernels_vocab checks it bit for bit). */
-void loom_cpu_vxent_local(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+void loom_cpu_vxent_local(void *ctx, float *losses, float *logits, const int32_t *targets, int N, int V_l,
                           int V_valid) {
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
         float *z = logits + (size_t)i * V_l;
         const float *next = i + 1 < N ? z + V_l : NULL;
         kern_scale_row(z, V_l, 1.0f / xent_row(z, z, targets[i], V_l, V_valid, &losses[i], next));
     }
-}
-
-/* Scratch rows for the exponentials, one per thread (vxent_local_grad). */
-static float *xent_rows;
-static size_t xent_rows_cap;
-static float *xent_scratch(size_t n) {
-    if (n > xent_rows_cap) {
-        float *p = realloc(xent_rows, n * sizeof *p);
-        if (!p) return NULL;
-        xent_rows = p, xent_rows_cap = n;
-    }
-    return xent_rows;
 }
 
 /* vxent_local and vxent_bwd (v0 = 0) in the same pass over each row, for a
@@ -201,14 +189,16 @@ static float *xent_scratch(size_t n) {
  * into the logits' kept copy (kern_bf16_keep_filled), which the head's two
  * backward products read: the logits are read once and never written, where
  * the three kernels wrote them twice and read them three times. */
-void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targets, int N, int V_l,
+void loom_cpu_vxent_local_grad(void *ctx, float *losses, float *logits, const int32_t *targets, int N, int V_l,
                                int V_valid, float dloss) {
     const size_t n = (size_t)N * V_l;
-    int nth = loom_kernels_get_threads();
-    uint16_t *d16 = kern_bf16_keep_filled(logits, n);
-    float *scratch = d16 ? xent_scratch((size_t)nth * V_l) : NULL;
+    int nth = kern_threads(ctx);
+    loom_cpu_ctx *c = ctx;
+    uint16_t *d16 = kern_bf16_keep_filled(c, logits, n);
+    /* the exponentials: a row per thread, the context's scratch */
+    float *scratch = d16 ? kern_buf_grow(&c->xent_rows, (size_t)nth * V_l * sizeof(float)) : NULL;
     if (d16 && !scratch) {
-        loom_cpu_gemm_unkeep(logits);
+        loom_cpu_gemm_unkeep(ctx, logits);
         d16 = NULL;
     }
     KERN_PARALLEL_FOR(nth)
@@ -245,12 +235,12 @@ void loom_cpu_vxent_local_grad(float *losses, float *logits, const int32_t *targ
             d[t] = loom_bf16_from_f32(g - dloss);
         }
     }
-    if (!d16) loom_cpu_gemm_keep(logits, n);
+    if (!d16) loom_cpu_gemm_keep(ctx, logits, n);
 }
 
-void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const float *gtgt,
+void loom_cpu_vxent_finish(void *ctx, float *losses, float *probs, const float *gsum, const float *gtgt,
                        const int32_t *targets, int N, int V_l) {
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
         losses[i] = targets[i] >= 0 ? logf(gsum[i]) - gtgt[i] : 0.0f;
@@ -258,9 +248,9 @@ void loom_cpu_vxent_finish(float *losses, float *probs, const float *gsum, const
     }
 }
 
-void loom_cpu_vxent_bwd(float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
+void loom_cpu_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
                     int N, int V_l) {
-    int nth = loom_kernels_get_threads();
+    int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++)
         xent_grad_row(dlogits + (size_t)i * V_l, probs + (size_t)i * V_l, targets[i], v0, dloss, V_l);
