@@ -78,7 +78,9 @@ static int json_int(const cJSON *root, const char *const *keys, int *out) {
     return 0;
 }
 
-loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
+/* The JSON object of the config file at path (LOOM_ENOINPUT, LOOM_EOS or
+ * LOOM_ECONFIG naming it). */
+static loom_status read_config(const char *path, cJSON **out) {
     FILE *f = fopen(path, "rb");
     if (!f) return loom_fail(LOOM_ENOINPUT, "--model %s: cannot open the config file", path);
     char *text = NULL;
@@ -106,6 +108,13 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         cJSON_Delete(root);
         return loom_fail(LOOM_ECONFIG, "--model %s: not a JSON object", path);
     }
+    *out = root;
+    return LOOM_OK;
+}
+
+loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
+    cJSON *root = NULL;
+    LOOM_TRY(read_config(path, &root));
     memset(m, 0, sizeof *m);
     const char *base = strrchr(path, '/');
     snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
