@@ -1,6 +1,6 @@
 /* cmd_plan.c - `loom plan`: rank every layout of a model on a cluster by the
- * planner's cost model (src/plan/planner.c), or evaluate one (--layout).
- * One process, no MPI. */
+ * planner's cost model (src/plan/planner.c and plan_*.c), or evaluate one
+ * (--layout). One process, no MPI. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>

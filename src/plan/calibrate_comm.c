@@ -112,7 +112,8 @@ static loom_status gemm_rate_together(loom_comm *world, loom_device *dev, int m,
                                       double *out) {
     const size_t na = (size_t)m * k, nb = (size_t)k * n, nc = (size_t)m * n;
     float *buf = malloc((na + nb + nc) * sizeof *buf);
-    if (!buf) return loom_fail(LOOM_EOS, "rank %d: out of memory for the sgemm calibration", loom_comm_rank(world));
+    if (!buf)
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for the sgemm calibration", loom_comm_rank(world));
     float *a = buf, *b = buf + na, *c = buf + na + nb;
     for (size_t i = 0; i < na; i++) a[i] = (float)(i % 17) * 0.0625f - 0.5f;
     for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
@@ -131,8 +132,7 @@ static loom_status gemm_rate_together(loom_comm *world, loom_device *dev, int m,
         const double start = now;
         loom_matmul_fwd(dev, c, a, b, NULL, m, k, n);
         now = loom_comm_wtime();
-        if (now <= t1)
-            calls += 1;
+        if (now <= t1) calls += 1;
         else if (start < t1)
             calls += (t1 - start) / (now - start);
     }
@@ -191,7 +191,8 @@ static size_t mem_available(void) {
     return kb * 1024;
 }
 
-static const char *KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"};
+static const char *KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                            "p2p"};
 
 /* One small product through each GEMM path a training step takes (a
  * linear layer's forward, input and weight gradient), so that the GEMM
@@ -205,23 +206,21 @@ static void gemm_libraries_loaded(loom_device *dev) {
     loom_matmul_bwd(dev, dx, dw, NULL, y, x, w, S, S, S);
 }
 
-loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *path, int verbose) {
-    const int n = loom_comm_size(world), rank = loom_comm_rank(world);
-    gemm_libraries_loaded(dev);
-    const size_t base_rss = loom_sysmem_peak_rss();
-    /* compute and memory bandwidth: every rank at once, as in training */
-    /* GEMM rate by size, every rank at once (gemm_rate_together): the
-     * skinny shapes of small micro-batches up to square ones. The fastest is
-     * the peak; each shape's efficiency is its share of it (the curve). */
-    static const int SHAPES[][3] = {{32, 512, 512}, {128, 512, 512}, {512, 512, 512}, {256, 1024, 1024},
-                                    {1024, 1024, 1024}};
-    enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
-    /* Passes over all shapes, each shape keeps its best pass (all ranks together): one window of
-     * 0.4 s per shape let a passing disturbance halve a shape's rate (a
-     * curve of 0.49-0.62 for the four smaller shapes in one of five 2-rank
-     * calibrations, 0.77-0.99 in the others), and the planner then
-     * predicted tp=2 63 % slow. */
-    double shape_flops[NSHAPE] = {0}, gemm = 0;
+/* GEMM rate by size, every rank at once (gemm_rate_together): the skinny
+ * shapes of small micro-batches up to square ones. The fastest is the
+ * peak; each shape's efficiency is its share of it (the curve). */
+static const int SHAPES[][3] = {
+    {32, 512, 512}, {128, 512, 512}, {512, 512, 512}, {256, 1024, 1024}, {1024, 1024, 1024}};
+enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
+
+/* Each shape's rate (shape_flops) and the fastest (*peak), every rank at
+ * once. Passes over all shapes, each shape keeps its best pass (all ranks
+ * together): one window of 0.4 s per shape let a passing disturbance halve
+ * a shape's rate (a curve of 0.49-0.62 for the four smaller shapes in one
+ * of five 2-rank calibrations, 0.77-0.99 in the others), and the planner
+ * then predicted tp=2 63 % slow. Collective over world. */
+static loom_status measure_gemm(loom_comm *world, loom_device *dev, double shape_flops[NSHAPE], double *peak) {
+    double gemm = 0;
     for (int pass = 0; pass < GEMM_PASSES; pass++)
         for (int i = 0; i < NSHAPE; i++) {
             double r = 0;
@@ -229,56 +228,74 @@ loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *
             shape_flops[i] = fmax(shape_flops[i], r);
         }
     for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i]);
-    int cpus = 1;
-    LOOM_TRY(cpus_usable(world, &cpus));
-    LOOM_TRY(loom_comm_barrier(world));
-    double bw = copy_bandwidth();
-    double sum[2] = {bw, (double)base_rss};
-    LOOM_TRY(loom_comm_allreduce(world, sum, 2, LOOM_F64, LOOM_SUM));
-    bw = sum[0] / n;
-    const double rss = sum[1] / n;
+    *peak = gemm;
+    return LOOM_OK;
+}
+
+/* Measured collectives: per op, one point per group size. */
+typedef struct coll_points {
+    loom_plan_coll_point pts[LOOM_COLL_COUNT][LOOM_PLAN_MAX_POINTS];
+    int npts[LOOM_COLL_COUNT];
+} coll_points;
+
+/* Every collective (p2p at g = 2 only) in groups of g consecutive ranks
+ * (the ranks past the last whole group wait): its latency from a tiny
+ * message, its bandwidth from a large one, the slowest group's. Collective
+ * over world. */
+static loom_status measure_group(loom_comm *world, int g, float *a, float *b, coll_points *cp, int verbose) {
+    const int n = loom_comm_size(world), rank = loom_comm_rank(world);
+    loom_comm *grp = NULL;
+    const int color = rank / g < n / g ? rank / g : -1;
+    loom_status st = loom_comm_split(world, color, rank, "calibrate", &grp);
+    for (int op = 0; op < LOOM_COLL_COUNT && st == LOOM_OK; op++) {
+        if (op == LOOM_COLL_P2P && g != 2) continue;
+        double ts = 0, tl = 0;
+        if (grp) {
+            /* sizes rounded to the group (the per-rank piece a multiple of 4 bytes) */
+            const size_t small = (size_t)g * 4 * ((SMALL + 4 * g - 1) / (4 * g));
+            const size_t large = (size_t)g * 4 * (LARGE / (4 * g));
+            st = time_op(grp, (loom_coll_op)op, small, 31, a, b, &ts);
+            if (st == LOOM_OK) st = time_op(grp, (loom_coll_op)op, large, 7, a, b, &tl);
+        }
+        double v[2] = {ts, tl};
+        if (st == LOOM_OK) st = loom_comm_allreduce(world, v, 2, LOOM_F64, LOOM_MAX);
+        if (st == LOOM_OK && cp->npts[op] < LOOM_PLAN_MAX_POINTS) {
+            loom_plan_coll_point *p = &cp->pts[op][cp->npts[op]++];
+            p->group = g;
+            p->latency = v[0];
+            p->bandwidth = LARGE / fmax(v[1] - v[0], 1e-9);
+            if (verbose && rank == 0)
+                printf("  %-14s group %2d: latency %8.1f us, bandwidth %8.2f GB/s\n", KEYS[op], g, 1e6 * v[0],
+                       p->bandwidth / 1e9);
+        }
+    }
+    loom_comm_free(grp);
+    return st;
+}
+
+/* measure_group at group sizes 2, 4, .. and the world. Collective over
+ * world. */
+static loom_status measure_collectives(loom_comm *world, coll_points *cp, int verbose) {
+    const int n = loom_comm_size(world), rank = loom_comm_rank(world);
     float *a = calloc(LARGE / 4 + 16, sizeof(float)), *b = calloc(LARGE / 4 + 16, sizeof(float));
     if (!a || !b) {
         free(a);
         free(b);
         return loom_fail(LOOM_EOS, "rank %d: out of memory for calibration buffers", rank);
     }
-    loom_plan_coll_point pts[LOOM_COLL_COUNT][LOOM_PLAN_MAX_POINTS];
-    int npts[LOOM_COLL_COUNT] = {0};
     loom_status st = LOOM_OK;
     for (int g = 2; g <= n && st == LOOM_OK; g = g * 2 > n && g != n ? n : g * 2) {
-        loom_comm *grp = NULL;
-        const int color = rank / g < n / g ? rank / g : -1;
-        st = loom_comm_split(world, color, rank, "calibrate", &grp);
-        for (int op = 0; op < LOOM_COLL_COUNT && st == LOOM_OK; op++) {
-            if (op == LOOM_COLL_P2P && g != 2) continue;
-            double ts = 0, tl = 0;
-            if (grp) {
-                /* sizes rounded to the group (the per-rank piece a multiple of 4 bytes) */
-                const size_t small = (size_t)g * 4 * ((SMALL + 4 * g - 1) / (4 * g));
-                const size_t large = (size_t)g * 4 * (LARGE / (4 * g));
-                st = time_op(grp, (loom_coll_op)op, small, 31, a, b, &ts);
-                if (st == LOOM_OK) st = time_op(grp, (loom_coll_op)op, large, 7, a, b, &tl);
-            }
-            double v[2] = {ts, tl};
-            if (st == LOOM_OK) st = loom_comm_allreduce(world, v, 2, LOOM_F64, LOOM_MAX);
-            if (st == LOOM_OK && npts[op] < LOOM_PLAN_MAX_POINTS) {
-                loom_plan_coll_point *p = &pts[op][npts[op]++];
-                p->group = g;
-                p->latency = v[0];
-                p->bandwidth = LARGE / fmax(v[1] - v[0], 1e-9);
-                if (verbose && rank == 0)
-                    printf("  %-14s group %2d: latency %8.1f us, bandwidth %8.2f GB/s\n", KEYS[op], g, 1e6 * v[0],
-                           p->bandwidth / 1e9);
-            }
-        }
-        loom_comm_free(grp);
+        st = measure_group(world, g, a, b, cp, verbose);
         if (g == n) break;
     }
     free(a);
     free(b);
-    if (st != LOOM_OK) return st;
-    if (rank != 0) return LOOM_OK;
+    return st;
+}
+
+/* Rank 0: the cluster file (path.tmp, renamed into place). */
+static loom_status write_cluster(const char *path, int n, int cpus, int threads, double bw, double rss, double gemm,
+                                 const double *shape_flops, const coll_points *cp) {
     const double mem = (double)mem_available() / n;
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -286,21 +303,23 @@ loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *
     if (!f) return loom_fail(LOOM_ECANTCREAT, "rank 0: cannot create %s", tmp);
     char host[128] = "this machine";
     gethostname(host, sizeof host - 1);
-    const double p2p_lat = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].latency : 1e-6;
-    const double p2p_bw = npts[LOOM_COLL_P2P] ? pts[LOOM_COLL_P2P][0].bandwidth : bw;
+    const loom_plan_coll_point *p2p = cp->npts[LOOM_COLL_P2P] ? &cp->pts[LOOM_COLL_P2P][0] : NULL;
+    const double p2p_lat = p2p ? p2p->latency : 1e-6;
+    const double p2p_bw = p2p ? p2p->bandwidth : bw;
     fprintf(f, "{\n  \"name\": \"%s: %d ranks (measured by loom calibrate)\",\n", host, n);
     fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
     /* the processors the ranks time-share, in units of one rank's threads
      * (the rates below are each rank's with all n computing) */
-    const int threads = dev->threads;
     fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads);
     /* the time slice a rank woken from a synchronisation waits for a processor in */
     fprintf(f, "  \"sched_slice_us\": %.6g,\n", 1e6 * sched_slice());
     fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
     fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
     fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);
-    fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
-    fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9, 1e6 * p2p_lat);
+    fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9,
+            1e6 * p2p_lat);
+    fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9,
+            1e6 * p2p_lat);
     fprintf(f, "  \"efficiency\": {\"gemm\": 1, \"collective\": 1, \"overlap\": 0},\n");
     fprintf(f, "  \"gemm_curve\": [");
     for (int i = 0; i < NSHAPE; i++) {
@@ -312,12 +331,12 @@ loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *
     fprintf(f, "  \"collectives\": {");
     int first = 1;
     for (int op = 0; op < LOOM_COLL_COUNT; op++) {
-        if (!npts[op]) continue;
+        if (!cp->npts[op]) continue;
         fprintf(f, "%s\n    \"%s\": [", first ? "" : ",", KEYS[op]);
         first = 0;
-        for (int i = 0; i < npts[op]; i++)
+        for (int i = 0; i < cp->npts[op]; i++)
             fprintf(f, "%s{\"group\": %d, \"latency_us\": %.6g, \"bandwidth_gbps\": %.6g}", i ? ", " : "",
-                    pts[op][i].group, 1e6 * pts[op][i].latency, pts[op][i].bandwidth / 1e9);
+                    cp->pts[op][i].group, 1e6 * cp->pts[op][i].latency, cp->pts[op][i].bandwidth / 1e9);
         fprintf(f, "]");
     }
     fprintf(f, "\n  }\n}\n");
@@ -325,9 +344,32 @@ loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *
         remove(tmp);
         return loom_fail(LOOM_EIO, "rank 0: cannot write %s", path);
     }
+    return LOOM_OK;
+}
+
+loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *path, int verbose) {
+    const int n = loom_comm_size(world), rank = loom_comm_rank(world);
+    gemm_libraries_loaded(dev);
+    const size_t base_rss = loom_sysmem_peak_rss();
+    /* compute and memory bandwidth: every rank at once, as in training */
+    double shape_flops[NSHAPE] = {0}, gemm = 0;
+    LOOM_TRY(measure_gemm(world, dev, shape_flops, &gemm));
+    int cpus = 1;
+    LOOM_TRY(cpus_usable(world, &cpus));
+    LOOM_TRY(loom_comm_barrier(world));
+    double bw = copy_bandwidth();
+    double sum[2] = {bw, (double)base_rss};
+    LOOM_TRY(loom_comm_allreduce(world, sum, 2, LOOM_F64, LOOM_SUM));
+    bw = sum[0] / n;
+    const double rss = sum[1] / n;
+    coll_points cp = {.npts = {0}};
+    LOOM_TRY(measure_collectives(world, &cp, verbose));
+    if (rank != 0) return LOOM_OK;
+    LOOM_TRY(write_cluster(path, n, cpus, dev->threads, bw, rss, gemm, shape_flops, &cp));
     if (verbose)
-        printf("sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %d cores), copy %.2f GB/s, "
-               "%.1f MB resident per rank at start\nwrote %s\n",
-               gemm / 1e9, n, GEMM_WINDOW, cpus, bw / 1e9, rss / 1e6, path);
+        printf(
+            "sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %d cores), copy %.2f GB/s, "
+            "%.1f MB resident per rank at start\nwrote %s\n",
+            gemm / 1e9, n, GEMM_WINDOW, cpus, bw / 1e9, rss / 1e6, path);
     return LOOM_OK;
 }

@@ -78,7 +78,9 @@ static int json_int(const cJSON *root, const char *const *keys, int *out) {
     return 0;
 }
 
-loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
+/* The JSON object of the config file at path (LOOM_ENOINPUT, LOOM_EOS or
+ * LOOM_ECONFIG naming it). */
+static loom_status read_config(const char *path, cJSON **out) {
     FILE *f = fopen(path, "rb");
     if (!f) return loom_fail(LOOM_ENOINPUT, "--model %s: cannot open the config file", path);
     char *text = NULL;
@@ -106,6 +108,13 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         cJSON_Delete(root);
         return loom_fail(LOOM_ECONFIG, "--model %s: not a JSON object", path);
     }
+    *out = root;
+    return LOOM_OK;
+}
+
+loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
+    cJSON *root = NULL;
+    LOOM_TRY(read_config(path, &root));
     memset(m, 0, sizeof *m);
     const char *base = strrchr(path, '/');
     snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
@@ -149,8 +158,9 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         if (m->experts == 1) m->experts = 0;
         if (m->experts && !m->topk) m->topk = 2;
         if (m->hidden % m->heads || m->heads % m->kv_heads)
-            st = loom_fail(LOOM_ECONFIG, "--model %s: heads %d must divide hidden %d and kv heads %d divide heads",
-                           path, m->heads, m->hidden, m->kv_heads);
+            st = loom_fail(LOOM_ECONFIG,
+                           "--model %s: heads %d must divide hidden %d and kv heads %d divide heads", path,
+                           m->heads, m->hidden, m->kv_heads);
         if (m->experts && m->topk > m->experts)
             st = loom_fail(LOOM_ECONFIG, "--model %s: num_experts_per_tok %d > experts %d", path, m->topk,
                            m->experts);
@@ -171,7 +181,8 @@ double loom_plan_model_params(const loom_plan_model *m, double *active) {
     const double mlp = (m->gated ? 3.0 : 2.0) * h * m->ffn;
     const int E = m->experts > 1 ? m->experts : 1, k = m->experts > 1 ? m->topk : 1;
     const double router = m->experts > 1 ? h * E : 0;
-    const double embed = (double)m->vocab * h * (m->tied ? 1 : 2) + (m->learned_pos ? (double)m->max_seq * h : 0);
+    const double embed =
+        (double)m->vocab * h * (m->tied ? 1 : 2) + (m->learned_pos ? (double)m->max_seq * h : 0);
     /* GPT-2 has biases (qkv, proj, fc, fc_proj) and a final LayerNorm */
     const double norms = 4 * h + (m->gated ? 0 : h + 2 * hd * m->kv_heads + h + m->ffn + h);
     const double final_norm = m->gated ? h : 2 * h;
@@ -195,8 +206,9 @@ static double num(const cJSON *o, const char *key, double def) {
 static const char *COLL_KEYS[LOOM_COLL_COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                  "p2p"};
 
-static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_cluster *c) {
-    memset(c, 0, sizeof *c);
+/* The rates, sizes and efficiencies of a cluster file (absent keys 0 or
+ * their defaults; checked by check_cluster). */
+static void parse_rates(const char *path, const cJSON *root, loom_plan_cluster *c) {
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "name");
     snprintf(c->name, sizeof c->name, "%s", cJSON_IsString(nm) ? nm->valuestring : path);
     c->gpus_per_node = (int)num(root, "gpus_per_node", 0);
@@ -223,6 +235,10 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
      * as gemm and collective are measured fractions); absent: 1, hbm_gbps is
      * then taken as achievable (calibrate writes a measured copy bandwidth) */
     c->hbm_eff = num(eff, "hbm", 1);
+}
+
+/* cores_per_node and sched_slice_us: devices that time-share processors. */
+static loom_status parse_sharing(const char *path, const cJSON *root, loom_plan_cluster *c) {
     const cJSON *cores = cJSON_GetObjectItemCaseSensitive(root, "cores_per_node");
     if (cores) {
         c->cores = cJSON_IsNumber(cores) ? cores->valuedouble : -1;
@@ -240,19 +256,32 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     if (slice) {
         c->slice = cJSON_IsNumber(slice) ? slice->valuedouble * 1e-6 : -1;
         if (!(isfinite(c->slice) && c->slice > 0))
-            return loom_fail(LOOM_ECONFIG, "cluster %s: 'sched_slice_us' must be a positive number (absent: the "
-                                           "EEVDF default for cores_per_node)", path);
+            return loom_fail(LOOM_ECONFIG,
+                             "cluster %s: 'sched_slice_us' must be a positive number (absent: the "
+                             "EEVDF default for cores_per_node)",
+                             path);
     } else if (c->cores > 0) {
         c->slice = loom_plan_default_slice(c->cores);
     }
+    return LOOM_OK;
+}
+
+/* The keys that must be positive numbers and the efficiencies in (0, 1];
+ * then the achievable HBM bandwidth (20 x the intra-node link's when
+ * absent). */
+static loom_status check_cluster(const char *path, loom_plan_cluster *c) {
     if (c->attn_eff < 0 || c->attn_eff > 1)
-        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)", path);
+        return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.attention must be in (0, 1] (or absent)",
+                         path);
     struct {
         const char *key;
         double v;
-    } chk[] = {{"gpus_per_node", c->gpus_per_node}, {"nodes", c->nodes},
-               {"memory_gb", c->memory},           {"peak_tflops.fp32", c->peak_fp32},
-               {"intra_node.bandwidth_gbps", c->intra_bw}, {"efficiency.gemm", c->gemm_eff},
+    } chk[] = {{"gpus_per_node", c->gpus_per_node},
+               {"nodes", c->nodes},
+               {"memory_gb", c->memory},
+               {"peak_tflops.fp32", c->peak_fp32},
+               {"intra_node.bandwidth_gbps", c->intra_bw},
+               {"efficiency.gemm", c->gemm_eff},
                {"efficiency.collective", c->coll_eff}};
     for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
         if (!(chk[i].v > 0) || !isfinite(chk[i].v))
@@ -263,8 +292,12 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
         return loom_fail(LOOM_ECONFIG, "cluster %s: efficiency.hbm must be in (0, 1] (or absent)", path);
     if (c->hbm_bw <= 0) c->hbm_bw = 20 * c->intra_bw;
     c->hbm_bw *= c->hbm_eff;
-    /* GEMM efficiency by size: [{"m", "n", "k", "eff"}, ...] (or "flops"
-     * instead of m, n, k); kept sorted by FLOPs */
+    return LOOM_OK;
+}
+
+/* GEMM efficiency by size: [{"m", "n", "k", "eff"}, ...] (or "flops"
+ * instead of m, n, k); kept sorted by FLOPs */
+static loom_status parse_gemm_curve(const char *path, const cJSON *root, loom_plan_cluster *c) {
     const cJSON *curve = cJSON_GetObjectItemCaseSensitive(root, "gemm_curve"), *gp;
     cJSON_ArrayForEach(gp, curve) {
         if (c->n_gemm >= LOOM_PLAN_MAX_POINTS) break;
@@ -272,7 +305,8 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
         if (f <= 0) f = 2.0 * num(gp, "m", 0) * num(gp, "n", 0) * num(gp, "k", 0);
         const double ef = num(gp, "eff", 0);
         if (!(f > 0) || !(ef > 0) || ef > 1)
-            return loom_fail(LOOM_ECONFIG, "cluster %s: gemm_curve[%d] needs m, n, k > 0 (or flops) and eff in (0, 1]",
+            return loom_fail(LOOM_ECONFIG,
+                             "cluster %s: gemm_curve[%d] needs m, n, k > 0 (or flops) and eff in (0, 1]",
                              path, c->n_gemm);
         int i = c->n_gemm++;
         while (i > 0 && c->gemm_flops[i - 1] > f) {
@@ -281,6 +315,12 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
         }
         c->gemm_flops[i] = f, c->gemm_curve[i] = ef;
     }
+    return LOOM_OK;
+}
+
+/* Measured collectives (calibrate): {"all_reduce": [{"group",
+ * "latency_us", "bandwidth_gbps"}, ...], ...}. */
+static loom_status parse_collectives(const char *path, const cJSON *root, loom_plan_cluster *c) {
     const cJSON *coll = cJSON_GetObjectItemCaseSensitive(root, "collectives");
     for (int op = 0; coll && op < LOOM_COLL_COUNT; op++) {
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(coll, COLL_KEYS[op]);
@@ -302,6 +342,15 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     return LOOM_OK;
 }
 
+static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_cluster *c) {
+    memset(c, 0, sizeof *c);
+    parse_rates(path, root, c);
+    LOOM_TRY(parse_sharing(path, root, c));
+    LOOM_TRY(check_cluster(path, c));
+    LOOM_TRY(parse_gemm_curve(path, root, c));
+    return parse_collectives(path, root, c);
+}
+
 loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
     char path[1024];
     size_t n = strlen(s);
@@ -313,8 +362,10 @@ loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
     }
     FILE *f = fopen(path, "rb");
     if (!f)
-        return loom_fail(LOOM_ENOINPUT, "--cluster %s: cannot open %s (presets: dgx-a100-80gb, dgx-h100; "
-                                        "`loom calibrate` writes this machine's)", s, path);
+        return loom_fail(LOOM_ENOINPUT,
+                         "--cluster %s: cannot open %s (presets: dgx-a100-80gb, dgx-h100; "
+                         "`loom calibrate` writes this machine's)",
+                         s, path);
     char *text = malloc(1 << 20);
     if (!text) {
         fclose(f);
@@ -325,8 +376,9 @@ loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
     text[k] = '\0';
     cJSON *root = cJSON_Parse(text);
     free(text);
-    loom_status st = root && cJSON_IsObject(root) ? parse_cluster(path, root, c)
-                                                  : loom_fail(LOOM_ECONFIG, "cluster %s: not a JSON object", path);
+    loom_status st = root && cJSON_IsObject(root)
+                         ? parse_cluster(path, root, c)
+                         : loom_fail(LOOM_ECONFIG, "cluster %s: not a JSON object", path);
     cJSON_Delete(root);
     return st;
 }
@@ -388,7 +440,8 @@ static loom_status parse_order(const char *s, loom_plan_layout *l) {
         seen |= 1 << a;
         l->order[k++] = a;
     }
-    if (k != LOOM_PLAN_NAXES) return loom_fail(LOOM_EUSAGE, "--layout order=%s: need tp, cp, dp, pp each once", s);
+    if (k != LOOM_PLAN_NAXES)
+        return loom_fail(LOOM_EUSAGE, "--layout order=%s: need tp, cp, dp, pp each once", s);
     return LOOM_OK;
 }
 
@@ -453,8 +506,9 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
                    : strcmp(k, "v") == 0    ? &l->v
                                             : NULL;
         if (!dst)
-            return loom_fail(LOOM_EUSAGE, "--layout: unknown key '%s' (dp, tp, pp, cp, cp_impl, ep, zero, sp, "
-                                          "schedule, mbs, m, v, recompute, order)",
+            return loom_fail(LOOM_EUSAGE,
+                             "--layout: unknown key '%s' (dp, tp, pp, cp, cp_impl, ep, zero, sp, "
+                             "schedule, mbs, m, v, recompute, order)",
                              k);
         if (dst != &l->zero && dst != &l->sp && x < 1)
             return loom_fail(LOOM_EUSAGE, "--layout %s=%ld: must be >= 1", k, x);
@@ -475,10 +529,11 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
 void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap) {
     char cpi[32] = "";
     if (l->cp > 1) snprintf(cpi, sizeof cpi, "cp_impl=%s,", CP_IMPL_NAMES[l->cp_impl]);
-    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,%sep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
+    snprintf(buf, cap,
+             "dp=%d,tp=%d,pp=%d,cp=%d,%sep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
              "order=%s.%s.%s.%s",
-             l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs, l->m, l->v,
-             RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
+             l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs,
+             l->m, l->v, RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
              AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
 }
 

@@ -1,5 +1,6 @@
 /* ckpt.h - sharded checkpoints of a training run (the trainer's side; the
- * format is described in docs/checkpoints.md and ckpt.c). Not public API. */
+ * format is described in docs/checkpoints.md and ckpt.c, which names the
+ * files that implement it). Not public API. */
 #ifndef LOOM_TRAIN_CKPT_H
 #define LOOM_TRAIN_CKPT_H
 

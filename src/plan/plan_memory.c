@@ -1,0 +1,129 @@
+/* plan_memory.c - the memory side of the planner's cost model: bytes per
+ * parameter, gradient, optimizer state and activation element of a job's
+ * precision, the activations one layer keeps for one micro-batch (per
+ * recompute mode, tp/sp and cp shards), and the bytes per rank of the most
+ * loaded pipeline stage: parameters, gradients and optimizer state by ZeRO
+ * stage over the dp x cp group (experts over ep), DP buffers, activations
+ * of the schedule's in-flight micro-batches, and the KV cache when serving.
+ * docs/planning.md states the formulas. Pure: nothing here is collective. */
+#include <math.h>
+#include <stdio.h>
+
+#include "plan/internal.h"
+
+eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j) {
+    eval_ctx e;
+    e.sc = plan_shape_of(m);
+    if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c ? c->peak_bf16 : 0;
+    else
+        e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c ? c->peak_fp32 : 0;
+    e.flash = j->flash;
+    return e;
+}
+
+/* Activation bytes one layer keeps for one micro-batch (Korthikanti et al.
+ * 2022, generalised to GQA, gated MLPs and top-k experts). */
+double plan_layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
+                      double s_loc, double s) {
+    const double t = l->tp, A = s_loc * b * m->hidden, k = n_topk(m);
+    if (e->ab == 4) { /* fp32: loom's own plan (src/model/gpt.c): no dropout, log-sum-exps only */
+        const double N = b * s_loc, hd = (double)m->hidden / m->heads, h = m->hidden;
+        const double res = 4 * N * h / (l->sp ? t : 1) + 4 * N;
+        if (l->recompute == LOOM_RECOMPUTE_FULL) return 4 * N * h / (l->sp ? t : 1);
+        double x = res + N * (h + 2 * hd * m->kv_heads) / t + N * h / t +
+                   k * (m->gated ? 3.0 : 2.0) * N * m->ffn / t;
+        /* the online-softmax kernel keeps one log-sum-exp per row and head,
+         * no T x T probabilities (docs/context-parallel.md) */
+        if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc;
+        return 4 * x;
+    }
+    const double u = e->ab / 2;                                         /* the paper counts 2-byte elements */
+    const double masks = m->gated ? 0 : 2 * A;                          /* dropout masks (GPT) */
+    const double rep = 4 * A + 2 * A + 2 * A;                           /* LN inputs, QKV input, MLP input */
+    const double attn = 2 * A + 4 * A * m->kv_heads / m->heads + 2 * A; /* Q, K+V, proj input */
+    const double mlp = k * (m->gated ? 6.0 : 4.0) * s_loc * b * m->ffn;
+    const double scores = 5.0 * m->heads * s_loc * s * b;
+    if (l->recompute == LOOM_RECOMPUTE_FULL) return u * 2 * A / (l->sp ? t : 1);
+    double x = (l->sp ? (rep + masks) / t : rep + masks) + (attn + mlp) / t;
+    if (l->recompute == LOOM_RECOMPUTE_NONE && !e->flash) x += scores / t;
+    return u * x;
+}
+
+/* Memory of the most loaded stage; fills r->mem_*; returns the number of
+ * layers on that stage in *Ls. */
+void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                 const loom_plan_layout *l, const eval_ctx *e, int layers_max, int first, int last,
+                 loom_plan_result *r) {
+    const double t = l->tp, E = n_experts(m);
+    const double zgroup = (double)l->dp * l->cp, egroup = zgroup / l->ep;
+    const double dense = layers_max * (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
+                         layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
+                         (last && (!m->tied || !first) ? e->sc.head_w / t : 0);
+    const double expert = E > 1 ? layers_max * E * e->sc.mlp_w / (t * l->ep) : 0;
+    double pw = (dense + expert) * e->wb, pg = (dense + expert) * e->gb, po = (dense + expert) * e->ob;
+    if (!j->serve) {
+        const double dz = dense / zgroup + expert / egroup; /* one shard */
+        if (l->zero >= 1) po = dz * e->ob;
+        if (l->zero >= 2) pg = dz * e->gb;
+        if (l->zero >= 3) /* shards plus two layers gathered (one in use, one prefetched) */
+            pw = dz * e->wb + 2 * (dense + expert) / (layers_max ? layers_max : 1) * e->wb;
+    } else {
+        pg = po = 0;
+    }
+    r->mem_params = pw, r->mem_grads = pg, r->mem_opt = po;
+    r->mem_other = c->reserved;
+    if (!j->serve && zgroup > 1) {
+        /* DP buffers: the in-flight reductions' message-sized temporaries (at
+         * most two buckets), and at ZeRO-2/3 the gradient staging (two
+         * buckets) that replaces the full gradient buffer */
+        const double bucket = 25e6, full = (dense + expert) * e->gb;
+        r->mem_other += fmin(full, 2 * bucket) * (l->zero >= 2 ? 2 : 1);
+    }
+    if (j->serve) {
+        const double ctx = (double)j->seq + j->gen;
+        const int kvl = m->kv_heads >= l->tp ? m->kv_heads / l->tp : 1;
+        const double kv_seq = 2.0 * layers_max * ctx * e->sc.hd * kvl * e->ab;
+        const double work = 4.0 * j->seq * m->hidden * e->ab + 2.0 * j->seq * m->ffn / t * e->ab;
+        const double free_b = c->memory - c->reserved - pw - work;
+        r->max_seqs = free_b > 0 ? (int)fmin(free_b / kv_seq, 1e9) : 0;
+        const int want = (j->batch + l->dp - 1) / l->dp;
+        const int live = r->max_seqs < want ? r->max_seqs : want;
+        r->mem_kv = live * kv_seq;
+        r->mem_act = work;
+        r->in_flight = live;
+    } else {
+        const double s = j->seq, s_loc = s / l->cp, b = l->mbs;
+        const int live = l->pp > 1 ? r->in_flight : 1;
+        const double per_set = plan_layer_act(m, e, l, b, s_loc, s) * layers_max / l->v;
+        /* a full recompute re-materialises one layer at a time */
+        double a = live * per_set;
+        if (l->recompute == LOOM_RECOMPUTE_FULL) {
+            loom_plan_layout l2 = *l;
+            l2.recompute = LOOM_RECOMPUTE_SELECTIVE;
+            a += plan_layer_act(m, e, &l2, b, s_loc, s);
+        }
+        if (last) a += b * s_loc * m->vocab / t * 4.0 * 2; /* fp32 logits and their gradient */
+        if (l->cp > 1) { /* the exchange's buffers, once (docs/context-parallel.md) */
+            const double C = m->hidden / t, Ckv = C * m->kv_heads / m->heads, n = b * s_loc;
+            a += (l->cp_impl == LOOM_PLAN_CP_RING      ? 5 * 2 * n * Ckv
+                  : l->cp_impl == LOOM_PLAN_CP_ULYSSES ? 3 * n * (C + 2 * Ckv) + 5 * n * C
+                                                       : 2 * b * s * Ckv) *
+                 e->ab;
+        }
+        if (e->ab == 4) { /* loom: per-slot input/output, one shared backward scratch set */
+            const double N = b * s_loc, h = m->hidden, ht = h / t, F = (double)m->ffn / t;
+            a += live * 4 * (2 * N / t + 2 * N * h / (l->sp ? t : 1));
+            a += 4 * (5 * N * h + 2 * N * F + 2 * N * ht + 3 * N * ht + N * h / (l->sp ? t : 1));
+        }
+        r->mem_act = a;
+        r->mem_kv = 0;
+    }
+    r->mem_total = r->mem_params + r->mem_grads + r->mem_opt + r->mem_act + r->mem_kv + r->mem_other;
+}
+
+void plan_format_gb(char *buf, size_t cap, const loom_plan_result *r) {
+    snprintf(buf, cap,
+             "params %.2f + grads %.2f + optimizer %.2f + activations %.2f + kv %.2f + reserved %.2f GB",
+             r->mem_params / GB, r->mem_grads / GB, r->mem_opt / GB, r->mem_act / GB, r->mem_kv / GB,
+             r->mem_other / GB);
+}

@@ -1,0 +1,311 @@
+/* ckpt_shards.c - what one rank writes into a checkpoint (every mesh axis:
+ * the one-holder rules below; local, not collective): every rank writes
+ * only what it is the one holder of, as 1-D F32 tensors in
+ * DIR/step_N.tmp/rank_R.safetensors: its parameter elements (dp/cp
+ * coordinate 0, or its own ZeRO-3 slices; tp rank 0 for tensors tp does not
+ * cut; the embedding stage for the tied wte) and its AdamW moments (dp
+ * coordinate 0, or its own ZeRO-1/2/3 slices; the same tp and wte rule);
+ * under expert parallelism the expert tensors from the EP engine's storage,
+ * by edp rank 0 (ep.h), under their global names; MoE selection biases
+ * inline in the manifest ("buffers"). A shard is (tensor, kind, file, key)
+ * plus the global element indices it holds, as runs [start, len, stride,
+ * count]: count runs of len elements at start + i * stride of the tensor's
+ * row-major global layout. The rank hashes its file (SHA-256 of the bytes
+ * on disk) and describes it and its shards as JSON for the manifest. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loom/ep.h"
+#include "loom/moe.h"
+#include "loom/safetensors.h"
+#include "loom/sha256.h"
+#include "train/ckpt_internal.h"
+
+const char *const ckpt_kind_names[K_COUNT] = {"param", "exp_avg", "exp_avg_sq"};
+
+/* ---- runs of global indices ---------------------------------------------- */
+
+typedef struct {
+    int64_t start, len, stride, count;
+} g_run;
+
+typedef struct {
+    g_run *r;
+    int n, cap;
+    int64_t seg_start, seg_len; /* the contiguous segment being built */
+    int64_t lo, hi;             /* global range [lo, hi) */
+} run_list;
+
+static int runs_push(run_list *l, int64_t start, int64_t len) {
+    if (l->n > 0) {
+        g_run *q = &l->r[l->n - 1];
+        if (q->len == len && q->count == 1 && start > q->start) {
+            q->stride = start - q->start;
+            q->count = 2;
+            return 0;
+        }
+        if (q->len == len && q->count > 1 && start == q->start + q->count * q->stride) {
+            q->count++;
+            return 0;
+        }
+    }
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        g_run *r = realloc(l->r, (size_t)cap * sizeof *r);
+        if (!r) return -1;
+        l->r = r;
+        l->cap = cap;
+    }
+    l->r[l->n++] = (g_run){start, len, len, 1};
+    return 0;
+}
+
+static int runs_add(run_list *l, int64_t g) {
+    if (l->seg_len == 0) {
+        l->seg_start = g;
+        l->seg_len = 1;
+        l->lo = l->hi = g;
+    } else if (g == l->seg_start + l->seg_len) {
+        l->seg_len++;
+    } else {
+        if (runs_push(l, l->seg_start, l->seg_len)) return -1;
+        l->seg_start = g;
+        l->seg_len = 1;
+    }
+    if (g < l->lo) l->lo = g;
+    if (g + 1 > l->hi) l->hi = g + 1;
+    return 0;
+}
+
+static int runs_close(run_list *l) {
+    if (l->seg_len && runs_push(l, l->seg_start, l->seg_len)) return -1;
+    l->seg_len = 0;
+    return 0;
+}
+
+/* ---- what this rank writes ------------------------------------------------ */
+
+typedef struct {
+    const char *tensor;
+    int kind;
+    size_t off, n; /* floats in the rank's value buffer */
+    run_list runs;
+} shard;
+
+typedef struct {
+    shard *sh;
+    int n, cap;
+    float *val;
+    size_t nval, capval;
+} shard_set;
+
+static shard *set_new(shard_set *s, const char *tensor, int kind) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 64;
+        shard *n = realloc(s->sh, (size_t)cap * sizeof *n);
+        if (!n) return NULL;
+        s->sh = n;
+        s->cap = cap;
+    }
+    shard *h = &s->sh[s->n++];
+    memset(h, 0, sizeof *h);
+    h->tensor = tensor;
+    h->kind = kind;
+    h->off = s->nval;
+    return h;
+}
+
+static int set_val(shard_set *s, shard *h, int64_t g, float x) {
+    if (s->nval == s->capval) {
+        size_t cap = s->capval ? 2 * s->capval : 4096;
+        float *v = realloc(s->val, cap * sizeof *v);
+        if (!v) return -1;
+        s->val = v;
+        s->capval = cap;
+    }
+    s->val[s->nval++] = x;
+    h->n++;
+    return runs_add(&h->runs, g);
+}
+
+static void set_free(shard_set *s) {
+    for (int i = 0; i < s->n; i++) free(s->sh[i].runs.r);
+    free(s->sh);
+    free(s->val);
+}
+
+/* The rules of the header comment: the same holder as --save-params. */
+static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p,
+                      int dp_disjoint) {
+    return loom_train_param_holder(m, s->mesh, dp_disjoint, p);
+}
+
+/* Expert tensors of an expert-parallel part live in the EP engine (ep.h),
+ * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
+size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
+    return loom_ep_state(s->ep, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
+}
+
+static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
+    if (loom_comm_rank(loom_ep_edp(s->ep)) != 0) return 0;
+    return p->split_dim >= 0 || m->part.tp.rank == 0;
+}
+
+static loom_status collect_experts(const loom_train_run_state *s, int part, shard_set *set) {
+    const loom_gpt *m = s->parts[part];
+    float *arr[3];
+    size_t lo;
+    if (!ckpt_ep_state(s, part, arr, &lo)) return LOOM_OK;
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        if (p->unit != LOOM_UNIT_EXPERTS || !ep_holder(s, m, p)) continue;
+        for (int kind = K_PARAM; kind < K_COUNT; kind++) {
+            shard *h = set_new(set, p->name, kind);
+            for (size_t i = 0; h && i < p->numel; i++) {
+                int64_t g = loom_param_global_index(p, m->part.tp.rank, i);
+                if (g >= 0 && set_val(set, h, g, arr[kind][p->offset - lo + i])) h = NULL;
+            }
+            if (!h || runs_close(&h->runs))
+                return loom_fail(LOOM_EOS, "out of memory collecting this rank's expert shards");
+            if (h->n == 0) set->n--;
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status collect(const loom_train_run_state *s, shard_set *set) {
+    const int z3 = loom_dp_params_sharded(s->dp), zopt = loom_dp_opt_sharded(s->dp);
+    for (int i = 0; i < s->n_parts; i++) {
+        const loom_gpt *m = s->parts[i];
+        const int tr = m->part.tp.rank;
+        float *ea[3];
+        size_t elo;
+        const int has_ep = ckpt_ep_state(s, i, ea, &elo) > 0;
+        LOOM_TRY(collect_experts(s, i, set));
+        int nr, no = loom_dp_opt_runs(s->dp, i, NULL, 0);
+        const loom_param_run *pr = loom_dp_param_runs(s->dp, i, &nr);
+        loom_opt_run *orun = calloc((size_t)(no ? no : 1), sizeof *orun);
+        if (!orun) return loom_fail(LOOM_EOS, "out of memory");
+        loom_dp_opt_runs(s->dp, i, orun, no);
+        for (int k = 0; k < m->n_params; k++) {
+            const loom_param *p = &m->params[k];
+            if (has_ep && p->unit == LOOM_UNIT_EXPERTS) continue; /* collect_experts */
+            if (one_holder(s, m, p, z3)) {
+                shard *h = set_new(set, p->name, K_PARAM);
+                for (int r = 0; h && r < nr; r++) {
+                    size_t a = p->offset > pr[r].lo ? p->offset : pr[r].lo;
+                    size_t b = p->offset + p->numel, e = pr[r].lo + pr[r].n;
+                    for (size_t f = a; f < (b < e ? b : e); f++) {
+                        int64_t g = loom_param_global_index(p, tr, f - p->offset);
+                        if (g >= 0 && set_val(set, h, g, pr[r].data[f - pr[r].lo])) h = NULL;
+                    }
+                }
+                if (!h || runs_close(&h->runs)) goto oom;
+                if (h->n == 0) set->n--;
+            }
+            if (!one_holder(s, m, p, zopt)) continue;
+            for (int kind = K_EXP_AVG; kind <= K_EXP_AVG_SQ; kind++) {
+                shard *h = set_new(set, p->name, kind);
+                for (int r = 0; h && r < no; r++) {
+                    if (orun[r].param != k) continue;
+                    const float *src = kind == K_EXP_AVG ? orun[r].m : orun[r].v;
+                    for (size_t f = 0; f < orun[r].n; f++) {
+                        int64_t g = loom_param_global_index(p, tr, orun[r].lo + f - p->offset);
+                        if (g >= 0 && set_val(set, h, g, src[f])) h = NULL;
+                    }
+                }
+                if (!h || runs_close(&h->runs)) goto oom;
+                if (h->n == 0) set->n--;
+            }
+        }
+        free(orun);
+        continue;
+    oom:
+        free(orun);
+        return loom_fail(LOOM_EOS, "out of memory collecting this rank's checkpoint shards");
+    }
+    return LOOM_OK;
+}
+
+static cJSON *shard_json(const shard *h, const char *file, int idx) {
+    cJSON *o = cJSON_CreateObject();
+    char key[32];
+    snprintf(key, sizeof key, "s%d", idx);
+    cJSON_AddStringToObject(o, "tensor", h->tensor);
+    cJSON_AddStringToObject(o, "kind", ckpt_kind_names[h->kind]);
+    cJSON_AddStringToObject(o, "file", file);
+    cJSON_AddStringToObject(o, "key", key);
+    cJSON_AddNumberToObject(o, "numel", (double)h->n);
+    cJSON *rg = cJSON_AddArrayToObject(o, "range");
+    cJSON_AddItemToArray(rg, cJSON_CreateNumber((double)h->runs.lo));
+    cJSON_AddItemToArray(rg, cJSON_CreateNumber((double)h->runs.hi));
+    cJSON *runs = cJSON_AddArrayToObject(o, "runs");
+    for (int i = 0; i < h->runs.n; i++) {
+        const g_run *r = &h->runs.r[i];
+        double v[4] = {(double)r->start, (double)r->len, (double)r->stride, (double)r->count};
+        cJSON_AddItemToArray(runs, cJSON_CreateDoubleArray(v, 4));
+    }
+    return o;
+}
+
+static void add_buffers(const loom_train_run_state *s, cJSON *o) {
+    if (s->mesh->dp_rank != 0 || s->mesh->cp_rank != 0 || s->parts[0]->part.tp.rank != 0) return;
+    cJSON *bufs = NULL;
+    for (int i = 0; i < s->n_parts; i++) {
+        const int E = s->parts[i]->cfg.n_expert;
+        int l, nb;
+        loom_moe_stats_get(s->parts[i], &nb);
+        for (int b = 0; b < nb; b++) {
+            const float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            if (!bias) continue;
+            if (!bufs) bufs = cJSON_AddObjectToObject(o, "buffers");
+            char name[64];
+            snprintf(name, sizeof name, BIAS_NAME, l);
+            cJSON *a = cJSON_AddArrayToObject(bufs, name);
+            for (int e = 0; e < E; e++) cJSON_AddItemToArray(a, cJSON_CreateNumber(bias[e]));
+        }
+    }
+}
+
+/* Write this rank's file (if it holds anything) and describe it as JSON. */
+loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, char **json) {
+    shard_set set = {0};
+    loom_status st = collect(s, &set);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "shards");
+    char file[64], path[CKPT_PATH];
+    snprintf(file, sizeof file, "rank_%05d.safetensors", s->mesh->rank);
+    snprintf(path, sizeof path, "%s/%s", tmpdir, file);
+    if (st == LOOM_OK && set.n > 0) {
+        loom_st_writer *w;
+        st = loom_st_writer_create(path, &w);
+        for (int i = 0; i < set.n && st == LOOM_OK; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "s%d", i);
+            int64_t shape[1] = {(int64_t)set.sh[i].n};
+            st = loom_st_writer_add(w, key, LOOM_ST_F32, 1, shape, set.val + set.sh[i].off);
+            if (st != LOOM_OK) loom_st_writer_abort(w);
+        }
+        if (st == LOOM_OK) st = loom_st_writer_finish(w);
+        char hex[65];
+        if (st == LOOM_OK) st = loom_sha256_file(path, hex);
+        struct stat sb;
+        if (st == LOOM_OK && stat(path, &sb) != 0)
+            st = loom_fail(LOOM_EIO, "%s: stat failed: %s", path, strerror(errno));
+        if (st == LOOM_OK) {
+            cJSON_AddStringToObject(o, "file", file);
+            cJSON_AddStringToObject(o, "sha256", hex);
+            cJSON_AddNumberToObject(o, "bytes", (double)sb.st_size);
+            for (int i = 0; i < set.n; i++) cJSON_AddItemToArray(arr, shard_json(&set.sh[i], file, i));
+        }
+    }
+    add_buffers(s, o);
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    set_free(&set);
+    if (st == LOOM_OK && !*json) st = loom_fail(LOOM_EOS, "out of memory");
+    return st;
+}
