@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/log.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
@@ -313,7 +313,7 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     *step = cJSON_GetObjectItem(man, "step")->valueint;
     const cJSON *ot = cJSON_GetObjectItem(man, "optimizer_steps");
     if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
-    if (st == LOOM_OK) loom_ep_set_steps_taken(s->ep, cJSON_IsNumber(ot) ? ot->valueint : *step);
+    if (st == LOOM_OK) loom_edp_set_steps_taken(s->edp, cJSON_IsNumber(ot) ? ot->valueint : *step);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK && s->mesh->rank == 0)

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
@@ -146,11 +146,11 @@ static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const lo
 /* Expert tensors of an expert-parallel part live in the EP engine (ep.h),
  * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
 size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
-    return loom_ep_state(s->ep, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
+    return loom_edp_state(s->edp, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
 }
 
 static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
-    if (loom_comm_rank(loom_ep_edp(s->ep)) != 0) return 0;
+    if (loom_comm_rank(loom_edp_comm(s->edp)) != 0) return 0;
     return p->split_dim >= 0 || m->part.tp.rank == 0;
 }
 

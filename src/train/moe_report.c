@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/log.h"
 #include "loom/moe.h"
 #include "train/internal.h"
@@ -95,7 +95,7 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
     }
     const loom_comm_stats *eps = loom_comm_get_stats(s->mesh->ep);
     v[(size_t)n * W] = (double)(eps->bytes[LOOM_OP_ALLTOALL] + eps->bytes[LOOM_OP_ALLTOALLV]);
-    loom_comm *edp = loom_ep_edp(s->ep);
+    loom_comm *edp = loom_edp_comm(s->edp);
     const double edp_bytes = edp ? (double)loom_comm_get_stats(edp)->bytes[LOOM_OP_ALLREDUCE] : 0;
     loom_status rc = loom_comm_allreduce(s->mesh->dpcp, v, (size_t)n * W + 1, LOOM_F64, LOOM_SUM);
     if (rc == LOOM_OK) rc = loom_comm_allreduce(s->mesh->dpcp, tmax, (size_t)n, LOOM_F64, LOOM_MAX);

@@ -1,5 +1,11 @@
-/* ep.c - the expert-parallel engine (include/loom/ep.h). */
-#include "loom/ep.h"
+/* edp.c - the expert-data-parallel engine of include/loom/edp.h: the
+ * expert tensors' gradient sum over the edp group (the ranks holding the
+ * same experts), their share of the global gradient norm and their AdamW
+ * step. Axis: edp (ep consecutive ranks' counterparts inside dp x cp).
+ * Collective: loom_edp_engine_create (over dp x cp, which it splits),
+ * loom_edp_finish_grads (edp), loom_edp_grad_norm (tp, ep, pp); the rest
+ * is local. */
+#include "loom/edp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -9,7 +15,7 @@
 #include "loom/kernels.h"
 #include "loom/moe.h"
 
-struct loom_ep_engine {
+struct loom_edp_engine {
     loom_gpt **parts;
     int n_parts;
     const loom_mesh *mesh;
@@ -21,10 +27,10 @@ struct loom_ep_engine {
     int t;
 };
 
-loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
-                                  const loom_adamw_hparams *hp, loom_ep_engine **out) {
+loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
+                                  const loom_adamw_hparams *hp, loom_edp_engine **out) {
     *out = NULL;
-    loom_ep_engine *e = calloc(1, sizeof *e);
+    loom_edp_engine *e = calloc(1, sizeof *e);
     if (!e) return loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
     e->parts = parts;
     e->n_parts = n_parts;
@@ -55,14 +61,14 @@ loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     }
     (void)total;
     if (st != LOOM_OK) {
-        loom_ep_engine_free(e);
+        loom_edp_engine_free(e);
         return st;
     }
     *out = e;
     return LOOM_OK;
 }
 
-void loom_ep_engine_free(loom_ep_engine *e) {
+void loom_edp_engine_free(loom_edp_engine *e) {
     if (!e) return;
     for (int i = 0; e->n && e->opt_m && i < e->n_parts; i++)
         loom_device_release(e->parts[i]->dev, e->opt_m[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
@@ -78,7 +84,7 @@ void loom_ep_engine_free(loom_ep_engine *e) {
     free(e);
 }
 
-size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo) {
+size_t loom_edp_state(const loom_edp_engine *e, int part, float **par, float **m, float **v, size_t *lo) {
     if (!e || !e->edp || part < 0 || part >= e->n_parts || !e->n[part]) return 0;
     *par = e->par[part];
     *m = e->opt_m[part];
@@ -87,11 +93,11 @@ size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, 
     return e->n[part];
 }
 
-void loom_ep_set_steps_taken(loom_ep_engine *e, int t) {
+void loom_edp_set_steps_taken(loom_edp_engine *e, int t) {
     if (e) e->t = t;
 }
 
-void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem) {
+void loom_edp_memory_bytes(const loom_edp_engine *e, loom_dp_memory *mem) {
     for (int i = 0; e && i < e->n_parts; i++) {
         size_t par, grad, buf;
         loom_moe_memory_bytes(e->parts[i], &par, &grad, &buf);
@@ -102,9 +108,9 @@ void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem) {
     }
 }
 
-loom_comm *loom_ep_edp(const loom_ep_engine *e) { return e ? e->edp : NULL; }
+loom_comm *loom_edp_comm(const loom_edp_engine *e) { return e ? e->edp : NULL; }
 
-loom_status loom_ep_finish_grads(loom_ep_engine *e) {
+loom_status loom_edp_finish_grads(loom_edp_engine *e) {
     if (!e || !e->edp || loom_comm_size(e->edp) == 1) return LOOM_OK;
     for (int i = 0; i < e->n_parts; i++)
         if (e->n[i])
@@ -112,7 +118,7 @@ loom_status loom_ep_finish_grads(loom_ep_engine *e) {
     return LOOM_OK;
 }
 
-loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
+loom_status loom_edp_grad_norm(loom_edp_engine *e, double *norm) {
     if (!e || !e->edp) return LOOM_OK;
     double sq[2] = {0, 0}; /* tensors TP cuts (summed over tp), replicated ones (once) */
     for (int i = 0; i < e->n_parts; i++) {
@@ -131,7 +137,7 @@ loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
     return LOOM_OK;
 }
 
-loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
+loom_status loom_edp_step(loom_edp_engine *e, float lr, float grad_scale) {
     if (!e || !e->edp) return LOOM_OK;
     e->t++;
     for (int i = 0; i < e->n_parts; i++) {

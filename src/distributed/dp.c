@@ -24,8 +24,7 @@
 #include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
-#include "loom/train.h"
-#include "parallel/dp_internal.h"
+#include "distributed/dp_internal.h"
 
 #define F sizeof(float)
 
