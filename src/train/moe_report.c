@@ -90,8 +90,8 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
         x[2 * E + 2] = ms[b].aux;
         x[2 * E + 3] = ms[b].z;
         x[2 * E + 4] = ms[b].groups;
-        x[2 * E + 5] = (double)ms[b].a2a_bytes;
-        tmax[b] = ms[b].a2a_s;
+        x[2 * E + 5] = (double)ms[b].a2a.bytes;
+        tmax[b] = ms[b].a2a.seconds;
     }
     const loom_comm_stats *eps = loom_comm_get_stats(s->mesh->ep);
     v[(size_t)n * W] = (double)(eps->bytes[LOOM_OP_ALLTOALL] + eps->bytes[LOOM_OP_ALLTOALLV]);
