@@ -24,8 +24,35 @@ struct loom_edp_engine {
     size_t *lo, *n;     /* per part: the expert unit's flat range */
     float **par, **grad; /* per part: its storage (moe.h), laid out like that range */
     float **opt_m, **opt_v;
+    loom_adamw_run *adamw; /* every part's expert tensors, part by part (adamw.h) */
+    int *run0;             /* (n_parts+1) part i's runs: adamw[run0[i] .. run0[i+1]) */
     int t;
 };
+
+/* The AdamW runs of the expert tensors: one per tensor of unit
+ * LOOM_UNIT_EXPERTS, in table order, part by part. */
+static loom_status build_adamw_runs(loom_edp_engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->n_parts; i++)
+        for (int k = 0; k < e->parts[i]->n_params; k++) n += e->parts[i]->params[k].unit == LOOM_UNIT_EXPERTS;
+    e->adamw = calloc((size_t)(n ? n : 1), sizeof *e->adamw);
+    e->run0 = calloc((size_t)e->n_parts + 1, sizeof *e->run0);
+    if (!e->adamw || !e->run0) return loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
+    n = 0;
+    for (int i = 0; i < e->n_parts; i++) {
+        const loom_gpt *m = e->parts[i];
+        e->run0[i] = n;
+        for (int k = 0; k < m->n_params; k++) {
+            const loom_param *p = &m->params[k];
+            if (p->unit != LOOM_UNIT_EXPERTS) continue;
+            size_t so = p->offset - e->lo[i];
+            e->adamw[n++] = (loom_adamw_run){.p = e->par[i] + so, .g = e->grad[i] + so, .m = e->opt_m[i] + so,
+                                             .v = e->opt_v[i] + so, .n = p->numel, .decay = p->decay};
+        }
+    }
+    e->run0[e->n_parts] = n;
+    return LOOM_OK;
+}
 
 loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
                                   const loom_adamw_hparams *hp, loom_edp_engine **out) {
@@ -55,6 +82,7 @@ loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mes
         if (!e->opt_m[i] || !e->opt_v[i])
             st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
     }
+    if (st == LOOM_OK) st = build_adamw_runs(e);
     if (st == LOOM_OK && mesh->layout.ep > 1) { /* same ep on every rank: all split, or none */
         int color = mesh->ep_rank, key = loom_layout_dpcp_rank(&mesh->layout, mesh->coords);
         st = loom_comm_split(mesh->dpcp, color, key, "edp", &e->edp);
@@ -80,6 +108,8 @@ void loom_edp_engine_free(loom_edp_engine *e) {
     free(e->n);
     free(e->par);
     free(e->grad);
+    free(e->adamw);
+    free(e->run0);
     loom_comm_free(e->edp);
     free(e);
 }
@@ -142,15 +172,8 @@ loom_status loom_edp_step(loom_edp_engine *e, float lr, float grad_scale) {
     e->t++;
     for (int i = 0; i < e->n_parts; i++) {
         loom_gpt *m = e->parts[i];
-        for (int k = 0; k < m->n_params; k++) {
-            const loom_param *p = &m->params[k];
-            if (p->unit != LOOM_UNIT_EXPERTS) continue;
-            size_t so = p->offset - e->lo[i];
-            float *g = e->grad[i] + so;
-            loom_adamw_update(m->dev, e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
-                              lr, e->hp.beta1, e->hp.beta2, e->hp.eps,
-                              p->decay ? e->hp.weight_decay : 0.0f, e->t, grad_scale);
-        }
+        loom_adamw_update_runs(m->dev, &e->hp, e->adamw + e->run0[i], e->run0[i + 1] - e->run0[i], e->t, lr,
+                               grad_scale, 0);
         /* consumed: the next step accumulates from zero (the DP engine zeroes
          * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */
         loom_tensor_zero(m->dev, e->grad[i], e->n[i]);
