@@ -1,7 +1,8 @@
 /* dp.c - the data-parallel engine of dp.h: per-unit hooks that reduce each
  * gradient bucket as soon as the backward completes it (all-reduce at
  * zero 0, reduce-scatter at zero 1-3), the exact global norm over shards,
- * AdamW on this rank's shard, and the parameter all-gathers of zero 1/2.
+ * AdamW on this rank's shard (a run per segment for the driver of adamw.h),
+ * and the parameter all-gathers of zero 1/2.
  * Axis: dp. ZeRO-3's parameter side is zero3.c; the plan is dp_layout.c.
  *
  * Collective over dp: the hooks (so the model's forward and backward),

@@ -176,7 +176,7 @@ static loom_status load_part(reader *rd, const loom_train_run_state *s, int part
     const int has_ep = ckpt_ep_state(s, part, ea, &elo) > 0;
     for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
         const loom_param *p = &m->params[k];
-        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the EP engine's storage, whole */
+        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the expert engine's storage, whole */
             for (int kind = K_PARAM; kind < K_COUNT && st == LOOM_OK; kind++) {
                 local_span one = {0, p->numel, ea[kind] + (p->offset - elo)};
                 st = load_param(rd, m, p, kind, &one, 1, scratch, have);
