@@ -124,8 +124,9 @@ def main():
                 print('  "%s" -> "%s";' % (x, y))
         print("}")
     elif a.graph:
+        w = max(len(x) for x in graph)
         for x in sorted(graph):
-            print("%-10s -> %s" % (x, ", ".join(sorted(graph[x]))))
+            print("%-*s -> %s" % (w, x, ", ".join(sorted(graph[x]))))
     found = cycles(graph)
     for comp in found:
         print("cycle between modules: %s" % ", ".join(comp))

@@ -12,11 +12,17 @@
  * so the choice is applied by re-executing the program with the variable set
  * (loom_blas_select, first thing in main). A user's own OPENBLAS_CORETYPE is
  * always respected.
+ *
+ * At the end, the CPU kernels' own helpers that do no tensor work and are
+ * not dispatched (kernels.h): GEMM calibration, attention tile counts, the
+ * KV-cache attention's scratch size. Local; nothing here is collective.
  */
 #ifndef LOOM_CPU_H
 #define LOOM_CPU_H
 
 #include <stddef.h>
+
+#include "loom/kernel_types.h" /* loom_att_view */
 
 typedef struct loom_cpu_features {
     int avx2, fma, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, amx_tile, amx_bf16;
@@ -72,5 +78,26 @@ double loom_cpu_flop_per_cycle(const loom_cpu_features *f);
  * that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4) reads 32,
  * not the flags' 64. */
 double loom_cpu_flop_per_cycle_measured(const loom_cpu_features *f, double clock_hz);
+
+/* ---- the CPU kernels' own helpers (src/kernels/cpu; not dispatched) ------ */
+
+/* Measured single-precision GEMM throughput in FLOP/s on `threads` CPU
+ * threads: after a warm-up, the best of `trials` sgemms of 1024^3, 2048^3
+ * and 2048 x 2304 x 768, each shape tried while the one before took under
+ * 0.1 s (512^3 alone on a CPU too slow for 1024^3 in 0.25 s), threaded as
+ * the model's matmuls are. 0 without memory. */
+double loom_kernels_calibrate_sgemm(int threads, int trials);
+/* The bf16 GEMM provider's throughput the same way (the same shapes,
+ * operands already bf16, best of `trials` each); 0 when there is no provider. */
+double loom_kernels_calibrate_bf16(int threads, int trials);
+/* 1 when bf16 products run on a bf16 GEMM provider (oneDNN or oneMKL), 0
+ * when they run as rounded floats on the fp32 kernels; decides it now. */
+int loom_kernels_bf16_provider(void);
+/* The tiles loom_attention_part_fwd / _bwd compute for view v. */
+long loom_attention_tiles(const loom_att_view *v);
+/* The scratch floats loom_attention_kv_fwd needs on a CPU device of
+ * `threads` threads (its loom_device.threads) for n new rows against a
+ * cache of len rows: one (n, len) block per thread. */
+size_t loom_attention_kv_scratch_floats(int threads, int n, int len);
 
 #endif

@@ -80,6 +80,7 @@
 
 #include <stddef.h>
 
+#include "loom/adamw.h"
 #include "loom/mesh.h"
 #include "loom/model.h"
 #include "loom/status.h"
@@ -107,10 +108,6 @@ typedef struct loom_dp_config {
      * backends only (LOOM_EUSAGE otherwise). */
     int comm_bf16;
 } loom_dp_config;
-
-typedef struct loom_adamw_hparams {
-    float beta1, beta2, eps, weight_decay;
-} loom_adamw_hparams;
 
 /* Bytes per rank by lifetime class, from the engine's and the model's own
  * accounting: what the stage needs (buffers the model allocates but the

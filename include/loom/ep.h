@@ -1,63 +1,92 @@
-/* ep.h - the expert-parallel engine: gradients and optimizer step of the
- * expert tensors of an expert-parallel model part (moe.h).
+/* ep.h - expert parallelism: the dispatch / combine region a Mixture-of-
+ * Experts layer calls (moe.h), over plain row arrays. Axis: ep (a group of
+ * P ranks inside dp x cp, mesh.h); it knows nothing of the model.
  *
- * Groups. The EP group (mesh.h: ep consecutive ranks of dp x cp) splits the
- * experts; the ranks with the same EP rank in every EP group hold the same
- * experts and form the expert-data-parallel group "edp" (dp*cp/ep ranks).
- * Expert gradients are summed over edp only - never over dp x cp, where the
- * ranks at one offset hold different experts - and every other gradient
- * over dp (dp x cp when cp > 1) by the DP engine as before (the expert
- * tensors are in no DP bucket: unit LOOM_UNIT_EXPERTS). With cp > 1 each CP
- * rank dispatches its own tokens, so the edp sum covers every token of the
- * step routed to those experts. Per step and rank the edp all-reduce
- * moves the local experts' floats x 4 bytes (comm.h's convention).
+ * E = P x El experts; rank r of the group owns experts [r El, (r+1) El).
+ * A sender has A rows to send, already packed expert by expert (expert-major
+ * over the global experts, which is destination-major): start (E+1) gives
+ * the first row of each expert, so rank q's rows are
+ * [start[q El], start[(q+1) El]). An owner receives R rows.
  *
- * Storage: the part's flat buffers, or at ZeRO-2/3 (which leave those to the
- * DP engine) the expert tensors' own (moe.h: loom_moe_expert_storage);
- * ZeRO-3's parameter runs (dp.h) include them as one more run.
+ *   loom_ep_counts    each owner learns how many rows every source sends
+ *                     each of its experts (one alltoall of E/P int32 per
+ *                     destination) and where they will sit
+ *   loom_ep_dispatch  rows (A, width) to the owners: one alltoallv, then
+ *                     source-major -> expert-major, so each local expert's
+ *                     rows are contiguous
+ *   loom_ep_combine   its mirror: expert-major -> source-major, one
+ *                     alltoallv back to the senders, rows in their sending
+ *                     order again
  *
- * Optimizer. AdamW on the local experts, replicated over edp (each replica
- * takes the same step from the same reduced gradient). The global gradient
- * norm adds the experts' sum of squares, summed over the EP group (distinct
- * experts), to the DP engine's.
+ * Dispatch's backward is combine's movement (the output gradients go to the
+ * experts as their rows did) and combine's backward is dispatch's, so a
+ * layer's backward calls the pair again, swapped. Each function is
+ * collective over the group; with no group (comm NULL, P = 1) the
+ * exchanges are plain copies, so the single-device run is the same code.
+ * Bytes follow comm.h's convention (alltoallv: what this rank sends, the
+ * rows it keeps for itself included).
  *
- * At ep = 1 (or a dense model) there are no such tensors and every call
- * returns at once.
+ * Memory: row buffers are the device's (ep.dev); the counts and offsets
+ * (loom_ep_routes) and the group's scratch are host memory (counts go to MPI
+ * as counts).
  */
 #ifndef LOOM_EP_H
 #define LOOM_EP_H
 
-#include "loom/dp.h"
-#include "loom/mesh.h"
-#include "loom/model.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/comm.h"
+#include "loom/kernels.h"
 #include "loom/status.h"
 
-typedef struct loom_ep_engine loom_ep_engine;
+typedef struct loom_ep {
+    loom_device *dev; /* where the rows live (its part's device) */
+    loom_comm *comm;  /* the EP group; NULL: one rank, every expert local */
+    int size, rank;   /* P and this rank's place in the group */
+    int n_local;      /* El: experts per rank */
+    /* host scratch, loom_ep_scratch_bytes of it, set by the group's owner
+     * (the MoE blocks carve it with their own bookkeeping) */
+    size_t *a2a;      /* (4 P) alltoallv byte counts and displacements */
+    int32_t *sent;    /* (E) rows this rank sends to each expert */
+} loom_ep;
 
-/* Collective over dp x cp (forms the edp group). LOOM_EOS without memory. */
-loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
-                                  const loom_adamw_hparams *hp, loom_ep_engine **out);
-void loom_ep_engine_free(loom_ep_engine *e);
-/* Sum the expert gradients over edp. Collective over edp. */
-loom_status loom_ep_finish_grads(loom_ep_engine *e);
-/* *norm = sqrt(norm^2 + the experts' sum of squares over the EP group and
- * the pipeline stages). Collective over ep, then pp. */
-loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm);
-/* grads *= grad_scale, then AdamW on the local experts. Local. */
-loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale);
-/* Checkpoints (ckpt.c): part `part`'s local expert params, AdamW m and v,
- * each laid out like the expert unit's flat range [*lo, *lo + n); returns n
- * (0: no expert-parallel tensors; the outputs untouched). */
-size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo);
-/* The experts' optimizer step count (AdamW bias correction), for resume. */
-void loom_ep_set_steps_taken(loom_ep_engine *e, int t);
-/* Add to *mem what the DP engine's plan (loom_dp_memory_bytes) leaves out
- * of an MoE model: the local experts' AdamW moments (2 floats each, when
- * expert-parallel: the experts are in no DP bucket), their own parameter /
- * gradient storage at ZeRO-2/3, and the MoE blocks' routing and dispatch
- * buffers (counted as activations). Local. */
-void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem);
-/* The edp group (NULL when there are no expert tensors), for byte counts. */
-loom_comm *loom_ep_edp(const loom_ep_engine *e);
+/* Where one dispatch's rows go and sit: filled by loom_ep_counts, read by
+ * the dispatch and combine of the same rows. Arrays are the caller's host
+ * memory. */
+typedef struct loom_ep_routes {
+    const int32_t *start; /* (E+1) the sender's rows per expert (loom_ep_counts' argument) */
+    int32_t *rc;          /* (P,El) rows received from source s for local expert j */
+    int32_t *soff;        /* (P,El) their first row, source-major (as received) */
+    int32_t *eoff;        /* (P,El) their first row, expert-major (as the experts read them) */
+    int32_t *estart;      /* (El+1) first expert-major row of each local expert; estart[El] = R */
+} loom_ep_routes;
+
+/* What the exchanges cost this rank: bytes it sent and seconds inside the
+ * calls, added to by every function below (a NULL tally counts nothing). */
+typedef struct loom_ep_tally {
+    int64_t bytes;
+    double seconds;
+} loom_ep_tally;
+
+/* Host bytes of scratch (a2a, sent) a group of P ranks with El experts each needs. */
+static inline void loom_ep_scratch_bytes(int P, int El, size_t *a2a, size_t *sent) {
+    *a2a = 4 * (size_t)P * sizeof(size_t);
+    *sent = (size_t)P * (size_t)El * sizeof(int32_t);
+}
+
+/* r->rc, soff, eoff, estart from every sender's start (E+1); keeps start in
+ * r->start for the dispatch and combine that follow. Collective over ep. */
+loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_routes *r, loom_ep_tally *t);
+/* rows (A, width), expert-major -> out (R, width), expert-major over the
+ * local experts; recv (R, width) is scratch (the rows as received,
+ * source-major). Collective over ep. */
+loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
+                             float *out, int width, loom_ep_tally *t);
+/* in (R, width), expert-major -> rows (A, width) back on their senders, in
+ * their dispatch order; send (R, width) is scratch (source-major).
+ * Collective over ep. */
+loom_status loom_ep_combine(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                            float *rows, int width, loom_ep_tally *t);
 
 #endif

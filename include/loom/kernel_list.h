@@ -88,7 +88,7 @@ LOOM_KERNEL(void, attention_bwd,
              int C, int NH),
             (dqkv, dout, qkv, out, lse, B, T, C, NH), REQUIRED)
 /* out (b*o_bs + t*o_ld + h*HS ...) and lse (B,NH,Tq) WRITE the attention of
- * the queries to the visible keys of the view (kernels.h: loom_att_view;
+ * the queries to the visible keys of the view (kernel_types.h: loom_att_view;
  * rows that see none: out 0, lse -inf). accumulate = 1 continues from the
  * (out, lse) already there, as if its keys had been part of this view (same
  * result as loom_attention_merge of two parts). Returns the (query tile x key

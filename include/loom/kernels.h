@@ -6,9 +6,10 @@
  * with the backend's context (the CPU's: src/kernels/cpu, loom_cpu_*). Every
  * tensor pointer is that device's memory. The kernels are declared once, in
  * kernel_list.h, with each one's contract; the prototypes below are generated
- * from it: loom_<name>(loom_device *dev, <parameters>). The calibration and
- * size helpers at the end (no tensor work) are the CPU's own and are not
- * dispatched.
+ * from it: loom_<name>(loom_device *dev, <parameters>), defined in
+ * src/backend/backend.c. The CPU kernels' own helpers (calibration, tile
+ * counts, scratch sizes: no tensor work, not dispatched) are in cpu.h; the
+ * types the kernels are written in, in kernel_types.h.
  *
  * Each kernel returns void and trusts its shapes: the model validates every
  * size once, up front. Backward kernels ACCUMULATE (+=) into parameter
@@ -32,29 +33,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/kernel_types.h" /* loom_att_view, loom_bf16_buf, LOOM_UNPACK, ... */
+
 typedef struct loom_device loom_device;
 
-/* Partial attention, for context parallelism: queries of one sequence slice
- * attend to keys/values of another. Element (b, t, d) of head h of q sits at
- * q[b*q_bs + t*q_ld + h*HS + d], likewise k and v with kv_bs, kv_ld. Query t
- * has global position q_pos0 + t, key t has k_pos0 + t; a key is visible when
- * its position is <= the query's (causal). */
-typedef struct {
-    const float *q, *k, *v;
-    size_t q_bs, kv_bs; /* batch strides (floats) */
-    int q_ld, kv_ld;    /* row strides (floats) */
-    int B, Tq, Tk, NH, HS;
-    long q_pos0, k_pos0;
-} loom_att_view;
-
-/* The widest row topk_gate takes (MoE: num_local_experts, which the config check bounds). */
-#define LOOM_TOPK_MAX_N 1024
-
-/* bf16 bits (as uint16) of a buffer the kept-operand kernels hand out. */
-typedef uint16_t *loom_bf16_buf;
-
-/* A parenthesised list without its parentheses (kernel_list.h's columns). */
-#define LOOM_UNPACK(...) __VA_ARGS__
 /* LOOM_KERNEL_RETURN_<ret> call; - what a generated function that forwards
  * to a kernel writes before the call: return its value, or (void) just run it. */
 #define LOOM_KERNEL_RETURN_void
@@ -77,25 +59,5 @@ typedef uint16_t *loom_bf16_buf;
  * precision, the provider ready): then keeping a large range costs 2 bytes
  * per float. */
 int loom_gemm_keeps_bf16(loom_device *dev);
-
-/* ---- the CPU's own, not dispatched ---------------------------------------- */
-
-/* Measured single-precision GEMM throughput in FLOP/s on `threads` CPU
- * threads: after a warm-up, the best of `trials` sgemms of 1024^3, 2048^3
- * and 2048 x 2304 x 768, each shape tried while the one before took under
- * 0.1 s (512^3 alone on a CPU too slow for 1024^3 in 0.25 s), threaded as
- * the model's matmuls are. 0 without memory. */
-double loom_kernels_calibrate_sgemm(int threads, int trials);
-/* The bf16 GEMM provider's throughput the same way (the same shapes,
- * operands already bf16, best of `trials` each); 0 when there is no provider (loom/cpu.h). */
-double loom_kernels_calibrate_bf16(int threads, int trials);
-/* 1 when bf16 products run on a bf16 GEMM provider (oneDNN or oneMKL), 0
- * when they run as rounded floats on the fp32 kernels; decides it now. */
-int loom_kernels_bf16_provider(void);
-/* The tiles loom_attention_part_fwd / _bwd compute for view v. */
-long loom_attention_tiles(const loom_att_view *v);
-/* The scratch floats loom_attention_kv_fwd needs on dev for n new rows
- * against a cache of len rows (one (n, len) block per CPU thread). */
-size_t loom_attention_kv_scratch_floats(const loom_device *dev, int n, int len);
 
 #endif

@@ -24,7 +24,7 @@
  * not allocate.
  *
  * Collectives: forward and backward are collective over the TP group (the
- * regions of parallel.h). Hooks let data-parallel strategies act per unit
+ * regions of tp.h). Hooks let data-parallel strategies act per unit
  * (gather parameters before use, start gradient reductions once a unit's
  * gradients are complete).
  */
@@ -37,7 +37,7 @@
 #include "loom/cp.h"
 #include "loom/layout.h"
 #include "loom/kernels.h"
-#include "loom/parallel.h"
+#include "loom/tp.h"
 #include "loom/status.h"
 
 typedef struct loom_model_config {

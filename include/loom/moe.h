@@ -47,10 +47,11 @@
  * Expert parallelism (part.ep, a group of P ranks inside dp x cp, P
  * dividing E): rank r of the group holds experts [r E/P, (r+1) E/P) (named
  * by their global index), in unit LOOM_UNIT_EXPERTS at the end of the flat
- * buffers, outside every DP bucket: the EP engine (ep.h) reduces their
- * gradients over the ranks holding the same experts and steps them. Each
- * rank routes its own tokens (its micro-batch is its routing group, capacity
- * applied before anything is sent); per MoE block and micro-batch
+ * buffers, outside every DP bucket: the expert-data-parallel engine
+ * (edp.h) reduces their gradients over the ranks holding the same experts
+ * and steps them. Each rank routes its own tokens (its micro-batch is its routing group, capacity
+ * applied before anything is sent) and moves them with the EP region
+ * (ep.h); per MoE block and micro-batch
  *   forward:  alltoall of the kept counts (E/P int32 per destination), then
  *             alltoallv dispatch of the kept rows (A x C floats sent) and
  *             alltoallv combine of the expert outputs (R x C floats sent back)
@@ -64,6 +65,7 @@
 #define LOOM_MOE_H
 
 #include <stdint.h>
+#include "loom/ep.h"
 #include "loom/model.h"
 #include "loom/status.h"
 
@@ -97,8 +99,8 @@ typedef struct loom_moe_stats {
     int groups;           /* routing groups seen */
     int64_t sent_rows;    /* expert parallelism: rows dispatched by this rank (A, summed) */
     int64_t recv_rows;    /* rows this rank's experts received (R, summed) */
-    int64_t a2a_bytes;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd */
-    double a2a_s;         /* seconds inside those calls */
+    loom_ep_tally a2a;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd,
+                             and seconds inside those calls (ep.h) */
 } loom_moe_stats;
 
 /* Where an expert-parallel part keeps its expert tensors (unit

@@ -1,5 +1,5 @@
 /* plan_calibrate.h - `loom calibrate`: measure this machine into a cluster
- * JSON for `loom plan` (collective over world; src/plan/calibrate_comm.c). */
+ * JSON for `loom plan` (collective over world; src/plan/plan_calibrate.c). */
 #ifndef LOOM_PLAN_CALIBRATE_H
 #define LOOM_PLAN_CALIBRATE_H
 

@@ -11,7 +11,7 @@
  *
  * Encoding: the text is split into pre-tokens by GPT-2's pattern
  *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- * implemented by hand (src/infer/bpe.c) over Unicode code points; letter and
+ * implemented by hand (src/infer/tokenizer.c) over Unicode code points; letter and
  * number classes come from a generated table (scripts/gen_unicode_table.py,
  * Unicode version in LOOM_UNICODE_VERSION), \s is Unicode's White_Space.
  * Each pre-token's UTF-8 bytes start as one token per byte and the merge with

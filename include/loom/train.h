@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "loom/adamw.h"
 #include "loom/comm.h"
 #include "loom/mesh.h"
 #include "loom/model.h"
@@ -107,18 +108,22 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm
  * steps, then cosine down to lr * min_frac at the last step. */
 float loom_lr_at(const loom_train_config *c, int s);
 
-/* AdamW state for one model: m and v in one arena of dev's memory, t the step count. */
+/* AdamW on one whole model part with no engine - the single-device
+ * reference the tests compare against: one run of the AdamW driver
+ * (adamw.h) per parameter of the table, over m's param_mem and grad_mem;
+ * the moments in one arena of m's device, t the step count. Local. */
 typedef struct loom_adamw {
+    loom_device *dev;
     float *m, *v;
-    size_t n;
+    loom_adamw_run *runs; /* (n_runs) one per parameter */
+    int n_runs;
     int t;
     loom_arena arena;
 } loom_adamw;
-loom_status loom_adamw_create(loom_adamw *o, const loom_device *dev, size_t n);
+loom_status loom_adamw_create(loom_adamw *o, loom_gpt *m);
 void loom_adamw_free(loom_adamw *o);
-/* One step over every parameter of the table; decay only where p->decay. */
-void loom_adamw_step(loom_adamw *o, loom_gpt *m, float lr, float beta1, float beta2, float eps,
-                     float wd);
+/* One step over every parameter (weight decay where the table says so). */
+void loom_adamw_step(loom_adamw *o, const loom_adamw_hparams *hp, float lr);
 
 /* Parameters as safetensors with Hugging Face GPT-2 names, the whole model
  * whatever the layout. Save assembles the shards and rank 0 writes PATH.tmp

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "loom/device.h"
+#include "loom/cpu.h" /* loom_attention_kv_scratch_floats */
 #include "loom/kernels.h"
 #include "loom/pipeline.h"
 #include "loom/train.h"
@@ -50,7 +51,7 @@ static void layout(loom_infer *f) {
     const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
-    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev, (int)R, f->o.max_len)));
+    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev->threads, (int)R, f->o.max_len)));
     f->rows_tok = take(a, R * sizeof(int32_t));
     f->last = take(a, F(S * C));
     f->lnf = take(a, F(S * C));

@@ -78,7 +78,7 @@ static loom_status check_enums(const loom_layout *l) {
 }
 
 /* --comm-precision bf16: the dp (x cp) gradient reductions (dp.h) and the TP
- * activation collectives (parallel.h) in bf16. */
+ * activation collectives (tp.h) in bf16. */
 static loom_status check_comm_precision(const loom_layout *l) {
     if (l->comm_precision == LOOM_PRECISION_FP32) return LOOM_OK;
     if (l->precision != LOOM_PRECISION_BF16)

@@ -3,7 +3,7 @@
  * The single-device model is the part with every block, both ends and tp=1:
  * the spec every layout is compared with (invariant 1) and what is checked
  * against PyTorch (invariant 2). Tensor parallelism cuts each block as
- * Megatron does; the collectives are the regions of parallel.h, called at the
+ * Megatron does; the collectives are the regions of tp.h, called at the
  * exact points the math needs them. The backward is the mirror of the
  * forward, in two halves: the input-gradient half (B) walks the blocks in
  * reverse and keeps each matmul's output gradient; the weight-gradient half

@@ -11,10 +11,11 @@
  *
  * Dispatch packs the kept assignments expert by expert, tokens in order
  * within an expert, into (A,C) rows, A <= N top_k: destination-major, so
- * one alltoallv sends each owner its experts' rows. The owner reorders what
- * it receives expert-major, so each local expert is two plain matmuls over
- * contiguous rows; combine reverses both steps and scatters the outputs
- * back weighted by the gates.
+ * the EP region (ep.h: loom_ep_counts, loom_ep_dispatch) sends each owner
+ * its experts' rows and hands them over expert-major, so each local expert
+ * is two plain matmuls over contiguous rows; loom_ep_combine brings the
+ * outputs back and this file scatters them weighted by the gates. The
+ * backward calls the pair again, swapped.
  *
  * Tensors (activations, scratch, the selection bias, the expert storage)
  * are the part's device memory and are touched only through its kernels
@@ -34,6 +35,7 @@
 
 #include "loom/device.h"
 #include "loom/cp.h"
+#include "loom/ep.h"
 #include "loom/kernels.h"
 #include "model/internal.h"
 
@@ -96,9 +98,7 @@ typedef struct {
     int32_t *tok;           /* (A) token of each dispatched row */
     int32_t *start;         /* (E+1) first dispatched row of each expert */
     int32_t *routed;        /* (G,E) choices per routing group and expert before capacity */
-    int32_t *rc;            /* (P,El) rows received from source s for local expert j */
-    int32_t *soff, *eoff;   /* (P,El) their offsets source-major / expert-major */
-    int32_t *estart;        /* (El+1) first expert-major row of each local expert */
+    loom_ep_routes rt;      /* what the local experts receive from each source, and where (ep.h) */
     float *ye;              /* (A,C) expert outputs of the dispatched rows */
     float *xp, *hp, *gp;    /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
     float *dyp, *dhp;       /* (R,C) (R,H) output gradients kept for W */
@@ -128,10 +128,10 @@ struct loom_moe {
     int32_t *order;           /* (N) tokens group by group, each group in its CP rank's order */
     int32_t *gid_d;           /* (N) device: the routing group of each token */
     float *hprobs;            /* (N,E) host scratch: probabilities for the aux loss, bias steps */
-    int32_t *kept;            /* (E) host scratch: kept rows per expert, sent as counts */
     int32_t *cnt_g;           /* (G,E) scratch: kept per group and expert */
     double *P_g;              /* (G,E) scratch: router probabilities summed per group */
     size_t Rmax;              /* rows the local experts can receive */
+    loom_ep ep;               /* the dispatch / combine region over the part's EP group (ep.h) */
     moe_block *blocks;
     int *of_local;      /* local block -> index in blocks, -1 if dense */
     float dloss;
@@ -140,7 +140,6 @@ struct loom_moe {
     float *sendA;       /* (A,C) scratch: rows to dispatch, then their gradients */
     float *t1, *t2;     /* (R,C) scratch */
     float *tH;          /* (R,H) scratch */
-    size_t *a2a;        /* (4P) alltoallv byte counts and displacements */
     loom_moe_stats *stats;
     int64_t *stat_mem;
     void *mem;          /* one device allocation for every tensor above */
@@ -168,7 +167,8 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
                  k = (size_t)m->cfg.top_k, H = (size_t)hidden_l(m), A = N * k,
                  P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
-    size_t used = 0, hu = 0;
+    size_t used = 0, hu = 0, a2a_bytes, sent_bytes;
+    loom_ep_scratch_bytes(moe->P, moe->El, &a2a_bytes, &sent_bytes);
     moe->dgate = carve(p, &used, N * k * 4);
     moe->dp = carve(p, &used, N * E * 4);
     moe->sendA = carve(p, &used, A * C * 4);
@@ -176,13 +176,13 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
     moe->t2 = carve(p, &used, R * C * 4);
     moe->tH = carve(p, &used, R * H * 4);
     moe->gid_d = carve(p, &used, N * 4);
-    moe->a2a = carve(h, &hu, 4 * P * sizeof(size_t));
+    moe->ep.a2a = carve(h, &hu, a2a_bytes);
     moe->order = carve(h, &hu, N * 4);
     moe->cnt_g = carve(h, &hu, (size_t)moe->G * E * 4);
     moe->P_g = carve(h, &hu, (size_t)moe->G * E * 8);
     moe->stat_mem = carve(h, &hu, (size_t)moe->n_blocks * 2 * E * 8);
     moe->hprobs = carve(h, &hu, N * E * 4);
-    moe->kept = carve(h, &hu, E * 4);
+    moe->ep.sent = carve(h, &hu, sent_bytes);
     for (int b = 0; b < moe->n_blocks; b++) {
         moe_block *bl = &moe->blocks[b];
         float ***views[8] = {&bl->w.fc_w, &bl->w.fc_b, &bl->w.cp_w, &bl->w.cp_b,
@@ -203,10 +203,10 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
             a->tok = carve(h, &hu, A * 4);
             a->start = carve(h, &hu, (E + 1) * 4);
             a->routed = carve(h, &hu, (size_t)moe->G * E * 4);
-            a->rc = carve(h, &hu, P * El * 4);
-            a->soff = carve(h, &hu, P * El * 4);
-            a->eoff = carve(h, &hu, P * El * 4);
-            a->estart = carve(h, &hu, (El + 1) * 4);
+            a->rt.rc = carve(h, &hu, P * El * 4);
+            a->rt.soff = carve(h, &hu, P * El * 4);
+            a->rt.eoff = carve(h, &hu, P * El * 4);
+            a->rt.estart = carve(h, &hu, (El + 1) * 4);
             a->ye = carve(p, &used, A * C * 4);
             a->xp = carve(p, &used, R * C * 4);
             a->hp = carve(p, &used, R * H * 4);
@@ -242,6 +242,7 @@ loom_status loom_moe_create(loom_gpt *m) {
     moe->P = P;
     moe->El = E / P;
     moe->e0 = ep_rank(m) * moe->El;
+    moe->ep = (loom_ep){.dev = m->dev, .comm = m->part.ep, .size = P, .rank = ep_rank(m), .n_local = moe->El};
     /* each of the P sources sends each local expert at most N rows, and at
      * most N k rows in all */
     moe->Rmax = (size_t)P * m->N * (size_t)(k < moe->El ? k : moe->El);
@@ -404,84 +405,6 @@ static int64_t route_dispatch(struct loom_moe *moe, moe_acts *a, int N, int E, i
     return dropped;
 }
 
-/* ---- dispatch and combine over the EP group ------------------------------------ */
-
-/* One alltoallv of rows of `width` floats: to_experts sends each rank the
- * dispatched rows of its experts (A rows, expert-major = destination-major)
- * and receives R rows source-major; !to_experts sends those back. With no
- * group (P = 1) a copy. Counts bytes and time into st. */
-static loom_status exchange(loom_gpt *m, const moe_acts *a, const float *send, float *recv, int width,
-                            int to_experts, loom_moe_stats *st) {
-    struct loom_moe *moe = m->moe;
-    const int P = moe->P, El = moe->El;
-    size_t *sb = moe->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
-    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
-    for (int q = 0; q < P; q++) {
-        size_t mine = (size_t)(a->start[(q + 1) * El] - a->start[q * El]), theirs = 0;
-        for (int j = 0; j < El; j++) theirs += (size_t)a->rc[q * El + j];
-        sb[q] = (to_experts ? mine : theirs) * fl;
-        rb[q] = (to_experts ? theirs : mine) * fl;
-        sd[q] = so;
-        rd[q] = ro;
-        so += sb[q];
-        ro += rb[q];
-    }
-    if (!m->part.ep) {
-        loom_tensor_copy(m->dev, recv, send, so / sizeof(float));
-        return LOOM_OK;
-    }
-    double t0 = loom_comm_wtime();
-    LOOM_TRY(loom_comm_alltoallv(m->part.ep, send, sb, sd, recv, rb, rd));
-    st->a2a_s += loom_comm_wtime() - t0;
-    st->a2a_bytes += (int64_t)so;
-    return LOOM_OK;
-}
-
-/* The kept counts per expert to each expert's owner: rc (P,El), and the
- * offsets of those rows source-major (soff) and expert-major (eoff, estart). */
-static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st) {
-    struct loom_moe *moe = m->moe;
-    const int P = moe->P, El = moe->El, E = m->cfg.n_expert;
-    int32_t *kept = moe->kept; /* host: counts go to MPI as counts */
-    for (int e = 0; e < E; e++) kept[e] = a->start[e + 1] - a->start[e];
-    if (m->part.ep) {
-        double t0 = loom_comm_wtime();
-        LOOM_TRY(loom_comm_alltoall(m->part.ep, kept, a->rc, (size_t)El * sizeof(int32_t)));
-        st->a2a_s += loom_comm_wtime() - t0;
-        st->a2a_bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);
-    } else {
-        memcpy(a->rc, kept, (size_t)E * sizeof(int32_t));
-    }
-    int32_t o = 0;
-    for (int s = 0; s < P; s++)
-        for (int j = 0; j < El; j++) {
-            a->soff[s * El + j] = o;
-            o += a->rc[s * El + j];
-        }
-    o = 0;
-    for (int j = 0; j < El; j++) {
-        a->estart[j] = o;
-        for (int s = 0; s < P; s++) {
-            a->eoff[s * El + j] = o;
-            o += a->rc[s * El + j];
-        }
-    }
-    a->estart[El] = o;
-    return LOOM_OK;
-}
-
-/* Rows between source-major and expert-major order. */
-static void permute(loom_device *dev, const moe_acts *a, int P, int El, const float *src, float *dst, int width,
-                    int to_expert_major) {
-    for (int s = 0; s < P; s++)
-        for (int j = 0; j < El; j++) {
-            size_t n = (size_t)a->rc[s * El + j], so = (size_t)a->soff[s * El + j],
-                   eo = (size_t)a->eoff[s * El + j];
-            size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
-            loom_tensor_copy(dev, dst + to * width, src + from * width, n * width);
-        }
-}
-
 /* ---- forward ----------------------------------------------------------------- */
 
 loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const float *x, float *out) {
@@ -491,7 +414,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
     const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
-    const int P = moe->P, El = moe->El;
+    const int El = moe->El;
     a->x = x;
     double zsum = route_probs(m->dev, a, bl->w.router, N, C, E);
     route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk);
@@ -517,12 +440,11 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     /* dispatch: this rank's kept rows, expert-major, to the experts' owners */
     const int A = a->start[E];
     loom_tensor_gather_rows(m->dev, moe->sendA, x, a->tok_d, A, C);
-    LOOM_TRY(exchange_counts(m, a, st));
-    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
-    permute(m->dev, a, P, El, moe->t1, a->xp, C, 1);
+    LOOM_TRY(loom_ep_counts(&moe->ep, a->start, &a->rt, &st->a2a));
+    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->xp, C, &st->a2a));
     /* the local experts, each over its contiguous rows */
     for (int j = 0; j < El; j++) {
-        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
         loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
         loom_gelu_fwd(m->dev, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
@@ -531,8 +453,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
                         m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
     }
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
-    permute(m->dev, a, P, El, moe->t2, moe->t1, C, 0);
-    LOOM_TRY(exchange(m, a, moe->t1, a->ye, C, 0, st));
+    LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, a->ye, C, &st->a2a));
     loom_tensor_combine_rows(m->dev, out, a->ye, a->row_d, a->gate, N, k, C);
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
     if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
@@ -546,7 +467,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     st->z += a->z * G;
     st->groups += G;
     st->sent_rows += A;
-    st->recv_rows += a->estart[El];
+    st->recv_rows += a->rt.estart[El];
     return LOOM_OK;
 }
 
@@ -588,20 +509,19 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
     const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
-    const int P = moe->P, El = moe->El, A = a->start[E];
+    const int El = moe->El, A = a->start[E];
     a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
     loom_tensor_combine_rows_bwd(m->dev, moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
-    LOOM_TRY(exchange(m, a, moe->sendA, moe->t1, C, 1, st));
-    permute(m->dev, a, P, El, moe->t1, a->dyp, C, 1);
+    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->dyp, C, &st->a2a));
     /* the local experts' input gradients */
-    const size_t R = (size_t)a->estart[El];
+    const size_t R = (size_t)a->rt.estart[El];
     loom_tensor_zero(m->dev, moe->tH, R * H);
     loom_tensor_zero(m->dev, a->dhp, R * H);
     loom_tensor_zero(m->dev, moe->t2, R * C);
     for (int j = 0; j < El; j++) {
-        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
         loom_matmul_bwd(m->dev, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
                         bl->w.cp_w[j], n, H, C);
@@ -611,8 +531,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
                         bl->w.fc_w[j], n, C, H);
     }
     /* back to the tokens' ranks (sendA is free again) */
-    permute(m->dev, a, P, El, moe->t2, moe->t1, C, 0);
-    LOOM_TRY(exchange(m, a, moe->t1, moe->sendA, C, 0, st));
+    LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, moe->sendA, C, &st->a2a));
     /* un-dispatch: each dispatched row's input gradient back to its token;
      * partial over tp (column-parallel c_fc): the caller sums dx over tp */
     loom_tensor_zero(m->dev, dx, (size_t)N * C);
@@ -633,7 +552,7 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const flo
     const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
     loom_matmul_bwd(m->dev, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
     for (int j = 0; j < El; j++) {
-        int r0 = a->estart[j], n = a->estart[j + 1] - r0;
+        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
         loom_matmul_bwd(m->dev, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
                         a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
@@ -674,8 +593,8 @@ void loom_moe_stats_reset(loom_gpt *m) {
     for (int b = 0; m->moe && b < m->moe->n_blocks; b++) {
         loom_moe_stats *st = &m->moe->stats[b];
         memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
-        st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a_bytes = 0;
-        st->a2a_s = 0;
+        st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a.bytes = 0;
+        st->a2a.seconds = 0;
         st->aux = st->z = 0;
         st->groups = 0;
         for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/cpu.h" /* loom_attention_tiles */
 #include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/log.h"

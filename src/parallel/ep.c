@@ -1,153 +1,101 @@
-/* ep.c - the expert-parallel engine (include/loom/ep.h). */
+/* ep.c - the expert-parallel dispatch / combine region (include/loom/ep.h):
+ * the alltoall of the row counts, the alltoallv of the rows themselves and
+ * the reordering between source-major (as received) and expert-major (as
+ * the experts read them). Axis: ep. loom_ep_counts, loom_ep_dispatch and
+ * loom_ep_combine are collective over the EP group; with no group they copy.
+ */
 #include "loom/ep.h"
 
-#include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "loom/device.h"
-#include "loom/kernels.h"
-#include "loom/moe.h"
 
-struct loom_ep_engine {
-    loom_gpt **parts;
-    int n_parts;
-    const loom_mesh *mesh;
-    loom_adamw_hparams hp;
-    loom_comm *edp;     /* ranks holding the same experts */
-    size_t *lo, *n;     /* per part: the expert unit's flat range */
-    float **par, **grad; /* per part: its storage (moe.h), laid out like that range */
-    float **opt_m, **opt_v;
-    int t;
-};
-
-loom_status loom_ep_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
-                                  const loom_adamw_hparams *hp, loom_ep_engine **out) {
-    *out = NULL;
-    loom_ep_engine *e = calloc(1, sizeof *e);
-    if (!e) return loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
-    e->parts = parts;
-    e->n_parts = n_parts;
-    e->mesh = mesh;
-    e->hp = *hp;
-    e->lo = calloc((size_t)n_parts, sizeof *e->lo);
-    e->n = calloc((size_t)n_parts, sizeof *e->n);
-    e->opt_m = calloc((size_t)n_parts, sizeof *e->opt_m);
-    e->opt_v = calloc((size_t)n_parts, sizeof *e->opt_v);
-    e->par = calloc((size_t)n_parts, sizeof *e->par);
-    e->grad = calloc((size_t)n_parts, sizeof *e->grad);
-    loom_status st = e->lo && e->n && e->opt_m && e->opt_v && e->par && e->grad
-                         ? LOOM_OK
-                         : loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
-    size_t total = 0;
-    for (int i = 0; st == LOOM_OK && i < n_parts; i++) {
-        loom_moe_expert_storage(parts[i], &e->par[i], &e->grad[i], &e->lo[i], &e->n[i]);
-        total += e->n[i];
-        /* the part's device memory, zeroed */
-        e->opt_m[i] = loom_device_alloc(parts[i]->dev, (e->n[i] ? e->n[i] : 1) * sizeof(float));
-        e->opt_v[i] = loom_device_alloc(parts[i]->dev, (e->n[i] ? e->n[i] : 1) * sizeof(float));
-        if (!e->opt_m[i] || !e->opt_v[i])
-            st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
+loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_routes *r, loom_ep_tally *t) {
+    const int P = ep->size, El = ep->n_local, E = P * El;
+    int32_t *sent = ep->sent; /* host: counts go to MPI as counts */
+    r->start = start;
+    for (int e = 0; e < E; e++) sent[e] = start[e + 1] - start[e];
+    if (ep->comm) {
+        double t0 = loom_comm_wtime();
+        LOOM_TRY(loom_comm_alltoall(ep->comm, sent, r->rc, (size_t)El * sizeof(int32_t)));
+        if (t) {
+            t->seconds += loom_comm_wtime() - t0;
+            t->bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);
+        }
+    } else {
+        memcpy(r->rc, sent, (size_t)E * sizeof(int32_t));
     }
-    if (st == LOOM_OK && mesh->layout.ep > 1) { /* same ep on every rank: all split, or none */
-        int color = mesh->ep_rank, key = loom_layout_dpcp_rank(&mesh->layout, mesh->coords);
-        st = loom_comm_split(mesh->dpcp, color, key, "edp", &e->edp);
-    }
-    (void)total;
-    if (st != LOOM_OK) {
-        loom_ep_engine_free(e);
-        return st;
-    }
-    *out = e;
-    return LOOM_OK;
-}
-
-void loom_ep_engine_free(loom_ep_engine *e) {
-    if (!e) return;
-    for (int i = 0; e->n && e->opt_m && i < e->n_parts; i++)
-        loom_device_release(e->parts[i]->dev, e->opt_m[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
-    for (int i = 0; e->n && e->opt_v && i < e->n_parts; i++)
-        loom_device_release(e->parts[i]->dev, e->opt_v[i], (e->n[i] ? e->n[i] : 1) * sizeof(float));
-    free(e->opt_m);
-    free(e->opt_v);
-    free(e->lo);
-    free(e->n);
-    free(e->par);
-    free(e->grad);
-    loom_comm_free(e->edp);
-    free(e);
-}
-
-size_t loom_ep_state(const loom_ep_engine *e, int part, float **par, float **m, float **v, size_t *lo) {
-    if (!e || !e->edp || part < 0 || part >= e->n_parts || !e->n[part]) return 0;
-    *par = e->par[part];
-    *m = e->opt_m[part];
-    *v = e->opt_v[part];
-    *lo = e->lo[part];
-    return e->n[part];
-}
-
-void loom_ep_set_steps_taken(loom_ep_engine *e, int t) {
-    if (e) e->t = t;
-}
-
-void loom_ep_memory_bytes(const loom_ep_engine *e, loom_dp_memory *mem) {
-    for (int i = 0; e && i < e->n_parts; i++) {
-        size_t par, grad, buf;
-        loom_moe_memory_bytes(e->parts[i], &par, &grad, &buf);
-        mem->params += par;
-        mem->grads += grad;
-        mem->activations += buf;
-        if (e->edp) mem->optimizer += 2 * e->n[i] * sizeof(float); /* opt_m, opt_v */
-    }
-}
-
-loom_comm *loom_ep_edp(const loom_ep_engine *e) { return e ? e->edp : NULL; }
-
-loom_status loom_ep_finish_grads(loom_ep_engine *e) {
-    if (!e || !e->edp || loom_comm_size(e->edp) == 1) return LOOM_OK;
-    for (int i = 0; i < e->n_parts; i++)
-        if (e->n[i])
-            LOOM_TRY(loom_comm_allreduce(e->edp, e->grad[i], e->n[i], LOOM_F32, LOOM_SUM));
-    return LOOM_OK;
-}
-
-loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
-    if (!e || !e->edp) return LOOM_OK;
-    double sq[2] = {0, 0}; /* tensors TP cuts (summed over tp), replicated ones (once) */
-    for (int i = 0; i < e->n_parts; i++) {
-        const loom_gpt *m = e->parts[i];
-        for (int k = 0; k < m->n_params; k++) {
-            const loom_param *p = &m->params[k];
-            if (p->unit == LOOM_UNIT_EXPERTS)
-                sq[p->split_dim < 0] += loom_sumsq(m->dev, e->grad[i] + (p->offset - e->lo[i]), p->numel);
+    int32_t o = 0;
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            r->soff[s * El + j] = o;
+            o += r->rc[s * El + j];
+        }
+    o = 0;
+    for (int j = 0; j < El; j++) {
+        r->estart[j] = o;
+        for (int s = 0; s < P; s++) {
+            r->eoff[s * El + j] = o;
+            o += r->rc[s * El + j];
         }
     }
-    LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
-    double total = sq[0] + sq[1];
-    LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &total, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &total, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
-    *norm = sqrt(*norm * *norm + total);
+    r->estart[El] = o;
     return LOOM_OK;
 }
 
-loom_status loom_ep_step(loom_ep_engine *e, float lr, float grad_scale) {
-    if (!e || !e->edp) return LOOM_OK;
-    e->t++;
-    for (int i = 0; i < e->n_parts; i++) {
-        loom_gpt *m = e->parts[i];
-        for (int k = 0; k < m->n_params; k++) {
-            const loom_param *p = &m->params[k];
-            if (p->unit != LOOM_UNIT_EXPERTS) continue;
-            size_t so = p->offset - e->lo[i];
-            float *g = e->grad[i] + so;
-            loom_adamw_update(m->dev, e->par[i] + so, g, e->opt_m[i] + so, e->opt_v[i] + so, p->numel,
-                              lr, e->hp.beta1, e->hp.beta2, e->hp.eps,
-                              p->decay ? e->hp.weight_decay : 0.0f, e->t, grad_scale);
-        }
-        /* consumed: the next step accumulates from zero (the DP engine zeroes
-         * grad_mem at zero 0/1, but not the experts' own storage at 2/3) */
-        loom_tensor_zero(m->dev, e->grad[i], e->n[i]);
+/* One alltoallv of rows of `width` floats: to_experts sends each rank the
+ * rows of its experts (destination-major) and receives its own experts'
+ * rows source-major; !to_experts sends those back. With no group a copy. */
+static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const float *send, float *recv,
+                            int width, int to_experts, loom_ep_tally *t) {
+    const int P = ep->size, El = ep->n_local;
+    size_t *sb = ep->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
+    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
+    for (int q = 0; q < P; q++) {
+        size_t mine = (size_t)(r->start[(q + 1) * El] - r->start[q * El]), theirs = 0;
+        for (int j = 0; j < El; j++) theirs += (size_t)r->rc[q * El + j];
+        sb[q] = (to_experts ? mine : theirs) * fl;
+        rb[q] = (to_experts ? theirs : mine) * fl;
+        sd[q] = so;
+        rd[q] = ro;
+        so += sb[q];
+        ro += rb[q];
+    }
+    if (!ep->comm) {
+        loom_tensor_copy(ep->dev, recv, send, so / sizeof(float));
+        return LOOM_OK;
+    }
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(loom_comm_alltoallv(ep->comm, send, sb, sd, recv, rb, rd));
+    if (t) {
+        t->seconds += loom_comm_wtime() - t0;
+        t->bytes += (int64_t)so;
     }
     return LOOM_OK;
+}
+
+/* Rows between source-major and expert-major order. */
+static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src, float *dst, int width,
+                    int to_expert_major) {
+    const int P = ep->size, El = ep->n_local;
+    for (int s = 0; s < P; s++)
+        for (int j = 0; j < El; j++) {
+            size_t n = (size_t)r->rc[s * El + j], so = (size_t)r->soff[s * El + j],
+                   eo = (size_t)r->eoff[s * El + j];
+            size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
+            loom_tensor_copy(ep->dev, dst + to * width, src + from * width, n * width);
+        }
+}
+
+loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
+                             float *out, int width, loom_ep_tally *t) {
+    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t));
+    permute(ep, r, recv, out, width, 1);
+    return LOOM_OK;
+}
+
+loom_status loom_ep_combine(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                            float *rows, int width, loom_ep_tally *t) {
+    permute(ep, r, in, send, width, 0);
+    return exchange(ep, r, send, rows, width, 0, t);
 }

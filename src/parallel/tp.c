@@ -1,4 +1,4 @@
-/* tp.c - tensor- and sequence-parallel regions (see parallel.h). Axis: tp.
+/* tp.c - tensor- and sequence-parallel regions (see tp.h). Axis: tp.
  * Every function is collective over the TP group, and the identity (or a
  * copy) when the group has one rank.
  *
@@ -7,7 +7,7 @@
  * TP group's wire buffer, which loom_tp_reserve sets aside before the first
  * step.
  */
-#include "loom/parallel.h"
+#include "loom/tp.h"
 
 #include "loom/device.h"
 

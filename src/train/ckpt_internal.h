@@ -39,8 +39,8 @@ int ckpt_list_steps(const char *dir, int *steps, int cap);
 /* The manifest of checkpoint `dir`, validated (ckpt_manifest.c), not its files. */
 loom_status ckpt_manifest_open(const char *dir, cJSON **out);
 
-/* ckpt_shards.c. Expert tensors of an expert-parallel part live in the EP
- * engine (ep.h): its params and moments by kind in arr, the local offset of
+/* ckpt_shards.c. Expert tensors of an expert-parallel part live in the expert
+ * engine (edp.h): its params and moments by kind in arr, the local offset of
  * the first in *lo; the element count, 0 without expert parallelism. */
 size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo);
 /* Write this rank's file (if it holds anything) into tmpdir and describe

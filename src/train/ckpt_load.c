@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/log.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
@@ -176,7 +176,7 @@ static loom_status load_part(reader *rd, const loom_train_run_state *s, int part
     const int has_ep = ckpt_ep_state(s, part, ea, &elo) > 0;
     for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
         const loom_param *p = &m->params[k];
-        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the EP engine's storage, whole */
+        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the expert engine's storage, whole */
             for (int kind = K_PARAM; kind < K_COUNT && st == LOOM_OK; kind++) {
                 local_span one = {0, p->numel, ea[kind] + (p->offset - elo)};
                 st = load_param(rd, m, p, kind, &one, 1, scratch, have);
@@ -313,7 +313,7 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     *step = cJSON_GetObjectItem(man, "step")->valueint;
     const cJSON *ot = cJSON_GetObjectItem(man, "optimizer_steps");
     if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
-    if (st == LOOM_OK) loom_ep_set_steps_taken(s->ep, cJSON_IsNumber(ot) ? ot->valueint : *step);
+    if (st == LOOM_OK) loom_edp_set_steps_taken(s->edp, cJSON_IsNumber(ot) ? ot->valueint : *step);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK && s->mesh->rank == 0)

@@ -5,8 +5,8 @@
  * coordinate 0, or its own ZeRO-3 slices; tp rank 0 for tensors tp does not
  * cut; the embedding stage for the tied wte) and its AdamW moments (dp
  * coordinate 0, or its own ZeRO-1/2/3 slices; the same tp and wte rule);
- * under expert parallelism the expert tensors from the EP engine's storage,
- * by edp rank 0 (ep.h), under their global names; MoE selection biases
+ * under expert parallelism the expert tensors from the expert engine's storage,
+ * by edp rank 0 (edp.h), under their global names; MoE selection biases
  * inline in the manifest ("buffers"). A shard is (tensor, kind, file, key)
  * plus the global element indices it holds, as runs [start, len, stride,
  * count]: count runs of len elements at start + i * stride of the tensor's
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
@@ -143,14 +143,14 @@ static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const lo
     return loom_train_param_holder(m, s->mesh, dp_disjoint, p);
 }
 
-/* Expert tensors of an expert-parallel part live in the EP engine (ep.h),
+/* Expert tensors of an expert-parallel part live in the expert engine (edp.h),
  * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
 size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
-    return loom_ep_state(s->ep, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
+    return loom_edp_state(s->edp, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
 }
 
 static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
-    if (loom_comm_rank(loom_ep_edp(s->ep)) != 0) return 0;
+    if (loom_comm_rank(loom_edp_comm(s->edp)) != 0) return 0;
     return p->split_dim >= 0 || m->part.tp.rank == 0;
 }
 

@@ -64,7 +64,7 @@ typedef struct loom_train_run_state {
     loom_gpt *parts[LOOM_MAX_PARTS]; /* one per pipeline chunk on this rank */
     int n_parts;
     loom_dp_engine *dp;
-    struct loom_ep_engine *ep; /* expert tensors of an expert-parallel model (ep.h) */
+    struct loom_edp_engine *edp; /* expert tensors of an expert-parallel model (edp.h) */
     char *moe_json;            /* the step's MoE line fragment (moe_report.c) */
     size_t moe_json_cap;
     unsigned char moe_warned[64]; /* per MoE block: already above the imbalance threshold */

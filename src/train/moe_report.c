@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/log.h"
 #include "loom/moe.h"
 #include "train/internal.h"
@@ -65,6 +65,40 @@ static loom_status router_loss(loom_train_run_state *s, double *out) {
     return loom_comm_allreduce(s->mesh->pp, out, 1, LOOM_F64, LOOM_SUM);
 }
 
+/* This rank's figures of the n blocks, PER_BLOCK(E) values each, into v,
+ * and each block's all-to-all seconds into tmax. */
+static void block_values(const loom_moe_stats *ms, int n, int E, double *v, double *tmax) {
+    for (int b = 0; b < n; b++) {
+        double *x = v + (size_t)b * PER_BLOCK(E);
+        for (int e = 0; e < E; e++) {
+            x[e] = (double)ms[b].routed[e];
+            x[E + e] = (double)ms[b].kept[e];
+        }
+        x[2 * E] = (double)ms[b].assignments;
+        x[2 * E + 1] = (double)ms[b].dropped;
+        x[2 * E + 2] = ms[b].aux;
+        x[2 * E + 3] = ms[b].z;
+        x[2 * E + 4] = ms[b].groups;
+        x[2 * E + 5] = (double)ms[b].a2a.bytes;
+        tmax[b] = ms[b].a2a.seconds;
+    }
+}
+
+/* Rank 0's warnings on block b (global layer): imbalance above the
+ * threshold (once until it recovers) and all-to-all over its share. */
+static void warn_block(loom_train_run_state *s, int step, int b, int layer, double imb, double drop,
+                       double share) {
+    int above = imb > s->cfg->moe_warn_imbalance;
+    if (s->mesh->rank == 0 && above && (b >= 64 || !s->moe_warned[b]))
+        loom_warn("step %d: MoE block h.%d: expert load imbalance %.2f (max/mean tokens per expert) "
+                  "exceeds %g; %.1f%% of assignments dropped by capacity",
+                  step + 1, layer, imb, s->cfg->moe_warn_imbalance, 100 * drop);
+    if (b < 64) s->moe_warned[b] = (unsigned char)above; /* warn again after it recovers */
+    if (s->mesh->rank == 0 && share > s->cfg->moe_warn_a2a)
+        loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
+                  step + 1, layer, 100 * share, s->cfg->moe_warn_a2a);
+}
+
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st) {
     st->moe_json = NULL;
     double router = 0;
@@ -79,23 +113,10 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
         free(tmax);
         return loom_fail(LOOM_EOS, "out of memory for the MoE statistics");
     }
-    for (int b = 0; b < n; b++) {
-        double *x = v + (size_t)b * W;
-        for (int e = 0; e < E; e++) {
-            x[e] = (double)ms[b].routed[e];
-            x[E + e] = (double)ms[b].kept[e];
-        }
-        x[2 * E] = (double)ms[b].assignments;
-        x[2 * E + 1] = (double)ms[b].dropped;
-        x[2 * E + 2] = ms[b].aux;
-        x[2 * E + 3] = ms[b].z;
-        x[2 * E + 4] = ms[b].groups;
-        x[2 * E + 5] = (double)ms[b].a2a_bytes;
-        tmax[b] = ms[b].a2a_s;
-    }
+    block_values(ms, n, E, v, tmax);
     const loom_comm_stats *eps = loom_comm_get_stats(s->mesh->ep);
     v[(size_t)n * W] = (double)(eps->bytes[LOOM_OP_ALLTOALL] + eps->bytes[LOOM_OP_ALLTOALLV]);
-    loom_comm *edp = loom_ep_edp(s->ep);
+    loom_comm *edp = loom_edp_comm(s->edp);
     const double edp_bytes = edp ? (double)loom_comm_get_stats(edp)->bytes[LOOM_OP_ALLREDUCE] : 0;
     loom_status rc = loom_comm_allreduce(s->mesh->dpcp, v, (size_t)n * W + 1, LOOM_F64, LOOM_SUM);
     if (rc == LOOM_OK) rc = loom_comm_allreduce(s->mesh->dpcp, tmax, (size_t)n, LOOM_F64, LOOM_MAX);
@@ -134,16 +155,7 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
         PUT("], \"imbalance\": %.6g, \"dropped\": %.6g, \"aux_loss\": %.9g, \"z_loss\": %.9g, "
             "\"a2a_bytes\": %.0f, \"a2a_ms\": %.4f}",
             imb, drop, x[2 * E + 2] / groups, x[2 * E + 3] / groups, x[2 * E + 5], 1e3 * tmax[b]);
-        const double share = st->seconds > 0 ? tmax[b] / st->seconds : 0;
-        int above = imb > s->cfg->moe_warn_imbalance;
-        if (s->mesh->rank == 0 && above && (b >= 64 || !s->moe_warned[b]))
-            loom_warn("step %d: MoE block h.%d: expert load imbalance %.2f (max/mean tokens per expert) "
-                      "exceeds %g; %.1f%% of assignments dropped by capacity",
-                      step + 1, ms[b].layer, imb, s->cfg->moe_warn_imbalance, 100 * drop);
-        if (b < 64) s->moe_warned[b] = (unsigned char)above; /* warn again after it recovers */
-        if (s->mesh->rank == 0 && share > s->cfg->moe_warn_a2a)
-            loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
-                      step + 1, ms[b].layer, 100 * share, s->cfg->moe_warn_a2a);
+        warn_block(s, step, b, ms[b].layer, imb, drop, st->seconds > 0 ? tmax[b] / st->seconds : 0);
     }
     PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, \"router_loss\": %.9g, \"lm_loss\": %.9g, ",
         v[(size_t)n * W], edp_bytes, router, st->loss - router);

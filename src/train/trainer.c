@@ -20,7 +20,7 @@
 #include "loom/cpu.h"
 #include "loom/data.h"
 #include "loom/dp.h"
-#include "loom/ep.h"
+#include "loom/edp.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/sysmem.h"
@@ -169,7 +169,7 @@ static void report_memory(const loom_train_run_state *s, size_t rss0, size_t rss
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
     loom_dp_memory_bytes(s->dp, &mem);
-    loom_ep_memory_bytes(s->ep, &mem); /* MoE: experts' optimizer state, own storage, buffers */
+    loom_edp_memory_bytes(s->edp, &mem); /* MoE: experts' optimizer state, own storage, buffers */
     loom_info("memory per rank (planned): params %.1f MB, grads %.1f MB, optimizer %.1f MB, "
               "activations %.1f MB, total %.1f MB; peak RSS from the OS so far: %.1f MB on rank 0, "
               "%.1f MB the largest of all ranks (with libraries and buffers loom does not plan)",
@@ -244,7 +244,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     LOOM_TRY(st);
     double t1 = loom_comm_wtime();
     LOOM_TRY(loom_dp_finish_grads(s->dp));
-    LOOM_TRY(loom_ep_finish_grads(s->ep)); /* expert gradients over edp */
+    LOOM_TRY(loom_edp_finish_grads(s->edp)); /* expert gradients over edp */
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     if (c->layout.dp * c->layout.cp > 1) /* the tokens of dp x cp */
         LOOM_TRY(loom_comm_allreduce(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp, &loss_sum, 1,
@@ -252,7 +252,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     out->skipped = 0;
-    LOOM_TRY(loom_ep_grad_norm(s->ep, &out->grad_norm));
+    LOOM_TRY(loom_edp_grad_norm(s->edp, &out->grad_norm));
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
         loom_status st = loom_train_nonfinite(s, step, out->loss, out->grad_norm);
         s->failed_together = st != LOOM_OK;
@@ -270,7 +270,7 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     out->lr = loom_lr_at(c, step);
     double t2 = loom_comm_wtime();
     LOOM_TRY(loom_dp_step(s->dp, out->lr, scale));
-    LOOM_TRY(loom_ep_step(s->ep, out->lr, scale));
+    LOOM_TRY(loom_edp_step(s->edp, out->lr, scale));
     phase(s, "optimizer", -1, t2, loom_comm_wtime());
     out->seconds = loom_comm_wtime() - t0;
     out->tokens_per_s = (double)c->batch * T / out->seconds;
@@ -324,7 +324,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
                           .comm_bf16 = l->comm_precision == LOOM_PRECISION_BF16};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
-    if (st == LOOM_OK) st = loom_ep_engine_create(s->parts, s->n_parts, s->mesh, &hp, &s->ep);
+    if (st == LOOM_OK) st = loom_edp_engine_create(s->parts, s->n_parts, s->mesh, &hp, &s->edp);
     if (st == LOOM_OK) {
         s->inputs = malloc((size_t)Bm * c->seq * sizeof(int32_t));
         s->targets = malloc((size_t)Bm * c->seq * sizeof(int32_t));
@@ -341,7 +341,7 @@ static void teardown(loom_train_run_state *s) {
     free(s->inputs);
     free(s->targets);
     loom_dp_engine_free(s->dp);
-    loom_ep_engine_free(s->ep);
+    loom_edp_engine_free(s->edp);
     loom_train_moe_free(s);
     if (s->pipelined) loom_train_pp_teardown(s);
     for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
@@ -386,7 +386,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
-    loom_ep_memory_bytes(s->ep, &st_step.mem);
+    loom_edp_memory_bytes(s->edp, &st_step.mem);
     for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
         s->tracing = c->trace[0] && step == c->steps - 1;

@@ -24,6 +24,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "loom/device.h"
+#include "loom/cpu.h"
 #include "loom/kernels.h"
 
 #define TOL 1e-5
@@ -372,7 +373,7 @@ static void test_attention_parts(int B, int T, int C, int NH) {
         memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, (size_t)C * 4);
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * 4);
     }
-    float *scratch = malloc(loom_attention_kv_scratch_floats(cpu, n, T) * 4);
+    float *scratch = malloc(loom_attention_kv_scratch_floats(cpu->threads, n, T) * 4);
     loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, scratch);
     float *d_kc = dev_from(kc, (size_t)T * C * 4), *d_vc = dev_from(vc, (size_t)T * C * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);

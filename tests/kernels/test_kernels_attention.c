@@ -16,6 +16,7 @@
 #include "check.h"
 #include "cpu_device.h"
 #include "kref.h"
+#include "loom/cpu.h"
 #include "loom/kernels.h"
 
 static loom_device *dev; /* the CPU, one thread: every kernel below runs on it */

@@ -15,6 +15,7 @@
 #include "check.h"
 #include "cpu_device.h"
 #include "kref.h"
+#include "loom/cpu.h"
 #include "loom/kernels.h"
 
 #define B 3

@@ -96,8 +96,9 @@ int main(int argc, char **argv) {
     float *grads = malloc(m->num_params * sizeof(float));
     memcpy(grads, m->grad_mem, m->num_params * sizeof(float));
     loom_adamw opt;
-    loom_adamw_create(&opt, dev, m->num_params);
-    loom_adamw_step(&opt, m, lr, b1, b2, eps, wd);
+    const loom_adamw_hparams hp = {b1, b2, eps, wd};
+    if (loom_adamw_create(&opt, m) != LOOM_OK) return 1;
+    loom_adamw_step(&opt, &hp, lr);
 
     loom_st_writer *w;
     if (loom_st_writer_create(argv[1], &w) != LOOM_OK) return 1;

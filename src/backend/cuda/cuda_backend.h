@@ -44,7 +44,8 @@
 extern "C" {
 #endif
 
-#include "loom/kernels.h" /* loom_att_view, LOOM_UNPACK */
+#include "loom/cpu.h"          /* loom_attention_tiles: the CPU's tile count, returned as is */
+#include "loom/kernel_types.h" /* loom_att_view, LOOM_UNPACK */
 #include "loom/status.h"
 
 /* ---- device ------------------------------------------------------------ */

@@ -21,6 +21,7 @@
 #include <cblas.h>
 
 #include "kern_vec.h"
+#include "loom/cpu.h"
 
 #define ATT_BQ 64 /* query rows per tile */
 #define ATT_BK 64 /* keys per tile */

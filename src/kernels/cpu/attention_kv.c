@@ -10,10 +10,10 @@
 #include <string.h>
 
 #include "kern_vec.h"
-#include "loom/device.h"
+#include "loom/cpu.h"
 
-size_t loom_attention_kv_scratch_floats(const loom_device *dev, int n, int len) {
-    return (size_t)n * (size_t)len * (size_t)dev->threads;
+size_t loom_attention_kv_scratch_floats(int threads, int n, int len) {
+    return (size_t)n * (size_t)len * (size_t)threads;
 }
 
 void loom_cpu_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,

@@ -36,6 +36,7 @@
 #include "kern_internal.h"
 #include "kern_vec.h"
 #include "loom/bf16.h"
+#include "loom/cpu.h"
 
 
 /* One vector of KV elements from i: rounded floats, bf16 bits, or back. */

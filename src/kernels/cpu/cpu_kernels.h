@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "loom/kernels.h"
+#include "loom/kernel_types.h"
 #include "loom/status.h"
 
 /* A buffer that grows, never shrinks: cap bytes at p. */

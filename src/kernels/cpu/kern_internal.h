@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "loom/kernels.h"
+#include "loom/kernel_types.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 /* Independent accumulators in the lane-parallel reductions: two AVX2 or one

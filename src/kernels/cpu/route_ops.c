@@ -28,7 +28,7 @@ double loom_cpu_tensor_softmax_lse(void *ctx, float *x, float *lse, int N, int n
 void loom_cpu_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
                         int k, int norm) {
     (void)ctx;
-    float score[1024]; /* LOOM_TOPK_MAX_N (kernels.h) */
+    float score[1024]; /* LOOM_TOPK_MAX_N (kernel_types.h) */
     for (int i = 0; i < N; i++) {
         const float *pi = p + (size_t)i * n;
         for (int e = 0; e < n; e++) score[e] = pi[e] + bias[e];

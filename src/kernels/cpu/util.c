@@ -20,6 +20,7 @@
 #endif
 
 #include "kern_internal.h"
+#include "loom/cpu.h"
 
 int kern_threads_setup(int n) {
     if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -85,6 +85,7 @@ typedef struct dp_part {
     int gather_owner[DP_SLOTS];
     float *scratch;          /* zero 1: padded buckets' reductions and gathers */
     float *opt_m, *opt_v;    /* AdamW state (S each) */
+    loom_adamw_run *adamw;   /* per seg: what the step hands the AdamW driver (adamw.h) */
     /* zero 0/1 with segs covering every float of grad_mem (zero 0, or one
      * rank): the update zeroes the gradients it reads (loom_adamw_update_
      * zero), and grads_zeroed says the last update did, so the next step

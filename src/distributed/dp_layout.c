@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/dp_internal.h"
+#include "distributed/dp_internal.h"
 
 static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.has_head; }
 

@@ -1,4 +1,4 @@
-/* calibrate_comm.c - `loom calibrate`: measure this machine for the planner.
+/* plan_calibrate.c - `loom calibrate`: measure this machine for the planner.
  * Collective over world (run under mpirun with the rank count to plan for):
  * sgemm FLOP/s at five shapes on every rank at once (the work each rank
  * completes in a shared window, so ranks sharing cores measure their share), memory copy

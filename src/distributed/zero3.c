@@ -11,7 +11,7 @@
  */
 
 #include "loom/device.h"
-#include "parallel/dp_internal.h"
+#include "distributed/dp_internal.h"
 
 #define F sizeof(float)
 

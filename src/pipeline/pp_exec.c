@@ -1,4 +1,4 @@
-/* executor.c - runs one rank's pipeline action list (see pp_exec.h and the
+/* pp_exec.c - runs one rank's pipeline action list (see pp_exec.h and the
  * convention in pipeline.h). Axis: pp; point-to-point messages over the pp
  * group, tagged with loom_pp_tag so any posting order matches.
  *

@@ -1,4 +1,4 @@
-/* bpe.c - GPT-2 byte-level BPE: file loading, pre-tokenization, merges,
+/* tokenizer.c - GPT-2 byte-level BPE: file loading, pre-tokenization, merges,
  * decode. See include/loom/tokenizer.h for the semantics. */
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,7 +1,8 @@
 /* dp.c - the data-parallel engine of dp.h: per-unit hooks that reduce each
  * gradient bucket as soon as the backward completes it (all-reduce at
  * zero 0, reduce-scatter at zero 1-3), the exact global norm over shards,
- * AdamW on this rank's shard, and the parameter all-gathers of zero 1/2.
+ * AdamW on this rank's shard (a run per segment for the driver of adamw.h),
+ * and the parameter all-gathers of zero 1/2.
  * Axis: dp. ZeRO-3's parameter side is zero3.c; the plan is dp_layout.c.
  *
  * Collective over dp: the hooks (so the model's forward and backward),
@@ -24,8 +25,7 @@
 #include "loom/device.h"
 #include "loom/kernels.h"
 #include "loom/moe.h"
-#include "loom/train.h"
-#include "parallel/dp_internal.h"
+#include "distributed/dp_internal.h"
 
 #define F sizeof(float)
 
@@ -436,6 +436,8 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     LOOM_TRY(loom_arena_commit(&p->a_opt));
     layout_buffers(e, p);
     LOOM_TRY(build_runs(e, p));
+    p->adamw = calloc((size_t)(p->n_segs ? p->n_segs : 1), sizeof *p->adamw);
+    if (!p->adamw) return loom_fail(LOOM_EOS, "out of memory");
     m->hooks = (loom_gpt_hooks){.ctx = p, .pre_forward = hook_pre_forward,
                                 .post_forward = hook_post_forward,
                                 .pre_backward = hook_pre_backward,
@@ -543,6 +545,7 @@ void loom_dp_engine_free(loom_dp_engine *e) {
                                p->m->grad_mem ? p->m->grad_mem + du->lo : NULL);
         }
         free(p->runs);
+        free(p->adamw);
         /* a failed step can leave requests in flight: leak their buffers
          * rather than free memory MPI may still write */
         if (!in_flight(p)) {
@@ -688,31 +691,28 @@ static loom_status gather_params12(loom_dp_engine *e) {
     return LOOM_OK;
 }
 
-loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
-    const loom_adamw_hparams *h = &e->hp;
-    e->t++;
-    for (int i = 0; i < e->n_parts; i++) {
-        dp_part *p = &e->p[i];
-        float *x = e->cfg.zero == 3 ? p->pshard : p->m->param_mem;
-        float *g = (float *)grad_base(e, p);
-        int zeroed = p->zero_in_update;
-        /* every parameter updated here: their bf16 copy for the next step's
-         * GEMMs, written by the update (loom_gpt_hold_weights keeps it) */
-        uint16_t *w16 = zeroed ? loom_gemm_keep_fill(p->m->dev, x, p->m->num_params) : NULL;
-        for (int k = 0; k < p->n_segs; k++) {
-            const dp_seg *s = &p->segs[k];
-            float *ps = x + s->p_off, *gs = g + s->g_off, *ms = p->opt_m + s->s_off, *vs = p->opt_v + s->s_off;
-            const float wd = s->decay ? h->weight_decay : 0.0f;
-            if (!zeroed || !loom_adamw_update_zero(p->m->dev, ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd,
-                                                   e->t, grad_scale, w16 ? w16 + s->p_off : NULL)) {
-                loom_adamw_update(p->m->dev, ps, gs, ms, vs, s->n, lr, h->beta1, h->beta2, h->eps, wd, e->t,
-                                  grad_scale);
-                zeroed = 0;
-            }
-        }
-        if (w16) loom_gemm_keep_filled(p->m->dev, x, zeroed);
-        p->grads_zeroed = zeroed;
+/* AdamW on what part p's rank owns: a run per segment, through the driver. */
+static void step_part(loom_dp_engine *e, dp_part *p, float lr, float grad_scale) {
+    float *x = e->cfg.zero == 3 ? p->pshard : p->m->param_mem;
+    float *g = (float *)grad_base(e, p);
+    int zeroed = p->zero_in_update;
+    /* every parameter updated here: their bf16 copy for the next step's
+     * GEMMs, written by the update (loom_gpt_hold_weights keeps it) */
+    uint16_t *w16 = zeroed ? loom_gemm_keep_fill(p->m->dev, x, p->m->num_params) : NULL;
+    for (int k = 0; k < p->n_segs; k++) {
+        const dp_seg *s = &p->segs[k];
+        p->adamw[k] = (loom_adamw_run){.p = x + s->p_off, .g = g + s->g_off, .m = p->opt_m + s->s_off,
+                                       .v = p->opt_v + s->s_off, .n = s->n, .decay = s->decay,
+                                       .p16 = w16 ? w16 + s->p_off : NULL};
     }
+    zeroed = loom_adamw_update_runs(p->m->dev, &e->hp, p->adamw, p->n_segs, e->t, lr, grad_scale, zeroed);
+    if (w16) loom_gemm_keep_filled(p->m->dev, x, zeroed);
+    p->grads_zeroed = zeroed;
+}
+
+loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
+    e->t++;
+    for (int i = 0; i < e->n_parts; i++) step_part(e, &e->p[i], lr, grad_scale);
     if ((e->cfg.zero == 1 || e->cfg.zero == 2) && e->N > 1) {
         double t0 = loom_comm_wtime();
         LOOM_TRY(gather_params12(e));

@@ -6,8 +6,8 @@
  * For every stage (--zero 0..3), 1 and 2 micro-batches per step, and buckets
  * of one unit or of several, the N ranks of the dp group train a 3-block
  * model for 3 steps, each on its slice of a fixed global batch; every rank
- * also trains the same model alone on the whole batch with no engine (plain
- * loom_adamw_step) and checks, after every step:
+ * also trains the same model alone on the whole batch with no engine
+ * (train.h's loom_adamw_step) and checks, after every step:
  *   - every parameter tensor, read where the engine keeps it
  *     (loom_dp_param_runs: at ZeRO-3 each rank's slices, summed over the dp
  *     group), within 1e-5 norm-wise relative of the reference, and the
@@ -143,7 +143,7 @@ static double ref_step(loom_gpt *r, loom_adamw *opt, const int32_t *in, const in
     loom_dp_sumsq_parts(parts, 1, NULL, sq);
     double norm = sqrt(sq[0] + sq[1]);
     if (norm > CLIP) loom_scale(r->dev, r->grad_mem, r->num_params, CLIP / (float)(norm + 1e-6));
-    loom_adamw_step(opt, r, LR, HP.beta1, HP.beta2, HP.eps, HP.weight_decay);
+    loom_adamw_step(opt, &HP, LR);
     return norm;
 }
 
@@ -161,7 +161,7 @@ static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, d
     loom_dp_engine *e = NULL;
     CHECK(loom_gpt_create(&mc, &part, &ro, &ref) == LOOM_OK, "%s: reference: %s", label, loom_errmsg());
     CHECK(loom_gpt_create(&mc, &part, &eo, &m) == LOOM_OK, "%s: model: %s", label, loom_errmsg());
-    CHECK(loom_adamw_create(&opt, dev, ref->num_params) == LOOM_OK, "%s: optimizer", label);
+    CHECK(loom_adamw_create(&opt, ref) == LOOM_OK, "%s: optimizer", label);
     loom_dp_config cfg = {.zero = zero, .bucket_mb = mb};
     loom_status st = loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e);
     CHECK(st == LOOM_OK, "%s: engine: %s", label, loom_errmsg());

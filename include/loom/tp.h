@@ -1,5 +1,6 @@
-/* parallel.h - the communication regions parallel strategies insert into the
- * model, as conjugate forward/backward pairs (Megatron's f and g operators).
+/* tp.h - the tensor- and sequence-parallel regions the model calls, as
+ * conjugate forward/backward pairs (Megatron's f and g operators); the
+ * other regions are cp.h (context) and ep.h (expert dispatch / combine).
  *
  * Tensor parallelism (axis tp):
  *   loom_tp_copy      forward: identity          backward: all-reduce
@@ -13,8 +14,8 @@
  * collective. Each is the identity (a copy at most) at degree 1, so the
  * single-device run is the same code. All are collective over tp.
  */
-#ifndef LOOM_PARALLEL_H
-#define LOOM_PARALLEL_H
+#ifndef LOOM_TP_H
+#define LOOM_TP_H
 
 #include <stddef.h>
 #include "loom/comm.h"
