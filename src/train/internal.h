@@ -130,6 +130,15 @@ loom_cp loom_train_cp_group(const loom_train_run_state *s);
 void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
                        int32_t *targets);
 
+/* Host code walking device state element by element (parameter files,
+ * checkpoints; params_io.c): n floats of dev's memory at src as host
+ * memory - src itself when dev's memory is host memory, else a malloc'd
+ * copy downloaded from it (NULL without memory: LOOM_EOS set). _done puts a
+ * copy back (upload) when `upload` and frees it; nothing for src itself or
+ * NULL. Local. */
+float *loom_train_host_view(loom_device *dev, float *src, size_t n);
+void loom_train_host_view_done(loom_device *dev, float *src, float *view, size_t n, int upload);
+
 /* Whether this rank writes parameter p's elements (and, in a checkpoint,
  * their optimizer moments) when saving: one holder per element - dp and cp
  * coordinate 0, or every dp x cp rank when `sharded` (the runs are the DP
