@@ -745,6 +745,7 @@ static struct MHD_Daemon *start_http(server *s, int *port) {
 
 loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tokenizer *tok, loom_comm *world,
                            int root) {
+    world = loom_comm_host(world); /* host data only: requests, plans, token ids */
     const loom_infer_opts *io = loom_infer_options(inf);
     const int rank = loom_comm_rank(world);
     server s;

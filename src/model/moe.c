@@ -446,7 +446,7 @@ static loom_status exchange_counts(loom_gpt *m, moe_acts *a, loom_moe_stats *st)
     for (int e = 0; e < E; e++) kept[e] = a->start[e + 1] - a->start[e];
     if (m->part.ep) {
         double t0 = loom_comm_wtime();
-        LOOM_TRY(loom_comm_alltoall(m->part.ep, kept, a->rc, (size_t)El * sizeof(int32_t)));
+        LOOM_TRY(loom_comm_alltoall(loom_comm_host(m->part.ep), kept, a->rc, (size_t)El * sizeof(int32_t)));
         st->a2a_s += loom_comm_wtime() - t0;
         st->a2a_bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);
     } else {
