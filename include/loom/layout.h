@@ -144,8 +144,8 @@ typedef enum loom_layout_purpose {
  * docs/backends.md): what its groups cannot do yet is refused up front. */
 typedef struct loom_layout_device {
     const char *name; /* --device */
-    const char *comm; /* its groups' implementation, as LOOM_DEVICE_COMM spells it ("mpi", "staged", "nccl") */
-    int native_comm;  /* the groups are the backend's own library (NCCL): no tags, one op at a time per stream */
+    const char *comm; /* its groups' implementation as LOOM_DEVICE_COMM spells it: mpi, staged, nccl */
+    int native_comm;  /* they are the backend's own library (NCCL): no tags, one op at a time */
 } loom_layout_device;
 
 typedef struct loom_layout_job {

@@ -91,8 +91,10 @@ loom_status loom_device_comm_parse(const char *s, const char *what, loom_device_
 /* AUTO settled by the memory; NATIVE only where the table has a library. */
 static loom_status settle_comm(const loom_backend *be, loom_device_comm asked, loom_device_comm *out) {
     if ((unsigned)asked >= LOOM_DEVICE_COMM_COUNT)
-        return loom_fail(LOOM_EUSAGE, "device communicator %d: not one of auto, mpi, staged, nccl", (int)asked);
-    if (asked == LOOM_DEVICE_COMM_AUTO) asked = be->host_memory ? LOOM_DEVICE_COMM_MPI : LOOM_DEVICE_COMM_STAGED;
+        return loom_fail(LOOM_EUSAGE, "device communicator %d: not one of auto, mpi, staged, nccl",
+                         (int)asked);
+    if (asked == LOOM_DEVICE_COMM_AUTO)
+        asked = be->host_memory ? LOOM_DEVICE_COMM_MPI : LOOM_DEVICE_COMM_STAGED;
     if (asked == LOOM_DEVICE_COMM_NATIVE && !be->comm_native)
         return loom_fail(LOOM_EUSAGE,
                          "--device %s: nccl groups asked for (LOOM_DEVICE_COMM), but this backend has no "

@@ -125,10 +125,13 @@ void loom_comm_release_host(loom_comm *c) {
 
 loom_status loom_comm_set_memory(loom_comm *c, const loom_comm_mem *mem) {
     if (c->host) /* only an MPI group has no group underneath */
-        return loom_fail(LOOM_EUSAGE, "rank %d: group %s: only an MPI group takes a memory of its own, "
-                         "not a %s one", c->world_rank, c->name, c->ops->name);
+        return loom_fail(LOOM_EUSAGE,
+                         "rank %d: group %s: only an MPI group takes a memory of its own, "
+                         "not a %s one",
+                         c->world_rank, c->name, c->ops->name);
     if (c->wire.n)
-        return loom_fail(LOOM_EUSAGE, "rank %d: group %s: its memory cannot change once it holds wire buffers",
+        return loom_fail(LOOM_EUSAGE,
+                         "rank %d: group %s: its memory cannot change once it holds wire buffers",
                          c->world_rank, c->name);
     c->mem = *mem;
     c->wire = (loom_comm_pool){.alloc = c->mem.alloc, .free = c->mem.free, .ctx = c->mem.ctx};

@@ -80,11 +80,11 @@ static int group_color(const loom_mesh *m, loom_axis vary1, loom_axis vary2) {
 
 static loom_status mesh_split(loom_mesh *m, loom_device *dev) {
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, (loom_axis)a, (loom_axis)a), m->coords[a],
-                                        loom_axis_names[a], mesh_slot(m, (loom_axis)a)));
+        LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, (loom_axis)a, (loom_axis)a),
+                                        m->coords[a], loom_axis_names[a], mesh_slot(m, (loom_axis)a)));
     int dpcp_rank = loom_layout_dpcp_rank(&m->layout, m->coords);
-    LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, LOOM_AXIS_DP, LOOM_AXIS_CP), dpcp_rank, "dpcp",
-                                    &m->dpcp));
+    LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, LOOM_AXIS_DP, LOOM_AXIS_CP), dpcp_rank,
+                                    "dpcp", &m->dpcp));
     int ep = m->layout.ep, pp = m->layout.pp;
     LOOM_TRY(loom_device_comm_split(dev, m->dpcp, dpcp_rank / ep, dpcp_rank % ep, "ep", &m->ep));
     if (ep > 1) /* the same expert slice in every EP group; same ep everywhere: all split, or none */

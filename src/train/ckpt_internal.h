@@ -52,10 +52,10 @@ typedef struct ckpt_state {
     const loom_param_run *dev_pr; /* the DP engine's parameter runs ... */
     loom_param_run *pr;           /* ... and as host memory */
     int nr;
-    loom_opt_run *dev_or, *orun;  /* its AdamW runs (m, v), and as host memory */
+    loom_opt_run *dev_or, *orun; /* its AdamW runs (m, v), and as host memory */
     int no;
     float *dev_ea[K_COUNT], *ea[K_COUNT]; /* the expert storage by kind, and as host memory */
-    size_t elo, en;               /* its first element's local offset; its floats (0: none) */
+    size_t elo, en;                       /* its first element's local offset; its floats (0: none) */
 } ckpt_state;
 /* LOOM_EOS without memory (nothing left open). Local. */
 loom_status ckpt_state_open(const loom_train_run_state *s, int part, ckpt_state *st);

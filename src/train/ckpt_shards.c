@@ -191,8 +191,8 @@ static int collect_param(shard_set *set, const loom_param *p, int tr, const loom
 }
 
 /* Parameter k's AdamW moment `kind` held in the runs orun (n), as one shard. */
-static int collect_moment(shard_set *set, const loom_param *p, int k, int kind, int tr, const loom_opt_run *orun,
-                          int n) {
+static int collect_moment(shard_set *set, const loom_param *p, int k, int kind, int tr,
+                          const loom_opt_run *orun, int n) {
     shard *h = set_new(set, p->name, kind);
     for (int r = 0; h && r < n; r++) {
         if (orun[r].param != k) continue;

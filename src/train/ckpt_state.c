@@ -25,7 +25,8 @@ void ckpt_state_close(ckpt_state *st, int upload) {
         loom_train_host_view_done(dev, st->dev_or[r].m, st->orun[r].m, st->dev_or[r].n, upload);
         loom_train_host_view_done(dev, st->dev_or[r].v, st->orun[r].v, st->dev_or[r].n, upload);
     }
-    for (int k = 0; k < K_COUNT; k++) loom_train_host_view_done(dev, st->dev_ea[k], st->ea[k], st->en, upload);
+    for (int k = 0; k < K_COUNT; k++)
+        loom_train_host_view_done(dev, st->dev_ea[k], st->ea[k], st->en, upload);
     if (st->pr != st->dev_pr) free(st->pr);
     free(st->orun);
     free(st->dev_or);
@@ -59,8 +60,8 @@ loom_status ckpt_state_open(const loom_train_run_state *s, int part, ckpt_state 
     st->dev = s->parts[part]->dev;
     st->dev_pr = loom_dp_param_runs(s->dp, part, &st->nr);
     st->no = loom_dp_opt_runs(s->dp, part, NULL, 0);
-    st->en = loom_ep_state(s->ep, part, &st->dev_ea[K_PARAM], &st->dev_ea[K_EXP_AVG], &st->dev_ea[K_EXP_AVG_SQ],
-                           &st->elo);
+    st->en = loom_ep_state(s->ep, part, &st->dev_ea[K_PARAM], &st->dev_ea[K_EXP_AVG],
+                           &st->dev_ea[K_EXP_AVG_SQ], &st->elo);
     st->dev_or = calloc((size_t)(st->no ? st->no : 1), sizeof *st->dev_or);
     st->orun = calloc((size_t)(st->no ? st->no : 1), sizeof *st->orun);
     st->pr = st->dev->be->host_memory ? (loom_param_run *)st->dev_pr

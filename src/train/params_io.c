@@ -106,7 +106,8 @@ float *loom_train_host_view(loom_device *dev, float *src, size_t n) {
     if (dev->be->host_memory) return src;
     float *h = malloc((n ? n : 1) * sizeof *h);
     if (!h) {
-        loom_fail(LOOM_EOS, "out of memory for a host copy of %zu floats of --device %s memory", n, dev->be->name);
+        loom_fail(LOOM_EOS, "out of memory for a host copy of %zu floats of --device %s memory", n,
+                  dev->be->name);
         return NULL;
     }
     loom_tensor_download(dev, h, src, n);

@@ -53,7 +53,8 @@ void loom_train_config_default(loom_train_config *c) {
 }
 
 loom_layout_device loom_train_device(const loom_device *dev) {
-    return (loom_layout_device){.name = dev->be->name, .comm = loom_device_comm_name(dev->comm),
+    return (loom_layout_device){.name = dev->be->name,
+                                .comm = loom_device_comm_name(dev->comm),
                                 .native_comm = dev->comm == LOOM_DEVICE_COMM_NATIVE};
 }
 
@@ -245,8 +246,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     LOOM_TRY(loom_ep_finish_grads(s->ep)); /* expert gradients over edp */
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     if (c->layout.dp * c->layout.cp > 1) /* the tokens of dp x cp */
-        LOOM_TRY(loom_comm_allreduce(loom_comm_host(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp), &loss_sum,
-                                     1, LOOM_F64, LOOM_SUM));
+        LOOM_TRY(loom_comm_allreduce(loom_comm_host(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp),
+                                     &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     out->skipped = 0;

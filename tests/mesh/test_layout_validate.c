@@ -111,9 +111,10 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 1, 8, 32, NULL, "schedule=zb,recompute=full", NULL}, /* no pipeline: no split backward */
     {TRAIN, &TINY, 1, 8, 32, NULL, "pp=1,schedule=gpipe", NULL},        /* no pipeline: no schedule */
     {TRAIN, &TINY, 1, 8, 32, &CUDA, "", NULL},
-    {TRAIN, &TINY4, 8, 8, 32, &CUDA, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4", NULL}, /* staged: anything */
+    {TRAIN, &TINY4, 8, 8, 32, &CUDA, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4", NULL}, /* staged: all */
     {TRAIN, &TINY, 2, 8, 32, &CUDA, "cp=2,precision=bf16,comm=bf16", NULL},
-    {TRAIN, &MOE, 4, 8, 32, &CUDA_NCCL, "dp=2,cp=2,ep=4,cp_impl=ulysses,zero=3,precision=bf16,comm=bf16", NULL},
+    {TRAIN, &MOE, 4, 8, 32, &CUDA_NCCL, "dp=2,cp=2,ep=4,cp_impl=ulysses,zero=3,precision=bf16,comm=bf16",
+     NULL},
     {TRAIN, &TINY4, 8, 8, 32, &CPU, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4", NULL},
     /* enums */
     {TRAIN, &TINY, 1, 8, 32, NULL, "schedule=7", "layout schedule 7: out of range"},

@@ -29,7 +29,8 @@ static loom_status parse_args(int argc, char **argv, loom_layout *l, loom_device
                  : !strncmp(a, "ep=", 3) ? &l->ep : NULL;
         if (deg) *deg = atoi(a + 3);
         else if (!strncmp(a, "order=", 6)) LOOM_TRY(loom_layout_parse_order(a + 6, l));
-        else if (!strncmp(a, "comm=", 5)) LOOM_TRY(loom_device_comm_parse(a + 5, "comm", comm));
+        else if (!strncmp(a, "comm=", 5))
+            LOOM_TRY(loom_device_comm_parse(a + 5, "comm", comm));
         else return loom_fail(LOOM_EUSAGE, "unknown argument '%s'", a);
     }
     return LOOM_OK;
@@ -57,7 +58,9 @@ static void group_of(const loom_layout *l, int r, int g, int *group, int *index)
         *index = g == G_EP ? dpcp % l->ep : g == G_EDP ? dpcp / l->ep : dpcp;
         c[LOOM_AXIS_DP] = c[LOOM_AXIS_CP] = 0;
     }
-    *group = loom_layout_rank(l, c) * l->dp * l->cp + (g == G_EP ? dpcp / l->ep : g == G_EDP ? dpcp % l->ep : 0);
+    *group = loom_layout_rank(l, c) * l->dp * l->cp + (g == G_EP    ? dpcp / l->ep
+                                                       : g == G_EDP ? dpcp % l->ep
+                                                                    : 0);
 }
 
 static loom_comm *mesh_group(const loom_mesh *m, int g) {
@@ -81,7 +84,8 @@ static void check_group(const loom_mesh *m, const loom_device *dev, int g) {
     CHECK(c != NULL, "%s: no group", g_names[g]);
     if (!c) return;
     /* the device's: its memory ops (MPI on the CPU, or staged over its memory) */
-    CHECK(loom_comm_memory(c)->ctx == loom_device_comm_mem(dev)->ctx, "%s: not on the device's memory", g_names[g]);
+    CHECK(loom_comm_memory(c)->ctx == loom_device_comm_mem(dev)->ctx, "%s: not on the device's memory",
+          g_names[g]);
     int32_t *want = calloc((size_t)n, sizeof *want), *got = calloc((size_t)n, sizeof *got);
     int64_t want_sum = 0;
     for (int r = 0; r < n; r++) {
