@@ -6,7 +6,7 @@
 # allocations are listed, so a copy with a host buffer on its device side
 # aborts), and test_model_emu.py runs `loom train --device cuda` on it: one
 # rank and every parallelism axis on 2 ranks through the device's
-# host-staged groups (dp2 ZeRO-3, tp2 SP, pp2, cp2, tiny-moe ep2, bf16
+# host-staged groups (dp2 ZeRO-3, tp2 SP, pp2, cp2, MoE ep2, bf16
 # communication) against the CPU run of the same layout - losses, and the
 # bytes every group moved - and a sharded checkpoint saved and resumed on
 # the device. This checks the routing through src/backend/cuda_table.c
