@@ -122,8 +122,8 @@ loom_status loom_ep_grad_norm(loom_ep_engine *e, double *norm) {
     LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->tp), sq, 1, LOOM_F64, LOOM_SUM)); /* host doubles */
     double total = sq[0] + sq[1];
     LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->ep), &total, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->pp), &total, 1, LOOM_F64,
-                                 LOOM_SUM)); /* every stage's experts */
+    /* every stage's experts */
+    LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->pp), &total, 1, LOOM_F64, LOOM_SUM));
     *norm = sqrt(*norm * *norm + total);
     return LOOM_OK;
 }
