@@ -329,7 +329,12 @@ int cli_pick_threads(int asked, int world) {
 }
 
 loom_status cli_device_create(const char *name, int threads, int world, int bf16, loom_device **dev) {
-    const loom_device_opts o = {.name = name, .threads = cli_pick_threads(threads, world), .bf16 = bf16};
+    loom_device_opts o = {.name = name, .threads = cli_pick_threads(threads, world), .bf16 = bf16};
+    const char *comm = getenv("LOOM_DEVICE_COMM"), *aware = getenv("LOOM_CUDA_AWARE_MPI");
+    *dev = NULL;
+    if (comm && comm[0]) LOOM_TRY(loom_device_comm_parse(comm, "LOOM_DEVICE_COMM", &o.comm));
+    else if (aware && strcmp(aware, "1") == 0)
+        o.comm = LOOM_DEVICE_COMM_MPI; /* MPI reads device memory */
     return loom_device_create(&o, dev);
 }
 

@@ -87,9 +87,13 @@ int cli_pick_threads(int asked, int world);
      "(default cpu)"}
 /* The device of a command: --device `name` ("" = cpu), --threads `threads`
  * (0 = auto: cli_pick_threads over `world` ranks), GEMM precision bf16 or
- * not. Made once, after the flags are parsed and before anything allocates
- * model memory; an unknown backend or one this build left out is
- * LOOM_EUSAGE (exit 64) with the reason. */
+ * not, and its groups' implementation from the environment:
+ * LOOM_DEVICE_COMM=auto|mpi|staged|nccl (auto when unset: MPI on the CPU,
+ * host-staged on a GPU), and LOOM_CUDA_AWARE_MPI=1, the older spelling of
+ * mpi when LOOM_DEVICE_COMM is unset (this MPI reads device memory: no
+ * staging). Made once, after the flags are parsed and before anything
+ * allocates model memory; an unknown backend, one this build left out or
+ * an unknown LOOM_DEVICE_COMM is LOOM_EUSAGE (exit 64) with the reason. */
 loom_status cli_device_create(const char *name, int threads, int world, int bf16, loom_device **dev);
 /* Start MPI; errors before this point are printed by every rank, so parse
  * flags after it. */

@@ -142,7 +142,7 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
     loom_infer_opts io = {.dev = dev, .max_seqs = n + (c->check_kv ? 1 : 0), .max_len = max_len, .max_rows = max_len};
-    st = loom_mesh_create(world, &l, &mesh);
+    st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);

@@ -56,12 +56,13 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     int max_len = c->max_len ? c->max_len : mc.n_positions;
     int max_rows = c->max_rows ? c->max_rows : max_len + c->max_seqs;
     loom_infer_opts io = {.dev = dev, .max_seqs = c->max_seqs, .max_len = max_len, .max_rows = max_rows};
-    if (st == LOOM_OK) st = loom_mesh_create(world, &l, &mesh);
+    if (st == LOOM_OK) st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
     if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
     const int r = st == LOOM_OK ? mesh->dp_rank / c->ep : 0; /* this rank's replica */
-    if (st == LOOM_OK && c->dp > 1) st = loom_comm_split(world, r, loom_comm_rank(world), "replica", &replica);
+    if (st == LOOM_OK && c->dp > 1) /* the device's group, as the mesh's (device.h) */
+        st = loom_device_comm_split(dev, world, r, loom_comm_rank(world), "replica", &replica);
     if (st == LOOM_OK) {
         /* ranks of a replica in world order are its (dp = ep) layout's ranks */
         loom_layout one = l;

@@ -14,7 +14,7 @@
  * backend runs them synchronously).
  *
  * Every entry is required (none may be NULL), except the kernels
- * kernel_list.h marks OPTIONAL. Model, parallel, pipeline and train code
+ * kernel_list.h marks OPTIONAL and comm_native. Model, parallel, pipeline and train code
  * never call the table: they call kernels.h's loom_<kernel>(dev, ...) and
  * device.h's tensor ops. See docs/backends.md.
  */
@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/comm.h"
 #include "loom/kernels.h"
 #include "loom/status.h"
 
@@ -68,6 +69,16 @@ typedef struct loom_backend {
 
     /* loom_gemm_keeps_bf16 (kernels.h) */
     int (*gemm_keeps_bf16)(void *ctx);
+
+    /* ---- communication (OPTIONAL: may be NULL) ---- */
+    /* A group of the backend's own collective library over the ranks of
+     * host_group (an MPI group on host memory, which the new group owns on
+     * success: loom_comm_wrap_staged's contract) on buffers of mem: the
+     * CUDA backend's NCCL groups (comm.h: loom_comm_wrap_nccl). Collective
+     * over host_group. The device's communicator factory calls it when
+     * native groups are asked for (device.h: LOOM_DEVICE_COMM_NATIVE);
+     * NULL when this build of the backend has none. */
+    loom_status (*comm_native)(void *ctx, loom_comm *host_group, const loom_comm_mem *mem, loom_comm **out);
 
     /* ---- kernels: kernel_list.h, each with the context first ---- */
 #define LOOM_KERNEL(ret, name, params, args, need) ret (*name)(void *ctx, LOOM_UNPACK params);

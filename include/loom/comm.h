@@ -4,8 +4,11 @@
  * TP group of this rank) with a name used in messages and statistics. It is
  * an interface: a table of operations and an implementation's context
  * (src/comm/comm_impl.h), filled once when the group is made:
- *   MPI         (comm_mpi.c)    buffers in host memory; loom_comm_init makes
- *                               the world, loom_comm_split every other group
+ *   MPI         (comm_mpi.c)    buffers MPI reads directly: host memory (a
+ *                               CPU device's, with its memory ops:
+ *                               loom_comm_set_memory), or device memory under
+ *                               a CUDA-aware MPI; loom_comm_init makes the
+ *                               world, loom_comm_split every other group
  *   host-staged (comm_staged.c) buffers in another memory (a device's): each
  *                               op copies them to host memory, runs on the MPI
  *                               group underneath, and copies the result back
@@ -13,7 +16,10 @@
  *   NCCL        (comm_nccl.c)   device buffers, ops on a CUDA stream; builds
  *                               with the CUDA backend only (loom_comm_wrap_nccl)
  * loom_comm_split of a group makes a group of the same implementation and
- * memory. Every caller uses the functions below, whatever runs them.
+ * memory. Every caller uses the functions below, whatever runs them. Which
+ * implementation a group of the device mesh has is the device's choice
+ * (device.h: loom_device_comm_split); loom_comm_host(c) is the group to use
+ * for host buffers (scalars, agreement) whatever c's implementation.
  *
  * Above the implementations, once for all (src/comm/comm.c, comm_call.c,
  * comm_wire.c, comm_watch.c): argument checks, statistics, trace events,
@@ -122,8 +128,9 @@ typedef struct loom_comm_mem {
     void (*unpack_bf16)(void *ctx, float *dst, const uint16_t *src, size_t n);
 } loom_comm_mem;
 
-/* Host memory: malloc, memcpy, loom_bf16_pack / loom_bf16_unpack
- * (kernels.h). The memory of every MPI group. */
+/* Host memory: malloc, memcpy, and bf16 conversion in plain loops (the
+ * communicator sits below the kernels). The memory of the world and of every
+ * MPI group split from an MPI group on it. */
 extern const loom_comm_mem loom_comm_mem_host;
 
 /* ---- making groups -------------------------------------------------------- */
@@ -168,9 +175,19 @@ loom_status loom_comm_wrap_nccl(loom_comm *host_group, const loom_comm_mem *mem,
 loom_status loom_comm_nccl_group_start(void);
 loom_status loom_comm_nccl_group_end(void);
 
+/* An MPI group (the world, or one split from an MPI group) told that its
+ * buffers live in `mem`, which MPI reads and writes directly: host memory
+ * with a device's own ops (a CPU device: the bf16 wire format then packs
+ * with that device's kernels), or a device's memory under an MPI built to
+ * read it (CUDA-aware). Groups split from c afterwards carry mem too. Local.
+ * LOOM_EUSAGE for a staged or NCCL group, and once c holds wire buffers
+ * (loom_comm_reserve_wire). */
+loom_status loom_comm_set_memory(loom_comm *c, const loom_comm_mem *mem);
+
 /* The group on host memory with c's ranks, for host buffers (scalars,
- * agreement): c itself for an MPI group, the MPI group under a staged or
- * NCCL one. Its calls count in c's stats and call numbers. */
+ * agreement): c itself for an MPI group (whose memory MPI reads), the MPI
+ * group under a staged or NCCL one. Its calls count in c's stats and call
+ * numbers. */
 loom_comm *loom_comm_host(loom_comm *c);
 /* The memory c's buffers live in. */
 const loom_comm_mem *loom_comm_memory(const loom_comm *c);

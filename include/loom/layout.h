@@ -140,13 +140,12 @@ typedef enum loom_layout_purpose {
     LOOM_LAYOUT_FOR_SIM,        /* loom sim: one pipeline (pp, micro-batches, v, stages) */
 } loom_layout_purpose;
 
-/* The backend a training job computes on (device_check, docs/backends.md):
- * what it cannot do yet is refused up front. */
+/* The device a training job computes and communicates on (device.h,
+ * docs/backends.md): what its groups cannot do yet is refused up front. */
 typedef struct loom_layout_device {
-    const char *name;     /* --device */
-    int host_memory;      /* its memory is host memory */
-    int cuda_aware_mpi;   /* LOOM_CUDA_AWARE_MPI=1: MPI reads device pointers */
-    const char *ckpt_flag; /* "--save-dir" / "--resume" when sharded checkpoints are asked for, else NULL */
+    const char *name; /* --device */
+    const char *comm; /* its groups' implementation as LOOM_DEVICE_COMM spells it: mpi, staged, nccl */
+    int native_comm;  /* they are the backend's own library (NCCL): no tags, one op at a time */
 } loom_layout_device;
 
 typedef struct loom_layout_job {
@@ -154,7 +153,7 @@ typedef struct loom_layout_job {
     int world;  /* ranks (the planner: devices); unused for SIM */
     int batch;  /* global sequences per step (train, plan train) */
     int seq;    /* tokens per sequence (train, plan) */
-    const loom_layout_device *device; /* train: NULL when the memory is host memory */
+    const loom_layout_device *device; /* train: the device; NULL: MPI groups */
 } loom_layout_job;
 
 /* Every rule the layout must meet for job j on model m (SIM: m->n_layer
@@ -176,7 +175,9 @@ loom_status loom_layout_check_tp(const loom_layout_model *m, int tp, int sp, int
 loom_status loom_layout_check_schedule(loom_sched_kind k, int pp, int m, int v);
 /* pp x v virtual stages of at least one block each, of n_layer blocks. */
 loom_status loom_layout_check_stages(int n_layer, int pp, int v);
-/* What the backend cannot do yet (train). */
+/* What the device's groups cannot do yet (train): with NCCL groups, the
+ * pipeline (pp > 1) and the CP ring, whose sends and receives must
+ * progress together. NULL: nothing refused. */
 loom_status loom_layout_check_device(const loom_layout *l, const loom_layout_device *d);
 
 #endif

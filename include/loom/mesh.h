@@ -16,13 +16,19 @@
  * sub-mesh (ep must divide dp*cp), consecutive in that sub-mesh.
  *
  * Pure functions (layout checks, coordinates) need no MPI; loom_mesh_create is
- * collective over the world.
+ * collective over the world. Every group of the mesh is made by the device's
+ * communicator factory (device.h: loom_device_comm_split), so it carries the
+ * device's memory and the implementation the device chose (MPI on a CPU,
+ * host-staged MPI or NCCL on a GPU): code above hands it tensors in that
+ * device's memory, and host buffers (scalars, agreement) to
+ * loom_comm_host(group). Nothing else makes groups for tensors.
  */
 #ifndef LOOM_MESH_H
 #define LOOM_MESH_H
 
 #include <stddef.h>
 #include "loom/comm.h"
+#include "loom/device.h"
 #include "loom/layout.h"
 #include "loom/status.h"
 
@@ -44,17 +50,23 @@ typedef struct loom_mesh {
     int rank, world_size;
     int coords[LOOM_AXIS_COUNT];
     int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank;
-    loom_comm *world; /* not owned */
+    loom_comm *world; /* not owned: the job's MPI world, on host memory (host buffers only) */
     loom_comm *tp, *cp, *dp, *pp;
     loom_comm *dpcp; /* dp x cp: the group that reduces gradients when cp > 1 */
     loom_comm *ep;   /* ep consecutive ranks of dpcp (see loom_layout_dpcp_rank) */
+    loom_comm *edp;  /* ep > 1: the ranks of dpcp with this ep_rank, one per EP group (they hold
+                        the same experts: the expert-data group); NULL at ep = 1 */
+    loom_comm *pp_ends; /* pp > 1: the first and last stage of this rank's pipeline (the tied
+                           embedding's two copies); NULL on the stages between and at pp = 1 */
 } loom_mesh;
 
 /* Collective over world. Calls loom_layout_check first, so every rank fails
- * the same way before any communication. Every group exists (size 1 for a
- * degree of 1) and is named after its axis: "tp", "cp", "dp", "pp", "dpcp",
- * "ep". */
-loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh **out);
+ * the same way before any communication. Every axis group exists (size 1
+ * for a degree of 1) and is named after its axis: "tp", "cp", "dp", "pp",
+ * "dpcp", "ep"; then "edp" and "embed" (pp_ends) where the layout has them.
+ * All are made through dev (loom_device_comm_split), which must outlive the
+ * mesh. */
+loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_device *dev, loom_mesh **out);
 void loom_mesh_free(loom_mesh *m);
 /* The comm of an axis (NULL for an axis out of range). */
 loom_comm *loom_mesh_comm(const loom_mesh *m, loom_axis a);

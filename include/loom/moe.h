@@ -123,9 +123,9 @@ void loom_moe_memory_bytes(const loom_gpt *m, size_t *params, size_t *grads, siz
 void loom_moe_balance(loom_gpt *m, int b, const double *routed);
 
 /* The stats of this part's MoE blocks: *n of them (0 for a dense part). */
-/* MoE block b's aux-loss-free selection bias (n_expert floats, the same on
- * every rank) and its global layer, for checkpoints; NULL when b is no block
- * of m or bias_rate is 0. */
+/* MoE block b's aux-loss-free selection bias (n_expert floats in the part's
+ * device memory, the same on every rank) and its global layer, for
+ * checkpoints; NULL when b is no block of m or bias_rate is 0. */
 float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer);
 const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n);
 void loom_moe_stats_reset(loom_gpt *m);

@@ -42,8 +42,10 @@ typedef struct loom_serve_config {
 } loom_serve_config;
 
 /* Runs until rank 0 gets SIGINT or SIGTERM. tok may be NULL (prompts must
- * then be token ids, texts are bytes). root: the sampling rank in world.
- * LOOM_EUNAVAIL if the port cannot be bound. */
+ * then be token ids, texts are bytes). root: the sampling rank in world
+ * (the job's world, or this replica's group); what it carries is host data
+ * (requests, plans, token ids), sent on loom_comm_host(world). LOOM_EUNAVAIL
+ * if the port cannot be bound. */
 loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tokenizer *tok, loom_comm *world,
                            int root);
 

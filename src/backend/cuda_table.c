@@ -165,6 +165,21 @@ void loom_cuda_tensor_sum_acc(void *ctx, double *host_acc, const float *x, size_
     for (size_t i = 0; i < n; i++) *host_acc += h[i];
 }
 
+/* NCCL groups (src/comm/comm_nccl.c, in loom_cuda) on the calling thread's
+ * current stream, where this thread's kernels run (the default stream unless
+ * one was set). LOOM_CUDA_NO_NCCL: a build of this table without NCCL (the
+ * CPU emulation of tests/backend/test_model_emu.sh), whose devices then
+ * make host-staged groups only. */
+#ifndef LOOM_CUDA_NO_NCCL
+static loom_status cu_comm_nccl(void *ctx, loom_comm *host_group, const loom_comm_mem *mem, loom_comm **out) {
+    (void)ctx;
+    return loom_comm_wrap_nccl(host_group, mem, (void *)loom_cuda_stream_get(), out);
+}
+#define CU_COMM_NATIVE cu_comm_nccl
+#else
+#define CU_COMM_NATIVE NULL
+#endif
+
 #define LOOM_CUDA_ENTRY_REQUIRED(name) .name = loom_cuda_##name,
 #define LOOM_CUDA_ENTRY_OPTIONAL(name)
 
@@ -188,6 +203,7 @@ const loom_backend loom_backend_cuda = {
     .stream_wait_event = cu_stream_wait_event,
     .event_sync = cu_event_sync,
     .gemm_keeps_bf16 = cu_gemm_keeps_bf16,
+    .comm_native = CU_COMM_NATIVE,
 #define LOOM_KERNEL(ret, name, params, args, need) LOOM_CUDA_ENTRY_##need(name)
 #include "loom/kernel_list.h"
 #undef LOOM_KERNEL

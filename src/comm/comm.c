@@ -123,6 +123,21 @@ void loom_comm_release_host(loom_comm *c) {
     c->host = NULL;
 }
 
+loom_status loom_comm_set_memory(loom_comm *c, const loom_comm_mem *mem) {
+    if (c->host) /* only an MPI group has no group underneath */
+        return loom_fail(LOOM_EUSAGE,
+                         "rank %d: group %s: only an MPI group takes a memory of its own, "
+                         "not a %s one",
+                         c->world_rank, c->name, c->ops->name);
+    if (c->wire.n)
+        return loom_fail(LOOM_EUSAGE,
+                         "rank %d: group %s: its memory cannot change once it holds wire buffers",
+                         c->world_rank, c->name);
+    c->mem = *mem;
+    c->wire = (loom_comm_pool){.alloc = c->mem.alloc, .free = c->mem.free, .ctx = c->mem.ctx};
+    return LOOM_OK;
+}
+
 loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
                             loom_comm **out) {
     *out = NULL;

@@ -260,8 +260,9 @@ static loom_status mpi_test(loom_comm *c, void *req, int *done) {
 
 /* ---- groups --------------------------------------------------------------- */
 
-/* A loom_comm around mpi (freed on failure). */
-static loom_status mpi_wrap(MPI_Comm mpi, const char *name, int is_world, loom_comm **out) {
+/* A loom_comm around mpi whose buffers are in mem (freed on failure). */
+static loom_status mpi_wrap(MPI_Comm mpi, const loom_comm_mem *mem, const char *name, int is_world,
+                            loom_comm **out) {
     *out = NULL;
     mpi_group *g = calloc(1, sizeof *g);
     if (!g) {
@@ -275,8 +276,7 @@ static loom_status mpi_wrap(MPI_Comm mpi, const char *name, int is_world, loom_c
     if (err == MPI_SUCCESS) err = MPI_Comm_size(mpi, &size);
     g->counts = malloc(4 * (size_t)size * sizeof *g->counts);
     loom_comm *c = NULL;
-    LOOM_TRY(loom_comm_create(&mpi_ops, g, sizeof(mpi_req), &loom_comm_mem_host, rank, size,
-                              g_world_rank, name, &c));
+    LOOM_TRY(loom_comm_create(&mpi_ops, g, sizeof(mpi_req), mem, rank, size, g_world_rank, name, &c));
     loom_status st = LOOM_OK;
     if (err != MPI_SUCCESS) st = fail_mpi(c, "create", err);
     else if (!g->counts)
@@ -299,7 +299,7 @@ static loom_status mpi_split(loom_comm *parent, int color, int key, const char *
     int err = MPI_Comm_split(g->mpi, color < 0 ? MPI_UNDEFINED : color, key, &mpi);
     if (err != MPI_SUCCESS) return fail_mpi(parent, "split", err);
     if (mpi == MPI_COMM_NULL) return LOOM_OK;
-    return mpi_wrap(mpi, name, 0, out);
+    return mpi_wrap(mpi, &parent->mem, name, 0, out); /* the parent's memory (loom_comm_set_memory) */
 }
 
 static void watch_stop(void);
@@ -416,7 +416,7 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     MPI_Comm dup = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
         return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI_Comm_dup of the world failed", g_world_rank);
-    LOOM_TRY(mpi_wrap(dup, "world", 1, world));
+    LOOM_TRY(mpi_wrap(dup, &loom_comm_mem_host, "world", 1, world));
     if (g_live_worlds == 1) {
         int level = MPI_THREAD_SINGLE;
         MPI_Query_thread(&level);

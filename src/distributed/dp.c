@@ -360,10 +360,6 @@ static loom_status add_gathered_rows(dp_part *p) {
 static loom_status check_stage(const loom_dp_engine *e) {
     const int z = e->cfg.zero;
     if (z < 0 || z > 3) return loom_fail(LOOM_EUSAGE, "--zero %d: must be 0, 1, 2 or 3", z);
-    const loom_backend *be = e->parts[0]->dev->be;
-    if (e->cfg.comm_bf16 && !be->host_memory)
-        return loom_fail(LOOM_EUSAGE, "data-parallel engine: bf16 reductions need a host-memory "
-                         "backend (this one is %s)", be->name);
     return LOOM_OK;
 }
 
@@ -644,12 +640,12 @@ loom_status loom_dp_grad_norm(loom_dp_engine *e, double *norm) {
         }
     }
     if (e->cfg.zero >= 1 && e->N > 1) /* shards: every rank holds a different part */
-        LOOM_TRY(loom_comm_allreduce(e->dp, sq, 2, LOOM_F64, LOOM_SUM));
+        LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->dp), sq, 2, LOOM_F64, LOOM_SUM)); /* host doubles */
     if (loom_comm_size(e->mesh->tp) > 1) /* cut tensors: sum; replicated ones: once */
-        LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
+        LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->tp), sq, 1, LOOM_F64, LOOM_SUM));
     double total = sq[0] + sq[1];
     if (loom_comm_size(e->mesh->pp) > 1)
-        LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &total, 1, LOOM_F64, LOOM_SUM));
+        LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->pp), &total, 1, LOOM_F64, LOOM_SUM));
     *norm = sqrt(total);
     return LOOM_OK;
 }

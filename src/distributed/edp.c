@@ -20,7 +20,7 @@ struct loom_edp_engine {
     int n_parts;
     const loom_mesh *mesh;
     loom_adamw_hparams hp;
-    loom_comm *edp;     /* ranks holding the same experts */
+    loom_comm *edp;     /* ranks holding the same experts (the mesh's: not owned) */
     size_t *lo, *n;     /* per part: the expert unit's flat range */
     float **par, **grad; /* per part: its storage (moe.h), laid out like that range */
     float **opt_m, **opt_v;
@@ -83,10 +83,7 @@ loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mes
             st = loom_fail(LOOM_EOS, "out of memory for the experts' optimizer state (%zu floats)", e->n[i]);
     }
     if (st == LOOM_OK) st = build_adamw_runs(e);
-    if (st == LOOM_OK && mesh->layout.ep > 1) { /* same ep on every rank: all split, or none */
-        int color = mesh->ep_rank, key = loom_layout_dpcp_rank(&mesh->layout, mesh->coords);
-        st = loom_comm_split(mesh->dpcp, color, key, "edp", &e->edp);
-    }
+    e->edp = mesh->edp; /* the mesh's (NULL at ep = 1) */
     (void)total;
     if (st != LOOM_OK) {
         loom_edp_engine_free(e);
@@ -110,7 +107,6 @@ void loom_edp_engine_free(loom_edp_engine *e) {
     free(e->grad);
     free(e->adamw);
     free(e->run0);
-    loom_comm_free(e->edp);
     free(e);
 }
 
@@ -159,10 +155,11 @@ loom_status loom_edp_grad_norm(loom_edp_engine *e, double *norm) {
                 sq[p->split_dim < 0] += loom_sumsq(m->dev, e->grad[i] + (p->offset - e->lo[i]), p->numel);
         }
     }
-    LOOM_TRY(loom_comm_allreduce(e->mesh->tp, sq, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->tp), sq, 1, LOOM_F64, LOOM_SUM)); /* host doubles */
     double total = sq[0] + sq[1];
-    LOOM_TRY(loom_comm_allreduce(e->mesh->ep, &total, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(e->mesh->pp, &total, 1, LOOM_F64, LOOM_SUM)); /* every stage's experts */
+    LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->ep), &total, 1, LOOM_F64, LOOM_SUM));
+    /* every stage's experts */
+    LOOM_TRY(loom_comm_allreduce(loom_comm_host(e->mesh->pp), &total, 1, LOOM_F64, LOOM_SUM));
     *norm = sqrt(*norm * *norm + total);
     return LOOM_OK;
 }

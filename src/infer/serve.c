@@ -272,6 +272,7 @@ static void catch_signals(void) {
 
 loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tokenizer *tok, loom_comm *world,
                            int root) {
+    world = loom_comm_host(world); /* host data only: requests, plans, token ids */
     const int rank = loom_comm_rank(world);
     server s;
     memset(&s, 0, sizeof s);

@@ -323,37 +323,29 @@ loom_status loom_layout_validate(const loom_layout *l, const loom_layout_model *
     return loom_fail(LOOM_EINTERNAL, "layout purpose %d", (int)j->purpose);
 }
 
-/* ---- the backend --------------------------------------------------------- */
+/* ---- the device ---------------------------------------------------------- */
 
-/* Sharded checkpoints (ckpt.c) read and write parameters, ZeRO shards,
- * optimizer state and expert storage in place, element by element; on a
- * backend whose memory the host cannot read (CUDA) they would need host
- * copies first, as params_io.c makes for --save-params / --load-params.
- * --comm-precision bf16: the data-parallel engine packs each gradient bucket
- * into bf16 with host loops. Several ranks: loom's communicator (comm_mpi.c)
- * hands tensor pointers to MPI, which on device memory works only with a
- * CUDA-aware MPI; the NCCL and host-staged communicators are not wired into
- * it yet (the CPU emulation of CUDA used by tests/backend/test_model_emu.sh,
- * whose device memory is host memory, sets LOOM_CUDA_AWARE_MPI=1). */
+/* Every group of a run is made by the device (device.h), host-staged when
+ * its memory is not host memory, so multi-rank runs, bf16 communication and
+ * sharded checkpoints (host copies through the device) work on any backend.
+ * What is left: groups of a backend's own library (NCCL) have no tags and
+ * run their ops one at a time, in order, on one stream; a send and a
+ * receive that must progress together (the pipeline executor's, the CP
+ * ring's) would need an NCCL group call around them, which those callers do
+ * not make (comm.h: loom_comm_nccl_group_start). */
 loom_status loom_layout_check_device(const loom_layout *l, const loom_layout_device *d) {
-    if (!d || d->host_memory) return LOOM_OK;
-    if (d->ckpt_flag)
+    if (!d || !d->native_comm) return LOOM_OK;
+    if (l->pp > 1)
         return loom_fail(LOOM_EUSAGE,
-                         "%s with --device %s: sharded checkpoints are not supported on this "
-                         "backend yet (they need host memory); use --save-params / --load-params",
-                         d->ckpt_flag, d->name);
-    if (l->comm_precision != LOOM_PRECISION_FP32)
+                         "--device %s with %s groups (LOOM_DEVICE_COMM=%s) and pp=%d: the pipeline's sends "
+                         "and receives must progress together, matched by tag, and NCCL groups run one op "
+                         "at a time without tags; use LOOM_DEVICE_COMM=staged",
+                         d->name, d->comm, d->comm, l->pp);
+    if (l->cp > 1 && l->cp_impl == LOOM_CP_RING)
         return loom_fail(LOOM_EUSAGE,
-                         "--comm-precision %s with --device %s: the gradients are converted to bf16 on "
-                         "the host (dp.c), and this backend's memory is not host memory; use "
-                         "--comm-precision fp32",
-                         precision_name(l->comm_precision), d->name);
-    const int ranks = l->dp * l->tp * l->pp * l->cp;
-    if (ranks > 1 && !d->cuda_aware_mpi)
-        return loom_fail(LOOM_EUSAGE,
-                         "--device %s on %d ranks: loom's communicator passes tensor pointers to MPI, "
-                         "and NCCL / host staging are not wired into it yet; run one rank, or set "
-                         "LOOM_CUDA_AWARE_MPI=1 if this MPI reads device memory",
-                         d->name, ranks);
+                         "--device %s with %s groups (LOOM_DEVICE_COMM=%s) and cp=%d ring: the ring's send "
+                         "and receive must progress together, and NCCL groups run one op at a time; use "
+                         "--cp-impl ulysses, or LOOM_DEVICE_COMM=staged",
+                         d->name, d->comm, d->comm, l->cp);
     return LOOM_OK;
 }

@@ -1,6 +1,9 @@
 /* mesh.c - the device mesh: a layout (tp, cp, dp, pp degrees, ep inside
  * dp x cp, and an axis order) mapped to rank coordinates and to one group
- * communicator per axis. All mesh axes live here.
+ * communicator per axis, plus the groups derived from them (dpcp, ep, the
+ * expert-data group edp, the pipeline's two ends). All mesh axes live here,
+ * and every group is made by the device's communicator factory
+ * (device.h: loom_device_comm_split), which chooses its implementation.
  *
  * Everything is pure (no communication) except loom_mesh_create and
  * loom_mesh_free, which are collective over the world: create validates the
@@ -75,18 +78,25 @@ static int group_color(const loom_mesh *m, loom_axis vary1, loom_axis vary2) {
     return loom_layout_rank(&m->layout, c);
 }
 
-static loom_status mesh_split(loom_mesh *m) {
+static loom_status mesh_split(loom_mesh *m, loom_device *dev) {
     for (int a = 0; a < LOOM_AXIS_COUNT; a++)
-        LOOM_TRY(loom_comm_split(m->world, group_color(m, (loom_axis)a, (loom_axis)a), m->coords[a],
-                                 loom_axis_names[a], mesh_slot(m, (loom_axis)a)));
+        LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, (loom_axis)a, (loom_axis)a),
+                                        m->coords[a], loom_axis_names[a], mesh_slot(m, (loom_axis)a)));
     int dpcp_rank = loom_layout_dpcp_rank(&m->layout, m->coords);
-    LOOM_TRY(loom_comm_split(m->world, group_color(m, LOOM_AXIS_DP, LOOM_AXIS_CP), dpcp_rank, "dpcp",
-                             &m->dpcp));
-    int ep = m->layout.ep;
-    return loom_comm_split(m->dpcp, dpcp_rank / ep, dpcp_rank % ep, "ep", &m->ep);
+    LOOM_TRY(loom_device_comm_split(dev, m->world, group_color(m, LOOM_AXIS_DP, LOOM_AXIS_CP), dpcp_rank,
+                                    "dpcp", &m->dpcp));
+    int ep = m->layout.ep, pp = m->layout.pp;
+    LOOM_TRY(loom_device_comm_split(dev, m->dpcp, dpcp_rank / ep, dpcp_rank % ep, "ep", &m->ep));
+    if (ep > 1) /* the same expert slice in every EP group; same ep everywhere: all split, or none */
+        LOOM_TRY(loom_device_comm_split(dev, m->dpcp, m->ep_rank, dpcp_rank, "edp", &m->edp));
+    if (pp > 1) { /* the pipeline's two ends; the stages between join none */
+        int ends = m->pp_rank == 0 || m->pp_rank == pp - 1;
+        LOOM_TRY(loom_device_comm_split(dev, m->pp, ends ? 0 : -1, m->pp_rank, "embed", &m->pp_ends));
+    }
+    return LOOM_OK;
 }
 
-loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh **out) {
+loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_device *dev, loom_mesh **out) {
     *out = NULL;
     LOOM_TRY(loom_layout_check(l, loom_comm_size(world))); /* the validator's mesh section (layout.h) */
     loom_mesh *m = calloc(1, sizeof *m);
@@ -101,7 +111,7 @@ loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh *
     m->dp_rank = m->coords[LOOM_AXIS_DP];
     m->pp_rank = m->coords[LOOM_AXIS_PP];
     m->ep_rank = loom_layout_dpcp_rank(l, m->coords) % l->ep;
-    loom_status st = mesh_split(m);
+    loom_status st = mesh_split(m, dev);
     if (st != LOOM_OK) {
         loom_mesh_free(m);
         return st;
@@ -112,6 +122,8 @@ loom_status loom_mesh_create(loom_comm *world, const loom_layout *l, loom_mesh *
 
 void loom_mesh_free(loom_mesh *m) {
     if (!m) return;
+    loom_comm_free(m->pp_ends);
+    loom_comm_free(m->edp);
     loom_comm_free(m->ep);
     loom_comm_free(m->dpcp);
     for (int a = 0; a < LOOM_AXIS_COUNT; a++) loom_comm_free(*mesh_slot(m, (loom_axis)a));

@@ -17,7 +17,8 @@ loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_rout
     for (int e = 0; e < E; e++) sent[e] = start[e + 1] - start[e];
     if (ep->comm) {
         double t0 = loom_comm_wtime();
-        LOOM_TRY(loom_comm_alltoall(ep->comm, sent, r->rc, (size_t)El * sizeof(int32_t)));
+        /* the counts are host memory: the group's host side */
+        LOOM_TRY(loom_comm_alltoall(loom_comm_host(ep->comm), sent, r->rc, (size_t)El * sizeof(int32_t)));
         if (t) {
             t->seconds += loom_comm_wtime() - t0;
             t->bytes += (int64_t)P * El * (int64_t)sizeof(int32_t);

@@ -1,7 +1,7 @@
 /* ckpt_internal.h - what the checkpoint files share (ckpt.c: files, resolve,
- * signals; ckpt_shards.c: what one rank writes; ckpt_save.c: the manifest
- * and publishing; ckpt_load.c: resume and export); not public API. Nothing
- * declared here is collective. */
+ * signals; ckpt_state.c: a part's state as host memory; ckpt_shards.c: what
+ * one rank writes; ckpt_save.c: the manifest and publishing; ckpt_load.c:
+ * resume and export); not public API. Nothing declared here is collective. */
 #ifndef LOOM_TRAIN_CKPT_INTERNAL_H
 #define LOOM_TRAIN_CKPT_INTERNAL_H
 
@@ -39,10 +39,29 @@ int ckpt_list_steps(const char *dir, int *steps, int cap);
 /* The manifest of checkpoint `dir`, validated (ckpt_manifest.c), not its files. */
 loom_status ckpt_manifest_open(const char *dir, cJSON **out);
 
-/* ckpt_shards.c. Expert tensors of an expert-parallel part live in the expert
- * engine (edp.h): its params and moments by kind in arr, the local offset of
- * the first in *lo; the element count, 0 without expert parallelism. */
-size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo);
+/* ckpt_state.c. What a checkpoint holds of one model part, as host code
+ * walks it element by element: the DP engine's parameter runs (dp.h), its
+ * AdamW runs, and - under expert parallelism - the expert engine's (edp.h)
+ * storage: params and moments by kind, the local offset of the first
+ * element, the count; 0 without expert parallelism). Every pointer of pr,
+ * orun and ea is host memory: the engines' own buffers when the part's
+ * device memory is host memory, else host copies made through the device
+ * (downloaded by open; uploaded by close when `upload`, after a load). */
+typedef struct ckpt_state {
+    loom_device *dev;             /* the part's */
+    const loom_param_run *dev_pr; /* the DP engine's parameter runs ... */
+    loom_param_run *pr;           /* ... and as host memory */
+    int nr;
+    loom_opt_run *dev_or, *orun; /* its AdamW runs (m, v), and as host memory */
+    int no;
+    float *dev_ea[K_COUNT], *ea[K_COUNT]; /* the expert storage by kind, and as host memory */
+    size_t elo, en;                       /* its first element's local offset; its floats (0: none) */
+} ckpt_state;
+/* LOOM_EOS without memory (nothing left open). Local. */
+loom_status ckpt_state_open(const loom_train_run_state *s, int part, ckpt_state *st);
+void ckpt_state_close(ckpt_state *st, int upload);
+
+/* ckpt_shards.c. */
 /* Write this rank's file (if it holds anything) into tmpdir and describe
  * it, its hash and its shards as JSON (*json, malloc'd). Local. */
 loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, char **json);

@@ -5,9 +5,11 @@
  * rank then reads, tensor by tensor, only the shards whose global range
  * meets the elements it holds, into a scratch of that one tensor, and
  * keeps its own elements; any missing element is LOOM_EDATA naming it.
- * The files are verified again by each rank that reads them. Export (one
- * process) gathers every parameter into one safetensors file and a
- * Hugging Face config.json. */
+ * The files are verified again by each rank that reads them. State in
+ * device memory is written through host copies, uploaded when the part is
+ * done (ckpt_state.c). Export (one process, files only, whatever device the
+ * run had) gathers every parameter into one safetensors file and a Hugging
+ * Face config.json. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,23 +164,20 @@ static loom_status load_param(reader *rd, const loom_gpt *m, const loom_param *p
     return LOOM_OK;
 }
 
-static loom_status load_part(reader *rd, const loom_train_run_state *s, int part, float *scratch,
-                             unsigned char *have) {
+/* One part's elements into its state as host memory (cs). */
+static loom_status load_part_state(reader *rd, const loom_train_run_state *s, int part, const ckpt_state *cs,
+                                   float *scratch, unsigned char *have) {
     const loom_gpt *m = s->parts[part];
-    int nr, no = loom_dp_opt_runs(s->dp, part, NULL, 0);
-    const loom_param_run *pr = loom_dp_param_runs(s->dp, part, &nr);
-    loom_opt_run *orun = calloc((size_t)(no ? no : 1), sizeof *orun);
+    const int nr = cs->nr, no = cs->no;
+    const loom_param_run *pr = cs->pr;
+    const loom_opt_run *orun = cs->orun;
     local_span *sp = calloc((size_t)(nr + no + 1), sizeof *sp);
-    loom_status st = orun && sp ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
-    if (orun) loom_dp_opt_runs(s->dp, part, orun, no);
-    float *ea[3];
-    size_t elo;
-    const int has_ep = ckpt_ep_state(s, part, ea, &elo) > 0;
+    loom_status st = sp ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
     for (int k = 0; k < m->n_params && st == LOOM_OK; k++) {
         const loom_param *p = &m->params[k];
-        if (has_ep && p->unit == LOOM_UNIT_EXPERTS) { /* the expert engine's storage, whole */
+        if (cs->en && p->unit == LOOM_UNIT_EXPERTS) { /* the EP engine's storage, whole */
             for (int kind = K_PARAM; kind < K_COUNT && st == LOOM_OK; kind++) {
-                local_span one = {0, p->numel, ea[kind] + (p->offset - elo)};
+                local_span one = {0, p->numel, cs->ea[kind] + (p->offset - cs->elo)};
                 st = load_param(rd, m, p, kind, &one, 1, scratch, have);
             }
             continue;
@@ -200,8 +199,18 @@ static loom_status load_part(reader *rd, const loom_train_run_state *s, int part
             st = load_param(rd, m, p, kind, sp, n, scratch, have);
         }
     }
-    free(orun);
     free(sp);
+    return st;
+}
+
+/* One part: its state opened as host memory, filled, uploaded back when
+ * it is a copy (and only when every element was found). */
+static loom_status load_part(reader *rd, const loom_train_run_state *s, int part, float *scratch,
+                             unsigned char *have) {
+    ckpt_state cs;
+    LOOM_TRY(ckpt_state_open(s, part, &cs));
+    loom_status st = load_part_state(rd, s, part, &cs, scratch, have);
+    ckpt_state_close(&cs, st == LOOM_OK);
     return st;
 }
 
@@ -222,7 +231,10 @@ static loom_status load_buffers(const loom_train_run_state *s, const cJSON *man,
                                  "%s: the manifest has no %s of %d numbers (the model "
                                  "uses aux_free_bias_rate)",
                                  dir, name, E);
-            for (int e = 0; e < E; e++) bias[e] = (float)cJSON_GetArrayItem(a, e)->valuedouble;
+            float *h = loom_train_host_view(s->parts[i]->dev, bias, (size_t)E); /* device memory */
+            if (!h) return LOOM_EOS;
+            for (int e = 0; e < E; e++) h[e] = (float)cJSON_GetArrayItem(a, e)->valuedouble;
+            loom_train_host_view_done(s->parts[i]->dev, bias, h, (size_t)E, 1);
         }
     }
     return LOOM_OK;

@@ -11,7 +11,8 @@
  * plus the global element indices it holds, as runs [start, len, stride,
  * count]: count runs of len elements at start + i * stride of the tensor's
  * row-major global layout. The rank hashes its file (SHA-256 of the bytes
- * on disk) and describes it and its shards as JSON for the manifest. */
+ * on disk) and describes it and its shards as JSON for the manifest. State
+ * in device memory is read through host copies (ckpt_state.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,20 +146,17 @@ static int one_holder(const loom_train_run_state *s, const loom_gpt *m, const lo
 
 /* Expert tensors of an expert-parallel part live in the expert engine (edp.h),
  * replicated over edp: edp rank 0 writes them (tp rank 0 for unsplit ones). */
-size_t ckpt_ep_state(const loom_train_run_state *s, int part, float *arr[3], size_t *lo) {
-    return loom_edp_state(s->edp, part, &arr[K_PARAM], &arr[K_EXP_AVG], &arr[K_EXP_AVG_SQ], lo);
-}
-
 static int ep_holder(const loom_train_run_state *s, const loom_gpt *m, const loom_param *p) {
     if (loom_comm_rank(loom_edp_comm(s->edp)) != 0) return 0;
     return p->split_dim >= 0 || m->part.tp.rank == 0;
 }
 
-static loom_status collect_experts(const loom_train_run_state *s, int part, shard_set *set) {
+static loom_status collect_experts(const loom_train_run_state *s, int part, const ckpt_state *cs,
+                                   shard_set *set) {
     const loom_gpt *m = s->parts[part];
-    float *arr[3];
-    size_t lo;
-    if (!ckpt_ep_state(s, part, arr, &lo)) return LOOM_OK;
+    float *const *arr = cs->ea;
+    const size_t lo = cs->elo;
+    if (!cs->en) return LOOM_OK;
     for (int k = 0; k < m->n_params; k++) {
         const loom_param *p = &m->params[k];
         if (p->unit != LOOM_UNIT_EXPERTS || !ep_holder(s, m, p)) continue;
@@ -176,56 +174,65 @@ static loom_status collect_experts(const loom_train_run_state *s, int part, shar
     return LOOM_OK;
 }
 
-static loom_status collect(const loom_train_run_state *s, shard_set *set) {
-    const int z3 = loom_dp_params_sharded(s->dp), zopt = loom_dp_opt_sharded(s->dp);
-    for (int i = 0; i < s->n_parts; i++) {
-        const loom_gpt *m = s->parts[i];
-        const int tr = m->part.tp.rank;
-        float *ea[3];
-        size_t elo;
-        const int has_ep = ckpt_ep_state(s, i, ea, &elo) > 0;
-        LOOM_TRY(collect_experts(s, i, set));
-        int nr, no = loom_dp_opt_runs(s->dp, i, NULL, 0);
-        const loom_param_run *pr = loom_dp_param_runs(s->dp, i, &nr);
-        loom_opt_run *orun = calloc((size_t)(no ? no : 1), sizeof *orun);
-        if (!orun) return loom_fail(LOOM_EOS, "out of memory");
-        loom_dp_opt_runs(s->dp, i, orun, no);
-        for (int k = 0; k < m->n_params; k++) {
-            const loom_param *p = &m->params[k];
-            if (has_ep && p->unit == LOOM_UNIT_EXPERTS) continue; /* collect_experts */
-            if (one_holder(s, m, p, z3)) {
-                shard *h = set_new(set, p->name, K_PARAM);
-                for (int r = 0; h && r < nr; r++) {
-                    size_t a = p->offset > pr[r].lo ? p->offset : pr[r].lo;
-                    size_t b = p->offset + p->numel, e = pr[r].lo + pr[r].n;
-                    for (size_t f = a; f < (b < e ? b : e); f++) {
-                        int64_t g = loom_param_global_index(p, tr, f - p->offset);
-                        if (g >= 0 && set_val(set, h, g, pr[r].data[f - pr[r].lo])) h = NULL;
-                    }
-                }
-                if (!h || runs_close(&h->runs)) goto oom;
-                if (h->n == 0) set->n--;
-            }
-            if (!one_holder(s, m, p, zopt)) continue;
-            for (int kind = K_EXP_AVG; kind <= K_EXP_AVG_SQ; kind++) {
-                shard *h = set_new(set, p->name, kind);
-                for (int r = 0; h && r < no; r++) {
-                    if (orun[r].param != k) continue;
-                    const float *src = kind == K_EXP_AVG ? orun[r].m : orun[r].v;
-                    for (size_t f = 0; f < orun[r].n; f++) {
-                        int64_t g = loom_param_global_index(p, tr, orun[r].lo + f - p->offset);
-                        if (g >= 0 && set_val(set, h, g, src[f])) h = NULL;
-                    }
-                }
-                if (!h || runs_close(&h->runs)) goto oom;
-                if (h->n == 0) set->n--;
-            }
+/* Parameter p's values held in the runs pr (n of them), as one shard. */
+static int collect_param(shard_set *set, const loom_param *p, int tr, const loom_param_run *pr, int n) {
+    shard *h = set_new(set, p->name, K_PARAM);
+    for (int r = 0; h && r < n; r++) {
+        size_t a = p->offset > pr[r].lo ? p->offset : pr[r].lo;
+        size_t b = p->offset + p->numel, e = pr[r].lo + pr[r].n;
+        for (size_t f = a; f < (b < e ? b : e); f++) {
+            int64_t g = loom_param_global_index(p, tr, f - p->offset);
+            if (g >= 0 && set_val(set, h, g, pr[r].data[f - pr[r].lo])) h = NULL;
         }
-        free(orun);
-        continue;
-    oom:
-        free(orun);
-        return loom_fail(LOOM_EOS, "out of memory collecting this rank's checkpoint shards");
+    }
+    if (!h || runs_close(&h->runs)) return -1;
+    if (h->n == 0) set->n--;
+    return 0;
+}
+
+/* Parameter k's AdamW moment `kind` held in the runs orun (n), as one shard. */
+static int collect_moment(shard_set *set, const loom_param *p, int k, int kind, int tr,
+                          const loom_opt_run *orun, int n) {
+    shard *h = set_new(set, p->name, kind);
+    for (int r = 0; h && r < n; r++) {
+        if (orun[r].param != k) continue;
+        const float *src = kind == K_EXP_AVG ? orun[r].m : orun[r].v;
+        for (size_t f = 0; f < orun[r].n; f++) {
+            int64_t g = loom_param_global_index(p, tr, orun[r].lo + f - p->offset);
+            if (g >= 0 && set_val(set, h, g, src[f])) h = NULL;
+        }
+    }
+    if (!h || runs_close(&h->runs)) return -1;
+    if (h->n == 0) set->n--;
+    return 0;
+}
+
+/* One part's shards, from its state as host memory. */
+static loom_status collect_part(const loom_train_run_state *s, int i, const ckpt_state *cs, shard_set *set) {
+    const int z3 = loom_dp_params_sharded(s->dp), zopt = loom_dp_opt_sharded(s->dp);
+    const loom_gpt *m = s->parts[i];
+    const int tr = m->part.tp.rank;
+    LOOM_TRY(collect_experts(s, i, cs, set));
+    for (int k = 0; k < m->n_params; k++) {
+        const loom_param *p = &m->params[k];
+        if (cs->en && p->unit == LOOM_UNIT_EXPERTS) continue; /* collect_experts */
+        int bad = one_holder(s, m, p, z3) && collect_param(set, p, tr, cs->pr, cs->nr);
+        for (int kind = K_EXP_AVG; !bad && kind <= K_EXP_AVG_SQ && one_holder(s, m, p, zopt); kind++)
+            bad = collect_moment(set, p, k, kind, tr, cs->orun, cs->no);
+        if (bad) return loom_fail(LOOM_EOS, "out of memory collecting this rank's checkpoint shards");
+    }
+    return LOOM_OK;
+}
+
+/* Every part's shards, each part's state through host copies when its
+ * device memory is not host memory. */
+static loom_status collect(const loom_train_run_state *s, shard_set *set) {
+    for (int i = 0; i < s->n_parts; i++) {
+        ckpt_state cs;
+        LOOM_TRY(ckpt_state_open(s, i, &cs));
+        loom_status st = collect_part(s, i, &cs, set);
+        ckpt_state_close(&cs, 0);
+        LOOM_TRY(st);
     }
     return LOOM_OK;
 }
@@ -251,23 +258,28 @@ static cJSON *shard_json(const shard *h, const char *file, int idx) {
     return o;
 }
 
-static void add_buffers(const loom_train_run_state *s, cJSON *o) {
-    if (s->mesh->dp_rank != 0 || s->mesh->cp_rank != 0 || s->parts[0]->part.tp.rank != 0) return;
+/* The selection biases (device memory: read through a host view). */
+static loom_status add_buffers(const loom_train_run_state *s, cJSON *o) {
+    if (s->mesh->dp_rank != 0 || s->mesh->cp_rank != 0 || s->parts[0]->part.tp.rank != 0) return LOOM_OK;
     cJSON *bufs = NULL;
     for (int i = 0; i < s->n_parts; i++) {
         const int E = s->parts[i]->cfg.n_expert;
         int l, nb;
         loom_moe_stats_get(s->parts[i], &nb);
         for (int b = 0; b < nb; b++) {
-            const float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
+            float *bias = loom_moe_selection_bias(s->parts[i], b, &l);
             if (!bias) continue;
+            float *h = loom_train_host_view(s->parts[i]->dev, bias, (size_t)E);
+            if (!h) return LOOM_EOS;
             if (!bufs) bufs = cJSON_AddObjectToObject(o, "buffers");
             char name[64];
             snprintf(name, sizeof name, BIAS_NAME, l);
             cJSON *a = cJSON_AddArrayToObject(bufs, name);
-            for (int e = 0; e < E; e++) cJSON_AddItemToArray(a, cJSON_CreateNumber(bias[e]));
+            for (int e = 0; e < E; e++) cJSON_AddItemToArray(a, cJSON_CreateNumber(h[e]));
+            loom_train_host_view_done(s->parts[i]->dev, bias, h, (size_t)E, 0);
         }
     }
+    return LOOM_OK;
 }
 
 /* Write this rank's file (if it holds anything) and describe it as JSON. */
@@ -302,7 +314,7 @@ loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, c
             for (int i = 0; i < set.n; i++) cJSON_AddItemToArray(arr, shard_json(&set.sh[i], file, i));
         }
     }
-    add_buffers(s, o);
+    if (st == LOOM_OK) st = add_buffers(s, o);
     *json = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     set_free(&set);

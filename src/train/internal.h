@@ -73,7 +73,6 @@ typedef struct loom_train_run_state {
     int pipelined;
     loom_schedule *sched;
     loom_pp_exec *exec;
-    loom_comm *embed_group; /* first and last pipeline rank: the tied wte gradient */
     int step;               /* the step being run (for the data callback) */
     /* phases of the traced step (non-pipelined runs) */
     struct { char name[32]; double t0, t1; } phase[LOOM_MAX_PHASES];
@@ -110,11 +109,10 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st);
 void loom_train_moe_free(loom_train_run_state *s);
 
-/* The backend (--device) as the layout validator's device section sees it
- * (layout.h): dev's name and memory, LOOM_CUDA_AWARE_MPI, and whether this
- * run asks for sharded checkpoints. Config and environment only: identical
- * on every rank. */
-loom_layout_device loom_train_device(const loom_train_config *c, const loom_device *dev);
+/* The device (--device, LOOM_DEVICE_COMM) as the layout validator's device
+ * section sees it (layout.h): its name and its groups' implementation.
+ * The same on every rank (made from the command line and environment). */
+loom_layout_device loom_train_device(const loom_device *dev);
 /* The MoE options' limits (--moe-warn-*, --moe-route-cp; moe_report.c).
  * Depends only on the config. */
 loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_config *mc);
@@ -129,6 +127,15 @@ loom_cp loom_train_cp_group(const loom_train_run_state *s);
  * --seq, then keep this rank's context-parallel rows (B x seq/cp) of each. */
 void loom_train_sample(loom_train_run_state *s, int step, int64_t first, int Bm, int32_t *inputs,
                        int32_t *targets);
+
+/* Host code walking device state element by element (parameter files,
+ * checkpoints; params_io.c): n floats of dev's memory at src as host
+ * memory - src itself when dev's memory is host memory, else a malloc'd
+ * copy downloaded from it (NULL without memory: LOOM_EOS set). _done puts a
+ * copy back (upload) when `upload` and frees it; nothing for src itself or
+ * NULL. Local. */
+float *loom_train_host_view(loom_device *dev, float *src, size_t n);
+void loom_train_host_view_done(loom_device *dev, float *src, float *view, size_t n, int upload);
 
 /* Whether this rank writes parameter p's elements (and, in a checkpoint,
  * their optimizer moments) when saving: one holder per element - dp and cp

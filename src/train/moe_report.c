@@ -60,9 +60,9 @@ static loom_status router_loss(loom_train_run_state *s, double *out) {
             v[1] = ms[b].groups;
         }
     }
-    LOOM_TRY(loom_comm_allreduce(s->mesh->dpcp, v, 2, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(loom_comm_host(s->mesh->dpcp), v, 2, LOOM_F64, LOOM_SUM)); /* host doubles */
     *out = v[1] > 0 ? v[0] / v[1] : 0;
-    return loom_comm_allreduce(s->mesh->pp, out, 1, LOOM_F64, LOOM_SUM);
+    return loom_comm_allreduce(loom_comm_host(s->mesh->pp), out, 1, LOOM_F64, LOOM_SUM);
 }
 
 /* This rank's figures of the n blocks, PER_BLOCK(E) values each, into v,
@@ -118,8 +118,9 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
     v[(size_t)n * W] = (double)(eps->bytes[LOOM_OP_ALLTOALL] + eps->bytes[LOOM_OP_ALLTOALLV]);
     loom_comm *edp = loom_edp_comm(s->edp);
     const double edp_bytes = edp ? (double)loom_comm_get_stats(edp)->bytes[LOOM_OP_ALLREDUCE] : 0;
-    loom_status rc = loom_comm_allreduce(s->mesh->dpcp, v, (size_t)n * W + 1, LOOM_F64, LOOM_SUM);
-    if (rc == LOOM_OK) rc = loom_comm_allreduce(s->mesh->dpcp, tmax, (size_t)n, LOOM_F64, LOOM_MAX);
+    loom_comm *dpcp = loom_comm_host(s->mesh->dpcp); /* host doubles */
+    loom_status rc = loom_comm_allreduce(dpcp, v, (size_t)n * W + 1, LOOM_F64, LOOM_SUM);
+    if (rc == LOOM_OK) rc = loom_comm_allreduce(dpcp, tmax, (size_t)n, LOOM_F64, LOOM_MAX);
     if (edp) loom_comm_reset_stats(edp);
     for (int p = 0; p < s->n_parts; p++) loom_moe_stats_reset(s->parts[p]);
     size_t need = 256 + (size_t)n * (256 + (size_t)E * 48);

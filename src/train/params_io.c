@@ -100,6 +100,26 @@ static void walk_runs(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, 
     }
 }
 
+/* ---- host views (train/internal.h) ---------------------------------------- */
+
+float *loom_train_host_view(loom_device *dev, float *src, size_t n) {
+    if (dev->be->host_memory) return src;
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h) {
+        loom_fail(LOOM_EOS, "out of memory for a host copy of %zu floats of --device %s memory", n,
+                  dev->be->name);
+        return NULL;
+    }
+    loom_tensor_download(dev, h, src, n);
+    return h;
+}
+
+void loom_train_host_view_done(loom_device *dev, float *src, float *view, size_t n, int upload) {
+    if (!view || view == src) return;
+    if (upload) loom_tensor_upload(dev, src, view, n);
+    free(view);
+}
+
 /* The runs as host code can walk them: the runs themselves when dev's
  * memory is host memory, else host copies downloaded from the device (the
  * gaps between tensors too, so an upload puts back what was there). */
@@ -107,18 +127,16 @@ static loom_status host_runs(loom_device *dev, const loom_param_run *runs, int n
     *out = (loom_param_run *)runs;
     if (dev->be->host_memory) return LOOM_OK;
     loom_param_run *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    for (int r = 0; h && r < n; r++) {
+    if (!h) return loom_fail(LOOM_EOS, "out of memory for a host copy of the parameters");
+    for (int r = 0; r < n; r++) {
         h[r] = runs[r];
-        h[r].data = malloc((runs[r].n ? runs[r].n : 1) * sizeof(float));
+        h[r].data = loom_train_host_view(dev, runs[r].data, runs[r].n);
         if (!h[r].data) {
             while (r-- > 0) free(h[r].data);
             free(h);
-            h = NULL;
-        } else {
-            loom_tensor_download(dev, h[r].data, runs[r].data, runs[r].n);
+            return LOOM_EOS;
         }
     }
-    if (!h) return loom_fail(LOOM_EOS, "out of memory for a host copy of the parameters");
     *out = h;
     return LOOM_OK;
 }
@@ -126,10 +144,7 @@ static loom_status host_runs(loom_device *dev, const loom_param_run *runs, int n
 /* Ends host_runs: uploads the host copies back when `upload`, frees them. */
 static void host_runs_done(loom_device *dev, const loom_param_run *runs, loom_param_run *h, int n, int upload) {
     if (h == runs) return;
-    for (int r = 0; r < n; r++) {
-        if (upload) loom_tensor_upload(dev, runs[r].data, h[r].data, runs[r].n);
-        free(h[r].data);
-    }
+    for (int r = 0; r < n; r++) loom_train_host_view_done(dev, runs[r].data, h[r].data, runs[r].n, upload);
     free(h);
 }
 

@@ -63,10 +63,6 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     }
     LOOM_TRY(loom_pp_exec_create(s->sched, r, s->parts, s->mesh->pp, &s->exec));
     s->pipelined = 1;
-    if (pp > 1) {
-        int ends = r == 0 || r == pp - 1;
-        LOOM_TRY(loom_comm_split(s->mesh->pp, ends ? 0 : -1, r, "embed", &s->embed_group));
-    }
     if (s->mesh->rank == 0) {
         char line[512];
         size_t n = 0;
@@ -82,7 +78,6 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
 void loom_train_pp_teardown(loom_train_run_state *s) {
     loom_pp_exec_free(s->exec);
     loom_schedule_free(s->sched);
-    if (s->embed_group) loom_comm_free(s->embed_group);
 }
 
 static void pp_batch(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
@@ -120,7 +115,7 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
         loom_tensor_add2(s->dev, a, b, p->numel);
         return LOOM_OK;
     }
-    return loom_comm_allreduce(s->embed_group, mine->g.wte, p->numel, LOOM_F32, LOOM_SUM);
+    return loom_comm_allreduce(s->mesh->pp_ends, mine->g.wte, p->numel, LOOM_F32, LOOM_SUM);
 }
 
 loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum) {
@@ -130,7 +125,7 @@ loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_s
     LOOM_TRY(loom_pp_exec_run(s->exec, &io, 1.0f / ((float)c->batch * (float)c->seq), loss_sum));
     LOOM_TRY(tie_embeddings(s));
     /* the loss lives on the last stage: every stage reports the same number */
-    return loom_comm_allreduce(s->mesh->pp, loss_sum, 1, LOOM_F64, LOOM_SUM);
+    return loom_comm_allreduce(loom_comm_host(s->mesh->pp), loss_sum, 1, LOOM_F64, LOOM_SUM);
 }
 
 static int is_compute(loom_pp_kind k) { return k == LOOM_PP_F || k == LOOM_PP_B || k == LOOM_PP_W; }
@@ -144,8 +139,9 @@ loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble) {
     /* the step starts together on every rank (the previous step ended in
      * collectives); the span is the longest rank's */
     double span = t1 - t0;
-    LOOM_TRY(loom_comm_allreduce(s->mesh->pp, &busy, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(s->mesh->pp, &span, 1, LOOM_F64, LOOM_MAX));
+    loom_comm *pp_host = loom_comm_host(s->mesh->pp); /* host doubles */
+    LOOM_TRY(loom_comm_allreduce(pp_host, &busy, 1, LOOM_F64, LOOM_SUM));
+    LOOM_TRY(loom_comm_allreduce(pp_host, &span, 1, LOOM_F64, LOOM_MAX));
     int pp = loom_comm_size(s->mesh->pp);
     *bubble = span > 0 ? 1.0 - busy / (pp * span) : 0.0;
     return LOOM_OK;

@@ -52,11 +52,10 @@ void loom_train_config_default(loom_train_config *c) {
     c->nan_policy = LOOM_NAN_POLICY_ABORT;
 }
 
-loom_layout_device loom_train_device(const loom_train_config *c, const loom_device *dev) {
-    const char *aware = getenv("LOOM_CUDA_AWARE_MPI");
-    return (loom_layout_device){.name = dev->be->name, .host_memory = dev->be->host_memory,
-                                .cuda_aware_mpi = aware && strcmp(aware, "1") == 0,
-                                .ckpt_flag = c->save_dir[0] ? "--save-dir" : c->resume[0] ? "--resume" : NULL};
+loom_layout_device loom_train_device(const loom_device *dev) {
+    return (loom_layout_device){.name = dev->be->name,
+                                .comm = loom_device_comm_name(dev->comm),
+                                .native_comm = dev->comm == LOOM_DEVICE_COMM_NATIVE};
 }
 
 /* Checks that depend only on the config: identical on every rank. The
@@ -64,7 +63,7 @@ loom_layout_device loom_train_device(const loom_train_config *c, const loom_devi
 static loom_status check_config(const loom_train_config *c, const loom_device *d, const loom_model_config *mc,
                                 int world) {
     const loom_layout_model shape = loom_model_shape(mc);
-    const loom_layout_device dev = loom_train_device(c, d);
+    const loom_layout_device dev = loom_train_device(d);
     const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_TRAIN, .world = world, .batch = c->batch,
                                  .seq = c->seq, .device = &dev};
     LOOM_TRY(loom_layout_validate(&c->layout, &shape, &job));
@@ -247,8 +246,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     LOOM_TRY(loom_edp_finish_grads(s->edp)); /* expert gradients over edp */
     phase(s, "gradient sync", -1, t1, loom_comm_wtime());
     if (c->layout.dp * c->layout.cp > 1) /* the tokens of dp x cp */
-        LOOM_TRY(loom_comm_allreduce(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp, &loss_sum, 1,
-                                     LOOM_F64, LOOM_SUM));
+        LOOM_TRY(loom_comm_allreduce(loom_comm_host(c->layout.cp > 1 ? s->mesh->dpcp : s->mesh->dp),
+                                     &loss_sum, 1, LOOM_F64, LOOM_SUM));
     out->loss = loss_sum / ((double)c->batch * T);
     LOOM_TRY(loom_dp_grad_norm(s->dp, &out->grad_norm));
     out->skipped = 0;
@@ -303,7 +302,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         LOOM_TRY(loom_comm_agree(world, st));
         loom_comm_trace(1 << 16);
     }
-    LOOM_TRY(loom_mesh_create(world, &c->layout, &s->mesh));
+    LOOM_TRY(loom_mesh_create(world, &c->layout, s->dev, &s->mesh));
     const loom_layout *l = &c->layout;
     const int micro = loom_layout_pipelined(l) ? loom_layout_micro_batches(l) : l->grad_accum;
     const int Bm = c->batch / l->dp / micro;

@@ -24,8 +24,13 @@
  * 4. Saving and loading parameters (safetensors) on that table goes through
  *    host copies (download, upload): the file must be byte for byte the one
  *    the CPU table writes, and loading it back must restore every parameter.
- * 5. Training refuses sharded checkpoints on a backend without host memory
- *    (and allows them on the CPU).
+ * 5. The device's communicator factory: a device on the counting table
+ *    (not host memory) makes host-staged groups, whose ops copy through the
+ *    table and whose bf16 wire format packs with the table's kernels; a CPU
+ *    device makes MPI groups carrying its own memory ops; NCCL groups on a
+ *    table without a library of its own are refused naming it; the
+ *    validator refuses NCCL groups only where they cannot work (pp > 1, the
+ *    CP ring). One rank (loom_comm_init outside mpirun).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -37,6 +42,8 @@
 #include "cpu_device.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "loom/backend.h"
+#include "loom/bf16.h"
+#include "loom/comm.h"
 #include "loom/device.h"
 #include "loom/model.h"
 #include "loom/rng.h"
@@ -519,21 +526,93 @@ static void check_params_io(void) {
               "parameters loaded through host copies differ from the saved ones");
         loom_gpt_free(m2);
     }
-    loom_train_config c;
-    loom_train_config_default(&c);
-    loom_layout_device dev = loom_train_device(&c, cnt);
-    CHECK(loom_layout_check_device(&c.layout, &dev) == LOOM_OK, "no checkpoint flags: refused");
-    snprintf(c.save_dir, sizeof c.save_dir, "ck");
-    dev = loom_train_device(&c, cnt);
-    loom_status st = loom_layout_check_device(&c.layout, &dev);
-    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "--save-dir with --device counting"),
-          "--save-dir without host memory: %d %s", (int)st, loom_errmsg());
-    dev = loom_train_device(&c, cpu);
-    CHECK(loom_layout_check_device(&c.layout, &dev) == LOOM_OK, "--save-dir on cpu refused: %s", loom_errmsg());
     free(fa);
     free(fb);
     loom_gpt_free(m);
     loom_gpt_free(mc);
+    loom_device_free(cnt);
+    loom_device_free(cpu);
+}
+
+/* One group of dev's over the world (one rank): its memory is dev's, and
+ * a bf16 all-reduce through it packs and unpacks with dev's kernels. */
+static void check_group_of(loom_device *dev, loom_comm *world, int staged) {
+    loom_comm *g = NULL;
+    CHECK(loom_device_comm_split(dev, world, 0, 0, "devgroup", &g) == LOOM_OK && g, "split on %s: %s",
+          dev->be->name, loom_errmsg());
+    if (!g) return;
+    CHECK(loom_comm_memory(g)->ctx == loom_device_comm_mem(dev)->ctx,
+          "%s: the group is not on the device's memory", dev->be->name);
+    CHECK((loom_comm_host(g) != g) == staged, "%s: staged %d, but loom_comm_host is %s", dev->be->name,
+          staged, loom_comm_host(g) == g ? "the group" : "another group");
+    float *x = loom_device_alloc(dev, 8 * sizeof(float));
+    if (x) {
+        float h[8] = {1.0f, 2.0f, 3.0f, 1.00390625f, -5.0f, 0.0f, 7.0f, 1e-3f}, back[8];
+        loom_tensor_upload(dev, x, h, 8);
+        memset(n_calls, 0, sizeof n_calls);
+        CHECK(loom_comm_allreduce_as(g, x, 8, LOOM_BF16, LOOM_SUM) == LOOM_OK, "bf16 allreduce: %s",
+              loom_errmsg());
+        if (dev->be == &counting)
+            CHECK(calls("bf16_pack") == 1 && calls("bf16_unpack") == 1 && calls("memcpy_d2h") == 1 &&
+                      calls("memcpy_h2d") == 1,
+                  "staged bf16 allreduce: pack %ld, unpack %ld, down %ld, up %ld (want 1 each)",
+                  calls("bf16_pack"), calls("bf16_unpack"), calls("memcpy_d2h"), calls("memcpy_h2d"));
+        loom_tensor_download(dev, back, x, 8);
+        CHECK(back[0] == 1.0f && back[3] == 1.0f && back[7] == loom_bf16_round(1e-3f),
+              "bf16 allreduce of one rank: %g %g %g", back[0], back[3], back[7]);
+        const loom_comm_stats *s = loom_comm_get_stats(g);
+        CHECK(s->calls[LOOM_OP_ALLREDUCE] == 1 && s->bytes[LOOM_OP_ALLREDUCE] == 16,
+              "%s: %llu calls, %llu bytes counted (want 1, 16: bf16)", dev->be->name,
+              (unsigned long long)s->calls[LOOM_OP_ALLREDUCE],
+              (unsigned long long)s->bytes[LOOM_OP_ALLREDUCE]);
+        loom_device_release(dev, x, 8 * sizeof(float));
+    }
+    loom_comm_free(g);
+}
+
+static void check_device_comm(void) {
+    loom_device *cpu = test_cpu_device(1, 0), *cnt = device_on(&counting, 0), *dev = NULL;
+    if (!cpu || !cnt) return;
+    CHECK(cpu->comm == LOOM_DEVICE_COMM_MPI && cnt->comm == LOOM_DEVICE_COMM_STAGED,
+          "auto groups: cpu %s, counting %s", loom_device_comm_name(cpu->comm),
+          loom_device_comm_name(cnt->comm));
+    loom_device_opts o = {.threads = 1, .comm = LOOM_DEVICE_COMM_NATIVE};
+    loom_status st = loom_device_create_with(&counting, &o, &dev);
+    CHECK(st == LOOM_EUSAGE && !dev && strstr(loom_errmsg(), "no collective library"),
+          "nccl on counting: %d %s", (int)st, loom_errmsg());
+    loom_device_comm k;
+    CHECK(loom_device_comm_parse("staged", "X", &k) == LOOM_OK && k == LOOM_DEVICE_COMM_STAGED,
+          "parse staged");
+    st = loom_device_comm_parse("gloo", "LOOM_DEVICE_COMM", &k);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "LOOM_DEVICE_COMM=gloo"), "parse gloo: %s",
+          loom_errmsg());
+    loom_comm *world = NULL;
+    CHECK(loom_comm_init(NULL, NULL, &world) == LOOM_OK, "init: %s", loom_errmsg());
+    if (world) {
+        check_group_of(cpu, world, 0);
+        check_group_of(cnt, world, 1);
+        loom_comm_finalize(world);
+    }
+    /* the validator: staged groups everywhere; NCCL's only where they work */
+    loom_train_config c;
+    loom_train_config_default(&c);
+    c.layout.pp = 2;
+    loom_layout_device d = loom_train_device(cnt);
+    CHECK(strcmp(d.comm, "staged") == 0 && !d.native_comm &&
+              loom_layout_check_device(&c.layout, &d) == LOOM_OK,
+          "staged groups, pp=2: %s", loom_errmsg());
+    d = (loom_layout_device){.name = "cuda", .comm = "nccl", .native_comm = 1};
+    st = loom_layout_check_device(&c.layout, &d);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "pp=2") &&
+              strstr(loom_errmsg(), "LOOM_DEVICE_COMM=staged"),
+          "nccl groups, pp=2: %d %s", (int)st, loom_errmsg());
+    c.layout.pp = 1;
+    c.layout.cp = 2;
+    st = loom_layout_check_device(&c.layout, &d);
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "cp=2 ring"), "nccl groups, cp ring: %d %s", (int)st,
+          loom_errmsg());
+    c.layout.cp_impl = LOOM_CP_ULYSSES;
+    CHECK(loom_layout_check_device(&c.layout, &d) == LOOM_OK, "nccl groups, ulysses: %s", loom_errmsg());
     loom_device_free(cnt);
     loom_device_free(cpu);
 }
@@ -544,5 +623,6 @@ int main(void) {
     check_routing();
     check_moe_routing();
     check_params_io();
+    check_device_comm();
     return check_done();
 }

@@ -262,7 +262,7 @@ static void check_wire_reserved(loom_device *dev, loom_comm *world, int zero, in
     loom_model_part part = loom_model_part_whole(dev, &mc);
     loom_gpt_opts o = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3, .external_grads = zero >= 2};
     loom_dp_config cfg = {.zero = zero, .bucket_mb = mb, .comm_bf16 = 1};
-    CHECK(loom_mesh_create(world, &l, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
+    CHECK(loom_mesh_create(world, &l, dev, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
     CHECK(mesh && loom_gpt_create(&mc, &part, &o, &m) == LOOM_OK, "model: %s", loom_errmsg());
     CHECK(m && loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "bf16 engine: %s", loom_errmsg());
     if (e) {
@@ -333,9 +333,9 @@ int main(int argc, char **argv) {
     loom_layout_default(&l);
     l.dp = loom_comm_size(world);
     loom_mesh *mesh = NULL;
-    CHECK(loom_mesh_create(world, &l, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
+    loom_device *dev = test_cpu_device(1, 0);
+    CHECK(loom_mesh_create(world, &l, dev, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
     if (mesh) {
-        loom_device *dev = test_cpu_device(1, 0);
         for (int zero = 0; zero <= 3; zero++)
             for (int K = 1; K <= 2; K++)
                 for (int b = 0; b < 2; b++) run_case(dev, mesh, zero, K, b ? 0.06 : 0.0);
@@ -343,8 +343,8 @@ int main(int argc, char **argv) {
         loom_mesh_free(mesh);
         for (int zero = 0; zero <= 3; zero++)
             for (int b = 0; b < 2; b++) check_wire_reserved(dev, world, zero, 2, b ? 0.06 : 0.0);
-        loom_device_free(dev);
     }
+    loom_device_free(dev);
     int failed = check_failed_;
     loom_comm_allreduce(world, &failed, 1, LOOM_I32, LOOM_SUM);
     int local = check_done();

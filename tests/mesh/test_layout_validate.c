@@ -27,10 +27,9 @@ static const loom_layout_model HUGE = {"huge", 5000, 64, 8192, 8192, 0};
 
 /* ---- devices -------------------------------------------------------------- */
 
-static const loom_layout_device CUDA = {"cuda", 0, 0, NULL};
-static const loom_layout_device CUDA_AWARE = {"cuda", 0, 1, NULL};
-static const loom_layout_device CUDA_SAVE = {"cuda", 0, 1, "--save-dir"};
-static const loom_layout_device CPU_SAVE = {"cpu", 1, 0, "--resume"};
+static const loom_layout_device CUDA = {"cuda", "staged", 0};   /* host-staged groups */
+static const loom_layout_device CUDA_NCCL = {"cuda", "nccl", 1}; /* the backend's own library */
+static const loom_layout_device CPU = {"cpu", "mpi", 0};
 
 /* ---- a layout from "key=value,..." on top of loom_layout_default ----------- */
 
@@ -112,8 +111,11 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 1, 8, 32, NULL, "schedule=zb,recompute=full", NULL}, /* no pipeline: no split backward */
     {TRAIN, &TINY, 1, 8, 32, NULL, "pp=1,schedule=gpipe", NULL},        /* no pipeline: no schedule */
     {TRAIN, &TINY, 1, 8, 32, &CUDA, "", NULL},
-    {TRAIN, &TINY, 2, 8, 32, &CUDA_AWARE, "dp=2", NULL},
-    {TRAIN, &TINY, 1, 8, 32, &CPU_SAVE, "", NULL}, /* host memory: checkpoints in place */
+    {TRAIN, &TINY4, 8, 8, 32, &CUDA, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4", NULL}, /* staged: all */
+    {TRAIN, &TINY, 2, 8, 32, &CUDA, "cp=2,precision=bf16,comm=bf16", NULL},
+    {TRAIN, &MOE, 4, 8, 32, &CUDA_NCCL, "dp=2,cp=2,ep=4,cp_impl=ulysses,zero=3,precision=bf16,comm=bf16",
+     NULL},
+    {TRAIN, &TINY4, 8, 8, 32, &CPU, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4", NULL},
     /* enums */
     {TRAIN, &TINY, 1, 8, 32, NULL, "schedule=7", "layout schedule 7: out of range"},
     {SIM, NULL, 0, 0, 0, NULL, "recompute=3", "layout recompute 3: out of range"},
@@ -147,10 +149,10 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 3, 8, 12, NULL, "cp=3,cp_impl=ulysses",
      "--cp-impl ulysses: cp=3 must divide the heads per tp rank, n_head=4 / tp=1 = 4"},
     {TRAIN, &TINY, 8, 8, 12, NULL, "tp=4,cp=2,sp=1", "--sp with cp=2: tp=4 must divide the 6 local rows (--seq 12"},
-    /* the backend */
-    {TRAIN, &TINY, 1, 8, 32, &CUDA_SAVE, "", "--save-dir with --device cuda: sharded checkpoints"},
-    {TRAIN, &TINY, 2, 8, 32, &CUDA_AWARE, "dp=2,precision=bf16,comm=bf16", "--comm-precision bf16 with --device cuda"},
-    {TRAIN, &TINY, 2, 8, 32, &CUDA, "dp=2", "--device cuda on 2 ranks"},
+    /* the device's groups: NCCL's cannot pair a send with a receive yet */
+    {TRAIN, &TINY4, 8, 8, 32, &CUDA_NCCL, "dp=2,tp=2,pp=2,sp=1,zero=1,schedule=zb,m=4",
+     "--device cuda with nccl groups (LOOM_DEVICE_COMM=nccl) and pp=2: the pipeline's sends"},
+    {TRAIN, &TINY, 2, 8, 32, &CUDA_NCCL, "cp=2", "and cp=2 ring: the ring's send and receive must progress"},
     /* the batch */
     {TRAIN, &TINY, 1, 0, 32, NULL, "", "--batch 0: must be >= 1"},
     {TRAIN, &TINY, 2, 3, 32, NULL, "dp=2", "dp=2 does not divide --batch 3"},
@@ -273,7 +275,8 @@ static void test_sections(void) {
     loom_layout l;
     loom_layout_default(&l);
     CHECK(loom_layout_check_device(&l, NULL) == LOOM_OK, "no device: %s", loom_errmsg());
-    CHECK(loom_layout_check_device(&l, &CPU_SAVE) == LOOM_OK, "host memory: %s", loom_errmsg());
+    CHECK(loom_layout_check_device(&l, &CPU) == LOOM_OK, "cpu: %s", loom_errmsg());
+    CHECK(loom_layout_check_device(&l, &CUDA_NCCL) == LOOM_OK, "nccl groups, one rank: %s", loom_errmsg());
 }
 
 /* ---- the typed fields' words ---------------------------------------------- */

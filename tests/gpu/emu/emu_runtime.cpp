@@ -2,12 +2,19 @@
  * threads run as fibers scheduled round-robin; a fiber runs until it reaches
  * a barrier (block or warp), and a barrier opens when every live thread of
  * its block (or warp) has reached it. Shared memory starts as NaN bytes so
- * reads before writes show up in results. */
+ * reads before writes show up in results. Device memory is host memory, but
+ * the runtime keeps the list of its allocations: a copy or memset whose
+ * "device" side is not inside one (a host buffer handed where device memory
+ * belongs), or whose "host" side is, aborts naming the call - on a GPU that
+ * is an error or silent garbage. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <ucontext.h>
 
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -161,18 +168,61 @@ const char *cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+/* ---- device memory: host memory, its allocations listed --------------------- */
+
+static std::mutex g_mem_mu;
+static std::map<uintptr_t, size_t> g_allocs; /* start -> bytes */
+
+/* 1 when [p, p + n) lies inside one device allocation. */
+static int is_device(const void *p, size_t n) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    auto it = g_allocs.upper_bound((uintptr_t)p);
+    if (it == g_allocs.begin()) return 0;
+    --it;
+    return (uintptr_t)p + n <= it->first + (it->second ? it->second : 1);
+}
+
+static void check_side(const char *call, const char *side, const void *p, size_t n, int device) {
+    if (is_device(p, n) == device) return;
+    fprintf(stderr, "emu: %s: the %s %p (%zu bytes) is %s device memory\n", call, side, p, n,
+            device ? "not" : "inside");
+    abort();
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
     if (n > ((size_t)1 << 40)) return *p = NULL, cudaErrorMemoryAllocation;
-    *p = malloc(n);
+    *p = malloc(n ? n : 1);
     if (*p) memset(*p, 0xff, n); /* device memory starts as NaN garbage */
+    if (*p) {
+        std::lock_guard<std::mutex> lock(g_mem_mu);
+        g_allocs[(uintptr_t)*p] = n;
+    }
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaFree(void *p) {
+    if (p) {
+        std::lock_guard<std::mutex> lock(g_mem_mu);
+        g_allocs.erase((uintptr_t)p);
+    }
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+    if (n) {
+        const char *call = k == cudaMemcpyHostToDevice   ? "cudaMemcpy host to device"
+                           : k == cudaMemcpyDeviceToHost ? "cudaMemcpy device to host"
+                                                         : "cudaMemcpy device to device";
+        check_side(call, "source", s, n, k != cudaMemcpyHostToDevice);
+        check_side(call, "destination", d, n, k != cudaMemcpyDeviceToHost);
+    }
     memmove(d, s, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) {
+    if (n) check_side("cudaMemset", "destination", d, n, 1);
+    memset(d, v, n);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
