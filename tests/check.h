@@ -11,13 +11,15 @@
 #include <stdio.h>
 
 extern int check_passed_, check_failed_;
-void check_report_(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void check_report_(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (cond) check_passed_++;                                            \
-        else { check_failed_++; check_report_(__FILE__, __LINE__, __VA_ARGS__); } \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (cond) check_passed_++;                                                                           \
+        else {                                                                                               \
+            check_failed_++;                                                                                 \
+            check_report_(__FILE__, __LINE__, __VA_ARGS__);                                                  \
+        }                                                                                                    \
     } while (0)
 
 /* A fresh directory /tmp/loom-TAG-XXXXXX for this test program; check_done()

@@ -47,7 +47,10 @@ static loom_status set_enum(const cli_enum *e, const char *v, const char *what) 
     char list[256];
     size_t k = 0;
     for (int i = 0; i < n && k < sizeof list; i++)
-        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s",
+                              i == 0       ? ""
+                              : i == n - 1 ? " or "
+                                           : ", ",
                               e->words[i]);
     return loom_fail(LOOM_EUSAGE, "%s %s: expected %s", what, v, list);
 }
@@ -60,8 +63,7 @@ static loom_status set_from_string(const cli_opt *o, const char *v, const char *
     switch (o->type) {
     case OPT_INT: {
         long x = strtol(v, &end, 10);
-        if (!*v || *end)
-            return loom_fail(LOOM_EUSAGE, "%s '%s': not an integer", what, v);
+        if (!*v || *end) return loom_fail(LOOM_EUSAGE, "%s '%s': not an integer", what, v);
         if (errno || x < -2147483647L || x > 2147483647L)
             return loom_fail(LOOM_EUSAGE, "%s '%s': out of range (at most 2147483647)", what, v);
         *(int *)o->dst = (int)x;
@@ -78,8 +80,7 @@ static loom_status set_from_string(const cli_opt *o, const char *v, const char *
     case OPT_FLOAT:
     case OPT_DOUBLE: {
         double x = strtod(v, &end);
-        if (!*v || *end || (errno && x != 0) || !isfinite(x) ||
-            (o->type == OPT_FLOAT && fabs(x) > 3.4e38))
+        if (!*v || *end || (errno && x != 0) || !isfinite(x) || (o->type == OPT_FLOAT && fabs(x) > 3.4e38))
             return loom_fail(LOOM_EUSAGE, "%s '%s': not a finite number", what, v);
         if (o->type == OPT_FLOAT) *(float *)o->dst = (float)x;
         else *(double *)o->dst = x;
@@ -97,9 +98,7 @@ static loom_status set_from_string(const cli_opt *o, const char *v, const char *
         l->items[l->n++] = v;
         return LOOM_OK;
     }
-    case OPT_FLAG:
-        *(int *)o->dst = 1;
-        return LOOM_OK;
+    case OPT_FLAG: *(int *)o->dst = 1; return LOOM_OK;
     case OPT_ENUM: return set_enum(o->dst, v, what);
     }
     return LOOM_EINTERNAL;
@@ -131,8 +130,7 @@ static loom_status set_from_json(const cli_opt *o, const cJSON *v, const char *p
     case OPT_ENUM:
         if (!cJSON_IsString(v)) return loom_fail(LOOM_ECONFIG, "%s must be a string", what);
         return set_from_string(o, v->valuestring, what) == LOOM_OK ? LOOM_OK : LOOM_ECONFIG;
-    case OPT_STRLIST:
-        return loom_fail(LOOM_ECONFIG, "%s cannot be set in a config file", what);
+    case OPT_STRLIST: return loom_fail(LOOM_ECONFIG, "%s cannot be set in a config file", what);
     }
     /* the value had the right JSON type but not a valid value: still the file's fault */
     return set_from_string(o, buf, what) == LOOM_OK ? LOOM_OK : LOOM_ECONFIG;
@@ -201,17 +199,15 @@ static loom_status apply_config(const cli_cmd *cmd, const char *path) {
         int line, col;
         size_t at = end && end >= text ? (size_t)(end - text) : 0;
         line_col(text, at, &line, &col);
-        st = loom_fail(LOOM_ECONFIG, "--config %s: not valid JSON (line %d, column %d)", path, line,
-                       col);
+        st = loom_fail(LOOM_ECONFIG, "--config %s: not valid JSON (line %d, column %d)", path, line, col);
     } else if (!cJSON_IsObject(root)) {
-        st = loom_fail(LOOM_ECONFIG, "--config %s: not a JSON object ({\"flag-name\": value, ...})",
-                       path);
+        st = loom_fail(LOOM_ECONFIG, "--config %s: not a JSON object ({\"flag-name\": value, ...})", path);
     }
     for (const cJSON *it = root ? root->child : NULL; it && st == LOOM_OK; it = it->next) {
         const cli_opt *o = find_opt(cmd, it->string);
         if (!o || strcmp(o->name, "config") == 0) {
-            st = loom_fail(LOOM_ECONFIG, "%s: unknown key \"%s\" (keys are `loom %s` flag names)",
-                           path, it->string, cmd->name);
+            st = loom_fail(LOOM_ECONFIG, "%s: unknown key \"%s\" (keys are `loom %s` flag names)", path,
+                           it->string, cmd->name);
             break;
         }
         for (const cJSON *prev = root->child; prev != it; prev = prev->next)
@@ -236,21 +232,18 @@ loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_confi
                 return LOOM_OK;
             }
             if (strncmp(a, "--", 2) != 0 || a[2] == '\0' || a[2] == '=')
-                return loom_fail(LOOM_EUSAGE, "unexpected argument '%s' (see loom %s --help)", a,
-                                 cmd->name);
+                return loom_fail(LOOM_EUSAGE, "unexpected argument '%s' (see loom %s --help)", a, cmd->name);
             char name[64];
             const char *eq = strchr(a + 2, '='), *val = NULL;
             size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
             if (nlen >= sizeof name)
-                return loom_fail(LOOM_EUSAGE, "unknown flag %.*s... (see loom %s --help)", 40, a,
-                                 cmd->name);
+                return loom_fail(LOOM_EUSAGE, "unknown flag %.*s... (see loom %s --help)", 40, a, cmd->name);
             memcpy(name, a + 2, nlen);
             name[nlen] = '\0';
             const int is_config = allow_config && name_eq(name, "config");
             const cli_opt *o = find_opt(cmd, name);
             if (!o && !is_config)
-                return loom_fail(LOOM_EUSAGE, "unknown flag --%s (see loom %s --help)", name,
-                                 cmd->name);
+                return loom_fail(LOOM_EUSAGE, "unknown flag --%s (see loom %s --help)", name, cmd->name);
             int takes_value = is_config || o->type != OPT_FLAG;
             if (!takes_value && eq)
                 return loom_fail(LOOM_EUSAGE, "--%s takes no value (got '%s')", name, eq + 1);
@@ -276,8 +269,7 @@ void cli_print_help(const cli_cmd *cmd, FILE *out) {
     for (int i = 0; i < cmd->n_opts; i++) {
         const cli_opt *o = &cmd->opts[i];
         char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", o->name, o->metavar ? " " : "",
-                 o->metavar ? o->metavar : "");
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
         fprintf(out, "  %-26s %s\n", left, o->help);
     }
     if (cmd->details) fprintf(out, "\n%s", cmd->details);
@@ -333,8 +325,7 @@ loom_status cli_device_create(const char *name, int threads, int world, int bf16
     const char *comm = getenv("LOOM_DEVICE_COMM"), *aware = getenv("LOOM_CUDA_AWARE_MPI");
     *dev = NULL;
     if (comm && comm[0]) LOOM_TRY(loom_device_comm_parse(comm, "LOOM_DEVICE_COMM", &o.comm));
-    else if (aware && strcmp(aware, "1") == 0)
-        o.comm = LOOM_DEVICE_COMM_MPI; /* MPI reads device memory */
+    else if (aware && strcmp(aware, "1") == 0) o.comm = LOOM_DEVICE_COMM_MPI; /* MPI reads device memory */
     return loom_device_create(&o, dev);
 }
 

@@ -28,8 +28,8 @@ typedef struct cli_enum {
 typedef struct cli_opt {
     const char *name; /* without dashes: "steps" */
     cli_type type;
-    void *dst;        /* int*, uint64_t*, float*, double*, char[cap], int* (flag), cli_strlist*, cli_enum* */
-    size_t cap;       /* OPT_STR: buffer size */
+    void *dst;  /* int*, uint64_t*, float*, double*, char[cap], int* (flag), cli_strlist*, cli_enum* */
+    size_t cap; /* OPT_STR: buffer size */
     const char *metavar;
     const char *help;
 } cli_opt;
@@ -81,10 +81,12 @@ typedef struct loom_device loom_device;
 int cli_pick_threads(int asked, int world);
 /* --device NAME: the compute backend of train, eval, generate and serve
  * (include/loom/device.h, docs/backends.md). */
-#define CLI_DEVICE_OPT(var)                                                                        \
-    {"device", OPT_STR, var, sizeof var, "cpu|cuda",                                              \
-     "compute backend: cpu, or cuda (needs a build with the CUDA backend; docs/backends.md) "     \
-     "(default cpu)"}
+#define CLI_DEVICE_OPT(var)                                                                                  \
+    {                                                                                                        \
+        "device", OPT_STR, var, sizeof var, "cpu|cuda",                                                      \
+            "compute backend: cpu, or cuda (needs a build with the CUDA backend; docs/backends.md) "         \
+            "(default cpu)"                                                                                  \
+    }
 /* The device of a command: --device `name` ("" = cpu), --threads `threads`
  * (0 = auto: cli_pick_threads over `world` ranks), GEMM precision bf16 or
  * not, and its groups' implementation from the environment:

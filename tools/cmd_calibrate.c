@@ -57,9 +57,9 @@ static loom_status print_peaks(const int *counts, int n, int force) {
         for (int i = 0; i < n; i++) {
             loom_peak p;
             LOOM_TRY(loom_peak_get(counts[i], force, bf, &p));
-            printf("%-9s %7d %13.1f %12.1f %6.1f%% %9.0f %6.2fGHz  %s (%s)\n", bf ? "bf16" : "fp32", p.threads,
-                   p.sgemm_flops / 1e9, p.fma_flops / 1e9, 100 * p.sgemm_flops / p.fma_flops, p.flop_per_cycle,
-                   p.clock_hz / 1e9, p.from_cache ? "cached" : "measured now", p.path);
+            printf("%-9s %7d %13.1f %12.1f %6.1f%% %9.0f %6.2fGHz  %s (%s)\n", bf ? "bf16" : "fp32",
+                   p.threads, p.sgemm_flops / 1e9, p.fma_flops / 1e9, 100 * p.sgemm_flops / p.fma_flops,
+                   p.flop_per_cycle, p.clock_hz / 1e9, p.from_cache ? "cached" : "measured now", p.path);
         }
     fflush(stdout);
     return LOOM_OK;

@@ -67,15 +67,14 @@ static loom_status build(const cli_strlist *in, const char *train, const char *v
     if (val && *val) ensure_dir_of(val);
     size_t nt = 0, nv = 0;
     loom_status st =
-        tok ? loom_data_build_encoded(in->items, in->n, train, val && *val ? val : NULL, frac, encode_doc, tok,
-                                      &nt, &nv)
+        tok ? loom_data_build_encoded(in->items, in->n, train, val && *val ? val : NULL, frac, encode_doc,
+                                      tok, &nt, &nv)
             : loom_data_build_bytes(in->items, in->n, train, val && *val ? val : NULL, frac, &nt, &nv);
     loom_tokenizer_free(tok);
     LOOM_TRY(st);
     if (verbose && val && *val)
         loom_info("%d input file(s): %zu tokens -> %s, %zu tokens -> %s", in->n, nt, train, nv, val);
-    else if (verbose)
-        loom_info("%d input file(s): %zu tokens -> %s", in->n, nt, train);
+    else if (verbose) loom_info("%d input file(s): %zu tokens -> %s", in->n, nt, train);
     return LOOM_OK;
 }
 
@@ -95,8 +94,7 @@ loom_status cli_build_default_data(const char *train, const char *val, int verbo
  * empty, a directory, or the same file as an input or the other output would
  * fail late or destroy that file. */
 static loom_status check_args(const cli_strlist *in, const char *out, const char *val, double frac) {
-    if (!(frac >= 0 && frac < 1))
-        return loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac);
+    if (!(frac >= 0 && frac < 1)) return loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac);
     if (!out[0]) return loom_fail(LOOM_EUSAGE, "--out needs a file name");
     struct stat sb;
     const char *outs[2] = {out, val}, *flags[2] = {"--out", "--val"};
@@ -104,12 +102,11 @@ static loom_status check_args(const cli_strlist *in, const char *out, const char
         if (!outs[k][0]) continue;
         size_t n = strlen(outs[k]);
         if (outs[k][n - 1] == '/' || (stat(outs[k], &sb) == 0 && S_ISDIR(sb.st_mode)))
-            return loom_fail(LOOM_ECANTCREAT, "%s %s: is a directory; give a file name", flags[k],
-                             outs[k]);
+            return loom_fail(LOOM_ECANTCREAT, "%s %s: is a directory; give a file name", flags[k], outs[k]);
         for (int i = 0; i < in->n; i++)
             if (cli_same_file(outs[k], in->items[i]))
-                return loom_fail(LOOM_EUSAGE, "%s %s is also an --input; it would be overwritten",
-                                 flags[k], outs[k]);
+                return loom_fail(LOOM_EUSAGE, "%s %s is also an --input; it would be overwritten", flags[k],
+                                 outs[k]);
     }
     if (val[0] && cli_same_file(out, val))
         return loom_fail(LOOM_EUSAGE, "--out %s and --val %s are the same file", out, val);
@@ -128,15 +125,19 @@ int cmd_data(int argc, char **argv) {
     static double frac = 0.05;
     static char tok[1024];
     static cli_opt opts[] = {
-        {"input", OPT_STRLIST, &inputs, 0, "FILE", "text file to tokenize (repeat for several; default: the fortunes corpus)"},
+        {"input", OPT_STRLIST, &inputs, 0, "FILE",
+         "text file to tokenize (repeat for several; default: the fortunes corpus)"},
         {"out", OPT_STR, out, sizeof out, "PATH", "training shard to write (default " LOOM_DEFAULT_TRAIN ")"},
-        {"val", OPT_STR, val, sizeof val, "PATH", "validation shard (default " LOOM_DEFAULT_VAL "; \"\" for none)"},
-        {"val-fraction", OPT_DOUBLE, &frac, 0, "F", "share of tokens, from the end, for validation (default 0.05)"},
+        {"val", OPT_STR, val, sizeof val, "PATH",
+         "validation shard (default " LOOM_DEFAULT_VAL "; \"\" for none)"},
+        {"val-fraction", OPT_DOUBLE, &frac, 0, "F",
+         "share of tokens, from the end, for validation (default 0.05)"},
         {"tokenizer", OPT_STR, tok, sizeof tok, "DIR",
          "GPT-2 BPE from DIR's tokenizer.json, vocab.json+merges.txt or encoder.json+vocab.bpe"},
     };
     static const cli_cmd cmd = {
-        "data", "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
+        "data",
+        "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
         "Tokenize text byte by byte (vocab 256), or with GPT-2's BPE (--tokenizer), into\n"
         "llm.c-format shards: a 256 x int32 header (magic 20240520, version 1, token\n"
         "count) followed by uint16 tokens. With --tokenizer each input file is one\n"
@@ -144,7 +145,8 @@ int cmd_data(int argc, char **argv) {
         "Outputs are written to PATH.tmp and renamed when complete.",
         "With no --input, the corpus is every fortune file under " LOOM_DEFAULT_CORPUS_DIR "\n"
         "(Debian packages fortunes-min and fortunes), real English text.\n",
-        opts, sizeof opts / sizeof opts[0]};
+        opts,
+        sizeof opts / sizeof opts[0]};
     int help;
     loom_status st = cli_parse(&cmd, argc, argv, 0, &help);
     if (st != LOOM_OK) return cli_fail(st);

@@ -42,12 +42,14 @@ static loom_status parse_ids(const char *what, const char *s, loom_ids *out) {
 
 /* Every prompt as token ids: --prompt texts (tokenized), --ids lists, then
  * the lines of --ids-file. */
-static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_ids *prompts, int *n, int cap) {
+static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_ids *prompts, int *n,
+                                   int cap) {
     *n = 0;
     for (int i = 0; i < c->prompts.n; i++) {
         if (*n >= cap) return loom_fail(LOOM_EUSAGE, "more than %d prompts", cap);
         if (!tok) return loom_fail(LOOM_EUSAGE, "--prompt needs --tokenizer DIR (or give --ids)");
-        LOOM_TRY(loom_tokenizer_encode(tok, c->prompts.items[i], strlen(c->prompts.items[i]), 1, &prompts[(*n)++]));
+        LOOM_TRY(loom_tokenizer_encode(tok, c->prompts.items[i], strlen(c->prompts.items[i]), 1,
+                                       &prompts[(*n)++]));
     }
     for (int i = 0; i < c->ids.n; i++) {
         if (*n >= cap) return loom_fail(LOOM_EUSAGE, "more than %d prompts", cap);
@@ -60,13 +62,15 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
         loom_status st = LOOM_OK;
         while (st == LOOM_OK && fgets(line, sizeof line, fp)) {
             if (strspn(line, " \t\r\n") == strlen(line)) continue;
-            if (*n >= cap) st = loom_fail(LOOM_EUSAGE, "--ids-file %s: more than %d prompts", c->ids_file, cap);
+            if (*n >= cap)
+                st = loom_fail(LOOM_EUSAGE, "--ids-file %s: more than %d prompts", c->ids_file, cap);
             else st = parse_ids(c->ids_file, line, &prompts[(*n)++]);
         }
         fclose(fp);
         LOOM_TRY(st);
     }
-    if (*n == 0) return loom_fail(LOOM_EUSAGE, "no prompt: give --prompt TEXT, --ids LIST or --ids-file FILE");
+    if (*n == 0)
+        return loom_fail(LOOM_EUSAGE, "no prompt: give --prompt TEXT, --ids LIST or --ids-file FILE");
     return LOOM_OK;
 }
 
@@ -141,7 +145,8 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     loom_mesh *mesh = NULL;
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
-    loom_infer_opts io = {.dev = dev, .max_seqs = n + (c->check_kv ? 1 : 0), .max_len = max_len, .max_rows = max_len};
+    loom_infer_opts io = {
+        .dev = dev, .max_seqs = n + (c->check_kv ? 1 : 0), .max_len = max_len, .max_rows = max_len};
     st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     st = loom_comm_agree(world, st);
@@ -158,7 +163,9 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     const int root = loom_layout_rank(&l, coords);
     loom_gen_opts go = {.max_new = c->max_tokens,
                         .sample = {(float)c->temperature, c->top_k, (float)c->top_p, c->seed},
-                        .stop = (const int32_t *)stop.v, .n_stop = (int)stop.n, .prompt_logits = logits,
+                        .stop = (const int32_t *)stop.v,
+                        .n_stop = (int)stop.n,
+                        .prompt_logits = logits,
                         .check_kv = c->check_kv};
     double t0 = loom_comm_wtime();
     if (st == LOOM_OK) st = loom_generate(inf, world, root, n, prompts, &go, outs);
@@ -168,7 +175,8 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
         FILE *fp = fopen(c->logits_out, "wb");
         if (!fp || fwrite(logits, sizeof(float), (size_t)n * V, fp) != (size_t)n * V)
             st = loom_fail(LOOM_ECANTCREAT, "--logits-out %s: cannot write", c->logits_out);
-        if (fp && fclose(fp) != 0 && st == LOOM_OK) st = loom_fail(LOOM_EIO, "--logits-out %s: write failed", c->logits_out);
+        if (fp && fclose(fp) != 0 && st == LOOM_OK)
+            st = loom_fail(LOOM_EIO, "--logits-out %s: write failed", c->logits_out);
     }
     if (st == LOOM_OK && loom_comm_rank(world) == root && c->check_kv)
         loom_info("kv check: max |cached decode - recomputed prefix| logit difference %.3g", go.kv_max_diff);
@@ -180,8 +188,8 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
             total += outs[j].n;
         }
         fflush(stdout);
-        loom_info("generated %zu tokens for %d prompt(s) (longest %zu) in %.3f s, tp=%d pp=%d ep=%d", total, n,
-                  longest, secs, c->tp, c->pp, c->ep);
+        loom_info("generated %zu tokens for %d prompt(s) (longest %zu) in %.3f s, tp=%d pp=%d ep=%d", total,
+                  n, longest, secs, c->tp, c->pp, c->ep);
     }
     free(logits);
     for (int j = 0; j < MAX_PROMPTS; j++) {
@@ -200,14 +208,24 @@ static loom_status check_any(const void *c, int ranks) { return check_flags(c, r
 static loom_status run_any(const void *c, loom_device *dev, loom_comm *world) { return run(c, dev, world); }
 
 int cmd_generate(int argc, char **argv) {
-    static gen_cfg c = {.model = "mini", .format = "text", .max_tokens = 64, .top_p = 1.0, .seed = 1,
-                        .tp = 1, .pp = 1, .ep = 1};
+    static gen_cfg c = {.model = "mini",
+                        .format = "text",
+                        .max_tokens = 64,
+                        .top_p = 1.0,
+                        .seed = 1,
+                        .tp = 1,
+                        .pp = 1,
+                        .ep = 1};
     static char device[16] = "cpu";
     static cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
-        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters, safetensors with HF GPT-2 names (required)"},
-        {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR", "GPT-2 BPE files for --prompt and text output"},
-        {"prompt", OPT_STRLIST, &c.prompts, 0, "TEXT", "prompt text (repeat for several, generated together)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
+         "built-in model or HF config.json (default mini)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
+         "parameters, safetensors with HF GPT-2 names (required)"},
+        {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
+         "GPT-2 BPE files for --prompt and text output"},
+        {"prompt", OPT_STRLIST, &c.prompts, 0, "TEXT",
+         "prompt text (repeat for several, generated together)"},
         {"ids", OPT_STRLIST, &c.ids, 0, "LIST", "prompt as token ids \"1,2,3\" (repeat for several)"},
         {"ids-file", OPT_STR, c.ids_file, sizeof c.ids_file, "FILE", "one prompt of token ids per line"},
         {"max-tokens", OPT_INT, &c.max_tokens, 0, "N", "new tokens per prompt at most (default 64)"},
@@ -215,16 +233,20 @@ int cmd_generate(int argc, char **argv) {
         {"top-k", OPT_INT, &c.top_k, 0, "K", "sample among the K most likely (default 0 = all)"},
         {"top-p", OPT_DOUBLE, &c.top_p, 0, "P", "sample in the smallest set of mass >= P (default 1)"},
         {"seed", OPT_U64, &c.seed, 0, "S", "sampling seed (default 1)"},
-        {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST", "stop token ids, or none (default <|endoftext|> with --tokenizer)"},
+        {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST",
+         "stop token ids, or none (default <|endoftext|> with --tokenizer)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp x ep = ranks"},
-        {"ep", OPT_INT, &c.ep, 0, "N", "MoE models: experts split over N ranks, each running every prompt (default 1)"},
+        {"ep", OPT_INT, &c.ep, 0, "N",
+         "MoE models: experts split over N ranks, each running every prompt (default 1)"},
         {"max-len", OPT_INT, &c.max_len, 0, "N", "KV cache positions per sequence (default n_positions)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
         CLI_DEVICE_OPT(device),
         {"format", OPT_STR, c.format, sizeof c.format, "F", "text (default), ids, or jsonl (ids + text)"},
-        {"logits-out", OPT_STR, c.logits_out, sizeof c.logits_out, "FILE", "write each prompt's last-position logits (float32)"},
-        {"check-kv", OPT_FLAG, &c.check_kv, 0, NULL, "recompute each sequence in one pass and report the logit difference"},
+        {"logits-out", OPT_STR, c.logits_out, sizeof c.logits_out, "FILE",
+         "write each prompt's last-position logits (float32)"},
+        {"check-kv", OPT_FLAG, &c.check_kv, 0, NULL,
+         "recompute each sequence in one pass and report the logit difference"},
     };
     static const cli_cmd cmd = {
         "generate",
@@ -237,6 +259,7 @@ int cmd_generate(int argc, char **argv) {
         "line per prompt.",
         "example: build/loom generate --model gpt2 --load-params model.safetensors \\\n"
         "           --tokenizer DIR --prompt \"Hello, my name is\" --max-tokens 20\n",
-        opts, sizeof opts / sizeof opts[0]};
+        opts,
+        sizeof opts / sizeof opts[0]};
     return cli_mpi_command(argc, argv, &cmd, &c, device, &c.threads, check_any, run_any);
 }

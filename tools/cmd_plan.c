@@ -37,25 +37,41 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
     }
     cJSON_AddNumberToObject(o, "tokens_per_s_per_device", r->tokens_per_s_dev);
     cJSON_AddNumberToObject(o, "mfu", r->mfu);
-    add_numbers(cJSON_AddObjectToObject(o, "memory_bytes"),
-                (const named[]){{"params", r->mem_params}, {"grads", r->mem_grads}, {"optimizer", r->mem_opt},
-                                {"activations", r->mem_act}, {"kv_cache", r->mem_kv}, {"reserved", r->mem_other},
-                                {"total", r->mem_total}, {NULL, 0}});
+    add_numbers(cJSON_AddObjectToObject(o, "memory_bytes"), (const named[]){{"params", r->mem_params},
+                                                                            {"grads", r->mem_grads},
+                                                                            {"optimizer", r->mem_opt},
+                                                                            {"activations", r->mem_act},
+                                                                            {"kv_cache", r->mem_kv},
+                                                                            {"reserved", r->mem_other},
+                                                                            {"total", r->mem_total},
+                                                                            {NULL, 0}});
     cJSON_AddNumberToObject(o, "in_flight", r->in_flight);
-    add_numbers(cJSON_AddObjectToObject(o, "time_s"),
-                (const named[]){{"step", r->t_step}, {"compute", r->t_compute}, {"tp", r->t_tp}, {"cp", r->t_cp},
-                                {"ep", r->t_ep}, {"dp_exposed", r->t_dp}, {"pp_message", r->t_pp},
-                                {"bubble", r->t_bubble}, {"wake", r->t_wake}, {NULL, 0}});
+    add_numbers(cJSON_AddObjectToObject(o, "time_s"), (const named[]){{"step", r->t_step},
+                                                                      {"compute", r->t_compute},
+                                                                      {"tp", r->t_tp},
+                                                                      {"cp", r->t_cp},
+                                                                      {"ep", r->t_ep},
+                                                                      {"dp_exposed", r->t_dp},
+                                                                      {"pp_message", r->t_pp},
+                                                                      {"bubble", r->t_bubble},
+                                                                      {"wake", r->t_wake},
+                                                                      {NULL, 0}});
     cJSON_AddNumberToObject(o, "cp_bytes_per_step", r->cp_bytes);
     cJSON_AddNumberToObject(o, "bubble", r->bubble);
     cJSON_AddBoolToObject(o, "bubble_simulated", r->simulated);
-    add_numbers(cJSON_AddObjectToObject(o, "sim_costs_s"),
-                (const named[]){{"f", r->sim_f}, {"b", r->sim_b}, {"w", r->sim_w}, {"comm", r->sim_comm}, {NULL, 0}});
+    add_numbers(
+        cJSON_AddObjectToObject(o, "sim_costs_s"),
+        (const named[]){{"f", r->sim_f}, {"b", r->sim_b}, {"w", r->sim_w}, {"comm", r->sim_comm}, {NULL, 0}});
     /* devices that share cores: the simulator's processors per node and stages per node (0: own devices) */
     add_numbers(cJSON_AddObjectToObject(o, "sim_shared_cores"),
-                (const named[]){{"cores", r->sim_cores}, {"stages_per_node", r->sim_share},
-                                {"slice", r->sim_slice}, {"span", r->sim_span}, {"replicas", r->sim_replicas},
-                                {"syncs_f", r->sim_syncs_f}, {"syncs_b", r->sim_syncs_b}, {NULL, 0}});
+                (const named[]){{"cores", r->sim_cores},
+                                {"stages_per_node", r->sim_share},
+                                {"slice", r->sim_slice},
+                                {"span", r->sim_span},
+                                {"replicas", r->sim_replicas},
+                                {"syncs_f", r->sim_syncs_f},
+                                {"syncs_b", r->sim_syncs_b},
+                                {NULL, 0}});
     cJSON_AddNumberToObject(o, "stage_imbalance", r->stage_imbalance);
     cJSON_AddNumberToObject(o, "head_cost_layers", r->head_cost);
     if (j->serve) {
@@ -74,14 +90,15 @@ static void print_table(const loom_plan_model *m, const loom_plan_job *j, const 
         printf("%3s %11s %7s %8s %9s %9s %6s  %s\n", "#", "tok/s/dev", "MFU", "mem GB", "TTFT ms", "TPOT ms",
                "seqs", "layout");
     else
-        printf("%3s %11s %6s %7s %9s %8s %7s %7s %7s %7s %7s %6s  %s\n", "#", "tok/s/dev", "MFU", "mem GB", "step s",
-               "compute", "tp", "cp", "ep", "dp", "bubble", "bub%", "layout");
+        printf("%3s %11s %6s %7s %9s %8s %7s %7s %7s %7s %7s %6s  %s\n", "#", "tok/s/dev", "MFU", "mem GB",
+               "step s", "compute", "tp", "cp", "ep", "dp", "bubble", "bub%", "layout");
     for (int i = 0; i < n; i++) {
         char lay[512];
         loom_plan_layout_format(&r[i].l, lay, sizeof lay);
         if (j->serve)
-            printf("%3d %11.1f %6.1f%% %8.1f %9.2f %9.2f %6d  %s\n", i + 1, r[i].tokens_per_s_dev, 100 * r[i].mfu,
-                   r[i].mem_total / 1e9, 1e3 * r[i].ttft, 1e3 * r[i].tpot, r[i].max_seqs, lay);
+            printf("%3d %11.1f %6.1f%% %8.1f %9.2f %9.2f %6d  %s\n", i + 1, r[i].tokens_per_s_dev,
+                   100 * r[i].mfu, r[i].mem_total / 1e9, 1e3 * r[i].ttft, 1e3 * r[i].tpot, r[i].max_seqs,
+                   lay);
         else
             printf("%3d %11.1f %5.1f%% %7.1f %9.4g %8.3g %7.3g %7.3g %7.3g %7.3g %7.3g %5.1f%%  %s\n", i + 1,
                    r[i].tokens_per_s_dev, 100 * r[i].mfu, r[i].mem_total / 1e9, r[i].t_step, r[i].t_compute,
@@ -100,7 +117,8 @@ static void explain(const loom_plan_model *m, const loom_plan_cluster *c, const 
     loom_plan_layout h;
     loom_plan_heuristic(m, c, j, &h, text, sizeof text);
     printf("\nexplain: the rule of thumb (TP by intra-node links and memory, PP by depth and inter-node\n"
-           "bandwidth, DP for the rest, then SP/CP for activations, EP for MoE), step by step:\n%s", text);
+           "bandwidth, DP for the rest, then SP/CP for activations, EP for MoE), step by step:\n%s",
+           text);
     loom_plan_result hr;
     if (loom_plan_evaluate(m, c, j, &h, 1, &hr) != LOOM_OK) {
         printf("  (the rule's layout cannot be evaluated: %s)\n", loom_errmsg());
@@ -113,15 +131,17 @@ static void explain(const loom_plan_model *m, const loom_plan_cluster *c, const 
     if (!hr.feasible) {
         printf("  infeasible: %s\n", hr.reason);
     } else {
-        printf("  %.1f tok/s/dev, MFU %.1f%%, %.1f GB/rank, step %.4g s (compute %.3g, tp %.3g, dp %.3g, bubble %.3g)\n",
-               hr.tokens_per_s_dev, 100 * hr.mfu, hr.mem_total / 1e9, hr.t_step, hr.t_compute, hr.t_tp, hr.t_dp,
-               hr.t_bubble);
+        printf(
+            "  %.1f tok/s/dev, MFU %.1f%%, %.1f GB/rank, step %.4g s (compute %.3g, tp %.3g, dp %.3g, bubble %.3g)\n",
+            hr.tokens_per_s_dev, 100 * hr.mfu, hr.mem_total / 1e9, hr.t_step, hr.t_compute, hr.t_tp, hr.t_dp,
+            hr.t_bubble);
         if (hr.failures[0]) printf("  failure modes: %s\n", hr.failures);
     }
-    printf("search's best: %s\n  %.1f tok/s/dev, MFU %.1f%%, %.1f GB/rank, step %.4g s (compute %.3g, tp %.3g, dp %.3g, "
-           "bubble %.3g)\n",
-           b, best->tokens_per_s_dev, 100 * best->mfu, best->mem_total / 1e9, best->t_step, best->t_compute,
-           best->t_tp, best->t_dp, best->t_bubble);
+    printf(
+        "search's best: %s\n  %.1f tok/s/dev, MFU %.1f%%, %.1f GB/rank, step %.4g s (compute %.3g, tp %.3g, dp %.3g, "
+        "bubble %.3g)\n",
+        b, best->tokens_per_s_dev, 100 * best->mfu, best->mem_total / 1e9, best->t_step, best->t_compute,
+        best->t_tp, best->t_dp, best->t_bubble);
     if (hr.feasible && strcmp(a, b) == 0) {
         printf("the search agrees with the rule of thumb\n");
         return;
@@ -132,13 +152,19 @@ static void explain(const loom_plan_model *m, const loom_plan_cluster *c, const 
         const char *name;
         int rule, best;
         const char *rs, *bs; /* names instead of numbers */
-    } d[] = {{"tp", h.tp, best->l.tp, NULL, NULL},       {"pp", h.pp, best->l.pp, NULL, NULL},
-             {"dp", h.dp, best->l.dp, NULL, NULL},       {"cp", h.cp, best->l.cp, NULL, NULL},
-             {"ep", h.ep, best->l.ep, NULL, NULL},       {"sp", h.sp, best->l.sp, NULL, NULL},
-             {"zero", h.zero, best->l.zero, NULL, NULL}, {"m", h.m, best->l.m, NULL, NULL},
-             {"mbs", h.mbs, best->l.mbs, NULL, NULL},    {"v", h.v, best->l.v, NULL, NULL},
-             {"recompute", h.recompute, best->l.recompute, RC[h.recompute], RC[best->l.recompute]},
-             {"schedule", h.sched, best->l.sched, loom_schedule_name(h.sched), loom_schedule_name(best->l.sched)}};
+    } d[] = {
+        {"tp", h.tp, best->l.tp, NULL, NULL},
+        {"pp", h.pp, best->l.pp, NULL, NULL},
+        {"dp", h.dp, best->l.dp, NULL, NULL},
+        {"cp", h.cp, best->l.cp, NULL, NULL},
+        {"ep", h.ep, best->l.ep, NULL, NULL},
+        {"sp", h.sp, best->l.sp, NULL, NULL},
+        {"zero", h.zero, best->l.zero, NULL, NULL},
+        {"m", h.m, best->l.m, NULL, NULL},
+        {"mbs", h.mbs, best->l.mbs, NULL, NULL},
+        {"v", h.v, best->l.v, NULL, NULL},
+        {"recompute", h.recompute, best->l.recompute, RC[h.recompute], RC[best->l.recompute]},
+        {"schedule", h.sched, best->l.sched, loom_schedule_name(h.sched), loom_schedule_name(best->l.sched)}};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
         if (d[i].rule == d[i].best) continue;
         if (d[i].rs) printf("  %s: rule %s, search %s\n", d[i].name, d[i].rs, d[i].bs);
@@ -149,11 +175,12 @@ static void explain(const loom_plan_model *m, const loom_plan_cluster *c, const 
         return;
     }
     const double gain = best->tokens_per_s_dev / hr.tokens_per_s_dev - 1;
-    printf("  why: %+.1f%% tokens/s/device; step time change by part: compute %+.3g s, tp %+.3g s, dp %+.3g s, "
-           "bubble %+.3g s, ep %+.3g s, cp %+.3g s; memory %+.1f GB/rank\n",
-           100 * gain, best->t_compute - hr.t_compute, best->t_tp - hr.t_tp, best->t_dp - hr.t_dp,
-           best->t_bubble - hr.t_bubble, best->t_ep - hr.t_ep, best->t_cp - hr.t_cp,
-           (best->mem_total - hr.mem_total) / 1e9);
+    printf(
+        "  why: %+.1f%% tokens/s/device; step time change by part: compute %+.3g s, tp %+.3g s, dp %+.3g s, "
+        "bubble %+.3g s, ep %+.3g s, cp %+.3g s; memory %+.1f GB/rank\n",
+        100 * gain, best->t_compute - hr.t_compute, best->t_tp - hr.t_tp, best->t_dp - hr.t_dp,
+        best->t_bubble - hr.t_bubble, best->t_ep - hr.t_ep, best->t_cp - hr.t_cp,
+        (best->mem_total - hr.mem_total) / 1e9);
 }
 
 static loom_status run(plan_args *a) {
@@ -162,19 +189,24 @@ static loom_status run(plan_args *a) {
     LOOM_TRY(loom_plan_model_resolve(a->model, &m));
     LOOM_TRY(loom_plan_cluster_load(a->cluster, &c));
     if (a->nodes > 0) c.nodes = a->nodes;
-    loom_plan_job j = {.batch = a->batch, .seq = a->seq, .gen = a->gen, .gpus = a->gpus, .flash = a->flash,
+    loom_plan_job j = {.batch = a->batch,
+                       .seq = a->seq,
+                       .gen = a->gen,
+                       .gpus = a->gpus,
+                       .flash = a->flash,
                        .no_dp_overlap = a->no_dp_overlap};
     if (strcmp(a->precision, "bf16") == 0) j.bf16 = 1;
     else if (strcmp(a->precision, "fp32") != 0)
         return loom_fail(LOOM_EUSAGE, "--precision %s: fp32 or bf16", a->precision);
     if (strcmp(a->mode, "serve") == 0) j.serve = 1;
-    else if (strcmp(a->mode, "train") != 0) return loom_fail(LOOM_EUSAGE, "--mode %s: train or serve", a->mode);
+    else if (strcmp(a->mode, "train") != 0)
+        return loom_fail(LOOM_EUSAGE, "--mode %s: train or serve", a->mode);
     if (j.batch < 1 || j.seq < 1) return loom_fail(LOOM_EUSAGE, "--batch and --seq must be >= 1");
     if (a->gpus < 0) return loom_fail(LOOM_EUSAGE, "--gpus %d: must be >= 1", a->gpus);
     if (a->top < 1 || a->top > 1000) return loom_fail(LOOM_EUSAGE, "--top %d: 1..1000", a->top);
     if (j.gpus > c.gpus_per_node * c.nodes)
-        return loom_fail(LOOM_EUSAGE, "--gpus %d: the cluster has %d x %d devices (give --nodes)", j.gpus, c.nodes,
-                         c.gpus_per_node);
+        return loom_fail(LOOM_EUSAGE, "--gpus %d: the cluster has %d x %d devices (give --nodes)", j.gpus,
+                         c.nodes, c.gpus_per_node);
     const int N = j.gpus > 0 ? j.gpus : c.gpus_per_node * c.nodes;
     double total, active;
     total = loom_plan_model_params(&m, &active);
@@ -234,10 +266,11 @@ static loom_status run(plan_args *a) {
         printf("loom plan: %s (%.3g B params, %.3g B active) on %d x %s, %s, batch %d x seq %d, %s\n", m.name,
                total / 1e9, active / 1e9, N, c.name, j.serve ? "serve" : "train", j.batch, j.seq,
                j.bf16 ? "bf16" : "fp32");
-        printf("searched %ld layouts in %.3f s: %ld feasible, %ld over memory, %ld that do not divide; the best %ld "
-               "re-timed with the pipeline simulator\n",
-               st.considered, secs, st.feasible, st.rejected_memory, st.rejected_divide + st.rejected_batch,
-               st.simulated);
+        printf(
+            "searched %ld layouts in %.3f s: %ld feasible, %ld over memory, %ld that do not divide; the best %ld "
+            "re-timed with the pipeline simulator\n",
+            st.considered, secs, st.feasible, st.rejected_memory, st.rejected_divide + st.rejected_batch,
+            st.simulated);
         if (st.example_memory[0]) printf("  e.g. rejected: %s\n", st.example_memory);
         if (st.example_divide[0]) printf("  e.g. rejected: %s\n", st.example_divide);
         if (n == 0) printf("no layout fits\n");
@@ -245,13 +278,20 @@ static loom_status run(plan_args *a) {
         if (a->explain && n > 0) explain(&m, &c, &j, &res[0]);
     }
     free(res);
-    return n > 0 ? LOOM_OK : loom_fail(LOOM_EUSAGE, "no layout of %s fits %d devices of %s", m.name, N, c.name);
+    return n > 0 ? LOOM_OK
+                 : loom_fail(LOOM_EUSAGE, "no layout of %s fits %d devices of %s", m.name, N, c.name);
 }
 
 int cmd_plan(int argc, char **argv) {
     static plan_args a;
-    a = (plan_args){.model = "mini", .cluster = "dgx-h100", .precision = "bf16", .mode = "train",
-                    .batch = 0, .seq = 0, .top = 5, .gen = 128};
+    a = (plan_args){.model = "mini",
+                    .cluster = "dgx-h100",
+                    .precision = "bf16",
+                    .mode = "train",
+                    .batch = 0,
+                    .seq = 0,
+                    .top = 5,
+                    .gen = 128};
     static cli_opt opts[] = {
         {"model", OPT_STR, a.model, sizeof a.model, "NAME|FILE",
          "loom model (tiny.. gpt2-xl), a shape (llama3-8b, llama2-70b, llama3-70b, llama3-405b, gpt3-175b, "
@@ -261,8 +301,10 @@ int cmd_plan(int argc, char **argv) {
          "(default dgx-h100)"},
         {"gpus", OPT_INT, &a.gpus, 0, "N", "devices to plan for (default: every device of the cluster)"},
         {"nodes", OPT_INT, &a.nodes, 0, "N", "override the cluster's node count"},
-        {"batch", OPT_INT, &a.batch, 0, "B", "global batch in sequences (train; serve: concurrent requests) (default 8 x devices)"},
-        {"seq", OPT_INT, &a.seq, 0, "T", "sequence length (serve: prompt length) (default: the model's context)"},
+        {"batch", OPT_INT, &a.batch, 0, "B",
+         "global batch in sequences (train; serve: concurrent requests) (default 8 x devices)"},
+        {"seq", OPT_INT, &a.seq, 0, "T",
+         "sequence length (serve: prompt length) (default: the model's context)"},
         {"gen", OPT_INT, &a.gen, 0, "N", "serve: tokens generated per request (default 128)"},
         {"precision", OPT_STR, a.precision, sizeof a.precision, "P", "fp32 or bf16 (mixed) (default bf16)"},
         {"mode", OPT_STR, a.mode, sizeof a.mode, "M", "train or serve (default train)"},
@@ -314,7 +356,8 @@ int cmd_plan(int argc, char **argv) {
         if (a.batch == 0) {
             loom_plan_cluster c;
             int n = a.gpus;
-            if (n == 0 && loom_plan_cluster_load(a.cluster, &c) == LOOM_OK) n = c.gpus_per_node * (a.nodes ? a.nodes : c.nodes);
+            if (n == 0 && loom_plan_cluster_load(a.cluster, &c) == LOOM_OK)
+                n = c.gpus_per_node * (a.nodes ? a.nodes : c.nodes);
             a.batch = 8 * (n > 0 ? n : 1);
         }
     }

@@ -26,8 +26,10 @@ static loom_status check_flags(const serve_cfg *c, int world) {
         return loom_fail(LOOM_EUSAGE, "--port %d: the ports %d..%lld must be in [0, 65535]", c->port, c->port,
                          (long long)c->port + c->dp - 1);
     if (c->max_seqs < 1 || c->queue < 0 || c->max_body < 64 || c->max_len < 0 || c->max_rows < 0)
-        return loom_fail(LOOM_EUSAGE, "--max-seqs %d >= 1, --queue %d >= 0, --max-body %d >= 64, --max-len %d and "
-                         "--max-rows %d >= 0 (0 = default)", c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
+        return loom_fail(LOOM_EUSAGE,
+                         "--max-seqs %d >= 1, --queue %d >= 0, --max-body %d >= 64, --max-len %d and "
+                         "--max-rows %d >= 0 (0 = default)",
+                         c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
     return LOOM_OK;
 }
@@ -71,11 +73,14 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
         coords[LOOM_AXIS_PP] = c->pp - 1;
         char port_file[1100];
         snprintf(port_file, sizeof port_file, r ? "%s.%d" : "%s", c->port_file, r);
-        loom_serve_config sc = {.port = c->port ? c->port + r : 0, .queue = c->queue,
-                                .max_body = c->max_body, .model_name = mc.name,
+        loom_serve_config sc = {.port = c->port ? c->port + r : 0,
+                                .queue = c->queue,
+                                .max_body = c->max_body,
+                                .model_name = mc.name,
                                 .port_file = c->port_file[0] ? port_file : NULL};
         if (c->dp > 1)
-            loom_info("%d replicas of tp=%d x pp=%d x ep=%d ranks; replica r serves on %s", c->dp, c->tp, c->pp, c->ep,
+            loom_info("%d replicas of tp=%d x pp=%d x ep=%d ranks; replica r serves on %s", c->dp, c->tp,
+                      c->pp, c->ep,
                       c->port ? "port --port + r" : "its own free port (--port-file FILE, FILE.r)");
         st = loom_serve_run(&sc, inf, tok, replica ? replica : world, loom_layout_rank(&one, coords));
     }
@@ -91,29 +96,44 @@ static loom_status check_any(const void *c, int ranks) { return check_flags(c, r
 static loom_status run_any(const void *c, loom_device *dev, loom_comm *world) { return run(c, dev, world); }
 
 int cmd_serve(int argc, char **argv) {
-    static serve_cfg c = {.model = "mini", .port = 8000, .tp = 1, .pp = 1, .dp = 1, .ep = 1, .max_seqs = 8, .queue = 64,
+    static serve_cfg c = {.model = "mini",
+                          .port = 8000,
+                          .tp = 1,
+                          .pp = 1,
+                          .dp = 1,
+                          .ep = 1,
+                          .max_seqs = 8,
+                          .queue = 64,
                           .max_body = 1 << 20};
     static char device[16] = "cpu";
     static cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or HF config.json (default mini)"},
-        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters, safetensors with HF GPT-2 names (required)"},
-        {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR", "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
+         "built-in model or HF config.json (default mini)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
+         "parameters, safetensors with HF GPT-2 names (required)"},
+        {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
+         "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
         {"port", OPT_INT, &c.port, 0, "P", "TCP port on 127.0.0.1 (default 8000; 0 = any free port)"},
-        {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE", "write the bound port there (replica r > 0: FILE.r)"},
+        {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE",
+         "write the bound port there (replica r > 0: FILE.r)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1)"},
         {"dp", OPT_INT, &c.dp, 0, "N", "replicas, each tp x pp x ep ranks with its own port P+r (default 1)"},
-        {"ep", OPT_INT, &c.ep, 0, "N", "MoE models: experts split over N ranks of each replica, each running every request (default 1)"},
+        {"ep", OPT_INT, &c.ep, 0, "N",
+         "MoE models: experts split over N ranks of each replica, each running every request (default 1)"},
         {"max-seqs", OPT_INT, &c.max_seqs, 0, "N", "KV-cache slots: requests decoding at once (default 8)"},
-        {"max-len", OPT_INT, &c.max_len, 0, "N", "positions per slot, prompt + max_tokens (default n_positions)"},
+        {"max-len", OPT_INT, &c.max_len, 0, "N",
+         "positions per slot, prompt + max_tokens (default n_positions)"},
         {"max-rows", OPT_INT, &c.max_rows, 0, "N", "tokens per model step (default max-len + max-seqs)"},
-        {"queue", OPT_INT, &c.queue, 0, "N", "requests waiting for a slot at most; more get 503 (default 64)"},
+        {"queue", OPT_INT, &c.queue, 0, "N",
+         "requests waiting for a slot at most; more get 503 (default 64)"},
         {"max-body", OPT_INT, &c.max_body, 0, "BYTES", "request body size limit (default 1048576)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
         CLI_DEVICE_OPT(device),
     };
     static const cli_cmd cmd = {
-        "serve", "loom serve --load-params FILE [--model NAME|FILE] [--tokenizer DIR] [--port P] [--tp N] [--pp N] ...",
+        "serve",
+        "loom serve --load-params FILE [--model NAME|FILE] [--tokenizer DIR] [--port P] [--tp N] [--pp N] ...",
         "OpenAI-style completions over HTTP on 127.0.0.1 with continuous batching:\n"
         "  POST /v1/completions {\"prompt\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\",\n"
         "                        \"seed\", \"stream\"}  (stream: server-sent events)\n"
@@ -126,6 +146,7 @@ int cmd_serve(int argc, char **argv) {
         "example: scripts/loomrun -np 2 build/loom serve --model gpt2 --load-params model.safetensors \\\n"
         "           --tokenizer DIR --tp 2 --port 8000\n"
         "         curl -s localhost:8000/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n",
-        opts, sizeof opts / sizeof opts[0]};
+        opts,
+        sizeof opts / sizeof opts[0]};
     return cli_mpi_command(argc, argv, &cmd, &c, device, &c.threads, check_any, run_any);
 }

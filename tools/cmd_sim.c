@@ -16,7 +16,6 @@
 #include "loom/pipeline.h"
 #include "loom/sim.h"
 
-
 typedef struct sim_args {
     loom_layout l; /* pp, micro_batches, virtual_stages, schedule, recompute, stage_layers */
     int layers, max_cols;
@@ -42,8 +41,7 @@ static const char *closed_form_text(loom_sched_kind k) {
  * split gives all 1. */
 static loom_status stage_scales(const sim_args *a, int *counts, double *scale) {
     const int S = a->l.pp * a->l.virtual_stages;
-    if (a->l.n_stage_layers)
-        memcpy(counts, a->l.stage_layers, (size_t)S * sizeof *counts);
+    if (a->l.n_stage_layers) memcpy(counts, a->l.stage_layers, (size_t)S * sizeof *counts);
     else
         LOOM_TRY(loom_partition_balance(a->layers, a->l.pp, a->l.virtual_stages, a->cost_embed, a->cost_head,
                                         counts));
@@ -69,24 +67,26 @@ static void print_trace_costs(const sim_args *a, const loom_schedule *s, const l
     if (comm_given)
         printf("  comm %g ms (--cost-comm; the trace's estimate is %.4f ms)\n", a->costs.comm, t->comm);
     else if (t->comm_samples)
-        printf("  comm %.4f ms: median of RECV end - SEND end over the %d message%s a receiver waited for%s\n",
-               t->comm, t->comm_samples, t->comm_samples == 1 ? "" : "s",
-               t->aligned ? " (clocks aligned on the pp all-reduce after the step)" : " (clocks not aligned)");
-    else
-        printf("  comm 0 ms: no receiver waited for a message, so the trace shows no latency\n");
-    printf("  opt %g ms (the executor's OPT_STEP only waits for sends; the optimizer runs after the pipeline)\n",
-           a->costs.opt);
+        printf(
+            "  comm %.4f ms: median of RECV end - SEND end over the %d message%s a receiver waited for%s\n",
+            t->comm, t->comm_samples, t->comm_samples == 1 ? "" : "s",
+            t->aligned ? " (clocks aligned on the pp all-reduce after the step)" : " (clocks not aligned)");
+    else printf("  comm 0 ms: no receiver waited for a message, so the trace shows no latency\n");
+    printf(
+        "  opt %g ms (the executor's OPT_STEP only waits for sends; the optimizer runs after the pipeline)\n",
+        a->costs.opt);
     if (t->n_msgs)
         printf("  messages: %d, time from both sides ready to the end of the RECV: median %.4f ms, max %.4f "
                "ms\n",
                t->n_msgs, t->delay_median, t->delay_max);
     if (t->n_late)
-        printf("warning: %d of %d messages took more than %.3f ms once both sides were ready (up to %.3f ms):\n"
-               "  the transport did not move them while the sender computed (no asynchronous progress: with\n"
-               "  Open MPI's shared-memory transport, OMPI_MCA_btl_vader_single_copy_mechanism=cma lets the\n"
-               "  receiver copy on its own), or a rank lost its core. The simulator's constant latency does\n"
-               "  not model that: expect the measured bubble to be larger than the simulated one.\n",
-               t->n_late, t->n_msgs, t->late_threshold, t->delay_max);
+        printf(
+            "warning: %d of %d messages took more than %.3f ms once both sides were ready (up to %.3f ms):\n"
+            "  the transport did not move them while the sender computed (no asynchronous progress: with\n"
+            "  Open MPI's shared-memory transport, OMPI_MCA_btl_vader_single_copy_mechanism=cma lets the\n"
+            "  receiver copy on its own), or a rank lost its core. The simulator's constant latency does\n"
+            "  not model that: expect the measured bubble to be larger than the simulated one.\n",
+            t->n_late, t->n_msgs, t->late_threshold, t->delay_max);
 }
 
 static void print_report(const sim_args *a, const loom_schedule *s, const loom_sim_result *r,
@@ -95,8 +95,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
     const loom_sim_costs *c = &a->costs;
     printf("loom sim: %s, pp=%d, micro-batches=%d, virtual-stages=%d\n", loom_schedule_name(s->kind), s->pp,
            s->micro_batches, s->virtual_stages);
-    if (t)
-        print_trace_costs(a, s, t, comm_given);
+    if (t) print_trace_costs(a, s, t, comm_given);
     else
         printf("costs: f=%g b=%g w=%g (%s) comm=%g opt=%g\n", c->f, c->b, c->w,
                s->split_backward ? "B and W separate" : "full backward b+w", c->comm, c->opt);
@@ -130,7 +129,8 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
             mc.b += t->mean[v].b / t->n_stages;
             mc.w += t->mean[v].w / t->n_stages;
         }
-        const double cf = loom_sim_closed_form_bubble(s->kind, s->pp, s->micro_batches, s->virtual_stages, &mc);
+        const double cf =
+            loom_sim_closed_form_bubble(s->kind, s->pp, s->micro_batches, s->virtual_stages, &mc);
         printf("bubble    %.6f (simulated: the schedule at each virtual stage's mean F, B, W and comm)\n",
                r->bubble);
         printf("replayed  %.6f (each action at its own measured duration, same comm)\n", exact->bubble);
@@ -138,8 +138,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
                t->bubble);
         const double diff = fabs(t->bubble - r->bubble) < 5e-7 ? 0.0 : t->bubble - r->bubble; /* no "-0" */
         printf("diff      %+.6f (measured - simulated)\n", diff);
-        if (isnan(cf))
-            printf("closed    %s: none for m < pp\n", closed_form_text(s->kind));
+        if (isnan(cf)) printf("closed    %s: none for m < pp\n", closed_form_text(s->kind));
         else
             printf("closed    %.6f %s (uniform stages at the mean costs, no latency)\n", cf,
                    closed_form_text(s->kind));
@@ -150,8 +149,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
             printf("closed    %s: %s\n", closed_form_text(s->kind),
                    isnan(cf) ? "none for m < pp"
                              : "applies only with --cost-comm 0, uniform stages and no --cores");
-        else
-            printf("closed    %.6f %s\n", cf, closed_form_text(s->kind));
+        else printf("closed    %.6f %s\n", cf, closed_form_text(s->kind));
     }
     printf("peak live = activation sets alive at once (F done, %s not yet)%s\n",
            s->split_backward ? "W" : "B", s->virtual_stages > 1 ? ", one per (micro-batch, chunk)" : "");
@@ -162,12 +160,16 @@ static loom_status check_trace_flags(const sim_args *a) {
     const struct {
         const char *flag;
         int given;
-    } f[] = {{"--cost-f", !isnan(a->costs.f)},       {"--cost-b", !isnan(a->costs.b)},
-             {"--cost-w", !isnan(a->costs.w)},       {"--layers", a->layers != 0},
-             {"--stage-layers", a->stage_layers[0] != 0}, {"--cost-embed", !isnan(a->cost_embed)},
+    } f[] = {{"--cost-f", !isnan(a->costs.f)},
+             {"--cost-b", !isnan(a->costs.b)},
+             {"--cost-w", !isnan(a->costs.w)},
+             {"--layers", a->layers != 0},
+             {"--stage-layers", a->stage_layers[0] != 0},
+             {"--cost-embed", !isnan(a->cost_embed)},
              {"--cost-head", !isnan(a->cost_head)},
              /* what the measured durations already hold */
-             {"--recompute full", a->l.recompute == LOOM_RECOMPUTE_FULL}, {"--cores", a->costs.cores > 0}};
+             {"--recompute full", a->l.recompute == LOOM_RECOMPUTE_FULL},
+             {"--cores", a->costs.cores > 0}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given)
             return loom_fail(LOOM_EUSAGE,
@@ -217,7 +219,8 @@ static loom_status run(sim_args *a) {
     if (isnan(a->cost_head)) a->cost_head = 0;
     LOOM_TRY(loom_sim_costs_check(&a->costs, 0));
     if (a->costs.share && !(a->costs.cores > 0))
-        return loom_fail(LOOM_EUSAGE, "--share %d: only with --cores C (ranks that share processors)", a->costs.share);
+        return loom_fail(LOOM_EUSAGE, "--share %d: only with --cores C (ranks that share processors)",
+                         a->costs.share);
     if (!(isfinite(a->cost_embed) && a->cost_embed >= 0))
         return loom_fail(LOOM_EUSAGE, "--cost-embed %g: must be a finite number >= 0", a->cost_embed);
     if (!(isfinite(a->cost_head) && a->cost_head >= 0))
@@ -276,7 +279,8 @@ int cmd_sim(int argc, char **argv) {
         {"pp", OPT_INT, &a.l.pp, 0, "P", "pipeline stages (ranks) (default 4)"},
         {"micro-batches", OPT_INT, &a.l.micro_batches, 0, "M", "micro-batches per step (default 8)"},
         {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "gpipe, 1f1b, interleaved or zb (default 1f1b)"},
-        {"virtual-stages", OPT_INT, &a.l.virtual_stages, 0, "V", "chunks per rank, interleaved only (default 1)"},
+        {"virtual-stages", OPT_INT, &a.l.virtual_stages, 0, "V",
+         "chunks per rank, interleaved only (default 1)"},
         {"cost-f", OPT_DOUBLE, &a.costs.f, 0, "T", "forward of one chunk (default 1)"},
         {"cost-b", OPT_DOUBLE, &a.costs.b, 0, "T", "input-gradient part of a backward (default 1)"},
         {"cost-w", OPT_DOUBLE, &a.costs.w, 0, "T", "weight-gradient part of a backward (default 1)"},
@@ -286,7 +290,8 @@ int cmd_sim(int argc, char **argv) {
         {"cores", OPT_DOUBLE, &a.costs.cores, 0, "C",
          "the ranks of a node time-share C processors (CPU cores): while k compute, each runs at "
          "min(1, C/k) of its speed and the costs are a rank's alone (default 0: own devices)"},
-        {"share", OPT_INT, &a.costs.share, 0, "N", "with --cores: N consecutive ranks per node (default: all)"},
+        {"share", OPT_INT, &a.costs.share, 0, "N",
+         "with --cores: N consecutive ranks per node (default: all)"},
         {"layers", OPT_INT, &a.layers, 0, "N",
          "model layers: scale each stage's costs by its share (default: uniform)"},
         {"stage-layers", OPT_STR, a.stage_layers, sizeof a.stage_layers, "LIST",

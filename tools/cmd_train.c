@@ -12,7 +12,9 @@
 #include "loom/log.h"
 #include "loom/train.h"
 
-static loom_status start(int *argc, char ***argv, loom_comm **world) { return cli_mpi_start(argc, argv, world); }
+static loom_status start(int *argc, char ***argv, loom_comm **world) {
+    return cli_mpi_start(argc, argv, world);
+}
 
 /* Flags are checked on every rank and the outcome agreed on (one collective,
  * loom_comm_agree): the lowest failing rank keeps its message and the others
@@ -86,8 +88,11 @@ int cmd_train(int argc, char **argv) {
     loom_train_config_default(&c);
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
-        {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN ", built from the fortunes corpus if missing)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
+         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
+        {"data", OPT_STR, c.data, sizeof c.data, "PATH",
+         "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN
+         ", built from the fortunes corpus if missing)"},
         {"steps", OPT_INT, &c.steps, 0, "N", "optimizer steps (default 100)"},
         {"batch", OPT_INT, &c.batch, 0, "B", "global batch in sequences, split over dp (default 8)"},
         {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},
@@ -95,51 +100,80 @@ int cmd_train(int argc, char **argv) {
         {"lr", OPT_FLOAT, &c.lr, 0, "X", "peak learning rate (default 3e-4)"},
         {"warmup", OPT_INT, &c.warmup, 0, "N", "linear warmup steps, then cosine decay (default 0)"},
         {"min-lr-frac", OPT_FLOAT, &c.min_lr_frac, 0, "F", "final lr as a fraction of --lr (default 0.1)"},
-        {"weight-decay", OPT_FLOAT, &c.weight_decay, 0, "X", "AdamW decoupled weight decay on matrices (default 0.1)"},
+        {"weight-decay", OPT_FLOAT, &c.weight_decay, 0, "X",
+         "AdamW decoupled weight decay on matrices (default 0.1)"},
         {"beta1", OPT_FLOAT, &c.beta1, 0, "X", "AdamW beta1 (default 0.9)"},
         {"beta2", OPT_FLOAT, &c.beta2, 0, "X", "AdamW beta2 (default 0.95)"},
         {"eps", OPT_FLOAT, &c.eps, 0, "X", "AdamW epsilon (default 1e-8)"},
-        {"grad-clip", OPT_FLOAT, &c.grad_clip, 0, "X", "clip the global gradient norm to X; 0 = off (default 1.0)"},
+        {"grad-clip", OPT_FLOAT, &c.grad_clip, 0, "X",
+         "clip the global gradient norm to X; 0 = off (default 1.0)"},
         {"dp", OPT_INT, &c.layout.dp, 0, "N", "data-parallel degree (default 1)"},
         {"tp", OPT_INT, &c.layout.tp, 0, "N", "tensor-parallel degree (default 1)"},
-        {"grad-accum", OPT_INT, &c.layout.grad_accum, 0, "K", "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
-        {"zero", OPT_INT, &c.layout.zero, 0, "S", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
-        {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X", "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
-        {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F", "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
-        {"moe-route-cp", OPT_INT, &c.moe_route_cp, 0, "N", "MoE without --cp: route each micro-batch as N groups, the tokens each of N CP ranks would hold, so dropping and the aux loss match a --cp N run (default: one group)"},
+        {"grad-accum", OPT_INT, &c.layout.grad_accum, 0, "K",
+         "micro-batches per step on each DP rank; gradients communicated on the last (default 1)"},
+        {"zero", OPT_INT, &c.layout.zero, 0, "S",
+         "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters (default 0)"},
+        {"moe-warn-imbalance", OPT_FLOAT, &c.moe_warn_imbalance, 0, "X",
+         "MoE: warn naming the block when max/mean tokens per expert exceeds X (default 2)"},
+        {"moe-warn-a2a", OPT_FLOAT, &c.moe_warn_a2a, 0, "F",
+         "MoE: warn when expert all-to-all takes more than F of the step (default 0.5)"},
+        {"moe-route-cp", OPT_INT, &c.moe_route_cp, 0, "N",
+         "MoE without --cp: route each micro-batch as N groups, the tokens each of N CP ranks would hold, so dropping and the aux loss match a --cp N run (default: one group)"},
         {"bucket-mb", OPT_DOUBLE, &c.bucket_mb, 0, "MB", "DDP gradient bucket size in MB (default 25)"},
-        {"sp", OPT_FLAG, &c.layout.sp, 0, NULL, "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
+        {"sp", OPT_FLAG, &c.layout.sp, 0, NULL,
+         "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
-        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
-        {"precision", OPT_ENUM, &e_precision, 0, "P", "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
-        {"comm-precision", OPT_ENUM, &e_comm_precision, 0, "P", "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
-        {"recompute", OPT_ENUM, &e_recompute, 0, "MODE", "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
-        {"micro-batches", OPT_INT, &c.layout.micro_batches, 0, "M", "pipeline micro-batches per step per DP rank (default: pp)"},
-        {"virtual-stages", OPT_INT, &c.layout.virtual_stages, 0, "V", "model chunks per pipeline rank, for interleaved (default 1)"},
-        {"stage-layers", OPT_STR, stage_layers, sizeof stage_layers, "LIST", "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
-        {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR", "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
-        {"cp", OPT_INT, &c.layout.cp, 0, "N", "context-parallel degree: the sequence split over N ranks, 2N causal-balanced chunks (default 1)"},
-        {"cp-impl", OPT_ENUM, &e_cp_impl, 0, "NAME", "context-parallel attention: ring (K/V passed around) or ulysses (all-to-all to heads) (default ring)"},
-        {"ep", OPT_INT, &c.layout.ep, 0, "N", "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
-        {"mesh-order", OPT_STR, order, sizeof order, "AXES", "mesh axes innermost first (default tp,cp,dp,pp)"},
+        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME",
+         "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
+        {"precision", OPT_ENUM, &e_precision, 0, "P",
+         "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
+        {"comm-precision", OPT_ENUM, &e_comm_precision, 0, "P",
+         "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
+        {"recompute", OPT_ENUM, &e_recompute, 0, "MODE",
+         "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
+        {"micro-batches", OPT_INT, &c.layout.micro_batches, 0, "M",
+         "pipeline micro-batches per step per DP rank (default: pp)"},
+        {"virtual-stages", OPT_INT, &c.layout.virtual_stages, 0, "V",
+         "model chunks per pipeline rank, for interleaved (default 1)"},
+        {"stage-layers", OPT_STR, stage_layers, sizeof stage_layers, "LIST",
+         "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
+        {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR",
+         "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
+        {"cp", OPT_INT, &c.layout.cp, 0, "N",
+         "context-parallel degree: the sequence split over N ranks, 2N causal-balanced chunks (default 1)"},
+        {"cp-impl", OPT_ENUM, &e_cp_impl, 0, "NAME",
+         "context-parallel attention: ring (K/V passed around) or ulysses (all-to-all to heads) (default ring)"},
+        {"ep", OPT_INT, &c.layout.ep, 0, "N",
+         "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
+        {"mesh-order", OPT_STR, order, sizeof order, "AXES",
+         "mesh axes innermost first (default tp,cp,dp,pp)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
         CLI_DEVICE_OPT(device),
-        {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X", "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
+        {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X",
+         "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
         {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
-        {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE", "write final parameters (safetensors, HF GPT-2 names)"},
-        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "start from these parameters instead of the seed"},
-        {"save-dir", OPT_STR, c.save_dir, sizeof c.save_dir, "DIR", "sharded checkpoints DIR/step_N (each rank its own shards + a manifest), at the end and every --save-every steps; SIGTERM/SIGINT save and exit 75 (docs/checkpoints.md)"},
-        {"save-every", OPT_INT, &c.save_every, 0, "N", "checkpoint every N steps (default 0: only at the end)"},
-        {"keep", OPT_INT, &c.keep, 0, "K", "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
-        {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR", "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
-        {"nan-policy", OPT_ENUM, &e_nan_policy, 0, "abort|skip", "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
+        {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE",
+         "write final parameters (safetensors, HF GPT-2 names)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
+         "start from these parameters instead of the seed"},
+        {"save-dir", OPT_STR, c.save_dir, sizeof c.save_dir, "DIR",
+         "sharded checkpoints DIR/step_N (each rank its own shards + a manifest), at the end and every --save-every steps; SIGTERM/SIGINT save and exit 75 (docs/checkpoints.md)"},
+        {"save-every", OPT_INT, &c.save_every, 0, "N",
+         "checkpoint every N steps (default 0: only at the end)"},
+        {"keep", OPT_INT, &c.keep, 0, "K",
+         "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
+        {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR",
+         "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
+        {"nan-policy", OPT_ENUM, &e_nan_policy, 0, "abort|skip",
+         "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
         {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
         {"progress", OPT_FLAG, &progress, 0, NULL, "force the progress bar"},
         {"no-progress", OPT_FLAG, &no_progress, 0, NULL, "plain log lines even on a terminal"},
         {"quiet", OPT_FLAG, &c.quiet, 0, NULL, "print errors only"},
     };
     const cli_cmd cmd = {
-        "train", "loom train [options]   (many ranks: scripts/loomrun -np N build/loom train --dp N ...)",
+        "train",
+        "loom train [options]   (many ranks: scripts/loomrun -np N build/loom train --dp N ...)",
         "Train a GPT-2 model. Every layout computes the same run as one device: the\n"
         "loss at each step and the final parameters agree with a one-rank run.",
         "A JSON file given with --config FILE holds flag names as keys, e.g.\n"
@@ -148,7 +182,8 @@ int cmd_train(int argc, char **argv) {
         "The world size must equal dp x tp x pp x cp. Metrics and parameter files are\n"
         "written to FILE.tmp and renamed when complete; a failed run leaves existing\n"
         "files as they were.\n",
-        opts, sizeof opts / sizeof opts[0]};
+        opts,
+        sizeof opts / sizeof opts[0]};
 
     loom_comm *world = NULL;
     loom_device *dev = NULL;
@@ -165,7 +200,8 @@ int cmd_train(int argc, char **argv) {
     if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
     if (st == LOOM_OK)
-        st = cli_device_create(device, c.threads, loom_comm_size(world), c.layout.precision == LOOM_PRECISION_BF16, &dev);
+        st = cli_device_create(device, c.threads, loom_comm_size(world),
+                               c.layout.precision == LOOM_PRECISION_BF16, &dev);
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, dev, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
@@ -179,12 +215,14 @@ int cmd_train(int argc, char **argv) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    static loom_eval_config c = {.model = "mini", .data = LOOM_DEFAULT_VAL, .batch = 8, .seq = 128,
-                                 .batches = 1, .threads = 0};
+    static loom_eval_config c = {
+        .model = "mini", .data = LOOM_DEFAULT_VAL, .batch = 8, .seq = 128, .batches = 1, .threads = 0};
     static char device[16] = "cpu";
     cli_opt opts[] = {
-        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE", "built-in model or config.json (default mini)"},
-        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE", "parameters (safetensors) to evaluate (required)"},
+        {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
+         "built-in model or config.json (default mini)"},
+        {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
+         "parameters (safetensors) to evaluate (required)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard (default " LOOM_DEFAULT_VAL ")"},
         {"batch", OPT_INT, &c.batch, 0, "B", "sequences per batch (default 8)"},
         {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},
@@ -193,11 +231,14 @@ int cmd_eval(int argc, char **argv) {
         CLI_DEVICE_OPT(device),
     };
     const cli_cmd cmd = {
-        "eval", "loom eval --load-params FILE [--model NAME|FILE] [--data PATH] [--batch B] [--seq T] [--batches N]",
+        "eval",
+        "loom eval --load-params FILE [--model NAME|FILE] [--data PATH] [--batch B] [--seq T] [--batches N]",
         "Mean cross-entropy of the parameters on the shard read sequentially: sequence j\n"
         "(j = 0 .. B*N-1) has inputs tokens[j*T .. j*T+T-1] and targets one token later.\n"
         "The last line printed is `loss <value>`.",
-        NULL, opts, sizeof opts / sizeof opts[0]};
+        NULL,
+        opts,
+        sizeof opts / sizeof opts[0]};
     loom_comm *world = NULL;
     loom_device *dev = NULL;
     loom_status st = start(&argc, &argv, &world);

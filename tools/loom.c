@@ -57,6 +57,9 @@ int main(int argc, char **argv) {
         printf("loom 0.1.0\n");
         return 0;
     }
-    fprintf(stderr, "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, generate, serve, version)\n", cmd);
+    fprintf(
+        stderr,
+        "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, generate, serve, version)\n",
+        cmd);
     return 64;
 }

@@ -76,10 +76,8 @@ static double time_it(bench *b, bench_fn fn) {
 static void report(bench *b, const char *name, bench_fn fn, double flops, int count) {
     double ms = time_it(b, fn);
     b->total_ms += ms * count;
-    if (flops > 0)
-        printf("  %-26s %9.3f ms  %7.1f GFLOP/s  x%d\n", name, ms, flops / ms * 1e-6, count);
-    else
-        printf("  %-26s %9.3f ms                   x%d\n", name, ms, count);
+    if (flops > 0) printf("  %-26s %9.3f ms  %7.1f GFLOP/s  x%d\n", name, ms, flops / ms * 1e-6, count);
+    else printf("  %-26s %9.3f ms                   x%d\n", name, ms, count);
 }
 
 #define MM_FLOPS(n, k, m) (2.0 * (double)(n) * (double)(k) * (double)(m))
@@ -99,7 +97,9 @@ static void f_ln(bench *b) {
 static void f_ln_b(bench *b) {
     loom_layernorm_bwd(b->dev, b->dx, b->dlnw, b->dlnb, b->dy, b->x, b->lnw, b->mean, b->rstd, b->N, b->C);
 }
-static void f_qkv(bench *b) { loom_matmul_fwd(b->dev, b->qkv, b->x2, b->wqkv, b->bqkv, b->N, b->C, 3 * b->C); }
+static void f_qkv(bench *b) {
+    loom_matmul_fwd(b->dev, b->qkv, b->x2, b->wqkv, b->bqkv, b->N, b->C, 3 * b->C);
+}
 static void f_qkv_b(bench *b) {
     loom_matmul_bwd(b->dev, b->dx, b->dwqkv, b->dbqkv, b->dqkv, b->x2, b->wqkv, b->N, b->C, 3 * b->C);
 }
@@ -178,8 +178,8 @@ int main(int argc, char **argv) {
     if (loom_device_create(&dopts, &b.dev) != LOOM_OK) return 1;
     bench_alloc(&b, layers);
     double N = b.N, C = b.C, T = b.T;
-    printf("loom kernels: B=%d T=%d C=%d NH=%d V=%d, %d thread(s), best of %d\n", b.B, b.T, b.C,
-           b.NH, b.V, threads, REPS);
+    printf("loom kernels: B=%d T=%d C=%d NH=%d V=%d, %d thread(s), best of %d\n", b.B, b.T, b.C, b.NH, b.V,
+           threads, REPS);
     printf("block (per layer, x%d):\n", layers);
     b.total_ms = 0;
     report(&b, "layernorm fwd", f_ln, 0, 2);
@@ -212,8 +212,8 @@ int main(int argc, char **argv) {
     report(&b, "softmax_xent bwd", f_xent_b, 0, 1);
     report(&b, "adamw (all params)", f_adamw, 0, 1);
     double step_ms = block_ms * layers + b.total_ms;
-    printf("params %zu; estimated step %.2f ms = %.0f tokens/s (kernels only)\n", b.nparams,
-           step_ms, N / step_ms * 1e3);
+    printf("params %zu; estimated step %.2f ms = %.0f tokens/s (kernels only)\n", b.nparams, step_ms,
+           N / step_ms * 1e3);
     loom_device_free(b.dev);
     return 0;
 }

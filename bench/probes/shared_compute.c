@@ -63,8 +63,7 @@ static double now(clockid_t c) {
 
 static void sleep_until(double t) {
     struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (time_t)t) * 1e9)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
-    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {}
 }
 
 static void ctx_switches(long *vol, long *invol) {
@@ -222,10 +221,11 @@ int main(int argc, char **argv) {
     }
     const double busy = k < cores ? k : cores;
     const double jif = (double)(tot1 - tot0);
-    printf("%s C=%d B=%d T=%d K=%d window %.1f s: %.3f it/s per busy core, %.3f it/CPU-s, CPU %.2f of %.0f cores,"
-           " per-process %.2f-%.2f it, switches %.0f vol %.0f invol per process-s, idle %.1f %%, steal %.1f %%%s\n",
-           argv[1], cfg.n_embd, B, T, k, window, prog / window / busy, prog / cpu_s, cpu_s / window, busy, lo, hi,
-           nv / (k * window), ni / (k * window), jif > 0 ? 100 * (idle1 - idle0) / jif : 0,
-           jif > 0 ? 100 * (steal1 - steal0) / jif : 0, bad ? " (A WORKER FAILED)" : "");
+    printf(
+        "%s C=%d B=%d T=%d K=%d window %.1f s: %.3f it/s per busy core, %.3f it/CPU-s, CPU %.2f of %.0f cores,"
+        " per-process %.2f-%.2f it, switches %.0f vol %.0f invol per process-s, idle %.1f %%, steal %.1f %%%s\n",
+        argv[1], cfg.n_embd, B, T, k, window, prog / window / busy, prog / cpu_s, cpu_s / window, busy, lo,
+        hi, nv / (k * window), ni / (k * window), jif > 0 ? 100 * (idle1 - idle0) / jif : 0,
+        jif > 0 ? 100 * (steal1 - steal0) / jif : 0, bad ? " (A WORKER FAILED)" : "");
     return bad;
 }

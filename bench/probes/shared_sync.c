@@ -25,8 +25,8 @@ enum { GEMM_N = 64, REPS = 200, COUNT = 64 * 1024 };
 static void gemm_for(double us, const float *a, const float *b, float *c) {
     const double t0 = MPI_Wtime();
     while ((MPI_Wtime() - t0) * 1e6 < us)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GEMM_N, GEMM_N, GEMM_N, 1, a, GEMM_N, b, GEMM_N, 0,
-                    c, GEMM_N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GEMM_N, GEMM_N, GEMM_N, 1, a, GEMM_N, b,
+                    GEMM_N, 0, c, GEMM_N);
 }
 
 int main(int argc, char **argv) {
@@ -55,8 +55,8 @@ int main(int argc, char **argv) {
             comm += MPI_Wtime() - t0;
         }
         if (r == 0)
-            printf("np=%d others_busy=%d work=%.0f us: %.1f us per 256 KiB all-reduce of the pair\n", n, others_busy,
-                   work, comm / REPS * 1e6);
+            printf("np=%d others_busy=%d work=%.0f us: %.1f us per 256 KiB all-reduce of the pair\n", n,
+                   others_busy, work, comm / REPS * 1e6);
         int stop = 1;
         if (r == 0)
             for (int q = 2; q < n; q++) MPI_Send(&stop, 1, MPI_INT, q, 9, MPI_COMM_WORLD);
@@ -69,8 +69,7 @@ int main(int argc, char **argv) {
                 gemm_for(500, a, b, c);
                 MPI_Test(&q, &flag, MPI_STATUS_IGNORE);
             }
-        else
-            MPI_Wait(&q, MPI_STATUS_IGNORE);
+        else MPI_Wait(&q, MPI_STATUS_IGNORE);
     }
     MPI_Comm_free(&pair);
     free(a), free(b), free(c), free(x);

@@ -51,6 +51,6 @@ loom_status loom_arena_commit(loom_arena *a);
  * LOOM_EINTERNAL); a failed call does not advance `used`. */
 void *loom_arena_alloc(loom_arena *a, size_t nbytes);
 void loom_arena_reset(loom_arena *a); /* used = 0, keep memory (not re-zeroed) */
-void loom_arena_free(loom_arena *a);   /* back to the empty planning state */
+void loom_arena_free(loom_arena *a);  /* back to the empty planning state */
 
 #endif

@@ -16,15 +16,15 @@
 
 typedef struct loom_peak {
     int threads;
-    int bf16;           /* the record of bf16 products (the bf16 GEMM provider) */
-    double sgemm_flops; /* best GEMM FLOP/s on `threads` threads (sgemm, or the bf16 provider's) */
-    double fma_flops;   /* flop/cycle x clock x threads */
-    double clock_hz;    /* measured when the record was made */
+    int bf16;              /* the record of bf16 products (the bf16 GEMM provider) */
+    double sgemm_flops;    /* best GEMM FLOP/s on `threads` threads (sgemm, or the bf16 provider's) */
+    double fma_flops;      /* flop/cycle x clock x threads */
+    double clock_hz;       /* measured when the record was made */
     double flop_per_cycle; /* per core, measured (loom_cpu_flop_per_cycle_measured; x2 for VDPBF16PS) */
-    int trials;         /* sgemm trials the best was taken from */
+    int trials;            /* sgemm trials the best was taken from */
     char cpu[64], flags[160], kernel[160];
-    int from_cache;     /* read from the cache, not measured now */
-    char path[1024];    /* the cache file */
+    int from_cache;  /* read from the cache, not measured now */
+    char path[1024]; /* the cache file */
 } loom_peak;
 
 /* The record for this CPU, kernel and `threads`: from the cache, or (when

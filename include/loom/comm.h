@@ -100,7 +100,7 @@ typedef enum {
 typedef struct loom_comm_stats {
     uint64_t calls[LOOM_OP_COUNT];
     uint64_t bytes[LOOM_OP_COUNT];
-    double seconds[LOOM_OP_COUNT]; /* wall time inside the call (blocking) or
+    double seconds[LOOM_OP_COUNT];      /* wall time inside the call (blocking) or
                                       from start to completed wait (non-blocking) */
     double call_seconds[LOOM_OP_COUNT]; /* wall time the calling thread spent inside
                                            loom_comm calls of this op: the whole blocking
@@ -203,8 +203,7 @@ const char *loom_comm_name(const loom_comm *c);
  * parent). `name` is copied, e.g. "tp"; the new group has its own stats and
  * parent's implementation and memory.
  * color < 0: this rank joins no group and *out is NULL. */
-loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
-                            loom_comm **out);
+loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name, loom_comm **out);
 void loom_comm_free(loom_comm *c);
 
 /* Blocking collectives. allreduce works in place. reduce_scatter reduces
@@ -212,8 +211,8 @@ void loom_comm_free(loom_comm *c);
  * send == recv it is in place and the result lands at the start of the buffer.
  * allgather with send == recv + rank * bytes_per_rank is in place. */
 loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtype t, loom_redop op);
-loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv,
-                                     size_t count_per_rank, loom_dtype t, loom_redop op);
+loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                     loom_dtype t, loom_redop op);
 loom_status loom_comm_allgather(loom_comm *c, const void *send, void *recv, size_t bytes_per_rank);
 loom_status loom_comm_alltoall(loom_comm *c, const void *send, void *recv, size_t bytes_per_rank);
 /* Byte counts and displacements, one per rank of the group. */
@@ -230,17 +229,14 @@ loom_status loom_comm_recv(loom_comm *c, void *buf, size_t bytes, int peer, int 
  * loom_comm_wait (or loom_comm_test when it reports completion). Buffers must
  * stay valid until then, and the group must not be freed before. On a failed
  * start *req is NULL. wait(NULL) and test(NULL) succeed at once. */
-loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t,
-                                 loom_redop op, loom_req **req);
-loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv,
-                                      size_t count_per_rank, loom_dtype t, loom_redop op,
-                                      loom_req **req);
-loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv,
-                                 size_t bytes_per_rank, loom_req **req);
-loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
-                            loom_req **req);
-loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
-                            loom_req **req);
+loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t, loom_redop op,
+                                 loom_req **req);
+loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                      loom_dtype t, loom_redop op, loom_req **req);
+loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                                 loom_req **req);
+loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag, loom_req **req);
+loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag, loom_req **req);
 loom_status loom_comm_wait(loom_req *req);
 /* *done = 1 and req released when complete (or failed: then the status says
  * why); *done = 0 otherwise. */
@@ -261,15 +257,14 @@ loom_status loom_comm_test(loom_req *req, int *done);
  * destination holds the result only then. A failure leaves the destination
  * unchanged. */
 loom_status loom_comm_allreduce_as(loom_comm *c, float *x, size_t count, loom_dtype wire, loom_redop op);
-loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *recv,
-                                        size_t count_per_rank, loom_dtype wire, loom_redop op);
+loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
+                                        loom_dtype wire, loom_redop op);
 loom_status loom_comm_allgather_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
                                    loom_dtype wire);
 loom_status loom_comm_iallreduce_as(loom_comm *c, float *x, size_t count, loom_dtype wire, loom_redop op,
                                     loom_req **req);
-loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float *recv,
-                                         size_t count_per_rank, loom_dtype wire, loom_redop op,
-                                         loom_req **req);
+loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
+                                         loom_dtype wire, loom_redop op, loom_req **req);
 loom_status loom_comm_iallgather_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
                                     loom_dtype wire, loom_req **req);
 

@@ -30,8 +30,8 @@
 typedef struct loom_cp_buffers loom_cp_buffers;
 
 typedef struct loom_cp {
-    loom_device *dev;     /* where the region's tensors live (its part's device) */
-    loom_comm *comm;      /* the cp group (size 1 or NULL: no CP) */
+    loom_device *dev; /* where the region's tensors live (its part's device) */
+    loom_comm *comm;  /* the cp group (size 1 or NULL: no CP) */
     int size, rank;
     loom_cp_impl impl;
     loom_cp_buffers *buf; /* exchange buffers, from loom_cp_alloc */
@@ -49,18 +49,15 @@ int loom_cp_position(const loom_cp *cp, int t, int T_l);
  * rank's rows, in place. */
 void loom_cp_split_tokens(const loom_cp *cp, int32_t *x, int B, int T);
 /* out (n,C) += wpe[position of local row (row0 + i) % T_l]; dwpe += the same. */
-void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, int n, int T_l,
-                     int C);
-void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l,
-                     int C);
+void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, int n, int T_l, int C);
+void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l, int C);
 
 /* Causal attention of this rank's rows against the whole sequence, as
  * loom_attention_fwd / _bwd for the local (B,T_l,3C) qkv. Collective over
  * the cp group. lse (B*NH*T_l) has a layout of the implementation's choosing. */
-loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
-                                  int T_l, int C, int NH);
+loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B, int T_l,
+                                  int C, int NH);
 loom_status loom_cp_attention_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
-                                  const float *out, const float *lse, int B, int T_l, int C,
-                                  int NH);
+                                  const float *out, const float *lse, int B, int T_l, int C, int NH);
 
 #endif

@@ -24,10 +24,10 @@
 
 typedef struct loom_tokens {
     char path[1024];
-    int version;       /* 1 or 2 */
-    size_t n;          /* number of tokens */
-    const void *data;  /* n uint16 (v1) or uint32 (v2) */
-    void *map;         /* mmap base */
+    int version;      /* 1 or 2 */
+    size_t n;         /* number of tokens */
+    const void *data; /* n uint16 (v1) or uint32 (v2) */
+    void *map;        /* mmap base */
     size_t map_len;
 } loom_tokens;
 
@@ -53,8 +53,7 @@ loom_status loom_tokens_write(const char *path, const uint32_t *tokens, size_t n
  * val_fraction outside [0, 1): LOOM_EUSAGE. The outputs are written only
  * when everything succeeded. */
 loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const char *train_path,
-                                  const char *val_path, double val_fraction, size_t *n_train,
-                                  size_t *n_val);
+                                  const char *val_path, double val_fraction, size_t *n_train, size_t *n_val);
 
 /* A growable array of token ids (the tokenizer's output). */
 typedef struct loom_ids {
@@ -63,7 +62,7 @@ typedef struct loom_ids {
 } loom_ids;
 void loom_ids_free(loom_ids *ids);
 loom_status loom_ids_reserve(loom_ids *ids, size_t need); /* LOOM_EOS when out of memory */
-loom_status loom_ids_push(loom_ids *ids, uint32_t id);     /* LOOM_EOS when out of memory */
+loom_status loom_ids_push(loom_ids *ids, uint32_t id);    /* LOOM_EOS when out of memory */
 
 /* Appends the tokens of text[0..len) to out. */
 typedef loom_status (*loom_data_encode_fn)(void *ctx, const char *text, size_t len, loom_ids *out);
@@ -77,8 +76,8 @@ loom_status loom_data_build_encoded(const char *const *inputs, int n_inputs, con
  * (global_batch samples per step) fills inputs[j*T .. j*T+T) and the targets
  * shifted by one. Requires t->n >= T + 1 (checked by loom_data_check_len);
  * with fewer tokens the batch is all zeros. */
-void loom_data_sample(const loom_tokens *t, uint64_t seed, int64_t step, int64_t global_batch,
-                      int64_t first, int n, int T, int32_t *inputs, int32_t *targets);
+void loom_data_sample(const loom_tokens *t, uint64_t seed, int64_t step, int64_t global_batch, int64_t first,
+                      int n, int T, int32_t *inputs, int32_t *targets);
 /* Sequential batch for eval: sequence j (j = first .. first+n-1) has inputs
  * tokens[j*T .. j*T+T) and targets tokens[j*T+1 .. j*T+T]. j wraps modulo the
  * (t->n - 1) / T whole sequences the shard holds; none: all zeros. */

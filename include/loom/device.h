@@ -47,9 +47,9 @@ typedef enum loom_device_comm {
 } loom_device_comm;
 
 typedef struct loom_device_opts {
-    const char *name; /* "cpu" (NULL or "" too) or "cuda", as --device spells it */
-    int threads;      /* compute threads (the CPU's); 0: one per online CPU */
-    int bf16;         /* GEMM precision: 0 fp32; 1 bf16 operands, fp32 accumulation */
+    const char *name;      /* "cpu" (NULL or "" too) or "cuda", as --device spells it */
+    int threads;           /* compute threads (the CPU's); 0: one per online CPU */
+    int bf16;              /* GEMM precision: 0 fp32; 1 bf16 operands, fp32 accumulation */
     loom_device_comm comm; /* its groups' implementation; 0 is AUTO */
 } loom_device_opts;
 

@@ -86,8 +86,8 @@
 #include "loom/status.h"
 
 typedef struct loom_dp_config {
-    int zero;          /* 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters */
-    double bucket_mb;  /* gradient bucket size for overlapped reductions (0: one per unit) */
+    int zero;         /* 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters */
+    double bucket_mb; /* gradient bucket size for overlapped reductions (0: one per unit) */
     /* 1: the engine sums over tp the gradients sequence parallelism leaves
      * partial (before reducing them over dp, so their buckets overlap the
      * backward too) and the caller must not call loom_gpt_finish_grads.
@@ -119,24 +119,24 @@ typedef struct loom_dp_memory {
 
 /* Where the last step's DP communication time went, on this rank. */
 typedef struct loom_dp_timing {
-    double exposed_s;  /* inside loom_dp_finish_grads: gradient communication
+    double exposed_s; /* inside loom_dp_finish_grads: gradient communication
                           the backward did not hide (blocking reductions of
                           deferred buckets included) */
-    double reduce_s;   /* gradient reductions, start to completion, summed */
-    double gather_s;   /* waiting for parameter all-gathers (ZeRO-3 before a
+    double reduce_s;  /* gradient reductions, start to completion, summed */
+    double gather_s;  /* waiting for parameter all-gathers (ZeRO-3 before a
                           unit runs, ZeRO-1/2 after the update) */
-    double poll_s;     /* inside the model's hooks testing what is in flight
+    double poll_s;    /* inside the model's hooks testing what is in flight
                           (only without the communicator's progress thread:
                           MPI then progresses only inside calls) */
-    double comm_s;     /* the calling (compute) thread's wall time inside
+    double comm_s;    /* the calling (compute) thread's wall time inside
                           communication calls on the dp group from the step's
                           start to the end of loom_dp_finish_grads: starts,
                           tests (polling), waits, blocking calls - measured by
                           the communicator (call_seconds). Overlap of the
                           reductions = 1 - comm_s / (the same reductions'
                           duration run alone) */
-    int reductions;    /* gradient reductions issued this step */
-    int overlapped;    /* of which were started during the backward */
+    int reductions;   /* gradient reductions issued this step */
+    int overlapped;   /* of which were started during the backward */
     /* When loom_dp_finish_grads began (the backward's compute was over) and
      * when every reduction had completed, in seconds on loom_comm_wtime's
      * clock (monotonic; comparable between the ranks of one host, so

@@ -39,7 +39,7 @@ typedef struct loom_edp_engine loom_edp_engine;
 
 /* Local: the edp group is the mesh's (mesh->edp). LOOM_EOS without memory. */
 loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
-                                  const loom_adamw_hparams *hp, loom_edp_engine **out);
+                                   const loom_adamw_hparams *hp, loom_edp_engine **out);
 void loom_edp_engine_free(loom_edp_engine *e);
 /* Sum the expert gradients over edp. Collective over edp. */
 loom_status loom_edp_finish_grads(loom_edp_engine *e);

@@ -47,8 +47,8 @@ typedef struct loom_ep {
     int n_local;      /* El: experts per rank */
     /* host scratch, loom_ep_scratch_bytes of it, set by the group's owner
      * (the MoE blocks carve it with their own bookkeeping) */
-    size_t *a2a;      /* (4 P) alltoallv byte counts and displacements */
-    int32_t *sent;    /* (E) rows this rank sends to each expert */
+    size_t *a2a;   /* (4 P) alltoallv byte counts and displacements */
+    int32_t *sent; /* (E) rows this rank sends to each expert */
 } loom_ep;
 
 /* Where one dispatch's rows go and sit: filled by loom_ep_counts, read by

@@ -30,9 +30,9 @@
 
 typedef struct loom_infer_opts {
     loom_device *dev; /* where the part, its cache and every step run (device.h) */
-    int max_seqs; /* sequences with a cache at once */
-    int max_len;  /* positions per sequence, <= n_positions */
-    int max_rows; /* new tokens per step over all sequences */
+    int max_seqs;     /* sequences with a cache at once */
+    int max_len;      /* positions per sequence, <= n_positions */
+    int max_rows;     /* new tokens per step over all sequences */
 } loom_infer_opts;
 
 typedef struct loom_infer loom_infer;
@@ -82,17 +82,16 @@ int loom_sample(const float *logits, int V, const loom_sample_opts *o, uint64_t 
 /* LOOM_EUSAGE naming the bad value. */
 loom_status loom_sample_check(const loom_sample_opts *o);
 
-
 /* ---- generation ------------------------------------------------------------ */
 
 typedef struct loom_gen_opts {
-    int max_new;             /* new tokens per prompt at most */
+    int max_new; /* new tokens per prompt at most */
     loom_sample_opts sample;
-    const int32_t *stop;     /* a sampled stop token ends its sequence (and is kept) */
+    const int32_t *stop; /* a sampled stop token ends its sequence (and is kept) */
     int n_stop;
-    float *prompt_logits;    /* (n, V) or NULL: each prompt's last-position logits (last stage) */
-    int check_kv;            /* after generating, recompute each whole sequence in one pass */
-    double kv_max_diff;      /* out: max |logit(cached decode) - logit(recomputed)| (last stage) */
+    float *prompt_logits; /* (n, V) or NULL: each prompt's last-position logits (last stage) */
+    int check_kv;         /* after generating, recompute each whole sequence in one pass */
+    double kv_max_diff;   /* out: max |logit(cached decode) - logit(recomputed)| (last stage) */
 } loom_gen_opts;
 
 /* Generate for n prompts at once in sequences 0 .. n-1 (n + check_kv <=

@@ -40,7 +40,8 @@
 /* out (N,C) = layernorm(inp (N,C)) * w (C) + b (C), eps 1e-5; saves mean (N),
  * rstd (N). writes out, mean, rstd. */
 LOOM_KERNEL(void, layernorm_fwd,
-            (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C),
+            (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N,
+             int C),
             (out, mean, rstd, inp, w, b, N, C), REQUIRED)
 /* dinp (N,C) +=, dw (C) +=, db (C) +=; each may be NULL. */
 LOOM_KERNEL(void, layernorm_bwd,
@@ -48,30 +49,34 @@ LOOM_KERNEL(void, layernorm_bwd,
              const float *mean, const float *rstd, int N, int C),
             (dinp, dw, db, dout, inp, w, mean, rstd, N, C), REQUIRED)
 /* out (N,OC) = inp (N,C) @ w (C,OC) + b (OC). b may be NULL. writes out. */
-LOOM_KERNEL(void, matmul_fwd, (float *out, const float *inp, const float *w, const float *b, int N, int C, int OC),
+LOOM_KERNEL(void, matmul_fwd,
+            (float *out, const float *inp, const float *w, const float *b, int N, int C, int OC),
             (out, inp, w, b, N, C, OC), REQUIRED)
 /* dinp (N,C) += dout @ w^T; dw (C,OC) += inp^T @ dout; db (OC) += colsum(dout).
  * dinp, dw, db may be NULL. */
 LOOM_KERNEL(void, matmul_bwd,
-            (float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, int N, int C,
-             int OC),
+            (float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, int N,
+             int C, int OC),
             (dinp, dw, db, dout, inp, w, N, C, OC), REQUIRED)
 /* The tied LM head: out (N,V) = inp (N,C) @ wte (V,C)^T. writes out. */
 LOOM_KERNEL(void, matmul_nt_fwd, (float *out, const float *inp, const float *wte, int N, int C, int V),
             (out, inp, wte, N, C, V), REQUIRED)
 /* dinp (N,C) += dout (N,V) @ wte; dwte (V,C) += dout^T @ inp. Either may be NULL. */
 LOOM_KERNEL(void, matmul_nt_bwd,
-            (float *dinp, float *dwte, const float *dout, const float *inp, const float *wte, int N, int C, int V),
+            (float *dinp, float *dwte, const float *dout, const float *inp, const float *wte, int N, int C,
+             int V),
             (dinp, dwte, dout, inp, wte, N, C, V), REQUIRED)
 /* GELU, tanh approximation (as GPT-2 and torch's approximate='tanh').
  * fwd writes out (n); bwd: dinp += gelu'(inp) * dout. */
 LOOM_KERNEL(void, gelu_fwd, (float *out, const float *inp, size_t n), (out, inp, n), REQUIRED)
-LOOM_KERNEL(void, gelu_bwd, (float *dinp, const float *inp, const float *dout, size_t n), (dinp, inp, dout, n),
-            REQUIRED)
+LOOM_KERNEL(void, gelu_bwd, (float *dinp, const float *inp, const float *dout, size_t n),
+            (dinp, inp, dout, n), REQUIRED)
 /* out = a + b (n). writes out; out may alias a or b. */
-LOOM_KERNEL(void, residual_fwd, (float *out, const float *a, const float *b, size_t n), (out, a, b, n), REQUIRED)
+LOOM_KERNEL(void, residual_fwd, (float *out, const float *a, const float *b, size_t n), (out, a, b, n),
+            REQUIRED)
 /* da += dout; db += dout. */
-LOOM_KERNEL(void, residual_bwd, (float *da, float *db, const float *dout, size_t n), (da, db, dout, n), REQUIRED)
+LOOM_KERNEL(void, residual_bwd, (float *da, float *db, const float *dout, size_t n), (da, db, dout, n),
+            REQUIRED)
 
 /* ---- attention ----------------------------------------------------------- */
 
@@ -84,8 +89,8 @@ LOOM_KERNEL(void, attention_fwd, (float *out, float *lse, const float *qkv, int 
             (out, lse, qkv, B, T, C, NH), REQUIRED)
 /* dqkv (B,T,3C) += from dout (B,T,C), recomputing probabilities tile by tile. */
 LOOM_KERNEL(void, attention_bwd,
-            (float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B, int T,
-             int C, int NH),
+            (float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int B,
+             int T, int C, int NH),
             (dqkv, dout, qkv, out, lse, B, T, C, NH), REQUIRED)
 /* out (b*o_bs + t*o_ld + h*HS ...) and lse (B,NH,Tq) WRITE the attention of
  * the queries to the visible keys of the view (kernel_types.h: loom_att_view;
@@ -108,8 +113,8 @@ LOOM_KERNEL(long, attention_part_bwd,
 /* (out, lse) = the merge of two partial results over disjoint key sets:
  * lse = log(e^lse + e^lse2), out = (e^lse out + e^lse2 out2) / e^lse_new. */
 LOOM_KERNEL(void, attention_merge,
-            (float *out, float *lse, const float *out2, const float *lse2, size_t o_bs, int o_ld, int B, int Tq,
-             int NH, int HS),
+            (float *out, float *lse, const float *out2, const float *lse2, size_t o_bs, int o_ld, int B,
+             int Tq, int NH, int HS),
             (out, lse, out2, lse2, o_bs, o_ld, B, Tq, NH, HS), REQUIRED)
 /* Inference: n new query rows at positions p0 .. p0+n-1 of one sequence,
  * q (n, ldq) holding NH heads of HS = C/NH, against its cache kc, vc
@@ -118,22 +123,23 @@ LOOM_KERNEL(void, attention_merge,
  * loom_attention_kv_scratch_floats(n, p0+n) floats (the GPU uses none: may
  * be NULL there). */
 LOOM_KERNEL(void, attention_kv_fwd,
-            (float *out, const float *q, int ldq, const float *kc, const float *vc, int p0, int n, int C, int NH,
-             float *scratch),
+            (float *out, const float *q, int ldq, const float *kc, const float *vc, int p0, int n, int C,
+             int NH, float *scratch),
             (out, q, ldq, kc, vc, p0, n, C, NH, scratch), REQUIRED)
 
 /* ---- vocabulary-parallel embedding and cross-entropy (kernels.h) -------- */
 
 /* out (N,C) WRITES wte_l[tok - v0] for tokens in this rank's range, 0 else. */
-LOOM_KERNEL(void, embed_fwd, (float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N, int C),
+LOOM_KERNEL(void, embed_fwd,
+            (float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N, int C),
             (out, tok, wte_l, v0, V_l, N, C), REQUIRED)
 /* dwte_l (V_l,C) += dout rows of in-range tokens. */
 LOOM_KERNEL(void, embed_bwd,
             (float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N, int C),
             (dwte_l, dout, tok, v0, V_l, N, C), REQUIRED)
 /* out (n,C) += wpe[(row0 + i) % T]: positions of rows row0 .. row0+n-1 of (B*T). */
-LOOM_KERNEL(void, pos_fwd, (float *out, const float *wpe, int row0, int n, int T, int C), (out, wpe, row0, n, T, C),
-            REQUIRED)
+LOOM_KERNEL(void, pos_fwd, (float *out, const float *wpe, int row0, int n, int T, int C),
+            (out, wpe, row0, n, T, C), REQUIRED)
 /* dwpe (maxT,C) += the same rows of dout (n,C). */
 LOOM_KERNEL(void, pos_bwd, (float *dwpe, const float *dout, int row0, int n, int T, int C),
             (dwpe, dout, row0, n, T, C), REQUIRED)
@@ -143,8 +149,8 @@ LOOM_KERNEL(void, vxent_max, (float *rowmax, const float *logits, int N, int V_l
 /* logits (N,V_l) become exp(logit - gmax) (padding 0); rowsum (N) WRITES
  * their sum; tgt (N) WRITES logit[target] - gmax where the target is local, 0 else. */
 LOOM_KERNEL(void, vxent_exp,
-            (float *logits, float *rowsum, float *tgt, const float *gmax, const int32_t *targets, int v0, int N,
-             int V_l, int V_valid),
+            (float *logits, float *rowsum, float *tgt, const float *gmax, const int32_t *targets, int v0,
+             int N, int V_l, int V_valid),
             (logits, rowsum, tgt, gmax, targets, v0, N, V_l, V_valid), REQUIRED)
 /* losses (N) WRITES log(gsum) - gtgt (0 for target < 0); probs /= gsum. */
 LOOM_KERNEL(void, vxent_finish,
@@ -183,8 +189,8 @@ LOOM_KERNEL(void, vxent_local_grad,
  * t is the 1-based step count. g is only read: the same floats as scaling g
  * in place first (loom_scale) and updating with gscale 1, one pass fewer. */
 LOOM_KERNEL(void, adamw_update,
-            (float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
-             float wd, int t, float gscale),
+            (float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+             float eps, float wd, int t, float gscale),
             (p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale), REQUIRED)
 /* adamw_update (the same p, m, v), and g = 0 afterwards - the next step's
  * gradient zeroing in the same pass - and, unless p16 is NULL, the new p's
@@ -208,7 +214,7 @@ LOOM_KERNEL(void, round_bf16, (float *dst, const float *src, size_t n), (dst, sr
 /* dst[i] = the bf16 bits of src[i] rounded (loom/bf16.h), and back (exact),
  * on the device's own memory: what bf16 communication sends and receives
  * (dp.c, tp.c; a device communicator converts without a host round trip). */
-LOOM_KERNEL(void, bf16_pack, (uint16_t *dst, const float *src, size_t n), (dst, src, n), REQUIRED)
+LOOM_KERNEL(void, bf16_pack, (uint16_t * dst, const float *src, size_t n), (dst, src, n), REQUIRED)
 LOOM_KERNEL(void, bf16_unpack, (float *dst, const uint16_t *src, size_t n), (dst, src, n), REQUIRED)
 
 /* ---- kept GEMM operands (bf16 precision) -----------------------------------
@@ -240,8 +246,8 @@ LOOM_KERNEL(void, tensor_add_bias_residual, (float *out, const float *res, const
             (out, res, bias, n, C), REQUIRED)
 /* y (ncols) += column sums of the (N, ncols) block of x with row stride ld,
  * rows added in order 0..N-1 */
-LOOM_KERNEL(void, tensor_colsum_acc, (float *y, const float *x, int N, int ld, int ncols), (y, x, N, ld, ncols),
-            REQUIRED)
+LOOM_KERNEL(void, tensor_colsum_acc, (float *y, const float *x, int N, int ld, int ncols),
+            (y, x, N, ld, ncols), REQUIRED)
 /* *host_acc += x[i] for i = 0..n-1 in order, in double (a loss sum) */
 LOOM_KERNEL(void, tensor_sum_acc, (double *host_acc, const float *x, size_t n), (host_acc, x, n), REQUIRED)
 /* x[i] = v */
@@ -258,7 +264,7 @@ LOOM_KERNEL(double, tensor_softmax_lse, (float *x, float *lse, int N, int n), (x
  * the largest p + bias (bias: n), best first, ties to the lower column;
  * gate (N,k) = p at them, divided by their sum (in choice order) if norm */
 LOOM_KERNEL(void, tensor_topk_gate,
-            (int32_t *sel, float *gate, const float *p, const float *bias, int N, int n, int k, int norm),
+            (int32_t * sel, float *gate, const float *p, const float *bias, int N, int n, int k, int norm),
             (sel, gate, p, bias, N, n, k, norm), REQUIRED)
 /* WRITES dx (N,n), the gradient of the logits of p = softmax: from dgate
  * (N,k) through topk_gate's gates (norm as there) into dp (N,n scratch),
@@ -285,6 +291,6 @@ LOOM_KERNEL(void, tensor_combine_rows,
  * dout row i and dw[i k + j] = dout row i . y row r (in column order);
  * dw = 0 where r < 0; dy rows no r names are left as they are */
 LOOM_KERNEL(void, tensor_combine_rows_bwd,
-            (float *dy, float *dw, const float *dout, const float *y, const int32_t *row, const float *w, int N,
-             int k, int C),
+            (float *dy, float *dw, const float *dout, const float *y, const int32_t *row, const float *w,
+             int N, int k, int C),
             (dy, dw, dout, y, row, w, N, k, C), REQUIRED)

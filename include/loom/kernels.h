@@ -50,7 +50,7 @@ typedef struct loom_device loom_device;
 #define LOOM_KERNEL_RET_OPTIONAL(ret) int
 
 /* ---- every kernel: loom_<name>(dev, ...), generated from kernel_list.h ---- */
-#define LOOM_KERNEL(ret, name, params, args, need)                                                                     \
+#define LOOM_KERNEL(ret, name, params, args, need)                                                           \
     LOOM_KERNEL_RET_##need(ret) loom_##name(loom_device *dev, LOOM_UNPACK params);
 #include "loom/kernel_list.h"
 #undef LOOM_KERNEL

@@ -66,9 +66,9 @@ extern const char *const loom_schedule_names[];  /* gpipe 1f1b interleaved zb */
 extern const char *const loom_recompute_names[]; /* none selective full */
 extern const char *const loom_precision_names[]; /* fp32 bf16 */
 
-const char *loom_axis_name(loom_axis a);              /* "tp", ...; "?" out of range */
-const char *loom_cp_impl_name(loom_cp_impl impl);     /* "ring", "ulysses" */
-const char *loom_schedule_name(loom_sched_kind k);    /* "gpipe", ...; "?" out of range */
+const char *loom_axis_name(loom_axis a);           /* "tp", ...; "?" out of range */
+const char *loom_cp_impl_name(loom_cp_impl impl);  /* "ring", "ulysses" */
+const char *loom_schedule_name(loom_sched_kind k); /* "gpipe", ...; "?" out of range */
 /* Name -> kind; LOOM_EUSAGE "unknown schedule 'x' (gpipe, 1f1b, interleaved, zb)". */
 loom_status loom_schedule_parse(const char *name, loom_sched_kind *out);
 /* 1 if the schedule splits B and W (zb). */
@@ -92,12 +92,12 @@ typedef struct loom_layout {
     int zero;                         /* ZeRO stage 0..3 over dp (x cp) */
     int sp;                           /* Megatron sequence parallelism inside the TP group */
     loom_cp_impl cp_impl;
-    loom_sched_kind schedule;         /* with pp > 1 or virtual_stages > 1 */
-    int virtual_stages;               /* model chunks per pp rank (interleaved) */
-    int micro_batches;                /* pipeline micro-batches per step per dp rank; <= 0: pp */
-    int grad_accum;                   /* micro-batches per step per dp rank without a pipeline */
-    int micro_batch_size;             /* sequences per micro-batch; 0: what the batch gives (planner) */
-    int n_stage_layers;               /* 0: blocks balanced by cost */
+    loom_sched_kind schedule; /* with pp > 1 or virtual_stages > 1 */
+    int virtual_stages;       /* model chunks per pp rank (interleaved) */
+    int micro_batches;        /* pipeline micro-batches per step per dp rank; <= 0: pp */
+    int grad_accum;           /* micro-batches per step per dp rank without a pipeline */
+    int micro_batch_size;     /* sequences per micro-batch; 0: what the batch gives (planner) */
+    int n_stage_layers;       /* 0: blocks balanced by cost */
     int stage_layers[LOOM_LAYOUT_MAX_STAGE_LAYERS]; /* blocks per virtual stage */
     loom_recompute_mode recompute;
     loom_precision precision, comm_precision;
@@ -150,9 +150,9 @@ typedef struct loom_layout_device {
 
 typedef struct loom_layout_job {
     loom_layout_purpose purpose;
-    int world;  /* ranks (the planner: devices); unused for SIM */
-    int batch;  /* global sequences per step (train, plan train) */
-    int seq;    /* tokens per sequence (train, plan) */
+    int world;                        /* ranks (the planner: devices); unused for SIM */
+    int batch;                        /* global sequences per step (train, plan train) */
+    int seq;                          /* tokens per sequence (train, plan) */
     const loom_layout_device *device; /* train: the device; NULL: MPI groups */
 } loom_layout_job;
 

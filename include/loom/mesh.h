@@ -52,9 +52,9 @@ typedef struct loom_mesh {
     int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank;
     loom_comm *world; /* not owned: the job's MPI world, on host memory (host buffers only) */
     loom_comm *tp, *cp, *dp, *pp;
-    loom_comm *dpcp; /* dp x cp: the group that reduces gradients when cp > 1 */
-    loom_comm *ep;   /* ep consecutive ranks of dpcp (see loom_layout_dpcp_rank) */
-    loom_comm *edp;  /* ep > 1: the ranks of dpcp with this ep_rank, one per EP group (they hold
+    loom_comm *dpcp;    /* dp x cp: the group that reduces gradients when cp > 1 */
+    loom_comm *ep;      /* ep consecutive ranks of dpcp (see loom_layout_dpcp_rank) */
+    loom_comm *edp;     /* ep > 1: the ranks of dpcp with this ep_rank, one per EP group (they hold
                         the same experts: the expert-data group); NULL at ep = 1 */
     loom_comm *pp_ends; /* pp > 1: the first and last stage of this rank's pipeline (the tied
                            embedding's two copies); NULL on the stages between and at pp = 1 */

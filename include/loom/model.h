@@ -67,12 +67,12 @@ loom_layout_model loom_model_shape(const loom_model_config *cfg);
 
 /* How this rank's part is cut, and where it runs. */
 typedef struct loom_model_part {
-    loom_device *dev;            /* every tensor and kernel of the part (device.h); tp.dev and cp.dev are it too */
-    loom_tp tp;                  /* tensor (+ sequence) parallel group */
-    loom_cp cp;                  /* context-parallel group; T is then the local rows */
-    int layer_begin, layer_end;  /* blocks [begin, end) */
-    int has_embed, has_head;     /* first / last pipeline stage */
-    loom_comm *ep;               /* expert-parallel group; NULL: every expert local (moe.h) */
+    loom_device *dev; /* every tensor and kernel of the part (device.h); tp.dev and cp.dev are it too */
+    loom_tp tp;       /* tensor (+ sequence) parallel group */
+    loom_cp cp;       /* context-parallel group; T is then the local rows */
+    int layer_begin, layer_end; /* blocks [begin, end) */
+    int has_embed, has_head;    /* first / last pipeline stage */
+    loom_comm *ep;              /* expert-parallel group; NULL: every expert local (moe.h) */
 } loom_model_part;
 /* The whole model on device dev. */
 loom_model_part loom_model_part_whole(loom_device *dev, const loom_model_config *cfg);
@@ -85,16 +85,16 @@ typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kin
 typedef struct loom_param {
     char name[LOOM_PARAM_NAME_MAX]; /* "h.3.mlp.c_fc.weight" */
     int ndim;
-    int64_t shape[2];   /* global shape (1-D: shape[1] = 1) */
-    int64_t lshape[2];  /* this rank's local shape */
-    size_t numel;       /* local elements */
-    size_t offset;      /* floats from the start of the flat params (and grads) buffer */
-    int split_dim;      /* -1: replicated over tp; 0: rows split; 1: columns split */
-    int split_parts;    /* the split axis is this many equal parts, each split over tp (3 for QKV) */
-    int64_t split_valid;/* rows beyond this global extent are padding (vocab), else = shape */
-    int sp_partial;     /* replicated, but its gradient is partial per tp rank under SP */
-    int unit;           /* LOOM_UNIT_OUTER or the block index */
-    int decay;          /* weight decay applies (ndim >= 2) */
+    int64_t shape[2];    /* global shape (1-D: shape[1] = 1) */
+    int64_t lshape[2];   /* this rank's local shape */
+    size_t numel;        /* local elements */
+    size_t offset;       /* floats from the start of the flat params (and grads) buffer */
+    int split_dim;       /* -1: replicated over tp; 0: rows split; 1: columns split */
+    int split_parts;     /* the split axis is this many equal parts, each split over tp (3 for QKV) */
+    int64_t split_valid; /* rows beyond this global extent are padding (vocab), else = shape */
+    int sp_partial;      /* replicated, but its gradient is partial per tp rank under SP */
+    int unit;            /* LOOM_UNIT_OUTER or the block index */
+    int decay;           /* weight decay applies (ndim >= 2) */
     loom_init_kind init;
     float init_std;
 } loom_param;
@@ -157,18 +157,18 @@ typedef struct loom_gpt_dsave {
 } loom_gpt_dsave;
 
 typedef struct loom_gpt_slot {
-    int32_t *inputs, *targets; /* (B,T) */
-    float *x;                  /* (Nx,C) input of the first block: embedding output or received */
-    loom_gpt_layer_acts *acts; /* per local block */
+    int32_t *inputs, *targets;        /* (B,T) */
+    float *x;                         /* (Nx,C) input of the first block: embedding output or received */
+    loom_gpt_layer_acts *acts;        /* per local block */
     float *lnf, *lnf_mean, *lnf_rstd; /* (Nx,C) (Nx) (Nx) */
-    float *logits;             /* (N,V_l) softmax probabilities after forward, dlogits after B */
-    float *losses;             /* (N) */
-    float *dx;                 /* (Nx,C) gradient of x (sent to the previous stage) */
-    float *dlnf;               /* (Nx,C) saved for W */
-    loom_gpt_dsave *ds;        /* per local block (split backward), else NULL */
+    float *logits;                    /* (N,V_l) softmax probabilities after forward, dlogits after B */
+    float *losses;                    /* (N) */
+    float *dx;                        /* (Nx,C) gradient of x (sent to the previous stage) */
+    float *dlnf;                      /* (Nx,C) saved for W */
+    loom_gpt_dsave *ds;               /* per local block (split backward), else NULL */
     int have_targets;
-    int dlogits_kept;          /* forward left dlogits kept for the backward (loom_gpt_expect_backward) */
-    float dlogits_dloss;       /* ... for this dloss */
+    int dlogits_kept;    /* forward left dlogits kept for the backward (loom_gpt_expect_backward) */
+    float dlogits_dloss; /* ... for this dloss */
 } loom_gpt_slot;
 
 typedef struct loom_gpt loom_gpt;
@@ -196,14 +196,13 @@ typedef struct loom_gpt_hooks {
      * embedding output summed over tp, for token ids (N). Set *taken to
      * keep them out of the wte gradient (the hook then owns adding them,
      * e.g. after summing them over dp); else they are added as usual. */
-    loom_status (*embed_rows)(void *ctx, loom_gpt *m, const int32_t *ids, const float *rows,
-                              int *taken);
+    loom_status (*embed_rows)(void *ctx, loom_gpt *m, const int32_t *ids, const float *rows, int *taken);
 } loom_gpt_hooks;
 
 typedef struct loom_gpt_opts {
-    int B, T;            /* micro-batch planned for (the largest that will run) */
-    int n_slots;         /* micro-batches in flight (default 1) */
-    int split_backward;  /* keep B and W apart (zero-bubble schedules) */
+    int B, T;           /* micro-batch planned for (the largest that will run) */
+    int n_slots;        /* micro-batches in flight (default 1) */
+    int split_backward; /* keep B and W apart (zero-bubble schedules) */
     /* The part allocates no flat parameter (gradient) buffer: param_mem
      * (grad_mem) is NULL and the caller binds storage per unit with
      * loom_gpt_bind_unit before the unit runs - ZeRO-3 (ZeRO-2/3) keep only
@@ -241,28 +240,28 @@ typedef struct loom_gpt_opts {
  * k + ((size_t)li * max_seqs + s) * max_len * C_l floats, (max_len, C_l) with
  * position p at row p (and v alike). */
 typedef struct loom_gpt_kv {
-    int n;             /* sequences in this forward */
-    const int *seq;    /* (n) their cache slots, distinct, < max_seqs */
-    const int *pos;    /* (n) positions already cached (the first new row's position) */
-    const int *n_new;  /* (n) new rows of each, >= 1 */
-    float *k, *v;      /* (L_l, max_seqs, max_len, C_l) device memory */
+    int n;            /* sequences in this forward */
+    const int *seq;   /* (n) their cache slots, distinct, < max_seqs */
+    const int *pos;   /* (n) positions already cached (the first new row's position) */
+    const int *n_new; /* (n) new rows of each, >= 1 */
+    float *k, *v;     /* (L_l, max_seqs, max_len, C_l) device memory */
     int max_seqs, max_len;
-    float *scratch;    /* loom_attention_kv_scratch_floats(rows, max_len) floats */
+    float *scratch; /* loom_attention_kv_scratch_floats(rows, max_len) floats */
 } loom_gpt_kv;
 
 struct loom_gpt {
     loom_model_config cfg;
     loom_model_part part;
-    loom_device *dev;    /* part.dev: where every kernel of the part runs */
+    loom_device *dev; /* part.dev: where every kernel of the part runs */
     loom_gpt_opts opts;
-    int B, T, N, Nx;     /* N = B*T rows; Nx = N / tp with SP, else N */
+    int B, T, N, Nx;            /* N = B*T rows; Nx = N / tp with SP, else N */
     int C, C_l, NH_l, V_l, L_l; /* local sizes; L_l local blocks */
-    int vocab_start;     /* first global vocab row of wte on this rank */
+    int vocab_start;            /* first global vocab row of wte on this rank */
     int n_params;
     loom_param *params;
-    size_t num_params;   /* floats in the flat buffers */
+    size_t num_params;           /* floats in the flat buffers */
     float *param_mem, *grad_mem; /* NULL with opts.external_params / external_grads */
-    loom_gpt_weights w, g; /* views into param_mem and grad_mem */
+    loom_gpt_weights w, g;       /* views into param_mem and grad_mem */
     loom_gpt_slot *slots;
     /* scratch shared by all slots and blocks. Per slot and not per block,
      * these do not shrink with tp: inputs, targets, losses (N each) of a
@@ -270,9 +269,9 @@ struct loom_gpt {
      * row_out rows, backward's re-gathers), dlnfull (N,C), xmax, xsum and
      * scratch_ds's dfcp, dproj (N,C) here. */
     float *dres, *dfull, *d4c, *datty, *dlnfull, *dlnf; /* (Nx,C) (N,C) (N,4C_l) (N,C_l) (N,C) (Nx,C) */
-    float *xmax, *xsum;         /* (N), (2N): sums then target logits, one all-reduce */
-    int V_valid_l;              /* real (unpadded) vocab rows on this rank */
-    loom_gpt_dsave scratch_ds;  /* dsave used when not splitting */
+    float *xmax, *xsum;        /* (N), (2N): sums then target logits, one all-reduce */
+    int V_valid_l;             /* real (unpadded) vocab rows on this rank */
+    loom_gpt_dsave scratch_ds; /* dsave used when not splitting */
     /* recompute FULL: one block's activations (all but res3) shared by every
      * block and slot (SELECTIVE keeps no extra: attention backward always
      * recomputes its probabilities from q, k, v and the saved lse) */
@@ -362,8 +361,7 @@ loom_status loom_gpt_sum_sp_partials(loom_gpt *m, float *grads, size_t lo, size_
 
 /* The table of the whole model on one device (tp = 1), without memory:
  * names, global shapes and offsets of a full parameter file. */
-loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,
-                                   size_t *total);
+loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n, size_t *total);
 
 /* Model FLOPs per token for a forward+backward at sequence length T
  * (6 x matmul parameters incl. the LM head + 12 L C T for attention). */

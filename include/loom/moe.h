@@ -89,17 +89,17 @@ loom_status loom_moe_config_check(const loom_model_config *cfg);
 /* Per-step statistics of one MoE block on this rank (summed over the
  * micro-batches since loom_moe_stats_reset). */
 typedef struct loom_moe_stats {
-    int layer;            /* global block index */
+    int layer; /* global block index */
     int n_expert;
-    int64_t *routed;      /* (E) assignments chosen (before capacity) */
-    int64_t *kept;        /* (E) assignments computed (after capacity) */
-    int64_t assignments;  /* tokens x top_k */
-    int64_t dropped;      /* assignments over capacity */
-    double aux, z;        /* sum over routing groups of the two losses */
-    int groups;           /* routing groups seen */
-    int64_t sent_rows;    /* expert parallelism: rows dispatched by this rank (A, summed) */
-    int64_t recv_rows;    /* rows this rank's experts received (R, summed) */
-    loom_ep_tally a2a;    /* alltoall(v) bytes this rank sent for the block, fwd + bwd,
+    int64_t *routed;     /* (E) assignments chosen (before capacity) */
+    int64_t *kept;       /* (E) assignments computed (after capacity) */
+    int64_t assignments; /* tokens x top_k */
+    int64_t dropped;     /* assignments over capacity */
+    double aux, z;       /* sum over routing groups of the two losses */
+    int groups;          /* routing groups seen */
+    int64_t sent_rows;   /* expert parallelism: rows dispatched by this rank (A, summed) */
+    int64_t recv_rows;   /* rows this rank's experts received (R, summed) */
+    loom_ep_tally a2a;   /* alltoall(v) bytes this rank sent for the block, fwd + bwd,
                              and seconds inside those calls (ep.h) */
 } loom_moe_stats;
 

@@ -19,11 +19,11 @@
 typedef struct loom_plan_model {
     char name[256];
     int layers, hidden, heads, kv_heads, ffn, vocab, max_seq;
-    int experts, topk;  /* experts 0 (or 1): dense */
-    int gated;          /* 1: SwiGLU MLP (three matrices), 0: GELU MLP (two) */
-    int tied;           /* LM head shares the embedding */
-    int learned_pos;    /* GPT-2's wpe */
-    int loom_trains;    /* 1: a loom built-in or GPT-2 config (loom train runs it) */
+    int experts, topk; /* experts 0 (or 1): dense */
+    int gated;         /* 1: SwiGLU MLP (three matrices), 0: GELU MLP (two) */
+    int tied;          /* LM head shares the embedding */
+    int learned_pos;   /* GPT-2's wpe */
+    int loom_trains;   /* 1: a loom built-in or GPT-2 config (loom train runs it) */
 } loom_plan_model;
 
 /* Built-in names: loom's (tiny, mini, gpt2-small.. gpt2-xl) and shapes loom
@@ -63,16 +63,16 @@ typedef enum {
 typedef struct loom_plan_cluster {
     char name[1024];
     int gpus_per_node, nodes;
-    double memory;                 /* bytes per device */
-    double reserved;               /* bytes per device the framework keeps (context, buffers) */
-    double peak_fp32, peak_bf16;   /* FLOP/s per device */
-    double hbm_bw;                 /* achievable bytes/s per device: hbm_gbps x hbm_eff (element-wise work, decode) */
-    double hbm_eff;                /* efficiency.hbm: achievable / hbm_gbps (a measured memory-bound kernel; 1 absent) */
-    double intra_bw, intra_lat;    /* per device, bytes/s and s */
+    double memory;               /* bytes per device */
+    double reserved;             /* bytes per device the framework keeps (context, buffers) */
+    double peak_fp32, peak_bf16; /* FLOP/s per device */
+    double hbm_bw;  /* achievable bytes/s per device: hbm_gbps x hbm_eff (element-wise work, decode) */
+    double hbm_eff; /* efficiency.hbm: achievable / hbm_gbps (a measured memory-bound kernel; 1 absent) */
+    double intra_bw, intra_lat; /* per device, bytes/s and s */
     double inter_bw, inter_lat;
-    double gemm_eff;               /* achieved / peak in large GEMMs */
-    double coll_eff;               /* achieved / link bandwidth in collectives */
-    double overlap;                /* fraction of the backward DP reductions can hide behind */
+    double gemm_eff; /* achieved / peak in large GEMMs */
+    double coll_eff; /* achieved / link bandwidth in collectives */
+    double overlap;  /* fraction of the backward DP reductions can hide behind */
     /* cores_per_node: processors the devices of a node time-share (CPU
      * ranks; `loom calibrate` writes it), in units of one device's threads;
      * 0 (absent): every device computes on its own (GPUs). The rates above
@@ -86,7 +86,7 @@ typedef struct loom_plan_cluster {
     /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
-    double attn_eff;               /* flash attention kernel: achieved / peak on causal FLOPs (0: the GEMM curve) */
+    double attn_eff; /* flash attention kernel: achieved / peak on causal FLOPs (0: the GEMM curve) */
     int n_gemm;
     double gemm_flops[LOOM_PLAN_MAX_POINTS], gemm_curve[LOOM_PLAN_MAX_POINTS];
     /* measured collectives (calibrate): n[op] points by group size; when a
@@ -115,12 +115,12 @@ double loom_plan_gemm_eff(const loom_plan_cluster *c, double flops);
 typedef int loom_recompute; /* LOOM_RECOMPUTE_NONE, _SELECTIVE, _FULL (loom/model.h) */
 
 typedef struct loom_plan_job {
-    int batch;      /* global batch, sequences */
-    int seq;        /* sequence length (serve: prompt length) */
-    int bf16;       /* 1: bf16 mixed precision, 0: fp32 (loom on CPU) */
-    int serve;      /* 1: inference */
-    int gen;        /* serve: generated tokens per sequence */
-    int gpus;       /* devices to use (0: the whole cluster) */
+    int batch; /* global batch, sequences */
+    int seq;   /* sequence length (serve: prompt length) */
+    int bf16;  /* 1: bf16 mixed precision, 0: fp32 (loom on CPU) */
+    int serve; /* 1: inference */
+    int gen;   /* serve: generated tokens per sequence */
+    int gpus;  /* devices to use (0: the whole cluster) */
     /* properties of the training stack being modelled (docs/planning.md) */
     int flash;         /* 1: attention never stores the s x s scores (online softmax) */
     int no_dp_overlap; /* 1: the DP reduction starts after the backward (Megatron-LM 2021) */
@@ -133,17 +133,22 @@ enum { LOOM_PLAN_TP, LOOM_PLAN_CP, LOOM_PLAN_DP, LOOM_PLAN_PP, LOOM_PLAN_NAXES }
  * ring (K/V blocks passed on, overlapped with the attention), Ulysses
  * (all-to-all to head shards, blocking), all-gather (K/V gathered before the
  * attention, exposed: Llama 3's). */
-typedef enum { LOOM_PLAN_CP_RING, LOOM_PLAN_CP_ULYSSES, LOOM_PLAN_CP_ALLGATHER, LOOM_PLAN_CP_IMPL_COUNT } loom_plan_cp_impl;
+typedef enum {
+    LOOM_PLAN_CP_RING,
+    LOOM_PLAN_CP_ULYSSES,
+    LOOM_PLAN_CP_ALLGATHER,
+    LOOM_PLAN_CP_IMPL_COUNT
+} loom_plan_cp_impl;
 
 typedef struct loom_plan_layout {
     int dp, tp, pp, cp, ep;
-    loom_plan_cp_impl cp_impl;  /* cp > 1 */
-    int zero;              /* 0..3 */
-    int sp;                /* Megatron sequence parallelism (tp > 1) */
+    loom_plan_cp_impl cp_impl; /* cp > 1 */
+    int zero;                  /* 0..3 */
+    int sp;                    /* Megatron sequence parallelism (tp > 1) */
     loom_sched_kind sched;
-    int mbs;               /* sequences per micro-batch */
-    int m;                 /* micro-batches per step per dp rank (grad accumulation when pp = 1) */
-    int v;                 /* virtual stages per pp rank */
+    int mbs; /* sequences per micro-batch */
+    int m;   /* micro-batches per step per dp rank (grad accumulation when pp = 1) */
+    int v;   /* virtual stages per pp rank */
     loom_recompute recompute;
     int order[LOOM_PLAN_NAXES]; /* innermost first */
 } loom_plan_layout;
@@ -167,31 +172,32 @@ loom_status loom_plan_layout_validate(const loom_plan_model *m, const loom_plan_
 typedef struct loom_plan_result {
     loom_plan_layout l;
     int feasible;
-    char reason[LOOM_PLAN_TEXT];     /* why not feasible */
-    char failures[LOOM_PLAN_TEXT];   /* named failure modes, "; "-separated */
+    char reason[LOOM_PLAN_TEXT];   /* why not feasible */
+    char failures[LOOM_PLAN_TEXT]; /* named failure modes, "; "-separated */
     /* memory per rank (the most loaded pipeline stage), bytes */
     double mem_params, mem_grads, mem_opt, mem_act, mem_kv, mem_other, mem_total;
-    int in_flight;                   /* activation sets alive at once (peak_live of the schedule) */
+    int in_flight; /* activation sets alive at once (peak_live of the schedule) */
     /* time per step, s */
-    double t_compute;                /* busy compute of the slowest stage (incl. recompute) */
-    double t_tp, t_cp, t_ep;         /* exposed, inside the pipeline's F/B */
-    double t_pp;                     /* p2p latency of one message (sim comm) */
-    double cp_bytes;                 /* CP bytes a rank sends per step (docs/context-parallel.md) */
-    double t_dp;                     /* exposed DP/ZeRO communication after the pipeline */
-    double t_bubble;                 /* idle of the pipeline */
-    double t_wake;                   /* waits for a processor after synchronisations (devices sharing cores) */
+    double t_compute;        /* busy compute of the slowest stage (incl. recompute) */
+    double t_tp, t_cp, t_ep; /* exposed, inside the pipeline's F/B */
+    double t_pp;             /* p2p latency of one message (sim comm) */
+    double cp_bytes;         /* CP bytes a rank sends per step (docs/context-parallel.md) */
+    double t_dp;             /* exposed DP/ZeRO communication after the pipeline */
+    double t_bubble;         /* idle of the pipeline */
+    double t_wake;           /* waits for a processor after synchronisations (devices sharing cores) */
     double t_step;
-    double bubble;                   /* fraction, from the simulator (or closed form in the coarse pass) */
-    int simulated;                   /* 1: bubble and makespan from loom_sim_run */
+    double bubble; /* fraction, from the simulator (or closed form in the coarse pass) */
+    int simulated; /* 1: bubble and makespan from loom_sim_run */
     /* the costs the simulator ran with (per micro-batch, s) */
     double sim_f, sim_b, sim_w, sim_comm, stage_imbalance;
-    double sim_cores;                /* loom_sim_costs.cores: processors per node the pipeline ranks share (0: own devices) */
-    int sim_share;                   /* loom_sim_costs.share: consecutive pipeline ranks per node */
-    double sim_slice, sim_span;      /* loom_sim_costs.slice, .span (0: no waits for a processor) */
+    double
+        sim_cores; /* loom_sim_costs.cores: processors per node the pipeline ranks share (0: own devices) */
+    int sim_share; /* loom_sim_costs.share: consecutive pipeline ranks per node */
+    double sim_slice, sim_span; /* loom_sim_costs.slice, .span (0: no waits for a processor) */
     int sim_replicas, sim_syncs_f, sim_syncs_b; /* loom_sim_costs.replicas, .syncs_f, .syncs_b */
-    double head_cost;                /* the LM head's time in layers (the partitioner's cost) */
+    double head_cost;                           /* the LM head's time in layers (the partitioner's cost) */
     double tokens_per_s_dev, mfu;
-    double model_flops;              /* per step, 6*active*tokens + attention (no recompute) */
+    double model_flops; /* per step, 6*active*tokens + attention (no recompute) */
     /* serve */
     double ttft, tpot;
     int max_seqs;
@@ -206,8 +212,8 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
 /* Element-wise HBM bytes (read + written) of one layer for one micro-batch of
  * layout l: returns the forward's; *bwd the backward's, *sel what selective
  * recompute repeats (docs/planning.md, "Element-wise traffic"). */
-double loom_plan_elementwise_bytes(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l,
-                                   double *bwd, double *sel);
+double loom_plan_elementwise_bytes(const loom_plan_model *m, const loom_plan_job *j,
+                                   const loom_plan_layout *l, double *bwd, double *sel);
 
 typedef struct loom_plan_search_stats {
     long considered, feasible, simulated;

@@ -44,8 +44,7 @@ loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **par
 void loom_pp_exec_free(loom_pp_exec *x);
 /* One step: every action of the list but the optimizer; the last stage adds
  * its losses to *loss_sum. dloss scales each token's loss (1 / global tokens). */
-loom_status loom_pp_exec_run(loom_pp_exec *x, const loom_pp_exec_io *io, float dloss,
-                             double *loss_sum);
+loom_status loom_pp_exec_run(loom_pp_exec *x, const loom_pp_exec_io *io, float dloss, double *loss_sum);
 /* Most activation slots this rank held at once over all chunks, last run. */
 int loom_pp_exec_peak_live(const loom_pp_exec *x);
 /* The events of the last run (one per action, in list order). */

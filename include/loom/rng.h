@@ -21,7 +21,9 @@ uint64_t loom_rng_hash(const char *name);
 /* Stream key for (seed, name): the first two words of
  * philox(key = (seed lo, seed hi), ctr = (hash lo, hash hi, 0, 0x6c6f6f6d "loom")),
  * hash = loom_rng_hash(name). */
-typedef struct { uint32_t k[2]; } loom_rng_key;
+typedef struct {
+    uint32_t k[2];
+} loom_rng_key;
 loom_rng_key loom_rng_key_make(uint64_t seed, const char *name);
 
 /* Element `index` of a stream uses the block r = philox(key, ctr = (index lo,

@@ -17,8 +17,16 @@
 #include <stdint.h>
 #include "loom/status.h"
 
-typedef enum { LOOM_ST_F32, LOOM_ST_F16, LOOM_ST_BF16, LOOM_ST_F64, LOOM_ST_I32, LOOM_ST_I64,
-               LOOM_ST_U16, LOOM_ST_U8 } loom_st_dtype;
+typedef enum {
+    LOOM_ST_F32,
+    LOOM_ST_F16,
+    LOOM_ST_BF16,
+    LOOM_ST_F64,
+    LOOM_ST_I32,
+    LOOM_ST_I64,
+    LOOM_ST_U16,
+    LOOM_ST_U8
+} loom_st_dtype;
 
 #define LOOM_ST_MAX_DIMS 8
 

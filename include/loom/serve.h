@@ -34,9 +34,9 @@
 #include "loom/tokenizer.h"
 
 typedef struct loom_serve_config {
-    int port;          /* 0: any free port (printed) */
-    int queue;         /* waiting requests at most */
-    int max_body;      /* request body bytes at most */
+    int port;     /* 0: any free port (printed) */
+    int queue;    /* waiting requests at most */
+    int max_body; /* request body bytes at most */
     const char *model_name;
     const char *port_file; /* if set, rank 0 writes the bound port there */
 } loom_serve_config;

@@ -11,8 +11,8 @@
 
 typedef struct loom_sha256 {
     uint32_t h[8];
-    uint64_t bytes;          /* message length so far */
-    unsigned char buf[64];   /* a partial block */
+    uint64_t bytes;        /* message length so far */
+    unsigned char buf[64]; /* a partial block */
     size_t used;
 } loom_sha256;
 

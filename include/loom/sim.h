@@ -203,20 +203,20 @@ loom_status loom_sim_write_trace(const loom_schedule *s, const loom_sim_result *
  * file, its flags ("the traces match --schedule gpipe --pp 2
  * --micro-batches 8"). LOOM_EOS when out of memory. */
 typedef struct loom_sim_trace {
-    int n_files;                /* trace_rank0..n_files-1.json */
-    int per_rank;               /* files per pipeline rank (n_files / pp) */
-    int n_stages;               /* pp * v */
-    loom_sim_stage_cost *mean;  /* (n_stages) ms */
-    double comm;                /* ms */
-    int comm_samples;           /* messages the latency is the median of */
-    int aligned;                /* 1: clocks aligned on a pp all-reduce */
-    int n_msgs;                 /* messages seen (all groups) */
+    int n_files;                    /* trace_rank0..n_files-1.json */
+    int per_rank;                   /* files per pipeline rank (n_files / pp) */
+    int n_stages;                   /* pp * v */
+    loom_sim_stage_cost *mean;      /* (n_stages) ms */
+    double comm;                    /* ms */
+    int comm_samples;               /* messages the latency is the median of */
+    int aligned;                    /* 1: clocks aligned on a pp all-reduce */
+    int n_msgs;                     /* messages seen (all groups) */
     double delay_median, delay_max; /* ms */
-    int n_late;                 /* messages delayed more than late_threshold */
-    double late_threshold;      /* ms: a tenth of the mean F/B/W action (at least 0.05 ms) */
-    double bubble;              /* measured, as pp_bubble */
-    double compute_mean;        /* mean F/B/W duration, ms */
-    double *dur;                /* (n_total) ms */
+    int n_late;                     /* messages delayed more than late_threshold */
+    double late_threshold;          /* ms: a tenth of the mean F/B/W action (at least 0.05 ms) */
+    double bubble;                  /* measured, as pp_bubble */
+    double compute_mean;            /* mean F/B/W duration, ms */
+    double *dur;                    /* (n_total) ms */
 } loom_sim_trace;
 
 loom_status loom_sim_trace_read(const loom_schedule *s, const char *dir, loom_sim_trace **out);

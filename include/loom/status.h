@@ -15,22 +15,21 @@
 
 typedef enum loom_status {
     LOOM_OK = 0,
-    LOOM_EUSAGE = 64,    /* bad flag or layout on the command line */
-    LOOM_EDATA = 65,     /* malformed input data, or a non-finite loss */
-    LOOM_ENOINPUT = 66,  /* an input file is missing or unreadable */
-    LOOM_EUNAVAIL = 69,  /* a communication failure (MPI) */
-    LOOM_EINTERNAL = 70, /* a bug in loom: an invariant did not hold */
-    LOOM_EOS = 71,       /* out of memory or another OS failure */
-    LOOM_ECANTCREAT = 73,/* an output file cannot be created */
-    LOOM_EIO = 74,       /* read or write failed part way */
+    LOOM_EUSAGE = 64,       /* bad flag or layout on the command line */
+    LOOM_EDATA = 65,        /* malformed input data, or a non-finite loss */
+    LOOM_ENOINPUT = 66,     /* an input file is missing or unreadable */
+    LOOM_EUNAVAIL = 69,     /* a communication failure (MPI) */
+    LOOM_EINTERNAL = 70,    /* a bug in loom: an invariant did not hold */
+    LOOM_EOS = 71,          /* out of memory or another OS failure */
+    LOOM_ECANTCREAT = 73,   /* an output file cannot be created */
+    LOOM_EIO = 74,          /* read or write failed part way */
     LOOM_EINTERRUPTED = 75, /* stopped by SIGTERM/SIGINT after saving a checkpoint (EX_TEMPFAIL: resume) */
-    LOOM_ECONFIG = 78,   /* a config file has unknown keys or wrong types */
+    LOOM_ECONFIG = 78,      /* a config file has unknown keys or wrong types */
 } loom_status;
 
 /* Record the message for the current failure and return `st` (so callers can
  * write `return loom_fail(LOOM_EDATA, "...", ...)`). printf-style. */
-loom_status loom_fail(loom_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+loom_status loom_fail(loom_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 loom_status loom_failv(loom_status st, const char *fmt, va_list ap);
 
 /* The message of the most recent loom_fail() on this thread ("" if none). */
@@ -41,10 +40,10 @@ void loom_clear_error(void);
 const char *loom_status_name(loom_status st);
 
 /* Propagate a failure: LOOM_TRY(f(x)); returns the status if not LOOM_OK. */
-#define LOOM_TRY(expr)                                                        \
-    do {                                                                      \
-        loom_status loom_try_st_ = (expr);                                    \
-        if (loom_try_st_ != LOOM_OK) return loom_try_st_;                     \
+#define LOOM_TRY(expr)                                                                                       \
+    do {                                                                                                     \
+        loom_status loom_try_st_ = (expr);                                                                   \
+        if (loom_try_st_ != LOOM_OK) return loom_try_st_;                                                    \
     } while (0)
 
 #endif

@@ -47,14 +47,14 @@ int loom_tokenizer_vocab_size(const loom_tokenizer *tok); /* max id + 1 */
 int loom_tokenizer_eot(const loom_tokenizer *tok);        /* "<|endoftext|>" id, or -1 */
 
 /* Append the tokens of text[0..len) to ids. LOOM_EOS when out of memory. */
-loom_status loom_tokenizer_encode(loom_tokenizer *tok, const char *text, size_t len,
-                                  int allow_special, loom_ids *ids);
+loom_status loom_tokenizer_encode(loom_tokenizer *tok, const char *text, size_t len, int allow_special,
+                                  loom_ids *ids);
 
 /* The bytes of token id (NULL, *len = 0 for an id outside the vocabulary). */
 const char *loom_tokenizer_token_bytes(const loom_tokenizer *tok, uint32_t id, size_t *len);
 /* Decode ids[0..n) into a malloc'd buffer (*out, *out_len; NUL-terminated).
  * LOOM_EDATA naming the first id outside the vocabulary; LOOM_EOS. */
-loom_status loom_tokenizer_decode(const loom_tokenizer *tok, const uint32_t *ids, size_t n,
-                                  char **out, size_t *out_len);
+loom_status loom_tokenizer_decode(const loom_tokenizer *tok, const uint32_t *ids, size_t n, char **out,
+                                  size_t *out_len);
 
 #endif

@@ -24,9 +24,9 @@
 
 typedef struct loom_tp {
     loom_device *dev; /* where the region's tensors live (its part's device) */
-    loom_comm *comm; /* NULL when tp_size == 1 */
+    loom_comm *comm;  /* NULL when tp_size == 1 */
     int size, rank;
-    int sp;          /* sequence parallelism on */
+    int sp; /* sequence parallelism on */
     /* 1: the activation and activation-gradient collectives above (copy,
      * reduce, SP gather / reduce-scatter) carry bf16 (--comm-precision bf16):
      * the communicator's bf16 wire format (comm.h, loom_comm_*_as: rounded
@@ -43,14 +43,18 @@ loom_status loom_tp_reserve(const loom_tp *tp, size_t n);
 
 /* f: forward identity; backward sums the partial input gradients, in place. */
 static inline loom_status loom_tp_copy_fwd(const loom_tp *tp, float *x, size_t n) {
-    (void)tp; (void)x; (void)n;
+    (void)tp;
+    (void)x;
+    (void)n;
     return LOOM_OK;
 }
 loom_status loom_tp_copy_bwd(const loom_tp *tp, float *dx, size_t n);
 /* g: forward sums the partial outputs, in place; backward identity. */
 loom_status loom_tp_reduce_fwd(const loom_tp *tp, float *x, size_t n);
 static inline loom_status loom_tp_reduce_bwd(const loom_tp *tp, float *dx, size_t n) {
-    (void)tp; (void)dx; (void)n;
+    (void)tp;
+    (void)dx;
+    (void)n;
     return LOOM_OK;
 }
 /* x_l (n_l floats, this rank's rows) -> x (tp * n_l floats, all rows in rank order). */

@@ -57,22 +57,22 @@ typedef struct loom_train_config {
     char load_params[LOOM_PATH_MAX]; /* safetensors input, "" = init from seed */
     int steps;
     uint64_t seed;
-    int batch;          /* global, in sequences */
-    int seq;            /* T */
-    float lr, min_lr_frac; /* cosine decays lr to lr * min_lr_frac */
-    int warmup;         /* linear warmup steps */
+    int batch;                                        /* global, in sequences */
+    int seq;                                          /* T */
+    float lr, min_lr_frac;                            /* cosine decays lr to lr * min_lr_frac */
+    int warmup;                                       /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
-    char trace[LOOM_PATH_MAX]; /* directory for per-rank Chrome traces, "" = none */
-    double bucket_mb;   /* DDP gradient bucket size */
-    int threads;        /* per rank; 0 = auto */
-    double peak_flops;  /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
-    int log_every;      /* plain log line every N steps */
-    int progress;       /* -1 auto (terminal), 0 off, 1 on */
+    char trace[LOOM_PATH_MAX];                        /* directory for per-rank Chrome traces, "" = none */
+    double bucket_mb;                                 /* DDP gradient bucket size */
+    int threads;                                      /* per rank; 0 = auto */
+    double peak_flops;                                /* per rank FLOP/s for MFU; 0 = calibrate (cached) */
+    int log_every;                                    /* plain log line every N steps */
+    int progress;                                     /* -1 auto (terminal), 0 off, 1 on */
     int quiet;
     /* checkpoints (docs/checkpoints.md) */
     char save_dir[LOOM_PATH_MAX]; /* sharded checkpoints DIR/step_N, "" = none */
-    int save_every;     /* steps between checkpoints (0: only at the end) */
-    int keep;           /* newest checkpoints kept in save_dir (0: all) */
+    int save_every;               /* steps between checkpoints (0: only at the end) */
+    int keep;                     /* newest checkpoints kept in save_dir (0: all) */
     char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
     loom_nan_policy nan_policy;   /* non-finite loss/gradients: abort (default) or skip the update */
     /* MoE (moe.h): warn naming the block when the expert load imbalance

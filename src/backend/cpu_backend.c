@@ -43,8 +43,7 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 static void cpu_memset(void *ctx, void *dst, int byte, size_t bytes) {
     if (byte == 0 && bytes % sizeof(float) == 0 && (uintptr_t)dst % sizeof(float) == 0)
         loom_cpu_zero(ctx, dst, bytes / sizeof(float));
-    else if (bytes)
-        memset(dst, byte, bytes);
+    else if (bytes) memset(dst, byte, bytes);
 }
 
 /* One dummy object each: a CPU stream or event has no state. */

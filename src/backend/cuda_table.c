@@ -132,13 +132,16 @@ uint16_t *loom_cuda_gemm_keep_fill(void *ctx, const float *src, size_t n) {
 void loom_cuda_gemm_keep_filled(void *ctx, const float *src, int ok) { (void)ctx, (void)src, (void)ok; }
 
 /* ---- tensor ops: sums through the residual kernel, the rest through the host ---- */
-void loom_cuda_tensor_add(void *ctx, float *y, const float *x, size_t n) { loom_cuda_residual_fwd(ctx, y, y, x, n); }
+void loom_cuda_tensor_add(void *ctx, float *y, const float *x, size_t n) {
+    loom_cuda_residual_fwd(ctx, y, y, x, n);
+}
 void loom_cuda_tensor_add2(void *ctx, float *a, float *b, size_t n) {
     loom_cuda_residual_fwd(ctx, a, a, b, n);
     cu_d2d(ctx, b, a, n * sizeof(float));
 }
 
-void loom_cuda_tensor_add_bias_residual(void *ctx, float *out, const float *res, const float *bias, int n, int C) {
+void loom_cuda_tensor_add_bias_residual(void *ctx, float *out, const float *res, const float *bias, int n,
+                                        int C) {
     const size_t nc = (size_t)n * C;
     float *h = loom_cuda_host_scratch(ctx, 2 * nc + (size_t)C), *r = h + nc, *b = r + nc;
     cu_d2h(ctx, h, out, nc * sizeof(float));

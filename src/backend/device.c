@@ -30,10 +30,9 @@ static loom_status device_table(const char *name, const loom_backend **out) {
             *out = &loom_backend_cuda;
             return LOOM_OK;
         }
-        return loom_fail(LOOM_EUSAGE,
-                         "--device cuda: this loom was built without the CUDA backend "
-                         "(configure with -DLOOM_CUDA=ON and run loom-cuda, the binary with it; "
-                         "it needs nvcc, cuBLAS and NCCL)");
+        return loom_fail(LOOM_EUSAGE, "--device cuda: this loom was built without the CUDA backend "
+                                      "(configure with -DLOOM_CUDA=ON and run loom-cuda, the binary with it; "
+                                      "it needs nvcc, cuBLAS and NCCL)");
     }
     return loom_fail(LOOM_EUSAGE, "--device %s: unknown backend (known: cpu, cuda)", name);
 }
@@ -131,8 +130,8 @@ loom_status loom_device_create_with(const loom_backend *be, const loom_device_op
     *out = NULL;
     const char *miss = loom_backend_missing_entry(be);
     if (miss)
-        return loom_fail(LOOM_EINTERNAL, "backend %s: table entry %s is NULL", be->name ? be->name : "(unnamed)",
-                         miss);
+        return loom_fail(LOOM_EINTERNAL, "backend %s: table entry %s is NULL",
+                         be->name ? be->name : "(unnamed)", miss);
     loom_device_comm comm = LOOM_DEVICE_COMM_MPI;
     LOOM_TRY(settle_comm(be, o->comm, &comm));
     loom_device *dev = calloc(1, sizeof *dev);
@@ -141,9 +140,14 @@ loom_status loom_device_create_with(const loom_backend *be, const loom_device_op
     dev->threads = o->threads > 0 ? o->threads : 0;
     dev->bf16 = o->bf16 != 0;
     dev->comm = comm;
-    dev->comm_mem = (loom_comm_mem){.name = be->name, .ctx = dev, .alloc = cm_alloc, .free = cm_free,
-                                    .copy_to_host = cm_to_host, .copy_from_host = cm_from_host,
-                                    .pack_bf16 = cm_pack, .unpack_bf16 = cm_unpack};
+    dev->comm_mem = (loom_comm_mem){.name = be->name,
+                                    .ctx = dev,
+                                    .alloc = cm_alloc,
+                                    .free = cm_free,
+                                    .copy_to_host = cm_to_host,
+                                    .copy_from_host = cm_from_host,
+                                    .pack_bf16 = cm_pack,
+                                    .unpack_bf16 = cm_unpack};
     loom_status st = be->ctx_create(dev);
     if (st != LOOM_OK) {
         free(dev);

@@ -88,9 +88,8 @@ const loom_comm_mem loom_comm_mem_host = {.name = "host",
 
 /* ---- groups ----------------------------------------------------------------- */
 
-loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_size,
-                             const loom_comm_mem *mem, int rank, int size, int world_rank,
-                             const char *name, loom_comm **out) {
+loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_size, const loom_comm_mem *mem,
+                             int rank, int size, int world_rank, const char *name, loom_comm **out) {
     *out = NULL;
     loom_comm *c = calloc(1, sizeof *c);
     if (!c) {
@@ -100,8 +99,13 @@ loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_si
     }
     /* requests are allocated with their implementation part after them */
     const size_t align = sizeof(max_align_t);
-    *c = (loom_comm){.ops = ops, .impl = impl, .req_size = (req_size + align - 1) / align * align,
-                     .mem = *mem, .rank = rank, .size = size, .world_rank = world_rank};
+    *c = (loom_comm){.ops = ops,
+                     .impl = impl,
+                     .req_size = (req_size + align - 1) / align * align,
+                     .mem = *mem,
+                     .rank = rank,
+                     .size = size,
+                     .world_rank = world_rank};
     snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
     c->stats = &c->own_stats;
     c->seq = &c->own_seq;
@@ -138,8 +142,7 @@ loom_status loom_comm_set_memory(loom_comm *c, const loom_comm_mem *mem) {
     return LOOM_OK;
 }
 
-loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name,
-                            loom_comm **out) {
+loom_status loom_comm_split(loom_comm *parent, int color, int key, const char *name, loom_comm **out) {
     *out = NULL;
     return parent->ops->split(parent, color, key, name, out);
 }

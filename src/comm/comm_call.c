@@ -33,14 +33,11 @@ loom_status loom_comm_check_count(const loom_comm *c, loom_comm_op op, const cha
     char name[48];
     if (index >= 0) snprintf(name, sizeof name, "%s[%d]", what, index);
     else snprintf(name, sizeof name, "%s", what);
-    return loom_fail(LOOM_EUNAVAIL,
-                     "rank %d: %s on group %s: %s=%zu does not fit MPI's int count (max %d)",
+    return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s: %s=%zu does not fit MPI's int count (max %d)",
                      c->world_rank, loom_comm_op_name(op), c->name, name, n, INT_MAX);
 }
 
-static int is_reduction(loom_comm_op op) {
-    return op == LOOM_OP_ALLREDUCE || op == LOOM_OP_REDUCE_SCATTER;
-}
+static int is_reduction(loom_comm_op op) { return op == LOOM_OP_ALLREDUCE || op == LOOM_OP_REDUCE_SCATTER; }
 
 /* k checked; *bytes what it counts (comm.h's convention). */
 static loom_status check_call(const loom_comm *c, const loom_comm_call *k, size_t *bytes) {
@@ -111,8 +108,8 @@ static loom_status run_started(loom_comm *c, const loom_comm_call *k, loom_req *
     LOOM_TRY(check_call(c, k, &bytes));
     loom_req *r = req_take(c);
     if (!r)
-        return loom_fail(LOOM_EOS, "rank %d: %s on group %s: out of memory for a request",
-                         c->world_rank, loom_comm_op_name(k->op), c->name);
+        return loom_fail(LOOM_EOS, "rank %d: %s on group %s: out of memory for a request", c->world_rank,
+                         loom_comm_op_name(k->op), c->name);
     *r = (loom_req){.c = c, .op = k->op, .bytes = bytes, .wire = -1};
     loom_watch_add(&r->node, k->op, c->name, c->seq, 1);
     r->t0 = r->node.t0;
@@ -165,10 +162,9 @@ loom_status loom_comm_test(loom_req *req, int *done) {
 
 /* ---- the calls -------------------------------------------------------------------- */
 
-static loom_comm_call reduce_call(loom_comm_op op, const void *send, void *recv, size_t count,
-                                  loom_dtype t, loom_redop rop) {
-    return (loom_comm_call){.op = op, .send = send, .recv = recv, .count = count, .type = t,
-                            .redop = rop};
+static loom_comm_call reduce_call(loom_comm_op op, const void *send, void *recv, size_t count, loom_dtype t,
+                                  loom_redop rop) {
+    return (loom_comm_call){.op = op, .send = send, .recv = recv, .count = count, .type = t, .redop = rop};
 }
 
 static loom_comm_call byte_call(loom_comm_op op, const void *send, void *recv, size_t bytes) {
@@ -180,8 +176,8 @@ loom_status loom_comm_allreduce(loom_comm *c, void *buf, size_t count, loom_dtyp
     return run_blocking(c, &k);
 }
 
-loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv,
-                                     size_t count_per_rank, loom_dtype t, loom_redop op) {
+loom_status loom_comm_reduce_scatter(loom_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                     loom_dtype t, loom_redop op) {
     loom_comm_call k = reduce_call(LOOM_OP_REDUCE_SCATTER, send, recv, count_per_rank, t, op);
     return run_blocking(c, &k);
 }
@@ -228,34 +224,31 @@ loom_status loom_comm_recv(loom_comm *c, void *buf, size_t bytes, int peer, int 
     return run_blocking(c, &k);
 }
 
-loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t,
-                                 loom_redop op, loom_req **req) {
+loom_status loom_comm_iallreduce(loom_comm *c, void *buf, size_t count, loom_dtype t, loom_redop op,
+                                 loom_req **req) {
     loom_comm_call k = reduce_call(LOOM_OP_ALLREDUCE, buf, buf, count, t, op);
     return run_started(c, &k, req);
 }
 
-loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv,
-                                      size_t count_per_rank, loom_dtype t, loom_redop op,
-                                      loom_req **req) {
+loom_status loom_comm_ireduce_scatter(loom_comm *c, const void *send, void *recv, size_t count_per_rank,
+                                      loom_dtype t, loom_redop op, loom_req **req) {
     loom_comm_call k = reduce_call(LOOM_OP_REDUCE_SCATTER, send, recv, count_per_rank, t, op);
     return run_started(c, &k, req);
 }
 
-loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv,
-                                 size_t bytes_per_rank, loom_req **req) {
+loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                                 loom_req **req) {
     loom_comm_call k = byte_call(LOOM_OP_ALLGATHER, send, recv, bytes_per_rank);
     return run_started(c, &k, req);
 }
 
-loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag,
-                            loom_req **req) {
+loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag, loom_req **req) {
     loom_comm_call k = byte_call(LOOM_OP_SEND, buf, NULL, bytes);
     k.peer = peer, k.tag = tag;
     return run_started(c, &k, req);
 }
 
-loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag,
-                            loom_req **req) {
+loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag, loom_req **req) {
     loom_comm_call k = byte_call(LOOM_OP_RECV, NULL, buf, bytes);
     k.peer = peer, k.tag = tag;
     return run_started(c, &k, req);

@@ -32,9 +32,9 @@ typedef struct loom_comm_call {
     /* reductions: elements (reduce_scatter: per rank) of `type`; every other
      * op: bytes (allgather, alltoall: per rank) */
     size_t count;
-    loom_dtype type;  /* LOOM_U8 for the byte ops */
+    loom_dtype type; /* LOOM_U8 for the byte ops */
     loom_redop redop;
-    int peer, tag;    /* send/recv: the peer; bcast: the root */
+    int peer, tag; /* send/recv: the peer; bcast: the root */
     const size_t *send_bytes, *send_displ, *recv_bytes, *recv_displ; /* alltoallv */
 } loom_comm_call;
 
@@ -85,38 +85,37 @@ void loom_comm_pool_free(loom_comm_pool *pl);
 
 struct loom_comm {
     const loom_comm_ops *ops;
-    void *impl;                  /* the implementation's context */
-    size_t req_size;             /* bytes of its part of a request */
-    loom_comm_mem mem;           /* where the buffers live */
-    loom_comm *host;             /* staged, NCCL: the MPI group underneath (owned) */
-    int rank, size, world_rank;  /* world_rank: for messages */
+    void *impl;                 /* the implementation's context */
+    size_t req_size;            /* bytes of its part of a request */
+    loom_comm_mem mem;          /* where the buffers live */
+    loom_comm *host;            /* staged, NCCL: the MPI group underneath (owned) */
+    int rank, size, world_rank; /* world_rank: for messages */
     char name[64];
-    loom_comm_stats *stats;      /* own_stats, or those of the group wrapping this one */
-    uint64_t *seq;               /* calls started (the watchdog's #N), likewise */
+    loom_comm_stats *stats; /* own_stats, or those of the group wrapping this one */
+    uint64_t *seq;          /* calls started (the watchdog's #N), likewise */
     loom_comm_stats own_stats;
     uint64_t own_seq;
-    struct loom_req *spare;      /* completed requests, reused by the next start */
-    loom_comm_pool wire;         /* bf16 wire buffers in `mem` (comm_wire.c) */
+    struct loom_req *spare; /* completed requests, reused by the next start */
+    loom_comm_pool wire;    /* bf16 wire buffers in `mem` (comm_wire.c) */
 };
 
 struct loom_req {
     loom_comm *c;
     loom_comm_op op;
-    double t0;                   /* when the call started */
+    double t0; /* when the call started */
     size_t bytes;
-    loom_watch_node node;        /* on the watch's list while in flight */
-    int wire;                    /* the wire buffer to convert from and give back, or -1 */
+    loom_watch_node node; /* on the watch's list while in flight */
+    int wire;             /* the wire buffer to convert from and give back, or -1 */
     float *unpack_to;
     size_t unpack_n;
     struct loom_req *next;
-    max_align_t impl[];          /* the implementation's part (c->req_size bytes) */
+    max_align_t impl[]; /* the implementation's part (c->req_size bytes) */
 };
 
 /* A new group of implementation `ops` (impl: its context, freed through
  * ops->free from now on, also when this fails), with its own stats. */
-loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_size,
-                             const loom_comm_mem *mem, int rank, int size, int world_rank,
-                             const char *name, loom_comm **out);
+loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_size, const loom_comm_mem *mem,
+                             int rank, int size, int world_rank, const char *name, loom_comm **out);
 /* c owns host from now on; host's calls count in c's stats and call
  * numbers. loom_comm_release_host undoes it (before freeing c on a failed
  * set-up that leaves host to the caller). */
@@ -125,8 +124,7 @@ void loom_comm_release_host(loom_comm *c);
 
 /* comm_call.c: size_t -> int count check, the message naming the value
  * (`index` >= 0: an entry of a per-rank array). */
-loom_status loom_comm_check_count(const loom_comm *c, loom_comm_op op, const char *what, int index,
-                                  size_t n);
+loom_status loom_comm_check_count(const loom_comm *c, loom_comm_op op, const char *what, int index, size_t n);
 /* comm_wire.c: convert a completed request's wire buffer back (when ok) and
  * give the buffer back. */
 void loom_comm_wire_finish(loom_req *r, int ok);

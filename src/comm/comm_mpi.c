@@ -50,9 +50,9 @@
 /* One group's MPI side (loom_comm.impl). */
 typedef struct mpi_group {
     MPI_Comm mpi;
-    int is_world;           /* made by loom_comm_init */
-    int *counts;            /* (4, size) scratch for alltoallv's and reduce_scatter's int arrays */
-    int queued;             /* its starts the watch has not made yet */
+    int is_world; /* made by loom_comm_init */
+    int *counts;  /* (4, size) scratch for alltoallv's and reduce_scatter's int arrays */
+    int queued;   /* its starts the watch has not made yet */
 } mpi_group;
 
 /* Everything MPI needs for one call of any op, blocking or non-blocking. */
@@ -60,10 +60,10 @@ typedef struct mpi_call {
     loom_comm_op op;
     const void *send; /* may be MPI_IN_PLACE */
     void *recv;
-    int count;        /* elements (typed ops) or bytes; per rank for gather/scatter */
+    int count; /* elements (typed ops) or bytes; per rank for gather/scatter */
     MPI_Datatype type;
     MPI_Op redop;
-    int peer, tag;    /* peer is the root for bcast */
+    int peer, tag;                                                    /* peer is the root for bcast */
     const int *send_counts, *send_displs, *recv_counts, *recv_displs; /* alltoallv */
 } mpi_call;
 
@@ -76,13 +76,13 @@ typedef struct mpi_req {
 } mpi_req;
 
 /* Process-wide state of the runtime, not of any group. */
-static int g_world_rank = -1;   /* rank in MPI_COMM_WORLD, for messages */
-static int g_started_mpi;       /* we called MPI_Init_thread, so we finalize */
-static int g_live_worlds;       /* worlds made by loom_comm_init not yet freed */
-static MPI_Op g_bf16_sum = MPI_OP_NULL; /* LOOM_BF16 sums (bf16_sum_op), made by loom_comm_init */
+static int g_world_rank = -1;                 /* rank in MPI_COMM_WORLD, for messages */
+static int g_started_mpi;                     /* we called MPI_Init_thread, so we finalize */
+static int g_live_worlds;                     /* worlds made by loom_comm_init not yet freed */
+static MPI_Op g_bf16_sum = MPI_OP_NULL;       /* LOOM_BF16 sums (bf16_sum_op), made by loom_comm_init */
 static MPI_Comm g_probe_comm = MPI_COMM_NULL; /* the watch's probes */
 
-#define WATCH_PROBE_MAX_NS 1000000L  /* probe back-off limit */
+#define WATCH_PROBE_MAX_NS 1000000L /* probe back-off limit */
 /* ... or only to this while a point-to-point request flies and Open MPI's
  * shared-memory transport has no single-copy mechanism: a large message then
  * crosses in fragments, each needing both sides to progress, so a 1 ms
@@ -100,8 +100,7 @@ static loom_status fail_mpi(const loom_comm *c, const char *op, int err) {
     char text[MPI_MAX_ERROR_STRING] = "unknown MPI error";
     int len = 0;
     if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) strcpy(text, "unknown MPI error");
-    return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s failed: %s", g_world_rank, op,
-                     c->name, text);
+    return loom_fail(LOOM_EUNAVAIL, "rank %d: %s on group %s failed: %s", g_world_rank, op, c->name, text);
 }
 
 /* ---- describing each call ------------------------------------------------ */
@@ -132,8 +131,14 @@ static MPI_Op mpi_op(loom_dtype t, loom_redop op) {
  * blocking reduce_scatter and alltoallv use the group's count scratch. */
 static void describe(const loom_comm *c, const loom_comm_call *k, int blocking, mpi_call *m) {
     mpi_group *g = c->impl;
-    *m = (mpi_call){.op = k->op, .send = k->send, .recv = k->recv, .count = (int)k->count,
-                    .type = MPI_BYTE, .redop = MPI_OP_NULL, .peer = k->peer, .tag = k->tag};
+    *m = (mpi_call){.op = k->op,
+                    .send = k->send,
+                    .recv = k->recv,
+                    .count = (int)k->count,
+                    .type = MPI_BYTE,
+                    .redop = MPI_OP_NULL,
+                    .peer = k->peer,
+                    .tag = k->tag};
     const int n = c->size;
     switch (k->op) {
     case LOOM_OP_ALLREDUCE:
@@ -167,8 +172,7 @@ static void describe(const loom_comm *c, const loom_comm_call *k, int blocking, 
 
 static int run_blocking_mpi(const mpi_call *k, MPI_Comm comm) {
     switch (k->op) {
-    case LOOM_OP_ALLREDUCE:
-        return MPI_Allreduce(k->send, k->recv, k->count, k->type, k->redop, comm);
+    case LOOM_OP_ALLREDUCE: return MPI_Allreduce(k->send, k->recv, k->count, k->type, k->redop, comm);
     case LOOM_OP_REDUCE_SCATTER:
         /* the v-variant with equal counts: Open MPI 4.1 runs it several times
          * faster than the _block one for the sizes sequence parallelism uses */
@@ -180,11 +184,10 @@ static int run_blocking_mpi(const mpi_call *k, MPI_Comm comm) {
     case LOOM_OP_ALLTOALL:
         return MPI_Alltoall(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm);
     case LOOM_OP_ALLTOALLV:
-        return MPI_Alltoallv(k->send, k->send_counts, k->send_displs, MPI_BYTE, k->recv,
-                             k->recv_counts, k->recv_displs, MPI_BYTE, comm);
+        return MPI_Alltoallv(k->send, k->send_counts, k->send_displs, MPI_BYTE, k->recv, k->recv_counts,
+                             k->recv_displs, MPI_BYTE, comm);
     case LOOM_OP_SEND: return MPI_Send(k->send, k->count, MPI_BYTE, k->peer, k->tag, comm);
-    case LOOM_OP_RECV:
-        return MPI_Recv(k->recv, k->count, MPI_BYTE, k->peer, k->tag, comm, MPI_STATUS_IGNORE);
+    case LOOM_OP_RECV: return MPI_Recv(k->recv, k->count, MPI_BYTE, k->peer, k->tag, comm, MPI_STATUS_IGNORE);
     case LOOM_OP_BCAST: return MPI_Bcast(k->recv, k->count, MPI_BYTE, k->peer, comm);
     case LOOM_OP_BARRIER: return MPI_Barrier(comm);
     case LOOM_OP_COUNT: break;
@@ -194,8 +197,7 @@ static int run_blocking_mpi(const mpi_call *k, MPI_Comm comm) {
 
 static int start_mpi(const mpi_call *k, MPI_Comm comm, MPI_Request *r) {
     switch (k->op) {
-    case LOOM_OP_ALLREDUCE:
-        return MPI_Iallreduce(k->send, k->recv, k->count, k->type, k->redop, comm, r);
+    case LOOM_OP_ALLREDUCE: return MPI_Iallreduce(k->send, k->recv, k->count, k->type, k->redop, comm, r);
     case LOOM_OP_REDUCE_SCATTER:
         return MPI_Ireduce_scatter_block(k->send, k->recv, k->count, k->type, k->redop, comm, r);
     case LOOM_OP_ALLGATHER:
@@ -291,8 +293,7 @@ static loom_status mpi_wrap(MPI_Comm mpi, const loom_comm_mem *mem, const char *
     return LOOM_OK;
 }
 
-static loom_status mpi_split(loom_comm *parent, int color, int key, const char *name,
-                             loom_comm **out) {
+static loom_status mpi_split(loom_comm *parent, int color, int key, const char *name, loom_comm **out) {
     mpi_group *g = parent->impl;
     MPI_Comm mpi = MPI_COMM_NULL;
     loom_watch_flush(&g->queued);
@@ -349,7 +350,9 @@ static void watch_start(int thread_level) {
     if (want && thread_level >= MPI_THREAD_MULTIPLE &&
         MPI_Comm_dup(MPI_COMM_WORLD, &g_probe_comm) == MPI_SUCCESS)
         progress = 1;
-    loom_watch_hooks hooks = {.world_rank = g_world_rank, .probe = probe, .abort = abort_job,
+    loom_watch_hooks hooks = {.world_rank = g_world_rank,
+                              .probe = probe,
+                              .abort = abort_job,
                               .probe_max_ns = WATCH_PROBE_MAX_NS,
                               .probe_p2p_ns = single_copy ? WATCH_PROBE_MAX_NS : WATCH_PROBE_P2P_NS};
     loom_watch_start_thread(&hooks, progress);
@@ -372,8 +375,9 @@ static void watch_stop(void) {
  * at a time). Set before MPI_Init; a user's own OMPI_MCA_* values are kept,
  * and other MPIs ignore these names. */
 static void singleton_settings(void) {
-    static const char *launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                                     "PMI_FD", "SLURM_PROCID", "HYDRA_CONTROL_FD"};
+    static const char *launched[] = {
+        "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",       "PMI_RANK", "PMI_SIZE", "PMI_FD",
+        "SLURM_PROCID",         "HYDRA_CONTROL_FD"};
     for (size_t i = 0; i < sizeof launched / sizeof *launched; i++)
         if (getenv(launched[i])) return;
     setenv("OMPI_MCA_mtl", "^psm2,ofi", 0);
@@ -441,8 +445,8 @@ void loom_comm_abort(loom_comm *c, int code) {
     int n = snprintf(own, sizeof own, "rank %d: ", g_world_rank);
     if (n > 0 && strncmp(msg, own, (size_t)n) == 0) msg += n;
     if (msg[0])
-        fprintf(stderr, "loom: error: rank %d: %s (aborting all ranks, exit code %d)\n", g_world_rank,
-                msg, code);
+        fprintf(stderr, "loom: error: rank %d: %s (aborting all ranks, exit code %d)\n", g_world_rank, msg,
+                code);
     else
         fprintf(stderr, "loom: error: rank %d: aborting all ranks from group %s, exit code %d\n",
                 g_world_rank, c ? c->name : "world", code);

@@ -129,7 +129,8 @@ static loom_status await(loom_comm *c, cudaEvent_t e, loom_comm_op op) {
         if (q != cudaErrorNotReady) return fail_cuda(c, loom_comm_op_name(op), q);
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(g->nc, &async);
-        if (async != ncclSuccess && async != ncclInProgress) return fail_nccl(c, loom_comm_op_name(op), async);
+        if (async != ncclSuccess && async != ncclInProgress)
+            return fail_nccl(c, loom_comm_op_name(op), async);
         if (limit > 0 && loom_comm_wtime() - t0 > limit) {
             ncclCommAbort(g->nc);
             g->nc = NULL;
@@ -200,16 +201,20 @@ static loom_status enqueue(loom_comm *c, const loom_comm_call *k) {
         const char *a = k->send, *b = k->recv;
         size_t total = k->count * (size_t)c->size;
         if (total && a < b + total && b < a + total)
-            return loom_fail(LOOM_EUSAGE, "rank %d: alltoall on group %s: send and recv overlap", c->world_rank,
-                             c->name);
+            return loom_fail(LOOM_EUSAGE, "rank %d: alltoall on group %s: send and recv overlap",
+                             c->world_rank, c->name);
         r = exchange(c, k);
         break;
     }
     case LOOM_OP_ALLTOALLV: r = exchange(c, k); break;
-    case LOOM_OP_BCAST: r = ncclBroadcast(k->recv, k->recv, k->count, ncclUint8, k->peer, g->nc, g->stream); break;
+    case LOOM_OP_BCAST:
+        r = ncclBroadcast(k->recv, k->recv, k->count, ncclUint8, k->peer, g->nc, g->stream);
+        break;
     case LOOM_OP_SEND: r = ncclSend(k->send, k->count, ncclUint8, k->peer, g->nc, g->stream); break;
     case LOOM_OP_RECV: r = ncclRecv(k->recv, k->count, ncclUint8, k->peer, g->nc, g->stream); break;
-    default: return loom_fail(LOOM_EINTERNAL, "rank %d: %s on group %s: not an NCCL op", c->world_rank, name, c->name);
+    default:
+        return loom_fail(LOOM_EINTERNAL, "rank %d: %s on group %s: not an NCCL op", c->world_rank, name,
+                         c->name);
     }
     return r == ncclSuccess ? LOOM_OK : fail_nccl(c, name, r);
 }
@@ -255,9 +260,10 @@ static loom_status nccl_start(loom_comm *c, const loom_comm_call *k, void *req) 
 
 static loom_status nccl_wait(loom_comm *c, void *req) {
     nccl_req *r = req;
-    loom_status st = r->grouped ? loom_fail(LOOM_EUSAGE, "rank %d: wait for %s on group %s inside an "
-                                            "unfinished NCCL group call", c->world_rank,
-                                            loom_comm_op_name(r->op), c->name)
+    loom_status st = r->grouped ? loom_fail(LOOM_EUSAGE,
+                                            "rank %d: wait for %s on group %s inside an "
+                                            "unfinished NCCL group call",
+                                            c->world_rank, loom_comm_op_name(r->op), c->name)
                                 : await(c, r->ev, r->op);
     if (!r->grouped) event_give(c, r->ev);
     return st;
@@ -329,7 +335,8 @@ loom_status loom_comm_nccl_group_end(void) {
             cudaError_t e = cudaEventRecord(g_grouped[i]->ev, g_grouped[i]->stream);
             g_grouped[i]->grouped = 0;
             if (e != cudaSuccess && st == LOOM_OK)
-                st = loom_fail(LOOM_EUNAVAIL, "NCCL group end: event record failed: %s", cudaGetErrorString(e));
+                st = loom_fail(LOOM_EUNAVAIL, "NCCL group end: event record failed: %s",
+                               cudaGetErrorString(e));
         }
         g_ngrouped = 0;
     }
@@ -346,12 +353,14 @@ static loom_status check_devices(loom_comm *host) {
     struct cudaDeviceProp prop;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, dev);
-    loom_status local = e == cudaSuccess ? LOOM_OK
-                                         : loom_fail(LOOM_EUNAVAIL, "rank %d: no usable CUDA device for group %s: %s",
-                                                     host->world_rank, host->name, cudaGetErrorString(e));
+    loom_status local = e == cudaSuccess
+                            ? LOOM_OK
+                            : loom_fail(LOOM_EUNAVAIL, "rank %d: no usable CUDA device for group %s: %s",
+                                        host->world_rank, host->name, cudaGetErrorString(e));
     LOOM_TRY(loom_comm_agree(host, local));
     unsigned char *ids = malloc((size_t)size * 16);
-    local = ids ? LOOM_OK : loom_fail(LOOM_EOS, "rank %d: out of memory for %d device ids", host->world_rank, size);
+    local = ids ? LOOM_OK
+                : loom_fail(LOOM_EOS, "rank %d: out of memory for %d device ids", host->world_rank, size);
     LOOM_TRY(loom_comm_agree(host, local));
     memcpy(ids + (size_t)me * 16, prop.uuid.bytes, 16);
     loom_status st = loom_comm_allgather(host, ids + (size_t)me * 16, ids, 16);
@@ -377,8 +386,8 @@ static loom_status join(loom_comm *host, nccl_group *g) {
     if (host->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r != ncclSuccess)
-            local = loom_fail(LOOM_EUNAVAIL, "rank %d: NCCL unique id for group %s failed: %s", host->world_rank,
-                              host->name, ncclGetErrorString(r));
+            local = loom_fail(LOOM_EUNAVAIL, "rank %d: NCCL unique id for group %s failed: %s",
+                              host->world_rank, host->name, ncclGetErrorString(r));
     }
     LOOM_TRY(loom_comm_agree(host, local));
     LOOM_TRY(loom_comm_bcast(host, &id, sizeof id, 0));
@@ -403,7 +412,9 @@ loom_status loom_comm_wrap_nccl(loom_comm *host_group, const loom_comm_mem *mem,
         return loom_fail(LOOM_EUSAGE, "rank %d: group %s: NCCL needs an MPI group underneath, not a %s one",
                          host_group->world_rank, host_group->name, host_group->ops->name);
     nccl_group *g = calloc(1, sizeof *g);
-    if (!g) return loom_fail(LOOM_EOS, "rank %d: out of memory for the NCCL communicator", host_group->world_rank);
+    if (!g)
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for the NCCL communicator",
+                         host_group->world_rank);
     g->stream = (cudaStream_t)stream;
     loom_comm *c = NULL;
     LOOM_TRY(loom_comm_create(&nccl_ops, g, sizeof(nccl_req), mem, host_group->rank, host_group->size,

@@ -188,8 +188,7 @@ static loom_status staged_reserve(loom_comm *c, size_t bytes, int buffers) {
     return loom_comm_pool_reserve(&s->stage, bytes, buffers);
 }
 
-static loom_status staged_split(loom_comm *parent, int color, int key, const char *name,
-                                loom_comm **out) {
+static loom_status staged_split(loom_comm *parent, int color, int key, const char *name, loom_comm **out) {
     loom_comm *h = NULL;
     LOOM_TRY(loom_comm_split(parent->host, color, key, name, &h));
     if (!h) return LOOM_OK;
@@ -220,17 +219,20 @@ static const loom_comm_ops staged_ops = {
 loom_status loom_comm_wrap_staged(loom_comm *host_group, const loom_comm_mem *mem, loom_comm **out) {
     *out = NULL;
     if (host_group->host) /* only an MPI group has none */
-        return loom_fail(LOOM_EUSAGE, "rank %d: group %s: host staging needs an MPI group on host "
-                         "memory, not a %s one on %s memory", host_group->world_rank, host_group->name,
-                         host_group->ops->name, host_group->mem.name);
+        return loom_fail(LOOM_EUSAGE,
+                         "rank %d: group %s: host staging needs an MPI group on host "
+                         "memory, not a %s one on %s memory",
+                         host_group->world_rank, host_group->name, host_group->ops->name,
+                         host_group->mem.name);
     staged *s = calloc(1, sizeof *s);
-    if (!s) return loom_fail(LOOM_EOS, "rank %d: out of memory for group %s", host_group->world_rank,
-                             host_group->name);
+    if (!s)
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for group %s", host_group->world_rank,
+                         host_group->name);
     s->stage = (loom_comm_pool){.alloc = loom_comm_mem_host.alloc, .free = loom_comm_mem_host.free};
     loom_comm *c = NULL;
     LOOM_TRY(loom_comm_create(&staged_ops, s, sizeof(staged_req) + host_group->req_size, mem,
-                              host_group->rank, host_group->size, host_group->world_rank,
-                              host_group->name, &c));
+                              host_group->rank, host_group->size, host_group->world_rank, host_group->name,
+                              &c));
     loom_comm_adopt_host(c, host_group);
     *out = c;
     return LOOM_OK;

@@ -36,20 +36,20 @@
 #define LOOM_COMM_TIMEOUT_DEFAULT 600.0
 #define WATCH_PROBE_MIN_NS 20000L /* first probe period while requests fly */
 
-static double g_timeout_s;  /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
-static int g_stall_starts;  /* LOOM_COMM_FAULT=stall-start (tests only) */
+static double g_timeout_s; /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
+static int g_stall_starts; /* LOOM_COMM_FAULT=stall-start (tests only) */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
 static pthread_t g_thread;
 static loom_watch_hooks g_hooks;
-static int g_on;            /* thread running */
+static int g_on; /* thread running */
 static int g_stop;
-static int g_progress;      /* thread probes and makes starts */
+static int g_progress; /* thread probes and makes starts */
 static loom_watch_node *g_head;
-static int g_nonblocking;   /* non-blocking nodes on the list */
-static int g_p2p;           /* of which sends and receives */
+static int g_nonblocking;                     /* non-blocking nodes on the list */
+static int g_p2p;                             /* of which sends and receives */
 static loom_watch_start *g_q_head, *g_q_tail; /* queued starts, oldest first */
 static long g_probe_ns = WATCH_PROBE_MIN_NS;
 
@@ -78,8 +78,8 @@ static void watchdog_fire(const loom_watch_node *n, double now) {
     fprintf(stderr,
             "loom: error: rank %d: %s on group %s (call #%llu on that group) has not completed "
             "after %.0f s (LOOM_COMM_TIMEOUT=%g); aborting the job\n",
-            g_hooks.world_rank, loom_comm_op_name(n->op), n->group, (unsigned long long)n->seq,
-            now - n->t0, g_timeout_s);
+            g_hooks.world_rank, loom_comm_op_name(n->op), n->group, (unsigned long long)n->seq, now - n->t0,
+            g_timeout_s);
     fflush(stderr);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
     _Exit(LOOM_EUNAVAIL);
@@ -95,10 +95,9 @@ static void watchdog_check(void) {
 
 static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
 
-void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint64_t *seq,
-                    int nonblocking) {
-    *n = (loom_watch_node){.op = op, .group = group, .seq = ++*seq, .t0 = loom_comm_wtime(),
-                           .nonblocking = nonblocking};
+void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint64_t *seq, int nonblocking) {
+    *n = (loom_watch_node){
+        .op = op, .group = group, .seq = ++*seq, .t0 = loom_comm_wtime(), .nonblocking = nonblocking};
     if (!g_on) return;
     pthread_mutex_lock(&g_mu);
     n->next = g_head;

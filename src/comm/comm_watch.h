@@ -56,8 +56,7 @@ void loom_watch_stop_thread(void);
 int loom_watch_progress(void);
 
 /* Stamp n (the group's next call number, the time) and put it on the list. */
-void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint64_t *seq,
-                    int nonblocking);
+void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint64_t *seq, int nonblocking);
 void loom_watch_remove(loom_watch_node *n);
 
 /* Hand s to the thread (loom_watch_progress() must be 1). */

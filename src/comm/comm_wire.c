@@ -25,8 +25,7 @@
 static int best_free(const loom_comm_pool *pl, size_t bytes) {
     int best = -1;
     for (int i = 0; i < pl->n; i++)
-        if (!pl->b[i].busy && pl->b[i].cap >= bytes && (best < 0 || pl->b[i].cap < pl->b[best].cap))
-            best = i;
+        if (!pl->b[i].busy && pl->b[i].cap >= bytes && (best < 0 || pl->b[i].cap < pl->b[best].cap)) best = i;
     return best;
 }
 
@@ -111,8 +110,7 @@ static loom_status check_wire(const loom_comm *c, loom_comm_op op, loom_dtype wi
 /* A wire buffer of n bf16 values for a call of `count` (checked first, as
  * the plain call would: nothing is allocated for a call it refuses): *i its
  * index, *h the buffer. */
-static loom_status wire_take(loom_comm *c, loom_comm_op op, size_t count, size_t n, int *i,
-                             uint16_t **h) {
+static loom_status wire_take(loom_comm *c, loom_comm_op op, size_t count, size_t n, int *i, uint16_t **h) {
     LOOM_TRY(loom_comm_check_count(c, op, "count", -1, count));
     *i = loom_comm_pool_take(&c->wire, n * sizeof **h);
     if (*i < 0) return LOOM_EOS;
@@ -173,8 +171,8 @@ loom_status loom_comm_iallreduce_as(loom_comm *c, float *x, size_t count, loom_d
 /* reduce_scatter: send's size * count_per_rank values packed, reduced in
  * place in the wire buffer (the result at its start), count_per_rank
  * values unpacked into recv. */
-loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *recv,
-                                        size_t count_per_rank, loom_dtype wire, loom_redop op) {
+loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
+                                        loom_dtype wire, loom_redop op) {
     LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire, op));
     if (wire == LOOM_F32) return loom_comm_reduce_scatter(c, send, recv, count_per_rank, LOOM_F32, op);
     const size_t n = count_per_rank * (size_t)c->size;
@@ -186,13 +184,11 @@ loom_status loom_comm_reduce_scatter_as(loom_comm *c, const float *send, float *
     return wire_done(c, i, st, recv, count_per_rank);
 }
 
-loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float *recv,
-                                         size_t count_per_rank, loom_dtype wire, loom_redop op,
-                                         loom_req **req) {
+loom_status loom_comm_ireduce_scatter_as(loom_comm *c, const float *send, float *recv, size_t count_per_rank,
+                                         loom_dtype wire, loom_redop op, loom_req **req) {
     *req = NULL;
     LOOM_TRY(check_wire(c, LOOM_OP_REDUCE_SCATTER, wire, op));
-    if (wire == LOOM_F32)
-        return loom_comm_ireduce_scatter(c, send, recv, count_per_rank, LOOM_F32, op, req);
+    if (wire == LOOM_F32) return loom_comm_ireduce_scatter(c, send, recv, count_per_rank, LOOM_F32, op, req);
     const size_t n = count_per_rank * (size_t)c->size;
     int i = -1;
     uint16_t *h = NULL;

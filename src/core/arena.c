@@ -24,9 +24,7 @@ static size_t arena_round_up(size_t n) {
 }
 
 /* a + b, saturating at SIZE_MAX (a plan that large can never commit). */
-static size_t arena_add(size_t a, size_t b) {
-    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
-}
+static size_t arena_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
 void loom_arena_init(loom_arena *a, const char *name) {
     a->name = name ? name : "arena";
@@ -45,8 +43,8 @@ void *loom_host_alloc(size_t bytes) {
         return p == MAP_FAILED ? NULL : p; /* page-aligned, zero */
     }
     /* C11's aligned_alloc wants a size that is a multiple of the alignment */
-    const size_t whole = bytes ? (bytes + LOOM_ARENA_ALIGN - 1) / LOOM_ARENA_ALIGN * LOOM_ARENA_ALIGN
-                               : LOOM_ARENA_ALIGN;
+    const size_t whole =
+        bytes ? (bytes + LOOM_ARENA_ALIGN - 1) / LOOM_ARENA_ALIGN * LOOM_ARENA_ALIGN : LOOM_ARENA_ALIGN;
     void *p = aligned_alloc(LOOM_ARENA_ALIGN, whole);
     if (p) memset(p, 0, whole);
     return p;
@@ -63,18 +61,16 @@ void loom_arena_reserve(loom_arena *a, size_t nbytes) {
 }
 
 loom_status loom_arena_commit(loom_arena *a) {
-    if (a->base)
-        return loom_fail(LOOM_EINTERNAL, "arena %s: committed twice", a->name);
+    if (a->base) return loom_fail(LOOM_EINTERNAL, "arena %s: committed twice", a->name);
     size_t cap = a->used;
-    if (cap == SIZE_MAX)
-        return loom_fail(LOOM_EOS, "arena %s: planned size overflows size_t", a->name);
+    if (cap == SIZE_MAX) return loom_fail(LOOM_EOS, "arena %s: planned size overflows size_t", a->name);
     /* Allocate at least one aligned block so an empty arena has a base too. */
     size_t bytes = cap ? cap : LOOM_ARENA_ALIGN;
     int mapped = !a->mem_alloc && bytes >= ARENA_MAP_MIN;
     char *base = a->mem_alloc ? a->mem_alloc(a->mem_ctx, bytes) : loom_host_alloc(bytes);
     if (!base)
-        return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name,
-                         cap, (double)cap / (1024.0 * 1024.0));
+        return loom_fail(LOOM_EOS, "arena %s: cannot allocate %zu bytes (%.1f MiB)", a->name, cap,
+                         (double)cap / (1024.0 * 1024.0));
     a->base = base;
     a->mapped = mapped;
     a->cap = cap;

@@ -25,8 +25,7 @@ void loom_log(loom_log_level lvl, const char *fmt, ...) {
     if (lvl >= LOOM_LOG_WARN || lvl == LOOM_LOG_DEBUG) {
         if (g_rank >= 0 && g_world > 1)
             n = snprintf(buf, sizeof buf, "loom: %s: rank %d: ", tag[lvl], g_rank);
-        else
-            n = snprintf(buf, sizeof buf, "loom: %s: ", tag[lvl]);
+        else n = snprintf(buf, sizeof buf, "loom: %s: ", tag[lvl]);
     }
     va_list ap;
     va_start(ap, fmt);

@@ -182,7 +182,8 @@ static inline __m256d rng_box_muller4(__m256i a, __m256i b) {
 }
 
 static size_t rng_fill_vec(loom_rng_key key, uint64_t first, float *out, size_t n, float std) {
-    const __m256d dn = _mm256_set1_pd(1.0 - 1.0 / 68719476736.0), up = _mm256_set1_pd(1.0 + 1.0 / 68719476736.0);
+    const __m256d dn = _mm256_set1_pd(1.0 - 1.0 / 68719476736.0),
+                  up = _mm256_set1_pd(1.0 + 1.0 / 68719476736.0);
     const size_t W = 4 * RNG_CHAINS;
     size_t i = 0;
     for (; i + W <= n; i += W) {

@@ -55,15 +55,21 @@ static void block(uint32_t h[8], const unsigned char *p) {
         b = a;
         a = t1 + t2;
     }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d;
-    h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += k;
 }
 
 #ifdef LOOM_SHA_X86
 /* n blocks with the SHA extensions. The state lives in two registers as the
  * instructions want it: ABEF (dwords 3..0 = A, B, E, F) and CDGH. */
 __attribute__((target("sha,sse4.1"))) static void blocks_shani(uint32_t h[8], const unsigned char *p,
-                                                                size_t n) {
+                                                               size_t n) {
     /* byte order of each 32-bit word: the message is big-endian */
     const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
     __m128i badc = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);

@@ -117,7 +117,7 @@ static loom_status sum_partials(dp_part *p, const dp_bucket *b, float *g) {
  * in flight while DP_MAX_INFLIGHT are (the start order, and so which one is
  * waited for, is the same on every rank; waiting is local). An entry is
  * stale once its bucket completed or restarted (rs_seq moved on). */
-#define FIFO_CAP ((int)(sizeof ((loom_dp_engine *)0)->fifo_bucket / sizeof(int)))
+#define FIFO_CAP ((int)(sizeof((loom_dp_engine *)0)->fifo_bucket / sizeof(int)))
 static int fifo_live(const loom_dp_engine *e, int j) {
     const dp_bucket *b = &e->fifo_part[j]->buckets[e->fifo_bucket[j]];
     return b->gstate == DP_REDUCING && b->rs && b->rs_seq == e->fifo_seq[j];
@@ -328,14 +328,11 @@ static loom_status hook_embed_rows(void *ctx, loom_gpt *m, const int32_t *ids, c
     if (!p->early || !e->last_micro || p->buckets[0].gstate == DP_IDLE) return LOOM_OK;
     const size_t n = (size_t)m->N, C = (size_t)m->C, r = (size_t)e->r;
     if (n > p->rows_max)
-        return loom_fail(LOOM_EINTERNAL, "micro-batch of %zu rows exceeds the %zu planned", n,
-                         p->rows_max);
+        return loom_fail(LOOM_EINTERNAL, "micro-batch of %zu rows exceeds the %zu planned", n, p->rows_max);
     loom_tensor_copy(p->m->dev, p->rows_all + r * n * C, rows, n * C);
     loom_tensor_copy_i32(p->m->dev, p->ids_all + r * n, ids, n);
-    LOOM_TRY(loom_comm_iallgather(e->dp, p->rows_all + r * n * C, p->rows_all, n * C * F,
-                                  &p->rows_req));
-    LOOM_TRY(loom_comm_iallgather(e->dp, p->ids_all + r * n, p->ids_all, n * sizeof *ids,
-                                  &p->ids_req));
+    LOOM_TRY(loom_comm_iallgather(e->dp, p->rows_all + r * n * C, p->rows_all, n * C * F, &p->rows_req));
+    LOOM_TRY(loom_comm_iallgather(e->dp, p->ids_all + r * n, p->ids_all, n * sizeof *ids, &p->ids_req));
     p->rows_n = (int)n;
     *taken = 1;
     return LOOM_OK;
@@ -434,7 +431,8 @@ static loom_status part_create(loom_dp_engine *e, dp_part *p, loom_gpt *m) {
     LOOM_TRY(build_runs(e, p));
     p->adamw = calloc((size_t)(p->n_segs ? p->n_segs : 1), sizeof *p->adamw);
     if (!p->adamw) return loom_fail(LOOM_EOS, "out of memory");
-    m->hooks = (loom_gpt_hooks){.ctx = p, .pre_forward = hook_pre_forward,
+    m->hooks = (loom_gpt_hooks){.ctx = p,
+                                .pre_forward = hook_pre_forward,
                                 .post_forward = hook_post_forward,
                                 .pre_backward = hook_pre_backward,
                                 .post_backward = hook_post_backward,
@@ -503,8 +501,7 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
         snprintf(path, sizeof path, "%s.rank%d.jsonl", log, mesh->rank);
         e->timing_log = fopen(path, "a");
         if (!e->timing_log)
-            st = loom_fail(LOOM_ECANTCREAT, "LOOM_DP_TIMINGS: cannot open %s: %s", path,
-                           strerror(errno));
+            st = loom_fail(LOOM_ECANTCREAT, "LOOM_DP_TIMINGS: cannot open %s: %s", path, strerror(errno));
     }
     if (st == LOOM_OK && n_parts < 1)
         st = loom_fail(LOOM_EINTERNAL, "data-parallel engine: %d model parts", n_parts);
@@ -697,8 +694,12 @@ static void step_part(loom_dp_engine *e, dp_part *p, float lr, float grad_scale)
     uint16_t *w16 = zeroed ? loom_gemm_keep_fill(p->m->dev, x, p->m->num_params) : NULL;
     for (int k = 0; k < p->n_segs; k++) {
         const dp_seg *s = &p->segs[k];
-        p->adamw[k] = (loom_adamw_run){.p = x + s->p_off, .g = g + s->g_off, .m = p->opt_m + s->s_off,
-                                       .v = p->opt_v + s->s_off, .n = s->n, .decay = s->decay,
+        p->adamw[k] = (loom_adamw_run){.p = x + s->p_off,
+                                       .g = g + s->g_off,
+                                       .m = p->opt_m + s->s_off,
+                                       .v = p->opt_v + s->s_off,
+                                       .n = s->n,
+                                       .decay = s->decay,
                                        .p16 = w16 ? w16 + s->p_off : NULL};
     }
     zeroed = loom_adamw_update_runs(p->m->dev, &e->hp, p->adamw, p->n_segs, e->t, lr, grad_scale, zeroed);
@@ -721,8 +722,8 @@ loom_status loom_dp_step(loom_dp_engine *e, float lr, float grad_scale) {
                 "\"reduce_ms\": %.4f, \"gather_ms\": %.4f, \"poll_ms\": %.4f, \"comm_ms\": %.4f, "
                 "\"reductions\": %d, \"overlapped\": %d, \"progress_thread\": %d}\n",
                 e->t, t->t_backward_end, t->t_synced, 1e3 * t->exposed_s, 1e3 * t->reduce_s,
-                1e3 * t->gather_s, 1e3 * t->poll_s, 1e3 * t->comm_s, t->reductions,
-                t->overlapped, loom_comm_progress_thread());
+                1e3 * t->gather_s, 1e3 * t->poll_s, 1e3 * t->comm_s, t->reductions, t->overlapped,
+                loom_comm_progress_thread());
         fflush(e->timing_log);
     }
     return LOOM_OK;
@@ -748,15 +749,14 @@ const loom_param_run *loom_dp_param_runs(const loom_dp_engine *e, int part, int 
 
 int loom_dp_params_sharded(const loom_dp_engine *e) { return e->cfg.zero == 3; }
 
-
 int loom_dp_opt_sharded(const loom_dp_engine *e) { return e->cfg.zero >= 1 && e->N > 1; }
 
 int loom_dp_opt_runs(const loom_dp_engine *e, int part, loom_opt_run *out, int cap) {
     const dp_part *p = &e->p[part];
     for (int k = 0; k < p->n_segs && k < cap; k++) {
         const dp_seg *s = &p->segs[k];
-        out[k] = (loom_opt_run){.param = s->param, .lo = s->flat, .n = s->n,
-                                .m = p->opt_m + s->s_off, .v = p->opt_v + s->s_off};
+        out[k] = (loom_opt_run){
+            .param = s->param, .lo = s->flat, .n = s->n, .m = p->opt_m + s->s_off, .v = p->opt_v + s->s_off};
     }
     return p->n_segs;
 }

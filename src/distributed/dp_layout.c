@@ -41,7 +41,10 @@ static int range_has(const loom_gpt *m, size_t lo, size_t n,
     }
     return 0;
 }
-static int is_partial(const loom_gpt *m, const loom_param *q) { (void)m; return q->sp_partial; }
+static int is_partial(const loom_gpt *m, const loom_param *q) {
+    (void)m;
+    return q->sp_partial;
+}
 /* The tied wte whose other half lives on another part (a pipeline's first
  * and last stage): its gradient is completed by the caller after the backward. */
 static int is_shared_wte(const loom_gpt *m, const loom_param *q) {

@@ -20,8 +20,8 @@ struct loom_edp_engine {
     int n_parts;
     const loom_mesh *mesh;
     loom_adamw_hparams hp;
-    loom_comm *edp;     /* ranks holding the same experts (the mesh's: not owned) */
-    size_t *lo, *n;     /* per part: the expert unit's flat range */
+    loom_comm *edp;      /* ranks holding the same experts (the mesh's: not owned) */
+    size_t *lo, *n;      /* per part: the expert unit's flat range */
     float **par, **grad; /* per part: its storage (moe.h), laid out like that range */
     float **opt_m, **opt_v;
     loom_adamw_run *adamw; /* every part's expert tensors, part by part (adamw.h) */
@@ -46,8 +46,12 @@ static loom_status build_adamw_runs(loom_edp_engine *e) {
             const loom_param *p = &m->params[k];
             if (p->unit != LOOM_UNIT_EXPERTS) continue;
             size_t so = p->offset - e->lo[i];
-            e->adamw[n++] = (loom_adamw_run){.p = e->par[i] + so, .g = e->grad[i] + so, .m = e->opt_m[i] + so,
-                                             .v = e->opt_v[i] + so, .n = p->numel, .decay = p->decay};
+            e->adamw[n++] = (loom_adamw_run){.p = e->par[i] + so,
+                                             .g = e->grad[i] + so,
+                                             .m = e->opt_m[i] + so,
+                                             .v = e->opt_v[i] + so,
+                                             .n = p->numel,
+                                             .decay = p->decay};
         }
     }
     e->run0[e->n_parts] = n;
@@ -55,7 +59,7 @@ static loom_status build_adamw_runs(loom_edp_engine *e) {
 }
 
 loom_status loom_edp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh *mesh,
-                                  const loom_adamw_hparams *hp, loom_edp_engine **out) {
+                                   const loom_adamw_hparams *hp, loom_edp_engine **out) {
     *out = NULL;
     loom_edp_engine *e = calloc(1, sizeof *e);
     if (!e) return loom_fail(LOOM_EOS, "out of memory for the expert-parallel engine");
@@ -139,8 +143,7 @@ loom_comm *loom_edp_comm(const loom_edp_engine *e) { return e ? e->edp : NULL; }
 loom_status loom_edp_finish_grads(loom_edp_engine *e) {
     if (!e || !e->edp || loom_comm_size(e->edp) == 1) return LOOM_OK;
     for (int i = 0; i < e->n_parts; i++)
-        if (e->n[i])
-            LOOM_TRY(loom_comm_allreduce(e->edp, e->grad[i], e->n[i], LOOM_F32, LOOM_SUM));
+        if (e->n[i]) LOOM_TRY(loom_comm_allreduce(e->edp, e->grad[i], e->n[i], LOOM_F32, LOOM_SUM));
     return LOOM_OK;
 }
 

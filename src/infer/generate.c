@@ -37,8 +37,8 @@ static loom_status gen_check(const loom_infer *f, int n, const loom_ids *prompts
     for (int j = 0; j < n; j++) {
         if (prompts[j].n == 0) return loom_fail(LOOM_EUSAGE, "generate: prompt %d is empty", j);
         if (prompts[j].n + (size_t)o->max_new > (size_t)io->max_len)
-            return loom_fail(LOOM_EUSAGE, "generate: prompt %d has %zu tokens + %d new passes the length %d", j,
-                             prompts[j].n, o->max_new, io->max_len);
+            return loom_fail(LOOM_EUSAGE, "generate: prompt %d has %zu tokens + %d new passes the length %d",
+                             j, prompts[j].n, o->max_new, io->max_len);
     }
     return LOOM_OK;
 }
@@ -96,7 +96,8 @@ static loom_status prefill(loom_infer *f, loom_comm *world, int root, int n, con
         for (int e = 0; e < ne && st == LOOM_OK; e++) {
             if (!final[e]) continue;
             int s = b->seq[e];
-            if (logits && o->prompt_logits) memcpy(o->prompt_logits + (size_t)s * V, logits + (size_t)e * V, sizeof(float) * V);
+            if (logits && o->prompt_logits)
+                memcpy(o->prompt_logits + (size_t)s * V, logits + (size_t)e * V, sizeof(float) * V);
             st = loom_ids_push(&outs[s], (uint32_t)b->next[e]);
             b->done[s] = is_stop(o, b->next[e]) || o->max_new == 1;
         }
@@ -122,7 +123,8 @@ static loom_status check_kv(loom_infer *f, int n, const loom_ids *prompts, const
             int take = total - done < (size_t)R ? (int)(total - done) : R;
             for (int i = 0; i < take; i++) {
                 size_t k = done + (size_t)i;
-                b->tok[i] = k < prompts[j].n ? (int32_t)prompts[j].v[k] : (int32_t)outs[j].v[k - prompts[j].n];
+                b->tok[i] =
+                    k < prompts[j].n ? (int32_t)prompts[j].v[k] : (int32_t)outs[j].v[k - prompts[j].n];
             }
             int s = n;
             LOOM_TRY(loom_infer_step(f, 1, &s, &take, b->tok, &logits));
@@ -174,7 +176,8 @@ loom_status loom_generate(loom_infer *f, loom_comm *world, int root, int n, cons
         if (st == LOOM_OK) st = pick(f, world, root, logits, ne, b.ones, &b, o, t);
         for (int e = 0; e < ne && st == LOOM_OK; e++) {
             int s = b.seq[e];
-            if (logits && b.kv_logits) memcpy(b.kv_logits + (size_t)s * V, logits + (size_t)e * V, sizeof(float) * V);
+            if (logits && b.kv_logits)
+                memcpy(b.kv_logits + (size_t)s * V, logits + (size_t)e * V, sizeof(float) * V);
             st = loom_ids_push(&outs[s], (uint32_t)b.next[e]);
             b.done[s] = is_stop(o, b.next[e]) || (int)outs[s].n >= o->max_new;
         }

@@ -26,9 +26,9 @@ struct loom_infer {
     int pp_rank, pp_size;
     loom_gpt *m;
     int C, C_l, NH_l, V_l, L_l, tp;
-    int *len;          /* (max_seqs) cached positions per sequence */
-    int *pos;          /* (max_seqs) a step's entries' positions before it */
-    float *kc, *vc;    /* (L_l, max_seqs, max_len, C_l) */
+    int *len;           /* (max_seqs) cached positions per sequence */
+    int *pos;           /* (max_seqs) a step's entries' positions before it */
+    float *kc, *vc;     /* (L_l, max_seqs, max_len, C_l) */
     float *att_scratch; /* the cached attention's scratch for R rows */
     int32_t *rows_tok;  /* (R) */
     float *last, *lnf, *lnf_mean, *lnf_rstd, *logits_l, *gathered, *logits; /* S rows */
@@ -63,11 +63,12 @@ static void layout(loom_infer *f) {
 
 static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mesh, const loom_infer_opts *o) {
     if (o->max_seqs < 1 || o->max_rows < 1 || o->max_len < 1)
-        return loom_fail(LOOM_EUSAGE, "inference: max sequences %d, max rows %d and max length %d must be >= 1",
+        return loom_fail(LOOM_EUSAGE,
+                         "inference: max sequences %d, max rows %d and max length %d must be >= 1",
                          o->max_seqs, o->max_rows, o->max_len);
     if (o->max_len > cfg->n_positions)
-        return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s", o->max_len,
-                         cfg->n_positions, cfg->name);
+        return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s",
+                         o->max_len, cfg->n_positions, cfg->name);
     if (!mesh) return LOOM_OK;
     const loom_layout_model shape = loom_model_shape(cfg);
     const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_INFER, .world = mesh->world_size};
@@ -89,7 +90,8 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->pp = mesh && f->pp_size > 1 ? mesh->pp : NULL;
     loom_model_part part = loom_model_part_whole(o->dev, cfg);
     if (mesh) {
-        part.tp = (loom_tp){.dev = o->dev, .comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
+        part.tp = (loom_tp){
+            .dev = o->dev, .comm = mesh->tp, .size = mesh->layout.tp, .rank = mesh->tp_rank, .sp = 0};
         part.ep = mesh->layout.ep > 1 ? mesh->ep : NULL;
         int counts[LOOM_INFER_MAX_STAGES], first = 0;
         /* the training planner's balance: a block ~ 24 C^2 + 4 T C, the head 2 V C */
@@ -170,7 +172,8 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
         r += n_new[j];
         loom_tensor_copy(f->m->dev, f->last + (size_t)j * C, x + (size_t)(r - 1) * C, (size_t)C);
     }
-    loom_layernorm_fwd(f->m->dev, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n, C);
+    loom_layernorm_fwd(f->m->dev, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n,
+                       C);
     loom_matmul_nt_fwd(f->m->dev, f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
     LOOM_TRY(loom_sp_gather_fwd(&f->m->part.tp, f->logits_l, f->gathered, (size_t)n * Vl));
     for (int j = 0; j < n; j++)
@@ -190,12 +193,14 @@ static loom_status check_step(const loom_infer *f, int n, const int *seq, const 
     int R = 0;
     for (int j = 0; j < n; j++) {
         if (seq[j] < 0 || seq[j] >= f->o.max_seqs)
-            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d outside [0, %d)", seq[j], f->o.max_seqs);
+            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d outside [0, %d)", seq[j],
+                             f->o.max_seqs);
         for (int k = 0; k < j; k++)
             if (seq[k] == seq[j]) return loom_fail(LOOM_EUSAGE, "inference step: sequence %d twice", seq[j]);
         if (n_new[j] < 1 || f->len[seq[j]] + n_new[j] > f->o.max_len)
-            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d has %d positions, +%d passes max length %d",
-                             seq[j], f->len[seq[j]], n_new[j], f->o.max_len);
+            return loom_fail(LOOM_EUSAGE,
+                             "inference step: sequence %d has %d positions, +%d passes max length %d", seq[j],
+                             f->len[seq[j]], n_new[j], f->o.max_len);
         R += n_new[j];
         if (R > f->o.max_rows)
             return loom_fail(LOOM_EUSAGE, "inference step: more than %d new tokens", f->o.max_rows);
@@ -220,12 +225,20 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
         loom_embed_fwd(f->m->dev, x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
         LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, x, (size_t)R * C));
         for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
-            loom_pos_fwd(f->m->dev, x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j], f->cfg.n_positions, C);
+            loom_pos_fwd(f->m->dev, x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j],
+                         f->cfg.n_positions, C);
     } else {
         LOOM_TRY(loom_comm_recv(f->pp, x, F((size_t)R * C), f->pp_rank - 1, PP_TAG));
     }
-    const loom_gpt_kv kv = {.n = n, .seq = seq, .pos = f->pos, .n_new = n_new, .k = f->kc, .v = f->vc,
-                            .max_seqs = f->o.max_seqs, .max_len = f->o.max_len, .scratch = f->att_scratch};
+    const loom_gpt_kv kv = {.n = n,
+                            .seq = seq,
+                            .pos = f->pos,
+                            .n_new = n_new,
+                            .k = f->kc,
+                            .v = f->vc,
+                            .max_seqs = f->o.max_seqs,
+                            .max_len = f->o.max_len,
+                            .scratch = f->att_scratch};
     for (int j = 0; j < n; j++) f->pos[j] = f->len[seq[j]];
     LOOM_TRY(loom_gpt_forward_kv(f->m, R, &kv));
     if (!f->m->part.has_head)

@@ -11,7 +11,8 @@ loom_status loom_sample_check(const loom_sample_opts *o) {
     if (!(o->temperature >= 0) || !isfinite(o->temperature))
         return loom_fail(LOOM_EUSAGE, "temperature %g: must be a finite number >= 0", o->temperature);
     if (o->top_k < 0) return loom_fail(LOOM_EUSAGE, "top-k %d: must be >= 0 (0 = all)", o->top_k);
-    if (!(o->top_p > 0 && o->top_p <= 1)) return loom_fail(LOOM_EUSAGE, "top-p %g: must be in (0, 1]", o->top_p);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return loom_fail(LOOM_EUSAGE, "top-p %g: must be in (0, 1]", o->top_p);
     return LOOM_OK;
 }
 

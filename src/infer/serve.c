@@ -83,7 +83,9 @@ static void plan_step(server *s, plan *p) {
         if (!r || r->prefill_pos >= r->prompt.n) continue;
         size_t left = r->prompt.n - r->prefill_pos;
         int take = left < (size_t)(io->max_rows - rows) ? (int)left : io->max_rows - rows;
-        p->e[n] = (plan_entry){.seq = i, .n_new = take, .fresh = r->prefill_pos == 0,
+        p->e[n] = (plan_entry){.seq = i,
+                               .n_new = take,
+                               .fresh = r->prefill_pos == 0,
                                .final = r->prefill_pos + (size_t)take == r->prompt.n};
         for (int k = 0; k < take; k++) p->tok[rows++] = (int32_t)r->prompt.v[r->prefill_pos + (size_t)k];
         r->prefill_pos += (size_t)take;
@@ -139,7 +141,8 @@ static loom_status run_step(loom_infer *inf, loom_comm *world, int root, plan *p
             loom_sample_opts so = {p->e[j].temperature, p->e[j].top_k, p->e[j].top_p, p->e[j].seed};
             p->next[j] = loom_sample(logits + (size_t)j * V, V, &so, p->e[j].index, p->probs, p->iscratch);
         }
-    if (loom_comm_size(world) > 1) LOOM_TRY(loom_comm_bcast(world, p->next, sizeof(int32_t) * (size_t)n, root));
+    if (loom_comm_size(world) > 1)
+        LOOM_TRY(loom_comm_bcast(world, p->next, sizeof(int32_t) * (size_t)n, root));
     return LOOM_OK;
 }
 

@@ -50,7 +50,8 @@ static enum MHD_Result send_json(struct MHD_Connection *con, unsigned code, cJSO
     return ret;
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *con, unsigned code, const char *type, const char *msg) {
+static enum MHD_Result send_error(struct MHD_Connection *con, unsigned code, const char *type,
+                                  const char *msg) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", type);
@@ -176,7 +177,8 @@ static req *parse_request(server *s, const char *body, size_t len, char *msg, si
         snprintf(msg, cap, "'max_tokens' must be a positive integer");
     else if (te && !cJSON_IsNumber(te)) snprintf(msg, cap, "'temperature' must be a number");
     else if (tp && !cJSON_IsNumber(tp)) snprintf(msg, cap, "'top_p' must be a number");
-    else if (tk && (!cJSON_IsNumber(tk) || tk->valuedouble != floor(tk->valuedouble) || tk->valuedouble > 1e9))
+    else if (tk &&
+             (!cJSON_IsNumber(tk) || tk->valuedouble != floor(tk->valuedouble) || tk->valuedouble > 1e9))
         snprintf(msg, cap, "'top_k' must be an integer");
     else if (sd && (!cJSON_IsNumber(sd) || sd->valuedouble < 0 || sd->valuedouble > 9007199254740992.0))
         snprintf(msg, cap, "'seed' must be a non-negative integer");
@@ -196,10 +198,12 @@ static req *parse_request(server *s, const char *body, size_t len, char *msg, si
     if (!msg[0] && cJSON_IsString(p)) {
         if (!s->tok) {
             for (const unsigned char *c = (const unsigned char *)p->valuestring; *c && !msg[0]; c++)
-                if (*c >= V || loom_ids_push(&r->prompt, *c) != LOOM_OK) snprintf(msg, cap, "prompt byte outside the vocabulary");
+                if (*c >= V || loom_ids_push(&r->prompt, *c) != LOOM_OK)
+                    snprintf(msg, cap, "prompt byte outside the vocabulary");
         } else {
             pthread_mutex_lock(&s->tok_mu);
-            if (loom_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), 1, &r->prompt) != LOOM_OK)
+            if (loom_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), 1, &r->prompt) !=
+                LOOM_OK)
                 snprintf(msg, cap, "%s", loom_errmsg());
             pthread_mutex_unlock(&s->tok_mu);
         }
@@ -249,7 +253,10 @@ static size_t utf8_complete(const char *b, size_t n) {
     size_t i = n;
     for (int back = 0; back < 4 && i > 0; back++) {
         unsigned char c = (unsigned char)b[i - 1];
-        if ((c & 0xC0) == 0x80) { i--; continue; }
+        if ((c & 0xC0) == 0x80) {
+            i--;
+            continue;
+        }
         size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
         return (n - (i - 1) >= need) ? n : i - 1;
     }
@@ -300,7 +307,8 @@ static int produce(server *s, req *r) {
         char *text = decode_ids(s, r->out.v, r->out.n, &len);
         cJSON *o = completion_json(s, r, text ? text : "", r->finish_reason);
         free(text);
-        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), *ids = cJSON_AddArrayToObject(c, "token_ids");
+        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+              *ids = cJSON_AddArrayToObject(c, "token_ids");
         for (size_t i = 0; i < r->out.n; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->out.v[i]));
         cJSON *u = cJSON_AddObjectToObject(o, "usage");
         cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt.n);
@@ -411,7 +419,8 @@ static enum MHD_Result completions(server *s, struct MHD_Connection *con, conn *
         loom_ids_free(&r->prompt);
         free(r);
         return send_error(con, MHD_HTTP_SERVICE_UNAVAILABLE, "server_busy",
-                          stopping ? "the server is shutting down" : "the request queue is full; retry later");
+                          stopping ? "the server is shutting down"
+                                   : "the request queue is full; retry later");
     }
     r->id = ++s->next_id;
     r->t_arrive = serve_now();
@@ -423,7 +432,8 @@ static enum MHD_Result completions(server *s, struct MHD_Connection *con, conn *
     serve_admit(s);
     pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, r, reader_free);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, r, reader_free);
     if (!resp) {
         reader_free(r);
         return MHD_NO;
@@ -436,7 +446,8 @@ static enum MHD_Result completions(server *s, struct MHD_Connection *con, conn *
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+                                  const char *version, const char *upload, size_t *upload_size,
+                                  void **con_cls) {
     (void)version;
     server *s = cls;
     conn *cn = *con_cls;
@@ -466,18 +477,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         return MHD_YES;
     }
     if (strcmp(url, "/health") == 0) {
-        if (strcmp(method, "GET") != 0) return send_error(con, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "use GET /health");
+        if (strcmp(method, "GET") != 0)
+            return send_error(con, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "use GET /health");
         return health(s, con);
     }
     if (strcmp(url, "/v1/completions") == 0) {
         if (strcmp(method, "POST") != 0)
-            return send_error(con, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "use POST /v1/completions");
+            return send_error(con, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error",
+                              "use POST /v1/completions");
         return completions(s, con, cn);
     }
-    return send_error(con, MHD_HTTP_NOT_FOUND, "invalid_request_error", "unknown path; try POST /v1/completions or GET /health");
+    return send_error(con, MHD_HTTP_NOT_FOUND, "invalid_request_error",
+                      "unknown path; try POST /v1/completions or GET /health");
 }
 
-static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode t) {
+static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls,
+                         enum MHD_RequestTerminationCode t) {
     (void)cls;
     (void)con;
     (void)t;

@@ -29,13 +29,13 @@ typedef struct req {
     int finished, cancelled;
     const char *finish_reason;
     double t_arrive, t_first, t_last;
-    int refs;           /* the HTTP response and the model loop */
-    struct req *next;   /* waiting queue */
+    int refs;         /* the HTTP response and the model loop */
+    struct req *next; /* waiting queue */
     /* HTTP side only */
     size_t sent_tokens;
-    char *pend;         /* bytes ready to go out */
+    char *pend; /* bytes ready to go out */
     size_t pend_len, pend_off, pend_cap;
-    char hold[8];       /* an incomplete UTF-8 sequence held back (stream) */
+    char hold[8]; /* an incomplete UTF-8 sequence held back (stream) */
     size_t hold_len;
     int done_sent;
 } req;

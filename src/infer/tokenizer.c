@@ -123,8 +123,8 @@ enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
 
 static int is_white_space(long cp) {
     return (cp >= 9 && cp <= 13) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-           cp == 0x205F || cp == 0x3000;
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
 }
 
 static int char_class(long cp) {
@@ -486,7 +486,8 @@ static long bm_find(const loader *L, const char *s, size_t n) {
  * bytes map. */
 static loom_status load_vocab(loader *L, const cJSON *vocab) {
     loom_tokenizer *t = L->t;
-    if (!cJSON_IsObject(vocab)) return loom_fail(LOOM_EDATA, "%s: the vocabulary is not a JSON object", L->file);
+    if (!cJSON_IsObject(vocab))
+        return loom_fail(LOOM_EDATA, "%s: the vocabulary is not a JSON object", L->file);
     int max_id = -1, count = 0;
     size_t pool = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) {
@@ -581,12 +582,12 @@ static loom_status merges_alloc(loader *L, size_t n) {
 static loom_status add_merge(loader *L, const char *a, size_t na, const char *b, size_t nb, uint32_t rank,
                              long line) {
     char *buf = L->scratch;
-    if (na + nb > sizeof L->scratch)
-        return loom_fail(LOOM_EDATA, "%s: merge %ld is too long", L->file, line);
+    if (na + nb > sizeof L->scratch) return loom_fail(LOOM_EDATA, "%s: merge %ld is too long", L->file, line);
     long la = mapped_to_bytes(a, na, L->byte_of_cp, buf);
     long lb = la < 0 ? -1 : mapped_to_bytes(b, nb, L->byte_of_cp, buf + la);
     if (la < 0 || lb < 0)
-        return loom_fail(LOOM_EDATA, "%s: merge %ld (\"%.*s %.*s\") has a character outside GPT-2's byte alphabet",
+        return loom_fail(LOOM_EDATA,
+                         "%s: merge %ld (\"%.*s %.*s\") has a character outside GPT-2's byte alphabet",
                          L->file, line, (int)na, a, (int)nb, b);
     long ia = bm_find(L, buf, (size_t)la), ib = bm_find(L, buf + la, (size_t)lb),
          ic = bm_find(L, buf, (size_t)(la + lb));
@@ -724,12 +725,14 @@ loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out) {
         st = load_hf_json(&L, a);
     } else if (file_exists(path, "vocab.json", a, sizeof a) && file_exists(path, "merges.txt", b, sizeof b)) {
         st = load_pair(&L, a, b);
-    } else if (file_exists(path, "encoder.json", a, sizeof a) && file_exists(path, "vocab.bpe", b, sizeof b)) {
+    } else if (file_exists(path, "encoder.json", a, sizeof a) &&
+               file_exists(path, "vocab.bpe", b, sizeof b)) {
         st = load_pair(&L, a, b);
     } else {
-        st = loom_fail(LOOM_ENOINPUT,
-                       "tokenizer %s: no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe there",
-                       path);
+        st = loom_fail(
+            LOOM_ENOINPUT,
+            "tokenizer %s: no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe there",
+            path);
     }
     free(L.bm.hash);
     free(L.bm.id);

@@ -322,7 +322,8 @@ static loom_status check_outputs(const char *const *inputs, int n_inputs, const 
 /* Write both splits to tmp files, then commit both (or neither). */
 static loom_status write_splits(token_src train, size_t n_train, size_t n_val, const char *train_path,
                                 const char *val_path) {
-    token_src val = {.u8 = train.u8 ? train.u8 + n_train : NULL, .u32 = train.u32 ? train.u32 + n_train : NULL};
+    token_src val = {.u8 = train.u8 ? train.u8 + n_train : NULL,
+                     .u32 = train.u32 ? train.u32 + n_train : NULL};
     LOOM_TRY(shard_write_tmp(train_path, &train, n_train));
     if (val_path) {
         loom_status st = shard_write_tmp(val_path, &val, n_val);
@@ -340,8 +341,7 @@ static loom_status write_splits(token_src train, size_t n_train, size_t n_val, c
 }
 
 loom_status loom_data_build_bytes(const char *const *inputs, int n_inputs, const char *train_path,
-                                  const char *val_path, double val_fraction, size_t *n_train,
-                                  size_t *n_val) {
+                                  const char *val_path, double val_fraction, size_t *n_train, size_t *n_val) {
     byte_buf b = {0};
     size_t nt = 0, nv = 0;
     loom_status st = check_outputs(inputs, n_inputs, train_path, val_path);
@@ -410,8 +410,8 @@ static void copy_window(const loom_tokens *t, size_t pos, int T, int32_t *inputs
     }
 }
 
-void loom_data_sample(const loom_tokens *t, uint64_t seed, int64_t step, int64_t global_batch,
-                      int64_t first, int n, int T, int32_t *inputs, int32_t *targets) {
+void loom_data_sample(const loom_tokens *t, uint64_t seed, int64_t step, int64_t global_batch, int64_t first,
+                      int n, int T, int32_t *inputs, int32_t *targets) {
     if (t->n <= (size_t)T) { /* a caller skipped loom_data_check_len: no data to give */
         memset(inputs, 0, (size_t)n * (size_t)T * sizeof *inputs);
         memset(targets, 0, (size_t)n * (size_t)T * sizeof *targets);

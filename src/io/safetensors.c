@@ -71,8 +71,8 @@ struct loom_st_file {
     cJSON *root;       /* owns the tensor names and metadata strings */
     const cJSON *meta; /* the "__metadata__" object, or NULL */
     int n;
-    loom_st_tensor *tensors;   /* n, in header order */
-    loom_st_tensor **by_name;  /* n, sorted by name for loom_st_find */
+    loom_st_tensor *tensors;  /* n, in header order */
+    loom_st_tensor **by_name; /* n, sorted by name for loom_st_find */
 };
 
 static loom_status st_map_file(loom_st_file *f) {
@@ -86,8 +86,8 @@ static loom_status st_map_file(loom_st_file *f) {
     f->size = (size_t)sb.st_size;
     if (f->size < 8) {
         close(fd);
-        return loom_fail(LOOM_EDATA, "file %s: %zu bytes, too short for the 8-byte header length",
-                         f->path, f->size);
+        return loom_fail(LOOM_EDATA, "file %s: %zu bytes, too short for the 8-byte header length", f->path,
+                         f->size);
     }
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
@@ -109,12 +109,12 @@ static int st_json_uint(const cJSON *v, uint64_t *out) {
 static loom_status st_parse_shape(const loom_st_file *f, const char *name, const cJSON *shape,
                                   loom_st_tensor *t) {
     if (!cJSON_IsArray(shape))
-        return loom_fail(LOOM_EDATA, "file %s: tensor %s: \"shape\" is missing or not an array",
-                         f->path, name);
+        return loom_fail(LOOM_EDATA, "file %s: tensor %s: \"shape\" is missing or not an array", f->path,
+                         name);
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > LOOM_ST_MAX_DIMS)
-        return loom_fail(LOOM_EDATA, "file %s: tensor %s: %d dimensions, at most %d supported",
-                         f->path, name, ndim, LOOM_ST_MAX_DIMS);
+        return loom_fail(LOOM_EDATA, "file %s: tensor %s: %d dimensions, at most %d supported", f->path, name,
+                         ndim, LOOM_ST_MAX_DIMS);
     t->ndim = 0;
     t->numel = 1;
     const cJSON *d;
@@ -148,9 +148,10 @@ static loom_status st_parse_offsets(const loom_st_file *f, const char *name, con
         return loom_fail(LOOM_EDATA, "file %s: tensor %s: data_offsets [%llu, %llu] are reversed", f->path,
                          name, (unsigned long long)*begin, (unsigned long long)*end);
     if (*end > data_len)
-        return loom_fail(LOOM_EDATA,
-                         "file %s: tensor %s: data_offsets [%llu, %llu] run past the end of the %zu data bytes",
-                         f->path, name, (unsigned long long)*begin, (unsigned long long)*end, data_len);
+        return loom_fail(
+            LOOM_EDATA,
+            "file %s: tensor %s: data_offsets [%llu, %llu] run past the end of the %zu data bytes", f->path,
+            name, (unsigned long long)*begin, (unsigned long long)*end, data_len);
     return LOOM_OK;
 }
 
@@ -170,10 +171,9 @@ static loom_status st_parse_tensor(const loom_st_file *f, const cJSON *item, loo
     LOOM_TRY(st_parse_offsets(f, name, cJSON_GetObjectItemCaseSensitive(item, "data_offsets"), &begin, &end));
     size_t need = t->numel * st_dtypes[t->dtype].size;
     if (end - begin != need)
-        return loom_fail(LOOM_EDATA,
-                         "file %s: tensor %s: %zu elements of %s need %zu bytes but data_offsets give %llu",
-                         f->path, name, t->numel, st_dtypes[t->dtype].name, need,
-                         (unsigned long long)(end - begin));
+        return loom_fail(
+            LOOM_EDATA, "file %s: tensor %s: %zu elements of %s need %zu bytes but data_offsets give %llu",
+            f->path, name, t->numel, st_dtypes[t->dtype].name, need, (unsigned long long)(end - begin));
     t->name = item->string;
     t->offset = f->data_start + (size_t)begin;
     t->nbytes = need;
@@ -181,8 +181,7 @@ static loom_status st_parse_tensor(const loom_st_file *f, const cJSON *item, loo
 }
 
 static loom_status st_parse_metadata(loom_st_file *f, const cJSON *item) {
-    if (f->meta)
-        return loom_fail(LOOM_EDATA, "file %s: \"%s\" appears twice", f->path, ST_METADATA_KEY);
+    if (f->meta) return loom_fail(LOOM_EDATA, "file %s: \"%s\" appears twice", f->path, ST_METADATA_KEY);
     if (!cJSON_IsObject(item))
         return loom_fail(LOOM_EDATA, "file %s: \"%s\" is not a JSON object", f->path, ST_METADATA_KEY);
     const cJSON *v;
@@ -268,8 +267,10 @@ static loom_status st_check_layout(loom_st_file *f) {
         if (t->offset < at)
             st = loom_fail(LOOM_EDATA, "file %s: tensor %s overlaps tensor %s", f->path, t->name, prev->name);
         else if (t->offset > at)
-            st = loom_fail(LOOM_EDATA, "file %s: tensor %s: %zu unused data bytes before it (the data must "
-                           "be contiguous)", f->path, t->name, t->offset - at);
+            st = loom_fail(LOOM_EDATA,
+                           "file %s: tensor %s: %zu unused data bytes before it (the data must "
+                           "be contiguous)",
+                           f->path, t->name, t->offset - at);
         at = t->offset + t->nbytes;
         prev = t;
     }
@@ -356,9 +357,7 @@ static float st_half_to_float(uint16_t h) {
 loom_status loom_st_read_f32(const loom_st_file *f, const loom_st_tensor *t, float *dst) {
     const unsigned char *src = f->map + t->offset;
     switch (t->dtype) {
-    case LOOM_ST_F32:
-        memcpy(dst, src, t->nbytes);
-        return LOOM_OK;
+    case LOOM_ST_F32: memcpy(dst, src, t->nbytes); return LOOM_OK;
     case LOOM_ST_F16:
     case LOOM_ST_BF16:
         for (size_t i = 0; i < t->numel; i++) {
@@ -468,8 +467,7 @@ static loom_status st_check_entry(const loom_st_writer *w, const char *name, loo
         e->shape[i] = shape[i];
     }
     e->nbytes = numel * st_dtypes[t].size;
-    if (e->nbytes && !data)
-        return loom_fail(LOOM_EINTERNAL, "file %s: tensor %s: NULL data", w->path, name);
+    if (e->nbytes && !data) return loom_fail(LOOM_EINTERNAL, "file %s: tensor %s: NULL data", w->path, name);
     e->dtype = t;
     e->ndim = ndim;
     e->data = data;

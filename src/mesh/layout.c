@@ -18,9 +18,7 @@ const char *const loom_precision_names[] = {"fp32", "bf16", NULL};
 
 const char *loom_axis_name(loom_axis a) { return (unsigned)a < LOOM_AXIS_COUNT ? loom_axis_names[a] : "?"; }
 
-const char *loom_cp_impl_name(loom_cp_impl impl) {
-    return impl == LOOM_CP_ULYSSES ? "ulysses" : "ring";
-}
+const char *loom_cp_impl_name(loom_cp_impl impl) { return impl == LOOM_CP_ULYSSES ? "ulysses" : "ring"; }
 
 const char *loom_schedule_name(loom_sched_kind k) {
     return (unsigned)k < LOOM_SCHED_COUNT ? loom_schedule_names[k] : "?";
@@ -94,11 +92,10 @@ loom_status loom_layout_parse_order(const char *s, loom_layout *l) {
         if (*p != ',') break;
         p++;
     }
-    if (*p != '\0')
-        return loom_fail(LOOM_EUSAGE, "unexpected '%s' in order '%s'", p, s);
+    if (*p != '\0') return loom_fail(LOOM_EUSAGE, "unexpected '%s' in order '%s'", p, s);
     if (n != LOOM_AXIS_COUNT)
-        return loom_fail(LOOM_EUSAGE, "order '%s' names %d axes; it must name each of tp, cp, dp, pp once",
-                         s, n);
+        return loom_fail(LOOM_EUSAGE, "order '%s' names %d axes; it must name each of tp, cp, dp, pp once", s,
+                         n);
     memcpy(l->order, order, sizeof order);
     return LOOM_OK;
 }
@@ -118,11 +115,14 @@ static loom_status stage_entry(const char **pp, int n, long *out) {
     if (x < 0 || errno || x > 1000000000L || (*p != ',' && *p != '\0')) {
         int len = 0;
         while (tok[len] && tok[len] != ',') len++;
-        return loom_fail(LOOM_EUSAGE, "--stage-layers: '%.*s' is not a positive integer", len > 40 ? 40 : len, tok);
+        return loom_fail(LOOM_EUSAGE, "--stage-layers: '%.*s' is not a positive integer", len > 40 ? 40 : len,
+                         tok);
     }
     if (x == 0)
-        return loom_fail(LOOM_EUSAGE, "--stage-layers entry %d (virtual stage %d) is 0: every virtual stage "
-                                      "needs at least one layer", n, n);
+        return loom_fail(LOOM_EUSAGE,
+                         "--stage-layers entry %d (virtual stage %d) is 0: every virtual stage "
+                         "needs at least one layer",
+                         n, n);
     *pp = p;
     *out = x;
     return LOOM_OK;
@@ -138,7 +138,8 @@ loom_status loom_layout_parse_stage_layers(const char *list, loom_layout *l) {
         long x = 0;
         LOOM_TRY(stage_entry(&p, n, &x));
         if (n == LOOM_LAYOUT_MAX_STAGE_LAYERS)
-            return loom_fail(LOOM_EUSAGE, "--stage-layers: more than %d entries", LOOM_LAYOUT_MAX_STAGE_LAYERS);
+            return loom_fail(LOOM_EUSAGE, "--stage-layers: more than %d entries",
+                             LOOM_LAYOUT_MAX_STAGE_LAYERS);
         counts[n++] = (int)x;
         if (*p == '\0') break;
     }

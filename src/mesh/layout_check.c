@@ -22,8 +22,10 @@ static const char *precision_name(loom_precision p) {
 /* ---- the mesh ------------------------------------------------------------ */
 
 static loom_status check_degrees(const loom_layout *l) {
-    const struct { const char *name; int v; } d[] = {
-        {"dp", l->dp}, {"tp", l->tp}, {"pp", l->pp}, {"cp", l->cp}, {"ep", l->ep}};
+    const struct {
+        const char *name;
+        int v;
+    } d[] = {{"dp", l->dp}, {"tp", l->tp}, {"pp", l->pp}, {"cp", l->cp}, {"ep", l->ep}};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
         if (d[i].v < 1) return loom_fail(LOOM_EUSAGE, "%s=%d: degrees must be >= 1", d[i].name, d[i].v);
     return LOOM_OK;
@@ -36,7 +38,8 @@ static loom_status check_order(const loom_layout *l) {
         if (a >= LOOM_AXIS_COUNT)
             return loom_fail(LOOM_EUSAGE, "axis order entry %d is %u, not an axis", i, a);
         if (seen[a]++)
-            return loom_fail(LOOM_EUSAGE, "axis order names %s twice; each of tp, cp, dp, pp must appear once",
+            return loom_fail(LOOM_EUSAGE,
+                             "axis order names %s twice; each of tp, cp, dp, pp must appear once",
                              loom_axis_names[a]);
     }
     return LOOM_OK;
@@ -45,7 +48,8 @@ static loom_status check_order(const loom_layout *l) {
 loom_status loom_layout_check(const loom_layout *l, int world_size) {
     LOOM_TRY(check_degrees(l));
     LOOM_TRY(check_order(l));
-    if (world_size < 1) return loom_fail(LOOM_EUSAGE, "the job has %d ranks; it needs at least 1", world_size);
+    if (world_size < 1)
+        return loom_fail(LOOM_EUSAGE, "the job has %d ranks; it needs at least 1", world_size);
     /* product clamped just above INT_MAX, so four ints cannot overflow */
     long long ranks = 1;
     const int deg[] = {l->dp, l->tp, l->pp, l->cp};
@@ -59,19 +63,21 @@ loom_status loom_layout_check(const loom_layout *l, int world_size) {
                          ranks > INT_MAX ? (long long)INT_MAX : ranks, ranks_word(ranks), world_size,
                          ranks_word(world_size));
     if ((l->dp * l->cp) % l->ep != 0)
-        return loom_fail(LOOM_EUSAGE, "ep=%d must divide dp*cp=%d (dp=%d, cp=%d)", l->ep,
-                         l->dp * l->cp, l->dp, l->cp);
+        return loom_fail(LOOM_EUSAGE, "ep=%d must divide dp*cp=%d (dp=%d, cp=%d)", l->ep, l->dp * l->cp,
+                         l->dp, l->cp);
     return LOOM_OK;
 }
 
 /* Enum fields in range (a layout built in code rather than parsed). */
 static loom_status check_enums(const loom_layout *l) {
-    const struct { const char *what; unsigned v, n; } e[] = {
-        {"cp_impl", (unsigned)l->cp_impl, LOOM_CP_IMPL_COUNT},
-        {"schedule", (unsigned)l->schedule, LOOM_SCHED_COUNT},
-        {"recompute", (unsigned)l->recompute, LOOM_RECOMPUTE_COUNT},
-        {"precision", (unsigned)l->precision, LOOM_PRECISION_COUNT},
-        {"comm_precision", (unsigned)l->comm_precision, LOOM_PRECISION_COUNT}};
+    const struct {
+        const char *what;
+        unsigned v, n;
+    } e[] = {{"cp_impl", (unsigned)l->cp_impl, LOOM_CP_IMPL_COUNT},
+             {"schedule", (unsigned)l->schedule, LOOM_SCHED_COUNT},
+             {"recompute", (unsigned)l->recompute, LOOM_RECOMPUTE_COUNT},
+             {"precision", (unsigned)l->precision, LOOM_PRECISION_COUNT},
+             {"comm_precision", (unsigned)l->comm_precision, LOOM_PRECISION_COUNT}};
     for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)
         if (e[i].v >= e[i].n) return loom_fail(LOOM_EUSAGE, "layout %s %u: out of range", e[i].what, e[i].v);
     return LOOM_OK;
@@ -82,10 +88,13 @@ static loom_status check_enums(const loom_layout *l) {
 static loom_status check_comm_precision(const loom_layout *l) {
     if (l->comm_precision == LOOM_PRECISION_FP32) return LOOM_OK;
     if (l->precision != LOOM_PRECISION_BF16)
-        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 needs --precision bf16: it is part of "
-                         "mixed precision (this run computes in %s)", precision_name(l->precision));
+        return loom_fail(LOOM_EUSAGE,
+                         "--comm-precision bf16 needs --precision bf16: it is part of "
+                         "mixed precision (this run computes in %s)",
+                         precision_name(l->precision));
     if (l->dp * l->cp * l->tp == 1)
-        return loom_fail(LOOM_EUSAGE, "--comm-precision bf16 with dp=1 cp=1 tp=1: it sends the "
+        return loom_fail(LOOM_EUSAGE,
+                         "--comm-precision bf16 with dp=1 cp=1 tp=1: it sends the "
                          "gradient reductions over dp x cp and the TP collectives in bf16, and this "
                          "layout has neither");
     return LOOM_OK;
@@ -98,8 +107,8 @@ loom_status loom_layout_check_tp(const loom_layout_model *m, int tp, int sp, int
     if (m->n_head % tp)
         return loom_fail(LOOM_EUSAGE, "tp=%d does not divide n_head=%d of model %s", tp, m->n_head, m->name);
     if (m->ffn % tp)
-        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide ffn=%d (the %s hidden size) of model %s", tp, m->ffn,
-                         m->n_expert > 0 ? "experts'" : "MLP's", m->name);
+        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide ffn=%d (the %s hidden size) of model %s", tp,
+                         m->ffn, m->n_expert > 0 ? "experts'" : "MLP's", m->name);
     if (sp && T % tp)
         return loom_fail(LOOM_EUSAGE, "--sp needs tp=%d to divide the sequence length --seq %d", tp, T);
     return LOOM_OK;
@@ -112,14 +121,18 @@ static loom_status check_cp(const loom_layout *l, const loom_layout_model *m, in
     if (T % (2 * cp))
         return loom_fail(LOOM_EUSAGE,
                          "--seq %d: cp=%d needs a multiple of 2*cp=%d (the causal load-balanced "
-                         "split into 2*cp chunks)", T, cp, 2 * cp);
+                         "split into 2*cp chunks)",
+                         T, cp, 2 * cp);
     if (l->cp_impl == LOOM_CP_ULYSSES && (m->n_head / tp) % cp)
         return loom_fail(LOOM_EUSAGE,
                          "--cp-impl ulysses: cp=%d must divide the heads per tp rank, n_head=%d / "
-                         "tp=%d = %d", cp, m->n_head, tp, m->n_head / tp);
+                         "tp=%d = %d",
+                         cp, m->n_head, tp, m->n_head / tp);
     if (l->sp && (T / cp) % tp)
-        return loom_fail(LOOM_EUSAGE, "--sp with cp=%d: tp=%d must divide the %d local rows "
-                         "(--seq %d / cp)", cp, tp, T / cp, T);
+        return loom_fail(LOOM_EUSAGE,
+                         "--sp with cp=%d: tp=%d must divide the %d local rows "
+                         "(--seq %d / cp)",
+                         cp, tp, T / cp, T);
     return LOOM_OK;
 }
 
@@ -127,8 +140,10 @@ static loom_status check_ep(const loom_layout *l, const loom_layout_model *m, in
     const int ep = l->ep;
     if (ep <= 1) return LOOM_OK;
     if (m->n_expert == 0)
-        return loom_fail(LOOM_EUSAGE, "--ep %d needs a Mixture-of-Experts model (num_local_experts > 0); "
-                         "model %s is dense%s", ep, m->name, loom_runs ? " (try tiny-moe)" : "");
+        return loom_fail(LOOM_EUSAGE,
+                         "--ep %d needs a Mixture-of-Experts model (num_local_experts > 0); "
+                         "model %s is dense%s",
+                         ep, m->name, loom_runs ? " (try tiny-moe)" : "");
     if (m->n_expert % ep)
         return loom_fail(LOOM_EUSAGE, "--ep %d does not divide num_local_experts=%d of model %s", ep,
                          m->n_expert, m->name);
@@ -151,7 +166,8 @@ static loom_status check_batch(const loom_layout *l, const loom_layout_job *j) {
     const int batch = j->batch, dp = l->dp;
     if (batch < 1) return loom_fail(LOOM_EUSAGE, "--batch %d: must be >= 1", batch);
     if (batch % dp)
-        return loom_fail(LOOM_EUSAGE, "dp=%d does not divide --batch %d (global sequences per step)", dp, batch);
+        return loom_fail(LOOM_EUSAGE, "dp=%d does not divide --batch %d (global sequences per step)", dp,
+                         batch);
     if (l->grad_accum < 1) return loom_fail(LOOM_EUSAGE, "--grad-accum %d: must be >= 1", l->grad_accum);
     if ((batch / dp) % l->grad_accum)
         return loom_fail(LOOM_EUSAGE,
@@ -177,8 +193,8 @@ loom_status loom_layout_check_schedule(loom_sched_kind k, int pp, int m, int v) 
         return loom_fail(LOOM_EUSAGE, "interleaved needs --micro-batches divisible by pp=%d, got %d", pp, m);
     if ((long long)pp * m * v > LOOM_PP_MAX_WORK)
         return loom_fail(LOOM_EUSAGE,
-                         "pp=%d x micro-batches=%d x v=%d = %lld (micro-batch, stage) pairs: more than %d", pp,
-                         m, v, (long long)pp * m * v, LOOM_PP_MAX_WORK);
+                         "pp=%d x micro-batches=%d x v=%d = %lld (micro-batch, stage) pairs: more than %d",
+                         pp, m, v, (long long)pp * m * v, LOOM_PP_MAX_WORK);
     return LOOM_OK;
 }
 
@@ -216,32 +232,40 @@ static loom_status check_stage_layers(const loom_layout *l, int n_layer) {
  * still weighs the pair: it models other stacks too.) */
 static loom_status check_recompute(const loom_layout *l) {
     if (l->recompute == LOOM_RECOMPUTE_FULL && loom_schedule_splits_backward(l->schedule))
-        return loom_fail(LOOM_EUSAGE, "--recompute full with --schedule zb: refused (W would need the block's "
-                                      "activations after other blocks' recomputes); use --recompute selective "
-                                      "or another schedule");
+        return loom_fail(LOOM_EUSAGE,
+                         "--recompute full with --schedule zb: refused (W would need the block's "
+                         "activations after other blocks' recomputes); use --recompute selective "
+                         "or another schedule");
     return LOOM_OK;
 }
 
 /* A training pipeline: the schedule, its stages, the micro-batches. */
-static loom_status check_pipeline(const loom_layout *l, const loom_layout_model *m, const loom_layout_job *j) {
+static loom_status check_pipeline(const loom_layout *l, const loom_layout_model *m,
+                                  const loom_layout_job *j) {
     const int pp = l->pp, v = l->virtual_stages, mb = loom_layout_micro_batches(l);
     LOOM_TRY(loom_layout_check_schedule(l->schedule, pp, mb, v));
-    if (j->purpose != LOOM_LAYOUT_FOR_TRAIN) return LOOM_OK; /* the planner: stages checked, mbs x m = batch */
+    if (j->purpose != LOOM_LAYOUT_FOR_TRAIN)
+        return LOOM_OK; /* the planner: stages checked, mbs x m = batch */
     LOOM_TRY(check_stages(m->n_layer, pp, v, 1));
     LOOM_TRY(check_stage_layers(l, m->n_layer));
     if (l->grad_accum != 1)
-        return loom_fail(LOOM_EUSAGE, "--grad-accum %d with a pipeline: use --micro-batches (pipelines "
-                         "accumulate over their micro-batches)", l->grad_accum);
+        return loom_fail(LOOM_EUSAGE,
+                         "--grad-accum %d with a pipeline: use --micro-batches (pipelines "
+                         "accumulate over their micro-batches)",
+                         l->grad_accum);
     const int per_rank = j->batch / l->dp;
     if (per_rank % mb)
-        return loom_fail(LOOM_EUSAGE, "--micro-batches %d does not divide the %d sequences per DP rank "
-                         "(--batch %d / dp=%d)", mb, per_rank, j->batch, l->dp);
+        return loom_fail(LOOM_EUSAGE,
+                         "--micro-batches %d does not divide the %d sequences per DP rank "
+                         "(--batch %d / dp=%d)",
+                         mb, per_rank, j->batch, l->dp);
     return check_recompute(l);
 }
 
 /* ---- the uses ------------------------------------------------------------ */
 
-static loom_status validate_train(const loom_layout *l, const loom_layout_model *m, const loom_layout_job *j) {
+static loom_status validate_train(const loom_layout *l, const loom_layout_model *m,
+                                  const loom_layout_job *j) {
     LOOM_TRY(check_comm_precision(l));
     LOOM_TRY(loom_layout_check(l, j->world));
     LOOM_TRY(check_split(l, m, j));
@@ -259,7 +283,8 @@ static loom_status validate_train(const loom_layout *l, const loom_layout_model 
 
 /* generate and serve: tp x pp x ep ranks per replica (the ep ranks are dp
  * ranks that hold different experts and run the same requests), dp replicas. */
-static loom_status validate_infer(const loom_layout *l, const loom_layout_model *m, const loom_layout_job *j) {
+static loom_status validate_infer(const loom_layout *l, const loom_layout_model *m,
+                                  const loom_layout_job *j) {
     LOOM_TRY(loom_layout_check(l, j->world));
     if (l->cp > 1)
         return loom_fail(LOOM_EUSAGE, "inference runs tp x pp x ep (x dp replicas); cp=%d must be 1", l->cp);
@@ -284,17 +309,21 @@ static loom_status validate_plan(const loom_layout *l, const loom_layout_model *
                          l->zero, l->dp, l->cp);
     if (serve) {
         if (l->cp > 1 || l->zero || l->micro_batches != 1)
-            return loom_fail(LOOM_EUSAGE, "serving layouts use dp, tp, pp, ep only (cp=%d, zero=%d, m=%d: "
-                             "need 1, 0, 1)", l->cp, l->zero, l->micro_batches);
+            return loom_fail(LOOM_EUSAGE,
+                             "serving layouts use dp, tp, pp, ep only (cp=%d, zero=%d, m=%d: "
+                             "need 1, 0, 1)",
+                             l->cp, l->zero, l->micro_batches);
         return LOOM_OK;
     }
     LOOM_TRY(check_batch(l, j));
     const int local = j->batch / l->dp, mb = l->micro_batches;
     if (l->micro_batch_size > 0 && (long long)l->micro_batch_size * mb != local)
-        return loom_fail(LOOM_EUSAGE, "mbs=%d x m=%d = %lld, but a dp rank has %d sequences (--batch %d / dp=%d)",
-                         l->micro_batch_size, mb, (long long)l->micro_batch_size * mb, local, j->batch, l->dp);
+        return loom_fail(
+            LOOM_EUSAGE, "mbs=%d x m=%d = %lld, but a dp rank has %d sequences (--batch %d / dp=%d)",
+            l->micro_batch_size, mb, (long long)l->micro_batch_size * mb, local, j->batch, l->dp);
     if (l->pp == 1 && (l->virtual_stages != 1 || l->schedule != LOOM_SCHED_1F1B))
-        return loom_fail(LOOM_EUSAGE, "pp=1: no pipeline schedule (use schedule=1f1b, v=1; got schedule=%s, v=%d)",
+        return loom_fail(LOOM_EUSAGE,
+                         "pp=1: no pipeline schedule (use schedule=1f1b, v=1; got schedule=%s, v=%d)",
                          loom_schedule_name(l->schedule), l->virtual_stages);
     return l->pp > 1 ? check_pipeline(l, m, j) : LOOM_OK;
 }

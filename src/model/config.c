@@ -11,11 +11,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-typedef struct { const char *name; int n_layer, n_head, n_embd, vocab_size, n_positions; } builtin;
+typedef struct {
+    const char *name;
+    int n_layer, n_head, n_embd, vocab_size, n_positions;
+} builtin;
 
 static const builtin BUILTINS[] = {
-    {"tiny", 2, 4, 64, 256, 128},     /* tests: runs in milliseconds */
-    {"mini", 4, 4, 256, 256, 256},    /* the default: byte-level, trains in minutes on a laptop */
+    {"tiny", 2, 4, 64, 256, 128},  /* tests: runs in milliseconds */
+    {"mini", 4, 4, 256, 256, 256}, /* the default: byte-level, trains in minutes on a laptop */
     {"gpt2-small", 12, 12, 768, 50257, 1024},
     {"gpt2-medium", 24, 16, 1024, 50257, 1024},
     {"gpt2-large", 36, 20, 1280, 50257, 1024},
@@ -44,8 +47,8 @@ loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) 
         if (i + 1 < N_BUILTINS) strcat(known, ", ");
     }
     strncat(known, ", tiny-moe, mini-moe", sizeof known - strlen(known) - 1);
-    return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)",
-                     name, known);
+    return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)", name,
+                     known);
 }
 
 loom_status loom_model_config_check(const loom_model_config *c) {
@@ -57,24 +60,32 @@ loom_status loom_model_config_check(const loom_model_config *c) {
     /* Bounds that keep every size product (12 * n_layer * n_embd^2 parameters,
      * vocab_size * n_embd, n_positions * n_embd) far inside 64 bits and every
      * single dimension inside int. */
-    const struct { const char *key; int value, max; } bound[] = {
-        {"n_layer", c->n_layer, 1024},         {"n_embd", c->n_embd, 65536},
-        {"vocab_size", c->vocab_size, 1 << 24}, {"n_positions", c->n_positions, 1 << 20},
+    const struct {
+        const char *key;
+        int value, max;
+    } bound[] = {
+        {"n_layer", c->n_layer, 1024},
+        {"n_embd", c->n_embd, 65536},
+        {"vocab_size", c->vocab_size, 1 << 24},
+        {"n_positions", c->n_positions, 1 << 20},
     };
     for (size_t i = 0; i < sizeof bound / sizeof bound[0]; i++)
         if (bound[i].value > bound[i].max)
             return loom_fail(LOOM_ECONFIG, "model %s: %s=%d exceeds the supported maximum %d", c->name,
                              bound[i].key, bound[i].value, bound[i].max);
     if (c->n_embd % c->n_head)
-        return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name,
-                         c->n_head, c->n_embd);
+        return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name, c->n_head,
+                         c->n_embd);
     return loom_moe_config_check(c);
 }
 
 loom_layout_model loom_model_shape(const loom_model_config *c) {
-    return (loom_layout_model){.name = c->name, .n_layer = c->n_layer, .n_head = c->n_head,
+    return (loom_layout_model){.name = c->name,
+                               .n_layer = c->n_layer,
+                               .n_head = c->n_head,
                                .ffn = c->n_expert > 0 ? loom_moe_hidden(c) : 4 * c->n_embd,
-                               .n_positions = c->n_positions, .n_expert = c->n_expert};
+                               .n_positions = c->n_positions,
+                               .n_expert = c->n_expert};
 }
 
 static char *read_file(const char *path, loom_status *st) {
@@ -117,12 +128,34 @@ static char *read_file(const char *path, loom_status *st) {
 
 /* Keys of Hugging Face's GPT2Config that do not change the architecture. */
 static const char *HF_IGNORED[] = {
-    "architectures", "model_type", "attn_pdrop", "embd_pdrop", "resid_pdrop", "bos_token_id",
-    "eos_token_id", "initializer_range", "summary_activation", "summary_first_dropout",
-    "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
-    "torch_dtype", "transformers_version", "use_cache", "_name_or_path", "output_past",
-    "pad_token_id", "n_special", "predict_special_tokens", "gradient_checkpointing", "id2label",
-    "label2id", "tokenizer_class", "prefix", "name",
+    "architectures",
+    "model_type",
+    "attn_pdrop",
+    "embd_pdrop",
+    "resid_pdrop",
+    "bos_token_id",
+    "eos_token_id",
+    "initializer_range",
+    "summary_activation",
+    "summary_first_dropout",
+    "summary_proj_to_labels",
+    "summary_type",
+    "summary_use_proj",
+    "task_specific_params",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "_name_or_path",
+    "output_past",
+    "pad_token_id",
+    "n_special",
+    "predict_special_tokens",
+    "gradient_checkpointing",
+    "id2label",
+    "label2id",
+    "tokenizer_class",
+    "prefix",
+    "name",
 };
 
 static int is_ignored(const char *key) {
@@ -143,19 +176,17 @@ static loom_status get_int(const char *path, const cJSON *item, int *out) {
 static loom_status check_arch_key(const char *path, const cJSON *it, int n_embd_seen) {
     const char *k = it->string;
     if (strcmp(k, "activation_function") == 0) {
-        if (!cJSON_IsString(it) || (strcmp(it->valuestring, "gelu_new") != 0 &&
-                                    strcmp(it->valuestring, "gelu_pytorch_tanh") != 0))
-            return loom_fail(LOOM_ECONFIG, "%s: activation_function must be \"gelu_new\" (GELU tanh)",
-                             path);
+        if (!cJSON_IsString(it) ||
+            (strcmp(it->valuestring, "gelu_new") != 0 && strcmp(it->valuestring, "gelu_pytorch_tanh") != 0))
+            return loom_fail(LOOM_ECONFIG, "%s: activation_function must be \"gelu_new\" (GELU tanh)", path);
     } else if (strcmp(k, "layer_norm_epsilon") == 0) {
         if (!cJSON_IsNumber(it) || it->valuedouble != 1e-5)
             return loom_fail(LOOM_ECONFIG, "%s: layer_norm_epsilon must be 1e-05", path);
     } else if (strcmp(k, "tie_word_embeddings") == 0) {
-        if (!cJSON_IsTrue(it))
-            return loom_fail(LOOM_ECONFIG, "%s: tie_word_embeddings must be true", path);
+        if (!cJSON_IsTrue(it)) return loom_fail(LOOM_ECONFIG, "%s: tie_word_embeddings must be true", path);
     } else if (strcmp(k, "n_inner") == 0) {
-        if (!cJSON_IsNull(it) && !(cJSON_IsNumber(it) && n_embd_seen > 0 &&
-                                   it->valuedouble == 4.0 * n_embd_seen))
+        if (!cJSON_IsNull(it) &&
+            !(cJSON_IsNumber(it) && n_embd_seen > 0 && it->valuedouble == 4.0 * n_embd_seen))
             return loom_fail(LOOM_ECONFIG, "%s: n_inner must be null (4 * n_embd)", path);
     } else if (strcmp(k, "scale_attn_weights") == 0) {
         if (!cJSON_IsTrue(it)) return loom_fail(LOOM_ECONFIG, "%s: scale_attn_weights must be true", path);
@@ -197,8 +228,11 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
             }
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->name, sizeof cfg->name, "%s", path);
-    struct { const char *key; int *dst; } req[] = {
-        {"n_layer", &cfg->n_layer}, {"n_head", &cfg->n_head}, {"n_embd", &cfg->n_embd},
+    struct {
+        const char *key;
+        int *dst;
+    } req[] = {
+        {"n_layer", &cfg->n_layer},       {"n_head", &cfg->n_head},           {"n_embd", &cfg->n_embd},
         {"vocab_size", &cfg->vocab_size}, {"n_positions", &cfg->n_positions},
     };
     st = LOOM_OK;
@@ -228,8 +262,7 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
 
 loom_status loom_model_config_resolve(const char *s, loom_model_config *cfg) {
     size_t n = strlen(s);
-    if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0))
-        return loom_model_config_load(s, cfg);
+    if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0)) return loom_model_config_load(s, cfg);
     LOOM_TRY(loom_model_config_builtin(s, cfg));
     return loom_model_config_check(cfg);
 }

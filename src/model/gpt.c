@@ -163,16 +163,15 @@ static loom_status check_part(const loom_model_config *cfg, const loom_model_par
         return loom_fail(LOOM_EINTERNAL, "a forward-only part runs without SP, CP, recompute and a "
                                          "split backward");
     if (o->T > cfg->n_positions && !o->forward_only)
-        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T,
-                         cfg->n_positions);
+        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T, cfg->n_positions);
     if (o->recompute == LOOM_RECOMPUTE_FULL && o->split_backward)
         return loom_fail(LOOM_EUSAGE, "--recompute full with a split backward (schedule zb) is not "
                                       "supported: use --recompute selective or another schedule");
     if (o->recompute < LOOM_RECOMPUTE_NONE || o->recompute > LOOM_RECOMPUTE_FULL)
         return loom_fail(LOOM_EINTERNAL, "recompute mode %d", o->recompute);
     if (p->layer_begin < 0 || p->layer_end > cfg->n_layer || p->layer_begin > p->layer_end)
-        return loom_fail(LOOM_EINTERNAL, "model part: blocks [%d, %d) of %d", p->layer_begin,
-                         p->layer_end, cfg->n_layer);
+        return loom_fail(LOOM_EINTERNAL, "model part: blocks [%d, %d) of %d", p->layer_begin, p->layer_end,
+                         cfg->n_layer);
     return LOOM_OK;
 }
 
@@ -286,18 +285,14 @@ float *loom_gpt_input(loom_gpt *m, int slot) { return m->slots[slot].x; }
 float *loom_gpt_input_grad(loom_gpt *m, int slot) { return m->slots[slot].dx; }
 
 /* Output of local block li (li = -1: the part's input). */
-static const float *block_out(const loom_gpt_slot *s, int li) {
-    return li >= 0 ? s->acts[li].res3 : s->x;
-}
-const float *loom_gpt_output(const loom_gpt *m, int slot) {
-    return block_out(&m->slots[slot], m->L_l - 1);
-}
+static const float *block_out(const loom_gpt_slot *s, int li) { return li >= 0 ? s->acts[li].res3 : s->x; }
+const float *loom_gpt_output(const loom_gpt *m, int slot) { return block_out(&m->slots[slot], m->L_l - 1); }
 
 static int has_outer(const loom_gpt *m) { return m->part.has_embed || m->part.has_head; }
 
-#define HOOK(name, unit)                                                                           \
-    do {                                                                                           \
-        if (m->hooks.name) LOOM_TRY(m->hooks.name(m->hooks.ctx, m, unit));                         \
+#define HOOK(name, unit)                                                                                     \
+    do {                                                                                                     \
+        if (m->hooks.name) LOOM_TRY(m->hooks.name(m->hooks.ctx, m, unit));                                   \
     } while (0)
 
 /* The rows one forward works on: a micro-batch of B sequences of T
@@ -344,8 +339,7 @@ static loom_status row_out_fwd(loom_gpt *m, const rows_t *r, float *y, float *ou
 }
 /* Its conjugate: dout (Nx,C) -> dy (N,C) as the matmul's output gradient. */
 static loom_status row_out_bwd(loom_gpt *m, const float *dout, float *dy) {
-    if (m->part.tp.sp)
-        return loom_sp_reduce_scatter_bwd(&m->part.tp, dout, dy, (size_t)m->Nx * m->C);
+    if (m->part.tp.sp) return loom_sp_reduce_scatter_bwd(&m->part.tp, dout, dy, (size_t)m->Nx * m->C);
     loom_tensor_copy(m->dev, dy, dout, (size_t)m->N * m->C);
     return loom_tp_reduce_bwd(&m->part.tp, dy, (size_t)m->N * m->C);
 }
@@ -360,8 +354,7 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
     LOOM_TRY(row_out_fwd(m, &r, full, s->x));
     if (m->part.cp.size > 1)
         loom_cp_pos_fwd(&m->part.cp, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
-    else
-        loom_pos_fwd(m->dev, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else loom_pos_fwd(m->dev, s->x, m->w.wpe, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -389,8 +382,7 @@ static loom_status attention_fwd(loom_gpt *m, int li, const rows_t *r, loom_gpt_
     if (r->kv) attention_kv(m, li, r->kv, a->atty, a->qkv);
     else if (m->part.cp.size > 1)
         LOOM_TRY(loom_cp_attention_fwd(&m->part.cp, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l));
-    else
-        loom_attention_fwd(m->dev, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l);
+    else loom_attention_fwd(m->dev, a->atty, a->lse, a->qkv, r->B, r->T, m->C_l, m->NH_l);
     return LOOM_OK;
 }
 
@@ -446,11 +438,12 @@ static loom_status head_fwd(loom_gpt *m, loom_gpt_slot *s, int grad, double *los
      * one, with the loss's gradient too if the backward follows */
     s->dlogits_kept = 0;
     if (!s->have_targets) return LOOM_OK;
-    s->dlogits_kept = grad && tp->size == 1 &&
-                      loom_vxent_local_grad(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l,
-                                            m->expect_dloss);
+    s->dlogits_kept =
+        grad && tp->size == 1 &&
+        loom_vxent_local_grad(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l, m->expect_dloss);
     if (s->dlogits_kept) s->dlogits_dloss = m->expect_dloss;
-    else if (tp->size > 1 || !loom_vxent_local(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
+    else if (tp->size > 1 ||
+             !loom_vxent_local(m->dev, s->losses, s->logits, s->targets, N, Vl, m->V_valid_l)) {
         loom_vxent_max(m->dev, m->xmax, s->logits, N, Vl, m->V_valid_l);
         LOOM_TRY(loom_tp_allreduce(tp, m->xmax, (size_t)N, LOOM_MAX));
         float *sum = m->xsum, *tgt = m->xsum + N;
@@ -507,8 +500,8 @@ static loom_status head_bwd_input(loom_gpt *m, loom_gpt_slot *s, float *dlnf) {
     loom_matmul_nt_bwd(m->dev, m->dlnfull, NULL, s->logits, NULL, m->w.wte, N, C, Vl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, dlnf));
     loom_tensor_zero(m->dev, m->dres, (size_t)Nx * C);
-    loom_layernorm_bwd(m->dev, m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w,
-                       s->lnf_mean, s->lnf_rstd, Nx, C);
+    loom_layernorm_bwd(m->dev, m->dres, NULL, NULL, dlnf, block_out(s, m->L_l - 1), m->w.lnf_w, s->lnf_mean,
+                       s->lnf_rstd, Nx, C);
     return LOOM_OK;
 }
 
@@ -546,10 +539,9 @@ static loom_status block_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, loom_g
     loom_matmul_bwd(m->dev, m->datty, NULL, NULL, dy, a->atty, w->proj_w, N, Cl, C);
     loom_tensor_zero(m->dev, d->dqkv, (size_t)N * 3 * Cl);
     if (m->part.cp.size > 1)
-        LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B,
-                                       m->T, Cl, m->NH_l));
-    else
-        loom_attention_bwd(m->dev, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
+        LOOM_TRY(loom_cp_attention_bwd(&m->part.cp, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T,
+                                       Cl, m->NH_l));
+    else loom_attention_bwd(m->dev, d->dqkv, m->datty, a->qkv, a->atty, a->lse, m->B, m->T, Cl, m->NH_l);
     loom_tensor_zero(m->dev, m->dlnfull, (size_t)N * C);
     loom_matmul_bwd(m->dev, m->dlnfull, NULL, NULL, d->dqkv, NULL, w->qkv_w, N, C, 3 * Cl);
     LOOM_TRY(col_in_bwd(m, m->dlnfull, d->dln1));
@@ -578,7 +570,7 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
     loom_gpt_layer_w *g = &m->g.h[li];
     const loom_gpt_layer_acts *a = &s->acts[li];
     const int N = m->N, Nx = m->Nx, C = m->C, Cl = m->C_l;
-    const float *full; /* (N,C) */
+    const float *full;                                       /* (N,C) */
     if (loom_moe_layer(&m->cfg, m->part.layer_begin + li)) { /* MoE MLP (moe.c) */
         LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
         LOOM_TRY(loom_moe_bwd_weight(m, s, li, full));
@@ -588,15 +580,15 @@ static loom_status block_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const
         LOOM_TRY(sp_regather(m, a->ln2, 1, &full));
         loom_matmul_bwd(m->dev, NULL, g->fc_w, g->fc_b, d->dfch, full, w->fc_w, N, C, 4 * Cl);
     }
-    loom_layernorm_bwd(m->dev, NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean,
-                       a->ln2_rstd, Nx, C);
+    loom_layernorm_bwd(m->dev, NULL, g->ln2_w, g->ln2_b, d->dln2, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd,
+                       Nx, C);
     LOOM_TRY(sp_regather(m, d->dproj, d->sharded, &full));
     loom_matmul_bwd(m->dev, NULL, g->proj_w, g->proj_b, full, a->atty, w->proj_w, N, Cl, C);
     LOOM_TRY(sp_regather(m, a->ln1, 1, &full));
     loom_matmul_bwd(m->dev, NULL, g->qkv_w, NULL, d->dqkv, full, w->qkv_w, N, C, 3 * Cl);
     qkv_bias_grad(m->dev, g->qkv_b, d->dqkv, N, Cl);
-    loom_layernorm_bwd(m->dev, NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w,
-                       a->ln1_mean, a->ln1_rstd, Nx, C);
+    loom_layernorm_bwd(m->dev, NULL, g->ln1_w, g->ln1_b, d->dln1, block_out(s, li - 1), w->ln1_w, a->ln1_mean,
+                       a->ln1_rstd, Nx, C);
     return LOOM_OK;
 }
 
@@ -623,8 +615,7 @@ static loom_status embed_bwd_weight(loom_gpt *m, loom_gpt_slot *s) {
     if (!taken) loom_embed_bwd(m->dev, m->g.wte, full, s->inputs, m->vocab_start, m->V_l, m->N, m->C);
     if (m->part.cp.size > 1)
         loom_cp_pos_bwd(&m->part.cp, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
-    else
-        loom_pos_bwd(m->dev, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
+    else loom_pos_bwd(m->dev, m->g.wpe, s->dx, sp ? m->part.tp.rank * m->Nx : 0, m->Nx, m->T, m->C);
     return LOOM_OK;
 }
 
@@ -643,13 +634,15 @@ static loom_status backward(loom_gpt *m, int slot, const float *dy, float dloss,
         if (s->dlogits_kept && (split || dloss != s->dlogits_dloss)) {
             loom_gemm_unkeep(m->dev, s->logits);
             s->dlogits_kept = 0;
-            return loom_fail(LOOM_EINTERNAL, "backward: the forward was promised (loom_gpt_expect_backward) an "
-                                             "unsplit backward with dloss %g, got %s with %g",
+            return loom_fail(LOOM_EINTERNAL,
+                             "backward: the forward was promised (loom_gpt_expect_backward) an "
+                             "unsplit backward with dloss %g, got %s with %g",
                              (double)s->dlogits_dloss, split ? "a split one" : "one", (double)dloss);
         }
         const int grad_kept = s->dlogits_kept;
         s->dlogits_kept = 0;
-        if (!grad_kept) loom_vxent_bwd(m->dev, s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
+        if (!grad_kept)
+            loom_vxent_bwd(m->dev, s->logits, s->logits, s->targets, dloss, m->vocab_start, m->N, m->V_l);
         if (!split) {
             /* dlogits feeds both head products: converted to bf16 once
              * (already, and kept, if the forward computed it) */

@@ -12,9 +12,8 @@ size_t loom_gpt_build_table(loom_gpt *m);
 void loom_gpt_bind_all(loom_gpt *m);
 
 /* Append one table row (params.c's cut of a global (r, c) tensor; c = 0: 1-D). */
-void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c,
-                        int split_dim, int parts, int64_t valid, loom_init_kind init, float std,
-                        int sp_partial, int unit);
+void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim,
+                        int parts, int64_t valid, loom_init_kind init, float std, int sp_partial, int unit);
 
 /* ---- MoE blocks (moe.c) ---- */
 struct cJSON;

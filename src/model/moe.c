@@ -88,65 +88,65 @@ void loom_moe_add_experts(loom_gpt *m, size_t *off, int l, float std, float res_
  * rows this rank's El = E/P experts receive from the P ranks of the EP
  * group, kept expert-major (local expert, then source rank, then token). */
 typedef struct {
-    float *probs;           /* (N,E) router softmax */
+    float *probs; /* (N,E) router softmax */
     /* device copies of host index tables, for the kernels */
     int32_t *sel_d, *row_d, *tok_d, *routed_d;
-    float *lse;             /* (N) logsumexp of the router logits */
-    int32_t *sel;           /* (N,k) chosen experts */
-    float *gate;            /* (N,k) combine weights */
-    int32_t *row;           /* (N,k) dispatched row of each choice, -1 if dropped */
-    int32_t *tok;           /* (A) token of each dispatched row */
-    int32_t *start;         /* (E+1) first dispatched row of each expert */
-    int32_t *routed;        /* (G,E) choices per routing group and expert before capacity */
-    loom_ep_routes rt;      /* what the local experts receive from each source, and where (ep.h) */
-    float *ye;              /* (A,C) expert outputs of the dispatched rows */
-    float *xp, *hp, *gp;    /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
-    float *dyp, *dhp;       /* (R,C) (R,H) output gradients kept for W */
-    float *dlogit;          /* (N,E) kept for W */
-    const float *x;         /* (N,C) the block's input rows (ln_2 output), valid in forward */
-    double aux, z;          /* this group's losses */
-    int counted;            /* full recompute: its routing is in the stats already,
+    float *lse;          /* (N) logsumexp of the router logits */
+    int32_t *sel;        /* (N,k) chosen experts */
+    float *gate;         /* (N,k) combine weights */
+    int32_t *row;        /* (N,k) dispatched row of each choice, -1 if dropped */
+    int32_t *tok;        /* (A) token of each dispatched row */
+    int32_t *start;      /* (E+1) first dispatched row of each expert */
+    int32_t *routed;     /* (G,E) choices per routing group and expert before capacity */
+    loom_ep_routes rt;   /* what the local experts receive from each source, and where (ep.h) */
+    float *ye;           /* (A,C) expert outputs of the dispatched rows */
+    float *xp, *hp, *gp; /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
+    float *dyp, *dhp;    /* (R,C) (R,H) output gradients kept for W */
+    float *dlogit;       /* (N,E) kept for W */
+    const float *x;      /* (N,C) the block's input rows (ln_2 output), valid in forward */
+    double aux, z;       /* this group's losses */
+    int counted;         /* full recompute: its routing is in the stats already,
                                so the forward rerun in backward adds it once only */
 } moe_acts;
 
 typedef struct {
-    float *router;                          /* (C,E) */
-    float **fc_w, **fc_b, **cp_w, **cp_b;   /* El each: (C,H) (H) (H,C) (C) */
+    float *router;                        /* (C,E) */
+    float **fc_w, **fc_b, **cp_w, **cp_b; /* El each: (C,H) (H) (H,C) (C) */
 } moe_w;
 
 typedef struct {
-    int l;              /* global block */
-    float *bias;        /* (E) aux-loss-free selection bias */
+    int l;       /* global block */
+    float *bias; /* (E) aux-loss-free selection bias */
     moe_w w, g;
-    moe_acts *acts;     /* per slot */
+    moe_acts *acts; /* per slot */
 } moe_block;
 
 struct loom_moe {
-    loom_device *dev;         /* the part's */
-    int n_blocks, P, El, e0;  /* EP group size, local experts, first local expert */
-    int G;                    /* routing groups per micro-batch (opts.moe_route_cp, >= 1) */
-    int32_t *order;           /* (N) tokens group by group, each group in its CP rank's order */
-    int32_t *gid_d;           /* (N) device: the routing group of each token */
-    float *hprobs;            /* (N,E) host scratch: probabilities for the aux loss, bias steps */
-    int32_t *cnt_g;           /* (G,E) scratch: kept per group and expert */
-    double *P_g;              /* (G,E) scratch: router probabilities summed per group */
-    size_t Rmax;              /* rows the local experts can receive */
-    loom_ep ep;               /* the dispatch / combine region over the part's EP group (ep.h) */
+    loom_device *dev;        /* the part's */
+    int n_blocks, P, El, e0; /* EP group size, local experts, first local expert */
+    int G;                   /* routing groups per micro-batch (opts.moe_route_cp, >= 1) */
+    int32_t *order;          /* (N) tokens group by group, each group in its CP rank's order */
+    int32_t *gid_d;          /* (N) device: the routing group of each token */
+    float *hprobs;           /* (N,E) host scratch: probabilities for the aux loss, bias steps */
+    int32_t *cnt_g;          /* (G,E) scratch: kept per group and expert */
+    double *P_g;             /* (G,E) scratch: router probabilities summed per group */
+    size_t Rmax;             /* rows the local experts can receive */
+    loom_ep ep;              /* the dispatch / combine region over the part's EP group (ep.h) */
     moe_block *blocks;
-    int *of_local;      /* local block -> index in blocks, -1 if dense */
+    int *of_local; /* local block -> index in blocks, -1 if dense */
     float dloss;
-    float *dgate;       /* (N,k) scratch */
-    float *dp;          /* (N,E) scratch */
-    float *sendA;       /* (A,C) scratch: rows to dispatch, then their gradients */
-    float *t1, *t2;     /* (R,C) scratch */
-    float *tH;          /* (R,H) scratch */
+    float *dgate;   /* (N,k) scratch */
+    float *dp;      /* (N,E) scratch */
+    float *sendA;   /* (A,C) scratch: rows to dispatch, then their gradients */
+    float *t1, *t2; /* (R,C) scratch */
+    float *tH;      /* (R,H) scratch */
     loom_moe_stats *stats;
     int64_t *stat_mem;
-    void *mem;          /* one device allocation for every tensor above */
-    void *hmem;         /* one host allocation for the bookkeeping */
+    void *mem;                    /* one device allocation for every tensor above */
+    void *hmem;                   /* one host allocation for the bookkeeping */
     size_t mem_bytes, dmem_bytes; /* both allocations, the device one */
-    size_t ex_lo, ex_n;       /* the expert unit's flat range (expert parallelism) */
-    float *ex_params, *ex_grads; /* its own storage when the part has no flat buffer */
+    size_t ex_lo, ex_n;           /* the expert unit's flat range (expert parallelism) */
+    float *ex_params, *ex_grads;  /* its own storage when the part has no flat buffer */
 };
 
 static moe_block *block_of(const loom_gpt *m, int li) {
@@ -164,9 +164,8 @@ static void *carve(char *base, size_t *used, size_t n) {
 /* Carves device memory from p and host memory from h (either NULL: only
  * counted); returns the device bytes, the host bytes in *hbytes. */
 static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t *hbytes) {
-    const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert,
-                 k = (size_t)m->cfg.top_k, H = (size_t)hidden_l(m), A = N * k,
-                 P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
+    const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert, k = (size_t)m->cfg.top_k,
+                 H = (size_t)hidden_l(m), A = N * k, P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
     size_t used = 0, hu = 0, a2a_bytes, sent_bytes;
     loom_ep_scratch_bytes(moe->P, moe->El, &a2a_bytes, &sent_bytes);
     moe->dgate = carve(p, &used, N * k * 4);
@@ -231,8 +230,10 @@ loom_status loom_moe_create(loom_gpt *m) {
                          m->cfg.name);
     const int G = m->opts.moe_route_cp > 1 ? m->opts.moe_route_cp : 1;
     if (G > 1 && m->T % (2 * G))
-        return loom_fail(LOOM_EUSAGE, "MoE routing groups of %d CP ranks: 2*%d = %d does not divide "
-                         "the sequence length %d", G, G, 2 * G, m->T);
+        return loom_fail(LOOM_EUSAGE,
+                         "MoE routing groups of %d CP ranks: 2*%d = %d does not divide "
+                         "the sequence length %d",
+                         G, G, 2 * G, m->T);
     struct loom_moe *moe = calloc(1, sizeof *moe);
     if (!moe) return loom_fail(LOOM_EOS, "out of memory creating the MoE blocks");
     m->moe = moe;
@@ -280,8 +281,10 @@ loom_status loom_moe_create(loom_gpt *m) {
         loom_tensor_upload_i32(m->dev, moe->gid_d, gid, (size_t)m->N);
     }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
-    if (moe->ex_n && m->opts.external_params) moe->ex_params = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
-    if (moe->ex_n && m->opts.external_grads) moe->ex_grads = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
+    if (moe->ex_n && m->opts.external_params)
+        moe->ex_params = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
+    if (moe->ex_n && m->opts.external_grads)
+        moe->ex_grads = loom_device_alloc(m->dev, moe->ex_n * sizeof(float));
     if ((m->opts.external_params && moe->ex_n && !moe->ex_params) ||
         (m->opts.external_grads && moe->ex_n && !moe->ex_grads))
         return loom_fail(LOOM_EOS, "out of memory for the expert tensors (%zu floats)", moe->ex_n);
@@ -446,7 +449,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     for (int j = 0; j < El; j++) {
         int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n, C, H);
+        loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j],
+                        n, C, H);
         loom_gelu_fwd(m->dev, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
         /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
         loom_matmul_fwd(m->dev, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
@@ -570,8 +574,7 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
     /* the step per expert on the host (from host counts), added on the device:
      * hprobs is host scratch, dp device scratch, both free between steps */
     float *step = m->moe->hprobs;
-    for (int e = 0; e < E; e++)
-        step[e] = m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
+    for (int e = 0; e < E; e++) step[e] = m->cfg.bias_rate * (float)((routed[e] < mean) - (routed[e] > mean));
     loom_tensor_upload(m->dev, m->moe->dp, step, (size_t)E);
     loom_tensor_add(m->dev, m->moe->blocks[b].bias, m->moe->dp, (size_t)E);
 }

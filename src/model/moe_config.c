@@ -39,16 +39,17 @@ loom_status loom_moe_config_check(const loom_model_config *c) {
         return loom_fail(LOOM_ECONFIG, "model %s: num_local_experts=%d must be in [1, 1024]", c->name,
                          c->n_expert);
     if (c->top_k < 1 || c->top_k > c->n_expert)
-        return loom_fail(LOOM_ECONFIG, "model %s: num_experts_per_tok=%d must be in [1, num_local_experts=%d]",
-                         c->name, c->top_k, c->n_expert);
+        return loom_fail(LOOM_ECONFIG,
+                         "model %s: num_experts_per_tok=%d must be in [1, num_local_experts=%d]", c->name,
+                         c->top_k, c->n_expert);
     if (c->moe_every < 1 || c->moe_every > c->n_layer)
         return loom_fail(LOOM_ECONFIG, "model %s: moe_layer_freq=%d must be in [1, n_layer=%d]", c->name,
                          c->moe_every, c->n_layer);
     if (c->expert_hidden < 0 || c->expert_hidden > 1 << 20)
         return loom_fail(LOOM_ECONFIG, "model %s: moe_intermediate_size=%d out of range", c->name,
                          c->expert_hidden);
-    if (!(c->aux_coef >= 0) || !(c->z_coef >= 0) || !(c->capacity_factor >= 0) ||
-        c->capacity_factor > 1e6 || !(c->bias_rate >= 0))
+    if (!(c->aux_coef >= 0) || !(c->z_coef >= 0) || !(c->capacity_factor >= 0) || c->capacity_factor > 1e6 ||
+        !(c->bias_rate >= 0))
         return loom_fail(LOOM_ECONFIG,
                          "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g, "
                          "capacity_factor=%g and aux_free_bias_rate=%g must be >= 0",
@@ -69,7 +70,10 @@ static void moe_defaults(loom_model_config *c, int n_expert) {
 }
 
 int loom_moe_builtin(const char *name, loom_model_config *cfg) {
-    static const struct { const char *name, *base; int n_expert; } MOE[] = {
+    static const struct {
+        const char *name, *base;
+        int n_expert;
+    } MOE[] = {
         {"tiny-moe", "tiny", 4}, /* tests */
         {"mini-moe", "mini", 8}, /* 8 experts, top-2 */
     };
@@ -83,9 +87,12 @@ int loom_moe_builtin(const char *name, loom_model_config *cfg) {
     return 0;
 }
 
-loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_config *cfg,
-                                int *handled) {
-    const struct { const char *key; int *i; float *f; } KEYS[] = {
+loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_config *cfg, int *handled) {
+    const struct {
+        const char *key;
+        int *i;
+        float *f;
+    } KEYS[] = {
         {"num_local_experts", &cfg->n_expert, NULL},
         {"num_experts_per_tok", &cfg->top_k, NULL},
         {"moe_layer_freq", &cfg->moe_every, NULL},
@@ -100,7 +107,8 @@ loom_status loom_moe_config_key(const char *path, const cJSON *it, loom_model_co
         moe_defaults(cfg, 0);
     }
     if (strcmp(it->string, "norm_topk_prob") == 0) {
-        if (!cJSON_IsBool(it)) return loom_fail(LOOM_ECONFIG, "%s: \"norm_topk_prob\" must be true or false", path);
+        if (!cJSON_IsBool(it))
+            return loom_fail(LOOM_ECONFIG, "%s: \"norm_topk_prob\" must be true or false", path);
         cfg->norm_topk = cJSON_IsTrue(it);
         return LOOM_OK;
     }

@@ -24,8 +24,8 @@ typedef struct {
     int rows_mult, cols_mult; /* global shape in units of C (cols 0 = 1-D) */
     int split_dim, parts;
     loom_init_kind init;
-    int residual_proj;        /* std scaled by 1/sqrt(2L) */
-    int sp_partial;           /* gradient from this rank's rows only under SP (norms);
+    int residual_proj; /* std scaled by 1/sqrt(2L) */
+    int sp_partial;    /* gradient from this rank's rows only under SP (norms);
                                  row-parallel biases see the gathered gradient: complete */
 } block_param;
 
@@ -50,10 +50,9 @@ int loom_gpt_max_params(const loom_model_config *cfg, const loom_model_part *par
     return 5 + N_BLOCK * (part->layer_end - part->layer_begin) + loom_moe_extra_params(cfg, part);
 }
 
-
 /* Append one entry; local shape from the global one and the cut. */
-static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim,
-                int parts, int64_t valid, loom_init_kind init, float std, int sp_partial, int unit) {
+static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim, int parts,
+                int64_t valid, loom_init_kind init, float std, int sp_partial, int unit) {
     const int tp = m->part.tp.size;
     loom_param *p = &m->params[m->n_params++];
     memset(p, 0, sizeof *p);
@@ -77,9 +76,8 @@ static void add(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c
     *off += (p->numel + 15) & ~(size_t)15; /* 64-byte aligned tensors */
 }
 
-void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c,
-                        int split_dim, int parts, int64_t valid, loom_init_kind init, float std,
-                        int sp_partial, int unit) {
+void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, int64_t c, int split_dim,
+                        int parts, int64_t valid, loom_init_kind init, float std, int sp_partial, int unit) {
     add(m, off, name, r, c, split_dim, parts, valid, init, std, sp_partial, unit);
 }
 
@@ -147,8 +145,7 @@ int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i) {
 /* Local elements [a, b) of p (a, b relative to p) into dst: contiguous runs
  * of global indices (a row, or one part of a column-split row) go to
  * loom_rng_fill_normal in one call. */
-static void init_span(const loom_param *p, int tp_rank, loom_rng_key key, size_t a, size_t b,
-                      float *dst) {
+static void init_span(const loom_param *p, int tp_rank, loom_rng_key key, size_t a, size_t b, float *dst) {
     const size_t cols = (size_t)p->lshape[1];
     const size_t seg = p->split_dim == 1 ? cols / (size_t)p->split_parts : cols;
     for (size_t f = a; f < b;) {
@@ -250,7 +247,7 @@ static void bind_views(loom_gpt *m, int unit, float *base, loom_gpt_weights *w) 
         }
         loom_gpt_layer_w *h = &w->h[unit - m->part.layer_begin];
         float **slot[N_BLOCK] = {&h->ln1_w, &h->ln1_b, &h->qkv_w, &h->qkv_b, &h->proj_w, &h->proj_b,
-                                 &h->ln2_w, &h->ln2_b, &h->fc_w,  &h->fc_b,  &h->fcp_w, &h->fcp_b};
+                                 &h->ln2_w, &h->ln2_b, &h->fc_w,  &h->fc_b,  &h->fcp_w,  &h->fcp_b};
         const char *suffix = strchr(nm + 2, '.') + 1; /* after "h.<l>." */
         for (int k = 0; k < N_BLOCK; k++)
             if (!strcmp(suffix, BLOCK[k].suffix)) *slot[k] = v;
@@ -274,8 +271,7 @@ void loom_gpt_bind_all(loom_gpt *m) {
     loom_moe_bind_storage(m); /* expert tensors of a part without flat buffers */
 }
 
-loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n,
-                                   size_t *total) {
+loom_status loom_param_table_whole(const loom_model_config *cfg, loom_param **out, int *n, size_t *total) {
     loom_gpt tmp;
     memset(&tmp, 0, sizeof tmp);
     tmp.cfg = *cfg;

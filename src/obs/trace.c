@@ -23,8 +23,8 @@ loom_status loom_trace_open(const char *path, double base, loom_trace **out) {
     t->base = base;
     t->f = fopen(t->tmp, "w");
     if (!t->f) {
-        loom_status st = loom_fail(LOOM_ECANTCREAT, "trace %s: cannot create %s: %s", path, t->tmp,
-                                   strerror(errno));
+        loom_status st =
+            loom_fail(LOOM_ECANTCREAT, "trace %s: cannot create %s: %s", path, t->tmp, strerror(errno));
         free(t);
         return st;
     }
@@ -39,7 +39,8 @@ static void put_str(FILE *f, const char *s) {
 }
 
 void loom_trace_name_row(loom_trace *t, int pid, int tid, const char *name) {
-    fprintf(t->f, "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"",
+    fprintf(t->f,
+            "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"",
             t->n++ ? ",\n" : "", pid, tid);
     put_str(t->f, name);
     fprintf(t->f, "\"}}");

@@ -26,11 +26,11 @@
 enum { TAG_KV = 0x4c00, TAG_DKV = 0x4c01 };
 
 struct loom_cp_buffers {
-    float *kv[2];  /* ring: K/V blocks (B, T_l, 2C), the one held and the one arriving */
-    float *dacc[2]; /* ring: this step's dK/dV, the previous step's (still being sent) */
-    float *din;    /* ring: the dK/dV accumulator arriving */
+    float *kv[2];     /* ring: K/V blocks (B, T_l, 2C), the one held and the one arriving */
+    float *dacc[2];   /* ring: this step's dK/dV, the previous step's (still being sent) */
+    float *din;       /* ring: the dK/dV accumulator arriving */
     float *a, *b, *c; /* Ulysses: send, receive, head-sharded full sequence (B*T_l*3C each) */
-    float *o;      /* Ulysses: head-sharded out, dout, dq|dk|dv (5 x B*T_l*C) */
+    float *o;         /* Ulysses: head-sharded out, dout, dq|dk|dv (5 x B*T_l*C) */
     /* Ulysses, device index lists of B*T rows: the received row of each
      * position (to_heads) and the position of each row to send (to_seq) */
     int32_t *to_heads, *to_seq;
@@ -95,14 +95,16 @@ loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l) {
 void loom_cp_release(loom_cp *cp) {
     loom_cp_buffers *w = cp->buf;
     if (!w) return;
-    const size_t kv = w->kv_n * sizeof(float), big = w->big_n * sizeof(float), idx = w->rows * sizeof(int32_t);
+    const size_t kv = w->kv_n * sizeof(float), big = w->big_n * sizeof(float),
+                 idx = w->rows * sizeof(int32_t);
     const struct {
         void *p;
         size_t bytes;
-    } mem[] = {{w->kv[0], kv}, {w->kv[1], kv}, {w->dacc[0], kv}, {w->dacc[1], kv}, {w->din, kv},
-               {w->a, big},    {w->b, big},    {w->c, big},      {w->o, big / 3 * 5}, {w->to_heads, idx},
-               {w->to_seq, idx}};
-    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++) loom_device_release(cp->dev, mem[i].p, mem[i].bytes);
+    } mem[] = {{w->kv[0], kv},      {w->kv[1], kv},     {w->dacc[0], kv}, {w->dacc[1], kv},
+               {w->din, kv},        {w->a, big},        {w->b, big},      {w->c, big},
+               {w->o, big / 3 * 5}, {w->to_heads, idx}, {w->to_seq, idx}};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
+        loom_device_release(cp->dev, mem[i].p, mem[i].bytes);
     free(w);
     cp->buf = NULL;
 }
@@ -120,8 +122,7 @@ void loom_cp_split_tokens(const loom_cp *cp, int32_t *x, int B, int T) {
             x[(size_t)b * T_l + t] = x[(size_t)b * T + loom_cp_position(cp, t, T_l)];
 }
 
-void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, int n, int T_l,
-                     int C) {
+void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, int n, int T_l, int C) {
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * C;
         loom_residual_fwd(cp->dev, o, o, wpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C,
@@ -129,8 +130,7 @@ void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, 
     }
 }
 
-void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l,
-                     int C) {
+void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l, int C) {
     for (int i = 0; i < n; i++) {
         float *g = dwpe + (size_t)loom_cp_position(cp, (row0 + i) % T_l, T_l) * C;
         loom_residual_fwd(cp->dev, g, g, dout + (size_t)i * C, (size_t)C);
@@ -141,8 +141,8 @@ void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0
 
 /* rows (B,T_l) of width w at column col of src (row stride ls) -> dst
  * (row stride ld) at column dcol; add: += instead of =. */
-static void copy_cols(loom_device *dev, float *dst, int ld, int dcol, const float *src, int ls, int col, size_t rows,
-                      int w, int add) {
+static void copy_cols(loom_device *dev, float *dst, int ld, int dcol, const float *src, int ls, int col,
+                      size_t rows, int w, int add) {
     for (size_t i = 0; i < rows; i++) {
         float *d = dst + i * ld + dcol;
         const float *s = src + i * ls + col;
@@ -152,12 +152,21 @@ static void copy_cols(loom_device *dev, float *dst, int ld, int dcol, const floa
 }
 
 /* Queries of local chunk qc against key chunk kc of the block of rank src. */
-static loom_att_view ring_view(const loom_cp *cp, const float *qkv, const float *kv, int qc,
-                               int kc, int src, int B, int T_l, int C, int NH) {
+static loom_att_view ring_view(const loom_cp *cp, const float *qkv, const float *kv, int qc, int kc, int src,
+                               int B, int T_l, int C, int NH) {
     const int Tc = T_l / 2;
-    loom_att_view v = {qkv + (size_t)qc * Tc * 3 * C, kv + (size_t)kc * Tc * 2 * C,
-                       kv + (size_t)kc * Tc * 2 * C + C, (size_t)T_l * 3 * C,
-                       (size_t)T_l * 2 * C, 3 * C, 2 * C, B, Tc, Tc, NH, C / NH,
+    loom_att_view v = {qkv + (size_t)qc * Tc * 3 * C,
+                       kv + (size_t)kc * Tc * 2 * C,
+                       kv + (size_t)kc * Tc * 2 * C + C,
+                       (size_t)T_l * 3 * C,
+                       (size_t)T_l * 2 * C,
+                       3 * C,
+                       2 * C,
+                       B,
+                       Tc,
+                       Tc,
+                       NH,
+                       C / NH,
                        (long)chunk_of(cp->size, cp->rank, qc) * Tc,
                        (long)chunk_of(cp->size, src, kc) * Tc};
     return v;
@@ -165,8 +174,7 @@ static loom_att_view ring_view(const loom_cp *cp, const float *qkv, const float 
 
 /* Step s of the ring: unless it is the last, send the K/V block held
  * (kv[cur]) to rank + 1 and receive the next into kv[cur ^ 1] from rank - 1. */
-static loom_status ring_pass(loom_cp *cp, int s, int cur, size_t bytes, loom_req **rs,
-                             loom_req **rr) {
+static loom_status ring_pass(loom_cp *cp, int s, int cur, size_t bytes, loom_req **rs, loom_req **rr) {
     const int P = cp->size;
     if (s == P - 1) return LOOM_OK;
     loom_cp_buffers *w = cp->buf;
@@ -174,8 +182,8 @@ static loom_status ring_pass(loom_cp *cp, int s, int cur, size_t bytes, loom_req
     return loom_comm_irecv(cp->comm, w->kv[cur ^ 1], bytes, (cp->rank + P - 1) % P, TAG_KV, rr);
 }
 
-static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
-                            int T_l, int C, int NH) {
+static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B, int T_l, int C,
+                            int NH) {
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Tc = T_l / 2;
     const size_t rows = (size_t)B * T_l, bytes = rows * 2 * C * sizeof(float);
@@ -191,9 +199,8 @@ static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qk
             for (int kc = 0; kc < 2; kc++) {
                 loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
                 if (!loom_attention_tiles(&v)) continue;
-                cp->tiles += loom_attention_part_fwd(cp->dev, &v, out + (size_t)qc * Tc * C,
-                                                     (size_t)T_l * C, C,
-                                                     lse + (size_t)qc * B * NH * Tc, 1);
+                cp->tiles += loom_attention_part_fwd(cp->dev, &v, out + (size_t)qc * Tc * C, (size_t)T_l * C,
+                                                     C, lse + (size_t)qc * B * NH * Tc, 1);
             }
         LOOM_TRY(loom_comm_wait(rs));
         LOOM_TRY(loom_comm_wait(rr));
@@ -202,8 +209,8 @@ static loom_status ring_fwd(loom_cp *cp, float *out, float *lse, const float *qk
     return LOOM_OK;
 }
 
-static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B, int T_l, int C, int NH) {
+static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, int B, int T_l, int C, int NH) {
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Tc = T_l / 2, next = (cp->rank + 1) % P, prev = (cp->rank + P - 1) % P;
     const size_t rows = (size_t)B * T_l, n = rows * 2 * C, bytes = n * sizeof(float);
@@ -221,9 +228,9 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
                 loom_att_view v = ring_view(cp, qkv, w->kv[cur], qc, kc, src, B, T_l, C, NH);
                 if (!loom_attention_tiles(&v)) continue;
                 float *dk = dl + (size_t)kc * Tc * 2 * C;
-                cp->tiles += loom_attention_part_bwd(cp->dev, 
-                    &v, dqkv + (size_t)qc * Tc * 3 * C, dk, dk + C, dout + (size_t)qc * Tc * C,
-                    out + (size_t)qc * Tc * C, (size_t)T_l * C, C, lse + (size_t)qc * B * NH * Tc);
+                cp->tiles += loom_attention_part_bwd(cp->dev, &v, dqkv + (size_t)qc * Tc * 3 * C, dk, dk + C,
+                                                     dout + (size_t)qc * Tc * C, out + (size_t)qc * Tc * C,
+                                                     (size_t)T_l * C, C, lse + (size_t)qc * B * NH * Tc);
             }
         if (s > 0) { /* what the ranks before added to this block */
             LOOM_TRY(loom_comm_wait(dr));
@@ -246,15 +253,14 @@ static loom_status ring_bwd(loom_cp *cp, float *dqkv, const float *dout, const f
 
 /* x (B,T_l,p*C) sequence-sharded -> y (B,T,p*C/cp) head-sharded, rows in
  * position order. Collective. */
-static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, int T_l, int C,
-                                int p) {
+static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, int T_l, int C, int p) {
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Ch = C / P, T = T_l * P;
     const size_t blk = (size_t)B * T_l * p * Ch; /* floats per peer */
-    for (int j = 0; j < P; j++) /* to rank j: its heads of every local row */
+    for (int j = 0; j < P; j++)                  /* to rank j: its heads of every local row */
         for (int k = 0; k < p; k++)
-            copy_cols(cp->dev, w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l,
-                      Ch, 0);
+            copy_cols(cp->dev, w->a + j * blk, p * Ch, k * Ch, x, p * C, k * C + j * Ch, (size_t)B * T_l, Ch,
+                      0);
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
     /* from rank i: its rows, at their positions */
     loom_tensor_gather_rows(cp->dev, y, w->b, w->to_heads, B * T, p * Ch);
@@ -262,8 +268,8 @@ static loom_status seq_to_heads(loom_cp *cp, float *y, const float *x, int B, in
 }
 
 /* The inverse: y (B,T,p*C/cp) head-sharded -> x (B,T_l,p*C); add: +=. */
-static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, int T_l, int C,
-                                int p, int add) {
+static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, int T_l, int C, int p,
+                                int add) {
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, Ch = C / P, T = T_l * P;
     const size_t blk = (size_t)B * T_l * p * Ch;
@@ -272,18 +278,30 @@ static loom_status heads_to_seq(loom_cp *cp, float *x, const float *y, int B, in
     LOOM_TRY(loom_comm_alltoall(cp->comm, w->a, w->b, blk * sizeof(float)));
     for (int j = 0; j < P; j++) /* from rank j: its heads */
         for (int k = 0; k < p; k++)
-            copy_cols(cp->dev, x, p * C, k * C + j * Ch, w->b + j * blk, p * Ch, k * Ch, (size_t)B * T_l,
-                      Ch, add);
+            copy_cols(cp->dev, x, p * C, k * C + j * Ch, w->b + j * blk, p * Ch, k * Ch, (size_t)B * T_l, Ch,
+                      add);
     return LOOM_OK;
 }
 
-static loom_status ulysses_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
-                               int T_l, int C, int NH) {
+static loom_status ulysses_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B, int T_l, int C,
+                               int NH) {
     loom_cp_buffers *w = cp->buf;
     const int P = cp->size, T = T_l * P;
     LOOM_TRY(seq_to_heads(cp, w->c, qkv, B, T_l, C, 3));
-    loom_att_view v = {w->c, w->c + C / P, w->c + 2 * C / P, (size_t)T * 3 * C / P,
-                       (size_t)T * 3 * C / P, 3 * C / P, 3 * C / P, B, T, T, NH / P, C / NH, 0, 0};
+    loom_att_view v = {w->c,
+                       w->c + C / P,
+                       w->c + 2 * C / P,
+                       (size_t)T * 3 * C / P,
+                       (size_t)T * 3 * C / P,
+                       3 * C / P,
+                       3 * C / P,
+                       B,
+                       T,
+                       T,
+                       NH / P,
+                       C / NH,
+                       0,
+                       0};
     cp->tiles += loom_attention_part_fwd(cp->dev, &v, w->o, (size_t)T * C / P, C / P, lse, 0);
     return heads_to_seq(cp, out, w->o, B, T_l, C, 1, 0);
 }
@@ -301,22 +319,32 @@ static loom_status ulysses_bwd(loom_cp *cp, float *dqkv, const float *dout, cons
     LOOM_TRY(seq_to_heads(cp, o, out, B, T_l, C, 1));
     LOOM_TRY(seq_to_heads(cp, g, dout, B, T_l, C, 1));
     loom_tensor_zero(cp->dev, d, 3 * n);
-    loom_att_view v = {w->c, w->c + Cp, w->c + 2 * Cp, (size_t)T * 3 * Cp, (size_t)T * 3 * Cp,
-                       3 * Cp, 3 * Cp, B, T, T, NH / P, C / NH, 0, 0};
+    loom_att_view v = {w->c,
+                       w->c + Cp,
+                       w->c + 2 * Cp,
+                       (size_t)T * 3 * Cp,
+                       (size_t)T * 3 * Cp,
+                       3 * Cp,
+                       3 * Cp,
+                       B,
+                       T,
+                       T,
+                       NH / P,
+                       C / NH,
+                       0,
+                       0};
     cp->tiles += loom_attention_part_bwd(cp->dev, &v, d, d + Cp, d + 2 * Cp, g, o, (size_t)T * Cp, Cp, lse);
     return heads_to_seq(cp, dqkv, d, B, T_l, C, 3, 1);
 }
 
-loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B,
-                                  int T_l, int C, int NH) {
+loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B, int T_l,
+                                  int C, int NH) {
     if (cp->impl == LOOM_CP_ULYSSES) return ulysses_fwd(cp, out, lse, qkv, B, T_l, C, NH);
     return ring_fwd(cp, out, lse, qkv, B, T_l, C, NH);
 }
 
 loom_status loom_cp_attention_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
-                                  const float *out, const float *lse, int B, int T_l, int C,
-                                  int NH) {
-    if (cp->impl == LOOM_CP_ULYSSES)
-        return ulysses_bwd(cp, dqkv, dout, qkv, out, lse, B, T_l, C, NH);
+                                  const float *out, const float *lse, int B, int T_l, int C, int NH) {
+    if (cp->impl == LOOM_CP_ULYSSES) return ulysses_bwd(cp, dqkv, dout, qkv, out, lse, B, T_l, C, NH);
     return ring_bwd(cp, dqkv, dout, qkv, out, lse, B, T_l, C, NH);
 }

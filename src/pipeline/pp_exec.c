@@ -31,11 +31,11 @@ typedef struct recv_ring {
     loom_req *req[RECV_AHEAD];
     int action[RECV_AHEAD]; /* the RECV action each buffer was posted for */
     int head, count;
-    int scan;               /* next action index to look at for posting */
+    int scan; /* next action index to look at for posting */
 } recv_ring;
 
 typedef struct slot_state {
-    int mb;                       /* micro-batch held, -1 free */
+    int mb; /* micro-batch held, -1 free */
     loom_req *pending[MAX_PENDING];
     int n_pending;
 } slot_state;
@@ -45,7 +45,7 @@ struct loom_pp_exec {
     int rank, v, n_actions;
     const loom_pp_action *actions;
     loom_gpt **parts;
-    loom_device *dev;   /* the parts' device: buffers and copies */
+    loom_device *dev; /* the parts' device: buffers and copies */
     loom_comm *pp;
     slot_state **slots; /* [chunk][slot] */
     int *n_slots;       /* per chunk */
@@ -53,8 +53,8 @@ struct loom_pp_exec {
     int32_t *inputs, *targets;
     int live, peak_live;
     loom_pp_event *events;
-    recv_ring *rings;   /* [2 * chunk + (kind == RECV_GRAD)] */
-    size_t act_bytes;   /* one activation (Nx,C) */
+    recv_ring *rings; /* [2 * chunk + (kind == RECV_GRAD)] */
+    size_t act_bytes; /* one activation (Nx,C) */
 };
 
 loom_status loom_pp_exec_create(const loom_schedule *s, int rank, loom_gpt **parts, loom_comm *pp,
@@ -128,8 +128,8 @@ static loom_status ring_post(loom_pp_exec *x, recv_ring *g) {
         if (a->kind != g->kind || a->chunk != g->chunk) continue;
         int k = (g->head + g->count) % RECV_AHEAD;
         g->action[k] = (int)(a - x->actions);
-        LOOM_TRY(loom_comm_irecv(x->pp, g->buf[k], x->act_bytes, a->peer,
-                                 loom_pp_tag(x->s, x->rank, a), &g->req[k]));
+        LOOM_TRY(loom_comm_irecv(x->pp, g->buf[k], x->act_bytes, a->peer, loom_pp_tag(x->s, x->rank, a),
+                                 &g->req[k]));
         g->count++;
     }
     return LOOM_OK;
@@ -204,16 +204,13 @@ static loom_status run_action(loom_pp_exec *x, int i, const loom_pp_exec_io *io,
     if (a->kind != LOOM_PP_OPT_STEP) LOOM_TRY(slot_of(x, c, mb, &k));
     slot_state *st = k >= 0 ? &x->slots[c][k] : NULL;
     switch (a->kind) {
-    case LOOM_PP_RECV_ACT:
-        return ring_take(x, i, loom_gpt_input(part, k));
+    case LOOM_PP_RECV_ACT: return ring_take(x, i, loom_gpt_input(part, k));
     case LOOM_PP_F:
         io->batch(io->ctx, mb, part->part.has_embed ? x->inputs : NULL,
                   part->part.has_head ? x->targets : NULL);
         return loom_gpt_forward(part, k, x->inputs, part->part.has_head ? x->targets : NULL, loss_sum);
-    case LOOM_PP_SEND_ACT:
-        return post_send(x, st, loom_gpt_output(part, k), act_bytes, a);
-    case LOOM_PP_RECV_GRAD:
-        return ring_take(x, i, x->dy);
+    case LOOM_PP_SEND_ACT: return post_send(x, st, loom_gpt_output(part, k), act_bytes, a);
+    case LOOM_PP_RECV_GRAD: return ring_take(x, i, x->dy);
     case LOOM_PP_B: {
         io->before_backward(io->ctx, mb, mb == m - 1);
         const float *dy = part->part.has_head ? NULL : x->dy;
@@ -235,14 +232,12 @@ static loom_status run_action(loom_pp_exec *x, int i, const loom_pp_exec_io *io,
         for (int cc = 0; cc < x->v; cc++)
             for (int kk = 0; kk < x->n_slots[cc]; kk++) LOOM_TRY(wait_slot(&x->slots[cc][kk]));
         return LOOM_OK;
-    case LOOM_PP_KIND_COUNT:
-        break;
+    case LOOM_PP_KIND_COUNT: break;
     }
     return loom_fail(LOOM_EINTERNAL, "pipeline: unknown action kind %d", (int)a->kind);
 }
 
-loom_status loom_pp_exec_run(loom_pp_exec *x, const loom_pp_exec_io *io, float dloss,
-                             double *loss_sum) {
+loom_status loom_pp_exec_run(loom_pp_exec *x, const loom_pp_exec_io *io, float dloss, double *loss_sum) {
     x->live = x->peak_live = 0;
     for (int r = 0; r < 2 * x->v; r++) { /* this step's first receives, posted now */
         recv_ring *g = &x->rings[r];

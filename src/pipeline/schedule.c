@@ -136,8 +136,8 @@ loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_sc
     if (!s || !tmp || !s->offset || !s->actions) {
         free(tmp);
         loom_schedule_free(s);
-        return loom_fail(LOOM_EOS, "out of memory building a %s schedule for pp=%d m=%d v=%d", loom_schedule_name(k),
-                         pp, m, v);
+        return loom_fail(LOOM_EOS, "out of memory building a %s schedule for pp=%d m=%d v=%d",
+                         loom_schedule_name(k), pp, m, v);
     }
     *s = (loom_schedule){.kind = k,
                          .pp = pp,

@@ -133,8 +133,7 @@ static loom_status gemm_rate_together(loom_comm *world, loom_device *dev, int m,
         loom_matmul_fwd(dev, c, a, b, NULL, m, k, n);
         now = loom_comm_wtime();
         if (now <= t1) calls += 1;
-        else if (start < t1)
-            calls += (t1 - start) / (now - start);
+        else if (start < t1) calls += (t1 - start) / (now - start);
     }
     free(buf);
     if (st == LOOM_OK) st = loom_comm_allreduce(world, &calls, 1, LOOM_F64, LOOM_SUM);
@@ -219,12 +218,14 @@ enum { NSHAPE = sizeof SHAPES / sizeof SHAPES[0] };
  * a shape's rate (a curve of 0.49-0.62 for the four smaller shapes in one
  * of five 2-rank calibrations, 0.77-0.99 in the others), and the planner
  * then predicted tp=2 63 % slow. Collective over world. */
-static loom_status measure_gemm(loom_comm *world, loom_device *dev, double shape_flops[NSHAPE], double *peak) {
+static loom_status measure_gemm(loom_comm *world, loom_device *dev, double shape_flops[NSHAPE],
+                                double *peak) {
     double gemm = 0;
     for (int pass = 0; pass < GEMM_PASSES; pass++)
         for (int i = 0; i < NSHAPE; i++) {
             double r = 0;
-            LOOM_TRY(gemm_rate_together(world, dev, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW, &r));
+            LOOM_TRY(
+                gemm_rate_together(world, dev, SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], GEMM_WINDOW, &r));
             shape_flops[i] = fmax(shape_flops[i], r);
         }
     for (int i = 0; i < NSHAPE; i++) gemm = fmax(gemm, shape_flops[i]);
@@ -294,8 +295,8 @@ static loom_status measure_collectives(loom_comm *world, coll_points *cp, int ve
 }
 
 /* Rank 0: the cluster file (path.tmp, renamed into place). */
-static loom_status write_cluster(const char *path, int n, int cpus, int threads, double bw, double rss, double gemm,
-                                 const double *shape_flops, const coll_points *cp) {
+static loom_status write_cluster(const char *path, int n, int cpus, int threads, double bw, double rss,
+                                 double gemm, const double *shape_flops, const coll_points *cp) {
     const double mem = (double)mem_available() / n;
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

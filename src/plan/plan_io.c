@@ -558,9 +558,16 @@ loom_status loom_plan_layout_validate(const loom_plan_model *m, const loom_plan_
     l.micro_batch_size = p->mbs;
     l.recompute = (loom_recompute_mode)p->recompute;
     l.precision = j->bf16 ? LOOM_PRECISION_BF16 : LOOM_PRECISION_FP32;
-    const loom_layout_model shape = {.name = m->name, .n_layer = m->layers, .n_head = m->heads, .ffn = m->ffn,
-                                     .n_positions = m->max_seq, .n_expert = m->experts > 1 ? m->experts : 0};
-    const loom_layout_job job = {.purpose = j->serve ? LOOM_LAYOUT_FOR_PLAN_SERVE : LOOM_LAYOUT_FOR_PLAN_TRAIN,
-                                 .world = devices, .batch = j->batch, .seq = j->seq};
+    const loom_layout_model shape = {.name = m->name,
+                                     .n_layer = m->layers,
+                                     .n_head = m->heads,
+                                     .ffn = m->ffn,
+                                     .n_positions = m->max_seq,
+                                     .n_expert = m->experts > 1 ? m->experts : 0};
+    const loom_layout_job job = {.purpose =
+                                     j->serve ? LOOM_LAYOUT_FOR_PLAN_SERVE : LOOM_LAYOUT_FOR_PLAN_TRAIN,
+                                 .world = devices,
+                                 .batch = j->batch,
+                                 .seq = j->seq};
     return loom_layout_validate(&l, &shape, &job);
 }

@@ -15,8 +15,7 @@ eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const
     eval_ctx e;
     e.sc = plan_shape_of(m);
     if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c ? c->peak_bf16 : 0;
-    else
-        e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c ? c->peak_fp32 : 0;
+    else e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c ? c->peak_fp32 : 0;
     e.flash = j->flash;
     return e;
 }

@@ -73,8 +73,7 @@ double plan_layer_gemm_eff(const loom_plan_model *m, const shape_costs *sc, cons
                 0.5 * g[i].flops / (c->attn_eff > 0 ? c->attn_eff : loom_plan_gemm_eff(c, g[i].size));
         else if (i == attn) /* in units of peak FLOPs: bytes * peak / bandwidth */
             tm += tm_attn = fmax(g[i].flops / loom_plan_gemm_eff(c, g[i].size), score_bytes * peak_per_bw);
-        else
-            tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
+        else tm += g[i].flops / loom_plan_gemm_eff(c, g[i].size);
     }
     if (attn_share) *attn_share = tm > 0 ? tm_attn / tm : 0;
     return tm > 0 ? fl / tm : c->gemm_eff;

@@ -229,8 +229,7 @@ static int tr_match(const tr_file *f, const loom_schedule *s, int r, int *prefix
         if (i < n && i < f->n)
             snprintf(why, cap, "its action %d is '%s' where rank %d runs '%s'", i, f->name[i], r,
                      (loom_pp_action_format(&a[i], s->virtual_stages, lab, sizeof lab), lab));
-        else if (i < n)
-            snprintf(why, cap, "it ends after %d actions where rank %d runs %d", f->n, r, n);
+        else if (i < n) snprintf(why, cap, "it ends after %d actions where rank %d runs %d", f->n, r, n);
         else
             snprintf(why, cap, "it has %d actions where rank %d runs %d (the next is '%s')", f->n, r, n,
                      f->name[i]);
@@ -367,8 +366,7 @@ static loom_status tr_assign(tr_file *files, int n_files, const loom_schedule *s
         files[i].rank = -1;
         for (int r = 0; r < pp && files[i].rank < 0; r++) {
             if (tr_match(&files[i], s, r, &prefix, NULL, 0)) files[i].rank = r;
-            else if (prefix > best_prefix)
-                best = r, best_prefix = prefix;
+            else if (prefix > best_prefix) best = r, best_prefix = prefix;
         }
         if (files[i].rank >= 0) {
             per[files[i].rank]++;
@@ -377,8 +375,7 @@ static loom_status tr_assign(tr_file *files, int n_files, const loom_schedule *s
         char why[400], hint[200];
         if (files[i].n == 0)
             snprintf(why, sizeof why, "it has no pipeline actions (F0, SEND_ACT ..., OPT_STEP)");
-        else
-            tr_match(&files[i], s, best, &prefix, why, sizeof why);
+        else tr_match(&files[i], s, best, &prefix, why, sizeof why);
         tr_guess(files, n_files, s, hint, sizeof hint);
         st = loom_fail(LOOM_EDATA, "%s/trace_rank%d.json is not a trace of %s: %s%s", dir, i, desc, why,
                        hint[0]

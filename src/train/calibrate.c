@@ -116,10 +116,11 @@ static void cal_write(const loom_peak *p) {
         }
     FILE *f = fopen(path, "w"); /* best effort: a cache we cannot write only costs a re-measure */
     if (!f) return;
-    fprintf(f, "cpu: %s\nflags: %s\nkernel: %s\nthreads: %d\nsgemm_flops: %.6g\nfma_flops: %.6g\n"
-               "clock_hz: %.6g\nflop_per_cycle: %.6g\ntrials: %d\n",
-            p->cpu, p->flags, p->kernel, p->threads, p->sgemm_flops, p->fma_flops, p->clock_hz, p->flop_per_cycle,
-            p->trials);
+    fprintf(f,
+            "cpu: %s\nflags: %s\nkernel: %s\nthreads: %d\nsgemm_flops: %.6g\nfma_flops: %.6g\n"
+            "clock_hz: %.6g\nflop_per_cycle: %.6g\ntrials: %d\n",
+            p->cpu, p->flags, p->kernel, p->threads, p->sgemm_flops, p->fma_flops, p->clock_hz,
+            p->flop_per_cycle, p->trials);
     fclose(f);
 }
 
@@ -140,8 +141,9 @@ loom_status loom_peak_get(int threads, int force, int bf16, loom_peak *out) {
     cal_identity(out, threads, bf16);
     if (!force && cal_read(out)) return LOOM_OK;
     /* bf16 without a provider runs on the fp32 kernels: their rate */
-    out->sgemm_flops = bf16 && loom_kernels_bf16_provider() ? loom_kernels_calibrate_bf16(threads, CAL_TRIALS)
-                                                            : loom_kernels_calibrate_sgemm(threads, CAL_TRIALS);
+    out->sgemm_flops = bf16 && loom_kernels_bf16_provider()
+                           ? loom_kernels_calibrate_bf16(threads, CAL_TRIALS)
+                           : loom_kernels_calibrate_sgemm(threads, CAL_TRIALS);
     out->trials = CAL_TRIALS;
     if (out->sgemm_flops <= 0) return loom_fail(LOOM_EOS, "calibrate: out of memory for the GEMM buffers");
     out->clock_hz = loom_cpu_clock_hz();
@@ -152,7 +154,8 @@ loom_status loom_peak_get(int threads, int force, int bf16, loom_peak *out) {
     return LOOM_OK;
 }
 
-loom_status loom_peak_flops(loom_comm *world, const loom_device *dev, double given, double *out, double *fma) {
+loom_status loom_peak_flops(loom_comm *world, const loom_device *dev, double given, double *out,
+                            double *fma) {
     double v[2] = {given, 0};
     if (given <= 0 && loom_comm_rank(world) == 0) {
         loom_peak p;

@@ -340,8 +340,7 @@ static loom_status write_hf_config(const char *out, const cJSON *model) {
     snprintf(dir, sizeof dir, "%s", out);
     char *slash = strrchr(dir, '/');
     if (slash) slash[1] = '\0';
-    else
-        dir[0] = '\0';
+    else dir[0] = '\0';
     char path[CKPT_PATH + 16];
     snprintf(path, sizeof path, "%sconfig.json", dir);
     cJSON *o = cJSON_CreateObject();
@@ -405,8 +404,7 @@ loom_status loom_ckpt_export(const char *arg, const char *out) {
     }
     if (w) {
         if (st == LOOM_OK) st = loom_st_writer_finish(w);
-        else
-            loom_st_writer_abort(w);
+        else loom_st_writer_abort(w);
     }
     if (st == LOOM_OK) st = write_hf_config(out, model);
     reader_close(&rd);

@@ -28,7 +28,8 @@ static const char *check_tensors(const cJSON *tensors) {
     cJSON_ArrayForEach(t, tensors) {
         const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape"), *d;
         const char *dt = str_of(t, "dtype");
-        if (!t->string || !dt || strcmp(dt, "F32") != 0 || !cJSON_IsArray(sh)) return "a tensor lacks dtype F32 or a shape";
+        if (!t->string || !dt || strcmp(dt, "F32") != 0 || !cJSON_IsArray(sh))
+            return "a tensor lacks dtype F32 or a shape";
         int nd = cJSON_GetArraySize(sh);
         if (nd < 1 || nd > 2) return "a tensor shape has not 1 or 2 dimensions";
         double n = 1, x;
@@ -42,7 +43,9 @@ static const char *check_tensors(const cJSON *tensors) {
 }
 
 static double numel_of(const cJSON *tensors, const char *name) {
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tensors, name), "shape"), *d;
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tensors, name),
+                                                       "shape"),
+                *d;
     if (!cJSON_IsArray(sh)) return -1;
     double n = 1;
     cJSON_ArrayForEach(d, sh) n *= d->valuedouble;
@@ -51,13 +54,15 @@ static double numel_of(const cJSON *tensors, const char *name) {
 
 static int listed(const cJSON *files, const char *name) {
     const cJSON *f;
-    cJSON_ArrayForEach(f, files) if (strcmp(str_of(f, "file"), name) == 0) return 1;
+    cJSON_ArrayForEach(f, files)
+        if (strcmp(str_of(f, "file"), name) == 0) return 1;
     return 0;
 }
 
 static const char *check_shard(const cJSON *sh, const cJSON *tensors, const cJSON *files) {
     const char *tensor = str_of(sh, "tensor"), *kind = str_of(sh, "kind"), *file = str_of(sh, "file");
-    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(sh, "runs"), *rg = cJSON_GetObjectItemCaseSensitive(sh, "range");
+    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(sh, "runs"),
+                *rg = cJSON_GetObjectItemCaseSensitive(sh, "range");
     if (!tensor || !kind || !file || !str_of(sh, "key") || !cJSON_IsArray(runs) || !cJSON_IsArray(rg) ||
         cJSON_GetArraySize(rg) != 2)
         return "a shard lacks tensor, kind, file, key, range or runs";
@@ -66,16 +71,20 @@ static const char *check_shard(const cJSON *sh, const cJSON *tensors, const cJSO
     double numel = numel_of(tensors, tensor), lo, hi, want;
     if (numel < 0) return "a shard names a tensor the manifest does not list";
     if (!listed(files, file)) return "a shard names a file the manifest does not list";
-    if (!uint_of(cJSON_GetArrayItem(rg, 0), numel, &lo) || !uint_of(cJSON_GetArrayItem(rg, 1), numel, &hi) || lo > hi)
+    if (!uint_of(cJSON_GetArrayItem(rg, 0), numel, &lo) || !uint_of(cJSON_GetArrayItem(rg, 1), numel, &hi) ||
+        lo > hi)
         return "a shard's range is not inside its tensor";
-    if (!uint_of(cJSON_GetObjectItemCaseSensitive(sh, "numel"), numel, &want)) return "a shard's numel is not inside its tensor";
+    if (!uint_of(cJSON_GetObjectItemCaseSensitive(sh, "numel"), numel, &want))
+        return "a shard's numel is not inside its tensor";
     double total = 0;
     const cJSON *r;
     cJSON_ArrayForEach(r, runs) {
         double v[4];
-        if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4) return "a run is not [start, len, stride, count]";
+        if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4)
+            return "a run is not [start, len, stride, count]";
         for (int i = 0; i < 4; i++)
-            if (!uint_of(cJSON_GetArrayItem(r, i), CKPT_MAX_NUMEL, &v[i])) return "a run holds a value that is not a non-negative integer below 2^40";
+            if (!uint_of(cJSON_GetArrayItem(r, i), CKPT_MAX_NUMEL, &v[i]))
+                return "a run holds a value that is not a non-negative integer below 2^40";
         if (v[1] < 1 || v[3] < 1) return "a run has len or count 0";
         if (v[0] < lo || v[0] + (v[3] - 1) * v[2] + v[1] > hi) return "a run leaves its shard's range";
         total += v[1] * v[3];
@@ -90,7 +99,8 @@ loom_status ckpt_manifest_parse(const char *text, const char *what, cJSON **out)
     cJSON *o = cJSON_Parse(text);
     if (!o) return loom_fail(LOOM_EDATA, "%s: not valid JSON", what);
     const char *fmt = str_of(o, "format");
-    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version"), *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version"),
+                *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
     const cJSON *shards = cJSON_GetObjectItemCaseSensitive(o, "shards");
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(o, "tensors");
@@ -105,16 +115,19 @@ loom_status ckpt_manifest_parse(const char *text, const char *what, cJSON **out)
     const cJSON *ot = cJSON_GetObjectItemCaseSensitive(o, "optimizer_steps");
     if (!why && ot && !uint_of(ot, 1e9, &x)) why = "optimizer_steps is not an integer in 0..1e9";
     const cJSON *f;
-    if (!why) cJSON_ArrayForEach(f, files) {
-        const char *name = str_of(f, "file"), *h = str_of(f, "sha256");
-        if (!name || !h || strlen(h) != 64 || strspn(h, "0123456789abcdef") != 64 || !name[0] ||
-            strchr(name, '/') || name[0] == '.') {
-            why = "a file entry lacks a plain file name or a 64-digit SHA-256";
-            break;
+    if (!why)
+        cJSON_ArrayForEach(f, files) {
+            const char *name = str_of(f, "file"), *h = str_of(f, "sha256");
+            if (!name || !h || strlen(h) != 64 || strspn(h, "0123456789abcdef") != 64 || !name[0] ||
+                strchr(name, '/') || name[0] == '.') {
+                why = "a file entry lacks a plain file name or a 64-digit SHA-256";
+                break;
+            }
         }
-    }
     const cJSON *sh;
-    if (!why) cJSON_ArrayForEach(sh, shards) if ((why = check_shard(sh, tensors, files))) break;
+    if (!why)
+        cJSON_ArrayForEach(sh, shards)
+            if ((why = check_shard(sh, tensors, files))) break;
     if (why) {
         cJSON_Delete(o);
         return loom_fail(LOOM_EDATA, "%s: %s", what, why);

@@ -117,8 +117,7 @@ static loom_status publish(const loom_train_run_state *s, int step, const char *
         while (rb && rb->child) {
             it = cJSON_DetachItemViaPointer(rb, rb->child);
             if (cJSON_GetObjectItem(cJSON_GetObjectItem(o, "buffers"), it->string)) cJSON_Delete(it);
-            else
-                cJSON_AddItemToObject(cJSON_GetObjectItem(o, "buffers"), it->string, it);
+            else cJSON_AddItemToObject(cJSON_GetObjectItem(o, "buffers"), it->string, it);
         }
         while (sa && (it = cJSON_DetachItemFromArray(sa, 0))) cJSON_AddItemToArray(shards, it);
         cJSON_Delete(sa);
@@ -162,10 +161,8 @@ loom_status loom_ckpt_prepare_dir(const loom_train_config *c) {
     struct stat sb;
     const char *why = NULL;
     if (stat(c->save_dir, &sb) != 0) why = strerror(errno);
-    else if (!S_ISDIR(sb.st_mode))
-        why = "not a directory";
-    else if (access(c->save_dir, W_OK) != 0)
-        why = strerror(errno);
+    else if (!S_ISDIR(sb.st_mode)) why = "not a directory";
+    else if (access(c->save_dir, W_OK) != 0) why = strerror(errno);
     if (why)
         return loom_fail(LOOM_ECANTCREAT, "--save-dir %s: not a writable directory: %s", c->save_dir, why);
     return LOOM_OK;

@@ -61,7 +61,7 @@ loom_status ckpt_state_open(const loom_train_run_state *s, int part, ckpt_state 
     st->dev_pr = loom_dp_param_runs(s->dp, part, &st->nr);
     st->no = loom_dp_opt_runs(s->dp, part, NULL, 0);
     st->en = loom_edp_state(s->edp, part, &st->dev_ea[K_PARAM], &st->dev_ea[K_EXP_AVG],
-                           &st->dev_ea[K_EXP_AVG_SQ], &st->elo);
+                            &st->dev_ea[K_EXP_AVG_SQ], &st->elo);
     st->dev_or = calloc((size_t)(st->no ? st->no : 1), sizeof *st->dev_or);
     st->orun = calloc((size_t)(st->no ? st->no : 1), sizeof *st->orun);
     st->pr = st->dev->be->host_memory ? (loom_param_run *)st->dev_pr

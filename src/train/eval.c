@@ -12,19 +12,18 @@
 
 static loom_status eval_check(const loom_eval_config *c, int world, const loom_model_config *mc) {
     if (c->batch < 1 || c->seq < 1 || c->batches < 1)
-        return loom_fail(LOOM_EUSAGE, "--batch %d, --seq %d and --batches %d must all be >= 1",
-                         c->batch, c->seq, c->batches);
-    if (c->batch % world)
-        return loom_fail(LOOM_EUSAGE, "%d ranks do not divide --batch %d", world, c->batch);
+        return loom_fail(LOOM_EUSAGE, "--batch %d, --seq %d and --batches %d must all be >= 1", c->batch,
+                         c->seq, c->batches);
+    if (c->batch % world) return loom_fail(LOOM_EUSAGE, "%d ranks do not divide --batch %d", world, c->batch);
     if (c->seq > mc->n_positions)
-        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq,
-                         mc->n_positions, mc->name);
+        return loom_fail(LOOM_EUSAGE, "--seq %d exceeds n_positions=%d of model %s", c->seq, mc->n_positions,
+                         mc->name);
     /* tokens read: batch x batches x seq, + 1 for the last target */
     size_t need;
     if (__builtin_mul_overflow((size_t)c->batch, (size_t)c->batches, &need) ||
         __builtin_mul_overflow(need, (size_t)c->seq, &need) || need == SIZE_MAX)
-        return loom_fail(LOOM_EUSAGE, "--batch %d x --batches %d x --seq %d tokens is more than %zu", c->batch,
-                         c->batches, c->seq, (size_t)SIZE_MAX);
+        return loom_fail(LOOM_EUSAGE, "--batch %d x --batches %d x --seq %d tokens is more than %zu",
+                         c->batch, c->batches, c->seq, (size_t)SIZE_MAX);
     if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required");
     return LOOM_OK;
@@ -69,9 +68,12 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm
     if (st == LOOM_OK && !isfinite(mean)) { /* every rank holds the same sum; rank 0 says it */
         loom_status bad = LOOM_OK;
         if (rank == 0)
-            bad = loom_fail(LOOM_EDATA, "non-finite loss %s: parameters %s on %s (--batch %d x --batches %d x --seq %d)",
-                            isnan(mean) ? "nan" : mean > 0 ? "inf" : "-inf", c->load_params, c->data,
-                            c->batch, c->batches, T);
+            bad = loom_fail(LOOM_EDATA,
+                            "non-finite loss %s: parameters %s on %s (--batch %d x --batches %d x --seq %d)",
+                            isnan(mean) ? "nan"
+                            : mean > 0  ? "inf"
+                                        : "-inf",
+                            c->load_params, c->data, c->batch, c->batches, T);
         st = loom_comm_agree(world, bad);
     }
     if (st == LOOM_OK) *mean_loss = mean;

@@ -11,7 +11,7 @@
 #include "loom/trace.h"
 #include "loom/train.h"
 
-#define LOOM_MAX_PARTS 64 /* pipeline chunks per rank (virtual stages) */
+#define LOOM_MAX_PARTS 64   /* pipeline chunks per rank (virtual stages) */
 #define LOOM_MAX_PHASES 256 /* traced phases of one step */
 
 /* The mesh groups whose traffic a step reports. */
@@ -21,24 +21,24 @@ extern const char *const loom_report_group_names[LOOM_REPORT_GROUPS]; /* tp cp d
 typedef struct loom_step_stats {
     double loss, grad_norm, seconds, tokens_per_s, mfu;
     float lr;
-    uint64_t comm_bytes; /* bytes this rank moved this step, all groups */
+    uint64_t comm_bytes;                      /* bytes this rank moved this step, all groups */
     loom_comm_stats comm[LOOM_REPORT_GROUPS]; /* per group, loom_report_group_names order */
-    loom_dp_memory mem;  /* bytes per rank by lifetime class (loom's plan) */
-    size_t peak_rss;     /* this rank's peak resident bytes from the OS (VmHWM) */
-    size_t peak_rss_max; /* the largest of every rank's */
-    loom_dp_timing dp;   /* where the step's DP communication time went */
-    double pp_bubble;    /* measured pipeline bubble this step (-1: no pipeline) */
-    int pp_peak_live;    /* most activation sets alive at once on this rank */
-    int skipped;         /* non-finite gradients, update skipped (--nan-policy skip) */
-    const char *moe_json; /* "\"moe\": [...], " per MoE block, or NULL (moe_report.c) */
+    loom_dp_memory mem;                       /* bytes per rank by lifetime class (loom's plan) */
+    size_t peak_rss;                          /* this rank's peak resident bytes from the OS (VmHWM) */
+    size_t peak_rss_max;                      /* the largest of every rank's */
+    loom_dp_timing dp;                        /* where the step's DP communication time went */
+    double pp_bubble;                         /* measured pipeline bubble this step (-1: no pipeline) */
+    int pp_peak_live;                         /* most activation sets alive at once on this rank */
+    int skipped;                              /* non-finite gradients, update skipped (--nan-policy skip) */
+    const char *moe_json;                     /* "\"moe\": [...], " per MoE block, or NULL (moe_report.c) */
 } loom_step_stats;
 
 /* Progress on a terminal, log lines otherwise, and the metrics file. Rank 0
  * writes; on other ranks every call is a no-op. */
 typedef struct loom_report {
     const loom_train_config *cfg;
-    int active;   /* rank 0 */
-    int bar;      /* progress bar on a terminal */
+    int active; /* rank 0 */
+    int bar;    /* progress bar on a terminal */
     FILE *metrics;
     char metrics_tmp[LOOM_PATH_MAX + 8];
     double t_start;
@@ -65,7 +65,7 @@ typedef struct loom_train_run_state {
     int n_parts;
     loom_dp_engine *dp;
     struct loom_edp_engine *edp; /* expert tensors of an expert-parallel model (edp.h) */
-    char *moe_json;            /* the step's MoE line fragment (moe_report.c) */
+    char *moe_json;              /* the step's MoE line fragment (moe_report.c) */
     size_t moe_json_cap;
     unsigned char moe_warned[64]; /* per MoE block: already above the imbalance threshold */
     int have_tokens;
@@ -73,12 +73,15 @@ typedef struct loom_train_run_state {
     int pipelined;
     loom_schedule *sched;
     loom_pp_exec *exec;
-    int step;               /* the step being run (for the data callback) */
+    int step; /* the step being run (for the data callback) */
     /* phases of the traced step (non-pipelined runs) */
-    struct { char name[32]; double t0, t1; } phase[LOOM_MAX_PHASES];
+    struct {
+        char name[32];
+        double t0, t1;
+    } phase[LOOM_MAX_PHASES];
     int n_phase, tracing;
     loom_tokens tokens;
-    int32_t *inputs, *targets; /* (B_l, T) */
+    int32_t *inputs, *targets;                     /* (B_l, T) */
     double flops_per_token, peak_flops, fma_flops; /* peaks per rank (calibrate.c) */
     int peak_raised; /* a step beat the sgemm calibration; peak_flops is that rate now */
     loom_report report;
@@ -144,8 +147,7 @@ void loom_train_host_view_done(loom_device *dev, float *src, float *view, size_t
  * 0 for tensors tensor parallelism does not cut; the first pipeline stage for
  * the tied wte. mesh NULL: one process. Experts under expert parallelism
  * have their own rule (params_io.c, ckpt.c). Local (params_io.c). */
-int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded,
-                            const loom_param *p);
+int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded, const loom_param *p);
 
 /* A non-finite loss or gradient norm at `step` (seen by every rank): name
  * the first parameter (whole-model order) whose gradient is non-finite on

@@ -35,8 +35,10 @@ loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_co
         return loom_fail(LOOM_EUSAGE, "--moe-warn-imbalance %g must be >= 1 and --moe-warn-a2a %g > 0",
                          c->moe_warn_imbalance, c->moe_warn_a2a);
     if (c->moe_route_cp < 0 || (c->moe_route_cp > 1 && (mc->n_expert == 0 || c->layout.cp > 1)))
-        return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: needs an MoE model and --cp 1 (with --cp > 1 "
-                         "each CP rank's tokens already are its routing group)", c->moe_route_cp);
+        return loom_fail(LOOM_EUSAGE,
+                         "--moe-route-cp %d: needs an MoE model and --cp 1 (with --cp > 1 "
+                         "each CP rank's tokens already are its routing group)",
+                         c->moe_route_cp);
     if (c->moe_route_cp > 1 && c->seq % (2 * c->moe_route_cp))
         return loom_fail(LOOM_EUSAGE, "--moe-route-cp %d: 2*%d = %d does not divide --seq %d",
                          c->moe_route_cp, c->moe_route_cp, 2 * c->moe_route_cp, c->seq);
@@ -95,8 +97,8 @@ static void warn_block(loom_train_run_state *s, int step, int b, int layer, doub
                   step + 1, layer, imb, s->cfg->moe_warn_imbalance, 100 * drop);
     if (b < 64) s->moe_warned[b] = (unsigned char)above; /* warn again after it recovers */
     if (s->mesh->rank == 0 && share > s->cfg->moe_warn_a2a)
-        loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)",
-                  step + 1, layer, 100 * share, s->cfg->moe_warn_a2a);
+        loom_warn("step %d: MoE block h.%d: expert all-to-all took %.0f%% of the step (over %g)", step + 1,
+                  layer, 100 * share, s->cfg->moe_warn_a2a);
 }
 
 loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_stats *st) {

@@ -18,8 +18,7 @@ static int32_t first_bad(const loom_train_run_state *s, const loom_param *table,
         for (int part = 0; part < s->n_parts; part++) {
             const loom_gpt *m = s->parts[part];
             for (int k = 0; k < m->n_params; k++)
-                if (strcmp(m->params[k].name, table[i].name) == 0 &&
-                    !loom_dp_grad_finite(s->dp, part, k))
+                if (strcmp(m->params[k].name, table[i].name) == 0 && !loom_dp_grad_finite(s->dp, part, k))
                     return i;
         }
     return INT32_MAX;
@@ -41,13 +40,14 @@ loom_status loom_train_nonfinite(loom_train_run_state *s, int step, double loss,
     if (s->cfg->nan_policy == LOOM_NAN_POLICY_SKIP) {
         if (s->mesh->rank == 0)
             loom_warn("step %d: non-finite %s (loss %g, grad norm %g; %s): update skipped "
-                      "(--nan-policy skip)", step + 1, isfinite(loss) ? "gradient" : "loss", loss,
-                      grad_norm, what);
+                      "(--nan-policy skip)",
+                      step + 1, isfinite(loss) ? "gradient" : "loss", loss, grad_norm, what);
         return LOOM_OK;
     }
-    st = loom_fail(LOOM_EDATA, "step %d: non-finite %s (loss %g, grad norm %g; %s); stopping before "
-                   "the update, nothing saved (try a lower --lr, or --nan-policy skip)", step + 1,
-                   isfinite(loss) ? "gradient" : "loss", loss, grad_norm, what);
+    st = loom_fail(LOOM_EDATA,
+                   "step %d: non-finite %s (loss %g, grad norm %g; %s); stopping before "
+                   "the update, nothing saved (try a lower --lr, or --nan-policy skip)",
+                   step + 1, isfinite(loss) ? "gradient" : "loss", loss, grad_norm, what);
     if (s->mesh->rank != 0) loom_clear_error(); /* seen by all: rank 0 reports */
     return st;
 }

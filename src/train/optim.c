@@ -22,8 +22,12 @@ loom_status loom_adamw_create(loom_adamw *o, loom_gpt *m) {
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *p = &m->params[i];
         const size_t k = p->offset;
-        o->runs[i] = (loom_adamw_run){.p = m->param_mem + k, .g = m->grad_mem + k, .m = o->m + k,
-                                      .v = o->v + k, .n = p->numel, .decay = p->decay};
+        o->runs[i] = (loom_adamw_run){.p = m->param_mem + k,
+                                      .g = m->grad_mem + k,
+                                      .m = o->m + k,
+                                      .v = o->v + k,
+                                      .n = p->numel,
+                                      .decay = p->decay};
     }
     return LOOM_OK;
 }

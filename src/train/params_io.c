@@ -37,8 +37,7 @@ static loom_status whole_open(const loom_gpt *m, whole_model *w) {
     w->full = calloc(w->total ? w->total : 1, sizeof(float));
     if (!w->full) {
         free(w->p);
-        return loom_fail(LOOM_EOS, "out of memory for a full copy of the parameters (%zu floats)",
-                         w->total);
+        return loom_fail(LOOM_EOS, "out of memory for a full copy of the parameters (%zu floats)", w->total);
     }
     return LOOM_OK;
 }
@@ -54,8 +53,7 @@ static const loom_param *whole_find(const whole_model *w, const char *name) {
     return NULL;
 }
 
-int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded,
-                            const loom_param *p) {
+int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded, const loom_param *p) {
     if (mesh && !sharded && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
     return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
@@ -71,8 +69,8 @@ static int is_primary(const loom_gpt *m, const loom_mesh *mesh, int dp_sharded, 
 }
 
 /* Where part i's parameters are: the engine's runs, or the whole param_mem. */
-static const loom_param_run *part_runs(loom_gpt *m, const loom_dp_engine *dp, int i,
-                                       loom_param_run *whole, int *n) {
+static const loom_param_run *part_runs(loom_gpt *m, const loom_dp_engine *dp, int i, loom_param_run *whole,
+                                       int *n) {
     if (dp) return loom_dp_param_runs(dp, i, n);
     *whole = (loom_param_run){.data = m->param_mem, .lo = 0, .n = m->num_params};
     *n = 1;
@@ -142,7 +140,8 @@ static loom_status host_runs(loom_device *dev, const loom_param_run *runs, int n
 }
 
 /* Ends host_runs: uploads the host copies back when `upload`, frees them. */
-static void host_runs_done(loom_device *dev, const loom_param_run *runs, loom_param_run *h, int n, int upload) {
+static void host_runs_done(loom_device *dev, const loom_param_run *runs, loom_param_run *h, int n,
+                           int upload) {
     if (h == runs) return;
     for (int r = 0; r < n; r++) loom_train_host_view_done(dev, runs[r].data, h[r].data, runs[r].n, upload);
     free(h);
@@ -161,8 +160,11 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
     LOOM_TRY(loom_st_writer_create(path, &wr));
     loom_status st = loom_st_writer_metadata(wr, "format", "pt");
     char v[32];
-    const struct { const char *k; int v; } meta[] = {
-        {"n_layer", c->n_layer}, {"n_head", c->n_head}, {"n_embd", c->n_embd},
+    const struct {
+        const char *k;
+        int v;
+    } meta[] = {
+        {"n_layer", c->n_layer},       {"n_head", c->n_head},           {"n_embd", c->n_embd},
         {"vocab_size", c->vocab_size}, {"n_positions", c->n_positions},
     };
     for (size_t i = 0; i < sizeof meta / sizeof meta[0] && st == LOOM_OK; i++) {
@@ -235,24 +237,24 @@ static loom_status read_one(whole_model *w, const loom_model_config *c, const lo
     if (is_skippable(name)) return LOOM_OK;
     const loom_param *p = whole_find(w, name);
     if (!p)
-        return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" is not a parameter of model %s", path,
-                         t->name, c->name);
+        return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" is not a parameter of model %s", path, t->name,
+                         c->name);
     int same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
         char a[96], b[96];
         shape_str(a, sizeof a, t->ndim, t->shape);
         shape_str(b, sizeof b, p->ndim, p->shape);
-        return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" has shape %s, model %s needs %s", path,
-                         t->name, a, c->name, b);
+        return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" has shape %s, model %s needs %s", path, t->name, a,
+                         c->name, b);
     }
     float *dst = w->full + p->offset;
     LOOM_TRY(loom_st_read_f32(f, t, dst));
     size_t numel = (size_t)(p->shape[0] * p->shape[1]);
     for (size_t i = 0; i < numel; i++)
         if (!isfinite(dst[i]))
-            return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" element %zu is non-finite (%g)", path,
-                             t->name, i, dst[i]);
+            return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" element %zu is non-finite (%g)", path, t->name, i,
+                             dst[i]);
     seen[p - w->p] = 1;
     return LOOM_OK;
 }
@@ -266,8 +268,8 @@ static loom_status read_file_full(whole_model *w, const loom_model_config *c, co
         st = read_one(w, c, f, path, loom_st_at(f, i), seen);
     for (int i = 0; i < w->n && st == LOOM_OK; i++)
         if (!seen[i])
-            st = loom_fail(LOOM_EDATA, "%s: missing tensor \"%s\" needed by model %s", path,
-                           w->p[i].name, c->name);
+            st = loom_fail(LOOM_EDATA, "%s: missing tensor \"%s\" needed by model %s", path, w->p[i].name,
+                           c->name);
     free(seen);
     loom_st_close(f);
     return st;

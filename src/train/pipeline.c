@@ -30,7 +30,8 @@ static void stage_counts(const loom_train_config *c, const loom_model_config *mc
         return;
     }
     double C = mc->n_embd, fwd = 24.0 * C * C + 4.0 * c->seq * C;
-    double block = (l->recompute == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd, head = 3.0 * 2.0 * mc->vocab_size * C;
+    double block = (l->recompute == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd,
+           head = 3.0 * 2.0 * mc->vocab_size * C;
     loom_partition_balance(mc->n_layer, l->pp, l->virtual_stages, 0.01, head / block, counts);
 }
 
@@ -44,9 +45,13 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
     stage_counts(c, mc, counts);
     first[0] = 0;
     for (int i = 0; i < S; i++) first[i + 1] = first[i] + counts[i];
-    loom_gpt_opts opts = {.B = Bm, .T = c->seq / l->cp, .n_slots = loom_schedule_peak_live(s->sched, r),
-                          .split_backward = s->sched->split_backward, .recompute = l->recompute,
-                          .external_params = l->zero >= 3, .external_grads = l->zero >= 2,
+    loom_gpt_opts opts = {.B = Bm,
+                          .T = c->seq / l->cp,
+                          .n_slots = loom_schedule_peak_live(s->sched, r),
+                          .split_backward = s->sched->split_backward,
+                          .recompute = l->recompute,
+                          .external_params = l->zero >= 3,
+                          .external_grads = l->zero >= 2,
                           .moe_route_cp = c->moe_route_cp};
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
@@ -110,7 +115,7 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
     loom_gpt *mine = first ? first : last;
     if (!mine) return LOOM_OK;
     const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
-    if (first && last) { /* both ends on this rank (pp = 1, v > 1) */
+    if (first && last) {                           /* both ends on this rank (pp = 1, v > 1) */
         float *a = first->g.wte, *b = last->g.wte; /* same shape on both */
         loom_tensor_add2(s->dev, a, b, p->numel);
         return LOOM_OK;
@@ -153,7 +158,7 @@ void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t) {
     for (int i = 0; i < n; i++) {
         char name[96];
         loom_pp_action_format(&ev[i].a, s->cfg->layout.virtual_stages, name, sizeof name);
-        loom_trace_event(t, name, is_compute(ev[i].a.kind) ? "compute" : "pipeline", ev[i].t0,
-                         ev[i].t1, s->mesh->rank, 0);
+        loom_trace_event(t, name, is_compute(ev[i].a.kind) ? "compute" : "pipeline", ev[i].t0, ev[i].t1,
+                         s->mesh->rank, 0);
     }
 }

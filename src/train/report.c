@@ -25,8 +25,8 @@ loom_status loom_report_open(loom_report *r, const loom_train_config *c, int ran
     snprintf(r->metrics_tmp, sizeof r->metrics_tmp, "%s.tmp", c->metrics);
     r->metrics = fopen(r->metrics_tmp, "w");
     if (!r->metrics)
-        return loom_fail(LOOM_ECANTCREAT, "--metrics %s: cannot create %s: %s", c->metrics,
-                         r->metrics_tmp, strerror(errno));
+        return loom_fail(LOOM_ECANTCREAT, "--metrics %s: cannot create %s: %s", c->metrics, r->metrics_tmp,
+                         strerror(errno));
     return LOOM_OK;
 }
 
@@ -45,14 +45,15 @@ static void draw_bar(const loom_report *r, int step, const loom_step_stats *s) {
     human_rate(rate, sizeof rate, s->tokens_per_s);
     double elapsed = loom_comm_wtime() - r->t_start;
     double eta = elapsed / (step + 1) * (total - step - 1);
-    fprintf(stderr, "\r\033[Kstep %d/%d [%s] loss %.4f | lr %.2e | norm %.3f | %s tok/s | MFU %.1f%% | eta %.0fs",
+    fprintf(stderr,
+            "\r\033[Kstep %d/%d [%s] loss %.4f | lr %.2e | norm %.3f | %s tok/s | MFU %.1f%% | eta %.0fs",
             step + 1, total, bar, s->loss, s->lr, s->grad_norm, rate, 100 * s->mfu, eta);
     if (step + 1 == total) fputc('\n', stderr);
     fflush(stderr);
 }
 
-const char *const loom_report_group_names[LOOM_REPORT_GROUPS] = {"tp", "cp", "dp", "pp",
-                                                                   "dpcp", "ep", "world"};
+const char *const loom_report_group_names[LOOM_REPORT_GROUPS] = {"tp",   "cp", "dp",   "pp",
+                                                                 "dpcp", "ep", "world"};
 
 /* "comm": {"tp": {"allreduce": {"calls": 4, "bytes": 8192, "ms": 0.1}, ...}, ...}
  * with only the groups and ops that moved something. */
@@ -127,22 +128,21 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
                         "\"optimizer\": %zu, \"activations\": %zu, \"peak_rss\": %zu, "
                         "\"peak_rss_max\": %zu}, ",
                         step + 1, json_num(loss, s->loss), s->lr, json_num(gn, s->grad_norm),
-                        s->skipped ? "true" : "false", s->tokens_per_s, s->mfu,
-                        1e3 * s->seconds, (unsigned long long)s->comm_bytes, s->mem.params,
-                        s->mem.grads, s->mem.optimizer, s->mem.activations, s->peak_rss,
-                        s->peak_rss_max);
+                        s->skipped ? "true" : "false", s->tokens_per_s, s->mfu, 1e3 * s->seconds,
+                        (unsigned long long)s->comm_bytes, s->mem.params, s->mem.grads, s->mem.optimizer,
+                        s->mem.activations, s->peak_rss, s->peak_rss_max);
         if (s->pp_bubble >= 0)
             fprintf(r->metrics, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
         fprintf(r->metrics,
                 "\"dp\": {\"exposed_ms\": %.4f, \"reduce_ms\": %.4f, \"gather_ms\": %.4f, "
                 "\"reductions\": %d, \"overlapped\": %d}, ",
-                1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s,
-                s->dp.reductions, s->dp.overlapped);
+                1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s, s->dp.reductions,
+                s->dp.overlapped);
         if (s->moe_json) fputs(s->moe_json, r->metrics);
         double cp_ms, cp_exposed, cp_hidden;
         if (cp_overlap(s, &cp_ms, &cp_exposed, &cp_hidden))
-            fprintf(r->metrics, "\"cp\": {\"ms\": %.4f, \"exposed_ms\": %.4f, \"hidden\": %.4f}, ",
-                    cp_ms, cp_exposed, cp_hidden);
+            fprintf(r->metrics, "\"cp\": {\"ms\": %.4f, \"exposed_ms\": %.4f, \"hidden\": %.4f}, ", cp_ms,
+                    cp_exposed, cp_hidden);
         write_comm_json(r->metrics, s);
         fputs("}\n", r->metrics);
         /* ferror: any of the writes above failed (errno says why); fflush: the line reaches the file */
@@ -161,9 +161,9 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
     if (r->bar) {
         draw_bar(r, step, s);
     } else if ((step + 1) % r->cfg->log_every == 0 || step + 1 == r->cfg->steps) {
-        loom_info("step %d/%d loss %.6f lr %.3e grad_norm %.4f tok/s %.0f mfu %.2f%% comm %llu B",
-                  step + 1, r->cfg->steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s,
-                  100 * s->mfu, (unsigned long long)s->comm_bytes);
+        loom_info("step %d/%d loss %.6f lr %.3e grad_norm %.4f tok/s %.0f mfu %.2f%% comm %llu B", step + 1,
+                  r->cfg->steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
+                  (unsigned long long)s->comm_bytes);
     }
     return LOOM_OK;
 }
@@ -180,20 +180,20 @@ loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_r
                            r->metrics_tmp, strerror(err), c->metrics);
         } else if (st == LOOM_OK && rename(r->metrics_tmp, c->metrics) != 0) {
             err = errno;
-            st = loom_fail(LOOM_ECANTCREAT, "--metrics %s: cannot rename %s over it: %s; the metrics are in %s",
-                           c->metrics, r->metrics_tmp, strerror(err), r->metrics_tmp);
+            st = loom_fail(LOOM_ECANTCREAT,
+                           "--metrics %s: cannot rename %s over it: %s; the metrics are in %s", c->metrics,
+                           r->metrics_tmp, strerror(err), r->metrics_tmp);
         } else if (st != LOOM_OK) {
-            loom_warn("metrics up to the failure are in %s (%s left as it was)", r->metrics_tmp,
-                      c->metrics);
+            loom_warn("metrics up to the failure are in %s (%s left as it was)", r->metrics_tmp, c->metrics);
         }
     }
     if (!r->active || st != LOOM_OK) return st;
     if (r->bar) fputc('\n', stderr);
     char rate[32];
     human_rate(rate, sizeof rate, res->tokens_per_s);
-    loom_info("done: %d steps in %.1f s, final loss %.4f, %s tok/s, MFU %.1f%%%s%s%s%s",
-              res->steps_done, loom_comm_wtime() - r->t_start, res->final_loss, rate,
-              100 * res->mfu, c->metrics[0] ? "; metrics -> " : "", c->metrics,
-              c->save_params[0] ? "; params -> " : "", c->save_params);
+    loom_info("done: %d steps in %.1f s, final loss %.4f, %s tok/s, MFU %.1f%%%s%s%s%s", res->steps_done,
+              loom_comm_wtime() - r->t_start, res->final_loss, rate, 100 * res->mfu,
+              c->metrics[0] ? "; metrics -> " : "", c->metrics, c->save_params[0] ? "; params -> " : "",
+              c->save_params);
     return LOOM_OK;
 }

@@ -64,19 +64,19 @@ static loom_status check_config(const loom_train_config *c, const loom_device *d
                                 int world) {
     const loom_layout_model shape = loom_model_shape(mc);
     const loom_layout_device dev = loom_train_device(d);
-    const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_TRAIN, .world = world, .batch = c->batch,
-                                 .seq = c->seq, .device = &dev};
+    const loom_layout_job job = {
+        .purpose = LOOM_LAYOUT_FOR_TRAIN, .world = world, .batch = c->batch, .seq = c->seq, .device = &dev};
     LOOM_TRY(loom_layout_validate(&c->layout, &shape, &job));
     if (d->bf16 != (c->layout.precision == LOOM_PRECISION_BF16))
         return loom_fail(LOOM_EINTERNAL, "--precision %s on a device made for %s GEMMs",
-                         c->layout.precision == LOOM_PRECISION_BF16 ? "bf16" : "fp32", d->bf16 ? "bf16" : "fp32");
+                         c->layout.precision == LOOM_PRECISION_BF16 ? "bf16" : "fp32",
+                         d->bf16 ? "bf16" : "fp32");
     LOOM_TRY(loom_train_moe_check(c, mc));
     if (c->steps < 1) return loom_fail(LOOM_EUSAGE, "--steps %d: must be >= 1", c->steps);
     if (!(c->bucket_mb >= 0)) return loom_fail(LOOM_EUSAGE, "--bucket-mb %g: must be >= 0", c->bucket_mb);
     if (!(c->lr > 0 && isfinite(c->lr))) return loom_fail(LOOM_EUSAGE, "--lr %g: must be > 0", c->lr);
     if (c->warmup < 0 || c->warmup > c->steps)
-        return loom_fail(LOOM_EUSAGE, "--warmup %d: must be between 0 and --steps %d", c->warmup,
-                         c->steps);
+        return loom_fail(LOOM_EUSAGE, "--warmup %d: must be between 0 and --steps %d", c->warmup, c->steps);
     if (!(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
         return loom_fail(LOOM_EUSAGE, "--beta1 %g / --beta2 %g: must be in [0, 1)", c->beta1, c->beta2);
     if (!(c->min_lr_frac >= 0 && c->min_lr_frac <= 1))
@@ -106,8 +106,7 @@ loom_status loom_check_output_path(const char *path, const char *flag) {
 }
 
 /* Open the shard and check it can feed this run. */
-static loom_status open_data(const loom_train_config *c, const loom_model_config *mc,
-                             loom_tokens *tok) {
+static loom_status open_data(const loom_train_config *c, const loom_model_config *mc, loom_tokens *tok) {
     LOOM_TRY(loom_tokens_open(c->data, tok));
     char why[64];
     snprintf(why, sizeof why, "--seq %d", c->seq);
@@ -122,8 +121,7 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
  * slices ever exist). Collective. */
 static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
     if (c->resume[0]) return loom_ckpt_load(s, &s->start_step);
-    if (c->load_params[0])
-        return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
+    if (c->load_params[0]) return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
     for (int i = 0; i < s->n_parts; i++) {
         int n;
         const loom_param_run *runs = loom_dp_param_runs(s->dp, i, &n);
@@ -173,8 +171,7 @@ static void report_memory(const loom_train_run_state *s, size_t rss0, size_t rss
               "activations %.1f MB, total %.1f MB; peak RSS from the OS so far: %.1f MB on rank 0, "
               "%.1f MB the largest of all ranks (with libraries and buffers loom does not plan)",
               mem.params / mb, mem.grads / mb, mem.optimizer / mb, mem.activations / mb,
-              (mem.params + mem.grads + mem.optimizer + mem.activations) / mb, rss0 / mb,
-              rss_max / mb);
+              (mem.params + mem.grads + mem.optimizer + mem.activations) / mb, rss0 / mb, rss_max / mb);
 }
 
 /* Keep one phase of the traced step (a no-op when not tracing). */
@@ -188,12 +185,19 @@ static void phase(loom_train_run_state *s, const char *what, int k, double t0, d
 
 loom_tp loom_train_tp_group(const loom_train_run_state *s) {
     const loom_train_config *c = s->cfg;
-    return (loom_tp){.dev = s->dev, .comm = s->mesh->tp, .size = c->layout.tp, .rank = s->mesh->tp_rank,
-                     .sp = c->layout.sp, .comm_bf16 = c->layout.comm_precision == LOOM_PRECISION_BF16};
+    return (loom_tp){.dev = s->dev,
+                     .comm = s->mesh->tp,
+                     .size = c->layout.tp,
+                     .rank = s->mesh->tp_rank,
+                     .sp = c->layout.sp,
+                     .comm_bf16 = c->layout.comm_precision == LOOM_PRECISION_BF16};
 }
 
 loom_cp loom_train_cp_group(const loom_train_run_state *s) {
-    return (loom_cp){.dev = s->dev, .comm = s->mesh->cp, .size = s->cfg->layout.cp, .rank = s->mesh->cp_rank,
+    return (loom_cp){.dev = s->dev,
+                     .comm = s->mesh->cp,
+                     .size = s->cfg->layout.cp,
+                     .rank = s->mesh->cp_rank,
                      .impl = s->cfg->layout.cp_impl};
 }
 
@@ -238,7 +242,8 @@ static loom_status train_step(loom_train_run_state *s, int step, loom_step_stats
     double t0 = loom_comm_wtime(), loss_sum = 0;
     LOOM_TRY(loom_dp_begin_step(s->dp));
     for (int i = 0; i < s->n_parts; i++) loom_gpt_hold_weights(s->parts[i], 1); /* until the update */
-    loom_status st = s->pipelined ? loom_train_pp_step(s, step, &loss_sum) : run_micro_batches(s, step, &loss_sum);
+    loom_status st =
+        s->pipelined ? loom_train_pp_step(s, step, &loss_sum) : run_micro_batches(s, step, &loss_sum);
     for (int i = 0; i < s->n_parts; i++) loom_gpt_hold_weights(s->parts[i], 0);
     LOOM_TRY(st);
     double t1 = loom_comm_wtime();
@@ -313,13 +318,19 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
         part.cp = loom_train_cp_group(s);
-        loom_gpt_opts opts = {.B = Bm, .T = c->seq / l->cp, .n_slots = 1, .recompute = l->recompute,
-                              .external_params = l->zero >= 3, .external_grads = l->zero >= 2,
+        loom_gpt_opts opts = {.B = Bm,
+                              .T = c->seq / l->cp,
+                              .n_slots = 1,
+                              .recompute = l->recompute,
+                              .external_params = l->zero >= 3,
+                              .external_grads = l->zero >= 2,
                               .moe_route_cp = c->moe_route_cp};
         s->n_parts = 1;
         st = loom_gpt_create(&mc, &part, &opts, &s->parts[0]);
     }
-    loom_dp_config dpc = {.zero = l->zero, .bucket_mb = c->bucket_mb, .sum_tp_partials = 1,
+    loom_dp_config dpc = {.zero = l->zero,
+                          .bucket_mb = c->bucket_mb,
+                          .sum_tp_partials = 1,
                           .comm_bf16 = l->comm_precision == LOOM_PRECISION_BF16};
     loom_adamw_hparams hp = {c->beta1, c->beta2, c->eps, c->weight_decay};
     if (st == LOOM_OK) st = loom_dp_engine_create(s->parts, s->n_parts, s->mesh, &dpc, &hp, &s->dp);
@@ -372,7 +383,8 @@ static loom_status write_trace(loom_train_run_state *s, double base) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
             if (strcmp(ev[i].group, loom_report_group_names[g]) == 0) row = g + 1;
         char name[64];
-        snprintf(name, sizeof name, "%s %llu B", loom_comm_op_name(ev[i].op), (unsigned long long)ev[i].bytes);
+        snprintf(name, sizeof name, "%s %llu B", loom_comm_op_name(ev[i].op),
+                 (unsigned long long)ev[i].bytes);
         loom_trace_event(t, name, ev[i].group, ev[i].t0, ev[i].t1, pid, row);
     }
     return loom_trace_close(t);
@@ -382,7 +394,7 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_step_stats st_step = {0};
     double tok_time = 0, tokens = 0;
-    loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp, s->mesh->cp,   s->mesh->dp,   s->mesh->pp,
+    loom_comm *groups[LOOM_REPORT_GROUPS] = {s->mesh->tp,   s->mesh->cp, s->mesh->dp,   s->mesh->pp,
                                              s->mesh->dpcp, s->mesh->ep, s->mesh->world};
     loom_dp_memory_bytes(s->dp, &st_step.mem);
     loom_edp_memory_bytes(s->edp, &st_step.mem);
@@ -420,13 +432,14 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     double per_rank = s->flops_per_token * res->tokens_per_s / s->mesh->world_size;
     res->mfu = loom_mfu(&s->peak_flops, per_rank, &s->peak_raised);
     if (s->cfg->peak_flops > 0)
-        loom_info("MFU %.1f%% of the given peak (%.1f GFLOP/s per rank%s)", 100 * res->mfu, s->peak_flops / 1e9,
-                  s->peak_raised ? ", raised to a step's own rate" : "");
+        loom_info("MFU %.1f%% of the given peak (%.1f GFLOP/s per rank%s)", 100 * res->mfu,
+                  s->peak_flops / 1e9, s->peak_raised ? ", raised to a step's own rate" : "");
     else
-        loom_info("MFU %.1f%% of the %s peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
-                  100 * res->mfu, s->dev->bf16 ? "bf16 GEMM" : "sgemm", s->peak_flops / 1e9,
-                  s->peak_raised ? ", raised to a step's own rate" : "",
-                  100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
+        loom_info(
+            "MFU %.1f%% of the %s peak (%.1f GFLOP/s per rank%s), %.1f%% of the FMA peak (%.1f GFLOP/s)",
+            100 * res->mfu, s->dev->bf16 ? "bf16 GEMM" : "sgemm", s->peak_flops / 1e9,
+            s->peak_raised ? ", raised to a step's own rate" : "",
+            100 * per_rank / (s->fma_flops > per_rank ? s->fma_flops : per_rank), s->fma_flops / 1e9);
     return LOOM_OK;
 }
 
@@ -455,7 +468,8 @@ static loom_status fail_fast(const loom_train_run_state *s, loom_comm *world, lo
     return st;
 }
 
-loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world, loom_train_result *res) {
+loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world,
+                           loom_train_result *res) {
     loom_train_run_state s;
     memset(&s, 0, sizeof s);
     memset(res, 0, sizeof *res);
@@ -471,13 +485,13 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         loom_mesh_format(&c->layout, s.mesh->world_size, table, sizeof table);
         loom_info("%s", table);
         const loom_model_config *mc = &s.model_cfg;
-        loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer,
-                  mc->n_embd, mc->n_head, mc->vocab_size);
+        loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer, mc->n_embd,
+                  mc->n_head, mc->vocab_size);
         char gemm[512], bf16[512] = "";
         loom_blas_describe(gemm, sizeof gemm);
         if (dev->bf16) loom_bf16_gemm_describe(bf16, sizeof bf16);
-        loom_info("gemm: %s%s%s", gemm, bf16[0] ? "; precision bf16 mixed (fp32 accumulation), bf16 gemm: " : "",
-                  bf16);
+        loom_info("gemm: %s%s%s", gemm,
+                  bf16[0] ? "; precision bf16 mixed (fp32 accumulation), bf16 gemm: " : "", bf16);
         loom_omp_describe(gemm, sizeof gemm);
         loom_info("threads: %d per rank; %s", dev->threads, gemm);
         loom_info("start-up: %.2f s from process start (parameters initialised on %d thread(s); "

@@ -52,10 +52,12 @@
 #include "train/internal.h"
 
 /* The entries that are not kernels, then every kernel of the list. */
-#define NON_KERNELS(X)                                                                                                 \
-    X(ctx_create) X(ctx_free) X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset)                     \
-    X(stream_create) X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)                 \
-    X(stream_wait_event) X(event_sync) X(gemm_keeps_bf16)
+/* clang-format off */
+#define NON_KERNELS(X)                                                                           \
+    X(ctx_create) X(ctx_free) X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d)         \
+    X(memset) X(stream_create) X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) \
+    X(event_record) X(stream_wait_event) X(event_sync) X(gemm_keeps_bf16)
+/* clang-format on */
 
 enum {
 #define E_ENUM(e) E_##e,
@@ -64,7 +66,7 @@ enum {
 #define LOOM_KERNEL(ret, name, params, args, need) E_##name,
 #include "loom/kernel_list.h"
 #undef LOOM_KERNEL
-    E_COUNT
+        E_COUNT
 };
 static const char *const entry_name[E_COUNT] = {
 #define E_NAME(e) #e,
@@ -166,19 +168,18 @@ static int w_gemm_keeps_bf16(void *ctx) {
     return loom_backend_cpu.gemm_keeps_bf16(ctx);
 }
 /* every kernel of the list: w_<name>, counted, then the CPU's */
-#define LOOM_KERNEL(ret, name, params, args, need)                                                                     \
-    static ret w_##name(void *ctx, LOOM_UNPACK params) {                                                               \
-        n_calls[E_##name]++;                                                                                           \
-        LOOM_KERNEL_RETURN_##ret loom_backend_cpu.name(ctx, LOOM_UNPACK args);                                         \
+#define LOOM_KERNEL(ret, name, params, args, need)                                                           \
+    static ret w_##name(void *ctx, LOOM_UNPACK params) {                                                     \
+        n_calls[E_##name]++;                                                                                 \
+        LOOM_KERNEL_RETURN_##ret loom_backend_cpu.name(ctx, LOOM_UNPACK args);                               \
     }
 #include "loom/kernel_list.h"
 #undef LOOM_KERNEL
 
-static const loom_backend counting = {
-    .name = "counting",
-    .host_memory = 0, /* parameter init stages and uploads */
+static const loom_backend counting = {.name = "counting",
+                                      .host_memory = 0, /* parameter init stages and uploads */
 #define W_ENTRY(e) .e = w_##e,
-    NON_KERNELS(W_ENTRY)
+                                      NON_KERNELS(W_ENTRY)
 #undef W_ENTRY
 #define LOOM_KERNEL(ret, name, params, args, need) .name = w_##name,
 #include "loom/kernel_list.h"
@@ -205,11 +206,10 @@ static loom_device *device_on(const loom_backend *t, int bf16) {
  * table; names no build knows are refused. */
 static void check_tables(void) {
     for (int e = 0; e < E_COUNT; e++)
-        CHECK(!entry_is_null(&loom_backend_cpu, entry_offset[e]), "cpu backend: %s is NULL",
-              entry_name[e]);
+        CHECK(!entry_is_null(&loom_backend_cpu, entry_offset[e]), "cpu backend: %s is NULL", entry_name[e]);
     CHECK(loom_backend_cpu.name && strcmp(loom_backend_cpu.name, "cpu") == 0, "cpu backend name");
-    CHECK(loom_backend_missing_entry(&loom_backend_cpu) == NULL,
-          "cpu table reported incomplete: %s", loom_backend_missing_entry(&loom_backend_cpu));
+    CHECK(loom_backend_missing_entry(&loom_backend_cpu) == NULL, "cpu table reported incomplete: %s",
+          loom_backend_missing_entry(&loom_backend_cpu));
     for (int e = 0; e < E_COUNT; e++) {
         loom_backend t = counting;
         memset((char *)&t + entry_offset[e], 0, sizeof(void (*)(void)));
@@ -218,8 +218,8 @@ static void check_tables(void) {
             CHECK(!miss, "optional %s left out, reported %s missing", entry_name[e], miss ? miss : "");
             continue;
         }
-        CHECK(miss && strcmp(miss, entry_name[e]) == 0, "entry %s left out, reported %s",
-              entry_name[e], miss ? miss : "(none)");
+        CHECK(miss && strcmp(miss, entry_name[e]) == 0, "entry %s left out, reported %s", entry_name[e],
+              miss ? miss : "(none)");
         const loom_device_opts o = {.threads = 1};
         loom_device *dev = NULL;
         loom_status st = loom_device_create_with(&t, &o, &dev);
@@ -279,7 +279,8 @@ typedef struct {
 /* Create, init, one forward + backward of a tiny model on dev; expect: 1
  * promises the backward first (loom_gpt_expect_backward), 2 promises it and
  * then breaks the promise (another dloss). */
-static int run_model_expect(loom_device *dev, const loom_model_config *cfg, int B, int T, run_out *o, int expect) {
+static int run_model_expect(loom_device *dev, const loom_model_config *cfg, int B, int T, run_out *o,
+                            int expect) {
     loom_gpt *m;
     loom_model_part part = loom_model_part_whole(dev, cfg);
     loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
@@ -307,8 +308,7 @@ static int run_model_expect(loom_device *dev, const loom_model_config *cfg, int 
     if (expect == 2)
         CHECK(st == LOOM_EINTERNAL && strstr(loom_errmsg(), "loom_gpt_expect_backward"),
               "a broken expect_backward promise: status %d, '%s'", (int)st, loom_errmsg());
-    else
-        CHECK(st == LOOM_OK, "backward: %s", loom_errmsg());
+    else CHECK(st == LOOM_OK, "backward: %s", loom_errmsg());
     memcpy(o->grads, m->grad_mem, o->n * sizeof(float));
     loom_gpt_free(m);
     free(in);
@@ -322,15 +322,15 @@ static int run_model(loom_device *dev, const loom_model_config *cfg, int B, int 
 
 static long calls(const char *name) {
     for (int e = 0; e < E_COUNT; e++)
-        if (strcmp(entry_name[e], name) == 0)
-            return n_calls[e];
+        if (strcmp(entry_name[e], name) == 0) return n_calls[e];
     return -1;
 }
 
 /* The CPU table with the backward promised: the cross-entropy makes the
  * loss's gradient in its own pass (loom_vxent_local_grad), the same loss
  * and gradients as ref; a broken promise is an error, not wrong numbers. */
-static void check_expect_backward(loom_device *cpu, const loom_model_config *cfg, int B, int T, const run_out *ref) {
+static void check_expect_backward(loom_device *cpu, const loom_model_config *cfg, int B, int T,
+                                  const run_out *ref) {
     run_out fused, broken;
     if (run_model_expect(cpu, cfg, B, T, &fused, 1)) {
         CHECK(fused.loss == ref->loss, "expect_backward: loss %.9g, %.9g without", fused.loss, ref->loss);
@@ -342,12 +342,8 @@ static void check_expect_backward(loom_device *cpu, const loom_model_config *cfg
 }
 
 static void check_routing(void) {
-    loom_model_config cfg = {.name = "backend-test",
-                             .n_layer = 3,
-                             .n_head = 2,
-                             .n_embd = 16,
-                             .vocab_size = 53,
-                             .n_positions = 16};
+    loom_model_config cfg = {
+        .name = "backend-test", .n_layer = 3, .n_head = 2, .n_embd = 16, .vocab_size = 53, .n_positions = 16};
     const int B = 2, T = 8;
     const long L = cfg.n_layer;
     run_out ref, got;
@@ -405,10 +401,9 @@ static void check_routing(void) {
         {"memcpy_d2h", 0},
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
-        CHECK(calls(expect[i].name) == expect[i].want, "%s called %ld times, want %ld",
-              expect[i].name, calls(expect[i].name), expect[i].want);
-    CHECK(got.loss == ref.loss, "loss %.9g through the counting table, %.9g on cpu", got.loss,
-          ref.loss);
+        CHECK(calls(expect[i].name) == expect[i].want, "%s called %ld times, want %ld", expect[i].name,
+              calls(expect[i].name), expect[i].want);
+    CHECK(got.loss == ref.loss, "loss %.9g through the counting table, %.9g on cpu", got.loss, ref.loss);
     CHECK(got.n == ref.n && memcmp(got.params, ref.params, ref.n * sizeof(float)) == 0,
           "staged parameter init differs from the in-place init");
     CHECK(got.n == ref.n && memcmp(got.grads, ref.grads, ref.n * sizeof(float)) == 0,
@@ -428,10 +423,20 @@ static void check_routing(void) {
  * bookkeeping crosses host and device only by the table's copies, and
  * loss and gradients are bit-identical to the CPU table's. */
 static void check_moe_routing(void) {
-    loom_model_config cfg = {.name = "backend-moe", .n_layer = 2, .n_head = 2, .n_embd = 16,
-                             .vocab_size = 53, .n_positions = 16, .n_expert = 4, .top_k = 2,
-                             .moe_every = 1, .expert_hidden = 32, .norm_topk = 1,
-                             .aux_coef = 0.01f, .z_coef = 0.001f, .capacity_factor = 1.0f};
+    loom_model_config cfg = {.name = "backend-moe",
+                             .n_layer = 2,
+                             .n_head = 2,
+                             .n_embd = 16,
+                             .vocab_size = 53,
+                             .n_positions = 16,
+                             .n_expert = 4,
+                             .top_k = 2,
+                             .moe_every = 1,
+                             .expert_hidden = 32,
+                             .norm_topk = 1,
+                             .aux_coef = 0.01f,
+                             .z_coef = 0.001f,
+                             .capacity_factor = 1.0f};
     const int B = 2, T = 8;
     const long L = cfg.n_layer;
     run_out ref, got;
@@ -464,8 +469,8 @@ static void check_moe_routing(void) {
         {"memcpy_h2d", (long)((ref.n + 16383) / 16384) + 2 + 1 + 3 * L},
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
-        CHECK(calls(expect[i].name) == expect[i].want, "moe: %s called %ld times, want %ld",
-              expect[i].name, calls(expect[i].name), expect[i].want);
+        CHECK(calls(expect[i].name) == expect[i].want, "moe: %s called %ld times, want %ld", expect[i].name,
+              calls(expect[i].name), expect[i].want);
     CHECK(got.loss == ref.loss && ref.loss > 0, "moe: loss %.9g through the counting table, %.9g on cpu",
           got.loss, ref.loss);
     CHECK(got.n == ref.n && memcmp(got.grads, ref.grads, ref.n * sizeof(float)) == 0,
@@ -492,8 +497,8 @@ static unsigned char *slurp(const char *path, size_t *n) {
  * parameters, staged init): the same file, the second through one host
  * copy; loading it on the counting device restores every parameter. */
 static void check_params_io(void) {
-    loom_model_config cfg = {.name = "backend-io", .n_layer = 2, .n_head = 2, .n_embd = 16,
-                             .vocab_size = 37, .n_positions = 8};
+    loom_model_config cfg = {
+        .name = "backend-io", .n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 37, .n_positions = 8};
     loom_device *cpu = test_cpu_device(1, 0), *cnt = device_on(&counting, 0);
     loom_model_part part = loom_model_part_whole(cpu, &cfg), cpart = loom_model_part_whole(cnt, &cfg);
     loom_gpt_opts opts = {.B = 1, .T = 4, .n_slots = 1};
@@ -503,7 +508,8 @@ static void check_params_io(void) {
     snprintf(a, sizeof a, "%s/cpu.safetensors", dir);
     snprintf(b, sizeof b, "%s/staged.safetensors", dir);
     loom_gpt *m, *mc, *m2;
-    if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK || loom_gpt_create(&cfg, &cpart, &opts, &mc) != LOOM_OK) {
+    if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK ||
+        loom_gpt_create(&cfg, &cpart, &opts, &mc) != LOOM_OK) {
         CHECK(0, "create: %s", loom_errmsg());
         return;
     }
@@ -520,8 +526,8 @@ static void check_params_io(void) {
     if (loom_gpt_create(&cfg, &cpart, &opts, &m2) == LOOM_OK) {
         memset(n_calls, 0, sizeof n_calls);
         CHECK(loom_params_load(&m2, 1, NULL, NULL, b) == LOOM_OK, "staged load: %s", loom_errmsg());
-        CHECK(calls("memcpy_h2d") == 1 && calls("memcpy_d2h") == 1,
-              "staged load: %ld uploads, %ld downloads", calls("memcpy_h2d"), calls("memcpy_d2h"));
+        CHECK(calls("memcpy_h2d") == 1 && calls("memcpy_d2h") == 1, "staged load: %ld uploads, %ld downloads",
+              calls("memcpy_h2d"), calls("memcpy_d2h"));
         CHECK(memcmp(m2->param_mem, m->param_mem, m->num_params * sizeof(float)) == 0,
               "parameters loaded through host copies differ from the saved ones");
         loom_gpt_free(m2);

@@ -21,17 +21,17 @@ static int rank, n;
 
 /* After one call of `op`: exactly `calls` more calls and `bytes` more bytes
  * for that op, and no other op touched. */
-static void check_delta(const loom_comm *c, const loom_comm_stats *before, loom_comm_op op,
-                        uint64_t calls, uint64_t bytes, const char *what) {
+static void check_delta(const loom_comm *c, const loom_comm_stats *before, loom_comm_op op, uint64_t calls,
+                        uint64_t bytes, const char *what) {
     const loom_comm_stats *s = loom_comm_get_stats(c);
     for (int o = 0; o < LOOM_OP_COUNT; o++) {
         uint64_t want_calls = o == (int)op ? calls : 0, want_bytes = o == (int)op ? bytes : 0;
-        CHECK(s->calls[o] - before->calls[o] == want_calls, "%s: %s calls +%llu, expected +%llu",
-              what, loom_comm_op_name((loom_comm_op)o),
-              (unsigned long long)(s->calls[o] - before->calls[o]), (unsigned long long)want_calls);
-        CHECK(s->bytes[o] - before->bytes[o] == want_bytes, "%s: %s bytes +%llu, expected +%llu",
-              what, loom_comm_op_name((loom_comm_op)o),
-              (unsigned long long)(s->bytes[o] - before->bytes[o]), (unsigned long long)want_bytes);
+        CHECK(s->calls[o] - before->calls[o] == want_calls, "%s: %s calls +%llu, expected +%llu", what,
+              loom_comm_op_name((loom_comm_op)o), (unsigned long long)(s->calls[o] - before->calls[o]),
+              (unsigned long long)want_calls);
+        CHECK(s->bytes[o] - before->bytes[o] == want_bytes, "%s: %s bytes +%llu, expected +%llu", what,
+              loom_comm_op_name((loom_comm_op)o), (unsigned long long)(s->bytes[o] - before->bytes[o]),
+              (unsigned long long)want_bytes);
         CHECK(s->seconds[o] >= before->seconds[o], "%s: seconds went down", what);
     }
 }
@@ -114,8 +114,7 @@ static void test_reduce_scatter(loom_dtype t, int mode /* 0 blocking, 1 in place
     }
     CHECK(st == LOOM_OK, "reduce_scatter mode %d: %s", mode, loom_errmsg());
     int bad = 0;
-    for (size_t i = 0; i < PER; i++)
-        bad += get(out, t, i) != expect_reduce(LOOM_SUM, (size_t)rank * PER + i);
+    for (size_t i = 0; i < PER; i++) bad += get(out, t, i) != expect_reduce(LOOM_SUM, (size_t)rank * PER + i);
     CHECK(bad == 0, "reduce_scatter %s mode %d: %d wrong values", dtype_name(t), mode, bad);
     check_delta(W, &before, LOOM_OP_REDUCE_SCATTER, 1, total * loom_dtype_size(t), "reduce_scatter");
     free(send);
@@ -135,7 +134,8 @@ static uint16_t rough(int r, size_t i) {
     return loom_bf16_from_f32((float)((r + (int)i) % 3 ? v : -v));
 }
 
-static void test_bf16(int mode /* 0 allreduce, 1 iallreduce, 2 reduce_scatter in place, 3 ireduce_scatter */) {
+static void
+test_bf16(int mode /* 0 allreduce, 1 iallreduce, 2 reduce_scatter in place, 3 ireduce_scatter */) {
     enum { PER = 9 };
     const size_t total = PER * (size_t)n, count = mode < 2 ? PER : total;
     uint16_t *x = malloc(2 * total * sizeof *x), *y = x + total;
@@ -400,7 +400,8 @@ static void test_errors(void) {
 static void test_basics(void) {
     CHECK(loom_dtype_size(LOOM_F32) == 4 && loom_dtype_size(LOOM_F64) == 8 &&
               loom_dtype_size(LOOM_I32) == 4 && loom_dtype_size(LOOM_I64) == 8 &&
-              loom_dtype_size(LOOM_U8) == 1 && loom_dtype_size(LOOM_BF16) == 2, "dtype sizes");
+              loom_dtype_size(LOOM_U8) == 1 && loom_dtype_size(LOOM_BF16) == 2,
+          "dtype sizes");
     CHECK(strcmp(loom_comm_op_name(LOOM_OP_REDUCE_SCATTER), "reduce_scatter") == 0, "op name");
     CHECK(strcmp(loom_comm_name(W), "world") == 0, "world name '%s'", loom_comm_name(W));
     CHECK(rank >= 0 && rank < n, "rank %d of %d", rank, n);

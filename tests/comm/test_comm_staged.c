@@ -75,9 +75,14 @@ static void sim_unpack(void *ctx, float *dst, const uint16_t *src, size_t count)
         flip(dst + i, &x, sizeof x);
     }
 }
-static const loom_comm_mem sim_mem = {.name = "sim", .ctx = &S, .alloc = sim_alloc, .free = sim_free,
-                                      .copy_to_host = sim_d2h, .copy_from_host = sim_h2d,
-                                      .pack_bf16 = sim_pack, .unpack_bf16 = sim_unpack};
+static const loom_comm_mem sim_mem = {.name = "sim",
+                                      .ctx = &S,
+                                      .alloc = sim_alloc,
+                                      .free = sim_free,
+                                      .copy_to_host = sim_d2h,
+                                      .copy_from_host = sim_h2d,
+                                      .pack_bf16 = sim_pack,
+                                      .unpack_bf16 = sim_unpack};
 
 /* A device buffer holding `bytes` of host data (not counted). */
 static void *dev_of(const void *host, size_t bytes) {
@@ -98,24 +103,26 @@ static void expect_same(const char *what, const void *d, const void *h, size_t b
 /* Since `before`: the staged group counted what the MPI group counted, op
  * by op, and the copies were `in` bytes to the host and `out` back, one each
  * (0 bytes: no copy). */
-static void expect_counts(const char *what, const loom_comm_stats *sb, const loom_comm_stats *hb, const sim *before,
-                          size_t in, size_t out) {
+static void expect_counts(const char *what, const loom_comm_stats *sb, const loom_comm_stats *hb,
+                          const sim *before, size_t in, size_t out) {
     const loom_comm_stats *s = loom_comm_get_stats(sg), *h = loom_comm_get_stats(hg);
     for (int op = 0; op < LOOM_OP_COUNT; op++)
         CHECK(s->calls[op] - sb->calls[op] == h->calls[op] - hb->calls[op] &&
                   s->bytes[op] - sb->bytes[op] == h->bytes[op] - hb->bytes[op],
               "%s: %s counted %llu calls %llu bytes staged, %llu calls %llu bytes on MPI", what,
               loom_comm_op_name((loom_comm_op)op), (unsigned long long)(s->calls[op] - sb->calls[op]),
-              (unsigned long long)(s->bytes[op] - sb->bytes[op]), (unsigned long long)(h->calls[op] - hb->calls[op]),
+              (unsigned long long)(s->bytes[op] - sb->bytes[op]),
+              (unsigned long long)(h->calls[op] - hb->calls[op]),
               (unsigned long long)(h->bytes[op] - hb->bytes[op]));
     CHECK(S.d2h - before->d2h == (in > 0) && S.d2h_bytes - before->d2h_bytes == in &&
               S.h2d - before->h2d == (out > 0) && S.h2d_bytes - before->h2d_bytes == out,
-          "%s: copies %zu in (%zu bytes) %zu out (%zu bytes), want %zu and %zu bytes", what, S.d2h - before->d2h,
-          S.d2h_bytes - before->d2h_bytes, S.h2d - before->h2d, S.h2d_bytes - before->h2d_bytes, in, out);
+          "%s: copies %zu in (%zu bytes) %zu out (%zu bytes), want %zu and %zu bytes", what,
+          S.d2h - before->d2h, S.d2h_bytes - before->d2h_bytes, S.h2d - before->h2d,
+          S.h2d_bytes - before->h2d_bytes, in, out);
 }
 
-#define SNAP()                                                                                     \
-    loom_comm_stats sb_ = *loom_comm_get_stats(sg), hb_ = *loom_comm_get_stats(hg);                \
+#define SNAP()                                                                                               \
+    loom_comm_stats sb_ = *loom_comm_get_stats(sg), hb_ = *loom_comm_get_stats(hg);                          \
     sim before_ = S
 #define COUNTS(what, in, out) expect_counts(what, &sb_, &hb_, &before_, in, out)
 
@@ -161,11 +168,13 @@ static void test_reduce_scatter(int mode, int in_place) {
     const size_t total = PER * (size_t)n;
     float *h = malloc(total * sizeof *h), out[PER];
     fill(h, total, 2);
-    float *d = dev_of(h, total * sizeof *h), *dout = in_place ? d : malloc(sizeof out), *hout = in_place ? h : out;
+    float *d = dev_of(h, total * sizeof *h), *dout = in_place ? d : malloc(sizeof out),
+          *hout = in_place ? h : out;
     SNAP();
     loom_req *r = NULL, *q = NULL;
-    loom_status st = mode ? finish(&r, loom_comm_ireduce_scatter(sg, d, dout, PER, LOOM_F32, LOOM_MAX, &r), mode)
-                          : loom_comm_reduce_scatter(sg, d, dout, PER, LOOM_F32, LOOM_MAX);
+    loom_status st =
+        mode ? finish(&r, loom_comm_ireduce_scatter(sg, d, dout, PER, LOOM_F32, LOOM_MAX, &r), mode)
+             : loom_comm_reduce_scatter(sg, d, dout, PER, LOOM_F32, LOOM_MAX);
     CHECK(st == LOOM_OK, "staged reduce_scatter mode %d: %s", mode, loom_errmsg());
     st = mode ? finish(&q, loom_comm_ireduce_scatter(hg, h, hout, PER, LOOM_F32, LOOM_MAX, &q), mode)
               : loom_comm_reduce_scatter(hg, h, hout, PER, LOOM_F32, LOOM_MAX);
@@ -243,11 +252,12 @@ static void test_alltoallv(void) {
     expect_same("alltoallv (gaps kept)", dr, hr, ro);
     const loom_comm_stats *s = loom_comm_get_stats(sg), *h = loom_comm_get_stats(hg);
     CHECK(s->bytes[LOOM_OP_ALLTOALLV] - s0.bytes[LOOM_OP_ALLTOALLV] ==
-              h->bytes[LOOM_OP_ALLTOALLV] - h0.bytes[LOOM_OP_ALLTOALLV], "alltoallv bytes");
+              h->bytes[LOOM_OP_ALLTOALLV] - h0.bytes[LOOM_OP_ALLTOALLV],
+          "alltoallv bytes");
     CHECK(S.d2h - b0.d2h == 1 && S.d2h_bytes - b0.d2h_bytes == so && S.h2d - b0.h2d == (size_t)n &&
               S.h2d_bytes - b0.h2d_bytes == recvd,
-          "alltoallv copies: %zu in (%zu bytes), %zu out (%zu bytes)", S.d2h - b0.d2h, S.d2h_bytes - b0.d2h_bytes,
-          S.h2d - b0.h2d, S.h2d_bytes - b0.h2d_bytes);
+          "alltoallv copies: %zu in (%zu bytes), %zu out (%zu bytes)", S.d2h - b0.d2h,
+          S.d2h_bytes - b0.d2h_bytes, S.h2d - b0.h2d, S.h2d_bytes - b0.h2d_bytes);
     free(hs), free(hr), free(ds), free(dr);
 }
 
@@ -277,7 +287,8 @@ static void test_ring(int nonblocking) {
     CHECK(st == LOOM_OK, "staged ring %d: %s", nonblocking, loom_errmsg());
     loom_req *rr = NULL;
     CHECK(loom_comm_irecv(hg, ref, sizeof ref, prev, 4, &rr) == LOOM_OK, "MPI irecv");
-    CHECK(loom_comm_send(hg, out, sizeof out, next, 4) == LOOM_OK && loom_comm_wait(rr) == LOOM_OK, "MPI ring");
+    CHECK(loom_comm_send(hg, out, sizeof out, next, 4) == LOOM_OK && loom_comm_wait(rr) == LOOM_OK,
+          "MPI ring");
     expect_same("ring", din, ref, sizeof ref);
     COUNTS("ring", sizeof out, sizeof in);
     free(dout), free(din);
@@ -294,18 +305,20 @@ static void test_wire(int nonblocking) {
     float *d = dev_of(h, total * sizeof *h);
     SNAP();
     loom_req *r = NULL;
-    loom_status st = nonblocking ? finish(&r, loom_comm_iallreduce_as(sg, d, total, LOOM_BF16, LOOM_SUM, &r), 1)
-                                 : loom_comm_allreduce_as(sg, d, total, LOOM_BF16, LOOM_SUM);
+    loom_status st = nonblocking
+                         ? finish(&r, loom_comm_iallreduce_as(sg, d, total, LOOM_BF16, LOOM_SUM, &r), 1)
+                         : loom_comm_allreduce_as(sg, d, total, LOOM_BF16, LOOM_SUM);
     CHECK(st == LOOM_OK, "staged allreduce_as: %s", loom_errmsg());
     CHECK(loom_comm_allreduce_as(hg, h, total, LOOM_BF16, LOOM_SUM) == LOOM_OK, "MPI allreduce_as");
     expect_same("allreduce_as", d, h, total * sizeof *h);
     COUNTS("allreduce_as", total * 2, total * 2);
-    CHECK(S.packs - before_.packs == 1 && S.unpacks - before_.unpacks == 1, "allreduce_as: %zu packs %zu unpacks",
-          S.packs - before_.packs, S.unpacks - before_.unpacks);
+    CHECK(S.packs - before_.packs == 1 && S.unpacks - before_.unpacks == 1,
+          "allreduce_as: %zu packs %zu unpacks", S.packs - before_.packs, S.unpacks - before_.unpacks);
     st = nonblocking ? finish(&r, loom_comm_ireduce_scatter_as(sg, d, d, PER, LOOM_BF16, LOOM_SUM, &r), 2)
                      : loom_comm_reduce_scatter_as(sg, d, d, PER, LOOM_BF16, LOOM_SUM);
     CHECK(st == LOOM_OK, "staged reduce_scatter_as: %s", loom_errmsg());
-    CHECK(loom_comm_reduce_scatter_as(hg, h, h, PER, LOOM_BF16, LOOM_SUM) == LOOM_OK, "MPI reduce_scatter_as");
+    CHECK(loom_comm_reduce_scatter_as(hg, h, h, PER, LOOM_BF16, LOOM_SUM) == LOOM_OK,
+          "MPI reduce_scatter_as");
     expect_same("reduce_scatter_as", d, h, PER * sizeof *h);
     const size_t mine = PER * (size_t)rank;
     st = nonblocking ? finish(&r, loom_comm_iallgather_as(sg, d, d, PER, LOOM_BF16, &r), 1)
@@ -334,7 +347,8 @@ static void test_groups(void) {
         CHECK(loom_comm_allreduce(loom_comm_host(half), ref, 8, LOOM_F32, LOOM_SUM) == LOOM_OK, "host side");
         expect_same("split allreduce", d, ref, sizeof ref);
         CHECK(S.d2h == b.d2h + 1, "the split group stages");
-        CHECK(loom_comm_get_stats(half)->calls[LOOM_OP_ALLREDUCE] == 2, "the host side counts in the group's stats");
+        CHECK(loom_comm_get_stats(half)->calls[LOOM_OP_ALLREDUCE] == 2,
+              "the host side counts in the group's stats");
         free(d);
         loom_comm_free(half);
     }

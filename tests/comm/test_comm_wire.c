@@ -44,7 +44,8 @@ static void same_counts(const loom_comm_stats *before, const loom_comm_stats *mi
     CHECK(s->calls[op] - mid->calls[op] == mid->calls[op] - before->calls[op] &&
               s->bytes[op] - mid->bytes[op] == mid->bytes[op] - before->bytes[op],
           "%s: the wire call counted %llu calls %llu bytes, the hand-packed one %llu calls %llu bytes", what,
-          (unsigned long long)(s->calls[op] - mid->calls[op]), (unsigned long long)(s->bytes[op] - mid->bytes[op]),
+          (unsigned long long)(s->calls[op] - mid->calls[op]),
+          (unsigned long long)(s->bytes[op] - mid->bytes[op]),
           (unsigned long long)(mid->calls[op] - before->calls[op]),
           (unsigned long long)(mid->bytes[op] - before->bytes[op]));
 }
@@ -113,8 +114,8 @@ static void test_reduce_scatter(int mode, int in_place) {
         if (st == LOOM_OK) st = finish(r, mode);
     }
     CHECK(st == LOOM_OK, "reduce_scatter_as mode %d: %s", mode, loom_errmsg());
-    CHECK(memcmp(dst, ref, PER * sizeof *x) == 0, "reduce_scatter_as mode %d in place %d differs from packing by hand",
-          mode, in_place);
+    CHECK(memcmp(dst, ref, PER * sizeof *x) == 0,
+          "reduce_scatter_as mode %d in place %d differs from packing by hand", mode, in_place);
     same_counts(&before, &mid, LOOM_OP_REDUCE_SCATTER, "reduce_scatter_as");
     free(x), free(out), free(ref), free(h);
 }
@@ -122,7 +123,8 @@ static void test_reduce_scatter(int mode, int in_place) {
 /* allgather: PER values per rank; in place (send at recv + rank * PER) or not */
 static void test_allgather(int mode, int in_place) {
     const size_t total = PER * (size_t)n, mine = PER * (size_t)rank;
-    float *mine_x = malloc(PER * sizeof *mine_x), *all = calloc(total, sizeof *all), *ref = malloc(total * sizeof *ref);
+    float *mine_x = malloc(PER * sizeof *mine_x), *all = calloc(total, sizeof *all),
+          *ref = malloc(total * sizeof *ref);
     uint16_t *h = malloc(total * sizeof *h);
     fill(mine_x, PER, 3);
     loom_comm_stats before = *loom_comm_get_stats(W);
@@ -144,8 +146,8 @@ static void test_allgather(int mode, int in_place) {
         if (st == LOOM_OK) st = finish(r, mode);
     }
     CHECK(st == LOOM_OK, "allgather_as mode %d: %s", mode, loom_errmsg());
-    CHECK(memcmp(all, ref, total * sizeof *all) == 0, "allgather_as mode %d in place %d differs from packing by hand",
-          mode, in_place);
+    CHECK(memcmp(all, ref, total * sizeof *all) == 0,
+          "allgather_as mode %d in place %d differs from packing by hand", mode, in_place);
     same_counts(&before, &mid, LOOM_OP_ALLGATHER, "allgather_as");
     free(mine_x), free(all), free(ref), free(h);
 }
@@ -177,23 +179,25 @@ static void test_reserve(void) {
     if (!c) return;
     CHECK(loom_comm_reserve_wire(c, PER, 2) == LOOM_OK, "reserve: %s", loom_errmsg());
     CHECK(loom_comm_reserve_wire(c, PER / 2, 2) == LOOM_OK, "reserve again: %s", loom_errmsg());
-    CHECK(loom_comm_wire_bytes(c) == 2 * PER * 2, "reserved %zu bytes, want %d", loom_comm_wire_bytes(c), 4 * PER);
+    CHECK(loom_comm_wire_bytes(c) == 2 * PER * 2, "reserved %zu bytes, want %d", loom_comm_wire_bytes(c),
+          4 * PER);
     float *x = malloc(3 * PER * sizeof *x);
     for (int round = 0; round < 2; round++) {
         for (int k = 0; k < 3; k++) fill(x + k * PER, PER, 10 + k);
         loom_req *r[2] = {NULL, NULL};
         for (int k = 0; k < 2; k++)
-            CHECK(loom_comm_iallreduce_as(c, x + k * PER, PER, LOOM_BF16, LOOM_SUM, &r[k]) == LOOM_OK, "start");
-        CHECK(loom_comm_wire_grown(c) == (size_t)round, "round %d, two calls in flight: %zu buffers grown", round,
-              loom_comm_wire_grown(c));
+            CHECK(loom_comm_iallreduce_as(c, x + k * PER, PER, LOOM_BF16, LOOM_SUM, &r[k]) == LOOM_OK,
+                  "start");
+        CHECK(loom_comm_wire_grown(c) == (size_t)round, "round %d, two calls in flight: %zu buffers grown",
+              round, loom_comm_wire_grown(c));
         /* a third in flight: no reserved buffer is free */
         CHECK(loom_comm_allreduce_as(c, x + 2 * PER, PER, LOOM_BF16, LOOM_SUM) == LOOM_OK, "third");
         CHECK(loom_comm_wire_grown(c) == 1, "round %d: %zu buffers grown, want 1 (then kept)", round,
               loom_comm_wire_grown(c));
         for (int k = 0; k < 2; k++) CHECK(loom_comm_wait(r[k]) == LOOM_OK, "wait: %s", loom_errmsg());
     }
-    CHECK(loom_comm_wire_bytes(c) == 3 * PER * 2, "%zu bytes of wire buffers, want %d", loom_comm_wire_bytes(c),
-          6 * PER);
+    CHECK(loom_comm_wire_bytes(c) == 3 * PER * 2, "%zu bytes of wire buffers, want %d",
+          loom_comm_wire_bytes(c), 6 * PER);
     free(x);
     loom_comm_free(c);
 }
@@ -213,7 +217,8 @@ static void test_refusals(void) {
     CHECK(st == LOOM_EINTERNAL && strstr(loom_errmsg(), "wire format"), "f64 wire: %d %s", st, loom_errmsg());
     CHECK(memcmp(x, keep, sizeof x) == 0, "a refused call changed its destination");
     const loom_comm_stats *s = loom_comm_get_stats(W);
-    for (int op = 0; op < LOOM_OP_COUNT; op++) CHECK(s->calls[op] == before.calls[op], "a refused call counted");
+    for (int op = 0; op < LOOM_OP_COUNT; op++)
+        CHECK(s->calls[op] == before.calls[op], "a refused call counted");
 }
 
 int main(int argc, char **argv) {

@@ -12,7 +12,9 @@
 #include <string.h>
 
 static void vectors(void) {
-    static const struct { const char *msg, *want; } v[] = {
+    static const struct {
+        const char *msg, *want;
+    } v[] = {
         {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
         {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
         {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
@@ -65,7 +67,8 @@ int main(void) {
         vectors();
         unsigned char msg[1000];
         unsigned x = 12345;
-        for (size_t i = 0; i < sizeof msg; i++) msg[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 16);
+        for (size_t i = 0; i < sizeof msg; i++)
+            msg[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 16);
         for (size_t n = 0; n <= sizeof msg; n++) {
             char h0[65], h1[65];
             loom_sha256_use_extensions(0);

@@ -153,9 +153,11 @@ static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, d
     char label[96];
     snprintf(label, sizeof label, "N=%d zero=%d K=%d bucket=%gMB", N, zero, K, mb);
     loom_model_part part = loom_model_part_whole(dev, &mc);
-    loom_gpt_opts ro = {.B = B_GLOBAL, .T = T, .n_slots = 1},
-                  eo = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3,
-                        .external_grads = zero >= 2};
+    loom_gpt_opts ro = {.B = B_GLOBAL, .T = T, .n_slots = 1}, eo = {.B = Bm,
+                                                                    .T = T,
+                                                                    .n_slots = 1,
+                                                                    .external_params = zero >= 3,
+                                                                    .external_grads = zero >= 2};
     loom_gpt *ref = NULL, *m = NULL;
     loom_adamw opt;
     loom_dp_engine *e = NULL;
@@ -177,8 +179,8 @@ static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, d
     loom_dp_memory_bytes(e, &mem);
     CHECK(mem.params == x.mem.params && mem.grads == x.mem.grads && mem.optimizer == x.mem.optimizer &&
               mem.activations == x.mem.activations,
-          "%s: memory params/grads/optimizer %zu/%zu/%zu, formulas %zu/%zu/%zu", label, mem.params,
-          mem.grads, mem.optimizer, x.mem.params, x.mem.grads, x.mem.optimizer);
+          "%s: memory params/grads/optimizer %zu/%zu/%zu, formulas %zu/%zu/%zu", label, mem.params, mem.grads,
+          mem.optimizer, x.mem.params, x.mem.grads, x.mem.optimizer);
     int32_t *in = malloc(B_GLOBAL * T * sizeof *in), *tg = malloc(B_GLOBAL * T * sizeof *tg);
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -201,8 +203,8 @@ static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, d
         const loom_comm_stats cs = *loom_comm_get_stats(mesh->dp);
         CHECK(st == LOOM_OK, "%s step %d: %s", label, s, loom_errmsg());
         if (st != LOOM_OK) break;
-        CHECK(fabs(norm - want_norm) <= 1e-6 * want_norm, "%s step %d: norm %.9g, reference %.9g",
-              label, s, norm, want_norm);
+        CHECK(fabs(norm - want_norm) <= 1e-6 * want_norm, "%s step %d: norm %.9g, reference %.9g", label, s,
+              norm, want_norm);
         for (int op = 0; op < LOOM_OP_COUNT; op++)
             CHECK(cs.calls[op] == x.calls[op] && cs.bytes[op] == x.bytes[op],
                   "%s step %d: dp %s %llu calls %llu bytes, theory %llu / %llu", label, s,
@@ -210,8 +212,8 @@ static void run_case(loom_device *dev, const loom_mesh *mesh, int zero, int K, d
                   (unsigned long long)cs.bytes[op], (unsigned long long)x.calls[op],
                   (unsigned long long)x.bytes[op]);
         CHECK(t.reductions == x.reductions && t.overlapped == x.overlapped,
-              "%s step %d: %d reductions (%d in the backward), expected %d (%d)", label, s,
-              t.reductions, t.overlapped, x.reductions, x.overlapped);
+              "%s step %d: %d reductions (%d in the backward), expected %d (%d)", label, s, t.reductions,
+              t.overlapped, x.reductions, x.overlapped);
         for (int i = 0; i < m->n_params; i++) {
             const loom_param *p = &m->params[i];
             double dn[2] = {0, 0}; /* squared difference, squared reference */
@@ -260,11 +262,13 @@ static void check_wire_reserved(loom_device *dev, loom_comm *world, int zero, in
     loom_dp_engine *e = NULL;
     const int N = l.dp, r = loom_comm_rank(world), Bl = B_GLOBAL / N, Bm = Bl / K;
     loom_model_part part = loom_model_part_whole(dev, &mc);
-    loom_gpt_opts o = {.B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3, .external_grads = zero >= 2};
+    loom_gpt_opts o = {
+        .B = Bm, .T = T, .n_slots = 1, .external_params = zero >= 3, .external_grads = zero >= 2};
     loom_dp_config cfg = {.zero = zero, .bucket_mb = mb, .comm_bf16 = 1};
     CHECK(loom_mesh_create(world, &l, dev, &mesh) == LOOM_OK, "mesh: %s", loom_errmsg());
     CHECK(mesh && loom_gpt_create(&mc, &part, &o, &m) == LOOM_OK, "model: %s", loom_errmsg());
-    CHECK(m && loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "bf16 engine: %s", loom_errmsg());
+    CHECK(m && loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "bf16 engine: %s",
+          loom_errmsg());
     if (e) {
         expect x;
         theory(m, zero, N, K, mb, &x);
@@ -291,8 +295,9 @@ static void check_wire_reserved(loom_device *dev, loom_comm *world, int zero, in
             if (st == LOOM_OK) st = loom_dp_step(e, LR, 1.0f);
         }
         CHECK(st == LOOM_OK, "zero %d K %d bucket %g bf16 steps: %s", zero, K, mb, loom_errmsg());
-        CHECK(loom_comm_wire_grown(mesh->dp) == 0, "zero %d K %d bucket %g: %zu wire buffers allocated in a step",
-              zero, K, mb, loom_comm_wire_grown(mesh->dp));
+        CHECK(loom_comm_wire_grown(mesh->dp) == 0,
+              "zero %d K %d bucket %g: %zu wire buffers allocated in a step", zero, K, mb,
+              loom_comm_wire_grown(mesh->dp));
         free(in), free(tg);
     }
     loom_dp_engine_free(e);
@@ -315,8 +320,8 @@ static void check_refusals(loom_device *dev, const loom_mesh *mesh) {
     for (int z = 0; z <= 3; z++) { /* every stage works with a split backward */
         cfg.zero = z;
         e = NULL;
-        CHECK(loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK,
-              "zero %d, split backward: %s", z, loom_errmsg());
+        CHECK(loom_dp_engine_create(&m, 1, mesh, &cfg, &HP, &e) == LOOM_OK, "zero %d, split backward: %s", z,
+              loom_errmsg());
         CHECK(!e || (m->hooks.pre_weight && m->hooks.post_input), "zero %d: split hooks missing", z);
         loom_dp_engine_free(e);
     }

@@ -19,7 +19,9 @@ static const char *fuzz_file(const uint8_t *data, size_t size, const char *suffi
     char *path = fuzz_path_;
     if (!path[0]) {
         /* memory-backed when there is one: ten times the executions per second */
-        const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+        const char *dir = getenv("TMPDIR")                ? getenv("TMPDIR")
+                          : access("/dev/shm", W_OK) == 0 ? "/dev/shm"
+                                                          : "/tmp";
         snprintf(path, sizeof fuzz_path_, "%s/loom-fuzz-%d%s", dir, (int)getpid(), suffix);
     }
     static int registered;

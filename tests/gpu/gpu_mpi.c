@@ -27,7 +27,8 @@ int gpu_mpi_start(int *argc, char ***argv, loom_comm **world, int *ndev) {
     }
     *ndev = n;
     if (n == 0 || loom_cuda_init(rank % n) != LOOM_OK) {
-        fprintf(stderr, "rank %d: %s\n", rank, n ? loom_errmsg() : "no CUDA device while another rank has one");
+        fprintf(stderr, "rank %d: %s\n", rank,
+                n ? loom_errmsg() : "no CUDA device while another rank has one");
         return 1;
     }
     return 0;
@@ -40,7 +41,8 @@ int gpu_mpi_finish(loom_comm *world) {
 }
 
 void gpu_fill(float *h, size_t n, int rank, int salt) {
-    for (size_t i = 0; i < n; i++) h[i] = (float)((int)((i * 7 + (size_t)salt) % 23) - 11) * 0.25f + 10.0f * (float)rank;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)((int)((i * 7 + (size_t)salt) % 23) - 11) * 0.25f + 10.0f * (float)rank;
 }
 
 static size_t v_bytes(int src, int dst) { return (size_t)((src + 2 * dst) % 3 + 1) * 100 * 4; }
@@ -56,7 +58,8 @@ void gpu_v_init(gpu_v_case *v, int rank, int size) {
     v->hs = malloc(so), v->hr = malloc(ro), v->ds = loom_cuda_alloc(so), v->dr = loom_cuda_alloc(ro);
     gpu_fill(v->hs, so / 4, rank, 8);
     gpu_fill(v->hr, ro / 4, -1, 9);
-    CHECK(loom_cuda_memcpy_h2d(v->ds, v->hs, so) == LOOM_OK && loom_cuda_memcpy_h2d(v->dr, v->hr, ro) == LOOM_OK,
+    CHECK(loom_cuda_memcpy_h2d(v->ds, v->hs, so) == LOOM_OK &&
+              loom_cuda_memcpy_h2d(v->dr, v->hr, ro) == LOOM_OK,
           "alltoallv case h2d: %s", loom_errmsg());
 }
 

@@ -121,7 +121,8 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     loom_cuda_matmul_fwd(gpu, d_out, d_inp, d_w, d_b, N, C, OC);
     loom_cuda_matmul_fwd(gpu, d_out_nb, d_inp, d_w, NULL, N, C, OC);
     snprintf(what, sizeof what, "matmul_fwd %s", tag), expect_close(what, d_out, out, nout, tol);
-    snprintf(what, sizeof what, "matmul_fwd no bias %s", tag), expect_close(what, d_out_nb, out_nb, nout, tol);
+    snprintf(what, sizeof what, "matmul_fwd no bias %s", tag),
+        expect_close(what, d_out_nb, out_nb, nout, tol);
     /* operands 4 bytes past an aligned address: cuBLASLt told the real alignment
      * (inp), and the fallback without cuBLASLt (bias, which must be 16-byte aligned) */
     float *d_inp1 = loom_cuda_alloc((nin + 1) * 4), *d_b1 = loom_cuda_alloc((OC + 1) * 4);
@@ -154,10 +155,12 @@ static void test_matmul(int N, int C, int OC, int gpu_mode, double tol) {
     loom_matmul_nt_bwd(mm, dinp2, dwte, dout, inp, wte, N, C, V);
     loom_cuda_matmul_nt_bwd(gpu, d_dinp2, d_dwte, d_dout, d_inp, d_wte, N, C, V);
     snprintf(what, sizeof what, "matmul_nt_bwd dinp %s", tag), expect_close(what, d_dinp2, dinp2, nin, tol);
-    snprintf(what, sizeof what, "matmul_nt_bwd dwte %s", tag), expect_close(what, d_dwte, dwte, (size_t)V * C, tol);
-    loom_cuda_free(d_inp), loom_cuda_free(d_w), loom_cuda_free(d_b), loom_cuda_free(d_dout), loom_cuda_free(d_wte);
-    free(inp), free(w), free(b), free(out), free(out_nb), free(dout), free(dinp), free(dw), free(db), free(wte),
-        free(logits), free(dinp2), free(dwte);
+    snprintf(what, sizeof what, "matmul_nt_bwd dwte %s", tag),
+        expect_close(what, d_dwte, dwte, (size_t)V * C, tol);
+    loom_cuda_free(d_inp), loom_cuda_free(d_w), loom_cuda_free(d_b), loom_cuda_free(d_dout),
+        loom_cuda_free(d_wte);
+    free(inp), free(w), free(b), free(out), free(out_nb), free(dout), free(dinp), free(dw), free(db),
+        free(wte), free(logits), free(dinp2), free(dwte);
     loom_cuda_set_precision(gpu, LOOM_CUDA_FP32);
 }
 
@@ -206,8 +209,8 @@ static void test_elementwise(size_t n) {
     expect_close("scale", d_y, sc, n, 0.0);
     expect_close("round_bf16", d_r, r, n, 0.0);
     loom_cuda_free(d_x);
-    free(x), free(y), free(out), free(dinp), free(res), free(da), free(db), free(p), free(m), free(v), free(sc),
-        free(r);
+    free(x), free(y), free(out), free(dinp), free(res), free(da), free(db), free(p), free(m), free(v),
+        free(sc), free(r);
 }
 
 /* ---- routing and row ops (backend.h; CPU: loom_backend_cpu) ------------------- */
@@ -247,8 +250,8 @@ static void test_routing(int N, int n, int k, int C) {
           *d_lse2 = dev_from(lse, N * 4), *d_gate2 = dev_from(gate, Nk * 4);
     int32_t *d_tab = dev_i32(tab, 3 * (size_t)n), *d_grp = dev_i32(grp, N), *d_sel2 = dev_i32(sel, Nk);
     loom_tensor_topk_gate_bwd(cpu, dx, dp, dgate, sel, gate, x, lse, tab, grp, 3e-3f, 0.7f, N, n, k, 1);
-    loom_cuda_tensor_topk_gate_bwd(gpu, d_dx, d_dp, d_dgate, d_sel2, d_gate2, d_p, d_lse2, d_tab, d_grp, 3e-3f,
-                            0.7f, N, n, k, 1);
+    loom_cuda_tensor_topk_gate_bwd(gpu, d_dx, d_dp, d_dgate, d_sel2, d_gate2, d_p, d_lse2, d_tab, d_grp,
+                                   3e-3f, 0.7f, N, n, k, 1);
     expect_close("topk_gate_bwd dx", d_dx, dx, Nn, TOL);
     /* gather and scatter-add by an index list with repeats (M source rows) */
     const int M = N + 5, A = (int)Nk;
@@ -305,13 +308,15 @@ static void test_attention(int B, int T, int C, int NH) {
     char what[96];
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = host_rand(nqkv, 1.5f), *out = malloc(nout * 4), *lse = malloc(nl * 4);
-    float *d_qkv = dev_from(qkv, nqkv * 4), *d_out = loom_cuda_alloc(nout * 4), *d_lse = loom_cuda_alloc(nl * 4);
+    float *d_qkv = dev_from(qkv, nqkv * 4), *d_out = loom_cuda_alloc(nout * 4),
+          *d_lse = loom_cuda_alloc(nl * 4);
     loom_attention_fwd(cpu, out, lse, qkv, B, T, C, NH);
     loom_cuda_attention_fwd(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
     float *dout = host_rand(nout, 1.0f), *dqkv = host_rand(nqkv, 0.5f);
     float *d_dout = dev_from(dout, nout * 4), *d_dqkv = dev_from(dqkv, nqkv * 4);
     loom_attention_bwd(cpu, dqkv, dout, qkv, out, lse, B, T, C, NH);
-    loom_cuda_attention_bwd(gpu, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); /* from the GPU's own fwd */
+    loom_cuda_attention_bwd(gpu, d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C,
+                            NH); /* from the GPU's own fwd */
     snprintf(what, sizeof what, "attention_fwd out B%d T%d C%d NH%d", B, T, C, NH);
     expect_close(what, d_out, out, nout, TOL);
     snprintf(what, sizeof what, "attention_fwd lse B%d T%d C%d NH%d", B, T, C, NH);
@@ -332,7 +337,8 @@ static void test_attention_parts(int B, int T, int C, int NH) {
     float *d_qkv = dev_from(qkv, nqkv * 4);
     size_t o_bs = (size_t)Tq * C, nout = (size_t)B * o_bs, nl = (size_t)B * NH * Tq;
     /* host and device views: queries Th..T-1, keys 0..Th-1 then Th..T-1 */
-    loom_att_view h1 = {qkv + (size_t)Th * 3 * C, qkv + C, qkv + 2 * C, bs, bs, 3 * C, 3 * C, B, Tq, Th, NH, HS, Th, 0};
+    loom_att_view h1 = {
+        qkv + (size_t)Th * 3 * C, qkv + C, qkv + 2 * C, bs, bs, 3 * C, 3 * C, B, Tq, Th, NH, HS, Th, 0};
     loom_att_view h2 = h1;
     h2.k = qkv + (size_t)Th * 3 * C + C, h2.v = qkv + (size_t)Th * 3 * C + 2 * C, h2.Tk = Tq, h2.k_pos0 = Th;
     loom_att_view g1 = h1, g2 = h2;
@@ -360,15 +366,16 @@ static void test_attention_parts(int B, int T, int C, int NH) {
     float *dqkv = host_rand(nqkv, 0.5f), *d_dqkv = dev_from(dqkv, nqkv * 4);
     float *dq = dqkv + (size_t)Th * 3 * C, *dk = dqkv + C, *dv = dqkv + 2 * C;
     loom_attention_part_bwd(cpu, &h1, dq, dk, dv, dout, out, o_bs, C, lse);
-    loom_cuda_attention_part_bwd(gpu, &g1, d_dqkv + (dq - dqkv), d_dqkv + (dk - dqkv), d_dqkv + (dv - dqkv), d_dout,
-                                 d_out, o_bs, C, d_lse);
+    loom_cuda_attention_part_bwd(gpu, &g1, d_dqkv + (dq - dqkv), d_dqkv + (dk - dqkv), d_dqkv + (dv - dqkv),
+                                 d_dout, d_out, o_bs, C, d_lse);
     expect_close("attention_part_fwd accumulate out", d_out, out, nout, TOL);
     expect_close("attention_part_fwd accumulate lse", d_lse, lse, nl, TOL);
     expect_close("attention_part_bwd dqkv", d_dqkv, dqkv, nqkv, TOL);
     loom_cuda_free(d_out2), loom_cuda_free(d_lse2), loom_cuda_free(d_dout);
     /* decode: n = 3 new rows at p0 = T - 3 of batch 0; q rows of qkv, cache = k, v rows */
     int n = 3, p0 = T - 3;
-    float *kc = malloc((size_t)T * C * 4), *vc = malloc((size_t)T * C * 4), *kv_out = malloc((size_t)n * C * 4);
+    float *kc = malloc((size_t)T * C * 4), *vc = malloc((size_t)T * C * 4),
+          *kv_out = malloc((size_t)n * C * 4);
     for (int t = 0; t < T; t++) {
         memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, (size_t)C * 4);
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * 4);
@@ -377,11 +384,12 @@ static void test_attention_parts(int B, int T, int C, int NH) {
     loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, scratch);
     float *d_kc = dev_from(kc, (size_t)T * C * 4), *d_vc = dev_from(vc, (size_t)T * C * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
-    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH, NULL);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH,
+                               NULL);
     expect_close("attention_kv_fwd", d_kv_out, kv_out, (size_t)n * C, TOL);
     loom_cuda_free(d_kc), loom_cuda_free(d_vc), loom_cuda_free(d_qkv);
-    free(qkv), free(out), free(lse), free(out2), free(lse2), free(mo), free(ml), free(dout), free(dqkv), free(kc),
-        free(vc), free(kv_out), free(scratch);
+    free(qkv), free(out), free(lse), free(out2), free(lse2), free(mo), free(ml), free(dout), free(dqkv),
+        free(kc), free(vc), free(kv_out), free(scratch);
 }
 
 /* ---- vocabulary-parallel embedding and cross-entropy ----------------------------- */
@@ -390,7 +398,7 @@ static void test_vocab(void) {
     const int N = 29, C = 40, T = 8, v0 = 10, V_l = 41, V_valid = 35, row0 = 5;
     int32_t tok[29], tgt[29];
     for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)(i * 7 % 60);          /* some below v0, some above the slice */
+        tok[i] = (int32_t)(i * 7 % 60); /* some below v0, some above the slice */
         tgt[i] = i % 9 == 4 ? -1 : (int32_t)(i * 5 % 55);
     }
     tok[3] = tok[4] = tok[20] = 12; /* three rows of one token, not all adjacent */
@@ -417,8 +425,8 @@ static void test_vocab(void) {
     size_t nl = (size_t)N * V_l;
     float *logits = host_rand(nl, 4.0f), *d_logits = dev_from(logits, nl * 4);
     float mx[29], sum[29], tg[29], loss[29];
-    float *d_mx = loom_cuda_alloc(sizeof mx), *d_sum = loom_cuda_alloc(sizeof sum), *d_tg = loom_cuda_alloc(sizeof tg),
-          *d_loss = loom_cuda_alloc(sizeof loss);
+    float *d_mx = loom_cuda_alloc(sizeof mx), *d_sum = loom_cuda_alloc(sizeof sum),
+          *d_tg = loom_cuda_alloc(sizeof tg), *d_loss = loom_cuda_alloc(sizeof loss);
     loom_vxent_max(cpu, mx, logits, N, V_l, V_valid);
     loom_cuda_vxent_max(gpu, d_mx, d_logits, N, V_l, V_valid);
     loom_vxent_exp(cpu, logits, sum, tg, mx, tgt, v0, N, V_l, V_valid);
@@ -459,7 +467,8 @@ static void test_memory_streams(void) {
     CHECK(loom_cuda_event_sync(e1) == LOOM_OK, "event sync");
     float ms = -1.0f;
     CHECK(loom_cuda_event_elapsed(&ms, e0, e1) == LOOM_OK && ms >= 0.0f, "elapsed %g ms", ms);
-    CHECK(loom_cuda_memcpy_d2h(back, b, sizeof h) == LOOM_OK && !memcmp(back, h, sizeof h), "d2d copy differs");
+    CHECK(loom_cuda_memcpy_d2h(back, b, sizeof h) == LOOM_OK && !memcmp(back, h, sizeof h),
+          "d2d copy differs");
     CHECK(loom_cuda_memcpy_d2h(back, a, sizeof h) == LOOM_OK, "d2h");
     int ok = 1;
     for (int i = 0; i < n; i++) ok &= i < n / 2 ? back[i] == 0.0f : back[i] == h[i];
@@ -469,15 +478,16 @@ static void test_memory_streams(void) {
     loom_cuda_free(a), loom_cuda_free(b);
     loom_cuda_event_destroy(e0), loom_cuda_event_destroy(e1), loom_cuda_stream_destroy(s);
     void *huge = loom_cuda_alloc((size_t)1 << 50);
-    CHECK(huge == NULL && strstr(loom_errmsg(), "cannot allocate"), "1 PiB alloc: %p '%s'", huge, loom_errmsg());
+    CHECK(huge == NULL && strstr(loom_errmsg(), "cannot allocate"), "1 PiB alloc: %p '%s'", huge,
+          loom_errmsg());
 }
 
 /* Last: a head size the kernels refuse leaves a remembered failure. */
 static void test_error_sticky(void) {
     CHECK(loom_cuda_status() == LOOM_OK, "an earlier kernel failed: %s", loom_errmsg());
     int B = 1, T = 4, C = 512, NH = 1; /* HS 512 > 256 */
-    float *d_qkv = loom_cuda_alloc((size_t)B * T * 3 * C * 4), *d_out = loom_cuda_alloc((size_t)B * T * C * 4),
-          *d_lse = loom_cuda_alloc((size_t)B * NH * T * 4);
+    float *d_qkv = loom_cuda_alloc((size_t)B * T * 3 * C * 4),
+          *d_out = loom_cuda_alloc((size_t)B * T * C * 4), *d_lse = loom_cuda_alloc((size_t)B * NH * T * 4);
     loom_cuda_attention_fwd(gpu, d_out, d_lse, d_qkv, B, T, C, NH);
     loom_status st = loom_cuda_status();
     CHECK(st == LOOM_EUNAVAIL && strstr(loom_errmsg(), "head size"), "HS 512: status %d '%s'", (int)st,
@@ -495,7 +505,8 @@ int main(void) {
         fprintf(stderr, "%s\n", loom_errmsg());
         return 1;
     }
-    const loom_device_opts f32 = {.name = "cpu", .threads = 1}, b16 = {.name = "cpu", .threads = 1, .bf16 = 1};
+    const loom_device_opts f32 = {.name = "cpu", .threads = 1},
+                           b16 = {.name = "cpu", .threads = 1, .bf16 = 1};
     if (loom_device_create(&f32, &cpu) != LOOM_OK || loom_device_create(&b16, &cpu_bf16) != LOOM_OK ||
         loom_cuda_ctx_create(LOOM_CUDA_FP32, &gpu) != LOOM_OK) {
         fprintf(stderr, "%s\n", loom_errmsg());

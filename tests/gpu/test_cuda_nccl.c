@@ -32,7 +32,8 @@ static void expect_equal(const char *what, const float *d, const float *h, size_
 /* alltoall and alltoallv: NCCL on device buffers vs MPI on host copies. */
 static void test_nccl_alltoall(loom_comm *mpi, loom_comm *nc, int rank, int size) {
     size_t full = (size_t)N * size;
-    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4), *d2 = loom_cuda_alloc(full * 4);
+    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4),
+          *d2 = loom_cuda_alloc(full * 4);
     gpu_fill(h, full, rank, 7);
     loom_cuda_memcpy_h2d(d, h, full * 4);
     CHECK(loom_comm_alltoall(nc, d, d2, N * 4) == LOOM_OK, "alltoall: %s", loom_errmsg());
@@ -41,7 +42,8 @@ static void test_nccl_alltoall(loom_comm *mpi, loom_comm *nc, int rank, int size
     free(h), free(ref), loom_cuda_free(d), loom_cuda_free(d2);
     gpu_v_case v;
     gpu_v_init(&v, rank, size);
-    CHECK(loom_comm_alltoallv(nc, v.ds, v.sb, v.sd, v.dr, v.rb, v.rd) == LOOM_OK, "alltoallv: %s", loom_errmsg());
+    CHECK(loom_comm_alltoallv(nc, v.ds, v.sb, v.sd, v.dr, v.rb, v.rd) == LOOM_OK, "alltoallv: %s",
+          loom_errmsg());
     CHECK(loom_comm_alltoallv(mpi, v.hs, v.sb, v.sd, v.hr, v.rb, v.rd) == LOOM_OK, "mpi alltoallv");
     expect_equal("alltoallv", v.dr, v.hr, v.rs / 4);
     gpu_v_free(&v);
@@ -49,7 +51,8 @@ static void test_nccl_alltoall(loom_comm *mpi, loom_comm *nc, int rank, int size
 
 static void test_nccl(loom_comm *mpi, loom_comm *nc, int rank, int size) {
     size_t full = (size_t)N * size;
-    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4), *d2 = loom_cuda_alloc(N * 4);
+    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4),
+          *d2 = loom_cuda_alloc(N * 4);
     /* allreduce */
     gpu_fill(h, N, rank, 1);
     memcpy(ref, h, N * 4);
@@ -95,7 +98,7 @@ static void test_nccl(loom_comm *mpi, loom_comm *nc, int rank, int size) {
         CHECK(loom_comm_irecv(nc, d2, N * 4, peer, 0, &rq2) == LOOM_OK, "recv: %s", loom_errmsg());
         CHECK(loom_comm_nccl_group_end() == LOOM_OK, "group end: %s", loom_errmsg());
         CHECK(loom_comm_wait(sq) == LOOM_OK && loom_comm_wait(rq2) == LOOM_OK, "p2p wait: %s", loom_errmsg());
-            expect_equal("send/recv", d2, ref, N);
+        expect_equal("send/recv", d2, ref, N);
         /* the MPI counterpart, for the byte counts */
         float *tmp = malloc(N * 4);
         loom_req *rq = NULL;
@@ -109,21 +112,25 @@ static void test_nccl(loom_comm *mpi, loom_comm *nc, int rank, int size) {
     gpu_fill(h, N, rank, 9);
     memcpy(ref, h, N * 4);
     loom_cuda_memcpy_h2d(d, h, N * 4);
-    CHECK(loom_comm_allreduce_as(nc, d, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "allreduce_as: %s", loom_errmsg());
+    CHECK(loom_comm_allreduce_as(nc, d, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "allreduce_as: %s",
+          loom_errmsg());
     CHECK(loom_comm_allreduce_as(mpi, ref, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "mpi allreduce_as");
     float *g = malloc(N * 4);
     CHECK(loom_cuda_memcpy_d2h(g, d, N * 4) == LOOM_OK, "d2h");
-    CHECK(check_max_rel_err(g, ref, N) <= 1.0 / 64, "bf16 allreduce: max rel err %.3g", check_max_rel_err(g, ref, N));
+    CHECK(check_max_rel_err(g, ref, N) <= 1.0 / 64, "bf16 allreduce: max rel err %.3g",
+          check_max_rel_err(g, ref, N));
     free(g);
     /* one accounting: the same ops, the same calls and bytes per op */
     const loom_comm_stats *a = loom_comm_get_stats(nc), *b = loom_comm_get_stats(mpi);
     for (int op = 0; op < LOOM_OP_COUNT; op++) {
         if (op == LOOM_OP_BARRIER) continue;
         CHECK(a->bytes[op] == b->bytes[op] && a->calls[op] == b->calls[op],
-              "%s: nccl %llu calls %llu bytes, mpi %llu calls %llu bytes", loom_comm_op_name((loom_comm_op)op),
-              (unsigned long long)a->calls[op], (unsigned long long)a->bytes[op],
-              (unsigned long long)b->calls[op], (unsigned long long)b->bytes[op]);
-        if (a->calls[op]) CHECK(a->seconds[op] > 0.0, "%s: no device time counted", loom_comm_op_name((loom_comm_op)op));
+              "%s: nccl %llu calls %llu bytes, mpi %llu calls %llu bytes",
+              loom_comm_op_name((loom_comm_op)op), (unsigned long long)a->calls[op],
+              (unsigned long long)a->bytes[op], (unsigned long long)b->calls[op],
+              (unsigned long long)b->bytes[op]);
+        if (a->calls[op])
+            CHECK(a->seconds[op] > 0.0, "%s: no device time counted", loom_comm_op_name((loom_comm_op)op));
     }
     loom_cuda_free(d), loom_cuda_free(d2);
     free(h), free(ref);
@@ -131,8 +138,8 @@ static void test_nccl(loom_comm *mpi, loom_comm *nc, int rank, int size) {
 
 /* Ranks sharing a GPU: NCCL refused, the host-staged MPI path works. */
 static void test_shared_gpu(loom_comm *world, loom_comm *group, loom_status st, int rank) {
-    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "share one GPU"), "create on a shared GPU: status %d '%s'",
-          (int)st, loom_errmsg());
+    CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), "share one GPU"),
+          "create on a shared GPU: status %d '%s'", (int)st, loom_errmsg());
     float h[N], ref[N], *d = loom_cuda_alloc(sizeof h);
     gpu_fill(h, N, rank, 6);
     memcpy(ref, h, sizeof h);
@@ -140,7 +147,8 @@ static void test_shared_gpu(loom_comm *world, loom_comm *group, loom_status st, 
     loom_cuda_memcpy_h2d(d, h, sizeof h);
     loom_comm *sg = NULL;
     CHECK(loom_comm_wrap_staged(group, &gpu_cuda_mem, &sg) == LOOM_OK, "wrap staged: %s", loom_errmsg());
-    CHECK(loom_comm_allreduce(sg, d, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "staged allreduce: %s", loom_errmsg());
+    CHECK(loom_comm_allreduce(sg, d, N, LOOM_F32, LOOM_SUM) == LOOM_OK, "staged allreduce: %s",
+          loom_errmsg());
     expect_equal("host-staged allreduce", d, ref, N);
     loom_cuda_free(d);
     loom_comm_free(sg); /* and group with it */

@@ -25,7 +25,8 @@ static void expect_dev(const char *what, const float *d, const float *h, size_t 
 
 static void run_alltoall(loom_comm *sg, loom_comm *hg, int rank, int size) {
     size_t full = (size_t)N * size;
-    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4), *d2 = loom_cuda_alloc(full * 4);
+    float *h = malloc(full * 4), *ref = malloc(full * 4), *d = loom_cuda_alloc(full * 4),
+          *d2 = loom_cuda_alloc(full * 4);
     gpu_fill(h, full, rank, 7);
     loom_cuda_memcpy_h2d(d, h, full * 4);
     CHECK(loom_comm_alltoall(sg, d, d2, N * 4) == LOOM_OK, "alltoall: %s", loom_errmsg());
@@ -34,7 +35,8 @@ static void run_alltoall(loom_comm *sg, loom_comm *hg, int rank, int size) {
     free(h), free(ref), loom_cuda_free(d), loom_cuda_free(d2);
     gpu_v_case v;
     gpu_v_init(&v, rank, size);
-    CHECK(loom_comm_alltoallv(sg, v.ds, v.sb, v.sd, v.dr, v.rb, v.rd) == LOOM_OK, "alltoallv: %s", loom_errmsg());
+    CHECK(loom_comm_alltoallv(sg, v.ds, v.sb, v.sd, v.dr, v.rb, v.rd) == LOOM_OK, "alltoallv: %s",
+          loom_errmsg());
     CHECK(loom_comm_alltoallv(hg, v.hs, v.sb, v.sd, v.hr, v.rb, v.rd) == LOOM_OK, "host alltoallv");
     expect_dev("alltoallv", v.dr, v.hr, v.rs / 4);
     gpu_v_free(&v);
@@ -49,28 +51,32 @@ static void run_started_and_wire(loom_comm *sg, loom_comm *hg, int rank) {
     memcpy(ref, h, N * 4);
     loom_cuda_memcpy_h2d(d, h, N * 4);
     loom_req *rq = NULL, *hq = NULL;
-    CHECK(loom_comm_iallreduce(sg, d, N, LOOM_F32, LOOM_SUM, &rq) == LOOM_OK, "iallreduce: %s", loom_errmsg());
+    CHECK(loom_comm_iallreduce(sg, d, N, LOOM_F32, LOOM_SUM, &rq) == LOOM_OK, "iallreduce: %s",
+          loom_errmsg());
     CHECK(loom_comm_iallreduce(hg, ref, N, LOOM_F32, LOOM_SUM, &hq) == LOOM_OK, "host iallreduce");
     CHECK(loom_comm_wait(rq) == LOOM_OK && loom_comm_wait(hq) == LOOM_OK, "waits: %s", loom_errmsg());
     expect_dev("iallreduce", d, ref, N);
     gpu_fill(h, full, rank, 11);
     memcpy(ref, h, full * 4);
     loom_cuda_memcpy_h2d(d, h, full * 4);
-    CHECK(loom_comm_allreduce_as(sg, d, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "allreduce_as: %s", loom_errmsg());
+    CHECK(loom_comm_allreduce_as(sg, d, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "allreduce_as: %s",
+          loom_errmsg());
     CHECK(loom_comm_allreduce_as(hg, ref, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "host allreduce_as");
     expect_dev("allreduce_as bf16", d, ref, N);
     loom_cuda_memcpy_h2d(d, h, full * 4);
     memcpy(ref, h, full * 4);
     CHECK(loom_comm_reduce_scatter_as(sg, d, d, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "reduce_scatter_as: %s",
           loom_errmsg());
-    CHECK(loom_comm_reduce_scatter_as(hg, ref, ref, N, LOOM_BF16, LOOM_SUM) == LOOM_OK, "host reduce_scatter_as");
+    CHECK(loom_comm_reduce_scatter_as(hg, ref, ref, N, LOOM_BF16, LOOM_SUM) == LOOM_OK,
+          "host reduce_scatter_as");
     expect_dev("reduce_scatter_as bf16", d, ref, N);
     gpu_fill(h, N, rank, 12);
     loom_cuda_memcpy_h2d(d + (size_t)rank * N, h, N * 4);
     memcpy(ref + (size_t)rank * N, h, N * 4);
     CHECK(loom_comm_allgather_as(sg, d + (size_t)rank * N, d, N, LOOM_BF16) == LOOM_OK, "allgather_as: %s",
           loom_errmsg());
-    CHECK(loom_comm_allgather_as(hg, ref + (size_t)rank * N, ref, N, LOOM_BF16) == LOOM_OK, "host allgather_as");
+    CHECK(loom_comm_allgather_as(hg, ref + (size_t)rank * N, ref, N, LOOM_BF16) == LOOM_OK,
+          "host allgather_as");
     expect_dev("allgather_as bf16", d, ref, full);
     free(h), free(ref), loom_cuda_free(d);
 }
@@ -88,7 +94,8 @@ static void run(loom_comm *sg, loom_comm *hg, int rank, int size) {
     gpu_fill(h, full, rank, 2);
     memcpy(ref, h, full * 4);
     loom_cuda_memcpy_h2d(d, h, full * 4);
-    CHECK(loom_comm_reduce_scatter(sg, d, d2, N, LOOM_F32, LOOM_MAX) == LOOM_OK, "reduce_scatter: %s", loom_errmsg());
+    CHECK(loom_comm_reduce_scatter(sg, d, d2, N, LOOM_F32, LOOM_MAX) == LOOM_OK, "reduce_scatter: %s",
+          loom_errmsg());
     CHECK(loom_comm_reduce_scatter(hg, ref, ref, N, LOOM_F32, LOOM_MAX) == LOOM_OK, "host reduce_scatter");
     expect_dev("reduce_scatter", d2, ref, N);
     gpu_fill(h, N, rank, 3);
@@ -121,8 +128,9 @@ static void run(loom_comm *sg, loom_comm *hg, int rank, int size) {
     const loom_comm_stats *a = loom_comm_get_stats(sg), *b = loom_comm_get_stats(hg);
     for (int op = 0; op < LOOM_OP_COUNT; op++)
         CHECK(a->calls[op] == b->calls[op] && a->bytes[op] == b->bytes[op],
-              "%s: staged %llu calls %llu bytes, host %llu calls %llu bytes", loom_comm_op_name((loom_comm_op)op),
-              (unsigned long long)a->calls[op], (unsigned long long)a->bytes[op], (unsigned long long)b->calls[op],
+              "%s: staged %llu calls %llu bytes, host %llu calls %llu bytes",
+              loom_comm_op_name((loom_comm_op)op), (unsigned long long)a->calls[op],
+              (unsigned long long)a->bytes[op], (unsigned long long)b->calls[op],
               (unsigned long long)b->bytes[op]);
     /* allreduce, iallreduce (fp32), allreduce_as (bf16: 2 bytes a value) */
     CHECK(a->bytes[LOOM_OP_ALLREDUCE] == N * (4 + 4 + 2), "allreduce bytes %llu",

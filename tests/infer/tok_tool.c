@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
         if (ids.n) fwrite(ids.v, 4, ids.n, out);
         char *dec;
         size_t dl;
-        if (loom_tokenizer_decode(tok, ids.v, ids.n, &dec, &dl) != LOOM_OK || dl != n || (n && memcmp(dec, buf, n))) {
+        if (loom_tokenizer_decode(tok, ids.v, ids.n, &dec, &dl) != LOOM_OK || dl != n ||
+            (n && memcmp(dec, buf, n))) {
             if (bad < 3) fprintf(stderr, "tok_tool: record %zu does not decode back\n", docs);
             bad++;
         }
@@ -69,8 +70,8 @@ int main(int argc, char **argv) {
     }
     fclose(in);
     if (fclose(out) != 0) return 2;
-    printf("docs %zu bytes %zu tokens %zu roundtrip_mismatches %zu encode_s %.4f\n", docs, bytes, tokens,
-           bad, enc_s);
+    printf("docs %zu bytes %zu tokens %zu roundtrip_mismatches %zu encode_s %.4f\n", docs, bytes, tokens, bad,
+           enc_s);
     loom_ids_free(&ids);
     free(buf);
     loom_tokenizer_free(tok);

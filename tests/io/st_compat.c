@@ -69,11 +69,13 @@ static loom_status dump(const char *path, const char *dir, char **keys, int n_ke
         printf("tensor %s %s ", t->name, loom_st_dtype_name(t->dtype));
         for (int d = 0; d < t->ndim; d++) printf(d ? ",%lld" : "%lld", (long long)t->shape[d]);
         printf("\n");
-        if (!save(dir, i, "raw", loom_st_data(f, t), t->nbytes)) st = loom_fail(LOOM_EIO, "cannot save %d", i);
+        if (!save(dir, i, "raw", loom_st_data(f, t), t->nbytes))
+            st = loom_fail(LOOM_EIO, "cannot save %d", i);
         if (st || !is_float(t->dtype)) continue;
         float *x = malloc(t->numel ? t->numel * sizeof *x : 1);
         st = loom_st_read_f32(f, t, x);
-        if (!st && !save(dir, i, "f32", x, t->numel * sizeof *x)) st = loom_fail(LOOM_EIO, "cannot save %d", i);
+        if (!st && !save(dir, i, "f32", x, t->numel * sizeof *x))
+            st = loom_fail(LOOM_EIO, "cannot save %d", i);
         free(x);
     }
     for (int k = 0; k < n_keys; k++) {

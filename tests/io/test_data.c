@@ -49,7 +49,8 @@ static void expect_open_fails(const char *label, const char *path, loom_status w
     loom_status st = loom_tokens_open(path, &t);
     CHECK(st == want, "%s: status %d, expected %d (%s)", label, st, want, loom_errmsg());
     CHECK(t.map == NULL && t.n == 0, "%s: nothing mapped after a failure", label);
-    CHECK(strstr(loom_errmsg(), path) != NULL, "%s: message does not name the file: %s", label, loom_errmsg());
+    CHECK(strstr(loom_errmsg(), path) != NULL, "%s: message does not name the file: %s", label,
+          loom_errmsg());
     CHECK(!w1 || strstr(loom_errmsg(), w1), "%s: message lacks '%s': %s", label, w1, loom_errmsg());
     CHECK(!w2 || strstr(loom_errmsg(), w2), "%s: message lacks '%s': %s", label, w2, loom_errmsg());
     if (st == LOOM_OK) loom_tokens_close(&t);
@@ -84,7 +85,8 @@ static void test_round_trip(void) {
     loom_tokens_close(&t);
     CHECK(t.map == NULL, "close unmaps");
 
-    CHECK(loom_tokens_write(check_scratch_path("empty.bin"), v1, 0) == LOOM_EDATA, "writing 0 tokens is LOOM_EDATA");
+    CHECK(loom_tokens_write(check_scratch_path("empty.bin"), v1, 0) == LOOM_EDATA,
+          "writing 0 tokens is LOOM_EDATA");
     CHECK(!exists(check_scratch_path("empty.bin")) && !exists(tmp_of("empty.bin")), "nothing written");
     const char *nodir = check_scratch_path("no/such/dir.bin");
     CHECK(loom_tokens_write(nodir, v1, 5) == LOOM_ECANTCREAT, "missing dir: %s", loom_errmsg());
@@ -241,7 +243,8 @@ static void test_build_bytes(void) {
     loom_tokens_close(&t);
 
     const char *all = check_scratch_path("all.bin");
-    CHECK(loom_data_build_bytes(inputs, 2, all, NULL, 0.25, &nt, &nv) == LOOM_OK, "no val: %s", loom_errmsg());
+    CHECK(loom_data_build_bytes(inputs, 2, all, NULL, 0.25, &nt, &nv) == LOOM_OK, "no val: %s",
+          loom_errmsg());
     CHECK(nt == 18 && nv == 0, "without val everything goes to train: %zu %zu", nt, nv);
     CHECK(file_size(all) == 1024 + 18 * 2, "all.bin size");
 
@@ -256,7 +259,8 @@ static void test_build_bytes(void) {
     CHECK(loom_data_build_bytes(inputs, 2, train, val, 0.01, NULL, NULL) == LOOM_EDATA, "val rounds to 0");
     CHECK(loom_data_build_bytes(inputs, 2, train, val, 1.5, NULL, NULL) == LOOM_EUSAGE, "fraction 1.5");
     CHECK(loom_data_build_bytes(inputs, 2, train, check_scratch_path("no/dir/val.bin"), 0.5, NULL, NULL) ==
-              LOOM_ECANTCREAT, "unwritable val: %s", loom_errmsg());
+              LOOM_ECANTCREAT,
+          "unwritable val: %s", loom_errmsg());
     CHECK(file_size(train) == old_train && file_size(val) == old_val, "outputs untouched by failures");
     CHECK(!exists(tmp_of("train.bin")) && !exists(tmp_of("val.bin")), "no tmp files left");
 }
@@ -285,7 +289,8 @@ static void test_build_bytes_refusals(void) {
     loom_status st = loom_data_build_bytes(inputs, 1, train, train, 0.2, NULL, NULL);
     const char *m = loom_errmsg();
     CHECK(st == LOOM_EUSAGE, "train == val: status %d, expected %d (%s)", st, LOOM_EUSAGE, m);
-    CHECK(strstr(m, "train shard") && strstr(m, "val shard") && strstr(m, train), "train == val message: %s", m);
+    CHECK(strstr(m, "train shard") && strstr(m, "val shard") && strstr(m, train), "train == val message: %s",
+          m);
     CHECK(same_bytes(train, "OLD TRAIN", 9), "train == val: the existing train file changed");
     CHECK(!exists(tmp_of("keep_train.bin")), "train == val: a tmp file was left");
 
@@ -305,7 +310,8 @@ static void test_build_bytes_refusals(void) {
     check_write_bytes(val_tmp, "OLD VAL", 7);
     st = loom_data_build_bytes(inputs, 1, train, val_tmp, 0.2, NULL, NULL);
     CHECK(st == LOOM_EUSAGE && strstr(loom_errmsg(), val_tmp), "val == train.tmp: %d %s", st, loom_errmsg());
-    CHECK(same_bytes(val_tmp, "OLD VAL", 7) && same_bytes(train, "OLD TRAIN", 9), "val == train.tmp: files changed");
+    CHECK(same_bytes(val_tmp, "OLD VAL", 7) && same_bytes(train, "OLD TRAIN", 9),
+          "val == train.tmp: files changed");
     unlink(val_tmp);
 
     /* an output over an input */
@@ -323,7 +329,8 @@ static void test_build_bytes_refusals(void) {
     m = loom_errmsg();
     CHECK(st == LOOM_ENOINPUT, "directory input: status %d, expected %d (%s)", st, LOOM_ENOINPUT, m);
     CHECK(strstr(m, scratch) && strstr(m, "is a directory"), "directory input message: %s", m);
-    CHECK(same_bytes(train, "OLD TRAIN", 9) && same_bytes(val, "OLD VAL", 7), "directory input changed outputs");
+    CHECK(same_bytes(train, "OLD TRAIN", 9) && same_bytes(val, "OLD VAL", 7),
+          "directory input changed outputs");
 
     /* distinct outputs still work */
     size_t nt = 0, nv = 0;

@@ -91,8 +91,8 @@ static void test_rename_fails(void) {
     const char *msg = loom_errmsg();
     CHECK(st == LOOM_ECANTCREAT, "rename over a directory: close gave %d, expected %d (%s)", st,
           LOOM_ECANTCREAT, msg);
-    CHECK(strstr(msg, "--metrics") && strstr(msg, m) && strstr(msg, tmp), "message names the flag, file and tmp: %s",
-          msg);
+    CHECK(strstr(msg, "--metrics") && strstr(msg, m) && strstr(msg, tmp),
+          "message names the flag, file and tmp: %s", msg);
     CHECK(count_lines(tmp) == 2, "the metrics stay in %s (%d lines)", tmp, count_lines(tmp));
     CHECK(is_dir(m) && exists(check_scratch_path("taken.jsonl/occupied")), "what took the name is untouched");
 }
@@ -121,8 +121,10 @@ static void test_directory_refused_at_open(void) {
     loom_report r;
     loom_clear_error();
     loom_status st = loom_report_open(&r, &c, 0);
-    CHECK(st == LOOM_ECANTCREAT, "--metrics naming a directory: open gave %d, expected %d", st, LOOM_ECANTCREAT);
-    CHECK(strstr(loom_errmsg(), "--metrics") && strstr(loom_errmsg(), d) && strstr(loom_errmsg(), "directory"),
+    CHECK(st == LOOM_ECANTCREAT, "--metrics naming a directory: open gave %d, expected %d", st,
+          LOOM_ECANTCREAT);
+    CHECK(strstr(loom_errmsg(), "--metrics") && strstr(loom_errmsg(), d) &&
+              strstr(loom_errmsg(), "directory"),
           "message: %s", loom_errmsg());
     CHECK(!exists(check_scratch_path("adir.tmp")), "a refused open created the tmp file");
     if (st == LOOM_OK) {

@@ -58,7 +58,7 @@ static void write_st(const char *path, const char *header, size_t data_len) {
 #define N_F32 6
 static const float v_f32[N_F32] = {-1.5f, 0.0f, 3.25f, 1e-30f, -0.0f, 65504.0f};
 static const uint16_t v_f16[5] = {0x3c00, 0xc000, 0x0001, 0x7c00, 0x8000}; /* 1 -2 2^-24 inf -0 */
-static const uint16_t v_bf16[4] = {0x3f80, 0xc049, 0x0001, 0xff80};       /* 1 -3.140625 tiny -inf */
+static const uint16_t v_bf16[4] = {0x3f80, 0xc049, 0x0001, 0xff80};        /* 1 -3.140625 tiny -inf */
 static const double v_f64[3] = {1.0 / 3.0, -1e300, 5e-324};
 static const int32_t v_i32[4] = {-2147483647 - 1, -1, 0, 2147483647};
 static const int64_t v_i64[2] = {INT64_MIN, 1234567890123LL};
@@ -140,7 +140,8 @@ static void test_round_trip(void) {
     check_tensor(f, "empty", LOOM_ST_F32, 2, (int64_t[]){0, 3}, NULL, 0);
     check_tensor(f, NAME_ESC, LOOM_ST_U8, 1, (int64_t[]){7}, v_u8, 7);
     CHECK(loom_st_find(f, "nope") == NULL, "find of a missing name is NULL");
-    CHECK(loom_st_metadata(f, "format") && strcmp(loom_st_metadata(f, "format"), "pt") == 0, "metadata format");
+    CHECK(loom_st_metadata(f, "format") && strcmp(loom_st_metadata(f, "format"), "pt") == 0,
+          "metadata format");
     CHECK(loom_st_metadata(f, "note") && strcmp(loom_st_metadata(f, "note"), META_ESC) == 0, "metadata note");
     CHECK(loom_st_metadata(f, "absent") == NULL, "missing metadata is NULL");
 
@@ -170,9 +171,16 @@ static void test_f16_bf16_conversion(void) {
     static const struct {
         uint16_t h;
         float f;
-    } f16[] = {{0x3c00, 1.0f},          {0xc000, -2.0f},     {0x7bff, 65504.0f},   {0x0001, 0x1p-24f},
-               {0x03ff, 1023 * 0x1p-24f}, {0x0400, 0x1p-14f}, {0x3555, 0.333251953125f},
-               {0x7c00, INFINITY},     {0xfc00, -INFINITY}, {0x8001, -0x1p-24f}};
+    } f16[] = {{0x3c00, 1.0f},
+               {0xc000, -2.0f},
+               {0x7bff, 65504.0f},
+               {0x0001, 0x1p-24f},
+               {0x03ff, 1023 * 0x1p-24f},
+               {0x0400, 0x1p-14f},
+               {0x3555, 0.333251953125f},
+               {0x7c00, INFINITY},
+               {0xfc00, -INFINITY},
+               {0x8001, -0x1p-24f}};
     static const struct {
         uint16_t h;
         float f;
@@ -194,7 +202,8 @@ static void test_f16_bf16_conversion(void) {
     CHECK(loom_st_open(p, &f) == LOOM_OK, "open: %s", loom_errmsg());
     float out[32];
     CHECK(loom_st_read_f32(f, loom_st_find(f, "h"), out) == LOOM_OK, "read f16");
-    for (int i = 0; i < nf; i++) CHECK(out[i] == f16[i].f, "f16 %04x -> %a, expected %a", f16[i].h, out[i], f16[i].f);
+    for (int i = 0; i < nf; i++)
+        CHECK(out[i] == f16[i].f, "f16 %04x -> %a, expected %a", f16[i].h, out[i], f16[i].f);
     CHECK(isnan(out[nf]), "f16 7e00 is nan");
     CHECK(out[nf + 1] == 0.0f && signbit(out[nf + 1]), "f16 8000 is -0");
     CHECK(loom_st_read_f32(f, loom_st_find(f, "b"), out) == LOOM_OK, "read bf16");
@@ -213,7 +222,8 @@ static void test_many_tensors(void) {
     for (int i = 0; i < N; i++) {
         vals[i] = i * 7 - 1000;
         snprintf(name, sizeof name, "h.%d.w", (i * 131) % N); /* not in sorted order */
-        CHECK(loom_st_writer_add(w, name, LOOM_ST_I32, 1, (int64_t[]){1}, &vals[i]) == LOOM_OK, "add %s", name);
+        CHECK(loom_st_writer_add(w, name, LOOM_ST_I32, 1, (int64_t[]){1}, &vals[i]) == LOOM_OK, "add %s",
+              name);
     }
     CHECK(loom_st_writer_finish(w) == LOOM_OK, "finish: %s", loom_errmsg());
     loom_st_file *f;
@@ -237,8 +247,10 @@ static void expect_open_fails(const char *label, const char *path, loom_status w
     loom_status st = loom_st_open(path, &f);
     CHECK(st == want, "%s: status %d, expected %d (%s)", label, st, want, loom_errmsg());
     CHECK(f == NULL, "%s: out must be NULL on failure", label);
-    CHECK(strstr(loom_errmsg(), path) != NULL, "%s: message does not name the file: %s", label, loom_errmsg());
-    CHECK(!word || strstr(loom_errmsg(), word), "%s: message does not say '%s': %s", label, word, loom_errmsg());
+    CHECK(strstr(loom_errmsg(), path) != NULL, "%s: message does not name the file: %s", label,
+          loom_errmsg());
+    CHECK(!word || strstr(loom_errmsg(), word), "%s: message does not say '%s': %s", label, word,
+          loom_errmsg());
     if (st == LOOM_OK) loom_st_close(f);
 }
 
@@ -260,9 +272,12 @@ static const struct {
     {"shape fractional", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "w"},
     {"shape negative", "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "w"},
     {"shape string entry", "{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4, "w"},
-    {"too many dims", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "w"},
-    {"shape overflow", "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
-                       "\"data_offsets\":[0,4]}}", 4, "w"},
+    {"too many dims", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+     "w"},
+    {"shape overflow",
+     "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
+     "\"data_offsets\":[0,4]}}",
+     4, "w"},
     {"missing offsets", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "w"},
     {"offsets too short", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, "w"},
     {"offsets strings", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[\"0\",\"4\"]}}", 4, "w"},
@@ -271,10 +286,14 @@ static const struct {
     {"offsets past end", "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "w"},
     {"offsets reversed", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "w"},
     {"offsets into header", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 4, "header"},
-    {"duplicate names", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                        "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "w"},
-    {"overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "overlaps"},
+    {"duplicate names",
+     "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+     "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     8, "w"},
+    {"overlap",
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+     8, "overlaps"},
     {"hole", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "w"},
     {"trailing bytes", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "after"},
     {"metadata not an object", "{\"__metadata__\":5}", 0, "__metadata__"},

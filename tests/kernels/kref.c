@@ -117,8 +117,7 @@ void kr_acc_check(const kr_acc *a, const double *fd, const char *what) {
     }
     double e = kr_err(d1, fd, n), e2 = kr_err_twice(d2, d1, n);
     CHECK(e <= KR_BWD_TOL, "%s: backward vs finite differences: rel err %.3g", what, e);
-    CHECK(e2 <= KR_FWD_TOL, "%s: second backward does not add the same again: rel err %.3g",
-          what, e2);
+    CHECK(e2 <= KR_FWD_TOL, "%s: second backward does not add the same again: rel err %.3g", what, e2);
     free(d1);
     free(d2);
 }

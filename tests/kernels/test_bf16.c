@@ -43,7 +43,9 @@ static float ref_round(float x) {
 }
 
 static void test_round(loom_device *dev) {
-    const struct { uint32_t in, want; } cases[] = {
+    const struct {
+        uint32_t in, want;
+    } cases[] = {
         {0x3f800000u, 0x3f800000u}, /* 1 */
         {0x3f808000u, 0x3f800000u}, /* 1 + 2^-8: tie, to even (down) */
         {0x3f818000u, 0x3f820000u}, /* 1 + 3 2^-8: tie, to even (up) */
@@ -120,9 +122,9 @@ static void test_round_random(void) {
         float x = from_bits(next32() ^ (next32() << 16));
         if (isnan(x)) continue;
         uint16_t got = loom_bf16_from_f32(x), want = ref_round_exact(x);
-        if (got != want && bad++ < 5)
-            fprintf(stderr, "round %a: got 0x%04x want 0x%04x\n", x, got, want);
-        CHECK(to_bits(loom_bf16_round(x)) == (uint32_t)got << 16, "loom_bf16_round(%a) is not the bf16 bits", x);
+        if (got != want && bad++ < 5) fprintf(stderr, "round %a: got 0x%04x want 0x%04x\n", x, got, want);
+        CHECK(to_bits(loom_bf16_round(x)) == (uint32_t)got << 16, "loom_bf16_round(%a) is not the bf16 bits",
+              x);
     }
     CHECK(bad == 0, "%d of 200000 roundings differ from the reference", bad);
     /* ties: exactly half a bf16 ulp above an even and an odd mantissa */
@@ -170,11 +172,13 @@ static void test_pack(loom_device *dev) {
     enum { N = 10007 }; /* not a multiple of the kernels' block */
     static float src[N], back[N];
     static uint16_t h[N];
-    for (int i = 0; i < N; i++) src[i] = from_bits((next32() & 0x3fffffffu) | 0x30000000u) * (i % 2 ? 1.f : -1.f);
+    for (int i = 0; i < N; i++)
+        src[i] = from_bits((next32() & 0x3fffffffu) | 0x30000000u) * (i % 2 ? 1.f : -1.f);
     loom_bf16_pack(dev, h, src, N);
     loom_bf16_unpack(dev, back, h, N);
     int bad = 0;
-    for (int i = 0; i < N; i++) bad += h[i] != ref_round_exact(src[i]) || to_bits(back[i]) != (uint32_t)h[i] << 16;
+    for (int i = 0; i < N; i++)
+        bad += h[i] != ref_round_exact(src[i]) || to_bits(back[i]) != (uint32_t)h[i] << 16;
     CHECK(bad == 0, "pack/unpack: %d of %d values wrong", bad, N);
 
     /* the vector lanes against the scalar definition (loom/bf16.h) on every
@@ -183,8 +187,8 @@ static void test_pack(loom_device *dev) {
     enum { M = 4099 };
     static float sp[M], r[M];
     static uint16_t hp[M];
-    static const uint32_t lows[] = {0x0u, 0x1u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0xffffu, 0x7fffffu, 0x400000u,
-                                    0x3fffffu, 0x7f8000u, 0x7fffu | 0x10000u};
+    static const uint32_t lows[] = {0x0u,    0x1u,      0x7fffu,   0x8000u,   0x8001u,   0x18000u,
+                                    0xffffu, 0x7fffffu, 0x400000u, 0x3fffffu, 0x7f8000u, 0x7fffu | 0x10000u};
     for (int i = 0; i < M; i++) {
         uint32_t expo = (uint32_t)(i / 12 % 256), low = lows[i % 12], sign = (uint32_t)(i / 3072) << 31;
         sp[i] = from_bits(sign | expo << 23 | (low & 0x7fffffu));

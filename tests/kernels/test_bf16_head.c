@@ -64,7 +64,8 @@ static float *direct_part(const uint16_t *a16, const uint16_t *b16, const float 
     float *c = kr_floats((size_t)m * n);
     for (int i = 0; i < m; i++) memcpy(c + (size_t)i * n, c0 + (size_t)i * C, (size_t)n * sizeof *c);
     loom_cpu_ctx *ctx = loom_cpu_ctx_create(nth, 1);
-    CHECK(ctx && kern_bf16_head_dw(ctx, m, n, K, a16, LDA, b16, C, 1.0f, c, n), "kern_bf16_head_dw ran out of memory");
+    CHECK(ctx && kern_bf16_head_dw(ctx, m, n, K, a16, LDA, b16, C, 1.0f, c, n),
+          "kern_bf16_head_dw ran out of memory");
     loom_cpu_ctx_free(ctx);
     return c;
 }
@@ -82,8 +83,9 @@ int main(int argc, char **argv) {
     loom_bf16_gemm_describe(why, sizeof why);
     printf("mode %s, AVX512-BF16 %d, AMX-BF16 %d: %s\n", mode, units, amx, why);
     if (!strcmp(mode, "dnnl")) CHECK(!ready, "LOOM_BF16_HEAD=dnnl but loom's kernel is chosen: %s", why);
-    else CHECK(ready == (units && !amx), "AVX512-BF16 %d, AMX-BF16 %d, but loom's head kernel %s", units, amx,
-               ready ? "chosen" : "not chosen");
+    else
+        CHECK(ready == (units && !amx), "AVX512-BF16 %d, AMX-BF16 %d, but loom's head kernel %s", units, amx,
+              ready ? "chosen" : "not chosen");
 
     /* dlogits (K tokens x V, stride LDA), activations (K x C), wte (V x C) */
     float *dlog = kr_rand_floats((size_t)K * LDA, -1, 1), *x = kr_rand_floats((size_t)K * C, -1, 1);
@@ -100,8 +102,10 @@ int main(int argc, char **argv) {
     float *dwte = kr_copy(c0, (size_t)V * C);
     loom_matmul_nt_bwd(dev, NULL, dwte, dpk, x, wte, K, C, V);
     double e_near = kr_err(dwte, near, (size_t)V * C), e_far = kr_err(dwte, far, (size_t)V * C);
-    CHECK(e_near <= KR_FWD_TOL, "head weight gradient: %.3g from the product of the bf16-rounded operands", e_near);
-    CHECK(e_far >= 1e-4, "head weight gradient: only %.3g from the fp32 product: operands not rounded?", e_far);
+    CHECK(e_near <= KR_FWD_TOL, "head weight gradient: %.3g from the product of the bf16-rounded operands",
+          e_near);
+    CHECK(e_far >= 1e-4, "head weight gradient: only %.3g from the fp32 product: operands not rounded?",
+          e_far);
     printf("head weight gradient through loom_matmul_nt_bwd: %.3g from the rounded product, %.3g from fp32\n",
            e_near, e_far);
 
@@ -126,14 +130,18 @@ int main(int argc, char **argv) {
         if (provider == KERN_BF16_WHOLE) {
             CHECK(kern_dnnl_gemm(1, CblasTrans, CblasNoTrans, V, C, K, 1.0f, d16, V, b16, C, 1.0f, dn, C),
                   "oneDNN refused the head's weight gradient");
-            CHECK(!kr_same_bits(mine, dn, (size_t)V * C), "loom's kernel and oneDNN give the same bits here; the "
+            CHECK(!kr_same_bits(mine, dn, (size_t)V * C),
+                  "loom's kernel and oneDNN give the same bits here; the "
                   "route is not seen");
-            CHECK(kr_same_bits(dwte, ready ? mine : dn, (size_t)V * C), "the model's head weight gradient is not "
-                  "%s's bits", ready ? "loom's kernel" : "oneDNN");
+            CHECK(kr_same_bits(dwte, ready ? mine : dn, (size_t)V * C),
+                  "the model's head weight gradient is not "
+                  "%s's bits",
+                  ready ? "loom's kernel" : "oneDNN");
             printf("the model's head weight gradient is %s's bits (the two kernels differ)\n",
                    ready ? "loom's kernel" : "oneDNN");
         } else {
-            CHECK(!ready || kr_same_bits(dwte, mine, (size_t)V * C), "the model's head weight gradient is not loom's "
+            CHECK(!ready || kr_same_bits(dwte, mine, (size_t)V * C),
+                  "the model's head weight gradient is not loom's "
                   "kernel's bits");
         }
         free(d16), free(mine), free(dn);
@@ -154,16 +162,20 @@ int main(int argc, char **argv) {
         float *rows = direct_part(a16, b16, c0, V / 3, C, nth);
         float *cols = direct_part(a16, b16, c0, V, C / 2 + 3, nth);
         CHECK(kr_same_bits(all, whole, (size_t)V * C), "%d thread(s): not the one-thread bits", nth);
-        CHECK(kr_same_bits(rows, whole, (size_t)(V / 3) * C), "first third of the rows alone, %d thread(s): not "
-              "the whole product's bits", nth);
+        CHECK(kr_same_bits(rows, whole, (size_t)(V / 3) * C),
+              "first third of the rows alone, %d thread(s): not "
+              "the whole product's bits",
+              nth);
         int cols_same = 1;
         for (int i = 0; i < V; i++)
             cols_same &= kr_same_bits(cols + (size_t)i * (C / 2 + 3), whole + (size_t)i * C, C / 2 + 3);
-        CHECK(cols_same, "first %d columns alone, %d thread(s): not the whole product's bits", C / 2 + 3, nth);
+        CHECK(cols_same, "first %d columns alone, %d thread(s): not the whole product's bits", C / 2 + 3,
+              nth);
         free(all), free(rows), free(cols);
     }
     printf("V %d (stride %d) x C %d x tokens %d: %.3g from the rounded product; beta 0 over NaN; rows cut, "
-           "columns cut, 1 and 2 threads: the same bits\n", V, LDA, C, K, e);
+           "columns cut, 1 and 2 threads: the same bits\n",
+           V, LDA, C, K, e);
     free(a16), free(b16), free(whole), free(fresh), free(near0), free(dpk);
     free(dlog), free(x), free(wte), free(c0), free(dlr), free(xr), free(near), free(far), free(dwte);
     loom_device_free(dev);

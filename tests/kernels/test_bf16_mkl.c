@@ -119,12 +119,12 @@ static void run(int threads) {
     loom_matmul_nt_bwd(dev, dx2, NULL, dl, x, wte, N, C, V);
     CHECK(!memcmp(lg2, logits, (size_t)N * V * sizeof *lg2), "kept wte: LM head fwd differs, %d thread(s)",
           threads);
-    CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "kept dlogits, wte: head dinp differs, %d thread(s)",
-          threads);
-    CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1), "kept dlogits: head dwte differs, %d thread(s)",
-          threads);
+    CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1),
+          "kept dlogits, wte: head dinp differs, %d thread(s)", threads);
+    CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1),
+          "kept dlogits: head dwte differs, %d thread(s)", threads);
     for (size_t i = 0; i < (size_t)N * V; i++) dl[i] = -0.5f * dl[i] + 0.25f; /* changed ... */
-    loom_gemm_keep(dev, dl, (size_t)N * V);                                       /* ... and kept again */
+    loom_gemm_keep(dev, dl, (size_t)N * V);                                   /* ... and kept again */
     memset(dx1, 0, N * C * sizeof *dx1);
     loom_matmul_nt_bwd(dev, dx1, NULL, dl, x, wte, N, C, V);
     loom_gemm_unkeep(dev, NULL);
@@ -140,7 +140,8 @@ static void run(int threads) {
     loom_gemm_keep(dev, NULL, 0); /* ignored */
     float *wter2 = rounded(dev, wte, (size_t)V * C);
     ref_gemm(near, xr, 0, wter2, 1, NULL, N, V, C);
-    CHECK(kr_err(lg2, near, (size_t)N * V) <= 1e-5, "after unkeep: the old wte was used, %d thread(s)", threads);
+    CHECK(kr_err(lg2, near, (size_t)N * V) <= 1e-5, "after unkeep: the old wte was used, %d thread(s)",
+          threads);
     free(wter2);
 
     /* the loss's gradient made in the cross-entropy's own pass
@@ -174,8 +175,8 @@ static void run(int threads) {
         loom_matmul_nt_bwd(dev, dx1, NULL, z1, x, wte, N, C, V);
         loom_gemm_unkeep(dev, z1);
         CHECK(!memcmp(ls1, ls2, N * sizeof *ls1), "vxent_local_grad: losses differ, %d thread(s)", threads);
-        CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1), "vxent_local_grad: head dinp differs, %d thread(s)",
-              threads);
+        CHECK(!memcmp(dx1, dx2, (size_t)N * C * sizeof *dx1),
+              "vxent_local_grad: head dinp differs, %d thread(s)", threads);
         CHECK(!memcmp(dwte1, dwte2, (size_t)V * C * sizeof *dwte1),
               "vxent_local_grad: head dwte differs, %d thread(s)", threads);
         free(tg), free(z1), free(z2), free(ls1), free(ls2);

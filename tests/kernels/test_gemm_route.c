@@ -39,7 +39,8 @@
 enum { NT = 400, CI = 448, OC = 640, VL = 4096 + 300 }; /* tokens, in, out, a vocabulary over 4096 */
 
 /* C (M,N) = op(A) op(B) + C0 in double (row-major; A (M,K) or (K,M) when ta). */
-static double *ref_prod(const float *a, int ta, const float *b, int tb, const float *c0, int M, int N, int K) {
+static double *ref_prod(const float *a, int ta, const float *b, int tb, const float *c0, int M, int N,
+                        int K) {
     double *c = kr_doubles((size_t)M * N);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
@@ -69,7 +70,8 @@ static float *direct(const product *p, int dnnl) {
     float *c = kr_floats((size_t)p->M * p->N);
     memcpy(c, p->c0, (size_t)p->M * p->N * sizeof *c);
     if (dnnl)
-        CHECK(kern_dnnl_sgemm(1, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c, p->N),
+        CHECK(kern_dnnl_sgemm(1, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c,
+                              p->N),
               "%s: oneDNN refused the product", p->name);
     else
         cblas_sgemm(CblasRowMajor, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->a, p->lda, p->b, p->ldb, 1.0f, c,
@@ -91,8 +93,8 @@ static void check_product(const product *p, int dnnl_ready) {
     float *blas = direct(p, 0);
     if (dnnl_ready) {
         float *dn = direct(p, 1);
-        CHECK(!kr_same_bits(blas, dn, n), "%s: OpenBLAS and oneDNN give the same bits here; the route is not seen",
-              p->name);
+        CHECK(!kr_same_bits(blas, dn, n),
+              "%s: OpenBLAS and oneDNN give the same bits here; the route is not seen", p->name);
         CHECK(kr_same_bits(p->loom, to_dnnl ? dn : blas, n), "%s (%c%c, K %d): not %s's bits", p->name,
               p->ta == CblasNoTrans ? 'N' : 'T', p->tb == CblasNoTrans ? 'N' : 'T', p->K,
               to_dnnl ? "oneDNN" : "OpenBLAS");
@@ -124,14 +126,17 @@ static void check_cuts(const float *x, const float *w, const float *bias) {
         float *all = fwd_part(x, w, bias, NT, OC, nth);
         float *rows = fwd_part(x, w, bias, NT / 2, OC, nth);
         float *cols = fwd_part(x, w, bias, NT, OC / 2, nth);
-        CHECK(kr_same_bits(all, whole, (size_t)NT * OC), "forward on %d thread(s): not the one-thread bits", nth);
-        CHECK(kr_same_bits(rows, whole, (size_t)NT / 2 * OC), "forward, first half of the rows alone, %d thread(s): "
-              "not the whole product's bits", nth);
+        CHECK(kr_same_bits(all, whole, (size_t)NT * OC), "forward on %d thread(s): not the one-thread bits",
+              nth);
+        CHECK(kr_same_bits(rows, whole, (size_t)NT / 2 * OC),
+              "forward, first half of the rows alone, %d thread(s): "
+              "not the whole product's bits",
+              nth);
         int cols_same = 1;
         for (int i = 0; i < NT; i++)
             cols_same &= kr_same_bits(cols + (size_t)i * (OC / 2), whole + (size_t)i * OC, OC / 2);
-        CHECK(cols_same, "forward, first half of the columns alone, %d thread(s): not the whole product's bits",
-              nth);
+        CHECK(cols_same,
+              "forward, first half of the columns alone, %d thread(s): not the whole product's bits", nth);
         free(all), free(rows), free(cols);
     }
     printf("forward: rows cut, columns cut, 1 and 2 threads: the same bits\n");
@@ -139,7 +144,8 @@ static void check_cuts(const float *x, const float *w, const float *bias) {
 }
 
 /* Forward products of 1, 2, ..., 100 rows, then 1..10 again. */
-static void check_many_shapes(loom_device *dev, const float *x, const float *w, const float *bias, const float *whole) {
+static void check_many_shapes(loom_device *dev, const float *x, const float *w, const float *bias,
+                              const float *whole) {
     float *out = kr_floats((size_t)NT * OC);
     double *ref = kr_widen(whole, (size_t)NT * OC);
     double worst = 0;
@@ -196,21 +202,25 @@ int main(int argc, char **argv) {
     loom_matmul_nt_bwd(dev, dxh2, NULL, dlog, NULL, wte2, NT, OC, VL);
 
     const product ps[] = {
-        {"linear forward (with bias)", CblasNoTrans, CblasNoTrans, NT, OC, CI, x, w, CI, OC, fwd, bias_rows, 0},
+        {"linear forward (with bias)", CblasNoTrans, CblasNoTrans, NT, OC, CI, x, w, CI, OC, fwd, bias_rows,
+         0},
         {"linear input gradient", CblasNoTrans, CblasTrans, NT, CI, OC, dy, w, OC, OC, dx, c0x, 0},
         {"linear weight gradient", CblasTrans, CblasNoTrans, CI, OC, NT, x, dy, CI, OC, dw, c0w, 0},
         {"head forward", CblasNoTrans, CblasTrans, NT, VL, CI, x, wte, CI, CI, logits, zero, 0},
-        {"head input gradient (long K)", CblasNoTrans, CblasNoTrans, NT, CI, VL, dlog, wte, VL, CI, dxh, c0x, 1},
-        {"head input gradient (long K, wide)", CblasNoTrans, CblasNoTrans, NT, OC, VL, dlog, wte2, VL, OC, dxh2, c0x2,
+        {"head input gradient (long K)", CblasNoTrans, CblasNoTrans, NT, CI, VL, dlog, wte, VL, CI, dxh, c0x,
          1},
+        {"head input gradient (long K, wide)", CblasNoTrans, CblasNoTrans, NT, OC, VL, dlog, wte2, VL, OC,
+         dxh2, c0x2, 1},
         {"head weight gradient", CblasTrans, CblasNoTrans, VL, CI, NT, dlog, x, VL, CI, dwte, c0e, 0},
     };
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) check_product(&ps[i], ready);
     if (ready) check_cuts(x, w, bias);
     check_many_shapes(dev, x, w, bias, fwd);
 
-    free(x), free(w), free(bias), free(dy), free(wte), free(dlog), free(zero), free(c0x), free(c0w), free(c0e);
-    free(bias_rows), free(fwd), free(logits), free(dx), free(dw), free(dxh), free(dwte), free(wte2), free(c0x2);
+    free(x), free(w), free(bias), free(dy), free(wte), free(dlog), free(zero), free(c0x), free(c0w),
+        free(c0e);
+    free(bias_rows), free(fwd), free(logits), free(dx), free(dw), free(dxh), free(dwte), free(wte2),
+        free(c0x2);
     free(dxh2);
     loom_device_free(dev);
     return check_done();

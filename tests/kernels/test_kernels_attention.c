@@ -23,10 +23,10 @@ static loom_device *dev; /* the CPU, one thread: every kernel below runs on it *
 
 typedef struct {
     int B, T, C, NH;
-    double *qkv;      /* (B,T,3C) */
-    const double *r;  /* (B,T,C) */
-    double *out;      /* (B,T,C) */
-    double *lse;      /* (B,NH,T) */
+    double *qkv;     /* (B,T,3C) */
+    const double *r; /* (B,T,C) */
+    double *out;     /* (B,T,C) */
+    double *lse;     /* (B,NH,T) */
 } att_ref;
 
 /* One (b, h): probabilities into its (T,T) block of att, output columns
@@ -76,8 +76,8 @@ static void test_attention(int B, int T, int C, int NH, double qk_range) {
     kr_fill_nan(lse, nlse);
     loom_attention_fwd(dev, out, lse, qkv, B, T, C, NH);
 
-    att_ref ref = {B, T, C, NH, kr_widen(qkv, nqkv), kr_widen(dout, nout), kr_doubles(nout),
-                   kr_doubles(nlse)};
+    att_ref ref = {
+        B, T, C, NH, kr_widen(qkv, nqkv), kr_widen(dout, nout), kr_doubles(nout), kr_doubles(nlse)};
     att_objective(&ref);
     double e = kr_err(out, ref.out, nout);
     CHECK(e <= KR_FWD_TOL, "%s: forward out rel err %.3g", what, e);
@@ -116,8 +116,8 @@ static void test_attention_large_scores(void) {
  * L = sum over the slice of out * R. */
 static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
     char what[128];
-    snprintf(what, sizeof what, "partial B=%d T=%d C=%d NH=%d q[%d,%d) keys [0,%d)+[%d,%d)", B, T,
-             C, NH, qa, qa + mq, ks, ks, T);
+    snprintf(what, sizeof what, "partial B=%d T=%d C=%d NH=%d q[%d,%d) keys [0,%d)+[%d,%d)", B, T, C, NH, qa,
+             qa + mq, ks, ks, T);
     const int HS = C / NH, T2 = T - ks;
     size_t nqkv = (size_t)B * T * 3 * C, nfull = (size_t)B * T * C;
     size_t nout = (size_t)B * mq * C, nlse = (size_t)B * NH * mq, nkv2 = (size_t)B * T2 * 2 * C;
@@ -127,8 +127,20 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
         for (int t = 0; t < T2; t++)
             memcpy(kv2 + ((size_t)b * T2 + t) * 2 * C, qkv + ((size_t)b * T + ks + t) * 3 * C + C,
                    2 * (size_t)C * sizeof(float));
-    loom_att_view p1 = {qkv + (size_t)qa * 3 * C, qkv + C, qkv + 2 * C, (size_t)T * 3 * C,
-                        (size_t)T * 3 * C, 3 * C, 3 * C, B, mq, ks, NH, HS, qa, 0};
+    loom_att_view p1 = {qkv + (size_t)qa * 3 * C,
+                        qkv + C,
+                        qkv + 2 * C,
+                        (size_t)T * 3 * C,
+                        (size_t)T * 3 * C,
+                        3 * C,
+                        3 * C,
+                        B,
+                        mq,
+                        ks,
+                        NH,
+                        HS,
+                        qa,
+                        0};
     loom_att_view p2 = p1;
     p2.k = kv2, p2.v = kv2 + C, p2.kv_bs = (size_t)T2 * 2 * C, p2.kv_ld = 2 * C;
     p2.Tk = T2, p2.k_pos0 = ks;
@@ -138,8 +150,8 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
     size_t o_bs = (size_t)mq * C;
     long tiles = loom_attention_part_fwd(dev, &p1, out, o_bs, C, lse, 0);
     tiles += loom_attention_part_fwd(dev, &p2, out2, o_bs, C, lse2, 0);
-    CHECK(tiles == loom_attention_tiles(&p1) + loom_attention_tiles(&p2) && tiles > 0,
-          "%s: tiles %ld", what, tiles);
+    CHECK(tiles == loom_attention_tiles(&p1) + loom_attention_tiles(&p2) && tiles > 0, "%s: tiles %ld", what,
+          tiles);
     loom_attention_merge(dev, out, lse, out2, lse2, o_bs, C, B, mq, NH, HS);
     loom_attention_part_fwd(dev, &p2, acc, o_bs, C, acclse, 0);
     loom_attention_part_fwd(dev, &p1, acc, o_bs, C, acclse, 1); /* the other order */
@@ -151,8 +163,8 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
         for (int i = 0; i < mq; i++)
             for (int c = 0; c < C; c++)
                 rfull[((size_t)b * T + qa + i) * C + c] = r[((size_t)b * mq + i) * C + c];
-    att_ref ref = {B, T, C, NH, kr_widen(qkv, nqkv), rfull, kr_doubles(nfull),
-                   kr_doubles((size_t)B * NH * T)};
+    att_ref ref = {
+        B, T, C, NH, kr_widen(qkv, nqkv), rfull, kr_doubles(nfull), kr_doubles((size_t)B * NH * T)};
     att_objective(&ref);
     double *oref = kr_doubles(nout), *lref = kr_doubles(nlse);
     for (int b = 0; b < B; b++) {
@@ -178,10 +190,9 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
     float *dkv2 = kr_floats(nkv2);
     for (int pass = 0; pass < 2; pass++) {
         memset(dkv2, 0, nkv2 * sizeof *dkv2);
-        loom_attention_part_bwd(dev, &p1, dqkv.g + (size_t)qa * 3 * C, dqkv.g + C, dqkv.g + 2 * C, r,
-                                out, o_bs, C, lse);
-        loom_attention_part_bwd(dev, &p2, dqkv.g + (size_t)qa * 3 * C, dkv2, dkv2 + C, r, out, o_bs,
-                                C, lse);
+        loom_attention_part_bwd(dev, &p1, dqkv.g + (size_t)qa * 3 * C, dqkv.g + C, dqkv.g + 2 * C, r, out,
+                                o_bs, C, lse);
+        loom_attention_part_bwd(dev, &p2, dqkv.g + (size_t)qa * 3 * C, dkv2, dkv2 + C, r, out, o_bs, C, lse);
         for (int b = 0; b < B; b++) /* the ring's dK/dV come home */
             for (int t = 0; t < T2; t++)
                 for (int c = 0; c < 2 * C; c++)
@@ -219,9 +230,9 @@ int main(void) {
     test_attention(1, 128, 8, 2, 1.0); /* two full blocks */
     test_attention(1, 7, 16, 1, 3.0);  /* one head, peaked softmax */
     test_attention_large_scores();
-    test_partial(1, 40, 8, 2, 9, 20, 17);      /* diagonal inside both parts */
-    test_partial(1, 150, 4, 2, 40, 75, 90);   /* multi-tile; rows that see none of part 2 */
-    test_partial(1, 160, 4, 1, 100, 60, 64);  /* queries wholly after part 1 */
+    test_partial(1, 40, 8, 2, 9, 20, 17);    /* diagonal inside both parts */
+    test_partial(1, 150, 4, 2, 40, 75, 90);  /* multi-tile; rows that see none of part 2 */
+    test_partial(1, 160, 4, 1, 100, 60, 64); /* queries wholly after part 1 */
     test_tiles();
     loom_device_free(dev);
     return check_done();

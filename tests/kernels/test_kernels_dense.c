@@ -29,8 +29,7 @@ static double mm_objective(void *ctx) {
     for (int i = 0; i < m->N; i++)
         for (int o = 0; o < m->OC; o++) {
             double s = m->b ? m->b[o] : 0.0;
-            for (int c = 0; c < m->C; c++)
-                s += m->inp[(size_t)i * m->C + c] * m->w[(size_t)c * m->OC + o];
+            for (int c = 0; c < m->C; c++) s += m->inp[(size_t)i * m->C + c] * m->w[(size_t)c * m->OC + o];
             m->out[(size_t)i * m->OC + o] = s;
         }
     return kr_dot(m->out, m->r, (size_t)m->N * m->OC);
@@ -38,8 +37,8 @@ static double mm_objective(void *ctx) {
 
 /* Backward with only the outputs selected by mask (1 dinp, 2 dw, 4 db) into
  * zeroed buffers; each one present must match its finite differences. */
-static void mm_bwd_subset(int mask, const float *dout, const float *inp, const float *w,
-                          const double *fd[3], int N, int C, int OC) {
+static void mm_bwd_subset(int mask, const float *dout, const float *inp, const float *w, const double *fd[3],
+                          int N, int C, int OC) {
     size_t n[3] = {(size_t)N * C, (size_t)C * OC, (size_t)OC};
     const char *name[3] = {"dinp", "dw", "db"};
     float *g[3];
@@ -50,8 +49,7 @@ static void mm_bwd_subset(int mask, const float *dout, const float *inp, const f
     for (int k = 0; k < 3; k++) {
         if (!g[k]) continue;
         double e = kr_err(g[k], fd[k], n[k]);
-        CHECK(e <= KR_BWD_TOL, "matmul N=%d C=%d OC=%d mask=%d: %s rel err %.3g", N, C, OC, mask,
-              name[k], e);
+        CHECK(e <= KR_BWD_TOL, "matmul N=%d C=%d OC=%d mask=%d: %s rel err %.3g", N, C, OC, mask, name[k], e);
         free(g[k]);
     }
 }
@@ -65,8 +63,13 @@ static void test_matmul(int N, int C, int OC, int with_bias) {
     kr_fill_nan(out, (size_t)N * OC);
     loom_matmul_fwd(dev, out, inp, w, b, N, C, OC);
 
-    mm_ref ref = {N, C, OC, kr_widen(inp, (size_t)N * C), kr_widen(w, (size_t)C * OC),
-                  b ? kr_widen(b, (size_t)OC) : NULL, kr_widen(dout, (size_t)N * OC),
+    mm_ref ref = {N,
+                  C,
+                  OC,
+                  kr_widen(inp, (size_t)N * C),
+                  kr_widen(w, (size_t)C * OC),
+                  b ? kr_widen(b, (size_t)OC) : NULL,
+                  kr_widen(dout, (size_t)N * OC),
                   kr_doubles((size_t)N * OC)};
     mm_objective(&ref);
     double e = kr_err(out, ref.out, (size_t)N * OC);
@@ -113,8 +116,7 @@ static double nt_objective(void *ctx) {
     for (int i = 0; i < m->N; i++)
         for (int v = 0; v < m->V; v++) {
             double s = 0;
-            for (int c = 0; c < m->C; c++)
-                s += m->inp[(size_t)i * m->C + c] * m->wte[(size_t)v * m->C + c];
+            for (int c = 0; c < m->C; c++) s += m->inp[(size_t)i * m->C + c] * m->wte[(size_t)v * m->C + c];
             m->out[(size_t)i * m->V + v] = s;
         }
     return kr_dot(m->out, m->r, (size_t)m->N * m->V);
@@ -128,8 +130,13 @@ static void test_matmul_nt(int N, int C, int V) {
     kr_fill_nan(out, (size_t)N * V);
     loom_matmul_nt_fwd(dev, out, inp, wte, N, C, V);
 
-    nt_ref ref = {N, C, V, kr_widen(inp, (size_t)N * C), kr_widen(wte, (size_t)V * C),
-                  kr_widen(dout, (size_t)N * V), kr_doubles((size_t)N * V)};
+    nt_ref ref = {N,
+                  C,
+                  V,
+                  kr_widen(inp, (size_t)N * C),
+                  kr_widen(wte, (size_t)V * C),
+                  kr_widen(dout, (size_t)N * V),
+                  kr_doubles((size_t)N * V)};
     nt_objective(&ref);
     double e = kr_err(out, ref.out, (size_t)N * V);
     CHECK(e <= KR_FWD_TOL, "%s: forward rel err %.3g", what, e);

@@ -18,8 +18,8 @@ static loom_device *dev; /* the CPU, one thread: every kernel below runs on it *
 /* ---- AdamW -------------------------------------------------------------------- */
 
 /* torch.optim.AdamW's single-tensor update in double. */
-static void adamw_ref(double *p, const double *g, double *m, double *v, size_t n, double lr,
-                      double b1, double b2, double eps, double wd, int t) {
+static void adamw_ref(double *p, const double *g, double *m, double *v, size_t n, double lr, double b1,
+                      double b2, double eps, double wd, int t) {
     double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
     for (size_t i = 0; i < n; i++) {
         p[i] *= 1 - lr * wd;
@@ -29,8 +29,7 @@ static void adamw_ref(double *p, const double *g, double *m, double *v, size_t n
     }
 }
 
-static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float wd, int t0,
-                       int steps) {
+static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float wd, int t0, int steps) {
     char what[96];
     snprintf(what, sizeof what, "adamw n=%zu b2=%g wd=%g t0=%d", n, b2, wd, t0);
     float *p = kr_rand_floats(n, -1, 1), *m = kr_rand_floats(n, -0.01, 0.01);
@@ -47,8 +46,8 @@ static void test_adamw(size_t n, float lr, float b1, float b2, float eps, float 
         free(g);
     }
     double ep = kr_err(p, pd, n), em = kr_err(m, md, n), ev = kr_err(v, vd, n);
-    CHECK(ep <= KR_FWD_TOL && em <= KR_FWD_TOL && ev <= KR_FWD_TOL,
-          "%s: rel err p %.3g m %.3g v %.3g", what, ep, em, ev);
+    CHECK(ep <= KR_FWD_TOL && em <= KR_FWD_TOL && ev <= KR_FWD_TOL, "%s: rel err p %.3g m %.3g v %.3g", what,
+          ep, em, ev);
     /* the parameter change itself, not only the parameter, must agree; small
      * parameters, so that rounding p0 + dp to float hides little of dp */
     float *p0 = kr_rand_floats(n, -0.01, 0.01), *g = kr_rand_floats(n, -1, 1);

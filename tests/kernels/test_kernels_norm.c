@@ -19,10 +19,10 @@ static loom_device *dev; /* the CPU, one thread: every kernel below runs on it *
 
 typedef struct {
     int N, C;
-    double *inp, *w, *b;   /* (N,C), (C), (C) */
-    const double *r;       /* (N,C) */
-    double *out;           /* (N,C) */
-    double *mean, *rstd;   /* (N), (N) */
+    double *inp, *w, *b; /* (N,C), (C), (C) */
+    const double *r;     /* (N,C) */
+    double *out;         /* (N,C) */
+    double *mean, *rstd; /* (N), (N) */
 } ln_ref;
 
 static double ln_objective(void *ctx) {
@@ -53,8 +53,15 @@ static void test_layernorm(int N, int C, double offset) {
     kr_fill_nan(out, nc);
     loom_layernorm_fwd(dev, out, mean, rstd, inp, w, b, N, C);
 
-    ln_ref ref = {N, C, kr_widen(inp, nc), kr_widen(w, (size_t)C), kr_widen(b, (size_t)C),
-                  kr_widen(dout, nc), kr_doubles(nc), kr_doubles((size_t)N), kr_doubles((size_t)N)};
+    ln_ref ref = {N,
+                  C,
+                  kr_widen(inp, nc),
+                  kr_widen(w, (size_t)C),
+                  kr_widen(b, (size_t)C),
+                  kr_widen(dout, nc),
+                  kr_doubles(nc),
+                  kr_doubles((size_t)N),
+                  kr_doubles((size_t)N)};
     ln_objective(&ref);
     double e = kr_err(out, ref.out, nc);
     CHECK(e <= KR_FWD_TOL, "%s: forward rel err %.3g", what, e);
@@ -97,9 +104,9 @@ static void test_layernorm(int N, int C, double offset) {
 
 typedef struct {
     size_t n;
-    double *inp;      /* (n) */
-    const double *r;  /* (n) */
-    double *out;      /* (n) */
+    double *inp;     /* (n) */
+    const double *r; /* (n) */
+    double *out;     /* (n) */
 } gelu_ref;
 
 static double gelu_d(double x) {
@@ -155,10 +162,9 @@ static void test_gelu_extremes(void) {
     loom_gelu_bwd(dev, dx, x, one, 6);
     for (int i = 0; i < 6; i++) {
         double want = x[i] > 0 ? x[i] : 0.0, dwant = x[i] > 0 ? 1.0 : 0.0;
-        CHECK(isfinite(y[i]) && fabs(y[i] - want) <= 1e-6 * fabs(x[i]),
-              "gelu(%g) = %g, want %g", x[i], y[i], want);
-        CHECK(isfinite(dx[i]) && fabs(dx[i] - dwant) <= 1e-6, "gelu'(%g) = %g, want %g", x[i],
-              dx[i], dwant);
+        CHECK(isfinite(y[i]) && fabs(y[i] - want) <= 1e-6 * fabs(x[i]), "gelu(%g) = %g, want %g", x[i], y[i],
+              want);
+        CHECK(isfinite(dx[i]) && fabs(dx[i] - dwant) <= 1e-6, "gelu'(%g) = %g, want %g", x[i], dx[i], dwant);
     }
 }
 
@@ -203,7 +209,7 @@ int main(void) {
     dev = test_cpu_device(1, 0);
     kr_seed(2);
     test_layernorm(7, 12, 0.0);
-    test_layernorm(5, 1, 0.0);  /* C = 1: output is the bias */
+    test_layernorm(5, 1, 0.0); /* C = 1: output is the bias */
     test_layernorm(16, 64, 0.0);
     test_layernorm(6, 37, 10.0); /* large mean, small spread */
     test_gelu(1001, -6, 6);

@@ -39,12 +39,16 @@ typedef struct {
 } run_t;
 
 static void run_alloc(run_t *r) {
-    r->enc = kr_floats(N * C), r->dwte = calloc(VS * C, sizeof(float)), r->dwpe = calloc(T * C, sizeof(float));
+    r->enc = kr_floats(N * C), r->dwte = calloc(VS * C, sizeof(float)),
+    r->dwpe = calloc(T * C, sizeof(float));
     r->ln = kr_floats(N * C), r->mean = kr_floats(N), r->rstd = kr_floats(N);
-    r->dln = calloc(N * C, sizeof(float)), r->dlnw = calloc(C, sizeof(float)), r->dlnb = calloc(C, sizeof(float));
-    r->mm = kr_floats(N * 3 * C), r->dmmx = calloc(N * C, sizeof(float)), r->dmmw = calloc(C * 3 * C, sizeof(float));
+    r->dln = calloc(N * C, sizeof(float)), r->dlnw = calloc(C, sizeof(float)),
+    r->dlnb = calloc(C, sizeof(float));
+    r->mm = kr_floats(N * 3 * C), r->dmmx = calloc(N * C, sizeof(float)),
+    r->dmmw = calloc(C * 3 * C, sizeof(float));
     r->dmmb = calloc(3 * C, sizeof(float)), r->att_out = kr_floats(N * C), r->att = kr_floats(B * NH * T);
-    r->dqkv = calloc(N * 3 * C, sizeof(float)), r->gelu = kr_floats(N * 3 * C), r->dgelu = calloc(N * 3 * C, sizeof(float));
+    r->dqkv = calloc(N * 3 * C, sizeof(float)), r->gelu = kr_floats(N * 3 * C),
+    r->dgelu = calloc(N * 3 * C, sizeof(float));
     r->probs = kr_copy(r->qkv, N * VL), r->losses = kr_floats(N); /* rows of qkv as logits */
     r->dlogits = kr_floats(N * VL);
     r->p = kr_copy(r->x, N * C), r->m = calloc(N * C, sizeof(float)), r->v = calloc(N * C, sizeof(float));
@@ -128,10 +132,9 @@ static void test_two_threads(void) {
     run_t *runs[2] = {&one, &two};
     for (int k = 0; k < 2; k++) {
         run_t *r = runs[k];
-        float *bufs[] = {r->enc, r->dwte, r->dwpe, r->ln, r->mean, r->rstd, r->dln, r->dlnw,
-                         r->dlnb, r->mm, r->dmmx, r->dmmw, r->dmmb, r->att_out, r->att, r->dqkv,
-                         r->gelu, r->dgelu, r->probs, r->losses, r->dlogits, r->p, r->m,
-                         r->v};
+        float *bufs[] = {r->enc,  r->dwte,  r->dwpe,  r->ln,     r->mean,    r->rstd,    r->dln, r->dlnw,
+                         r->dlnb, r->mm,    r->dmmx,  r->dmmw,   r->dmmb,    r->att_out, r->att, r->dqkv,
+                         r->gelu, r->dgelu, r->probs, r->losses, r->dlogits, r->p,       r->m,   r->v};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
     free(one.wte), free(one.wpe), free(one.x), free(one.w), free(one.bias), free(one.qkv);
@@ -165,7 +168,8 @@ static void test_flat_helpers(void) {
     loom_tensor_zero(devs[1], x + 1, n - 2); /* 2 threads, the CPU backend: loom_cpu_zero */
     size_t nz = 0;
     for (size_t i = 1; i < n - 1; i++) nz += x[i] != 0.0f;
-    CHECK(nz == 0 && x[0] != 0.0f && x[n - 1] != 0.0f, "zero: %zu nonzero inside, ends %g %g", nz, x[0], x[n - 1]);
+    CHECK(nz == 0 && x[0] != 0.0f && x[n - 1] != 0.0f, "zero: %zu nonzero inside, ends %g %g", nz, x[0],
+          x[n - 1]);
     for (int t = 0; t < 3; t++) loom_device_free(devs[t]);
     free(x);
 }
@@ -201,8 +205,8 @@ static void test_settings(void) {
     loom_device *d3 = test_cpu_device(3, 0), *d0 = test_cpu_device(0, 0);
     CHECK(d3->threads == 3, "a device for 3 threads has %d", d3->threads);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    CHECK(d0->threads == (cpus > 0 ? cpus : 1), "a device for 0 threads has %d, %ld CPUs are online", d0->threads,
-          cpus);
+    CHECK(d0->threads == (cpus > 0 ? cpus : 1), "a device for 0 threads has %d, %ld CPUs are online",
+          d0->threads, cpus);
     loom_device_free(d3);
     loom_device_free(d0);
     double flops = loom_kernels_calibrate_sgemm(1, 3);

@@ -51,9 +51,9 @@ static long first_diff(const float *a, const float *b, size_t n) {
 }
 
 static void fill_inputs(float *x, size_t n, float lo, float hi) {
-    static const float edges[] = {0.0f, -0.0f, -87.33654f, -87.3366f, 88.0f, 88.72283f, 88.7229f,
-                                  -100.0f, 100.0f, 1e-40f, -1e-40f, 0x1p-126f, INFINITY,
-                                  -INFINITY, 80.0f, -80.0f, 1e-3f, -1e-3f};
+    static const float edges[] = {0.0f,     -0.0f,     -87.33654f, -87.3366f, 88.0f,   88.72283f,
+                                  88.7229f, -100.0f,   100.0f,     1e-40f,    -1e-40f, 0x1p-126f,
+                                  INFINITY, -INFINITY, 80.0f,      -80.0f,    1e-3f,   -1e-3f};
     for (size_t i = 0; i < n; i++) x[i] = rndf(lo, hi);
     for (size_t i = 0; i < sizeof edges / sizeof *edges && i < n; i++) x[i * 97 % n] = edges[i];
 }
@@ -121,11 +121,12 @@ static void test_adamw(void) {
     for (int t = 1; t <= 3; t++) {
         loom_adamw_update(dev, p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         for (size_t i = 0; i < N; i++)
-            loom_adamw_update(dev, p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+            loom_adamw_update(dev, p2 + i, g + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                              1.0f);
     }
     long bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
-    CHECK(bp < 0 && bm < 0 && bv < 0, "adamw: vector and scalar differ (p at %ld, m at %ld, v at %ld)",
-          bp, bm, bv);
+    CHECK(bp < 0 && bm < 0 && bv < 0, "adamw: vector and scalar differ (p at %ld, m at %ld, v at %ld)", bp,
+          bm, bv);
     /* the clip factor inside the update = scaling g in place first (the
      * separate pass it replaces), bit for bit, on vector lanes and the tail;
      * and g is left unscaled */
@@ -139,7 +140,8 @@ static void test_adamw(void) {
         loom_scale(dev, gsc, N, gs);
         loom_adamw_update(dev, p2, gsc, m2, v2, N - 3, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
         for (size_t i = N - 3; i < N; i++)
-            loom_adamw_update(dev, p2 + i, gsc + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+            loom_adamw_update(dev, p2 + i, gsc + i, m2 + i, v2 + i, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                              1.0f);
         free(gsc);
     }
     bp = first_diff(p1, p2, N), bm = first_diff(m1, m2, N), bv = first_diff(v1, v2, N);
@@ -207,7 +209,8 @@ static void test_adamw_bf16_copy(void) {
         for (size_t i = 0; i < NB && bad < 0; i++)
             if (h[i] != ref[i]) bad = (long)i, bad_off = off;
     }
-    CHECK(bad < 0, "adamw bf16 copy: element %ld (copy at element offset %ld) is 0x%04x, loom_bf16_from_f32 0x%04x",
+    CHECK(bad < 0,
+          "adamw bf16 copy: element %ld (copy at element offset %ld) is 0x%04x, loom_bf16_from_f32 0x%04x",
           bad, bad_off, bad < 0 ? 0u : (unsigned)buf[bad_off + bad], bad < 0 ? 0u : (unsigned)ref[bad]);
     /* the specials went through: p kept them, so the check saw them */
     int kept = 1;

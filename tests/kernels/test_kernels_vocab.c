@@ -46,10 +46,10 @@ static vsplit split_vocab(int V, int ns, int pad) {
 
 typedef struct {
     int N, T, C;
-    const int32_t *tok;   /* (N) */
-    double *wte, *wpe;    /* (ns*V_l,C) padded, (maxT,C) */
-    const double *r;      /* (N,C) */
-    double *out;          /* (N,C) */
+    const int32_t *tok; /* (N) */
+    double *wte, *wpe;  /* (ns*V_l,C) padded, (maxT,C) */
+    const double *r;    /* (N,C) */
+    double *out;        /* (N,C) */
 } emb_ref;
 
 static double emb_objective(void *ctx) {
@@ -65,15 +65,15 @@ static double emb_objective(void *ctx) {
  * positions (the sequence-parallel split; chunk k starts at row0 > 0). */
 static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) {
     char what[128];
-    snprintf(what, sizeof what, "embed B=%d T=%d C=%d V=%d slices=%d pad=%d chunks=%d", B, T, C,
-             V, ns, pad, nchunk);
+    snprintf(what, sizeof what, "embed B=%d T=%d C=%d V=%d slices=%d pad=%d chunks=%d", B, T, C, V, ns, pad,
+             nchunk);
     int N = B * T, maxT = T + 2; /* rows T, T+1 of wpe are never used */
     vsplit s = split_vocab(V, ns, pad);
     size_t Vp = (size_t)ns * s.V_l, nc = (size_t)N * C;
     int32_t *tok = malloc((size_t)N * sizeof *tok);
     for (int i = 0; i < N; i++) tok[i] = kr_randint(V);
-    tok[0] = tok[N - 1];           /* a repeated token: its row collects twice */
-    if (N > 2) tok[1] = V - 1;     /* the last real token, in the padded slice */
+    tok[0] = tok[N - 1];       /* a repeated token: its row collects twice */
+    if (N > 2) tok[1] = V - 1; /* the last real token, in the padded slice */
     float *wte = kr_rand_floats(Vp * C, -1, 1), *wpe = kr_rand_floats((size_t)maxT * C, -1, 1);
     float *out = kr_floats(nc), *part = kr_floats(nc), *dout = kr_rand_floats(nc, -1, 1);
 
@@ -90,8 +90,14 @@ static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) 
         loom_pos_fwd(dev, out + (size_t)row0 * C, wpe, row0, n, T, C);
         done += n;
     }
-    emb_ref ref = {N, T, C, tok, kr_widen(wte, Vp * C), kr_widen(wpe, (size_t)maxT * C),
-                   kr_widen(dout, nc), kr_doubles(nc)};
+    emb_ref ref = {N,
+                   T,
+                   C,
+                   tok,
+                   kr_widen(wte, Vp * C),
+                   kr_widen(wpe, (size_t)maxT * C),
+                   kr_widen(dout, nc),
+                   kr_doubles(nc)};
     emb_objective(&ref);
     double e = kr_err(out, ref.out, nc);
     CHECK(e <= KR_FWD_TOL, "%s: forward rel err %.3g", what, e);
@@ -120,8 +126,7 @@ static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) 
     /* padding rows and unused positions are untouched */
     int touched = 0;
     for (int k = 0; k < ns; k++)
-        for (size_t i = (size_t)(s.v0[k] + s.V_valid[k]) * C; i < (size_t)(s.v0[k] + s.V_l) * C;
-             i++)
+        for (size_t i = (size_t)(s.v0[k] + s.V_valid[k]) * C; i < (size_t)(s.v0[k] + s.V_l) * C; i++)
             touched += dwte.g[i] != dwte.g0[i];
     for (size_t i = (size_t)T * C; i < (size_t)maxT * C; i++) touched += dwpe.g[i] != dwpe.g0[i];
     CHECK(touched == 0, "%s: %d padding / unused gradient entries changed", what, touched);
@@ -136,10 +141,10 @@ static void test_embed(int B, int T, int C, int V, int ns, int pad, int nchunk) 
 
 typedef struct {
     int N, V;
-    double *logits;          /* (N,V), no padding */
-    const int32_t *targets;  /* (N) */
+    double *logits;         /* (N,V), no padding */
+    const int32_t *targets; /* (N) */
     double dloss;
-    double *probs, *losses;  /* (N,V), (N) */
+    double *probs, *losses; /* (N,V), (N) */
 } xent_ref;
 
 /* L = dloss * sum of the losses of the rows that count. */
@@ -201,25 +206,23 @@ static int gather(float *full, float *const *sl, const vsplit *s, int N, int V) 
 
 /* N rows, V tokens over ns slices with pad extra columns each (filled with
  * padval: never part of a max or a sum); logits in [-range, range]. */
-static void test_vxent(int N, int V, int ns, int pad, double range, float padval, int alias,
-                       int fd_check) {
+static void test_vxent(int N, int V, int ns, int pad, double range, float padval, int alias, int fd_check) {
     char what[128];
-    snprintf(what, sizeof what, "vxent N=%d V=%d slices=%d pad=%d range=%g alias=%d", N, V, ns,
-             pad, range, alias);
+    snprintf(what, sizeof what, "vxent N=%d V=%d slices=%d pad=%d range=%g alias=%d", N, V, ns, pad, range,
+             alias);
     vsplit s = split_vocab(V, ns, pad);
     size_t nv = (size_t)N * V, nl = (size_t)N * s.V_l;
     float *logits = kr_rand_floats(nv, -range, range);
     int32_t *targets = malloc((size_t)N * sizeof *targets);
     for (int i = 0; i < N; i++) targets[i] = kr_randint(V);
-    targets[0] = V - 1;                /* the last real token: in the padded slice */
-    if (N > 2) targets[2] = -1;        /* ignored */
-    if (N > 3) targets[3] = -100;      /* ignored, torch's ignore_index */
-    if (N > 4) {                       /* a row whose target is its max */
+    targets[0] = V - 1;           /* the last real token: in the padded slice */
+    if (N > 2) targets[2] = -1;   /* ignored */
+    if (N > 3) targets[3] = -100; /* ignored, torch's ignore_index */
+    if (N > 4) {                  /* a row whose target is its max */
         logits[(size_t)4 * V + targets[4]] = (float)range;
     }
     float dloss = 1.0f / (float)N;
-    xent_ref ref = {N, V, kr_widen(logits, nv), targets, dloss, kr_doubles(nv),
-                    kr_doubles((size_t)N)};
+    xent_ref ref = {N, V, kr_widen(logits, nv), targets, dloss, kr_doubles(nv), kr_doubles((size_t)N)};
     xent_objective(&ref);
 
     float *sl[MAXS], *losses[MAXS];
@@ -230,7 +233,7 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
                 sl[k][(size_t)i * s.V_l + j] =
                     j < s.V_valid[k] ? logits[(size_t)i * V + s.v0[k] + j] : padval;
     }
-    float *loc = NULL, *loc_losses = NULL; /* one slice: the fused kernel on a copy */
+    float *loc = NULL, *loc_losses = NULL;   /* one slice: the fused kernel on a copy */
     float *gloc = NULL, *gloc_losses = NULL; /* ... and the one with the gradient */
     if (ns == 1) {
         loc = kr_floats(nl), loc_losses = kr_floats((size_t)N);
@@ -247,8 +250,8 @@ static void test_vxent(int N, int V, int ns, int pad, double range, float padval
     if (ns == 1) {
         CHECK(loom_vxent_local(dev, loc_losses, loc, targets, N, s.V_l, s.V_valid[0]) == 1,
               "%s: the CPU backend has no vxent_local", what);
-        CHECK(memcmp(loc, sl[0], nl * sizeof *loc) == 0, "%s: vxent_local's probs differ from the three phases'",
-              what);
+        CHECK(memcmp(loc, sl[0], nl * sizeof *loc) == 0,
+              "%s: vxent_local's probs differ from the three phases'", what);
         CHECK(memcmp(loc_losses, losses[0], (size_t)N * sizeof *loc_losses) == 0,
               "%s: vxent_local's losses differ from the three phases'", what);
         free(loc), free(loc_losses);
@@ -332,18 +335,18 @@ int main(void) {
     /* embedding: one slice (v0 = 0, V_l = V), then 2 and 3 with a padded last */
     /* row chunks that do not start at a multiple of T (row0 % T != 0) */
     test_embed(2, 5, 12, 7, 1, 0, 1);
-    test_embed(3, 5, 12, 7, 1, 0, 2);  /* row0 7 */
-    test_embed(2, 5, 12, 7, 2, 0, 5);  /* V_l 4: last slice 3 valid of 4; row0 2, 4, ... */
-    test_embed(2, 6, 10, 8, 3, 1, 3);  /* V_l 4: last slice 0 valid; row0 4, 8 */
+    test_embed(3, 5, 12, 7, 1, 0, 2); /* row0 7 */
+    test_embed(2, 5, 12, 7, 2, 0, 5); /* V_l 4: last slice 3 valid of 4; row0 2, 4, ... */
+    test_embed(2, 6, 10, 8, 3, 1, 3); /* V_l 4: last slice 0 valid; row0 4, 8 */
     test_embed(4, 16, 64, 32, 3, 2, 2);
     test_embed(4, 16, 64, 32, 1, 0, 3); /* row0 21, 42 */
     /* cross-entropy: one slice, one padded slice, 2 and 3 slices */
     test_vxent(7, 11, 1, 0, 3.0, 0.0f, 0, 1);
     test_vxent(7, 11, 1, 0, 3.0, 0.0f, 1, 1);
     test_vxent(7, 11, 1, 5, 3.0, 50.0f, 0, 1);
-    test_vxent(7, 11, 2, 1, 3.0, 50.0f, 0, 1);  /* V_l 7: 7 + 4 valid */
-    test_vxent(7, 11, 3, 0, 3.0, 50.0f, 1, 1);  /* V_l 4: 4 + 4 + 3 valid */
-    test_vxent(1, 2, 2, 0, 1.0, 50.0f, 0, 1);   /* one column each */
+    test_vxent(7, 11, 2, 1, 3.0, 50.0f, 0, 1); /* V_l 7: 7 + 4 valid */
+    test_vxent(7, 11, 3, 0, 3.0, 50.0f, 1, 1); /* V_l 4: 4 + 4 + 3 valid */
+    test_vxent(1, 2, 2, 0, 1.0, 50.0f, 0, 1);  /* one column each */
     test_vxent(16, 64, 3, 2, 5.0, -50.0f, 0, 1);
     test_vxent(9, 301, 1, 3, 8.0, 50.0f, 0, 0); /* one padded slice, whole vectors: vxent_local */
     test_vxent(5, 300, 2, 3, 8.0, 1e30f, 1, 1);

@@ -24,13 +24,15 @@ static loom_status parse_args(int argc, char **argv, loom_layout *l, loom_device
     loom_layout_default(l);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int *deg = !strncmp(a, "dp=", 3) ? &l->dp : !strncmp(a, "tp=", 3) ? &l->tp
-                 : !strncmp(a, "pp=", 3) ? &l->pp : !strncmp(a, "cp=", 3) ? &l->cp
-                 : !strncmp(a, "ep=", 3) ? &l->ep : NULL;
+        int *deg = !strncmp(a, "dp=", 3)   ? &l->dp
+                   : !strncmp(a, "tp=", 3) ? &l->tp
+                   : !strncmp(a, "pp=", 3) ? &l->pp
+                   : !strncmp(a, "cp=", 3) ? &l->cp
+                   : !strncmp(a, "ep=", 3) ? &l->ep
+                                           : NULL;
         if (deg) *deg = atoi(a + 3);
         else if (!strncmp(a, "order=", 6)) LOOM_TRY(loom_layout_parse_order(a + 6, l));
-        else if (!strncmp(a, "comm=", 5))
-            LOOM_TRY(loom_device_comm_parse(a + 5, "comm", comm));
+        else if (!strncmp(a, "comm=", 5)) LOOM_TRY(loom_device_comm_parse(a + 5, "comm", comm));
         else return loom_fail(LOOM_EUSAGE, "unknown argument '%s'", a);
     }
     return LOOM_OK;
@@ -114,8 +116,10 @@ static void check_mesh(const loom_mesh *m, const loom_device *dev) {
     int c[LOOM_AXIS_COUNT];
     loom_layout_coords(&m->layout, m->rank, c);
     CHECK(m->tp_rank == c[LOOM_AXIS_TP] && m->cp_rank == c[LOOM_AXIS_CP] && m->dp_rank == c[LOOM_AXIS_DP] &&
-              m->pp_rank == c[LOOM_AXIS_PP], "axis ranks of rank %d", m->rank);
-    CHECK(m->ep_rank == loom_comm_rank(m->ep), "ep_rank %d, group rank %d", m->ep_rank, loom_comm_rank(m->ep));
+              m->pp_rank == c[LOOM_AXIS_PP],
+          "axis ranks of rank %d", m->rank);
+    CHECK(m->ep_rank == loom_comm_rank(m->ep), "ep_rank %d, group rank %d", m->ep_rank,
+          loom_comm_rank(m->ep));
     CHECK(loom_comm_size(m->ep) == m->layout.ep, "ep size %d", loom_comm_size(m->ep));
     for (int g = 0; g < G_COUNT; g++) check_group(m, dev, g);
 }

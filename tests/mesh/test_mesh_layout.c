@@ -37,7 +37,9 @@ static void test_parse_order(void) {
         CHECK(loom_layout_parse_order(s, &l) == LOOM_OK, "parse '%s': %s", s, loom_errmsg());
         CHECK(memcmp(l.order, orders[k], sizeof l.order) == 0, "parse '%s' gave another order", s);
     }
-    const struct { const char *in, *msg; } bad[] = {
+    const struct {
+        const char *in, *msg;
+    } bad[] = {
         {"tp,cp,dp", "names 3 axes"},
         {"tp,cp,dp,pp,tp", "axis tp appears twice"},
         {"tp,tp,dp,pp", "axis tp appears twice"},
@@ -68,12 +70,14 @@ static void test_parse_order(void) {
 static void check_bijection(const loom_layout *l, int N) {
     unsigned char seen[16] = {0};
     int stride[LOOM_AXIS_COUNT], s = 1;
-    for (int i = 0; i < LOOM_AXIS_COUNT; i++) stride[l->order[i]] = s, s *= loom_layout_degree(l, l->order[i]);
+    for (int i = 0; i < LOOM_AXIS_COUNT; i++)
+        stride[l->order[i]] = s, s *= loom_layout_degree(l, l->order[i]);
     int bad = 0;
     for (int r = 0; r < N; r++) {
         int c[LOOM_AXIS_COUNT];
         loom_layout_coords(l, r, c);
-        for (int a = 0; a < LOOM_AXIS_COUNT; a++) bad += c[a] < 0 || c[a] >= loom_layout_degree(l, (loom_axis)a);
+        for (int a = 0; a < LOOM_AXIS_COUNT; a++)
+            bad += c[a] < 0 || c[a] >= loom_layout_degree(l, (loom_axis)a);
         int back = loom_layout_rank(l, c);
         bad += back != r;
         if (back >= 0 && back < N) bad += seen[back]++ != 0;
@@ -124,7 +128,8 @@ static void test_worked_example(void) {
         int c[LOOM_AXIS_COUNT];
         loom_layout_coords(&l, r, c);
         CHECK(c[LOOM_AXIS_TP] == tp[r] && c[LOOM_AXIS_DP] == dp[r] && c[LOOM_AXIS_PP] == pp[r] &&
-                  c[LOOM_AXIS_CP] == 0, "worked example rank %d", r);
+                  c[LOOM_AXIS_CP] == 0,
+              "worked example rank %d", r);
     }
     /* dp groups {0,2} {1,3} {4,6} {5,7}: one step of dp is two ranks */
     int c[LOOM_AXIS_COUNT] = {[LOOM_AXIS_TP] = 1, [LOOM_AXIS_DP] = 1, [LOOM_AXIS_PP] = 1};

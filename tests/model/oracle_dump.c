@@ -69,8 +69,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *p = &m->params[i];
         loom_rng_key k = loom_rng_key_make(7, p->name);
-        for (size_t j = 0; j < p->numel; j++)
-            m->param_mem[p->offset + j] += 0.1f * loom_rng_normal(k, j);
+        for (size_t j = 0; j < p->numel; j++) m->param_mem[p->offset + j] += 0.1f * loom_rng_normal(k, j);
     }
     int32_t *in = malloc((size_t)B * T * 4), *tg = malloc((size_t)B * T * 4);
     loom_rng_key tk = loom_rng_key_make(3, "tokens");
@@ -126,8 +125,8 @@ int main(int argc, char **argv) {
     loom_st_writer_add(w, "out.logits", LOOM_ST_F32, 3, btv, logits);
     loom_st_writer_add(w, "out.loss", LOOM_ST_F32, 1, one, &loss);
     char mv[8][32], cname[2 * MAXP][48];
-    const char *mkeys[] = {"n_expert", "top_k", "moe_every", "expert_hidden", "norm_topk",
-                           "aux_coef", "z_coef", "capacity_factor"};
+    const char *mkeys[] = {"n_expert",  "top_k",    "moe_every", "expert_hidden",
+                           "norm_topk", "aux_coef", "z_coef",    "capacity_factor"};
     int n_moe;
     const loom_moe_stats *ms = loom_moe_stats_get(m, &n_moe);
     static int32_t counts[2 * MAXP][1024];
@@ -165,6 +164,10 @@ int main(int argc, char **argv) {
     loom_adamw_free(&opt);
     loom_gpt_free(m);
     loom_device_free(dev);
-    free(in); free(tg); free(params0); free(logits); free(grads);
+    free(in);
+    free(tg);
+    free(params0);
+    free(logits);
+    free(grads);
     return st == LOOM_OK ? 0 : 1;
 }

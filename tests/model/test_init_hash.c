@@ -40,7 +40,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 }
 
 /* A model part's table (no activations): what loom_gpt_init_range needs. */
-static loom_gpt *make_part(loom_device *dev, const loom_model_config *cfg, int tp, int tp_rank, int l0, int l1) {
+static loom_gpt *make_part(loom_device *dev, const loom_model_config *cfg, int tp, int tp_rank, int l0,
+                           int l1) {
     loom_gpt *m = calloc(1, sizeof *m);
     m->cfg = *cfg;
     m->part = loom_model_part_whole(dev, cfg);
@@ -74,7 +75,8 @@ static uint64_t reference_hash(const shape *s) {
         size_t ne = (size_t)(p->shape[0] * p->shape[1]);
         for (size_t g = 0; g < ne; g++) {
             float v = p->init == LOOM_INIT_NORMAL ? p->init_std * loom_rng_normal(key, g)
-                      : p->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+                      : p->init == LOOM_INIT_ONES ? 1.0f
+                                                  : 0.0f;
             h = fnv(h, &v, sizeof v);
         }
     }
@@ -156,18 +158,30 @@ int main(int argc, char **argv) {
         return check_done();
     }
     const shape shapes[] = {
-        {{.name = "small-padded", .n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 1001,
-          .n_positions = 32}, 1337, 0x50729c60466e2df8ull},
-        {{.name = "wide-vocab", .n_layer = 2, .n_head = 4, .n_embd = 128, .vocab_size = 50257,
-          .n_positions = 256}, 7, 0x2685e36ce2884788ull},
+        {{.name = "small-padded",
+          .n_layer = 3,
+          .n_head = 4,
+          .n_embd = 64,
+          .vocab_size = 1001,
+          .n_positions = 32},
+         1337,
+         0x50729c60466e2df8ull},
+        {{.name = "wide-vocab",
+          .n_layer = 2,
+          .n_head = 4,
+          .n_embd = 128,
+          .vocab_size = 50257,
+          .n_positions = 256},
+         7,
+         0x2685e36ce2884788ull},
     };
     const int tps[] = {1, 2, 4};
     const size_t runs[] = {0, 100003};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shape *s = &shapes[i];
         uint64_t ref = reference_hash(s);
-        printf("%s: reference hash 0x%016llx (recorded 0x%016llx)\n", s->cfg.name,
-               (unsigned long long)ref, (unsigned long long)s->want);
+        printf("%s: reference hash 0x%016llx (recorded 0x%016llx)\n", s->cfg.name, (unsigned long long)ref,
+               (unsigned long long)s->want);
         CHECK(ref == s->want, "%s: loom_rng_normal hash 0x%016llx != recorded 0x%016llx", s->cfg.name,
               (unsigned long long)ref, (unsigned long long)s->want);
         for (size_t t = 0; t < 3; t++)

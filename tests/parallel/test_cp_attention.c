@@ -45,8 +45,8 @@ static double rel_err(const float *a, const float *b, size_t n) {
 static void local_rows(float *xl, const float *x, const loom_cp *cp, int T, int T_l, int w) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T_l; t++)
-            memcpy(xl + ((size_t)b * T_l + t) * w,
-                   x + ((size_t)b * T + loom_cp_position(cp, t, T_l)) * w, (size_t)w * sizeof *x);
+            memcpy(xl + ((size_t)b * T_l + t) * w, x + ((size_t)b * T + loom_cp_position(cp, t, T_l)) * w,
+                   (size_t)w * sizeof *x);
 }
 
 static void run(loom_device *dev, loom_comm *world, loom_cp_impl impl) {
@@ -71,8 +71,8 @@ static void run(loom_device *dev, loom_comm *world, loom_cp_impl impl) {
     local_rows(qkv_l, qkv, &cp, T, T_l, 3 * C);
     local_rows(dout_l, dout, &cp, T, T_l, C);
     loom_comm_reset_stats(world);
-    CHECK(loom_cp_attention_fwd(&cp, out_l, lse_l, qkv_l, B, T_l, C, NH) == LOOM_OK, "%s fwd: %s",
-          name, loom_errmsg());
+    CHECK(loom_cp_attention_fwd(&cp, out_l, lse_l, qkv_l, B, T_l, C, NH) == LOOM_OK, "%s fwd: %s", name,
+          loom_errmsg());
     long fwd_tiles = cp.tiles;
     CHECK(loom_cp_attention_bwd(&cp, dqkv_l, dout_l, qkv_l, out_l, lse_l, B, T_l, C, NH) == LOOM_OK,
           "%s bwd: %s", name, loom_errmsg());
@@ -87,17 +87,16 @@ static void run(loom_device *dev, loom_comm *world, loom_cp_impl impl) {
     long t[4] = {fwd_tiles, -fwd_tiles, cp.tiles, -cp.tiles}; /* max, -min */
     CHECK(loom_comm_allreduce(world, t, 4, LOOM_I64, LOOM_MAX) == LOOM_OK, "allreduce");
     CHECK(t[0] == -t[1] && t[2] == -t[3] && t[0] > 0,
-          "%s P=%d: attention tiles differ across ranks: forward %ld..%ld, total %ld..%ld", name,
-          P, -t[1], t[0], -t[3], t[2]);
+          "%s P=%d: attention tiles differ across ranks: forward %ld..%ld, total %ld..%ld", name, P, -t[1],
+          t[0], -t[3], t[2]);
     const loom_comm_stats *st = loom_comm_get_stats(world);
     uint64_t sent = impl == LOOM_CP_RING ? st->bytes[LOOM_OP_SEND] : st->bytes[LOOM_OP_ALLTOALL];
-    uint64_t formula = impl == LOOM_CP_RING ? 8ull * B * T_l * C * (3 * P - 2)
-                                            : 48ull * B * T_l * C;
-    CHECK(sent == formula, "%s P=%d: %llu bytes sent, formula %llu", name, P,
-          (unsigned long long)sent, (unsigned long long)formula);
+    uint64_t formula = impl == LOOM_CP_RING ? 8ull * B * T_l * C * (3 * P - 2) : 48ull * B * T_l * C;
+    CHECK(sent == formula, "%s P=%d: %llu bytes sent, formula %llu", name, P, (unsigned long long)sent,
+          (unsigned long long)formula);
     if (cp.rank == 0)
-        printf("%s P=%d: %ld tiles per rank (forward %ld), %llu bytes sent per rank\n", name, P,
-               t[2], t[0], (unsigned long long)sent);
+        printf("%s P=%d: %ld tiles per rank (forward %ld), %llu bytes sent per rank\n", name, P, t[2], t[0],
+               (unsigned long long)sent);
     loom_cp_release(&cp);
     free(qkv), free(dout), free(out), free(lse), free(dqkv), free(qkv_l), free(dout_l);
     free(out_l), free(lse_l), free(dqkv_l), free(want);

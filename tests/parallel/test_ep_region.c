@@ -36,8 +36,13 @@ static void run(loom_device *dev, loom_comm *world) {
     const int P = loom_comm_size(world), r = loom_comm_rank(world), E = P * EL;
     size_t a2a_bytes, sent_bytes;
     loom_ep_scratch_bytes(P, EL, &a2a_bytes, &sent_bytes);
-    loom_ep ep = {.dev = dev, .comm = P > 1 ? world : NULL, .size = P, .rank = r, .n_local = EL,
-                  .a2a = malloc(a2a_bytes), .sent = malloc(sent_bytes)};
+    loom_ep ep = {.dev = dev,
+                  .comm = P > 1 ? world : NULL,
+                  .size = P,
+                  .rank = r,
+                  .n_local = EL,
+                  .a2a = malloc(a2a_bytes),
+                  .sent = malloc(sent_bytes)};
     int32_t *start = malloc((size_t)(E + 1) * sizeof *start);
     start[0] = 0;
     for (int e = 0; e < E; e++) start[e + 1] = start[e] + count(r, e);
@@ -46,7 +51,8 @@ static void run(loom_device *dev, loom_comm *world) {
     for (int s = 0; s < P; s++)
         for (int j = 0; j < EL; j++) R += count(s, r * EL + j);
     float *rows = malloc(((size_t)A + 1) * W * sizeof *rows), *back = calloc((size_t)A + 1, W * sizeof *back);
-    float *recv = malloc(((size_t)R + 1) * W * sizeof *recv), *out = malloc(((size_t)R + 1) * W * sizeof *out);
+    float *recv = malloc(((size_t)R + 1) * W * sizeof *recv),
+          *out = malloc(((size_t)R + 1) * W * sizeof *out);
     for (int e = 0; e < E; e++)
         for (int i = 0; i < count(r, e); i++)
             for (int c = 0; c < W; c++) rows[(size_t)(start[e] + i) * W + c] = cell(r, e, i, c);
@@ -80,7 +86,8 @@ static void run(loom_device *dev, loom_comm *world) {
         const loom_comm_stats *st = loom_comm_get_stats(world);
         CHECK((int64_t)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]) == want,
               "rank %d: the communicator counted %llu bytes, the tally %lld", r,
-              (unsigned long long)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]), (long long)want);
+              (unsigned long long)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]),
+              (long long)want);
     }
     free(ep.a2a), free(ep.sent), free(start), free(rows), free(back), free(recv), free(out);
 }

@@ -14,7 +14,6 @@
 #include "check.h"
 #include "sim_capture.h"
 
-
 static void expect_usage(const char *msg, int rc) {
     CHECK(rc == 64, "exit %d, want 64 (%s)", rc, msg);
     CHECK(strstr(sim_out, msg) != NULL, "output lacks '%s':\n%s", msg, sim_out);
@@ -23,18 +22,22 @@ static void expect_usage(const char *msg, int rc) {
 int main(void) {
     int rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "1f1b", NULL);
     CHECK(rc == 0, "1f1b exit %d:\n%s", rc, sim_out);
-    CHECK(strstr(sim_out, "stage 0: F0 F1 F2 F3 .. .. .. .. .. .. B0 B0 F4 B1 B1") != NULL, "1f1b timeline:\n%s",
-          sim_out);
-    CHECK(strstr(sim_out, "bubble    0.272727 (simulated)") && strstr(sim_out, "closed    0.272727 (p-1)/(m+p-1)"),
+    CHECK(strstr(sim_out, "stage 0: F0 F1 F2 F3 .. .. .. .. .. .. B0 B0 F4 B1 B1") != NULL,
+          "1f1b timeline:\n%s", sim_out);
+    CHECK(strstr(sim_out, "bubble    0.272727 (simulated)") &&
+              strstr(sim_out, "closed    0.272727 (p-1)/(m+p-1)"),
           "1f1b bubble lines:\n%s", sim_out);
 
     rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "zb", NULL);
-    CHECK(rc == 0 && strstr(sim_out, "bubble    0.111111 (simulated)") && strstr(sim_out, "closed    0.111111"),
+    CHECK(rc == 0 && strstr(sim_out, "bubble    0.111111 (simulated)") &&
+              strstr(sim_out, "closed    0.111111"),
           "zb:\n%s", sim_out);
-    CHECK(strstr(sim_out, "stage 3: .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 W0 F4") != NULL, "zb timeline:\n%s", sim_out);
+    CHECK(strstr(sim_out, "stage 3: .. .. .. F0 B0 F1 B1 F2 B2 F3 B3 W0 F4") != NULL, "zb timeline:\n%s",
+          sim_out);
 
     rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "interleaved", "--virtual-stages", "2", NULL);
-    CHECK(rc == 0 && strstr(sim_out, "bubble    0.157895 (simulated)") && strstr(sim_out, "closed    0.157895"),
+    CHECK(rc == 0 && strstr(sim_out, "bubble    0.157895 (simulated)") &&
+              strstr(sim_out, "closed    0.157895"),
           "interleaved:\n%s", sim_out);
 
     rc = sim("--pp", "2", "--micro-batches", "4", "--schedule", "gpipe", "--cost-comm", "0.5", NULL);
@@ -66,7 +69,8 @@ int main(void) {
         snprintf(trace, sizeof trace, "%s/t.json", dir);
         rc = sim("--schedule", "zb", "--trace", trace, NULL);
         struct stat sb;
-        CHECK(rc == 0 && stat(trace, &sb) == 0 && sb.st_size > 100, "trace written: exit %d\n%s", rc, sim_out);
+        CHECK(rc == 0 && stat(trace, &sb) == 0 && sb.st_size > 100, "trace written: exit %d\n%s", rc,
+              sim_out);
         snprintf(bad, sizeof bad, "%s/no/such/dir/t.json", dir);
         rc = sim("--schedule", "zb", "--trace", bad, NULL);
         CHECK(rc == 73 && strstr(sim_out, "cannot create"), "bad trace path: exit %d\n%s", rc, sim_out);
@@ -74,7 +78,8 @@ int main(void) {
         rmdir(dir);
     }
 
-    CHECK(sim("--help", NULL) == 0 && strstr(sim_out, "usage: loom sim") && strstr(sim_out, "--from-trace DIR"),
+    CHECK(sim("--help", NULL) == 0 && strstr(sim_out, "usage: loom sim") &&
+              strstr(sim_out, "--from-trace DIR"),
           "--help:\n%s", sim_out);
 
     expect_usage(
@@ -88,7 +93,8 @@ int main(void) {
     expect_usage("--cost-head -1: must be a finite number >= 0",
                  sim("--layers", "8", "--cost-head", "-1", NULL));
     expect_usage("unknown flag --stages", sim("--stages", "4", NULL));
-    expect_usage("--recompute full with --schedule zb: refused", sim("--schedule", "zb", "--recompute", "full", NULL));
+    expect_usage("--recompute full with --schedule zb: refused",
+                 sim("--schedule", "zb", "--recompute", "full", NULL));
     expect_usage("--recompute some: expected none, selective or full", sim("--recompute", "some", NULL));
     expect_usage("--recompute full: not with --from-trace",
                  sim("--recompute", "full", "--from-trace", "/nonexistent", NULL));

@@ -162,8 +162,7 @@ static void test_parse(void) {
     for (int i = 1; i <= LOOM_LAYOUT_MAX_STAGE_LAYERS; i++) strcat(many, ",1");
     loom_layout_default(&l);
     CHECK(loom_layout_parse_stage_layers(many, &l) == LOOM_EUSAGE &&
-              strstr(loom_errmsg(), "more than 512 entries") &&
-              l.n_stage_layers == 0,
+              strstr(loom_errmsg(), "more than 512 entries") && l.n_stage_layers == 0,
           "513 entries: %s", loom_errmsg());
 }
 

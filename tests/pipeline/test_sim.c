@@ -24,10 +24,8 @@ static loom_sim_result *simulate(loom_sched_kind k, int p, int m, int v, const l
         loom_schedule_free(s);
         return NULL;
     }
-    if (keep)
-        *keep = s;
-    else
-        loom_schedule_free(s);
+    if (keep) *keep = s;
+    else loom_schedule_free(s);
     return r;
 }
 
@@ -255,14 +253,16 @@ static void test_cost_model(void) {
 static void test_shared_cores(void) {
     /* enough cores for every rank: the same timeline as own devices, for
      * every schedule, with latency and uneven stages */
-    const loom_sched_kind kinds[] = {LOOM_SCHED_GPIPE, LOOM_SCHED_1F1B, LOOM_SCHED_INTERLEAVED, LOOM_SCHED_ZB};
+    const loom_sched_kind kinds[] = {LOOM_SCHED_GPIPE, LOOM_SCHED_1F1B, LOOM_SCHED_INTERLEAVED,
+                                     LOOM_SCHED_ZB};
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++)
         for (int p = 2; p <= 4; p++)
             for (int m = p; m <= 2 * p; m += p) {
                 const int v = kinds[ki] == LOOM_SCHED_INTERLEAVED ? 2 : 1;
                 double scale[8];
                 for (int q = 0; q < p * v; q++) scale[q] = 1 + 0.25 * ((q * 7) % 5);
-                loom_sim_costs own = {.f = 1, .b = 1.5, .w = 0.75, .comm = 0.25, .opt = 0.5, .stage_scale = scale};
+                loom_sim_costs own = {
+                    .f = 1, .b = 1.5, .w = 0.75, .comm = 0.25, .opt = 0.5, .stage_scale = scale};
                 loom_sim_costs shared = own;
                 shared.cores = p;
                 loom_schedule *s = NULL;
@@ -271,7 +271,8 @@ static void test_shared_cores(void) {
                 if (a && b) {
                     double worst = 0;
                     for (int i = 0; i < s->n_total; i++)
-                        worst = fmax(worst, fmax(fabs(a->start[i] - b->start[i]), fabs(a->end[i] - b->end[i])));
+                        worst =
+                            fmax(worst, fmax(fabs(a->start[i] - b->start[i]), fabs(a->end[i] - b->end[i])));
                     CHECK(worst < 1e-9 && fabs(a->bubble - b->bubble) < 1e-12,
                           "%s p=%d m=%d: cores %d = own devices (largest time difference %g)",
                           loom_schedule_name(kinds[ki]), p, m, p, worst);
@@ -283,8 +284,8 @@ static void test_shared_cores(void) {
                     for (int q = 0; q < p; q++) work += a->busy[q];
                     if (c)
                         CHECK(fabs(c->makespan - work) < 1e-9 * work,
-                              "%s p=%d m=%d one core: makespan %g = all the work %g", loom_schedule_name(kinds[ki]),
-                              p, m, c->makespan, work);
+                              "%s p=%d m=%d one core: makespan %g = all the work %g",
+                              loom_schedule_name(kinds[ki]), p, m, c->makespan, work);
                     /* two cores: no faster than own devices nor than the work over two cores */
                     loom_sim_costs two = own;
                     two.cores = 2;
@@ -321,7 +322,8 @@ static void test_shared_cores(void) {
         expect_at(s, r, 0, LOOM_PP_B, 1, 7, 8);
         CHECK(r->makespan == 8 && r->busy[0] == 6 && r->busy[1] == 6, "makespan %g busy %g %g", r->makespan,
               r->busy[0], r->busy[1]);
-        CHECK(fabs(r->bubble - 0.25) < 1e-12, "bubble %g: 1 - 12 / (2 x 8), busy is wall time computing", r->bubble);
+        CHECK(fabs(r->bubble - 0.25) < 1e-12, "bubble %g: 1 - 12 / (2 x 8), busy is wall time computing",
+              r->bubble);
     }
     loom_sim_free(r);
     /* 1.5 cores: two computing ranks run at 0.75 each; makespan 1 + 4/3 + 2 + 4/3 + 1 */
@@ -352,18 +354,19 @@ static void test_wake_waits(void) {
     const struct {
         double slice, span, cores, runnable, want;
     } w[] = {
-        {1.5, 0, 2, 4, 1.5 / 3 + 0.5 * 1 * 1.5 / 2},   /* 0.875: 4 ranks on 2 cores */
-        {1.5, 0, 2, 8, 1.5 / 3 + 0.5 * 5 * 1.5 / 2},   /* 2.375: 8 ranks on 2 cores */
-        {1.5, 0, 2, 3, 0.5},                           /* nobody else queued: the first holder's residual */
-        {1.5, 0.6, 2, 4, 0.6 / 3 + 0.5 * 0.6 / 2},     /* holders synchronise before their slice ends */
-        {1.5, 3, 2, 4, 0.875},                         /* a span longer than the slice: the slice */
-        {1.5, 0, 2, 2, 0},                             /* a processor for every rank */
-        {0, 0, 2, 8, 0},                               /* no slice: no wait */
+        {1.5, 0, 2, 4, 1.5 / 3 + 0.5 * 1 * 1.5 / 2}, /* 0.875: 4 ranks on 2 cores */
+        {1.5, 0, 2, 8, 1.5 / 3 + 0.5 * 5 * 1.5 / 2}, /* 2.375: 8 ranks on 2 cores */
+        {1.5, 0, 2, 3, 0.5},                         /* nobody else queued: the first holder's residual */
+        {1.5, 0.6, 2, 4, 0.6 / 3 + 0.5 * 0.6 / 2},   /* holders synchronise before their slice ends */
+        {1.5, 3, 2, 4, 0.875},                       /* a span longer than the slice: the slice */
+        {1.5, 0, 2, 2, 0},                           /* a processor for every rank */
+        {0, 0, 2, 8, 0},                             /* no slice: no wait */
     };
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
         const double got = loom_sim_wake_wait(w[i].slice, w[i].span, w[i].cores, w[i].runnable);
-        CHECK(fabs(got - w[i].want) < 1e-12, "wake wait (slice %g, span %g, %g cores, %g runnable) = %.15g, want %.15g",
-              w[i].slice, w[i].span, w[i].cores, w[i].runnable, got, w[i].want);
+        CHECK(fabs(got - w[i].want) < 1e-12,
+              "wake wait (slice %g, span %g, %g cores, %g runnable) = %.15g, want %.15g", w[i].slice,
+              w[i].span, w[i].cores, w[i].runnable, got, w[i].want);
     }
 
     /* by hand: gpipe p=2 m=2 on one core, f = 1, full backward 1, slice 0.3

@@ -26,7 +26,6 @@
 #include "loom/sim.h"
 #include "loom/status.h"
 
-
 static char root[] = "/tmp/loom_sim_trace_dirXXXXXX";
 
 /* root/sub/name with the given text. */
@@ -144,14 +143,15 @@ static void test_hand_written(void) {
     loom_schedule_free(s);
 
     /* the command prints the same numbers */
-    int rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"), NULL);
+    int rc =
+        sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"), NULL);
     CHECK(rc == 0, "from-trace exit %d:\n%s", rc, sim_out);
     CHECK(strstr(sim_out, "bubble    0.393939 (simulated") && strstr(sim_out, "replayed  0.393939") &&
               strstr(sim_out, "measured  0.393939") && strstr(sim_out, "diff      +0.000000") &&
               strstr(sim_out, "closed    0.333333 (p-1)/(m+p-1)"),
           "bubble lines:\n%s", sim_out);
-    CHECK(strstr(sim_out, "comm 0.1000 ms: median of RECV end - SEND end over the 3 messages") != NULL, "comm:\n%s",
-          sim_out);
+    CHECK(strstr(sim_out, "comm 0.1000 ms: median of RECV end - SEND end over the 3 messages") != NULL,
+          "comm:\n%s", sim_out);
     CHECK(strstr(sim_out, "  0                0     0      1.000      2.000          -") &&
               strstr(sim_out, "  1                1     0      2.000      3.000          -"),
           "per-stage costs:\n%s", sim_out);
@@ -174,7 +174,8 @@ static void test_hand_written(void) {
     if (ar) strcpy(ar, "\n]}\n");
     put_file("noalign", "trace_rank0.json", RANK0);
     put_file("noalign", "trace_rank1.json", r1);
-    rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("noalign"), NULL);
+    rc = sim("--pp", "2", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("noalign"),
+             NULL);
     CHECK(rc == 0 && strstr(sim_out, "(clocks not aligned)") && strstr(sim_out, "measured  0.393939"),
           "no all-reduce:\n%s", sim_out);
 }
@@ -210,22 +211,27 @@ static void test_round_trip(void) {
     const struct {
         loom_sched_kind k;
         int pp, m, v;
-    } cases[] = {{LOOM_SCHED_GPIPE, 2, 4, 1}, {LOOM_SCHED_1F1B, 4, 8, 1}, {LOOM_SCHED_INTERLEAVED, 2, 4, 2},
+    } cases[] = {{LOOM_SCHED_GPIPE, 2, 4, 1},
+                 {LOOM_SCHED_1F1B, 4, 8, 1},
+                 {LOOM_SCHED_INTERLEAVED, 2, 4, 2},
                  {LOOM_SCHED_ZB, 3, 6, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         loom_schedule *s = NULL;
-        CHECK(loom_schedule_build(cases[ci].k, cases[ci].pp, cases[ci].m, cases[ci].v, &s) == LOOM_OK, "build");
+        CHECK(loom_schedule_build(cases[ci].k, cases[ci].pp, cases[ci].m, cases[ci].v, &s) == LOOM_OK,
+              "build");
         if (!s) continue;
         const int S = s->pp * s->virtual_stages;
         loom_sim_stage_cost want[16];
         for (int i = 0; i < S; i++) /* uneven stages, costs on a 1 us grid */
-            want[i] = (loom_sim_stage_cost){1.25 + 0.125 * i, 2.5 - 0.25 * (i % 3), s->split_backward ? 0.75 + 0.5 * (i % 2) : 0};
+            want[i] = (loom_sim_stage_cost){1.25 + 0.125 * i, 2.5 - 0.25 * (i % 3),
+                                            s->split_backward ? 0.75 + 0.5 * (i % 2) : 0};
         loom_sim_costs c;
         loom_sim_costs_default(&c);
         c.stage = want;
         c.comm = 0.05;
         loom_sim_result *r = NULL;
-        CHECK(loom_sim_run(s, &c, &r) == LOOM_OK, "simulate %s: %s", loom_schedule_name(s->kind), loom_errmsg());
+        CHECK(loom_sim_run(s, &c, &r) == LOOM_OK, "simulate %s: %s", loom_schedule_name(s->kind),
+              loom_errmsg());
         char sub[32];
         snprintf(sub, sizeof sub, "rt%zu", ci);
         if (r) write_sim_trace(sub, s, r);
@@ -238,14 +244,15 @@ static void test_round_trip(void) {
                 err = fmax(err, fmax(fabs(t->mean[i].f - want[i].f),
                                      fmax(fabs(t->mean[i].b - want[i].b), fabs(t->mean[i].w - want[i].w))));
             CHECK(err < 1e-6, "%s: per-stage costs read back within %g", loom_schedule_name(s->kind), err);
-            CHECK(t->aligned && t->comm_samples > 0 && fabs(t->comm - 0.05) < 1e-6, "%s: latency %g (%d samples)",
-                  loom_schedule_name(s->kind), t->comm, t->comm_samples);
+            CHECK(t->aligned && t->comm_samples > 0 && fabs(t->comm - 0.05) < 1e-6,
+                  "%s: latency %g (%d samples)", loom_schedule_name(s->kind), t->comm, t->comm_samples);
             CHECK(fabs(t->bubble - r->bubble) < 1e-6, "%s: measured bubble %g, simulated %g",
                   loom_schedule_name(s->kind), t->bubble, r->bubble);
             loom_sim_result *x = NULL;
-            CHECK(loom_sim_run_durations(s, t->dur, t->comm, &x) == LOOM_OK && fabs(x->bubble - r->bubble) < 1e-6,
-                  "%s: replay at measured durations %g vs %g", loom_schedule_name(s->kind), x ? x->bubble : -1,
-                  r->bubble);
+            CHECK(loom_sim_run_durations(s, t->dur, t->comm, &x) == LOOM_OK &&
+                      fabs(x->bubble - r->bubble) < 1e-6,
+                  "%s: replay at measured durations %g vs %g", loom_schedule_name(s->kind),
+                  x ? x->bubble : -1, r->bubble);
             loom_sim_free(x);
         }
         loom_sim_trace_free(t);
@@ -255,11 +262,11 @@ static void test_round_trip(void) {
     /* through the command, interleaved needs --virtual-stages and prints chunk labels */
     int rc = sim("--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--virtual-stages", "2",
                  "--from-trace", dir_of("rt2"), NULL);
-    CHECK(rc == 0 && strstr(sim_out, "diff      +0.000000") && strstr(sim_out, "F0.1"), "interleaved from trace:\n%s",
-          sim_out);
+    CHECK(rc == 0 && strstr(sim_out, "diff      +0.000000") && strstr(sim_out, "F0.1"),
+          "interleaved from trace:\n%s", sim_out);
     rc = sim("--pp", "3", "--micro-batches", "6", "--schedule", "zb", "--from-trace", dir_of("rt3"), NULL);
-    CHECK(rc == 0 && strstr(sim_out, "B and W separate") && strstr(sim_out, "diff      +0.000000"), "zb from trace:\n%s",
-          sim_out);
+    CHECK(rc == 0 && strstr(sim_out, "B and W separate") && strstr(sim_out, "diff      +0.000000"),
+          "zb from trace:\n%s", sim_out);
 }
 
 /* ---- 3. bad directories ---------------------------------------------------------- */
@@ -276,7 +283,8 @@ static void test_bad(void) {
     snprintf(path, sizeof path, "%s/no/such/dir", root);
     expect(66, "cannot open the directory", sim(GPIPE2, path, NULL));
     put_file("empty", "readme", "x");
-    expect(66, "no trace_rank<R>.json files (write them with loom train --trace", sim(GPIPE2, dir_of("empty"), NULL));
+    expect(66, "no trace_rank<R>.json files (write them with loom train --trace",
+           sim(GPIPE2, dir_of("empty"), NULL));
     put_file("gap", "trace_rank0.json", RANK0);
     put_file("gap", "trace_rank2.json", RANK1);
     expect(66, "trace_rank1.json is missing", sim(GPIPE2, dir_of("gap"), NULL));
@@ -300,22 +308,27 @@ static void test_bad(void) {
     expect(65, "event 0 (F0): \"ts\" must be a finite number", sim(GPIPE2, dir_of("strts"), NULL));
     put_file("noactions", "trace_rank0.json", "{\"traceEvents\": []}");
     put_file("noactions", "trace_rank1.json", RANK1);
-    expect(65, "trace_rank0.json is not a trace of gpipe pp=2 micro-batches=2 virtual-stages=1: it has no pipeline",
-           sim(GPIPE2, dir_of("noactions"), NULL));
+    expect(
+        65,
+        "trace_rank0.json is not a trace of gpipe pp=2 micro-batches=2 virtual-stages=1: it has no pipeline",
+        sim(GPIPE2, dir_of("noactions"), NULL));
 
     /* the right files, the wrong flags: the message names the layout that fits */
-    expect(65,
-           "trace_rank1.json is not a trace of 1f1b pp=2 micro-batches=2 virtual-stages=1: its action 2 is "
-           "'RECV_ACT mb 1 chunk 0 from rank 0' where rank 1 runs 'B0'; the traces match --schedule gpipe --pp 2 "
-           "--micro-batches 2",
-           sim("--pp", "2", "--micro-batches", "2", "--schedule", "1f1b", "--from-trace", dir_of("hand"), NULL));
+    expect(
+        65,
+        "trace_rank1.json is not a trace of 1f1b pp=2 micro-batches=2 virtual-stages=1: its action 2 is "
+        "'RECV_ACT mb 1 chunk 0 from rank 0' where rank 1 runs 'B0'; the traces match --schedule gpipe --pp 2 "
+        "--micro-batches 2",
+        sim("--pp", "2", "--micro-batches", "2", "--schedule", "1f1b", "--from-trace", dir_of("hand"), NULL));
     expect(65, "the traces match --schedule gpipe --pp 2 --micro-batches 2",
-           sim("--pp", "2", "--micro-batches", "4", "--schedule", "gpipe", "--from-trace", dir_of("hand"), NULL));
-    expect(65, "is not a trace of gpipe pp=4 micro-batches=2",
-           sim("--pp", "4", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"), NULL));
-    expect(65, "the traces match --schedule interleaved --pp 2 --micro-batches 4 --virtual-stages 2",
-           sim("--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--from-trace", dir_of("rt2"),
+           sim("--pp", "2", "--micro-batches", "4", "--schedule", "gpipe", "--from-trace", dir_of("hand"),
                NULL));
+    expect(65, "is not a trace of gpipe pp=4 micro-batches=2",
+           sim("--pp", "4", "--micro-batches", "2", "--schedule", "gpipe", "--from-trace", dir_of("hand"),
+               NULL));
+    expect(65, "the traces match --schedule interleaved --pp 2 --micro-batches 4 --virtual-stages 2",
+           sim("--pp", "2", "--micro-batches", "4", "--schedule", "interleaved", "--from-trace",
+               dir_of("rt2"), NULL));
     /* a stale extra file of another run */
     put_file("extra", "trace_rank0.json", RANK0);
     put_file("extra", "trace_rank1.json", RANK1);

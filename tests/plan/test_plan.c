@@ -55,9 +55,11 @@ static void test_bubble_is_simulators(void) {
     };
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         loom_plan_layout l;
-        CHECK(loom_plan_layout_parse(layouts[i], &j, &l) == LOOM_OK, "parse %s: %s", layouts[i], loom_errmsg());
+        CHECK(loom_plan_layout_parse(layouts[i], &j, &l) == LOOM_OK, "parse %s: %s", layouts[i],
+              loom_errmsg());
         loom_plan_result r;
-        CHECK(loom_plan_evaluate(&m, &c, &j, &l, 1, &r) == LOOM_OK, "evaluate %s: %s", layouts[i], loom_errmsg());
+        CHECK(loom_plan_evaluate(&m, &c, &j, &l, 1, &r) == LOOM_OK, "evaluate %s: %s", layouts[i],
+              loom_errmsg());
         CHECK(r.feasible, "%s feasible (%s)", layouts[i], r.reason);
         CHECK(r.simulated, "%s: bubble from the simulator", layouts[i]);
         /* replay: the same schedule, the costs the planner reports, the partitioner's scale */
@@ -68,18 +70,22 @@ static void test_bubble_is_simulators(void) {
         double scale[128];
         /* the head's cost in layers: its FLOPs over a layer's, each at its GEMM efficiency */
         const double b = l.mbs, sq = j.seq, h = m.hidden, hd = h / m.heads;
-        const double layer = 2 * b * sq * (2 * h * h + 2 * h * hd * m.kv_heads + 3 * h * m.ffn) + 4 * b * sq * sq * h;
+        const double layer =
+            2 * b * sq * (2 * h * h + 2 * h * hd * m.kv_heads + 3 * h * m.ffn) + 4 * b * sq * sq * h;
         const double head = r.head_cost;
         CHECK(head > 0.5 * 2 * b * sq * h * m.vocab / layer && head < 2 * 2 * b * sq * h * m.vocab / layer,
-              "%s: head cost %.3f layers, near its FLOP share %.3f", layouts[i], head, 2 * b * sq * h * m.vocab / layer);
+              "%s: head cost %.3f layers, near its FLOP share %.3f", layouts[i], head,
+              2 * b * sq * h * m.vocab / layer);
         CHECK(loom_partition_balance(m.layers, l.pp, l.v, 0, head, counts) == LOOM_OK, "partition");
         double max_rank = 0;
         for (int rk = 0; rk < l.pp; rk++) {
             double cost = 0;
-            for (int ch = 0; ch < l.v; ch++) cost += loom_partition_stage_cost(counts, S, ch * l.pp + rk, 0, head);
+            for (int ch = 0; ch < l.v; ch++)
+                cost += loom_partition_stage_cost(counts, S, ch * l.pp + rk, 0, head);
             if (cost > max_rank) max_rank = cost;
         }
-        for (int v = 0; v < S; v++) scale[v] = loom_partition_stage_cost(counts, S, v, 0, head) / (max_rank / l.v);
+        for (int v = 0; v < S; v++)
+            scale[v] = loom_partition_stage_cost(counts, S, v, 0, head) / (max_rank / l.v);
         loom_sim_costs sc;
         loom_sim_costs_default(&sc);
         sc.f = r.sim_f, sc.b = r.sim_b, sc.w = r.sim_w, sc.comm = r.sim_comm;
@@ -87,10 +93,11 @@ static void test_bubble_is_simulators(void) {
         loom_sim_result *res = NULL;
         CHECK(loom_sim_run(s, &sc, &res) == LOOM_OK, "sim");
         if (res) {
-            CHECK(fabs(res->bubble - r.bubble) < 1e-12, "%s: planner bubble %.9f == simulator %.9f", layouts[i],
-                  r.bubble, res->bubble);
-            CHECK(fabs(res->makespan - (r.t_step - r.t_dp) ) < 0.05 * r.t_step,
-                  "%s: step %.4f = makespan %.4f + dp %.4f + optimizer", layouts[i], r.t_step, res->makespan, r.t_dp);
+            CHECK(fabs(res->bubble - r.bubble) < 1e-12, "%s: planner bubble %.9f == simulator %.9f",
+                  layouts[i], r.bubble, res->bubble);
+            CHECK(fabs(res->makespan - (r.t_step - r.t_dp)) < 0.05 * r.t_step,
+                  "%s: step %.4f = makespan %.4f + dp %.4f + optimizer", layouts[i], r.t_step, res->makespan,
+                  r.t_dp);
             CHECK(loom_schedule_peak_live(s, 0) == r.in_flight, "%s: in flight %d == schedule's peak live %d",
                   layouts[i], r.in_flight, loom_schedule_peak_live(s, 0));
         }
@@ -114,9 +121,10 @@ static void test_rejections(void) {
     loom_plan_model_builtin("llama3-70b", &m);
     loom_plan_cluster c = h100();
     loom_plan_job j = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 64};
-    expect_reject(&m, &c, &j, "dp=64", "memory");               /* 70B x 16 bytes on one device */
+    expect_reject(&m, &c, &j, "dp=64", "memory"); /* 70B x 16 bytes on one device */
     expect_reject(&m, &c, &j, "dp=64", "over by");
-    expect_reject(&m, &c, &j, "dp=1,tp=1,pp=64,schedule=gpipe,m=64,mbs=8", "activations"); /* 64 sets in flight */
+    expect_reject(&m, &c, &j, "dp=1,tp=1,pp=64,schedule=gpipe,m=64,mbs=8",
+                  "activations"); /* 64 sets in flight */
     loom_plan_job j3 = {.batch = 512, .seq = 4096, .bf16 = 1, .gpus = 48};
     expect_reject(&m, &c, &j3, "dp=16,tp=3", "tp=3 does not divide n_head=64");
     loom_plan_job j2 = {.batch = 100, .seq = 4096, .bf16 = 1, .gpus = 64};
@@ -153,10 +161,11 @@ static void test_models(void) {
     CHECK(fabs(total - 124439808) < 1, "gpt2-small %.0f params (124,439,808)", total);
     const char *dir = check_scratch_dir("plan");
     if (!dir) return;
-    const char *mix = "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096,"
-                      " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336,"
-                      " \"vocab_size\": 32000, \"max_position_embeddings\": 32768, \"num_local_experts\": 8,"
-                      " \"num_experts_per_tok\": 2, \"tie_word_embeddings\": false}";
+    const char *mix =
+        "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096,"
+        " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336,"
+        " \"vocab_size\": 32000, \"max_position_embeddings\": 32768, \"num_local_experts\": 8,"
+        " \"num_experts_per_tok\": 2, \"tie_word_embeddings\": false}";
     const char *p = check_scratch_path("mixtral.json");
     check_write_bytes(p, mix, strlen(mix));
     loom_plan_model f;
@@ -165,7 +174,8 @@ static void test_models(void) {
     CHECK(f.layers == m.layers && f.hidden == m.hidden && f.kv_heads == 8 && f.experts == 8 && f.topk == 2 &&
               f.gated && !f.tied,
           "mixtral config.json = the built-in shape");
-    const char *bad = "{\"num_hidden_layers\": 32, \"hidden_size\": 4096.5, \"num_attention_heads\": 32, \"vocab_size\": 10}";
+    const char *bad =
+        "{\"num_hidden_layers\": 32, \"hidden_size\": 4096.5, \"num_attention_heads\": 32, \"vocab_size\": 10}";
     p = check_scratch_path("bad.json");
     check_write_bytes(p, bad, strlen(bad));
     CHECK(loom_plan_model_resolve(p, &f) == LOOM_ECONFIG, "non-integer hidden_size rejected");
@@ -188,10 +198,13 @@ static void test_zero_memory(void) {
         loom_plan_result r;
         loom_plan_evaluate(&m, &c, &j, &l, 1, &r);
         const double state = r.mem_params + r.mem_grads + r.mem_opt;
-        const double want = z == 0 ? 16 * P : z == 1 ? 4 * P + 12 * P / 8 : z == 2 ? 2 * P + 14 * P / 8 : 16 * P / 8;
+        const double want = z == 0   ? 16 * P
+                            : z == 1 ? 4 * P + 12 * P / 8
+                            : z == 2 ? 2 * P + 14 * P / 8
+                                     : 16 * P / 8;
         /* zero 3 adds two gathered layers */
-        CHECK(fabs(state - want) < (z == 3 ? 0.1 : 1e-6) * want, "zero=%d model state %.4g GB, formula %.4g GB", z,
-              state / 1e9, want / 1e9);
+        CHECK(fabs(state - want) < (z == 3 ? 0.1 : 1e-6) * want,
+              "zero=%d model state %.4g GB, formula %.4g GB", z, state / 1e9, want / 1e9);
         CHECK(state < prev, "zero=%d saves memory", z);
         prev = state;
     }
@@ -227,12 +240,12 @@ static void test_16k_speed(void) {
     CHECK(n == 5 && out[0].feasible && out[0].simulated, "5 ranked layouts, the best simulated");
     for (int i = 1; i < n; i++)
         CHECK(out[i].tokens_per_s_dev <= out[i - 1].tokens_per_s_dev, "ranked by tokens/s/device");
-    CHECK(st.rejected_memory > 0 && st.rejected_divide > 0, "rejections counted (%ld memory, %ld divisibility)",
-          st.rejected_memory, st.rejected_divide);
+    CHECK(st.rejected_memory > 0 && st.rejected_divide > 0,
+          "rejections counted (%ld memory, %ld divisibility)", st.rejected_memory, st.rejected_divide);
 }
 
-static loom_plan_result eval_layout(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
-                                    const char *layout) {
+static loom_plan_result eval_layout(const loom_plan_model *m, const loom_plan_cluster *c,
+                                    const loom_plan_job *j, const char *layout) {
     loom_plan_layout l;
     loom_plan_result r;
     CHECK(loom_plan_layout_parse(layout, j, &l) == LOOM_OK, "parse %s: %s", layout, loom_errmsg());
@@ -257,13 +270,13 @@ static void test_cp_volume(void) {
         snprintf(lay, sizeof lay, "dp=2,tp=%d,cp=%d,mbs=2,m=2,cp_impl=ring", tp, cp);
         loom_plan_result r = eval_layout(&m, &c, &j, lay);
         const double ring = 8 * B * (T / cp) * C * (3 * cp - 2) * layers * mb;
-        CHECK(fabs(r.cp_bytes - ring) < 1e-9 * ring, "%s: cp bytes %.6g == docs' ring formula %.6g", lay, r.cp_bytes,
-              ring);
+        CHECK(fabs(r.cp_bytes - ring) < 1e-9 * ring, "%s: cp bytes %.6g == docs' ring formula %.6g", lay,
+              r.cp_bytes, ring);
         snprintf(lay, sizeof lay, "dp=2,tp=%d,cp=%d,mbs=2,m=2,cp_impl=ulysses", tp, cp);
         r = eval_layout(&m, &c, &j, lay);
         const double uly = 48 * B * (T / cp) * C * layers * mb;
-        CHECK(fabs(r.cp_bytes - uly) < 1e-9 * uly, "%s: cp bytes %.6g == docs' Ulysses formula %.6g", lay, r.cp_bytes,
-              uly);
+        CHECK(fabs(r.cp_bytes - uly) < 1e-9 * uly, "%s: cp bytes %.6g == docs' Ulysses formula %.6g", lay,
+              r.cp_bytes, uly);
     }
     /* Llama 3 8B in bf16 (GQA, 8 of 32 heads carry K/V): K/V blocks shrink by kv/heads */
     CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
@@ -280,8 +293,10 @@ static void test_cp_volume(void) {
      * the attention of a step dwarfs the transfer */
     j = (loom_plan_job){.batch = 8, .seq = 2048, .bf16 = 1, .gpus = 8, .flash = 1};
     r = eval_layout(&m, &c, &j, "dp=1,cp=8,zero=3,mbs=1,m=8,cp_impl=ring");
-    CHECK(strstr(r.failures, "CP communication exposed") != NULL, "seq 2048 cp=8 ring: failure named (%s), cp %.3g of "
-          "step %.3g s", r.failures, r.t_cp, r.t_step);
+    CHECK(strstr(r.failures, "CP communication exposed") != NULL,
+          "seq 2048 cp=8 ring: failure named (%s), cp %.3g of "
+          "step %.3g s",
+          r.failures, r.t_cp, r.t_step);
     j = (loom_plan_job){.batch = 1, .seq = 131072, .bf16 = 1, .gpus = 8, .flash = 1};
     r = eval_layout(&m, &c, &j, "dp=1,cp=8,zero=3,mbs=1,m=1,cp_impl=ring,recompute=full");
     CHECK(strstr(r.failures, "CP communication exposed") == NULL && r.t_cp < 0.05 * r.t_step,
@@ -290,15 +305,14 @@ static void test_cp_volume(void) {
     j = (loom_plan_job){.batch = 8, .seq = 4096, .bf16 = 1, .gpus = 64};
     expect_reject(&m, &c, &j, "dp=1,tp=8,cp=8,mbs=1,m=8,cp_impl=ulysses",
                   "--cp-impl ulysses: cp=8 must divide the heads per tp rank, n_head=32 / tp=8 = 4");
-
-
 }
 
 static void test_gemm_curve(void) {
     loom_plan_cluster c = h100();
     CHECK(c.n_gemm >= 2, "dgx-h100 has a GEMM curve (%d points)", c.n_gemm);
     for (int i = 0; i < c.n_gemm; i++)
-        CHECK(fabs(loom_plan_gemm_eff(&c, c.gemm_flops[i]) - c.gemm_eff * c.gemm_curve[i]) < 1e-12, "point %d exact", i);
+        CHECK(fabs(loom_plan_gemm_eff(&c, c.gemm_flops[i]) - c.gemm_eff * c.gemm_curve[i]) < 1e-12,
+              "point %d exact", i);
     const double mid = sqrt(c.gemm_flops[0] * c.gemm_flops[1]); /* halfway in log(FLOPs) */
     CHECK(fabs(loom_plan_gemm_eff(&c, mid) - 0.5 * (c.gemm_curve[0] + c.gemm_curve[1]) * c.gemm_eff) < 1e-12,
           "log-linear between points");
@@ -306,8 +320,10 @@ static void test_gemm_curve(void) {
               loom_plan_gemm_eff(&c, 1e30) == c.gemm_eff * c.gemm_curve[c.n_gemm - 1],
           "clamped at the ends");
     loom_plan_cluster old; /* a cluster file without a curve: one number for every shape */
-    CHECK(loom_plan_cluster_load("dgx2-v100", &old) == LOOM_OK, "dgx2-v100 (no gemm_curve) loads: %s", loom_errmsg());
-    CHECK(old.n_gemm == 0 && loom_plan_gemm_eff(&old, 1e6) == old.gemm_eff && loom_plan_gemm_eff(&old, 1e12) == 0.7,
+    CHECK(loom_plan_cluster_load("dgx2-v100", &old) == LOOM_OK, "dgx2-v100 (no gemm_curve) loads: %s",
+          loom_errmsg());
+    CHECK(old.n_gemm == 0 && loom_plan_gemm_eff(&old, 1e6) == old.gemm_eff &&
+              loom_plan_gemm_eff(&old, 1e12) == 0.7,
           "no curve: efficiency.gemm (0.7) for every size");
 }
 
@@ -328,15 +344,18 @@ static void test_hbm_eff(void) {
     } presets[] = {{"dgx-h100", 3350, 0.887}, {"dgx-a100-80gb", 2039, 0.834}, {"dgx2-v100", 900, 0.9}};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         loom_plan_cluster c;
-        CHECK(loom_plan_cluster_load(presets[i].name, &c) == LOOM_OK, "%s: %s", presets[i].name, loom_errmsg());
-        CHECK(c.hbm_eff == presets[i].eff && fabs(c.hbm_bw / (presets[i].gbps * 1e9 * presets[i].eff) - 1) < 1e-12,
+        CHECK(loom_plan_cluster_load(presets[i].name, &c) == LOOM_OK, "%s: %s", presets[i].name,
+              loom_errmsg());
+        CHECK(c.hbm_eff == presets[i].eff &&
+                  fabs(c.hbm_bw / (presets[i].gbps * 1e9 * presets[i].eff) - 1) < 1e-12,
               "%s: achievable HBM %.4g GB/s = %.0f x %.3f", presets[i].name, c.hbm_bw / 1e9, presets[i].gbps,
               presets[i].eff);
     }
     char path[64];
     snprintf(path, sizeof path, "/tmp/loom-plan-hbm-%d.json", (int)getpid());
-    const char *head = "{\"gpus_per_node\": 1, \"memory_gb\": 1, \"peak_tflops\": {\"fp32\": 1}, \"hbm_gbps\": 100,\n"
-                       " \"intra_node\": {\"bandwidth_gbps\": 1}, ";
+    const char *head =
+        "{\"gpus_per_node\": 1, \"memory_gb\": 1, \"peak_tflops\": {\"fp32\": 1}, \"hbm_gbps\": 100,\n"
+        " \"intra_node\": {\"bandwidth_gbps\": 1}, ";
     char text[512];
     loom_plan_cluster c;
     snprintf(text, sizeof text, "%s\"efficiency\": {\"gemm\": 1, \"collective\": 1}}\n", head);
@@ -374,19 +393,21 @@ static void test_elementwise_bytes(void) {
                             + 2 * 7 * n * h    /* 2 x bias+dropout+add: read out, residual, write, mask */
                             + 2 * 2 * n * h    /* LayerNorm 2 */
                             + 2 * 2 * n * F;   /* bias+GeLU */
-    const double bwd_hand = 2 * 10 * n * h     /* 2 x LayerNorm: read dy, x, write dx; dgamma/dbeta re-read dy, x */
-                            + 2 * 6 * n * h    /* 2 residual gradient sums */
-                            + 6 * n * qkv      /* QKV bias gradient + the split's concatenation */
-                            + 2 * 2 * n * ht   /* permute back */
-                            + 5 * sc           /* dropout back: read grad, mask, write */
-                            + 6 * sc           /* softmax back: read grad, probabilities, write */
-                            + 2 * 7 * n * h    /* 2 x bias+dropout+add back (+ bias gradient) */
-                            + 8 * n * F;       /* GeLU back: read grad, input, write; bias gradient */
+    const double bwd_hand =
+        2 * 10 * n * h   /* 2 x LayerNorm: read dy, x, write dx; dgamma/dbeta re-read dy, x */
+        + 2 * 6 * n * h  /* 2 residual gradient sums */
+        + 6 * n * qkv    /* QKV bias gradient + the split's concatenation */
+        + 2 * 2 * n * ht /* permute back */
+        + 5 * sc         /* dropout back: read grad, mask, write */
+        + 6 * sc         /* softmax back: read grad, probabilities, write */
+        + 2 * 7 * n * h  /* 2 x bias+dropout+add back (+ bias gradient) */
+        + 8 * n * F;     /* GeLU back: read grad, input, write; bias gradient */
     double bwd, sel;
     double fwd = loom_plan_elementwise_bytes(&m, &j, &l, &bwd, &sel);
     CHECK(fabs(fwd - fwd_hand) < 0.5, "GPT forward element-wise %.0f == hand count %.0f", fwd, fwd_hand);
     CHECK(fabs(bwd - bwd_hand) < 0.5, "GPT backward element-wise %.0f == hand count %.0f", bwd, bwd_hand);
-    CHECK(fabs(sel - 9 * sc) < 0.5, "selective recompute repeats softmax + dropout: %.0f == %.0f", sel, 9 * sc);
+    CHECK(fabs(sel - 9 * sc) < 0.5, "selective recompute repeats softmax + dropout: %.0f == %.0f", sel,
+          9 * sc);
     /* flash attention: no scores, no permute */
     j.flash = 1;
     double bwd_f, sel_f;
@@ -403,8 +424,8 @@ static void test_elementwise_bytes(void) {
     const double lf = 2 * 4 * N * H + 4 * N * (H + KV) + 2 * 6 * N * H + 6 * N * FF;
     const double lb = 2 * 10 * N * H + 2 * 6 * N * H + 4 * N * (H + KV) + 10 * N * FF;
     fwd = loom_plan_elementwise_bytes(&m, &jl, &l, &bwd, NULL);
-    CHECK(fabs(fwd - lf) < 0.5 && fabs(bwd - lb) < 0.5, "Llama forward %.0f == %.0f, backward %.0f == %.0f", fwd,
-          lf, bwd, lb);
+    CHECK(fabs(fwd - lf) < 0.5 && fabs(bwd - lb) < 0.5, "Llama forward %.0f == %.0f, backward %.0f == %.0f",
+          fwd, lf, bwd, lb);
     /* the step of a one-layer-deep view: more element-wise bytes, more time;
      * with scores materialised the batched attention GEMMs are no faster
      * than the score bytes at HBM bandwidth */
@@ -417,9 +438,12 @@ static void test_elementwise_bytes(void) {
     c.hbm_bw *= 0.5;
     CHECK(loom_plan_evaluate(&m, &c, &jb, &l, 1, &r2) == LOOM_OK && r2.feasible, "evaluate");
     double eb = 0, ef = loom_plan_elementwise_bytes(&m, &jb, &l, &eb, NULL);
-    const double extra = m.layers * (ef + eb) / (2 * c.hbm_bw); /* half the bandwidth: the element-wise time again */
-    CHECK(r2.t_compute - r1.t_compute > 0.99 * extra, "halving HBM bandwidth adds at least the element-wise time: "
-          "%.4g s > %.4g s", r2.t_compute - r1.t_compute, extra);
+    const double extra =
+        m.layers * (ef + eb) / (2 * c.hbm_bw); /* half the bandwidth: the element-wise time again */
+    CHECK(r2.t_compute - r1.t_compute > 0.99 * extra,
+          "halving HBM bandwidth adds at least the element-wise time: "
+          "%.4g s > %.4g s",
+          r2.t_compute - r1.t_compute, extra);
 }
 
 /* Selective recompute follows the stack. GPU stacks (bf16, Megatron-LM's):
@@ -439,7 +463,8 @@ static void test_selective_recompute(void) {
     for (int flash = 0; flash <= 1; flash++) {
         loom_plan_job j = {.batch = 1, .seq = (int)s, .bf16 = 1, .gpus = 1, .flash = flash};
         loom_plan_layout ln, ls;
-        CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s", loom_errmsg());
+        CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s",
+              loom_errmsg());
         CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=selective", &j, &ls) == LOOM_OK, "parse: %s",
               loom_errmsg());
         loom_plan_result rn, rs;
@@ -452,22 +477,26 @@ static void test_selective_recompute(void) {
                                    : fmax(fl / (c.peak_bf16 * loom_plan_gemm_eff(&c, fl / 2)),
                                           2 * 2 * s * s * a / c.hbm_bw); /* scores written, read: 2 bytes */
         const double want = L * (gemms + sel / c.hbm_bw);
-        CHECK(fabs((rs.t_compute - rn.t_compute) / want - 1) < 1e-9,
-              "bf16%s: selective recompute %.6g s == %g layers x (both attention GEMMs %.4g s + softmax/dropout "
-              "%.4g s) = %.6g s",
-              flash ? " flash" : "", rs.t_compute - rn.t_compute, L, gemms, sel / c.hbm_bw, want);
-        CHECK(fabs(rs.t_step - rn.t_step - want) < 1e-9 * want, "bf16%s: the step grows by the same", flash ? " flash" : "");
+        CHECK(
+            fabs((rs.t_compute - rn.t_compute) / want - 1) < 1e-9,
+            "bf16%s: selective recompute %.6g s == %g layers x (both attention GEMMs %.4g s + softmax/dropout "
+            "%.4g s) = %.6g s",
+            flash ? " flash" : "", rs.t_compute - rn.t_compute, L, gemms, sel / c.hbm_bw, want);
+        CHECK(fabs(rs.t_step - rn.t_step - want) < 1e-9 * want, "bf16%s: the step grows by the same",
+              flash ? " flash" : "");
     }
     loom_plan_job j = {.batch = 1, .seq = (int)s, .bf16 = 0, .gpus = 1};
     loom_plan_layout ln, ls;
-    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s", loom_errmsg());
-    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=selective", &j, &ls) == LOOM_OK, "parse: %s", loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=none", &j, &ln) == LOOM_OK, "parse: %s",
+          loom_errmsg());
+    CHECK(loom_plan_layout_parse("dp=1,mbs=1,m=1,recompute=selective", &j, &ls) == LOOM_OK, "parse: %s",
+          loom_errmsg());
     loom_plan_result rn, rs;
     CHECK(loom_plan_evaluate(&m, &c, &j, &ln, 1, &rn) == LOOM_OK && rn.feasible, "evaluate fp32 none");
     CHECK(loom_plan_evaluate(&m, &c, &j, &ls, 1, &rs) == LOOM_OK && rs.feasible, "evaluate fp32 selective");
     CHECK(rs.t_compute == rn.t_compute && rs.t_step == rn.t_step,
-          "fp32 (loom): selective recomputes nothing the backward does not already: %.9g == %.9g s", rs.t_step,
-          rn.t_step);
+          "fp32 (loom): selective recomputes nothing the backward does not already: %.9g == %.9g s",
+          rs.t_step, rn.t_step);
 }
 
 /* Gradient accumulation (bf16, unsharded gradients): each micro-batch after
@@ -491,8 +520,8 @@ static void test_grad_acc_and_zero3(void) {
                                    (double)m.max_seq * h + (double)m.vocab * h; /* layers, embedding, head */
     const double want = 3 * 3 * 2 * P / c.hbm_bw; /* 3 accumulations of 6 bytes per parameter */
     const double got = r4.t_compute - 4 * r1.t_compute;
-    CHECK(fabs(got / want - 1) < 1e-6, "gradient accumulation %.6g s == 3 x 6 bytes x %.4g params / HBM = %.6g s", got,
-          P, want);
+    CHECK(fabs(got / want - 1) < 1e-6,
+          "gradient accumulation %.6g s == 3 x 6 bytes x %.4g params / HBM = %.6g s", got, P, want);
     /* ZeRO-3 over 2 nodes */
     loom_plan_job jz = {.batch = 16, .seq = 1024, .bf16 = 1, .gpus = 16};
     loom_plan_layout lz;
@@ -503,8 +532,8 @@ static void test_grad_acc_and_zero3(void) {
     /* the dense parameters' reduce-scatter, plus the (empty) expert group's latency the planner charges */
     const double rs = loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 2 * P) +
                       loom_plan_coll_time(&c, LOOM_COLL_REDUCESCATTER, 16, 1, 0);
-    CHECK(fabs(rz.t_dp / rs - 1) < 1e-9, "zero=3, slow link: reduce-scatter exposed whole, %.6g s == %.6g s", rz.t_dp,
-          rs);
+    CHECK(fabs(rz.t_dp / rs - 1) < 1e-9, "zero=3, slow link: reduce-scatter exposed whole, %.6g s == %.6g s",
+          rz.t_dp, rs);
     c.inter_bw = 1e15; /* gathers short: the reduce-scatter hides behind the backward */
     CHECK(loom_plan_evaluate(&m, &c, &jz, &lz, 1, &rz) == LOOM_OK && rz.feasible, "evaluate zero=3 fast");
     CHECK(rz.t_dp == 0, "zero=3, fast link: reduce-scatter hidden (%.4g s exposed)", rz.t_dp);
@@ -517,11 +546,13 @@ static loom_plan_cluster cpu_node_slice(double cores, double slice_us, const cha
     FILE *f = fopen(path, "w");
     CHECK(f != NULL, "create %s", path);
     if (f) {
-        fprintf(f, "{\"name\": \"cpu\", \"gpus_per_node\": 4, \"nodes\": 1, \"memory_gb\": 2, \"reserved_gb\": 0.05,\n"
-                   " \"peak_tflops\": {\"fp32\": 0.039}, \"hbm_gbps\": 5,\n"
-                   " \"intra_node\": {\"bandwidth_gbps\": 3, \"latency_us\": 10},\n"
-                   " \"efficiency\": {\"gemm\": 0.9, \"collective\": 1, \"overlap\": 0},\n"
-                   " \"gemm_curve\": [{\"m\": 32, \"n\": 512, \"k\": 512, \"eff\": 0.6}, {\"m\": 1024, \"n\": 1024, \"k\": 1024, \"eff\": 1}]");
+        fprintf(
+            f,
+            "{\"name\": \"cpu\", \"gpus_per_node\": 4, \"nodes\": 1, \"memory_gb\": 2, \"reserved_gb\": 0.05,\n"
+            " \"peak_tflops\": {\"fp32\": 0.039}, \"hbm_gbps\": 5,\n"
+            " \"intra_node\": {\"bandwidth_gbps\": 3, \"latency_us\": 10},\n"
+            " \"efficiency\": {\"gemm\": 0.9, \"collective\": 1, \"overlap\": 0},\n"
+            " \"gemm_curve\": [{\"m\": 32, \"n\": 512, \"k\": 512, \"eff\": 0.6}, {\"m\": 1024, \"n\": 1024, \"k\": 1024, \"eff\": 1}]");
         if (cores > 0) fprintf(f, ",\n \"cores_per_node\": %g", cores);
         if (slice_us > 0) fprintf(f, ",\n \"sched_slice_us\": %g", slice_us);
         fprintf(f, "}\n");
@@ -574,8 +605,8 @@ static void test_shared_cores(void) {
      * two all-reduces per layer forward and two backward (16), with sp two
      * all-gathers + two reduce-scatters forward and the same plus two
      * re-gathers backward (40); m = 2 micro-batches twice. */
-    CHECK(two.slice == 1.5e-3 && own.slice == 0, "default slice: %g s on 2 cores, %g without the key", two.slice,
-          own.slice);
+    CHECK(two.slice == 1.5e-3 && own.slice == 0, "default slice: %g s on 2 cores, %g without the key",
+          two.slice, own.slice);
     const char *busy[] = {"dp=4", "dp=4,zero=2", "dp=2,tp=2", "tp=4,sp=1", "dp=1,tp=4,m=2"};
     const double syncs[] = {1, 2, 16 + 1, 40, 2 * 16};
     for (size_t i = 0; i < sizeof busy / sizeof busy[0]; i++) {
@@ -598,14 +629,19 @@ static void test_shared_cores(void) {
               fabs(tp4slow.t_step - tp4.t_step - 40 * 0.875e-3) < 1e-12,
           "sched_slice_us 3000: waits %.6g s, want 40 x 1.75 ms", tp4slow.t_wake);
     remove(p_slow);
-    const char *pipes[] = {"pp=4,schedule=1f1b,m=4", "pp=4,schedule=zb,m=8", "dp=2,pp=2,m=4", "tp=2,pp=2,m=4",
-                           "dp=2,pp=2,schedule=interleaved,m=4,v=2", "pp=2,dp=2,schedule=gpipe,m=4,order=tp.cp.pp.dp"};
+    const char *pipes[] = {"pp=4,schedule=1f1b,m=4",
+                           "pp=4,schedule=zb,m=8",
+                           "dp=2,pp=2,m=4",
+                           "tp=2,pp=2,m=4",
+                           "dp=2,pp=2,schedule=interleaved,m=4,v=2",
+                           "pp=2,dp=2,schedule=gpipe,m=4,order=tp.cp.pp.dp"};
     for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
         const loom_plan_result a = eval(&own, pipes[i]), b = eval(&two, pipes[i]), c4 = eval(&four, pipes[i]);
         CHECK(b.t_step < a.t_step, "%s: shared cores %.4f s < independent devices %.4f s", pipes[i], b.t_step,
               a.t_step);
         CHECK(c4.t_step == a.t_step && c4.bubble == a.bubble && c4.sim_cores == 0,
-              "%s: 4 cores for 4 devices = independent devices (%.9g vs %.9g)", pipes[i], c4.t_step, a.t_step);
+              "%s: 4 cores for 4 devices = independent devices (%.9g vs %.9g)", pipes[i], c4.t_step,
+              a.t_step);
         /* the bubble is the simulator's, with the sharing the planner reports */
         CHECK(b.sim_cores > 0 && b.sim_share >= 1, "%s: sim shares cores (%g, %d)", pipes[i], b.sim_cores,
               b.sim_share);
@@ -616,18 +652,21 @@ static void test_shared_cores(void) {
         const int S = b.l.pp * b.l.v;
         int counts[64];
         double scale[64], max_rank = 0;
-        CHECK(loom_partition_balance(m.layers, b.l.pp, b.l.v, 0, b.head_cost, counts) == LOOM_OK, "partition");
+        CHECK(loom_partition_balance(m.layers, b.l.pp, b.l.v, 0, b.head_cost, counts) == LOOM_OK,
+              "partition");
         for (int rk = 0; rk < b.l.pp; rk++) {
             double cost = 0;
-            for (int ch = 0; ch < b.l.v; ch++) cost += loom_partition_stage_cost(counts, S, ch * b.l.pp + rk, 0, b.head_cost);
+            for (int ch = 0; ch < b.l.v; ch++)
+                cost += loom_partition_stage_cost(counts, S, ch * b.l.pp + rk, 0, b.head_cost);
             max_rank = fmax(max_rank, cost);
         }
-        for (int v = 0; v < S; v++) scale[v] = loom_partition_stage_cost(counts, S, v, 0, b.head_cost) / (max_rank / b.l.v);
+        for (int v = 0; v < S; v++)
+            scale[v] = loom_partition_stage_cost(counts, S, v, 0, b.head_cost) / (max_rank / b.l.v);
         /* no faster than the node's work on its cores (every stage here is on the one node) */
         double work = 0;
         for (int v = 0; v < S; v++) work += b.l.m * (b.sim_f + b.sim_b + b.sim_w) * scale[v];
-        CHECK(b.sim_share == b.l.pp && b.t_step >= work / b.sim_cores, "%s: step %.4f >= the node's work / cores %.4f",
-              pipes[i], b.t_step, work / b.sim_cores);
+        CHECK(b.sim_share == b.l.pp && b.t_step >= work / b.sim_cores,
+              "%s: step %.4f >= the node's work / cores %.4f", pipes[i], b.t_step, work / b.sim_cores);
         loom_sim_costs sc;
         loom_sim_costs_default(&sc);
         sc.f = b.sim_f, sc.b = b.sim_b, sc.w = b.sim_w, sc.comm = b.sim_comm, sc.stage_scale = scale;
@@ -639,8 +678,8 @@ static void test_shared_cores(void) {
         /* 4 ranks on 2 cores: waits for a core in the replay, with the
          * node's ranks per stage as replicas and the slice of the file */
         CHECK(b.sim_slice == 1.5e-3 && b.sim_replicas * b.sim_share == 4 && b.sim_span > 0,
-              "%s: replay with slice %g, %d replicas x %d stages, span %g", pipes[i], b.sim_slice, b.sim_replicas,
-              b.sim_share, b.sim_span);
+              "%s: replay with slice %g, %d replicas x %d stages, span %g", pipes[i], b.sim_slice,
+              b.sim_replicas, b.sim_share, b.sim_span);
         sc.slice = 0;
         CHECK(loom_sim_run(s, &sc, &res0) == LOOM_OK, "sim without waits");
         if (res && res0) {
@@ -649,16 +688,17 @@ static void test_shared_cores(void) {
             int slow_k = 0;
             for (int k = 1; k < b.l.pp; k++)
                 if (res->busy[k] > res->busy[slow_k]) slow_k = k;
-            CHECK(fabs(b.t_compute + b.t_tp + b.t_bubble + res->wake[slow_k] - res->makespan) < 1e-9 * res->makespan &&
+            CHECK(fabs(b.t_compute + b.t_tp + b.t_bubble + res->wake[slow_k] - res->makespan) <
+                          1e-9 * res->makespan &&
                       b.t_wake >= res->wake[slow_k],
-                  "%s: compute %.4f + tp %.4f + bubble %.4f + waits %.4f = makespan %.4f", pipes[i], b.t_compute,
-                  b.t_tp, b.t_bubble, res->wake[slow_k], res->makespan);
+                  "%s: compute %.4f + tp %.4f + bubble %.4f + waits %.4f = makespan %.4f", pipes[i],
+                  b.t_compute, b.t_tp, b.t_bubble, res->wake[slow_k], res->makespan);
             /* TP collectives inside F and B: each waits holding its group's
              * share, so the replay is longer than without the waits */
             if (b.l.tp > 1)
                 CHECK(b.sim_syncs_f == 4 && b.sim_syncs_b == 4 && res->makespan > res0->makespan + 1e-3,
-                      "%s: 2 layers x 2 all-reduces per F and B; makespan %.6g > %.6g without waits", pipes[i],
-                      res->makespan, res0->makespan);
+                      "%s: 2 layers x 2 all-reduces per F and B; makespan %.6g > %.6g without waits",
+                      pipes[i], res->makespan, res0->makespan);
         }
         loom_sim_free(res);
         loom_sim_free(res0);
@@ -683,15 +723,18 @@ static void test_shared_cores(void) {
         fclose(f);
     }
     loom_plan_cluster bad;
-    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG && strstr(loom_errmsg(), "'cores_per_node' must be a positive number"),
+    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG &&
+              strstr(loom_errmsg(), "'cores_per_node' must be a positive number"),
           "cores_per_node 0 refused: %s", loom_errmsg());
     f = fopen(p_bad, "w");
     if (f) {
-        fprintf(f, "{\"gpus_per_node\": 4, \"memory_gb\": 2, \"peak_tflops\": {\"fp32\": 0.04}, "
-                   "\"intra_node\": {\"bandwidth_gbps\": 3}, \"cores_per_node\": 2, \"sched_slice_us\": 0}\n");
+        fprintf(f,
+                "{\"gpus_per_node\": 4, \"memory_gb\": 2, \"peak_tflops\": {\"fp32\": 0.04}, "
+                "\"intra_node\": {\"bandwidth_gbps\": 3}, \"cores_per_node\": 2, \"sched_slice_us\": 0}\n");
         fclose(f);
     }
-    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG && strstr(loom_errmsg(), "'sched_slice_us' must be a positive number"),
+    CHECK(loom_plan_cluster_load(p_bad, &bad) == LOOM_ECONFIG &&
+              strstr(loom_errmsg(), "'sched_slice_us' must be a positive number"),
           "sched_slice_us 0 refused: %s", loom_errmsg());
     remove(p_own), remove(p_two), remove(p_four), remove(p_bad);
 }
@@ -713,7 +756,7 @@ static void test_fp32_attention_backward(void) {
     loom_plan_model m;
     CHECK(loom_plan_model_builtin("mini", &m) == LOOM_OK, "mini");
     const double L = m.layers, b = 4, s = 128, h = m.hidden; /* 16 sequences over dp=4: 4 a rank */
-    const double qk = 2 * b * s * s * h;                       /* QK^T of one layer, forward */
+    const double qk = 2 * b * s * s * h;                     /* QK^T of one layer, forward */
     const double want = L * qk / (own.peak_fp32 * loom_plan_gemm_eff(&own, qk));
     const char *modes[] = {"dp=4,m=1,recompute=none", "dp=4,m=1,recompute=selective"};
     for (int i = 0; i < 2; i++) {
@@ -724,7 +767,8 @@ static void test_fp32_attention_backward(void) {
               "%.4f) = %.6g s",
               modes[i], extra, L, qk / 1e6, loom_plan_gemm_eff(&own, qk), want);
         CHECK(fabs(r.t_compute - 3 * r.sim_f - want) < 1e-9 * r.t_compute,
-              "fp32 %s: compute %.6g s == 3 x forward %.6g s + %.6g s", modes[i], r.t_compute, 3 * r.sim_f, want);
+              "fp32 %s: compute %.6g s == 3 x forward %.6g s + %.6g s", modes[i], r.t_compute, 3 * r.sim_f,
+              want);
     }
     remove(path);
     /* bf16: nothing added (gpt2-small, one 1024-token sequence on one H100) */
@@ -740,8 +784,8 @@ static void test_fp32_attention_backward(void) {
         double eb = 0, ef = loom_plan_elementwise_bytes(&m, &j, &l, &eb, NULL);
         const double elem = m.layers * (eb - 2 * ef) / c.hbm_bw;
         CHECK(fabs(r.sim_b - 2 * r.sim_f - elem) < 1e-9 * r.sim_b,
-              "bf16%s: backward - 2 x forward %.6g s == the element-wise difference %.6g s only", flash ? " flash" : "",
-              r.sim_b - 2 * r.sim_f, elem);
+              "bf16%s: backward - 2 x forward %.6g s == the element-wise difference %.6g s only",
+              flash ? " flash" : "", r.sim_b - 2 * r.sim_f, elem);
     }
 }
 

@@ -95,7 +95,8 @@ __global__ static void k_att_fwd(att_args a, float *out, float *lse, int accumul
     const float *k = a.k + b * a.kv_bs + (size_t)h * HS, *v = a.v + b * a.kv_bs + (size_t)h * HS;
     float *o = out + b * a.o_bs + (size_t)(active ? t : 0) * a.o_ld + (size_t)h * HS;
     const int nk = active ? att_nk(a, t) : 0;
-    const int nk_blk = att_nk(a, (t0 + ATT_WARPS < a.Tq ? t0 + ATT_WARPS : a.Tq) - 1); /* the block's last row sees most */
+    const int nk_blk =
+        att_nk(a, (t0 + ATT_WARPS < a.Tq ? t0 + ATT_WARPS : a.Tq) - 1); /* the block's last row sees most */
     float acc[ATT_MAXD], m = -INFINITY, l = 0.0f;
     float l0 = active && accumulate && lse ? lse[(size_t)bh * a.Tq + t] : -INFINITY;
     if (active) {
@@ -214,7 +215,8 @@ __global__ static void k_att_bwd_kv(att_args a, float *dk, float *dv, const floa
         }
     const float *q = a.q + b * a.q_bs + (size_t)h * HS, *g = dout + b * a.o_bs + (size_t)h * HS;
     const float *Lr = lse + (size_t)bh * a.Tq, *Dr = D + (size_t)bh * a.Tq;
-    const int i_lo = active ? att_first_q(a, j) : a.Tq, i_blk = att_first_q(a, j0k); /* the block's first key sees most */
+    const int i_lo = active ? att_first_q(a, j) : a.Tq,
+              i_blk = att_first_q(a, j0k); /* the block's first key sees most */
     float ak[ATT_MAXD], av[ATT_MAXD];
 #pragma unroll
     for (int r = 0; r < ATT_MAXD; r++) ak[r] = av[r] = 0.0f;
@@ -262,16 +264,21 @@ static int att_check(const loom_att_view *v) {
 
 /* Dynamic shared memory of each kernel (floats), and the opt-in above the
  * default 48 KB (head sizes above 128). */
-static size_t att_shm_fwd(int HS) { return ((size_t)ATT_WARPS * HS + 32 * (size_t)(HS + 1) + 32 * (size_t)HS) * sizeof(float); }
-static size_t att_shm_bwd(int HS) { return (2 * (size_t)ATT_WARPS * HS + 2 * 32 * (size_t)(HS + 1) + 64) * sizeof(float); }
+static size_t att_shm_fwd(int HS) {
+    return ((size_t)ATT_WARPS * HS + 32 * (size_t)(HS + 1) + 32 * (size_t)HS) * sizeof(float);
+}
+static size_t att_shm_bwd(int HS) {
+    return (2 * (size_t)ATT_WARPS * HS + 2 * 32 * (size_t)(HS + 1) + 64) * sizeof(float);
+}
 
 template <class K> static int att_shm_ok(K kernel, size_t bytes, const char *what) {
     if (bytes <= 48 * 1024) return 1;
-    return lc_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what);
+    return lc_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                   what);
 }
 
-long loom_cuda_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, size_t o_bs, int o_ld, float *lse,
-                                  int accumulate) {
+long loom_cuda_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, size_t o_bs, int o_ld,
+                                  float *lse, int accumulate) {
     (void)ctx;
     if (att_check(v)) {
         att_args a = att_make(v, o_bs, o_ld);
@@ -285,11 +292,13 @@ long loom_cuda_attention_part_fwd(void *ctx, const loom_att_view *v, float *out,
     return loom_attention_tiles(v);
 }
 
-long loom_cuda_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, float *dk, float *dv, const float *dout,
-                                  const float *out, size_t o_bs, int o_ld, const float *lse) {
+long loom_cuda_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *out, size_t o_bs, int o_ld,
+                                  const float *lse) {
     if (att_check(v)) {
         att_args a = att_make(v, o_bs, o_ld);
-        float *D = (float *)lc_scratch(lc_ctx(ctx), LC_SCRATCH_ROWS, (size_t)v->B * v->NH * v->Tq * sizeof(float));
+        float *D =
+            (float *)lc_scratch(lc_ctx(ctx), LC_SCRATCH_ROWS, (size_t)v->B * v->NH * v->Tq * sizeof(float));
         size_t shm = att_shm_bwd(v->HS);
         if (D && att_shm_ok(k_att_bwd_q, shm, "attention_bwd shared memory") &&
             att_shm_ok(k_att_bwd_kv, shm, "attention_bwd shared memory")) {
@@ -307,12 +316,14 @@ long loom_cuda_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, 
 
 /* The whole causal sequence of a packed qkv (B,T,3C). */
 static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
-    loom_att_view v = {qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C,
-                       3 * C, 3 * C, B, T, T, NH, C / NH, 0, 0};
+    loom_att_view v = {
+        qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C, 3 * C, 3 * C, B, T, T, NH, C / NH,
+        0,   0};
     return v;
 }
 
-void loom_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void loom_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C,
+                             int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
     loom_cuda_attention_part_fwd(ctx, &v, out, (size_t)T * C, C, lse, 0);
 }
@@ -346,8 +357,8 @@ __global__ static void k_att_merge(float *out, float *lse, const float *out2, co
     if (threadIdx.x == 0) lse[row] = mx + logf(l);
 }
 
-void loom_cuda_attention_merge(void *ctx, float *out, float *lse, const float *out2, const float *lse2, size_t o_bs,
-                               int o_ld, int B, int Tq, int NH, int HS) {
+void loom_cuda_attention_merge(void *ctx, float *out, float *lse, const float *out2, const float *lse2,
+                               size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
     (void)ctx;
     size_t rows = (size_t)B * NH * Tq;
     if (!rows) return;
@@ -358,8 +369,8 @@ void loom_cuda_attention_merge(void *ctx, float *out, float *lse, const float *o
 
 /* Decode against a KV cache: the view of n query rows at positions p0.. of
  * one sequence over cache rows 0 .. p0+n-1; no lse needed. */
-void loom_cuda_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc, const float *vc,
-                                int p0, int n, int C, int NH, float *scratch) {
+void loom_cuda_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc,
+                                const float *vc, int p0, int n, int C, int NH, float *scratch) {
     (void)scratch;
     loom_att_view v = {q, kc, vc, 0, 0, ldq, C, 1, n, p0 + n, NH, C / NH, p0, 0};
     loom_cuda_attention_part_fwd(ctx, &v, out, 0, C, NULL, 0);

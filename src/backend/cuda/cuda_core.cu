@@ -148,8 +148,8 @@ void loom_cuda_free(void *p) {
     if (p) cudaFree(p);
 }
 
-static loom_status lc_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                           const char *what, int wait) {
+static loom_status lc_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what,
+                           int wait) {
     if (!bytes) return LOOM_OK;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, lc_cur_stream);
     if (e == cudaSuccess && wait) e = cudaStreamSynchronize(lc_cur_stream);
@@ -178,8 +178,7 @@ loom_status loom_cuda_memset(void *dst, int value, size_t bytes) {
     cudaError_t e = cudaMemsetAsync(dst, value, bytes, lc_cur_stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return loom_fail(LOOM_EUNAVAIL, "cuda: memset of %zu bytes failed: %s", bytes,
-                         cudaGetErrorString(e));
+        return loom_fail(LOOM_EUNAVAIL, "cuda: memset of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
     }
     return LOOM_OK;
 }
@@ -236,6 +235,5 @@ loom_status loom_cuda_event_sync(loom_cuda_event e) {
 
 loom_status loom_cuda_event_elapsed(float *ms, loom_cuda_event start, loom_cuda_event end) {
     *ms = 0.0f;
-    return lc_status_of(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end),
-                        "event elapsed time");
+    return lc_status_of(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end), "event elapsed time");
 }

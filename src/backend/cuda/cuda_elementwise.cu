@@ -115,9 +115,7 @@ void loom_cuda_adamw_update(void *ctx, float *p, const float *g, float *m, float
 
 /* ---- whole-buffer helpers ---------------------------------------------------- */
 
-__global__ static void k_scale(float *x, size_t n, float s) {
-    LC_FOR(i, n) x[i] *= s;
-}
+__global__ static void k_scale(float *x, size_t n, float s) { LC_FOR(i, n) x[i] *= s; }
 
 void loom_cuda_scale(void *ctx, float *x, size_t n, float s) {
     (void)ctx;

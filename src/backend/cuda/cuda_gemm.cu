@@ -59,8 +59,8 @@ static void lc_gemm_rm(loom_cuda_ctx *c, bool ta, bool tb, int M, int N, int K, 
         if (!a || !b) return;
         type = CUDA_R_16BF;
     }
-    lc_blas(cublasGemmEx(h, opb, opa, N, M, K, &alpha, b, type, ldb, a, type, lda, &beta, C,
-                         CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+    lc_blas(cublasGemmEx(h, opb, opa, N, M, K, &alpha, b, type, ldb, a, type, lda, &beta, C, CUDA_R_32F, ldc,
+                         compute, CUBLAS_GEMM_DEFAULT),
             what);
 }
 
@@ -80,14 +80,15 @@ static uint32_t lc_align(const void *p) {
 
 /* out (N,OC) = inp (N,C) @ w (C,OC) + b through one cublasLtMatmul; 0 when
  * cuBLASLt cannot (then nothing was launched and the caller falls back). */
-static int lc_lt_bias_fwd(loom_cuda_ctx *c, float *out, const float *inp, const float *w, const float *b, int N,
-                          int C, int OC) {
+static int lc_lt_bias_fwd(loom_cuda_ctx *c, float *out, const float *inp, const float *w, const float *b,
+                          int N, int C, int OC) {
     if (!c->lt && !c->lt_failed && cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) c->lt_failed = 1;
     /* the bias's alignment is not part of the heuristic query: only 16-byte aligned biases go here */
     if (c->lt_failed || N <= 0 || OC <= 0 || C <= 0 || lc_align(b) < 16) return 0;
     const void *a = w, *bb = inp; /* column-major: out^T (OC,N) = w^T (OC,C) inp^T (C,N) */
     cudaDataType_t type = CUDA_R_32F;
-    cublasComputeType_t compute = c->precision == LOOM_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t compute =
+        c->precision == LOOM_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     if (c->precision == LOOM_CUDA_BF16) {
         a = lc_bf16_copy(c, LC_SCRATCH_B, w, (size_t)C * OC);
         bb = lc_bf16_copy(c, LC_SCRATCH_A, inp, (size_t)N * C);
@@ -106,25 +107,30 @@ static int lc_lt_bias_fwd(loom_cuda_ctx *c, float *out, const float *inp, const 
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0, done = 0;
     if (cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &nt, sizeof nt) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &nt, sizeof nt) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b) ==
+            CUBLAS_STATUS_SUCCESS &&
         cublasLtMatrixLayoutCreate(&la, type, OC, C, OC) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatrixLayoutCreate(&lb, type, C, N, C) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, OC, N, OC) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) ==
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz,
+                                             sizeof wsz) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                             sizeof al_a) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                             sizeof al_b) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                             sizeof al_c) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                             sizeof al_c) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &heur, &found) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a) ==
-            CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b) ==
-            CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c) ==
-            CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c) ==
-            CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS &&
         found > 0) {
         const float one = 1.0f, zero = 0.0f;
         done = cublasLtMatmul(c->lt, op, &one, a, la, bb, lb, &zero, out, lc, out, lc, &heur.algo, ws, wsz,
@@ -168,8 +174,8 @@ void lc_colsum_acc(float *db, const float *dout, int N, int OC) {
     lc_launched("bias gradient");
 }
 
-void loom_cuda_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N, int C,
-                          int OC) {
+void loom_cuda_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N,
+                          int C, int OC) {
     loom_cuda_ctx *c = lc_ctx(ctx);
     float beta = 0.0f;
     if (b && lc_lt_bias_fwd(c, out, inp, w, b, N, C, OC)) {
@@ -199,7 +205,8 @@ void loom_cuda_matmul_nt_fwd(void *ctx, float *out, const float *inp, const floa
 void loom_cuda_matmul_nt_bwd(void *ctx, float *dinp, float *dwte, const float *dout, const float *inp,
                              const float *wte, int N, int C, int V) {
     loom_cuda_ctx *c = lc_ctx(ctx);
-    if (dinp) lc_gemm_rm(c, false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
+    if (dinp)
+        lc_gemm_rm(c, false, false, N, C, V, 1.0f, dout, V, wte, C, 1.0f, dinp, C, "matmul_nt_bwd dinp");
     if (dwte) lc_gemm_rm(c, true, false, V, C, N, 1.0f, dout, V, inp, C, 1.0f, dwte, C, "matmul_nt_bwd dwte");
 }
 
@@ -216,7 +223,8 @@ double loom_cuda_calibrate_gemm(loom_cuda_ctx *ctx, int n, int trials) {
     double best = 0.0;
     /* every float 0x3c3c3c3c (~0.0115): finite products, no denormals */
     if (lc_cuda(cudaMemsetAsync(a, 0x3c, 2 * nn * sizeof(float), lc_stream()), "calibrate memset") &&
-        lc_cuda(cudaEventCreate(&e0), "calibrate event") && lc_cuda(cudaEventCreate(&e1), "calibrate event")) {
+        lc_cuda(cudaEventCreate(&e0), "calibrate event") &&
+        lc_cuda(cudaEventCreate(&e1), "calibrate event")) {
         lc_gemm_rm(ctx, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, "calibrate gemm"); /* warm-up */
         for (int t = 0; t < trials; t++) {
             float ms = 0.0f;

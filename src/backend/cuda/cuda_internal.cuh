@@ -16,13 +16,13 @@
 enum { LC_SCRATCH_A, LC_SCRATCH_B, LC_SCRATCH_ROWS, LC_SCRATCH_RED, LC_SCRATCH_WS, LC_SCRATCH_N };
 
 struct loom_cuda_ctx {
-    int precision;         /* LOOM_CUDA_FP32 / _BF16 / _TF32 */
-    cublasHandle_t blas;   /* made with the context */
-    cublasLtHandle_t lt;   /* made at the first fused-bias forward (cuda_gemm.cu) */
+    int precision;       /* LOOM_CUDA_FP32 / _BF16 / _TF32 */
+    cublasHandle_t blas; /* made with the context */
+    cublasLtHandle_t lt; /* made at the first fused-bias forward (cuda_gemm.cu) */
     int lt_failed;
-    void *scr[LC_SCRATCH_N];     /* grown (never shrunk) on demand */
+    void *scr[LC_SCRATCH_N]; /* grown (never shrunk) on demand */
     size_t scr_cap[LC_SCRATCH_N];
-    float *host;           /* loom_cuda_host_scratch */
+    float *host; /* loom_cuda_host_scratch */
     size_t host_n;
 };
 
@@ -55,8 +55,9 @@ static inline unsigned lc_blocks(size_t n) {
 }
 
 /* A grid-stride loop: i runs over [0, n) shared out over every thread. */
-#define LC_FOR(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define LC_FOR(i, n)                                                                                         \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                                  \
+         i += (size_t)gridDim.x * blockDim.x)
 
 /* Warp reductions over all 32 lanes. */
 __device__ static inline float lc_warp_sum(float x) {

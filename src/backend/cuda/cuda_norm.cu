@@ -10,8 +10,8 @@
 #define LN_EPS 1e-5f
 #define LN_WARPS 8 /* rows per block */
 
-__global__ static void k_ln_fwd(float *out, float *mean, float *rstd, const float *inp,
-                                const float *w, const float *b, int N, int C) {
+__global__ static void k_ln_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                const float *b, int N, int C) {
     int row = blockIdx.x * LN_WARPS + threadIdx.y, lane = threadIdx.x;
     if (row >= N) return;
     const float *x = inp + (size_t)row * C;
@@ -32,12 +32,12 @@ __global__ static void k_ln_fwd(float *out, float *mean, float *rstd, const floa
     }
 }
 
-void loom_cuda_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp, const float *w,
-                             const float *b, int N, int C) {
+void loom_cuda_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp,
+                             const float *w, const float *b, int N, int C) {
     (void)ctx;
     if (N <= 0) return;
-    k_ln_fwd<<<(N + LN_WARPS - 1) / LN_WARPS, dim3(32, LN_WARPS), 0, lc_stream()>>>(out, mean, rstd, inp,
-                                                                                   w, b, N, C);
+    k_ln_fwd<<<(N + LN_WARPS - 1) / LN_WARPS, dim3(32, LN_WARPS), 0, lc_stream()>>>(out, mean, rstd, inp, w,
+                                                                                    b, N, C);
     lc_launched("layernorm_fwd");
 }
 
@@ -85,13 +85,14 @@ __global__ static void k_ln_bwd_params(float *dw, float *db, const float *dout, 
     }
 }
 
-void loom_cuda_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                             const float *w, const float *mean, const float *rstd, int N, int C) {
+void loom_cuda_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean, const float *rstd, int N,
+                             int C) {
     (void)ctx;
     if (N <= 0 || C <= 0) return;
     if (dinp) {
-        k_ln_bwd_dx<<<(N + LN_WARPS - 1) / LN_WARPS, dim3(32, LN_WARPS), 0, lc_stream()>>>(
-            dinp, dout, inp, w, mean, rstd, N, C);
+        k_ln_bwd_dx<<<(N + LN_WARPS - 1) / LN_WARPS, dim3(32, LN_WARPS), 0, lc_stream()>>>(dinp, dout, inp, w,
+                                                                                           mean, rstd, N, C);
         if (!lc_launched("layernorm_bwd dinp")) return;
     }
     if (dw || db) {

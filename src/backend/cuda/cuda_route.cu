@@ -38,8 +38,8 @@ double loom_cuda_tensor_softmax_lse(void *ctx, float *x, float *lse, int N, int 
     return zsum;
 }
 
-__global__ static void k_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias,
-                                   int N, int n, int k, int norm) {
+__global__ static void k_topk_gate(int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
+                                   int k, int norm) {
     LC_FOR(i, (size_t)N) {
         float score[1024]; /* LOOM_TOPK_MAX_N */
         const float *pi = p + i * n;
@@ -62,21 +62,19 @@ __global__ static void k_topk_gate(int32_t *sel, float *gate, const float *p, co
     }
 }
 
-void loom_cuda_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
-                         int k, int norm) {
+void loom_cuda_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias,
+                                int N, int n, int k, int norm) {
     (void)ctx;
     if (N <= 0) return;
-    k_topk_gate<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(sel, gate, p, bias, N, n, k,
-                                                                     norm);
+    k_topk_gate<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(sel, gate, p, bias, N, n, k, norm);
     lc_launched("topk_gate");
 }
 
 /* Row i's three steps of the CPU's three passes (each touches row i only). */
 __global__ static void k_topk_gate_bwd(float *dx, float *dp, const float *dgate, const int32_t *sel,
                                        const float *gate, const float *p, const float *lse,
-                                       const int32_t *add_tab, const int32_t *add_row,
-                                       float add_scale, float z_scale, int N, int n, int k,
-                                       int norm) {
+                                       const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                                       float z_scale, int N, int n, int k, int norm) {
     LC_FOR(i, (size_t)N) {
         const int32_t *s = sel + i * k;
         const float *dg = dgate + i * k, *g = gate + i * k, *pi = p + i * n;
@@ -102,9 +100,9 @@ __global__ static void k_topk_gate_bwd(float *dx, float *dp, const float *dgate,
 }
 
 void loom_cuda_tensor_topk_gate_bwd(void *ctx, float *dx, float *dp, const float *dgate, const int32_t *sel,
-                             const float *gate, const float *p, const float *lse,
-                             const int32_t *add_tab, const int32_t *add_row, float add_scale,
-                             float z_scale, int N, int n, int k, int norm) {
+                                    const float *gate, const float *p, const float *lse,
+                                    const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                                    float z_scale, int N, int n, int k, int norm) {
     (void)ctx;
     if (N <= 0) return;
     k_topk_gate_bwd<<<lc_blocks((size_t)N), LC_THREADS, 0, lc_stream()>>>(
@@ -126,22 +124,22 @@ void loom_cuda_tensor_gather_rows(void *ctx, float *dst, const float *src, const
     lc_launched("gather_rows");
 }
 
-__global__ static void k_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n,
-                                          int C) {
+__global__ static void k_scatter_add_rows(float *dst, const float *src, const int32_t *idx, int n, int C) {
     LC_FOR(q, (size_t)C) {
         for (int r = 0; r < n; r++) dst[(size_t)idx[r] * C + q] += src[(size_t)r * C + q];
     }
 }
 
-void loom_cuda_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cuda_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n,
+                                       int C) {
     (void)ctx;
     if (n <= 0 || C <= 0) return;
     k_scatter_add_rows<<<lc_blocks((size_t)C), LC_THREADS, 0, lc_stream()>>>(dst, src, idx, n, C);
     lc_launched("scatter_add_rows");
 }
 
-__global__ static void k_combine_rows(float *out, const float *y, const int32_t *row, const float *w,
-                                      int N, int k, int C) {
+__global__ static void k_combine_rows(float *out, const float *y, const int32_t *row, const float *w, int N,
+                                      int k, int C) {
     LC_FOR(t, (size_t)N * C) {
         size_t i = t / C, q = t % C;
         float acc = 0.0f;
@@ -154,8 +152,8 @@ __global__ static void k_combine_rows(float *out, const float *y, const int32_t 
     }
 }
 
-void loom_cuda_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w, int N,
-                            int k, int C) {
+void loom_cuda_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w,
+                                   int N, int k, int C) {
     (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_combine_rows<<<lc_blocks((size_t)N * C), LC_THREADS, 0, lc_stream()>>>(out, y, row, w, N, k, C);
@@ -182,17 +180,15 @@ __global__ static void k_combine_rows_bwd(float *dy, float *dw, const float *dou
 }
 
 void loom_cuda_tensor_combine_rows_bwd(void *ctx, float *dy, float *dw, const float *dout, const float *y,
-                                const int32_t *row, const float *w, int N, int k, int C) {
+                                       const int32_t *row, const float *w, int N, int k, int C) {
     (void)ctx;
     if (N <= 0 || k <= 0) return;
-    k_combine_rows_bwd<<<lc_blocks((size_t)N * k), LC_THREADS, 0, lc_stream()>>>(dy, dw, dout, y, row,
-                                                                                 w, N, k, C);
+    k_combine_rows_bwd<<<lc_blocks((size_t)N * k), LC_THREADS, 0, lc_stream()>>>(dy, dw, dout, y, row, w, N,
+                                                                                 k, C);
     lc_launched("combine_rows_bwd");
 }
 
-__global__ static void k_fill(float *x, size_t n, float v) {
-    LC_FOR(i, n) x[i] = v;
-}
+__global__ static void k_fill(float *x, size_t n, float v) { LC_FOR(i, n) x[i] = v; }
 
 void loom_cuda_tensor_fill(void *ctx, float *x, size_t n, float v) {
     (void)ctx;

@@ -10,8 +10,8 @@
  */
 #include "cuda_internal.cuh"
 
-__global__ static void k_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l,
-                                   int N, int C) {
+__global__ static void k_embed_fwd(float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
+                                   int C) {
     LC_FOR(e, (size_t)N * C) {
         size_t i = e / (size_t)C, c = e % (size_t)C;
         int r = tok[i] - v0;
@@ -19,8 +19,8 @@ __global__ static void k_embed_fwd(float *out, const int32_t *tok, const float *
     }
 }
 
-void loom_cuda_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
-                         int C) {
+void loom_cuda_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *wte_l, int v0, int V_l,
+                         int N, int C) {
     (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_embed_fwd<<<lc_blocks((size_t)N * C), LC_THREADS, 0, lc_stream()>>>(out, tok, wte_l, v0, V_l, N, C);
@@ -52,8 +52,8 @@ __global__ static void k_embed_bwd(float *dwte_l, const float *dout, const int32
     }
 }
 
-void loom_cuda_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
-                         int C) {
+void loom_cuda_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l,
+                         int N, int C) {
     (void)ctx;
     if (N <= 0 || C <= 0) return;
     k_embed_bwd<<<N, LC_THREADS, 0, lc_stream()>>>(dwte_l, dout, tok, v0, V_l, N, C);
@@ -178,8 +178,8 @@ __global__ static void k_vxent_bwd(float *dlogits, const float *probs, const int
     }
 }
 
-void loom_cuda_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
-                         int N, int V_l) {
+void loom_cuda_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss,
+                         int v0, int N, int V_l) {
     (void)ctx;
     if (N <= 0) return;
     k_vxent_bwd<<<N, LC_THREADS, 0, lc_stream()>>>(dlogits, probs, targets, dloss, v0, V_l);

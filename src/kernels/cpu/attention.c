@@ -48,11 +48,10 @@ long loom_attention_tiles(const loom_att_view *v) {
 }
 
 /* s (m,n) = scale * q_tile k_tile^T, with -inf where the key is masked. */
-static void tile_scores(float *s, const loom_att_view *v, const float *q, const float *k, int i0,
-                        int m, int j0, int n, float scale) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, v->HS, scale,
-                q + (size_t)i0 * v->q_ld, v->q_ld, k + (size_t)j0 * v->kv_ld, v->kv_ld, 0.0f, s,
-                ATT_BK);
+static void tile_scores(float *s, const loom_att_view *v, const float *q, const float *k, int i0, int m,
+                        int j0, int n, float scale) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, v->HS, scale, q + (size_t)i0 * v->q_ld,
+                v->q_ld, k + (size_t)j0 * v->kv_ld, v->kv_ld, 0.0f, s, ATT_BK);
     if (tile_full(v, i0, j0, n)) return;
     for (int i = 0; i < m; i++) {
         long last = v->q_pos0 + i0 + i - v->k_pos0 - j0; /* last visible column */
@@ -62,8 +61,8 @@ static void tile_scores(float *s, const loom_att_view *v, const float *q, const 
 
 /* Forward of one (b, h) and query tile [i0, i0+m). q, k, v, o point at
  * head h of batch b; lse at (b, h, 0). */
-static void tile_fwd(const loom_att_view *v, const float *q, const float *k, const float *vv,
-                     float *o, int o_ld, float *lse, int i0, int m, int accumulate, float scale) {
+static void tile_fwd(const loom_att_view *v, const float *q, const float *k, const float *vv, float *o,
+                     int o_ld, float *lse, int i0, int m, int accumulate, float scale) {
     float s[ATT_BQ * ATT_BK], mrow[ATT_BQ], lrow[ATT_BQ];
     const int HS = v->HS;
     for (int i = 0; i < m; i++) {
@@ -107,7 +106,7 @@ static void tile_fwd(const loom_att_view *v, const float *q, const float *k, con
 }
 
 long loom_cpu_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, size_t o_bs, int o_ld,
-                             float *lse, int accumulate) {
+                                 float *lse, int accumulate) {
     const int nqt = (v->Tq + ATT_BQ - 1) / ATT_BQ;
     const int work = v->B * v->NH * nqt;
     const float scale = 1.0f / sqrtf((float)v->HS);
@@ -125,9 +124,9 @@ long loom_cpu_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, 
 }
 
 /* Backward of one (b, h): every query tile against its visible key tiles. */
-static void head_bwd(const loom_att_view *v, const float *q, const float *k, const float *vv,
-                     float *dq, float *dk, float *dv, const float *dout, const float *o, int o_ld,
-                     const float *lse, float scale) {
+static void head_bwd(const loom_att_view *v, const float *q, const float *k, const float *vv, float *dq,
+                     float *dk, float *dv, const float *dout, const float *o, int o_ld, const float *lse,
+                     float scale) {
     float p[ATT_BQ * ATT_BK], dp[ATT_BQ * ATT_BK], D[ATT_BQ];
     const int HS = v->HS, ql = v->q_ld, kl = v->kv_ld;
     for (int i0 = 0; i0 < v->Tq; i0 += ATT_BQ) {
@@ -145,8 +144,8 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
             /* dv (n,HS) += p^T dout;  dp (m,n) = dout v^T */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, HS, m, 1.0f, p, ATT_BK,
                         dout + (size_t)i0 * o_ld, o_ld, 1.0f, dv + (size_t)j0 * kl, kl);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, HS, 1.0f,
-                        dout + (size_t)i0 * o_ld, o_ld, vv + (size_t)j0 * kl, kl, 0.0f, dp, ATT_BK);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, HS, 1.0f, dout + (size_t)i0 * o_ld,
+                        o_ld, vv + (size_t)j0 * kl, kl, 0.0f, dp, ATT_BK);
             /* dscore * scale = scale * p (dp - D) */
             for (int i = 0; i < m; i++) {
                 float *dr = dp + (size_t)i * ATT_BK;
@@ -163,8 +162,8 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
 }
 
 long loom_cpu_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, float *dk, float *dv,
-                             const float *dout, const float *out, size_t o_bs, int o_ld,
-                             const float *lse) {
+                                 const float *dout, const float *out, size_t o_bs, int o_ld,
+                                 const float *lse) {
     const float scale = 1.0f / sqrtf((float)v->HS);
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
@@ -178,7 +177,7 @@ long loom_cpu_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, f
 }
 
 void loom_cpu_attention_merge(void *ctx, float *out, float *lse, const float *out2, const float *lse2,
-                          size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
+                              size_t o_bs, int o_ld, int B, int Tq, int NH, int HS) {
     (void)ctx;
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -202,18 +201,20 @@ void loom_cpu_attention_merge(void *ctx, float *out, float *lse, const float *ou
 
 /* The whole causal sequence of a packed qkv (B,T,3C). */
 static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
-    loom_att_view v = {qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C,
-                       3 * C, 3 * C, B, T, T, NH, C / NH, 0, 0};
+    loom_att_view v = {
+        qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C, 3 * C, 3 * C, B, T, T, NH, C / NH,
+        0,   0};
     return v;
 }
 
-void loom_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void loom_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
     loom_cpu_attention_part_fwd(ctx, &v, out, (size_t)T * C, C, lse, 0);
 }
 
 void loom_cpu_attention_bwd(void *ctx, float *dqkv, const float *dout, const float *qkv, const float *out,
-                        const float *lse, int B, int T, int C, int NH) {
+                            const float *lse, int B, int T, int C, int NH) {
     loom_att_view v = qkv_view(qkv, B, T, C, NH);
     loom_cpu_attention_part_bwd(ctx, &v, dqkv, dqkv + C, dqkv + 2 * C, dout, out, (size_t)T * C, C, lse);
 }

@@ -16,8 +16,8 @@ size_t loom_attention_kv_scratch_floats(int threads, int n, int len) {
     return (size_t)n * (size_t)len * (size_t)threads;
 }
 
-void loom_cpu_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc, const float *vc, int p0,
-                           int n, int C, int NH, float *scratch) {
+void loom_cpu_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc,
+                               const float *vc, int p0, int n, int C, int NH, float *scratch) {
     const int HS = C / NH, len = p0 + n;
     const float scale = 1.0f / sqrtf((float)HS);
     int nth = kern_threads(ctx);
@@ -35,7 +35,7 @@ void loom_cpu_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, c
             kern_scale_row(row, nk, 1.0f / kern_sum(row, nk));
             memset(row + nk, 0, (size_t)(len - nk) * sizeof *row);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, HS, len, 1.0f, s, len, vc + (size_t)h * HS, C,
-                    0.0f, out + (size_t)h * HS, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, HS, len, 1.0f, s, len, vc + (size_t)h * HS,
+                    C, 0.0f, out + (size_t)h * HS, C);
     }
 }

@@ -38,7 +38,6 @@
 #include "loom/bf16.h"
 #include "loom/cpu.h"
 
-
 /* One vector of KV elements from i: rounded floats, bf16 bits, or back. */
 static inline void round_lanes(float *dst, const float *src, size_t i) {
     kvu u;
@@ -46,7 +45,9 @@ static inline void round_lanes(float *dst, const float *src, size_t i) {
     u = bf16_round_bits(u);
     memcpy(dst + i, &u, sizeof u);
 }
-static inline void pack_lanes(uint16_t *dst, const float *src, size_t i) { kv_store_bf16(dst + i, kv_load(src + i)); }
+static inline void pack_lanes(uint16_t *dst, const float *src, size_t i) {
+    kv_store_bf16(dst + i, kv_load(src + i));
+}
 static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
     kvh h;
     memcpy(&h, src + i, sizeof h);
@@ -56,17 +57,17 @@ static inline void unpack_lanes(float *dst, const uint16_t *src, size_t i) {
 
 /* dst[i] = CONVERT(src[i]) for i < n, in blocks over ctx's threads:
  * LANES(dst, src, i) for whole vectors, CONVERT for a block's tail. */
-#define BF16_MAP(ctx, dst, src, n, CONVERT, LANES)                                                 \
-    do {                                                                                           \
-        size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                        \
-        int nth_ = kern_threads(ctx);                                                              \
-        KERN_PARALLEL_FOR(nth_)                                                                    \
-        for (size_t k_ = 0; k_ < nblk_; k_++) {                                                    \
-            size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);   \
-            size_t i_ = lo_;                                                                       \
-            for (; i_ + KV <= hi_; i_ += KV) LANES((dst), (src), i_);                              \
-            for (; i_ < hi_; i_++) (dst)[i_] = CONVERT((src)[i_]);                                 \
-        }                                                                                          \
+#define BF16_MAP(ctx, dst, src, n, CONVERT, LANES)                                                           \
+    do {                                                                                                     \
+        size_t nblk_ = ((n) + KERN_BLOCK - 1) / KERN_BLOCK;                                                  \
+        int nth_ = kern_threads(ctx);                                                                        \
+        KERN_PARALLEL_FOR(nth_)                                                                              \
+        for (size_t k_ = 0; k_ < nblk_; k_++) {                                                              \
+            size_t lo_ = k_ * KERN_BLOCK, hi_ = lo_ + KERN_BLOCK < (n) ? lo_ + KERN_BLOCK : (n);             \
+            size_t i_ = lo_;                                                                                 \
+            for (; i_ + KV <= hi_; i_ += KV) LANES((dst), (src), i_);                                        \
+            for (; i_ < hi_; i_++) (dst)[i_] = CONVERT((src)[i_]);                                           \
+        }                                                                                                    \
     } while (0)
 
 void loom_cpu_round_bf16(void *ctx, float *dst, const float *src, size_t n) {
@@ -106,7 +107,7 @@ static kern_kept *keep_slot(loom_cpu_ctx *c, const float *src, size_t n) {
 void loom_cpu_gemm_keep(void *ctx, const float *src, size_t n) {
     if (!src || !n) return;
     kern_kept *k = keep_slot(ctx, src, n);
-    if (!k) return; /* full: that tensor is converted at every use, as before */
+    if (!k) return;                               /* full: that tensor is converted at every use, as before */
     if (k->src == src && k->n == n && k->fresh) { /* filled from the floats now at src */
         k->ready = 1, k->fresh = 0;
         return;
@@ -131,7 +132,9 @@ static uint16_t *keep_claim16(loom_cpu_ctx *c, const float *src, size_t n, int r
     return k->buf.p;
 }
 
-uint16_t *loom_cpu_gemm_keep_fill(void *ctx, const float *src, size_t n) { return keep_claim16(ctx, src, n, 0); }
+uint16_t *loom_cpu_gemm_keep_fill(void *ctx, const float *src, size_t n) {
+    return keep_claim16(ctx, src, n, 0);
+}
 
 void loom_cpu_gemm_keep_filled(void *ctx, const float *src, int ok) {
     loom_cpu_ctx *c = ctx;
@@ -143,7 +146,9 @@ void loom_cpu_gemm_keep_filled(void *ctx, const float *src, int ok) {
     }
 }
 
-uint16_t *kern_bf16_keep_filled(loom_cpu_ctx *c, const float *src, size_t n) { return keep_claim16(c, src, n, 1); }
+uint16_t *kern_bf16_keep_filled(loom_cpu_ctx *c, const float *src, size_t n) {
+    return keep_claim16(c, src, n, 1);
+}
 
 void loom_cpu_gemm_unkeep(void *ctx, const float *src) {
     loom_cpu_ctx *c = ctx;
@@ -188,7 +193,8 @@ int kern_gemm_bf16_operands(loom_cpu_ctx *c, kern_gemm *g) {
     const void *ka = bf16_kept(c, g->A, na, is16, &oom), *kb = bf16_kept(c, g->B, nb, is16, &oom);
     if (oom) return 0;
     if (is16) {
-        const uint16_t *a16 = ka ? ka : bf16_copy16(c, 0, g->A, na), *b16 = kb ? kb : bf16_copy16(c, 1, g->B, nb);
+        const uint16_t *a16 = ka ? ka : bf16_copy16(c, 0, g->A, na),
+                       *b16 = kb ? kb : bf16_copy16(c, 1, g->B, nb);
         if (!a16 || !b16) return 0;
         g->A16 = a16;
         g->B16 = b16;
@@ -221,8 +227,21 @@ double loom_kernels_calibrate_bf16(int threads, int trials) {
         kern_cal_fill(a, b, na, nb);
         loom_cpu_bf16_pack(ctx, a16, a, na);
         loom_cpu_bf16_pack(ctx, b16, b, nb);
-        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
-                       .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n, .A16 = a16, .B16 = b16};
+        kern_gemm g = {.ta = CblasNoTrans,
+                       .tb = CblasNoTrans,
+                       .M = m,
+                       .N = n,
+                       .K = k,
+                       .alpha = 1.0f,
+                       .A = a,
+                       .lda = k,
+                       .B = b,
+                       .ldb = n,
+                       .beta = 0.0f,
+                       .C = c,
+                       .ldc = n,
+                       .A16 = a16,
+                       .B16 = b16};
         kern_time_gemm(ctx, &g, 1); /* warm-up: oneDNN's primitive for this shape, pages */
         const double tbest = kern_time_gemm(ctx, &g, trials);
         double rate = 2.0 * (double)m * n * k / tbest;

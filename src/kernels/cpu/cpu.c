@@ -70,11 +70,18 @@ const loom_cpu_features *loom_cpu_features_get(void) {
 }
 
 void loom_cpu_features_str(const loom_cpu_features *f, char *buf, size_t n) {
-    const struct { int on; const char *name; } k[] = {
-        {f->avx2 && f->os_avx, "avx2"},       {f->fma && f->os_avx, "fma"},
-        {f->avx512f && f->os_avx512, "avx512f"}, {f->avx512bw && f->os_avx512, "avx512bw"},
-        {f->avx512vl && f->os_avx512, "avx512vl"}, {f->avx512dq && f->os_avx512, "avx512dq"},
-        {f->avx512_bf16 && f->os_avx512, "avx512_bf16"}, {f->amx_tile && f->os_amx, "amx_tile"},
+    const struct {
+        int on;
+        const char *name;
+    } k[] = {
+        {f->avx2 && f->os_avx, "avx2"},
+        {f->fma && f->os_avx, "fma"},
+        {f->avx512f && f->os_avx512, "avx512f"},
+        {f->avx512bw && f->os_avx512, "avx512bw"},
+        {f->avx512vl && f->os_avx512, "avx512vl"},
+        {f->avx512dq && f->os_avx512, "avx512dq"},
+        {f->avx512_bf16 && f->os_avx512, "avx512_bf16"},
+        {f->amx_tile && f->os_amx, "amx_tile"},
         {f->amx_bf16 && f->os_amx, "amx_bf16"},
     };
     size_t used = 0;
@@ -113,7 +120,7 @@ static const char *blas_reexec_core(void) {
     const char *user = getenv("OPENBLAS_CORETYPE"), *ours = getenv("LOOM_BLAS_CHOSEN");
     const char *autosel = getenv("LOOM_BLAS_AUTO");
     if (autosel && !strcmp(autosel, "0")) return NULL;
-    if (ours) return NULL; /* already re-executed once: never loop */
+    if (ours) return NULL;          /* already re-executed once: never loop */
     if (user && *user) return NULL; /* the user's choice */
     const char *want = loom_blas_wanted_coretype(loom_cpu_features_get());
     const char *have = openblas_get_corename();
@@ -145,14 +152,11 @@ static int omp_spin_is_ours(void) {
 
 void loom_omp_describe(char *buf, size_t n) {
     const char *spin = getenv("GOMP_SPINCOUNT"), *policy = getenv("OMP_WAIT_POLICY");
-    if (policy && *policy)
-        snprintf(buf, n, "OMP_WAIT_POLICY=%s (set by the user)", policy);
+    if (policy && *policy) snprintf(buf, n, "OMP_WAIT_POLICY=%s (set by the user)", policy);
     else if (spin && !strcmp(spin, LOOM_GOMP_SPINCOUNT) && omp_spin_is_ours())
         snprintf(buf, n, "GOMP_SPINCOUNT=%s (set by loom: bounded spinning of waiting threads)", spin);
-    else if (spin && *spin)
-        snprintf(buf, n, "GOMP_SPINCOUNT=%s (set by the user)", spin);
-    else
-        snprintf(buf, n, "the OpenMP runtime's default waiting");
+    else if (spin && *spin) snprintf(buf, n, "GOMP_SPINCOUNT=%s (set by the user)", spin);
+    else snprintf(buf, n, "the OpenMP runtime's default waiting");
 }
 
 void loom_blas_select(char **argv) {
@@ -169,8 +173,10 @@ void loom_blas_select(char **argv) {
     }
     execv("/proc/self/exe", argv);
     if (want) {
-        fprintf(stderr, "loom: warning: could not re-execute with OPENBLAS_CORETYPE=%s; sgemm stays on "
-                        "OpenBLAS's %s kernels\n", want, openblas_get_corename());
+        fprintf(stderr,
+                "loom: warning: could not re-execute with OPENBLAS_CORETYPE=%s; sgemm stays on "
+                "OpenBLAS's %s kernels\n",
+                want, openblas_get_corename());
         unsetenv("OPENBLAS_CORETYPE");
         unsetenv("LOOM_BLAS_CHOSEN");
     }
@@ -202,15 +208,16 @@ void loom_blas_describe(char *buf, size_t n) {
         snprintf(buf, n, "%s sgemm kernels %s (chosen by loom from the CPU flags: %s)", ver, core, flags);
     else if (user && *user && want && !core_good_enough(core, want))
         /* some hosts set it for every process (Haswell on an AVX-512 Zen 5 halved the sgemm rate) */
-        snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user, narrower than the %s "
-                         "kernels the flags allow: unset it to let loom choose; flags: %s)",
+        snprintf(buf, n,
+                 "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user, narrower than the %s "
+                 "kernels the flags allow: unset it to let loom choose; flags: %s)",
                  ver, core, user, want, flags);
     else if (user && *user)
-        snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user; flags: %s)", ver,
-                 core, user, flags);
+        snprintf(buf, n, "%s sgemm kernels %s (OPENBLAS_CORETYPE=%s set by the user; flags: %s)", ver, core,
+                 user, flags);
     else
-        snprintf(buf, n, "%s sgemm kernels %s (OpenBLAS's own choice, %s for the CPU flags: %s)", ver,
-                 core, want && core_good_enough(core, want) ? "as wide as needed" : "kept", flags);
+        snprintf(buf, n, "%s sgemm kernels %s (OpenBLAS's own choice, %s for the CPU flags: %s)", ver, core,
+                 want && core_good_enough(core, want) ? "as wide as needed" : "kept", flags);
     if (kern_dnnl_f32_ready()) { /* the products gemm.c sends to oneDNN instead */
         size_t used = strlen(buf);
         char dnnl[200];
@@ -224,7 +231,8 @@ const char *loom_cpu_name(void) {
     if (name[0]) return name;
     unsigned r[12];
     if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) return strcpy(name, "unknown");
-    for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+    for (unsigned i = 0; i < 3; i++)
+        __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
     char raw[49];
     memcpy(raw, r, 48);
     raw[48] = '\0';
@@ -275,19 +283,19 @@ double loom_cpu_flop_per_cycle(const loom_cpu_features *f) {
 #define FMA_DECL(i) VEC c##i = SET1((float)(i));
 #define FMA_STEP(i) c##i = FMADD(a, b, c##i);
 #define FMA_SUM(i) s = ADD(s, c##i);
-#define FMA_LOOP(name, isa)                                                                   \
-    __attribute__((target(isa))) static double name(long iters) {                             \
-        FMA_CHAINS(FMA_DECL)                                                                  \
-        VEC a = SET1(1e-9f), b = SET1(1.0f), s = SET1(0.0f);                                  \
-        double t0 = cpu_now();                                                                \
-        for (long i = 0; i < iters; i++) {                                                    \
-            FMA_CHAINS(FMA_STEP)                                                              \
-            __asm__ volatile("" : "+v"(a));                                                   \
-        }                                                                                     \
-        double dt = cpu_now() - t0;                                                           \
-        FMA_CHAINS(FMA_SUM)                                                                   \
-        __asm__ volatile("" : : "v"(s));                                                      \
-        return dt;                                                                            \
+#define FMA_LOOP(name, isa)                                                                                  \
+    __attribute__((target(isa))) static double name(long iters) {                                            \
+        FMA_CHAINS(FMA_DECL)                                                                                 \
+        VEC a = SET1(1e-9f), b = SET1(1.0f), s = SET1(0.0f);                                                 \
+        double t0 = cpu_now();                                                                               \
+        for (long i = 0; i < iters; i++) {                                                                   \
+            FMA_CHAINS(FMA_STEP)                                                                             \
+            __asm__ volatile("" : "+v"(a));                                                                  \
+        }                                                                                                    \
+        double dt = cpu_now() - t0;                                                                          \
+        FMA_CHAINS(FMA_SUM)                                                                                  \
+        __asm__ volatile("" : : "v"(s));                                                                     \
+        return dt;                                                                                           \
     }
 #define VEC __m512
 #define SET1 _mm512_set1_ps

@@ -45,10 +45,10 @@ typedef struct loom_cpu_ctx {
     int threads; /* kernel threads (OpenMP), >= 1 */
     int bf16;    /* GEMM precision: 1 operands rounded to bf16 (bf16.c) */
     kern_kept keep[KERN_KEEP];
-    kern_buf round[2];  /* bf16-rounded float copies of a GEMM's A and B (bf16.c) */
-    kern_buf bits[2];   /* their bf16 bits, for the bf16 GEMM provider */
-    kern_buf k_parts;   /* partial products of a GEMM cut along K (gemm.c) */
-    kern_buf xent_rows; /* a row of exponentials per thread (vocab.c) */
+    kern_buf round[2];       /* bf16-rounded float copies of a GEMM's A and B (bf16.c) */
+    kern_buf bits[2];        /* their bf16 bits, for the bf16 GEMM provider */
+    kern_buf k_parts;        /* partial products of a GEMM cut along K (gemm.c) */
+    kern_buf xent_rows;      /* a row of exponentials per thread (vocab.c) */
     kern_buf head_b, head_a; /* the LM head kernel's packed operands, 64-byte aligned (gemm_head.c) */
 } loom_cpu_ctx;
 

@@ -44,12 +44,12 @@ static void gemm_block(const kern_gemm *g, int m0, int m, int n0, int n, int k0,
     const size_t ao = g->ta == CblasNoTrans ? (size_t)m0 * g->lda + k0 : (size_t)k0 * g->lda + m0;
     const size_t bo = g->tb == CblasNoTrans ? (size_t)k0 * g->ldb + n0 : (size_t)n0 * g->ldb + k0;
     if (g->A16) {
-        kern_bf16_gemm_call(g->ta, g->tb, m, n, kk, g->alpha, g->A16 + ao, g->lda, g->B16 + bo, g->ldb, beta, c,
-                            ldc);
+        kern_bf16_gemm_call(g->ta, g->tb, m, n, kk, g->alpha, g->A16 + ao, g->lda, g->B16 + bo, g->ldb, beta,
+                            c, ldc);
         return;
     }
-    cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, n, kk, g->alpha, g->A + ao, g->lda, g->B + bo, g->ldb, beta, c,
-                ldc);
+    cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, n, kk, g->alpha, g->A + ao, g->lda, g->B + bo, g->ldb, beta,
+                c, ldc);
 }
 
 /* C's rows [m0, m0+m) x columns [n0, n0+n), the whole of K. */
@@ -118,13 +118,14 @@ static int gemm_fp32_to_dnnl(const kern_gemm *g) {
 static int gemm_whole(const kern_gemm *g, int nth) {
     if (g->bias) {
         KERN_PARALLEL_FOR(nth)
-        for (int i = 0; i < g->M; i++) memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
+        for (int i = 0; i < g->M; i++)
+            memcpy(g->C + (size_t)i * g->ldc, g->bias, (size_t)g->N * sizeof *g->bias);
     }
     if (g->A16)
-        return kern_dnnl_gemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb, g->beta,
-                              g->C, g->ldc);
-    return kern_dnnl_sgemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C,
-                           g->ldc);
+        return kern_dnnl_gemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A16, g->lda, g->B16, g->ldb,
+                              g->beta, g->C, g->ldc);
+    return kern_dnnl_sgemm(nth, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta,
+                           g->C, g->ldc);
 }
 
 /* The LM head's bf16 weight gradient goes to loom's own kernel where it is
@@ -145,8 +146,8 @@ void kern_sgemm(loom_cpu_ctx *c, const kern_gemm *g_in) {
     if (g->A16 && kern_bf16_gemm_ready() == KERN_BF16_WHOLE) { /* oneDNN threads the product itself */
         if (g->M <= 0 || g->N <= 0) return;
         if (!gemm_whole(g, nth)) {
-            fprintf(stderr, "loom: oneDNN refused a bf16 GEMM (%d x %d x %d); LOOM_BF16_GEMM=off avoids it\n", g->M,
-                    g->N, g->K);
+            fprintf(stderr, "loom: oneDNN refused a bf16 GEMM (%d x %d x %d); LOOM_BF16_GEMM=off avoids it\n",
+                    g->M, g->N, g->K);
             abort();
         }
         return;

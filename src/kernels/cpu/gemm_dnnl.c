@@ -83,7 +83,7 @@ static struct {
     dnnl_stream_t stream;
     char impl[2][64]; /* the kernel oneDNN chose for the first primitive of each type, bf16 then f32,
                          e.g. brg:avx512_core_bf16 */
-    int loaded;          /* 0 not tried, 1 loaded, -1 failed (load_why says why) */
+    int loaded;       /* 0 not tried, 1 loaded, -1 failed (load_why says why) */
     char load_why[96];
 } dn;
 
@@ -191,8 +191,8 @@ int kern_dnnl_open(char *why, size_t n) {
      * chose; a reference ("ref") kernel would be far slower than the fp32
      * fallback, so it is refused - unless LOOM_BF16_GEMM=dnnl forces it (the
      * kernels_bf16_dnnl test checks the numerics that way on any CPU). */
-    if (!dnnl_run(probe_threads(), DT_BF16, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f,
-                  NULL, 64)) {
+    if (!dnnl_run(probe_threads(), DT_BF16, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64,
+                  0.0f, NULL, 64)) {
         snprintf(why, n, "oneDNN: no bf16 matmul on this CPU");
         return 0;
     }
@@ -219,24 +219,27 @@ static void f32_decide(void) {
     const loom_cpu_features *f = loom_cpu_features_get();
     int forced = mode && !strcmp(mode, "dnnl");
     if (mode && *mode && strcmp(mode, "auto") && strcmp(mode, "openblas") && !forced)
-        fprintf(stderr, "loom: warning: LOOM_FP32_GEMM=%s is not auto, openblas or dnnl; auto is used\n", mode);
+        fprintf(stderr, "loom: warning: LOOM_FP32_GEMM=%s is not auto, openblas or dnnl; auto is used\n",
+                mode);
     if (mode && !strcmp(mode, "openblas")) {
         snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (LOOM_FP32_GEMM=openblas)");
         return;
     }
     if (!forced && !(f->avx512f && f->os_avx512)) {
-        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (no AVX-512: oneDNN's fp32 matmul not measured faster)");
+        snprintf(f32.why, sizeof f32.why,
+                 "OpenBLAS for every product (no AVX-512: oneDNN's fp32 matmul not measured faster)");
         return;
     }
     char why[128] = "";
-    if (!dnnl_load(why, sizeof why) ||
-        !dnnl_run(probe_threads(), DT_F32, CblasNoTrans, CblasTrans, 64, 64, 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL,
-                  64)) {
-        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (%s)", why[0] ? why : "oneDNN: no fp32 matmul");
+    if (!dnnl_load(why, sizeof why) || !dnnl_run(probe_threads(), DT_F32, CblasNoTrans, CblasTrans, 64, 64,
+                                                 64, 1.0f, NULL, 64, NULL, 64, 0.0f, NULL, 64)) {
+        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (%s)",
+                 why[0] ? why : "oneDNN: no fp32 matmul");
         return;
     }
     if (strstr(dn.impl[DT_F32], "ref") && !forced) {
-        snprintf(f32.why, sizeof f32.why, "OpenBLAS for every product (oneDNN has only its reference fp32 matmul here)");
+        snprintf(f32.why, sizeof f32.why,
+                 "OpenBLAS for every product (oneDNN has only its reference fp32 matmul here)");
         return;
     }
     char name[128];
@@ -260,8 +263,9 @@ static dnnl_entry *dnnl_find(int dt, int ta, int tb, int m, int n, int k, float 
                              float beta, int ldc, int nth) {
     for (int i = 0; i < ncache; i++) {
         dnnl_entry *e = &cache[i];
-        if (e->dt == dt && e->ta == ta && e->tb == tb && e->m == m && e->n == n && e->k == k && e->lda == lda &&
-            e->ldb == ldb && e->ldc == ldc && e->alpha == alpha && e->beta == beta && e->nth == nth)
+        if (e->dt == dt && e->ta == ta && e->tb == tb && e->m == m && e->n == n && e->k == k &&
+            e->lda == lda && e->ldb == ldb && e->ldc == ldc && e->alpha == alpha && e->beta == beta &&
+            e->nth == nth)
             return e;
     }
     return NULL;
@@ -371,15 +375,15 @@ int kern_dnnl_open(char *why, size_t n) {
 
 int kern_dnnl_gemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                    const uint16_t *b, int ldb, float beta, float *c, int ldc) {
-    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
-        (void)beta, (void)c, (void)ldc;
+    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+        (void)ldb, (void)beta, (void)c, (void)ldc;
     return 0;
 }
 
 int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                     const float *b, int ldb, float beta, float *c, int ldc) {
-    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb,
-        (void)beta, (void)c, (void)ldc;
+    (void)nth, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+        (void)ldb, (void)beta, (void)c, (void)ldc;
     return 0;
 }
 

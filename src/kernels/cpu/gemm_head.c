@@ -38,11 +38,11 @@
 #include "kern_internal.h"
 #include "loom/cpu.h"
 
-#define WG_MR 8    /* rows of C per panel: broadcast pairs of A */
-#define WG_NR 32   /* columns of C per micro-kernel call: 2 zmm of B pairs */
-#define WG_MB 256  /* rows of C per task */
-#define WG_NC 256  /* columns of C per task */
-#define WG_KC 256  /* pairs of K per block: A's packed block is WG_KC x WG_MB pairs (256 KiB) */
+#define WG_MR 8   /* rows of C per panel: broadcast pairs of A */
+#define WG_NR 32  /* columns of C per micro-kernel call: 2 zmm of B pairs */
+#define WG_MB 256 /* rows of C per task */
+#define WG_NC 256 /* columns of C per task */
+#define WG_KC 256 /* pairs of K per block: A's packed block is WG_KC x WG_MB pairs (256 KiB) */
 
 #define WG_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -88,8 +88,8 @@ WG_TARGET static inline __m512i wg_pairs(const uint16_t *x, int ld, int K, int p
     const __m256i r0 = _mm256_maskz_loadu_epi16(m, x + (size_t)(2 * p) * ld + c0);
     const __m256i r1 = 2 * p + 1 < K ? _mm256_maskz_loadu_epi16(m, x + (size_t)(2 * p + 1) * ld + c0)
                                      : _mm256_setzero_si256();
-    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                         6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                         38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     return _mm512_permutex2var_epi16(_mm512_castsi256_si512(r0), idx, _mm512_castsi256_si512(r1));
 }
 
@@ -112,7 +112,8 @@ WG_TARGET static void wg_micro(const uint32_t *ap, const uint32_t *bp, int ldb, 
         }
     for (int p = 0; p < kc; p++) {
         __m512bh b[WG_NR / 16];
-        for (int v = 0; v < WG_NR / 16; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + (size_t)p * ldb + 16 * v);
+        for (int v = 0; v < WG_NR / 16; v++)
+            b[v] = (__m512bh)_mm512_loadu_si512(bp + (size_t)p * ldb + 16 * v);
         for (int i = 0; i < WG_MR; i++) {
             const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[(size_t)p * WG_MR + i]);
             for (int v = 0; v < WG_NR / 16; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
@@ -161,16 +162,18 @@ WG_TARGET static void wg_task(const uint16_t *A, int lda, const uint32_t *bp, in
                 if (q + 1 < panels)
                     for (int i = 0; i < WG_MR && r0 + WG_MR + i < mb; i++)
                         for (int jj = j; jj < j + WG_NR && jj < nc; jj += 16)
-                            _mm_prefetch((const char *)(crow + (size_t)(WG_MR + i) * ldc + n0 + jj), _MM_HINT_T1);
-                wg_micro(ap + (size_t)q * kc * WG_MR, bp + (size_t)k0 * ldbp + n0 + j, ldbp, kc, crow + n0 + j, ldc,
-                         rows, nc - j < WG_NR ? nc - j : WG_NR, k0 == 0, beta);
+                            _mm_prefetch((const char *)(crow + (size_t)(WG_MR + i) * ldc + n0 + jj),
+                                         _MM_HINT_T1);
+                wg_micro(ap + (size_t)q * kc * WG_MR, bp + (size_t)k0 * ldbp + n0 + j, ldbp, kc,
+                         crow + n0 + j, ldc, rows, nc - j < WG_NR ? nc - j : WG_NR, k0 == 0, beta);
             }
         }
     }
 }
 
 WG_TARGET static void wg_pack_b(uint32_t *bp, int ldbp, const uint16_t *B, int ldb, int K, int N, int p) {
-    for (int c = 0; c < ldbp; c += 16) _mm512_storeu_si512(bp + (size_t)p * ldbp + c, wg_pairs(B, ldb, K, p, c, N - c));
+    for (int c = 0; c < ldbp; c += 16)
+        _mm512_storeu_si512(bp + (size_t)p * ldbp + c, wg_pairs(B, ldb, K, p, c, N - c));
 }
 
 int kern_bf16_head_dw(loom_cpu_ctx *c, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B,

@@ -30,8 +30,8 @@
 #include "loom/cpu.h"
 
 typedef void (*mkl_gemm_bf16_fn)(int layout, int ta, int tb, int m, int n, int k, float alpha,
-                                 const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta,
-                                 float *c, int ldc);
+                                 const uint16_t *a, int lda, const uint16_t *b, int ldb, float beta, float *c,
+                                 int ldc);
 
 static struct {
     int decided;
@@ -109,7 +109,8 @@ static void mkl_decide(void) {
     if (!want_mkl) {
         if (kern_dnnl_open(dwhy, sizeof dwhy)) {
             mkl.kind = KERN_BF16_WHOLE;
-            snprintf(mkl.why, sizeof mkl.why, "%s, %s", dwhy, want_dnnl ? "forced by LOOM_BF16_GEMM=dnnl" : units);
+            snprintf(mkl.why, sizeof mkl.why, "%s, %s", dwhy,
+                     want_dnnl ? "forced by LOOM_BF16_GEMM=dnnl" : units);
             return;
         }
         if (want_dnnl) {
@@ -117,7 +118,8 @@ static void mkl_decide(void) {
             return;
         }
     }
-    if (mkl_load(want_mkl && !avx512bf16 && !amx ? "forced by LOOM_BF16_GEMM=mkl, emulated on this CPU" : units,
+    if (mkl_load(want_mkl && !avx512bf16 && !amx ? "forced by LOOM_BF16_GEMM=mkl, emulated on this CPU"
+                                                 : units,
                  mwhy, sizeof mwhy)) {
         mkl.kind = KERN_BF16_SLICES;
         snprintf(mkl.why, sizeof mkl.why, "%s", mwhy);

@@ -32,7 +32,7 @@
 #define KERN_PRAGMA_(x) _Pragma(#x)
 /* The next for-loop runs on nth OpenMP threads when nth > 1. Use it at
  * statement level (it expands to a statement without OpenMP). */
-#define KERN_PARALLEL_FOR(nth) \
+#define KERN_PARALLEL_FOR(nth)                                                                               \
     KERN_PRAGMA_(omp parallel for schedule(static) num_threads(nth) if ((nth) > 1))
 #else
 #define KERN_PARALLEL_FOR(nth) (void)(nth);
@@ -53,8 +53,8 @@ typedef struct {
     int ldc;
     const float *bias; /* (N) or NULL: each row of C is set to it first (beta 1 then adds the product) */
     const uint16_t *A16, *B16; /* bf16 copies of A and B (same layout) for the bf16 provider, or NULL */
-    int head_dw; /* the tied LM head's weight gradient (gemm_head.c takes it in bf16) */
-    int head_dx; /* the tied LM head's input gradient, K = the vocabulary (gemm.c) */
+    int head_dw;               /* the tied LM head's weight gradient (gemm_head.c takes it in bf16) */
+    int head_dx;               /* the tied LM head's input gradient, K = the vocabulary (gemm.c) */
 } kern_gemm;
 
 /* The GEMM calibration's shapes {M, N, K} (util.c), the most elements any
@@ -111,8 +111,8 @@ int kern_dnnl_gemm(int nth, int ta, int tb, int m, int n, int k, float alpha, co
  * refused the shape). */
 int kern_dnnl_f32_ready(void);
 void kern_dnnl_f32_describe(char *buf, size_t n);
-int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                    int ldb, float beta, float *c, int ldc);
+int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc);
 
 /* gemm_head.c: loom's AVX512-BF16 kernel for the LM head's bf16 weight
  * gradient (C (M,N) = A^T B + beta C, A (K,M), B (K,N)): whether it is chosen here
@@ -121,8 +121,8 @@ int kern_dnnl_sgemm(int nth, int ta, int tb, int m, int n, int k, float alpha, c
  * untouched). */
 int kern_bf16_head_ready(void);
 void kern_bf16_head_describe(char *buf, size_t n);
-int kern_bf16_head_dw(loom_cpu_ctx *c, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
-                      float beta, float *C, int ldc);
+int kern_bf16_head_dw(loom_cpu_ctx *c, int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B,
+                      int ldb, float beta, float *C, int ldc);
 
 /* Monotonic seconds (for the calibrations). */
 double kern_now(void);

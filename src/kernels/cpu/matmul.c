@@ -14,13 +14,24 @@
 /* Columns per thread task in the bias-gradient column sum. */
 #define MM_BIAS_COLS 64
 
-void loom_cpu_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b,
-                     int N, int C, int OC) {
+void loom_cpu_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N,
+                         int C, int OC) {
     /* out (N,OC), inp (N,C), w (C,OC), b (OC) or NULL */
     /* with a bias, each thread's rows of out start as b and the product adds to them */
-    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = OC, .K = C,
-                   .alpha = 1.0f, .A = inp, .lda = C, .B = w, .ldb = OC, .beta = b ? 1.0f : 0.0f,
-                   .C = out, .ldc = OC, .bias = b};
+    kern_gemm g = {.ta = CblasNoTrans,
+                   .tb = CblasNoTrans,
+                   .M = N,
+                   .N = OC,
+                   .K = C,
+                   .alpha = 1.0f,
+                   .A = inp,
+                   .lda = C,
+                   .B = w,
+                   .ldb = OC,
+                   .beta = b ? 1.0f : 0.0f,
+                   .C = out,
+                   .ldc = OC,
+                   .bias = b};
     kern_sgemm(ctx, &g);
 }
 
@@ -38,22 +49,42 @@ static void mm_bias_bwd(void *ctx, float *db, const float *dout, int N, int OC) 
 }
 
 void loom_cpu_matmul_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                     const float *w, int N, int C, int OC) {
+                         const float *w, int N, int C, int OC) {
     /* dinp (N,C) +=, dw (C,OC) +=, db (OC) +=; dout (N,OC), inp (N,C), w (C,OC) */
     /* in bf16, dout is converted once for both products (no caller keeps
      * an output gradient itself, so the unkeep below drops only this keep) */
     const int keep = dinp && dw && loom_cpu_gemm_keeps_bf16(ctx);
     if (keep) loom_cpu_gemm_keep(ctx, dout, (size_t)N * OC);
     if (dinp) { /* dout @ w^T */
-        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = C, .K = OC,
-                       .alpha = 1.0f, .A = dout, .lda = OC, .B = w, .ldb = OC, .beta = 1.0f,
-                       .C = dinp, .ldc = C};
+        kern_gemm g = {.ta = CblasNoTrans,
+                       .tb = CblasTrans,
+                       .M = N,
+                       .N = C,
+                       .K = OC,
+                       .alpha = 1.0f,
+                       .A = dout,
+                       .lda = OC,
+                       .B = w,
+                       .ldb = OC,
+                       .beta = 1.0f,
+                       .C = dinp,
+                       .ldc = C};
         kern_sgemm(ctx, &g);
     }
     if (dw) { /* inp^T @ dout */
-        kern_gemm g = {.ta = CblasTrans, .tb = CblasNoTrans, .M = C, .N = OC, .K = N,
-                       .alpha = 1.0f, .A = inp, .lda = C, .B = dout, .ldb = OC, .beta = 1.0f,
-                       .C = dw, .ldc = OC};
+        kern_gemm g = {.ta = CblasTrans,
+                       .tb = CblasNoTrans,
+                       .M = C,
+                       .N = OC,
+                       .K = N,
+                       .alpha = 1.0f,
+                       .A = inp,
+                       .lda = C,
+                       .B = dout,
+                       .ldb = OC,
+                       .beta = 1.0f,
+                       .C = dw,
+                       .ldc = OC};
         kern_sgemm(ctx, &g);
     }
     if (keep) loom_cpu_gemm_unkeep(ctx, dout);
@@ -62,24 +93,57 @@ void loom_cpu_matmul_bwd(void *ctx, float *dinp, float *dw, float *db, const flo
 
 void loom_cpu_matmul_nt_fwd(void *ctx, float *out, const float *inp, const float *wte, int N, int C, int V) {
     /* out (N,V), inp (N,C), wte (V,C) */
-    kern_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = V, .K = C, .alpha = 1.0f,
-                   .A = inp, .lda = C, .B = wte, .ldb = C, .beta = 0.0f, .C = out, .ldc = V};
+    kern_gemm g = {.ta = CblasNoTrans,
+                   .tb = CblasTrans,
+                   .M = N,
+                   .N = V,
+                   .K = C,
+                   .alpha = 1.0f,
+                   .A = inp,
+                   .lda = C,
+                   .B = wte,
+                   .ldb = C,
+                   .beta = 0.0f,
+                   .C = out,
+                   .ldc = V};
     kern_sgemm(ctx, &g);
 }
 
 void loom_cpu_matmul_nt_bwd(void *ctx, float *dinp, float *dwte, const float *dout, const float *inp,
-                        const float *wte, int N, int C, int V) {
+                            const float *wte, int N, int C, int V) {
     /* dinp (N,C) +=, dwte (V,C) +=; dout (N,V), inp (N,C), wte (V,C) */
     if (dinp) { /* dout @ wte */
-        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = V,
-                       .alpha = 1.0f, .A = dout, .lda = V, .B = wte, .ldb = C, .beta = 1.0f,
-                       .C = dinp, .ldc = C, .head_dx = 1};
+        kern_gemm g = {.ta = CblasNoTrans,
+                       .tb = CblasNoTrans,
+                       .M = N,
+                       .N = C,
+                       .K = V,
+                       .alpha = 1.0f,
+                       .A = dout,
+                       .lda = V,
+                       .B = wte,
+                       .ldb = C,
+                       .beta = 1.0f,
+                       .C = dinp,
+                       .ldc = C,
+                       .head_dx = 1};
         kern_sgemm(ctx, &g);
     }
     if (dwte) { /* dout^T @ inp */
-        kern_gemm g = {.ta = CblasTrans, .tb = CblasNoTrans, .M = V, .N = C, .K = N,
-                       .alpha = 1.0f, .A = dout, .lda = V, .B = inp, .ldb = C, .beta = 1.0f,
-                       .C = dwte, .ldc = C, .head_dw = 1};
+        kern_gemm g = {.ta = CblasTrans,
+                       .tb = CblasNoTrans,
+                       .M = V,
+                       .N = C,
+                       .K = N,
+                       .alpha = 1.0f,
+                       .A = dout,
+                       .lda = V,
+                       .B = inp,
+                       .ldb = C,
+                       .beta = 1.0f,
+                       .C = dwte,
+                       .ldc = C,
+                       .head_dw = 1};
         kern_sgemm(ctx, &g);
     }
 }

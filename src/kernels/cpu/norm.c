@@ -16,8 +16,8 @@
 #define LN_COLS 64
 
 /* One row: out (C), returns mean and rstd. */
-static void ln_fwd_row(float *out, float *mean, float *rstd, const float *x, const float *w,
-                       const float *b, int C) {
+static void ln_fwd_row(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                       int C) {
     float m = kern_sum(x, C) / (float)C;
     float acc[KERN_LANES] = {0};
     int c = 0;
@@ -36,7 +36,7 @@ static void ln_fwd_row(float *out, float *mean, float *rstd, const float *x, con
 }
 
 void loom_cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, const float *inp, const float *w,
-                        const float *b, int N, int C) {
+                            const float *b, int N, int C) {
     /* out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C) */
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
@@ -45,8 +45,8 @@ void loom_cpu_layernorm_fwd(void *ctx, float *out, float *mean, float *rstd, con
 }
 
 /* mean over the row of g = dout * w and of g * xhat, xhat = (x - mean) rstd. */
-static void ln_bwd_row_means(float *mg, float *mgx, const float *dout, const float *x,
-                             const float *w, float mean, float rstd, int C) {
+static void ln_bwd_row_means(float *mg, float *mgx, const float *dout, const float *x, const float *w,
+                             float mean, float rstd, int C) {
     float sg[KERN_LANES] = {0}, sgx[KERN_LANES] = {0};
     int c = 0;
     for (; c + KERN_LANES <= C; c += KERN_LANES)
@@ -67,8 +67,8 @@ static void ln_bwd_row_means(float *mg, float *mgx, const float *dout, const flo
 }
 
 /* One row: dx (C) += rstd (g - mean(g) - xhat mean(g xhat)). */
-static void ln_bwd_row(float *dx, const float *dout, const float *x, const float *w, float mean,
-                       float rstd, int C) {
+static void ln_bwd_row(float *dx, const float *dout, const float *x, const float *w, float mean, float rstd,
+                       int C) {
     float mg, mgx;
     ln_bwd_row_means(&mg, &mgx, dout, x, w, mean, rstd, C);
     for (int c = 0; c < C; c++) {
@@ -79,8 +79,8 @@ static void ln_bwd_row(float *dx, const float *dout, const float *x, const float
 
 /* dw (nc) += sum_i dout[i] * xhat[i], db (nc) += sum_i dout[i] over all N
  * rows, for the column slice starting at c0 (row stride C). */
-static void ln_bwd_params(float *dw, float *db, const float *dout, const float *inp,
-                          const float *mean, const float *rstd, int N, int C, int c0, int nc) {
+static void ln_bwd_params(float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                          const float *rstd, int N, int C, int c0, int nc) {
     for (int i = 0; i < N; i++) {
         const float *d = dout + (size_t)i * C + c0; /* (nc) */
         const float *x = inp + (size_t)i * C + c0;  /* (nc) */
@@ -94,14 +94,14 @@ static void ln_bwd_params(float *dw, float *db, const float *dout, const float *
 /* Rows go to threads for dinp; then column slices (all of C on one thread)
  * for dw and db. Every output may be NULL. */
 void loom_cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                        const float *w, const float *mean, const float *rstd, int N, int C) {
+                            const float *w, const float *mean, const float *rstd, int N, int C) {
     /* dinp (N,C) +=, dw (C) +=, db (C) +=; dout (N,C), inp (N,C), w (C), mean (N), rstd (N) */
     int nth = kern_threads(ctx);
     if (dinp) {
         KERN_PARALLEL_FOR(nth)
         for (int i = 0; i < N; i++)
-            ln_bwd_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C, w,
-                       mean[i], rstd[i], C);
+            ln_bwd_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C, w, mean[i], rstd[i],
+                       C);
     }
     if (!dw && !db) return;
     int cols = nth > 1 ? LN_COLS : C;
@@ -110,7 +110,6 @@ void loom_cpu_layernorm_bwd(void *ctx, float *dinp, float *dw, float *db, const 
     for (int task = 0; task < ntask; task++) {
         int c0 = task * cols;
         int nc = C - c0 < cols ? C - c0 : cols;
-        ln_bwd_params(dw ? dw + c0 : NULL, db ? db + c0 : NULL, dout, inp, mean, rstd, N, C,
-                      c0, nc);
+        ln_bwd_params(dw ? dw + c0 : NULL, db ? db + c0 : NULL, dout, inp, mean, rstd, N, C, c0, nc);
     }
 }

@@ -19,7 +19,7 @@ typedef struct {
     float bc2_sqrt;  /* sqrt(1 - beta2^t) */
     float step_size; /* lr / (1 - beta1^t) */
     float eps;
-    float gscale;    /* gradient clip factor: g * gscale, as a separate scale pass would store it */
+    float gscale; /* gradient clip factor: g * gscale, as a separate scale pass would store it */
 } adamw_consts;
 
 /* The update of element i, as torch does it (adamw_span's scalar part). */
@@ -42,8 +42,8 @@ static inline void adamw_one(float *p, const float *g, float *m, float *v, size_
  * 32-byte boundary of the copy (the elements before it one at a time):
  * nothing reads them before the next step's GEMMs, and a plain store first
  * reads each line it writes - 0.4-0.7 ms of a 16.3M-parameter update. */
-static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
-                       const adamw_consts *k, float *gz, uint16_t *p16) {
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, const adamw_consts *k,
+                       float *gz, uint16_t *p16) {
     const kvf vdecay = kv_set1(k->decay), vb1 = kv_set1(k->b1), vc1 = kv_set1(k->c1), vb2 = kv_set1(k->b2);
     const kvf vc2 = kv_set1(k->c2), vbc2s = kv_set1(k->bc2_sqrt), vneg = kv_set1(-k->step_size);
     const kvf veps = kv_set1(k->eps), vgs = kv_set1(k->gscale);
@@ -101,13 +101,14 @@ static void adamw_run(int nth, float *p, const float *g, float *m, float *v, siz
 }
 
 void loom_cpu_adamw_update(void *ctx, float *p, const float *g, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float wd, int t, float gscale) {
+                           float beta1, float beta2, float eps, float wd, int t, float gscale) {
     /* p (n), g (n), m (n), v (n); g read only */
     adamw_run(kern_threads(ctx), p, g, m, v, n, lr, beta1, beta2, eps, wd, t, gscale, NULL, NULL);
 }
 
-void loom_cpu_adamw_update_zero(void *ctx, float *p, float *g, float *m, float *v, size_t n, float lr, float beta1,
-                                float beta2, float eps, float wd, int t, float gscale, uint16_t *p16) {
+void loom_cpu_adamw_update_zero(void *ctx, float *p, float *g, float *m, float *v, size_t n, float lr,
+                                float beta1, float beta2, float eps, float wd, int t, float gscale,
+                                uint16_t *p16) {
     /* as loom_cpu_adamw_update, and g (n) = 0 afterwards: the next step's
      * gradient zeroing done while each gradient is in a register; p16 (n,
      * unless NULL) = the bf16 bits of the new p */

@@ -25,8 +25,8 @@ double loom_cpu_tensor_softmax_lse(void *ctx, float *x, float *lse, int N, int n
     return zsum;
 }
 
-void loom_cpu_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N, int n,
-                        int k, int norm) {
+void loom_cpu_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float *p, const float *bias, int N,
+                               int n, int k, int norm) {
     (void)ctx;
     float score[1024]; /* LOOM_TOPK_MAX_N (kernel_types.h) */
     for (int i = 0; i < N; i++) {
@@ -51,9 +51,9 @@ void loom_cpu_tensor_topk_gate(void *ctx, int32_t *sel, float *gate, const float
 }
 
 void loom_cpu_tensor_topk_gate_bwd(void *ctx, float *dx, float *dp, const float *dgate, const int32_t *sel,
-                            const float *gate, const float *p, const float *lse,
-                            const int32_t *add_tab, const int32_t *add_row, float add_scale,
-                            float z_scale, int N, int n, int k, int norm) {
+                                   const float *gate, const float *p, const float *lse,
+                                   const int32_t *add_tab, const int32_t *add_row, float add_scale,
+                                   float z_scale, int N, int n, int k, int norm) {
     (void)ctx;
     memset(dp, 0, (size_t)N * n * sizeof *dp);
     for (int i = 0; i < N; i++) {
@@ -90,7 +90,8 @@ void loom_cpu_tensor_gather_rows(void *ctx, float *dst, const float *src, const 
         memcpy(dst + (size_t)r * C, src + (size_t)idx[r] * C, (size_t)C * sizeof *dst);
 }
 
-void loom_cpu_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n, int C) {
+void loom_cpu_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, const int32_t *idx, int n,
+                                      int C) {
     (void)ctx;
     for (int r = 0; r < n; r++) {
         float *d = dst + (size_t)idx[r] * C;
@@ -99,8 +100,8 @@ void loom_cpu_tensor_scatter_add_rows(void *ctx, float *dst, const float *src, c
     }
 }
 
-void loom_cpu_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w, int N,
-                           int k, int C) {
+void loom_cpu_tensor_combine_rows(void *ctx, float *out, const float *y, const int32_t *row, const float *w,
+                                  int N, int k, int C) {
     (void)ctx;
     memset(out, 0, (size_t)N * C * sizeof *out);
     for (int i = 0; i < N; i++)
@@ -114,7 +115,7 @@ void loom_cpu_tensor_combine_rows(void *ctx, float *out, const float *y, const i
 }
 
 void loom_cpu_tensor_combine_rows_bwd(void *ctx, float *dy, float *dw, const float *dout, const float *y,
-                               const int32_t *row, const float *w, int N, int k, int C) {
+                                      const int32_t *row, const float *w, int N, int k, int C) {
     (void)ctx;
     memset(dw, 0, (size_t)N * k * sizeof *dw);
     for (int i = 0; i < N; i++)

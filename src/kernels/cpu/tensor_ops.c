@@ -17,7 +17,8 @@ void loom_cpu_tensor_add2(void *ctx, float *a, float *b, size_t n) {
     for (size_t i = 0; i < n; i++) a[i] = b[i] = a[i] + b[i];
 }
 
-void loom_cpu_tensor_add_bias_residual(void *ctx, float *out, const float *res, const float *bias, int n, int C) {
+void loom_cpu_tensor_add_bias_residual(void *ctx, float *out, const float *res, const float *bias, int n,
+                                       int C) {
     (void)ctx;
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * C;

@@ -136,10 +136,21 @@ double loom_kernels_calibrate_sgemm(int threads, int trials) {
     for (int i = 0; i < KERN_CAL_SHAPES; i++) {
         int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
         kern_cal_fill(a, b, (size_t)m * k, (size_t)k * n);
-        kern_gemm g = {.ta = CblasNoTrans, .tb = CblasNoTrans, .M = m, .N = n, .K = k, .alpha = 1.0f, .A = a,
-                       .lda = k, .B = b, .ldb = n, .beta = 0.0f, .C = c, .ldc = n};
+        kern_gemm g = {.ta = CblasNoTrans,
+                       .tb = CblasNoTrans,
+                       .M = m,
+                       .N = n,
+                       .K = k,
+                       .alpha = 1.0f,
+                       .A = a,
+                       .lda = k,
+                       .B = b,
+                       .ldb = n,
+                       .beta = 0.0f,
+                       .C = c,
+                       .ldc = n};
         double t = kern_time_gemm(ctx, &g, 1); /* warm-up: threads, pages */
-        if (i == 0 && t > 0.25) { /* a slow CPU: 512^3 alone */
+        if (i == 0 && t > 0.25) {              /* a slow CPU: 512^3 alone */
             m = n = k = 512;
             g.M = g.N = g.K = g.lda = g.ldb = g.ldc = 512;
         }

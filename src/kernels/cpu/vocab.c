@@ -83,7 +83,7 @@ static inline float kv_exp_sum(float *e, const float *z, int n, float m, const f
 }
 
 void loom_cpu_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *wte_l, int v0, int V_l, int N,
-                    int C) {
+                        int C) {
     /* out (N,C), tok (N), wte_l (V_l,C) */
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
@@ -95,8 +95,8 @@ void loom_cpu_embed_fwd(void *ctx, float *out, const int32_t *tok, const float *
     }
 }
 
-void loom_cpu_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l, int N,
-                    int C) {
+void loom_cpu_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32_t *tok, int v0, int V_l,
+                        int N, int C) {
     /* threads own disjoint column slices: two tokens may share a row */
     int nth = kern_threads(ctx);
     int cols = nth > 1 ? EMB_COLS : C, ntask = (C + cols - 1) / cols;
@@ -113,8 +113,7 @@ void loom_cpu_embed_bwd(void *ctx, float *dwte_l, const float *dout, const int32
 void loom_cpu_pos_fwd(void *ctx, float *out, const float *wpe, int row0, int n, int T, int C) {
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
-    for (int i = 0; i < n; i++)
-        kern_add_row(out + (size_t)i * C, wpe + (size_t)((row0 + i) % T) * C, C);
+    for (int i = 0; i < n; i++) kern_add_row(out + (size_t)i * C, wpe + (size_t)((row0 + i) % T) * C, C);
 }
 
 void loom_cpu_pos_bwd(void *ctx, float *dwpe, const float *dout, int row0, int n, int T, int C) {
@@ -136,7 +135,7 @@ void loom_cpu_vxent_max(void *ctx, float *rowmax, const float *logits, int N, in
 }
 
 void loom_cpu_vxent_exp(void *ctx, float *logits, float *rowsum, float *tgt, const float *gmax,
-                    const int32_t *targets, int v0, int N, int V_l, int V_valid) {
+                        const int32_t *targets, int v0, int N, int V_l, int V_valid) {
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
@@ -189,8 +188,8 @@ void loom_cpu_vxent_local(void *ctx, float *losses, float *logits, const int32_t
  * into the logits' kept copy (kern_bf16_keep_filled), which the head's two
  * backward products read: the logits are read once and never written, where
  * the three kernels wrote them twice and read them three times. */
-void loom_cpu_vxent_local_grad(void *ctx, float *losses, float *logits, const int32_t *targets, int N, int V_l,
-                               int V_valid, float dloss) {
+void loom_cpu_vxent_local_grad(void *ctx, float *losses, float *logits, const int32_t *targets, int N,
+                               int V_l, int V_valid, float dloss) {
     const size_t n = (size_t)N * V_l;
     int nth = kern_threads(ctx);
     loom_cpu_ctx *c = ctx;
@@ -239,7 +238,7 @@ void loom_cpu_vxent_local_grad(void *ctx, float *losses, float *logits, const in
 }
 
 void loom_cpu_vxent_finish(void *ctx, float *losses, float *probs, const float *gsum, const float *gtgt,
-                       const int32_t *targets, int N, int V_l) {
+                           const int32_t *targets, int N, int V_l) {
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++) {
@@ -248,8 +247,8 @@ void loom_cpu_vxent_finish(void *ctx, float *losses, float *probs, const float *
     }
 }
 
-void loom_cpu_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss, int v0,
-                    int N, int V_l) {
+void loom_cpu_vxent_bwd(void *ctx, float *dlogits, const float *probs, const int32_t *targets, float dloss,
+                        int v0, int N, int V_l) {
     int nth = kern_threads(ctx);
     KERN_PARALLEL_FOR(nth)
     for (int i = 0; i < N; i++)
