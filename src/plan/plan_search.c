@@ -274,10 +274,11 @@ void loom_plan_heuristic(const loom_plan_model *m, const loom_plan_cluster *c, c
 void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, const loom_plan_layout *l,
                            char *buf, size_t cap) {
     if (j->serve) {
-        int k =
-            snprintf(buf, cap, "loom serve --model %s --dp %d --tp %d --pp %d", m->name, l->dp, l->tp, l->pp);
-        if (l->ep > 1 && k >= 0 && (size_t)k < cap)
-            snprintf(buf + k, cap - (size_t)k, "  # ep=%d: loom serve has no expert parallelism", l->ep);
+        /* loom serve's --dp counts replicas; its --ep ranks are dp ranks of one replica */
+        const int ep = l->ep > 1 ? l->ep : 1;
+        int k = snprintf(buf, cap, "loom serve --model %s --dp %d --tp %d --pp %d", m->name, l->dp / ep, l->tp,
+                         l->pp);
+        if (ep > 1 && k >= 0 && (size_t)k < cap) snprintf(buf + k, cap - (size_t)k, " --ep %d", ep);
         return;
     }
     size_t n = (size_t)snprintf(buf, cap, "loom train --model %s --batch %d --seq %d --dp %d --tp %d --pp %d",
