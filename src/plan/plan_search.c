@@ -276,8 +276,8 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
     if (j->serve) {
         /* loom serve's --dp counts replicas; its --ep ranks are dp ranks of one replica */
         const int ep = l->ep > 1 ? l->ep : 1;
-        int k = snprintf(buf, cap, "loom serve --model %s --dp %d --tp %d --pp %d", m->name, l->dp / ep, l->tp,
-                         l->pp);
+        int k = snprintf(buf, cap, "loom serve --model %s --dp %d --tp %d --pp %d", m->name, l->dp / ep,
+                         l->tp, l->pp);
         if (ep > 1 && k >= 0 && (size_t)k < cap) snprintf(buf + k, cap - (size_t)k, " --ep %d", ep);
         return;
     }
