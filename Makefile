@@ -19,8 +19,10 @@ run: setup
 test: build
 	cd build && ctest --output-on-failure -j2
 
+# The unit tests under ASan/UBSan; none of them needs the CUDA backend (its
+# tests need a GPU or run on the emulation in `make test`), so it is not built.
 test-asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON -DLOOM_CUDA=OFF
 	cmake --build build-asan -j$$(nproc)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -L unit -j2
 
