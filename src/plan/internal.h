@@ -100,6 +100,8 @@ void plan_mb_costs(const loom_plan_model *m, const loom_plan_cluster *c, const l
 eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j);
 double plan_layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
                       double s_loc, double s);
+double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                              int layers_max, int first, int last);
 void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
                  const loom_plan_layout *l, const eval_ctx *e, int layers_max, int first, int last,
                  loom_plan_result *r);

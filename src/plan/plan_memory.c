@@ -48,6 +48,21 @@ double plan_layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_pl
     return u * x;
 }
 
+/* Dense (non-expert) parameters a rank of layout l holds: its layers'
+ * attention, router, dense MLP (all / t) and norms (whole), the embedding on
+ * the first stage and the LM head on the last, the head only where it is not
+ * the embedding itself (tied at pp = 1: one matrix, held and reduced once),
+ * and the final norm with the head.
+ * Memory and the DP/ZeRO traffic both count these. */
+double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                              int layers_max, int first, int last) {
+    const double t = l->tp;
+    return layers_max * (e->sc.attn_w + e->sc.router_w + (n_experts(m) > 1 ? 0 : e->sc.mlp_w)) / t +
+           layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
+           (last && (!m->tied || !first) ? e->sc.head_w / t : 0) +
+           (last ? (m->gated ? 1.0 : 2.0) * m->hidden : 0);
+}
+
 /* Memory of the most loaded stage; fills r->mem_*; returns the number of
  * layers on that stage in *Ls. */
 void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
@@ -55,9 +70,7 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
                  loom_plan_result *r) {
     const double t = l->tp, E = n_experts(m);
     const double zgroup = (double)l->dp * l->cp, egroup = zgroup / l->ep;
-    const double dense = layers_max * (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
-                         layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
-                         (last && (!m->tied || !first) ? e->sc.head_w / t : 0);
+    const double dense = plan_rank_dense_params(m, e, l, layers_max, first, last);
     const double expert = E > 1 ? layers_max * E * e->sc.mlp_w / (t * l->ep) : 0;
     double pw = (dense + expert) * e->wb, pg = (dense + expert) * e->gb, po = (dense + expert) * e->ob;
     if (!j->serve) {

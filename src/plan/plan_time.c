@@ -266,9 +266,20 @@ static void compute_costs(const loom_plan_model *m, const loom_plan_cluster *c, 
 }
 
 /* Tensor parallel: collectives per layer per micro-batch (act: one
- * micro-batch's activations of one layer, bytes). */
+ * micro-batch's activations of one layer, bytes). With SP the forward's two
+ * all-gathers + two reduce-scatters move the bytes of its two all-reduces,
+ * and so do the backward's (Korthikanti et al. 2022, section 4.2.2: "the
+ * communication bandwidth used for tensor parallelism and tensor together
+ * with sequence parallelism are the same"). The backward also gathers again
+ * the two column-parallel GEMMs' inputs for their weight gradients (only
+ * the shards were kept): GPU stacks issue that all-gather asynchronously
+ * while the input-gradient GEMM runs (Megatron-LM's
+ * LinearWithGradAccumulationAndAsyncCommunication; the paper's section
+ * 4.2.2), so only what outlasts those GEMMs (`dgrad`: their time per layer)
+ * is exposed; loom's own stack (fp32) gathers before it computes
+ * (src/model/gpt.c, sp_regather), all exposed: dgrad = 0. */
 static void tp_costs(const loom_plan_cluster *c, const loom_plan_layout *l, double act, int layers_max,
-                     mb_costs *k) {
+                     double dgrad, mb_costs *k) {
     const int tin = plan_axis_inter(l, c, LOOM_PLAN_TP);
     double tp_f = 0, tp_b = 0;
     if (l->tp > 1) {
@@ -276,7 +287,7 @@ static void tp_costs(const loom_plan_cluster *c, const loom_plan_layout *l, doub
             const double ag = loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, l->tp, tin, act);
             const double rs = loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, l->tp, tin, act);
             tp_f = layers_max * 2 * (ag + rs);
-            tp_b = layers_max * (2 * (ag + rs) + 2 * ag);
+            tp_b = layers_max * (2 * (ag + rs) + fmax(0, 2 * ag - dgrad));
         } else {
             const double ar = loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, l->tp, tin, act);
             tp_f = layers_max * 2 * ar;
@@ -338,8 +349,9 @@ static void dp_costs(const loom_plan_model *m, const loom_plan_cluster *c, const
     const int din = plan_axis_inter(l, c, LOOM_PLAN_DP) || plan_axis_inter(l, c, LOOM_PLAN_CP);
     const int zg = l->dp * l->cp;
     const double E = n_experts(m);
-    const double dense_p = layers_max * (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
-                           (first ? e->sc.embed_w / t : 0) + (last ? e->sc.head_w / t : 0);
+    /* the parameters memory counts: a head tied to the embedding on the
+     * same rank (pp = 1) is one matrix, reduced once */
+    const double dense_p = plan_rank_dense_params(m, e, l, layers_max, first, last);
     const double exp_p = E > 1 ? layers_max * E * e->sc.mlp_w / (t * l->ep) : 0;
     const int eg = zg / l->ep;
     const int ein = din && !(l->ep > 1 && eg * plan_axis_stride(l, LOOM_PLAN_DP) <= c->gpus_per_node);
@@ -426,7 +438,13 @@ void plan_mb_costs(const loom_plan_model *m, const loom_plan_cluster *c, const l
     const int layers_max = sp->layers_max;
     compute_costs(m, c, j, l, e, sp, k);
     const double act = b * s_loc * m->hidden * e->ab;
-    tp_costs(c, l, act, layers_max, k);
+    /* the input-gradient GEMMs of QKV and the MLP's up (and gate)
+     * projection, per layer: what hides SP's backward re-gathers on GPU stacks */
+    const double h = m->hidden, up = m->gated ? 2.0 : 1.0, tok = b * s_loc;
+    const double dgrad =
+        e->ab == 2 ? 2 * tok * h * (h + 2 * e->sc.hd * m->kv_heads + up * n_topk(m) * m->ffn) / (t * sp->eff)
+                   : 0;
+    tp_costs(c, l, act, layers_max, dgrad, k);
     cp_costs(m, c, j, l, e, layers_max, k);
     /* expert parallel: dispatch + combine all-to-all, forward and backward */
     if (m->experts > 1 && l->ep > 1) {

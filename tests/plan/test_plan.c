@@ -516,8 +516,13 @@ static void test_grad_acc_and_zero3(void) {
     loom_plan_result r4, r1;
     CHECK(loom_plan_evaluate(&m, &c, &j4, &l4, 1, &r4) == LOOM_OK && r4.feasible, "evaluate m=4");
     CHECK(loom_plan_evaluate(&m, &c, &j1, &l1, 1, &r1) == LOOM_OK && r1.feasible, "evaluate m=1");
-    const double h = m.hidden, P = m.layers * (4 * h * h + 2 * h * m.ffn) + (double)m.vocab * h +
-                                   (double)m.max_seq * h + (double)m.vocab * h; /* layers, embedding, head */
+    /* layers (weights; LayerNorms and the qkv, proj, fc, fc_proj biases),
+     * the token and position embeddings, the final LayerNorm; the head is
+     * tied to the embedding (one matrix at pp = 1: until 2026-11-26 the
+     * planner counted it twice here, the bug of issue 34) */
+    const double h = m.hidden, F = m.ffn,
+                 P = m.layers * (4 * h * h + 2 * h * F + 4 * h + 3 * h + h + F + h) + (double)m.vocab * h +
+                     (double)m.max_seq * h + 2 * h;
     const double want = 3 * 3 * 2 * P / c.hbm_bw; /* 3 accumulations of 6 bytes per parameter */
     const double got = r4.t_compute - 4 * r1.t_compute;
     CHECK(fabs(got / want - 1) < 1e-6,
