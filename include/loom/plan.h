@@ -180,8 +180,8 @@ typedef struct loom_plan_job {
     int grad_fp32;       /* 1: gradients accumulated and reduced in fp32 (else in the weights' dtype) */
     int dropout;         /* 1: the model applies dropout (GPT: masks kept, their traffic) */
     int elementwise;     /* 0 fused kernels per op, 1 eager PyTorch composites, 2 torch.compile'd */
-    int logits_fp32;     /* 1: the head's logits in fp32 (else bf16 with an fp32 loss: PyTorch's autocast) */
-    int loss_chunks;     /* > 1: the head and loss run over this many chunks of the tokens (0, 1: whole) */
+    int logits_bf16; /* 1: bf16 logits into a fused loss kernel (else fp32: F.cross_entropy(logits.float())) */
+    int loss_chunks; /* > 1: the head and loss run over this many chunks of the tokens (0, 1: whole) */
     /* search: knobs the user pinned (--fix KEY=VALUE): mask of LOOM_PLAN_FIX_*
      * bits, values in fixed */
     unsigned fix;

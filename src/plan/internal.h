@@ -26,6 +26,7 @@ typedef struct eval_ctx {
     loom_plan_attn attn; /* the kernel (DEFAULT resolved) */
     int fp8, dropout, elementwise, loss_chunks;
     double logit_bytes; /* per logit at the loss's peak (the logits and the gradient the loss writes) */
+    int logits_bf16;    /* the loss a fused kernel on bf16 logits */
 } eval_ctx;
 
 /* Element-wise HBM bytes of one layer for one micro-batch (plan_layer_elem). */

@@ -24,9 +24,11 @@ eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const
     e.dropout = j->dropout, e.elementwise = j->elementwise;
     e.loss_chunks = j->loss_chunks > 1 ? j->loss_chunks : 1;
     /* the loss's peak per logit: fp32 log-probabilities kept and the fp32
-     * gradient its backward writes (8); bf16 logits kept as bf16 with a bf16
-     * gradient (4); fp32 (loom): the logits and their gradient (8) */
-    e.logit_bytes = j->bf16 && !j->logits_fp32 ? 4 : 8;
+     * gradient its backward writes (8); a fused loss on bf16 logits
+     * (flash-attn's cross-entropy, llm-foundry's default) keeps the bf16
+     * logits and writes a bf16 gradient (4); fp32 (loom): 8 */
+    e.logit_bytes = j->bf16 && j->logits_bf16 ? 4 : 8;
+    e.logits_bf16 = j->bf16 && j->logits_bf16;
     return e;
 }
 

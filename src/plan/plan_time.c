@@ -275,14 +275,18 @@ static void compute_costs(const loom_plan_model *m, const loom_plan_cluster *c, 
     /* a kernel the cluster measured (planner.c's split_costs): its
      * backward at its own speed, not twice the forward's time */
     const double attn_bwd_extra = e->ab == 4 ? 0.5 * attn_fwd : layers_max * sp->attn_bwd_extra;
-    /* the loss over the vocabulary on the last stage (GPU stacks): its
-     * logits cast to fp32 (read 2, write 4 bytes a logit) and log-softmaxed
-     * (read 4, write 4) forward; backward the loss's dense gradient written
-     * (4), the log-softmax gradient (read 4 + 4, write 4) and the cast back
-     * (read 4, write 2): PyTorch's F.cross_entropy(logits.float()), each op
-     * one pass over the logits at HBM bandwidth (vocab-parallel under tp) */
+    /* the loss over the vocabulary on the last stage (GPU stacks), each op
+     * one pass over the logits at HBM bandwidth (vocab-parallel under tp):
+     * PyTorch's F.cross_entropy(logits.float()) casts them to fp32 (read 2,
+     * write 4 bytes a logit) and log-softmaxes them (read 4, write 4)
+     * forward; backward writes the loss's dense gradient (4), the
+     * log-softmax gradient (read 4 + 4, write 4) and casts it back (read 4,
+     * write 2). A fused kernel on bf16 logits (--logits bf16: flash-attn's
+     * cross-entropy) reads them once forward (2) and reads them and writes
+     * their gradient backward (2 + 2) */
     const double logits = sp->last && e->ab == 2 ? b * s_loc * m->vocab / t : 0;
-    const double ce_f = 14 * logits / c->hbm_bw, ce_b = 22 * logits / c->hbm_bw;
+    const double ce_f = (e->logits_bf16 ? 2 : 14) * logits / c->hbm_bw;
+    const double ce_b = (e->logits_bf16 ? 4 : 22) * logits / c->hbm_bw;
     k->fwd = f_rank + elem_f + ce_f, k->bwd_in = f_rank + elem_b + attn_bwd_extra + ce_b, k->bwd_w = f_rank;
     k->attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
     /* full recompute repeats the layers' forward, element-wise work included.

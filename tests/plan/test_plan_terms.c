@@ -103,7 +103,7 @@ static void test_activation_memory(void) {
     loom_plan_model m;
     CHECK(loom_plan_model_builtin("gpt2-small", &m) == LOOM_OK, "gpt2-small");
     const double s = 1024, b = 1, h = m.hidden, L = m.layers, V = m.vocab;
-    loom_plan_job j = {.batch = 1, .seq = 1024, .bf16 = 1, .gpus = 1, .flash = 1, .logits_fp32 = 1};
+    loom_plan_job j = {.batch = 1, .seq = 1024, .bf16 = 1, .gpus = 1, .flash = 1};
     const char *lay = "dp=1,mbs=1,m=1,recompute=none";
     const loom_plan_result nodrop = eval_layout(&m, &c, &j, lay);
     const double logits = 8 * s * b * V; /* fp32 logits and their gradient */
@@ -123,7 +123,7 @@ static void test_activation_memory(void) {
           (nodrop.mem_act - chunks.mem_act) / 1e9, 0.75 * logits / 1e9);
     /* the logits live on the last stage only: pp = 2's first stage holds
      * 6 layers and no logits (1F1B: 2 micro-batches in flight there) */
-    loom_plan_job jp = {.batch = 2, .seq = 1024, .bf16 = 1, .gpus = 2, .flash = 1, .logits_fp32 = 1};
+    loom_plan_job jp = {.batch = 2, .seq = 1024, .bf16 = 1, .gpus = 2, .flash = 1};
     const loom_plan_result pp = eval_layout(&m, &c, &jp, "dp=1,pp=2,mbs=1,m=2,recompute=none");
     CHECK(pp.mem_act < 2 * 6 * 34 * s * b * h + logits, "pp=2: the most loaded stage %.4f GB",
           pp.mem_act / 1e9);
@@ -139,7 +139,7 @@ static void test_zero3_memory(void) {
     loom_plan_cluster c = preset("h100-80gb");
     loom_plan_model m;
     CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
-    loom_plan_job j = {.batch = 8, .seq = 8192, .bf16 = 1, .gpus = 8, .flash = 1, .logits_fp32 = 1};
+    loom_plan_job j = {.batch = 8, .seq = 8192, .bf16 = 1, .gpus = 8, .flash = 1};
     const loom_plan_result r = eval_layout(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full");
     const double P = loom_plan_model_params(&m, NULL);
     const double h = m.hidden, kv = h / m.heads * m.kv_heads;
