@@ -429,14 +429,19 @@ for (atp, tps, mem) in [(0, 829, 71.9), (1, 876, 67.6)]:
         gpus=256, batch=512, seq=8192, prec="fp8",
         layout="dp=32,tp=8,zero=3,sp=1,async_tp=%d,mbs=16,m=1,recompute=full" % atp, stack=dict(TT, fused=1),
         tps=tps, mem=mem * 2**30 / 1e9, part="held", group="tt2412-t4")
+# With PP, torchtitan's apply_fsdp does not reshard after forward ("For PP,
+# do not reshard after forward to avoid per-microbatch all-gathers":
+# reshard_after_forward = False when pp_enabled, torchtitan
+# models/llama3/infra/parallelize.py): the stage's parameters stay gathered
+# over the micro-batches, gradients reduce-scattered: zero=2.
 for (sched, tps, mem) in [("1f1b", 100, 82.5), ("interleaved,v=2", 128, 72.7)]:
     add(id="tt2412-405b-pp-%s" % sched.split(",")[0], src="tt2412", family="fsdp", system="grandteton",
         model="llama3-405b", gpus=512, batch=256, seq=8192, prec="fp8",
-        layout="dp=8,tp=8,pp=8,zero=3,sp=1,async_tp=1,mbs=4,m=8,recompute=full,schedule=%s" % sched,
+        layout="dp=8,tp=8,pp=8,zero=2,sp=1,async_tp=1,mbs=4,m=8,recompute=full,schedule=%s" % sched,
         stack=dict(TT, fused=1), tps=tps, mem=mem * 2**30 / 1e9, part="held", group="tt2412-t5")
 for (fsdp, cp, s, tps, mem) in [(8, 1, 32768, 76, 75.3), (4, 2, 65536, 47, 75.9), (2, 4, 131072, 31, 77.1),
                                 (1, 8, 262144, 16, 84.9)]:
-    lay = "dp=%d,tp=8,pp=8,cp=%d,zero=3,sp=1,async_tp=1,mbs=1,m=8,recompute=full,schedule=1f1b" % (fsdp, cp)
+    lay = "dp=%d,tp=8,pp=8,cp=%d,zero=2,sp=1,async_tp=1,mbs=1,m=8,recompute=full,schedule=1f1b" % (fsdp, cp)
     if cp > 1:
         lay += ",cp_impl=allgather"
     add(id="tt2412-405b-cp%d" % cp, src="tt2412", family="fsdp", system="grandteton", model="llama3-405b",
