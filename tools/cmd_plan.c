@@ -367,7 +367,7 @@ int cmd_plan(int argc, char **argv) {
          "virtual stage) (exit 64 if rejected, with the reason)"},
         {"flash-attention", OPT_FLAG, &a.flash, 0, NULL,
          "the stack's attention keeps no seq x seq scores (FlashAttention-style): no score activations, no "
-         "score element-wise traffic"},
+         "score element-wise traffic; timed as --attention flash2"},
         {"no-dp-overlap", OPT_FLAG, &a.no_dp_overlap, 0, NULL,
          "the stack starts the DP gradient reduction after the backward (as Megatron-LM 2021 did)"},
         {"attention", OPT_STR, a.attention, sizeof a.attention, "K",
