@@ -25,6 +25,12 @@ the first) and its error printed beside, and both are summarised over those
 rows: two versions of the planner or calibration against the same measured
 step.
 
+With --base-all as well, every layout is also predicted by LOOM_BASE with
+the same cluster file (the same calibration) and its own efficiency fit
+against the same 1-rank step: two versions of the planner's cost model
+against the same measured steps, row by row (calibrate unchanged between
+them).
+
 Prints the table and the median and worst |error|. The target (issue 12):
 median <= 15 %, worst <= 25 %. On a shared machine with fewer cores than
 ranks the measurements are noisy: say so when quoting the numbers.
@@ -109,7 +115,11 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--max-np", type=int, default=8)
     ap.add_argument("--model", default="mini")
+    ap.add_argument("--base-all", action="store_true",
+                    help="predict every layout with LOOM_BASE too, on the same cluster file")
     a = ap.parse_args()
+    if a.base_all and not LOOM_BASE:
+        raise BenchError("--base-all needs LOOM_BASE (another loom binary)")
     if not os.path.exists(LOOM):
         raise BenchError("build loom first: %s missing" % LOOM)
     print("bench_plan: %s, model %s, batch %d x seq %d, %d steps per run; CPU %s, %d cores" %
@@ -130,7 +140,10 @@ def main():
             run([LOOM_RUN, "-np", 1, LOOM, "calibrate", "--out", clusters[1], "--quiet"], what="loom calibrate")
             set_efficiency(clusters[1], 1.0)
             pred, _ = predict_ms(1, a.model, clusters[1], "dp=1")
-            if compare:  # the base binary's own fit, against the same measured step
+            if compare and a.base_all:  # the base binary's fit on the same cluster file
+                pred_base, _ = predict_ms(1, a.model, clusters[1], "dp=1", LOOM_BASE)
+                eff_base[0] = min(1.0, pred_base / meas)
+            elif compare:  # the base binary's own fit, against the same measured step
                 cb = os.path.join(tmp, "base1.json")
                 run([LOOM_RUN, "-np", 1, LOOM_BASE, "calibrate", "--out", cb, "--quiet"], what="base calibrate")
                 set_efficiency(cb, 1.0)
@@ -144,13 +157,17 @@ def main():
         for n, layout, flags in LAYOUTS:
             if n > a.max_np:
                 continue
-            compare = bool(LOOM_BASE) and n > (os.cpu_count() or 1)
+            compare = bool(LOOM_BASE) and (a.base_all or n > (os.cpu_count() or 1))
             eff, _, _ = fit_efficiency(compare)
             run([LOOM_RUN, "-np", n, LOOM, "calibrate", "--out", clusters[n], "--quiet"], what="loom calibrate")
             set_efficiency(clusters[n], eff)
             pred, d = predict_ms(n, a.model, clusters[n], layout)
             base = ""
-            if compare:
+            if compare and a.base_all:
+                set_efficiency(clusters[n], eff_base[0])
+                pred_base, _ = predict_ms(n, a.model, clusters[n], layout, LOOM_BASE)
+                set_efficiency(clusters[n], eff)
+            elif compare:
                 cb = os.path.join(tmp, "base%d.json" % n)
                 run([LOOM_RUN, "-np", n, LOOM_BASE, "calibrate", "--out", cb, "--quiet"], what="base calibrate")
                 set_efficiency(cb, eff_base[0])
@@ -166,8 +183,9 @@ def main():
                    " ".join("%.0f" % s for s in steps), base), flush=True)
         summaries = [("", rows)]
         if base_rows:
-            summaries += [("more ranks than cores, this binary: ", [e for e, _ in base_rows]),
-                          ("more ranks than cores, base %s: " % LOOM_BASE, [b for _, b in base_rows])]
+            which = "every layout" if a.base_all else "more ranks than cores"
+            summaries += [("%s, this binary: " % which, [e for e, _ in base_rows]),
+                          ("%s, base %s: " % (which, LOOM_BASE), [b for _, b in base_rows])]
         for name, errs in summaries:
             abs_err = [abs(e) for e in errs]
             print("\n%s%d layouts: median |error| %.1f%%, worst %.1f%% (target: median <= 15%%, worst <= 25%%)" %

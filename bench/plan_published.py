@@ -1,20 +1,33 @@
 #!/usr/bin/env python3
-"""loom plan against published training runs: for each configuration below
-(model shape, cluster, layout, batch, measured throughput, with its source),
-`loom plan --layout ... --json` predicts the step time on the matching
-cluster preset, and the throughput is computed with the paper's own FLOP
-count, so prediction and publication are compared like for like. Prints the
-table and the median |error| (target <= 15 %).
+"""loom plan against published training runs (bench/plan_runs.py): for every
+row, `loom plan --layout ... --json` predicts the run on its system (a
+plan/clusters/ preset with what the source says of the network), with what
+its stack did as flags; prints each row's predicted and published
+throughput (tokens/s/GPU) and error, and for the calibration and the
+held-out parts apart: rows predicted, rows rejected (a run that happened
+and the planner says cannot), median and 90th percentile |error|, memory
+against published peaks, and the rank agreement (groups of rows that
+compare layouts or schedules of one model on one cluster: is the planner's
+fastest the measured fastest?).
 
-Cluster presets are plan/clusters/*.json: datasheet peaks and link speeds,
-with efficiency fractions that are measured by the sources docs/planning.md
-names (GEMM curve, flash attention, achievable HBM bandwidth) or stated
-assumptions (collectives, overlap), none fitted to this table.
+Targets (issue 34), on the held-out part: median |error| <= 15 %, p90 <=
+30 %, no run rejected, memory within 15 % of published peaks; rank agreement
+>= 80 % of the groups.
 
-usage: bench/plan_published.py [--loom build/loom]
+An older loom (--loom) that lacks a flag or layout key of a row sees the
+nearest thing it has (a kernel other than the materialised scores becomes
+--flash-attention, fp8 becomes bf16, op-level and alternate-layer recompute
+become selective and full; others are left out), so a base binary's numbers
+can be printed for the same table.
+
+usage: bench/plan_published.py [--loom build/loom] [--part cal|held|all]
+                               [--match TEXT] [--rows] [--json FILE]
+                               [--base OLD/build/loom]  (before/after table)
 """
 import argparse
+import copy
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -23,260 +36,250 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import plan_runs  # noqa: E402
 
-MEGATRON = ("Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters Using "
-            "Megatron-LM', SC'21, arXiv:2104.04473: Table 1 (weak scaling) and Table 2 (PTD-P and ZeRO-3 rows); "
-            "Selene, DGX A100 80GB, 8 x HDR InfiniBand per node (section 5)")
-KORTHIKANTI = ("Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer Models', "
-               "arXiv:2205.05198 (MLSys 2023): Table 3 (configurations), Table 5 (end-to-end iteration time), section 6 (interleaving, "
-               "s, v, Selene DGX A100 80GB, 8 x HDR InfiniBand per node); checked against calculon-ai/calculon "
-               "validation/seqsel/tab5/ and calculon/llm/validation.py (seqsel_tab5) and NVIDIA/Megatron-LM README at "
-               "2e90a342 (MFU/HFU, data parallel size one)")
-LLAMA3 = ("Llama Team, Meta, 'The Llama 3 Herd of Models', arXiv:2407.21783, section 3.3.2, Table 4 "
-          "(H100 80GB, NVLink inside 8-GPU servers, 400 Gb/s RoCE per GPU between them, section 3.3.1)")
-
-# Megatron-LM 2021, Table 1: GPT models, vocab 51,200, sequence 2,048, mixed
-# precision (fp16); throughput in TFLOP/s per GPU by the paper's Eq. 3, which
-# counts the recomputed forward (activation recomputation on). Each row
-# checked against two transcriptions of the paper (docs/planning.md).
-# The knobs the paper's tables leave out are from the scripts NVIDIA
-# published to reproduce them: NVIDIA/Megatron-LM
-# examples/academic_paper_scripts/sc21/run_table_1.sh (added as examples/sc21
-# in de7dc40f, Aug 2021; README: "scripts that were used to produce the
-# results", Megatron-LM commit 6985e589): micro-batch size (MBS),
-# --num-layers-per-virtual-pipeline-stage (interleaved schedule; absent: the
-# non-interleaved 1F1B), --DDP-impl (torch: PyTorch DDP, whose bucketed
-# all-reduce overlaps the backward; local: Megatron's, all-reduce after the
-# backward), --activations-checkpoint-method uniform (full recompute), --fp16.
-# (params B, heads, hidden, layers, tp, pp, gpus, batch, TFLOP/s/GPU, table,
-#  micro-batch, layers per virtual stage or 0, DDP)
-MEGATRON_ROWS = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, "T1", 16, 0, "torch"),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, "T1", 16, 0, "torch"),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, "T1", 16, 0, "torch"),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, "T1", 8, 0, "torch"),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, "T1", 4, 0, "local"),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, "T1", 2, 5, "local"),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, "T1", 2, 5, "local"),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, "T1", 1, 3, "local"),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, "T1", 1, 1, "local"),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, "T1", 1, 0, "local"),
-    # Table 2, PTD-P rows (model-parallel size 96 = tp 8 x pp 12 for GPT-3
-    # 175B, 280 = 8 x 35 for the 530B model of Table 1); no script: micro-batch
-    # 1 and local DDP as in the sc21 scripts for these models (run_figure_12.sh:
-    # 175B, tp 8, pp 12, MBS 1, DDP local), the virtual stages the planner's
-    # best (None)
-    (174.6, 96, 12288, 96, 8, 12, 384, 1536, 153, "T2", 1, None, "local"),
-    (174.6, 96, 12288, 96, 8, 12, 768, 1536, 149, "T2", 1, None, "local"),
-    (174.6, 96, 12288, 96, 8, 12, 1536, 1536, 141, "T2", 1, None, "local"),
-    (529.6, 128, 20480, 105, 8, 35, 560, 2240, 171, "T2", 1, None, "local"),
-    (529.6, 128, 20480, 105, 8, 35, 1120, 2240, 167, "T2", 1, None, "local"),
-    (529.6, 128, 20480, 105, 8, 35, 2240, 2240, 159, "T2", 1, None, "local"),
-]
-# Table 2, ZeRO-3 rows: DeepSpeed's ZeRO-3 inside the same codebase, no
-# model parallelism (every GPU a DP rank), the micro-batch the table gives;
-# the 530B row on 640 GPUs ran batch 2560 (the table's asterisk).
-# (params B, heads, hidden, layers, gpus, batch, micro-batch, TFLOP/s/GPU)
-ZERO3_ROWS = [
-    (174.6, 96, 12288, 96, 384, 1536, 4, 144),
-    (174.6, 96, 12288, 96, 768, 1536, 2, 88),
-    (174.6, 96, 12288, 96, 1536, 1536, 1, 44),
-    (529.6, 128, 20480, 105, 640, 2560, 4, 138),
-    (529.6, 128, 20480, 105, 1120, 2240, 2, 98),
-    (529.6, 128, 20480, 105, 2240, 2240, 1, 48),
-]
-# What the Megatron-LM 2021 stack did, as inputs to the cost model (not fitted):
-# - the data-parallel gradient all-reduce after the backward with local DDP
-#   (--no-dp-overlap), overlapped with it under PyTorch DDP;
-# - attention materialised the s x s scores (fused scale-mask-softmax, no
-#   FlashAttention, which is from 2022): the planner's default;
-# - full activation recomputation (section 5.1, Eq. 3).
-MEGATRON_FLAGS = {"local": ["--no-dp-overlap"], "torch": []}
-
-# Korthikanti et al. 2022 (arXiv:2205.05198), Table 3 and Table 5: four GPT
-# models on Selene (DGX A100 80GB), no data parallelism, sequence 2,048,
-# vocab 51,200, mixed precision, each timed twice: full activation
-# recomputation without sequence parallelism ("full"), and sequence
-# parallelism with selective recomputation ("sp+sel", the paper's "present
-# work"). Every number checked in the paper's text (a full-text conversion of
-# the PDF) and in calculon-ai/calculon's transcription (validation/seqsel/tab5/
-# *.json for the layouts, calculon/llm/validation.py seqsel_tab5 for the times);
-# the sp+sel rows also against NVIDIA/Megatron-LM's README at 2e90a342 (MFU
-# and HFU, "data parallel size of one"), which the times reproduce below.
-# The paper: "We use the interleaving schedule with three interleaving stages
-# (m = 3) for the 175B and 530B models" (v = 3; calculon: pipeline_interleaving
-# 3, and 1 for 22B and 1T); full recompute and sp+sel on the same Table 3
-# layout. FlashAttention did not exist (scores materialised: the planner's
-# default; selective recompute is the paper's recompute of QK^T, softmax,
-# dropout and attention over V). With dp = 1 there is no DP reduction to
-# overlap or not.
-# (label, heads, hidden, layers, tp, pp, gpus, batch, micro-batch, v,
-#  full-recompute time s, sp+sel time s, Table 5 throughput increase %, MFU %, HFU %)
-KORTHIKANTI_ROWS = [
-    ("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10, 29.0, 41.5, 43.7),
-    ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75, 31.8, 51.4, 52.8),
-    ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83, 29.7, 56.0, 57.0),
-    ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49, 32.1, 56.3, 57.0),
-]
-A100_PEAK = 312e12  # dense fp16/bf16, the peak the paper's MFU divides by
-
-# Llama 3 405B (126 layers, hidden 16,384, 128 heads, 8 KV heads), 16M tokens
-# per batch. Table 4 prints DP = 4 for the 128K row, but 16,384 GPUs / (8 x 16
-# x 16) = 8 and 16 sequences per DP group x 131,072 tokens x DP = 16M tokens
-# need DP = 8: we use 8.
-# (gpus, tp, cp, pp, dp, seq, batch sequences, TFLOP/s/GPU)
-LLAMA3_ROWS = [
-    (8192, 8, 1, 16, 64, 8192, 2048, 430),
-    (16384, 8, 1, 16, 128, 8192, 2048, 400),
-    (16384, 8, 16, 16, 8, 131072, 128, 380),
-]
-# What section 3.3.2 says of the stack, as inputs:
-# - FSDP sharding optimizer state and gradients, parameters not resharded
-#   after the forward: zero=2;
-# - the interleaved schedule; order [TP, CP, PP, DP];
-# - "we could pre-train Llama 3 on sequences of 8K tokens without activation
-#   checkpointing": recompute=none at 8K, which only fits if attention keeps no
-#   s x s scores (--flash-attention);
-# - CP by all-gather of K and V, exposed (cp_impl=allgather).
-LLAMA3_FLAGS = ["--flash-attention"]
+CLUSTERS = os.path.join(SRC, "plan", "clusters")
 
 
-def megatron_flops(B, s, l, h, V):
-    """The paper's FLOPs per iteration (with the recomputed forward)."""
-    return 96.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (16.0 * l * h))
+def capabilities(loom):
+    """What this loom's `plan` understands (older binaries lack the newer flags)."""
+    p = subprocess.run([loom, "plan", "--help"], capture_output=True, text=True)
+    h = p.stdout + p.stderr
+    return {"attention": "--attention" in h, "grad_reduce": "--grad-reduce" in h, "dropout": "--dropout" in h,
+            "fused": "--fused" in h, "elementwise": "--elementwise" in h, "logits": "--logits" in h, "fp8": "fp8" in h, "async_tp": "async_tp" in h, "op": "recompute=op" in h}
 
 
-def korthikanti_flops(B, s, l, h, V, hardware=False):
-    """Model FLOPs per iteration, the paper's Eq. 7 (no recompute counted);
-    hardware=True: Eq. 8, with selective recompute's attention re-run."""
-    return 72.0 * B * s * l * h * h * (1 + s / ((3.0 if hardware else 6.0) * h) + V / (12.0 * l * h))
+def layout_for(layout, caps):
+    parts = []
+    for kv in layout.split(","):
+        k, _, v = kv.partition("=")
+        if k == "async_tp" and not caps["async_tp"]:
+            continue
+        if k == "recompute" and not caps["op"]:
+            v = {"op": "selective", "layer2": "full"}.get(v, v)
+        parts.append("%s=%s" % (k, v) if v else k)
+    return ",".join(parts)
 
 
-def korthikanti_check(row):
-    """The transcribed times against the same table's other columns: the
-    throughput increase (full / sp+sel) and, with Eq. 7 and 8 at 312 TFLOP/s,
-    the MFU and HFU of the sp+sel run, each within the times' rounding."""
-    (name, heads, h, L, tp, pp, gpus, batch, mbs, v, t_full, t_sel, inc, mfu, hfu) = row
-    ok = abs(100 * (t_full / t_sel - 1) - inc) <= 0.2
-    ok &= abs(100 * korthikanti_flops(batch, 2048, L, h, 51200) / (t_sel * gpus * A100_PEAK) - mfu) <= 0.3
-    ok &= abs(100 * korthikanti_flops(batch, 2048, L, h, 51200, True) / (t_sel * gpus * A100_PEAK) - hfu) <= 0.3
-    if not ok:
-        raise SystemExit("Korthikanti %s: times, throughput increase and MFU/HFU disagree" % name)
+def stack_flags(stack, prec, caps):
+    f = []
+    att = stack.get("attention", "materialized")
+    if caps["attention"]:
+        f += ["--attention", att]
+    elif att != "materialized":
+        f += ["--flash-attention"]
+    if stack.get("no_dp_overlap"):
+        f += ["--no-dp-overlap"]
+    if caps["grad_reduce"] and stack.get("grad_reduce"):
+        f += ["--grad-reduce", stack["grad_reduce"]]
+    if caps["logits"] and stack.get("logits"):
+        f += ["--logits", stack["logits"]]
+    if caps["dropout"] and stack.get("dropout"):
+        f += ["--dropout"]
+    if caps["fused"] and stack.get("fused"):
+        f += ["--fused"]
+    elif caps["elementwise"] and stack.get("elementwise"):
+        f += ["--elementwise", stack["elementwise"]]
+    f += ["--precision", prec if (prec != "fp8" or caps["fp8"]) else "bf16"]
+    return f
 
 
-def plan(loom, model, cluster, gpus, batch, seq, layout, flags):
-    cmd = [loom, "plan", "--model", model, "--cluster", cluster, "--gpus", str(gpus), "--nodes",
-           str((gpus + 7) // 8), "--batch", str(batch), "--seq", str(seq), "--precision", "bf16", "--layout",
-           layout, "--json"] + flags
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def system_file(tmp, name, gpus):
+    """The row's system as a cluster file: the preset, the source's network
+    overrides, enough nodes for the run."""
+    preset, over = plan_runs.SYSTEMS[name]
+    with open(os.path.join(CLUSTERS, preset + ".json")) as f:
+        c = json.load(f)
+    c = copy.deepcopy(c)
+    for k, v in over.items():
+        c.setdefault(k, {}).update(v) if isinstance(v, dict) else c.__setitem__(k, v)
+    inter = c.get("inter_node", {})
+    if "nics_per_node" in inter:  # the per-device share older binaries read
+        inter["bandwidth_gbps"] = inter["nics_per_node"] * inter["nic_gbps"] / c["gpus_per_node"]
+    c["nodes"] = max(1, -(-gpus // c["gpus_per_node"]))
+    path = os.path.join(tmp, "%s-%d.json" % (name, c["nodes"]))
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(c, f)
+    return path
+
+
+def model_file(tmp, key):
+    path = os.path.join(tmp, "model-%s.json" % key)
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(plan_runs.MODELS[key], f)
+    return path
+
+
+def plan(loom, cmd):
+    p = subprocess.run([loom, "plan"] + cmd + ["--json"], capture_output=True, text=True)
     try:
         return json.loads(p.stdout)
     except json.JSONDecodeError:
-        raise SystemExit("loom plan failed: %s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
+        return {"feasible": False, "reason": "loom plan failed: %s" % (p.stderr.strip() or p.stdout.strip())[:200]}
 
 
-def best_of(loom, model, cluster, gpus, batch, seq, base, knobs, flags):
-    """The paper states the degrees; knobs it does not state (schedule, virtual
-    stages, recompute) are the planner's best feasible choice among `knobs`."""
+def predict(loom, caps, tmp, row):
+    base = ["--model", model_file(tmp, row["model"]), "--cluster", system_file(tmp, row["system"], row["gpus"]),
+            "--gpus", str(row["gpus"]), "--batch", str(row["batch"]), "--seq", str(row["seq"])]
+    base += stack_flags(row["stack"], row["prec"], caps)
     best = None
-    for k in knobs:
-        r = plan(loom, model, cluster, gpus, batch, seq, base + "," + k, flags)
-        if r["feasible"] and (best is None or not best["feasible"] or
-                              r["time_s"]["step"] < best["time_s"]["step"]):
-            best = r
-        elif best is None:
+    for suffix in row.get("choose") or [""]:
+        lay = layout_for(row["layout"] + ("," + suffix if suffix else ""), caps)
+        r = plan(loom, base + ["--layout", lay])
+        if best is None or (r.get("feasible") and (not best.get("feasible") or
+                                                   r["time_s"]["step"] < best["time_s"]["step"])):
             best = r
     return best
+
+
+def pct(xs, q):
+    """The q-quantile (0..1) by linear interpolation between order statistics."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(math.floor(k)), int(math.ceil(k))
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarise(name, rows):
+    ok = [r for r in rows if r["pred"] is not None]
+    rej = [r for r in rows if r["pred"] is None]
+    errs = [abs(r["err"]) for r in ok]
+    signed = [r["err"] for r in ok]
+    mems = [abs(r["mem_err"]) for r in ok if r.get("mem_err") is not None]
+    print("\n%s: %d runs, %d predicted, %d rejected" % (name, len(rows), len(ok), len(rej)))
+    if errs:
+        print("  |throughput error|: median %.1f%%, p90 %.1f%%, worst %.1f%%; signed median %+.1f%%, "
+              "%d of %d predicted too fast" % (100 * statistics.median(errs), 100 * pct(errs, 0.9), 100 * max(errs),
+                                               100 * statistics.median(signed), sum(e > 0 for e in signed),
+                                               len(signed)))
+    if mems:
+        print("  memory vs published peak: %d rows, median |error| %.1f%%, worst %.1f%%, %d within 15%%" %
+              (len(mems), 100 * statistics.median(mems), 100 * max(mems), sum(m <= 0.15 for m in mems)))
+    fam = {}
+    for r in ok:
+        fam.setdefault((r["family"], r["gpu"]), []).append(abs(r["err"]))
+    for k in sorted(fam):
+        e = fam[k]
+        print("    %-10s %-10s %3d: median %5.1f%%, p90 %5.1f%%" % (k[0], k[1], len(e), 100 * statistics.median(e),
+                                                                  100 * pct(e, 0.9)))
+    for r in rej:
+        print("  rejected: %s: %s" % (r["id"], r["reason"][:160]))
+
+
+def rank_agreement(name, rows):
+    groups = {}
+    for r in rows:
+        if r.get("group"):
+            groups.setdefault(r["group"], []).append(r)
+    agree, total, lines = 0, 0, []
+    for g, rs in sorted(groups.items()):
+        if len(rs) < 2:
+            continue
+        total += 1
+        best_pub = max(rs, key=lambda r: r["tps"])
+        feas = [r for r in rs if r["pred"] is not None]
+        best_pred = max(feas, key=lambda r: r["pred"]) if feas else None
+        hit = best_pred is best_pub
+        agree += hit
+        lines.append("    %-32s measured best %-30s planner's %-30s %s" % (
+            g, best_pub["id"][-30:], best_pred["id"][-30:] if best_pred else "(none feasible)",
+            "agree" if hit else "DISAGREE"))
+    if total:
+        print("\n%s rank agreement: %d of %d groups (%.0f%%)" % (name, agree, total, 100.0 * agree / total))
+        for line in lines:
+            print(line)
+    return agree, total
+
+
+def predict_all(loom, runs):
+    """Every row predicted by this loom: the row plus pred, err, mem_err, reason."""
+    caps = capabilities(loom)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="loom-published-") as tmp:
+        for row in runs:
+            r = predict(loom, caps, tmp, row)
+            d = dict(row, gpu=plan_runs.SYSTEMS[row["system"]][0], pred=None, err=None, mem_err=None,
+                     reason=r.get("reason", ""), layout_used=r.get("layout", ""))
+            if r.get("feasible"):
+                d["pred"] = r["tokens_per_s_per_device"]
+                d["err"] = d["pred"] / row["tps"] - 1
+                d["mfu"] = r.get("mfu")
+                d["mem_pred"] = r["memory_bytes"]["total"] / 1e9
+                d["mem_alloc"] = (r["memory_bytes"]["total"] - r["memory_bytes"].get("runtime", 0)) / 1e9
+                d["time_s"] = r["time_s"]
+                if row.get("mem"):
+                    d["mem_err"] = d["mem_alloc"] / row["mem"] - 1
+            out.append(d)
+    return out
+
+
+def stats(rows):
+    ok = [r for r in rows if r["pred"] is not None]
+    errs = [abs(r["err"]) for r in ok]
+    mems = [abs(r["mem_err"]) for r in ok if r.get("mem_err") is not None]
+    med = lambda xs: 100 * statistics.median(xs) if xs else float("nan")  # noqa: E731
+    return (len(rows), len(rows) - len(ok), med(errs), 100 * pct(errs, 0.9) if errs else float("nan"),
+            med(mems), len(mems))
+
+
+def compare(base, before, loom, after):
+    """Before (base binary) and after (this one), on the same rows and cluster files."""
+    print("\nbefore: %s\nafter:  %s" % (base, loom))
+    print("%-22s %5s | %8s %8s %8s %9s | %8s %8s %8s %9s" % ("part", "rows", "rejected", "median", "p90",
+                                                              "mem med", "rejected", "median", "p90", "mem med"))
+    keys = [("cal", None), ("held", None)] + sorted({("held", (d["family"], d["gpu"])) for d in after})
+    for part, fam in keys:
+        pick = lambda xs: [d for d in xs if d["part"] == part and (fam is None or (d["family"], d["gpu"]) == fam)]  # noqa
+        b, n = stats(pick(before)), stats(pick(after))
+        name = part if fam is None else "  %s %s" % fam
+        print("%-22s %5d | %8d %7.1f%% %7.1f%% %8.1f%% | %8d %7.1f%% %7.1f%% %8.1f%%" % (
+            name, n[0], b[1], b[2], b[3], b[4], n[1], n[2], n[3], n[4]))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--loom", default=os.environ.get("LOOM", os.path.join(SRC, "build", "loom")))
+    ap.add_argument("--part", default="all", choices=["cal", "held", "all"])
+    ap.add_argument("--match", default="", help="only rows whose id contains this")
+    ap.add_argument("--rows", action="store_true", help="print every row")
+    ap.add_argument("--json", default="", help="write the rows with predictions to this file")
+    ap.add_argument("--base", default="", help="also predict with this loom and print before/after")
     a = ap.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="loom-published-") as tmp:
-        for (pb, heads, h, L, tp, pp, gpus, batch, tflops, table, mbs, lpvs, ddp) in MEGATRON_ROWS:
-            cfg = os.path.join(tmp, "gpt-%gb.json" % pb)
-            with open(cfg, "w") as f:
-                json.dump({"model_type": "gpt2", "n_layer": L, "n_head": heads, "n_embd": h, "vocab_size": 51200,
-                           "n_positions": 2048}, f)
-            dp = gpus // (tp * pp)
-            m = batch // (dp * mbs)
-            layout = "dp=%d,tp=%d,pp=%d,mbs=%d,m=%d,recompute=full" % (dp, tp, pp, mbs, m)
-            if pp == 1:
-                knobs = ["schedule=1f1b"]
-            elif lpvs is None:  # not stated: the planner's best interleaving
-                knobs = ["schedule=interleaved,v=%d" % v for v in (2, 3, 4, 6, 8) if m % pp == 0 and L % (pp * v) == 0]
-            elif lpvs:
-                knobs = ["schedule=interleaved,v=%d" % (L // (pp * lpvs))]
+    runs = [r for r in plan_runs.RUNS if (a.part == "all" or r["part"] == a.part) and a.match in r["id"]]
+    out = predict_all(a.loom, runs)
+    print("loom plan vs published runs: %s, %d rows" % (a.loom, len(out)))
+    if a.rows:
+        print("%-44s %-5s %-9s %10s %10s %8s %8s  %s" % ("run", "part", "gpu", "published", "predicted", "error",
+                                                         "mem", "layout"))
+        for d in out:
+            mem = "%+.0f%%" % (100 * d["mem_err"]) if d["mem_err"] is not None else ""
+            if d["pred"] is None:
+                print("%-44s %-5s %-9s %10.1f %10s %8s %8s  rejected: %s" % (d["id"], d["part"], d["gpu"], d["tps"],
+                                                                          "-", "-", mem, d["reason"][:120]))
             else:
-                knobs = ["schedule=1f1b"]
-            r = best_of(a.loom, cfg, "dgx-a100-80gb", gpus, batch, 2048, layout, knobs, MEGATRON_FLAGS[ddp])
-            pred = (megatron_flops(batch, 2048, L, h, 51200) / (r["time_s"]["step"] * gpus) / 1e12
-                    if r["feasible"] else float("nan"))
-            rows.append(("GPT %gB" % pb, "A100", gpus, "tp%d pp%d dp%d mbs%d" % (tp, pp, dp, mbs), batch, tflops,
-                         pred, r, "Megatron-LM 2021 %s" % table))
-        for (pb, heads, h, L, gpus, batch, mbs, tflops) in ZERO3_ROWS:
-            cfg = os.path.join(tmp, "gpt-%gb.json" % pb)
-            layout = "dp=%d,zero=3,mbs=%d,m=%d,recompute=full" % (gpus, mbs, batch // (gpus * mbs))
-            r = plan(a.loom, cfg, "dgx-a100-80gb", gpus, batch, 2048, layout, [])
-            pred = (megatron_flops(batch, 2048, L, h, 51200) / (r["time_s"]["step"] * gpus) / 1e12
-                    if r["feasible"] else float("nan"))
-            rows.append(("GPT %gB" % pb, "A100", gpus, "zero3 dp%d mbs%d" % (gpus, mbs), batch, tflops, pred, r,
-                         "Megatron-LM 2021 T2"))
-        for row in KORTHIKANTI_ROWS:
-            korthikanti_check(row)
-            (name, heads, h, L, tp, pp, gpus, batch, mbs, v, t_full, t_sel, inc, mfu, hfu) = row
-            cfg = os.path.join(tmp, "korthikanti-%s.json" % name)
-            with open(cfg, "w") as f:
-                json.dump({"model_type": "gpt2", "n_layer": L, "n_head": heads, "n_embd": h, "vocab_size": 51200,
-                           "n_positions": 2048}, f)
-            sched = "interleaved,v=%d" % v if v > 1 else "1f1b"
-            flops = korthikanti_flops(batch, 2048, L, h, 51200)
-            for (variant, knobs, t) in (("full", "recompute=full,sp=0", t_full), ("sp+sel", "recompute=selective,sp=1",
-                                                                                    t_sel)):
-                layout = "dp=1,tp=%d,pp=%d,mbs=%d,m=%d,schedule=%s,%s" % (tp, pp, mbs, batch // mbs, sched, knobs)
-                r = plan(a.loom, cfg, "dgx-a100-80gb", gpus, batch, 2048, layout, [])
-                pred = flops / (r["time_s"]["step"] * gpus) / 1e12 if r["feasible"] else float("nan")
-                rows.append(("GPT %s" % name, "A100", gpus, "tp%d pp%d dp1 mbs%d %s" % (tp, pp, mbs, variant), batch,
-                             flops / (t * gpus) / 1e12, pred, r, "Korthikanti 2022 T5"))
-        for (gpus, tp, cp, pp, dp, seq, batch, tflops) in LLAMA3_ROWS:
-            layout = "dp=%d,tp=%d,cp=%d,pp=%d,zero=2,mbs=1,m=%d,order=tp.cp.pp.dp" % (dp, tp, cp, pp, batch // dp)
-            if cp > 1:
-                layout += ",cp_impl=allgather"
-            recs = ("none",) if seq == 8192 else ("none", "selective", "full")
-            knobs = ["schedule=interleaved,v=%d,recompute=%s,sp=%d" % (v, rc, sp) for v in (2, 4, 8)
-                     for rc in recs for sp in (0, 1)]
-            r = best_of(a.loom, "llama3-405b", "dgx-h100", gpus, batch, seq, layout, knobs, LLAMA3_FLAGS)
-            # model FLOPs as the planner counts them (6 x params + attention), per device per second
-            pred = r["mfu"] * 989 if r["feasible"] else float("nan")
-            rows.append(("Llama3 405B", "H100", gpus, "tp%d cp%d pp%d dp%d" % (tp, cp, pp, dp), batch, tflops,
-                         pred, r, "Llama 3 T4"))
-    print("loom plan vs published runs (TFLOP/s per GPU, each paper's own FLOP count)")
-    print("%-12s %-5s %6s %-25s %6s %10s %10s %8s  %s" % ("model", "gpu", "gpus", "layout", "batch", "published",
-                                                           "predicted", "error", "source"))
-    errs = []
-    groups = {}  # source table, ZeRO-3 rows apart from Table 2's PTD-P rows
-    for (name, gpu, gpus, lay, batch, pub, pred, r, src) in rows:
-        groups.setdefault(src + (" ZeRO-3" if lay.startswith("zero3") else ""), [])
-        if not r["feasible"]:
-            print("%-12s %-5s %6d %-25s %6d %10.0f %10s %8s  %s  (rejected: %s)" %
-                  (name, gpu, gpus, lay, batch, pub, "-", "-", src, r["reason"]))
-            continue
-        err = pred / pub - 1
-        errs.append(abs(err))
-        groups[src + (" ZeRO-3" if lay.startswith("zero3") else "")].append(abs(err))
-        print("%-12s %-5s %6d %-25s %6d %10.0f %10.1f %+7.1f%%  %s" % (name, gpu, gpus, lay, batch, pub, pred,
-                                                                      100 * err, src))
-    print("\nsources:\n  Megatron-LM 2021 T1, T2: %s\n  Korthikanti 2022 T5: %s\n  Llama 3 T4: %s" %
-          (MEGATRON, KORTHIKANTI, LLAMA3))
-    if errs:
-        print("\n%d of %d configurations predicted: median |error| %.1f%%, worst %.1f%% (target: median <= 15%%)" %
-              (len(errs), len(rows), 100 * statistics.median(errs), 100 * max(errs)))
-        for (g, e) in groups.items():
-            if e:
-                print("  %-28s %2d predicted: median %.1f%%, worst %.1f%%" % (g, len(e), 100 * statistics.median(e),
-                                                                            100 * max(e)))
+                print("%-44s %-5s %-9s %10.1f %10.1f %+7.1f%% %8s  %s" % (d["id"], d["part"], d["gpu"], d["tps"],
+                                                                        d["pred"], 100 * d["err"], mem,
+                                                                        d["layout_used"]))
+    for part, name in (("cal", "calibration part"), ("held", "held-out part")):
+        rows = [d for d in out if d["part"] == part]
+        if rows:
+            summarise(name, rows)
+            rank_agreement(name, rows)
+    if a.part == "all":
+        rank_agreement("all rows", out)
+    print("\nsources:")
+    for k, v in plan_runs.SOURCES.items():
+        print("  %-9s %s" % (k, v))
+    if a.base:
+        compare(a.base, predict_all(a.base, runs), a.loom, out)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -13,8 +13,50 @@
 
 typedef struct plan_args {
     char model[1024], cluster[1024], precision[16], mode[16], layout[512];
-    int batch, seq, gpus, nodes, top, json, explain, gen, flash, no_dp_overlap;
+    char attention[16], grad_reduce[16], elementwise[16], logits[16];
+    int batch, seq, gpus, nodes, top, json, explain, gen, flash, no_dp_overlap, dropout, fused, loss_chunks;
+    cli_strlist fix;
 } plan_args;
+
+/* A word of `words` (NULL-terminated) as its index; LOOM_EUSAGE listing them. */
+static loom_status pick(const char *flag, const char *v, const char *const *words, int first, int *out) {
+    char list[256] = "";
+    for (int i = first; words[i]; i++) {
+        if (strcmp(v, words[i]) == 0) {
+            *out = i;
+            return LOOM_OK;
+        }
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i > first ? ", " : "", words[i]);
+    }
+    return loom_fail(LOOM_EUSAGE, "--%s %s: one of %s", flag, v, list);
+}
+
+/* The training stack's properties (docs/planning.md, "The training stack"). */
+static loom_status stack_of(const plan_args *a, loom_plan_job *j, loom_plan_layout *fixed) {
+    static const char *const ATTN[LOOM_PLAN_ATTN_COUNT + 1] = {
+        "default", "materialized", "flash", "flash2", "flash3", "triton", "cudnn", "xformers", NULL};
+    static const char *const RED[] = {"bf16", "fp32", NULL}, *const EW[] = {"fused", "eager", "compiled",
+                                                                            NULL};
+    int x = 0;
+    if (a->attention[0]) {
+        LOOM_TRY(pick("attention", a->attention, ATTN, 1, &x));
+        j->attn = (loom_plan_attn)x;
+        j->flash = x != LOOM_PLAN_ATTN_MATERIALIZED;
+    }
+    if (a->grad_reduce[0]) LOOM_TRY(pick("grad-reduce", a->grad_reduce, RED, 0, &j->grad_fp32));
+    if (a->elementwise[0]) LOOM_TRY(pick("elementwise", a->elementwise, EW, 0, &j->elementwise));
+    if (a->fused) j->elementwise = 2;
+    if (a->logits[0]) {
+        LOOM_TRY(pick("logits", a->logits, RED, 0, &x));
+        j->logits_bf16 = x == 0;
+    }
+    if (a->loss_chunks < 0) return loom_fail(LOOM_EUSAGE, "--loss-chunks %d: must be >= 1", a->loss_chunks);
+    j->loss_chunks = a->loss_chunks;
+    j->dropout = a->dropout;
+    for (int i = 0; i < a->fix.n; i++) LOOM_TRY(loom_plan_fix_parse(a->fix.items[i], &j->fix, fixed));
+    j->fixed = fixed;
+    return LOOM_OK;
+}
 
 typedef struct named {
     const char *name;
@@ -37,12 +79,14 @@ static cJSON *result_json(const loom_plan_model *m, const loom_plan_job *j, cons
     }
     cJSON_AddNumberToObject(o, "tokens_per_s_per_device", r->tokens_per_s_dev);
     cJSON_AddNumberToObject(o, "mfu", r->mfu);
+    cJSON_AddBoolToObject(o, "mfu_capped", r->mfu_capped);
     add_numbers(cJSON_AddObjectToObject(o, "memory_bytes"), (const named[]){{"params", r->mem_params},
                                                                             {"grads", r->mem_grads},
                                                                             {"optimizer", r->mem_opt},
                                                                             {"activations", r->mem_act},
                                                                             {"kv_cache", r->mem_kv},
                                                                             {"reserved", r->mem_other},
+                                                                            {"runtime", r->mem_runtime},
                                                                             {"total", r->mem_total},
                                                                             {NULL, 0}});
     cJSON_AddNumberToObject(o, "in_flight", r->in_flight);
@@ -196,8 +240,14 @@ static loom_status run(plan_args *a) {
                        .flash = a->flash,
                        .no_dp_overlap = a->no_dp_overlap};
     if (strcmp(a->precision, "bf16") == 0) j.bf16 = 1;
+    else if (strcmp(a->precision, "fp8") == 0) j.bf16 = j.fp8 = 1;
     else if (strcmp(a->precision, "fp32") != 0)
-        return loom_fail(LOOM_EUSAGE, "--precision %s: fp32 or bf16", a->precision);
+        return loom_fail(LOOM_EUSAGE, "--precision %s: fp32, bf16 or fp8", a->precision);
+    if (j.fp8 && !(c.peak_fp8 > 0))
+        return loom_fail(LOOM_EUSAGE, "--precision fp8: cluster %s gives no peak_tflops.fp8 (no FP8 GEMMs)",
+                         c.name);
+    static loom_plan_layout fixed;
+    LOOM_TRY(stack_of(a, &j, &fixed));
     if (strcmp(a->mode, "serve") == 0) j.serve = 1;
     else if (strcmp(a->mode, "train") != 0)
         return loom_fail(LOOM_EUSAGE, "--mode %s: train or serve", a->mode);
@@ -306,18 +356,39 @@ int cmd_plan(int argc, char **argv) {
         {"seq", OPT_INT, &a.seq, 0, "T",
          "sequence length (serve: prompt length) (default: the model's context)"},
         {"gen", OPT_INT, &a.gen, 0, "N", "serve: tokens generated per request (default 128)"},
-        {"precision", OPT_STR, a.precision, sizeof a.precision, "P", "fp32 or bf16 (mixed) (default bf16)"},
+        {"precision", OPT_STR, a.precision, sizeof a.precision, "P",
+         "fp32, bf16 (mixed) or fp8 (the layers' GEMMs in FP8, the rest bf16 mixed) (default bf16)"},
         {"mode", OPT_STR, a.mode, sizeof a.mode, "M", "train or serve (default train)"},
         {"top", OPT_INT, &a.top, 0, "N", "layouts to print (default 5)"},
         {"layout", OPT_STR, a.layout, sizeof a.layout, "L",
          "evaluate exactly this layout, e.g. dp=8,tp=4,pp=2,zero=1,sp=1,schedule=1f1b,m=16,mbs=1,v=1,"
-         "recompute=selective,order=tp.cp.dp.pp, cp=4,cp_impl=ring|ulysses|allgather (exit 64 if rejected, "
-         "with the reason)"},
+         "recompute=selective,order=tp.cp.dp.pp, cp=4,cp_impl=ring|ulysses|allgather; also recompute=op "
+         "(torchtitan's op-level) or recompute=layer2 (every other block), async_tp=1, stages=5.6.6.5 (layers per "
+         "virtual stage) (exit 64 if rejected, with the reason)"},
         {"flash-attention", OPT_FLAG, &a.flash, 0, NULL,
          "the stack's attention keeps no seq x seq scores (FlashAttention-style): no score activations, no "
-         "score element-wise traffic"},
+         "score element-wise traffic; timed as --attention flash2"},
         {"no-dp-overlap", OPT_FLAG, &a.no_dp_overlap, 0, NULL,
          "the stack starts the DP gradient reduction after the backward (as Megatron-LM 2021 did)"},
+        {"attention", OPT_STR, a.attention, sizeof a.attention, "K",
+         "the stack's attention kernel: materialized (s x s scores in HBM), flash, flash2, flash3, triton, cudnn, "
+         "xformers; timed from the cluster's measured attention_tflops (default materialized; flash2 with "
+         "--flash-attention)"},
+        {"grad-reduce", OPT_STR, a.grad_reduce, sizeof a.grad_reduce, "T",
+         "the dtype gradients are accumulated and reduced in: bf16 or fp32 (default bf16)"},
+        {"dropout", OPT_FLAG, &a.dropout, 0, NULL,
+         "the model applies dropout (masks kept and their traffic)"},
+        {"elementwise", OPT_STR, a.elementwise, sizeof a.elementwise, "E",
+         "how element-wise ops run: fused (one kernel per op: Megatron, TE, apex), eager (PyTorch composites: "
+         "an RMSNorm as several kernels) or compiled (torch.compile) (default fused)"},
+        {"fused", OPT_FLAG, &a.fused, 0, NULL, "the same as --elementwise compiled"},
+        {"logits", OPT_STR, a.logits, sizeof a.logits, "T",
+         "the loss's input: fp32 (default: F.cross_entropy(logits.float()), 8 bytes a logit kept, 36 moved) or bf16 "
+         "(a fused kernel on the bf16 logits, as flash-attn's cross-entropy in llm-foundry: 4 kept, 6 moved)"},
+        {"loss-chunks", OPT_INT, &a.loss_chunks, 0, "N",
+         "the head and loss computed over N chunks of the tokens (logits memory / N) (default 1)"},
+        {"fix", OPT_STRLIST, &a.fix, 0, "KEY=VALUE",
+         "pin search knobs (repeatable or comma-separated: --fix tp=8 --fix zero=1,sp=1); the others are searched"},
         {"json", OPT_FLAG, &a.json, 0, NULL, "machine-readable output"},
         {"explain", OPT_FLAG, &a.explain, 0, NULL,
          "walk the rule of thumb's decisions and say where the search disagrees and why"},

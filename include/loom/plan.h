@@ -60,6 +60,39 @@ typedef enum {
 
 #define LOOM_PLAN_MAX_POINTS 16
 
+/* The attention kernel a stack runs (docs/planning.md, "Attention"): the
+ * s x s scores materialised in HBM (Megatron's fused softmax), or a tiled
+ * kernel that keeps none: FlashAttention (v1), FlashAttention-2, -3, the
+ * Triton FlashAttention of 2022 (MPT's), cuDNN's fused attention (Transformer
+ * Engine), xformers' cutlass kernel. DEFAULT: materialised, or FlashAttention-2
+ * where the job says flash (the older --flash-attention). */
+typedef enum {
+    LOOM_PLAN_ATTN_DEFAULT,
+    LOOM_PLAN_ATTN_MATERIALIZED,
+    LOOM_PLAN_ATTN_FLASH,
+    LOOM_PLAN_ATTN_FLASH2,
+    LOOM_PLAN_ATTN_FLASH3,
+    LOOM_PLAN_ATTN_TRITON,
+    LOOM_PLAN_ATTN_CUDNN,
+    LOOM_PLAN_ATTN_XFORMERS,
+    LOOM_PLAN_ATTN_COUNT
+} loom_plan_attn;
+/* "materialized", "flash", "flash2", ... (NULL past the end). */
+extern const char *const loom_plan_attn_names[LOOM_PLAN_ATTN_COUNT];
+
+/* Measured attention throughput of one kernel on this GPU (the cluster's
+ * "attention_tflops"): causal, by head size (64, 128, 256) and sequence
+ * length, forward and backward apart, FLOP/s as the FlashAttention papers
+ * count them (causal half of 4 s^2 hd per head forward, 2.5x that backward).
+ * have[h] = 0: no measurement at that head size. */
+#define LOOM_PLAN_ATTN_SEQS 8
+typedef struct loom_plan_attn_table {
+    int n_seq;
+    double seq[LOOM_PLAN_ATTN_SEQS];
+    int have[3];
+    double fwd[3][LOOM_PLAN_ATTN_SEQS], bwd[3][LOOM_PLAN_ATTN_SEQS];
+} loom_plan_attn_table;
+
 typedef struct loom_plan_cluster {
     char name[1024];
     int gpus_per_node, nodes;
@@ -87,6 +120,18 @@ typedef struct loom_plan_cluster {
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */
     double attn_eff; /* flash attention kernel: achieved / peak on causal FLOPs (0: the GEMM curve) */
+    double peak_fp8; /* FLOP/s per device of FP8 GEMMs (0: no FP8) */
+    double fp8_top;  /* gemm_fp8_top: achieved / FP8 peak of the largest FP8 GEMM (0: the bf16 curve's top) */
+    double
+        clock_scale; /* the GEMM and attention measurements scaled by it (a GPU they were not measured on) */
+    /* the network (docs/planning.md, "Networks"): NICs per node, each one
+     * direction's bytes/s; rail-optimised fabric (same-index GPUs of every
+     * node on one switch). nics = 0: inter_bw is one device's NIC share */
+    int nics;
+    double nic_bw;
+    int rail;       /* inter_node.rail_optimized (absent: 1) */
+    double oversub; /* inter_node.oversubscription: spine bandwidth divisor (absent: 1, non-blocking) */
+    loom_plan_attn_table attn[LOOM_PLAN_ATTN_COUNT];
     int n_gemm;
     double gemm_flops[LOOM_PLAN_MAX_POINTS], gemm_curve[LOOM_PLAN_MAX_POINTS];
     /* measured collectives (calibrate): n[op] points by group size; when a
@@ -107,8 +152,14 @@ double loom_plan_default_slice(double cpus);
 /* Time of one collective of `bytes` (the buffer each rank passes: the full
  * vector for all-reduce, the gathered output for all-gather, the input for
  * reduce-scatter and all-to-all) over a group of g ranks whose bandwidth is
- * that of the inter-node link when `inter`. */
+ * that of the inter-node link when `inter` (one rank per node: each rank's
+ * own NIC share). */
 double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes);
+/* The same over a group of g ranks with k of them on each node (k = g: one
+ * node; docs/planning.md, "Networks"): the bytes that cross node boundaries
+ * spread over the NICs of the k ranks, the rest over NVLink, the slower of
+ * the two (and the ring's latency over the links it crosses). */
+double loom_plan_coll_time_k(const loom_plan_cluster *c, loom_coll_op op, int g, int k, double bytes);
 /* Achieved / peak of one GEMM of `flops` (2*M*N*K) on this cluster. */
 double loom_plan_gemm_eff(const loom_plan_cluster *c, double flops);
 
@@ -122,9 +173,38 @@ typedef struct loom_plan_job {
     int gen;   /* serve: generated tokens per sequence */
     int gpus;  /* devices to use (0: the whole cluster) */
     /* properties of the training stack being modelled (docs/planning.md) */
-    int flash;         /* 1: attention never stores the s x s scores (online softmax) */
-    int no_dp_overlap; /* 1: the DP reduction starts after the backward (Megatron-LM 2021) */
+    int flash;           /* 1: attention never stores the s x s scores (online softmax) */
+    int no_dp_overlap;   /* 1: the DP reduction starts after the backward (Megatron-LM 2021) */
+    loom_plan_attn attn; /* the attention kernel (DEFAULT: materialised, or flash2 with flash) */
+    int fp8;             /* 1: the layers' GEMMs in FP8 (attention and LM head in bf16) */
+    int grad_fp32;       /* 1: gradients accumulated and reduced in fp32 (else in the weights' dtype) */
+    int dropout;         /* 1: the model applies dropout (GPT: masks kept, their traffic) */
+    int elementwise;     /* 0 fused kernels per op, 1 eager PyTorch composites, 2 torch.compile'd */
+    int logits_bf16; /* 1: bf16 logits into a fused loss kernel (else fp32: F.cross_entropy(logits.float())) */
+    int loss_chunks; /* > 1: the head and loss run over this many chunks of the tokens (0, 1: whole) */
+    /* search: knobs the user pinned (--fix KEY=VALUE): mask of LOOM_PLAN_FIX_*
+     * bits, values in fixed */
+    unsigned fix;
+    struct loom_plan_layout *fixed;
 } loom_plan_job;
+
+enum {
+    LOOM_PLAN_FIX_DP = 1u << 0,
+    LOOM_PLAN_FIX_TP = 1u << 1,
+    LOOM_PLAN_FIX_PP = 1u << 2,
+    LOOM_PLAN_FIX_CP = 1u << 3,
+    LOOM_PLAN_FIX_EP = 1u << 4,
+    LOOM_PLAN_FIX_ZERO = 1u << 5,
+    LOOM_PLAN_FIX_SP = 1u << 6,
+    LOOM_PLAN_FIX_SCHEDULE = 1u << 7,
+    LOOM_PLAN_FIX_MBS = 1u << 8,
+    LOOM_PLAN_FIX_M = 1u << 9,
+    LOOM_PLAN_FIX_V = 1u << 10,
+    LOOM_PLAN_FIX_RECOMPUTE = 1u << 11,
+    LOOM_PLAN_FIX_CP_IMPL = 1u << 12,
+    LOOM_PLAN_FIX_ORDER = 1u << 13,
+    LOOM_PLAN_FIX_ASYNC_TP = 1u << 14
+};
 
 /* Axes as in mesh.h: innermost first. */
 enum { LOOM_PLAN_TP, LOOM_PLAN_CP, LOOM_PLAN_DP, LOOM_PLAN_PP, LOOM_PLAN_NAXES };
@@ -140,24 +220,41 @@ typedef enum {
     LOOM_PLAN_CP_IMPL_COUNT
 } loom_plan_cp_impl;
 
+/* Recompute modes the planner knows beyond loom's own three (model.h's
+ * NONE, SELECTIVE, FULL): op-level selective checkpointing (torchtitan's
+ * "selective op": every other matmul's output saved, the rest recomputed)
+ * and full checkpointing of every other block ("selective layer", ac_freq 2).
+ * loom_plan_layout_validate checks them as SELECTIVE and FULL. */
+enum { LOOM_PLAN_RECOMPUTE_OP = 3, LOOM_PLAN_RECOMPUTE_LAYER2 = 4, LOOM_PLAN_RECOMPUTE_COUNT = 5 };
+
+/* Virtual stages a layout can give layer counts for (stages=...). */
+#define LOOM_PLAN_MAX_STAGES 128
+
 typedef struct loom_plan_layout {
     int dp, tp, pp, cp, ep;
     loom_plan_cp_impl cp_impl; /* cp > 1 */
     int zero;                  /* 0..3 */
     int sp;                    /* Megatron sequence parallelism (tp > 1) */
     loom_sched_kind sched;
-    int mbs; /* sequences per micro-batch */
-    int m;   /* micro-batches per step per dp rank (grad accumulation when pp = 1) */
-    int v;   /* virtual stages per pp rank */
-    loom_recompute recompute;
+    int mbs;                    /* sequences per micro-batch */
+    int m;                      /* micro-batches per step per dp rank (grad accumulation when pp = 1) */
+    int v;                      /* virtual stages per pp rank */
+    loom_recompute recompute;   /* loom's modes or LOOM_PLAN_RECOMPUTE_OP / _LAYER2 */
+    int async_tp;               /* 1: TP collectives overlapped with the GEMMs beside them (async TP) */
     int order[LOOM_PLAN_NAXES]; /* innermost first */
+    int n_stages;               /* 0: layers balanced by cost; else pp*v counts in stages[] */
+    short stages[LOOM_PLAN_MAX_STAGES]; /* layers per virtual stage (stages=5.6.6.5) */
 } loom_plan_layout;
 
 /* "dp=8,tp=4,pp=2,cp=1,ep=1,zero=1,sp=1,schedule=1f1b,mbs=1,m=8,v=1,
  * recompute=selective,order=tp.cp.dp.pp" (order also as tp,cp,dp,pp at the
- * end). Keys not given keep the defaults (all 1, zero 0, sp 0, 1f1b, m=pp,
- * mbs = batch/(dp*m)). LOOM_EUSAGE naming the key. */
+ * end; async_tp=1; stages=5.6.6.5 the layers of each virtual stage;
+ * recompute also op, layer2). Keys not given keep the defaults (all 1, zero
+ * 0, sp 0, 1f1b, m=pp, mbs = batch/(dp*m)). LOOM_EUSAGE naming the key. */
 loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, loom_plan_layout *l);
+/* The keys `text` gives, as LOOM_PLAN_FIX_* bits, with their values in *l
+ * (--fix). LOOM_EUSAGE naming the key. */
+loom_status loom_plan_fix_parse(const char *text, unsigned *mask, loom_plan_layout *l);
 /* "dp=8,tp=4,..." (the inverse). */
 void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap);
 /* The layout rules (loom_layout_validate, layout.h) for this layout of model
@@ -176,7 +273,8 @@ typedef struct loom_plan_result {
     char failures[LOOM_PLAN_TEXT]; /* named failure modes, "; "-separated */
     /* memory per rank (the most loaded pipeline stage), bytes */
     double mem_params, mem_grads, mem_opt, mem_act, mem_kv, mem_other, mem_total;
-    int in_flight; /* activation sets alive at once (peak_live of the schedule) */
+    double mem_runtime; /* of mem_other: what the runtime holds outside the allocator (reserved_gb) */
+    int in_flight;      /* activation sets alive at once (peak_live of the schedule) */
     /* time per step, s */
     double t_compute;        /* busy compute of the slowest stage (incl. recompute) */
     double t_tp, t_cp, t_ep; /* exposed, inside the pipeline's F/B */
@@ -197,6 +295,7 @@ typedef struct loom_plan_result {
     int sim_replicas, sim_syncs_f, sim_syncs_b; /* loom_sim_costs.replicas, .syncs_f, .syncs_b */
     double head_cost;                           /* the LM head's time in layers (the partitioner's cost) */
     double tokens_per_s_dev, mfu;
+    int mfu_capped;     /* the MFU came out above a bound a term cannot beat (failures says which) */
     double model_flops; /* per step, 6*active*tokens + attention (no recompute) */
     /* serve */
     double ttft, tpot;

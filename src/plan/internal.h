@@ -20,9 +20,13 @@ typedef struct shape_costs {
 
 typedef struct eval_ctx {
     shape_costs sc;
-    double wb, gb, ob, ab; /* bytes: weight, grad, optimizer state per param, activation element */
+    double wb, gb, ob, ab; /* bytes: weight, grad (kept and reduced), optimizer state per param, activation */
     double peak;
-    int flash; /* the job's attention keeps no s x s scores */
+    int flash;           /* the job's attention keeps no s x s scores */
+    loom_plan_attn attn; /* the kernel (DEFAULT resolved) */
+    int fp8, dropout, elementwise, loss_chunks;
+    double logit_bytes; /* per logit at the loss's peak (the logits and the gradient the loss writes) */
+    int logits_bf16;    /* the loss a fused kernel on bf16 logits */
 } eval_ctx;
 
 /* Element-wise HBM bytes of one layer for one micro-batch (plan_layer_elem). */
@@ -42,6 +46,7 @@ typedef struct sharing {
 typedef struct stage_split {
     double eff;                      /* achieved FLOP/s of a layer's GEMMs at this layout's sizes */
     double attn_share;               /* the attention GEMMs' share of a layer's GEMM time */
+    double attn_bwd_extra;           /* per layer: a measured kernel's backward beyond 2 x its forward, s */
     double f_layer;                  /* forward FLOPs of one layer on one rank */
     double head_cost;                /* the LM head's time in layers (the partitioner's cost) */
     double max_rank_cost, mean_cost; /* in layers: the slowest rank's, the mean */
@@ -79,8 +84,20 @@ static inline int job_gpus(const loom_plan_cluster *c, const loom_plan_job *j) {
 long plan_axis_stride(const loom_plan_layout *l, int axis);
 /* 1 if the group of `axis` spans more than one node. */
 int plan_axis_inter(const loom_plan_layout *l, const loom_plan_cluster *c, int axis);
+/* Ranks of the axis's group that share a node (its degree: one node). */
+int plan_axis_k(const loom_plan_layout *l, const loom_plan_cluster *c, int axis);
 /* 1 if an EP group (consecutive ranks of the dp x cp sub-mesh) spans nodes. */
 int plan_ep_inter(const loom_plan_layout *l, const loom_plan_cluster *c);
+
+/* plan_hw.c: the cluster file's hardware keys (peak_tflops.fp8,
+ * gemm_fp8_top, clock_scale, inter_node.nics_per_node.., attention_tflops);
+ * a kernel's attention speed (FLOP/s, forward and backward; 0 if the
+ * cluster has no table for it); a GEMM's time. */
+struct cJSON;
+loom_status plan_parse_hw(const char *path, const struct cJSON *root, loom_plan_cluster *c);
+int plan_attn_speed(const loom_plan_cluster *c, loom_plan_attn k, double hd, double s, double *fwd,
+                    double *bwd);
+double plan_gemm_time(const loom_plan_cluster *c, double M, double N, double K, int fp8, double peak);
 
 /* plan_time.c: FLOPs and GEMM efficiency of a layer, element-wise traffic. */
 shape_costs plan_shape_of(const loom_plan_model *m);
@@ -100,6 +117,8 @@ void plan_mb_costs(const loom_plan_model *m, const loom_plan_cluster *c, const l
 eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j);
 double plan_layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l, double b,
                       double s_loc, double s);
+double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                              int layers_max, int first, int last);
 void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
                  const loom_plan_layout *l, const eval_ctx *e, int layers_max, int first, int last,
                  loom_plan_result *r);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "loom/model.h"
+#include "plan/internal.h"
 
 typedef struct {
     const char *name;
@@ -348,6 +349,7 @@ static loom_status parse_cluster(const char *path, const cJSON *root, loom_plan_
     LOOM_TRY(parse_sharing(path, root, c));
     LOOM_TRY(check_cluster(path, c));
     LOOM_TRY(parse_gemm_curve(path, root, c));
+    LOOM_TRY(plan_parse_hw(path, root, c));
     return parse_collectives(path, root, c);
 }
 
@@ -383,49 +385,35 @@ loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
     return st;
 }
 
-double loom_plan_gemm_eff(const loom_plan_cluster *c, double flops) {
-    const int n = c->n_gemm;
-    if (n == 0) return c->gemm_eff;
-    if (flops <= c->gemm_flops[0]) return c->gemm_eff * c->gemm_curve[0];
-    if (flops >= c->gemm_flops[n - 1]) return c->gemm_eff * c->gemm_curve[n - 1];
-    int i = 1;
-    while (c->gemm_flops[i] < flops) i++;
-    const double x0 = log(c->gemm_flops[i - 1]), x1 = log(c->gemm_flops[i]);
-    const double w = x1 > x0 ? (log(flops) - x0) / (x1 - x0) : 1;
-    return c->gemm_eff * (c->gemm_curve[i - 1] + w * (c->gemm_curve[i] - c->gemm_curve[i - 1]));
-}
-
-double loom_plan_coll_time(const loom_plan_cluster *c, loom_coll_op op, int g, int inter, double bytes) {
-    if (g <= 1 && op != LOOM_COLL_P2P) return 0;
-    /* measured points: the same group size, else the nearest smaller one scaled */
-    const loom_plan_coll_point *best = NULL;
-    for (int i = 0; i < c->n[op]; i++) {
-        const loom_plan_coll_point *p = &c->pts[op][i];
-        if (p->group <= g && (!best || p->group > best->group)) best = p;
-    }
-    if (best && (best->group == g || !inter)) {
-        const double gf = op == LOOM_COLL_P2P ? 1 : (double)(g - 1) / g * best->group / (best->group - 1);
-        return best->latency + bytes * gf / best->bandwidth;
-    }
-    const double bw = (inter ? c->inter_bw : c->intra_bw) * c->coll_eff;
-    const double lat = inter ? c->inter_lat : c->intra_lat;
-    const double frac = (double)(g - 1) / g;
-    switch (op) {
-    case LOOM_COLL_ALLREDUCE: return 2 * (g - 1) * lat + 2 * frac * bytes / bw;
-    case LOOM_COLL_ALLGATHER:
-    case LOOM_COLL_REDUCESCATTER:
-    case LOOM_COLL_ALLTOALL: return (g - 1) * lat + frac * bytes / bw;
-    case LOOM_COLL_P2P: return lat + bytes / bw;
-    default: return 0;
-    }
-}
-
 /* ---- layouts as text ------------------------------------------------- */
 
 /* the axes (LOOM_PLAN_TP.. are loom_axis's order) and recompute modes are layout.h's words */
 #define AXIS_NAMES loom_axis_names
 #define RECOMPUTE_NAMES loom_recompute_names
 static const char *CP_IMPL_NAMES[LOOM_PLAN_CP_IMPL_COUNT] = {"ring", "ulysses", "allgather"};
+
+/* loom's recompute words, then the planner's own (LOOM_PLAN_RECOMPUTE_OP, _LAYER2). */
+static const char *recompute_name(int r) {
+    static const char *const extra[] = {"op", "layer2"};
+    return r < 3 ? RECOMPUTE_NAMES[r] : extra[r - 3];
+}
+
+/* stages=5.6.6.5: layers per virtual stage (each >= 1). */
+static loom_status parse_stages(const char *v, loom_plan_layout *l) {
+    l->n_stages = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        const long x = strtol(p, &end, 10);
+        if (end == p || x < 1 || x > 1 << 14 || l->n_stages >= LOOM_PLAN_MAX_STAGES || (*end && *end != '.'))
+            return loom_fail(
+                LOOM_EUSAGE,
+                "--layout stages=%s: layers per virtual stage, each >= 1, '.'-separated, at most %d", v,
+                LOOM_PLAN_MAX_STAGES);
+        l->stages[l->n_stages++] = (short)x;
+        p = *end ? end + 1 : end;
+    }
+    return LOOM_OK;
+}
 
 static loom_status parse_order(const char *s, loom_plan_layout *l) {
     int seen = 0, k = 0;
@@ -476,10 +464,16 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
         }
         if (strcmp(k, "recompute") == 0) {
             int f = -1;
-            for (int i = 0; i < 3; i++)
-                if (strcmp(v, RECOMPUTE_NAMES[i]) == 0) f = i;
-            if (f < 0) return loom_fail(LOOM_EUSAGE, "--layout recompute=%s: none, selective or full", v);
+            for (int i = 0; i < LOOM_PLAN_RECOMPUTE_COUNT; i++)
+                if (strcmp(v, recompute_name(i)) == 0) f = i;
+            if (f < 0)
+                return loom_fail(LOOM_EUSAGE, "--layout recompute=%s: none, selective, full, op or layer2",
+                                 v);
             l->recompute = (loom_recompute)f;
+            continue;
+        }
+        if (strcmp(k, "stages") == 0) {
+            LOOM_TRY(parse_stages(v, l));
             continue;
         }
         if (strcmp(k, "cp_impl") == 0) {
@@ -494,23 +488,24 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
         long x = strtol(v, &end, 10);
         if (*end || end == v || x < 0 || x > 1 << 24)
             return loom_fail(LOOM_EUSAGE, "--layout %s=%s: not a non-negative integer", k, v);
-        int *dst = strcmp(k, "dp") == 0     ? &l->dp
-                   : strcmp(k, "tp") == 0   ? &l->tp
-                   : strcmp(k, "pp") == 0   ? &l->pp
-                   : strcmp(k, "cp") == 0   ? &l->cp
-                   : strcmp(k, "ep") == 0   ? &l->ep
-                   : strcmp(k, "zero") == 0 ? &l->zero
-                   : strcmp(k, "sp") == 0   ? &l->sp
-                   : strcmp(k, "mbs") == 0  ? &l->mbs
-                   : strcmp(k, "m") == 0    ? &l->m
-                   : strcmp(k, "v") == 0    ? &l->v
-                                            : NULL;
+        int *dst = strcmp(k, "dp") == 0         ? &l->dp
+                   : strcmp(k, "tp") == 0       ? &l->tp
+                   : strcmp(k, "pp") == 0       ? &l->pp
+                   : strcmp(k, "cp") == 0       ? &l->cp
+                   : strcmp(k, "ep") == 0       ? &l->ep
+                   : strcmp(k, "zero") == 0     ? &l->zero
+                   : strcmp(k, "sp") == 0       ? &l->sp
+                   : strcmp(k, "mbs") == 0      ? &l->mbs
+                   : strcmp(k, "m") == 0        ? &l->m
+                   : strcmp(k, "v") == 0        ? &l->v
+                   : strcmp(k, "async_tp") == 0 ? &l->async_tp
+                                                : NULL;
         if (!dst)
             return loom_fail(LOOM_EUSAGE,
                              "--layout: unknown key '%s' (dp, tp, pp, cp, cp_impl, ep, zero, sp, "
-                             "schedule, mbs, m, v, recompute, order)",
+                             "schedule, mbs, m, v, recompute, order, async_tp, stages)",
                              k);
-        if (dst != &l->zero && dst != &l->sp && x < 1)
+        if (dst != &l->zero && dst != &l->sp && dst != &l->async_tp && x < 1)
             return loom_fail(LOOM_EUSAGE, "--layout %s=%ld: must be >= 1", k, x);
         *dst = (int)x;
         m_given |= dst == &l->m;
@@ -519,6 +514,7 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
     if (order[0]) LOOM_TRY(parse_order(order, l));
     if (l->zero > 3) return loom_fail(LOOM_EUSAGE, "--layout zero=%d: 0..3", l->zero);
     if (l->sp > 1) return loom_fail(LOOM_EUSAGE, "--layout sp=%d: 0 or 1", l->sp);
+    if (l->async_tp > 1) return loom_fail(LOOM_EUSAGE, "--layout async_tp=%d: 0 or 1", l->async_tp);
     const int local = job->batch / l->dp;
     if (!m_given && !mbs_given) l->m = l->pp;
     if (!m_given && mbs_given) l->m = local / l->mbs > 0 ? local / l->mbs : 1;
@@ -527,14 +523,76 @@ loom_status loom_plan_layout_parse(const char *text, const loom_plan_job *job, l
 }
 
 void loom_plan_layout_format(const loom_plan_layout *l, char *buf, size_t cap) {
-    char cpi[32] = "";
+    char cpi[32] = "", atp[16] = "";
     if (l->cp > 1) snprintf(cpi, sizeof cpi, "cp_impl=%s,", CP_IMPL_NAMES[l->cp_impl]);
-    snprintf(buf, cap,
-             "dp=%d,tp=%d,pp=%d,cp=%d,%sep=%d,zero=%d,sp=%d,schedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
-             "order=%s.%s.%s.%s",
-             l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, loom_schedule_name(l->sched), l->mbs,
-             l->m, l->v, RECOMPUTE_NAMES[l->recompute], AXIS_NAMES[l->order[0]], AXIS_NAMES[l->order[1]],
-             AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
+    if (l->async_tp) snprintf(atp, sizeof atp, "async_tp=1,");
+    int n =
+        snprintf(buf, cap,
+                 "dp=%d,tp=%d,pp=%d,cp=%d,%sep=%d,zero=%d,sp=%d,%sschedule=%s,mbs=%d,m=%d,v=%d,recompute=%s,"
+                 "order=%s.%s.%s.%s",
+                 l->dp, l->tp, l->pp, l->cp, cpi, l->ep, l->zero, l->sp, atp, loom_schedule_name(l->sched),
+                 l->mbs, l->m, l->v, recompute_name(l->recompute), AXIS_NAMES[l->order[0]],
+                 AXIS_NAMES[l->order[1]], AXIS_NAMES[l->order[2]], AXIS_NAMES[l->order[3]]);
+    for (int i = 0; i < l->n_stages && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(buf + n, cap - n, "%s%d", i ? "." : ",stages=", l->stages[i]);
+}
+
+/* --fix: the keys given, as LOOM_PLAN_FIX_* bits. */
+loom_status loom_plan_fix_parse(const char *text, unsigned *mask, loom_plan_layout *l) {
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } KEYS[] = {{"dp", LOOM_PLAN_FIX_DP},
+                {"tp", LOOM_PLAN_FIX_TP},
+                {"pp", LOOM_PLAN_FIX_PP},
+                {"cp", LOOM_PLAN_FIX_CP},
+                {"ep", LOOM_PLAN_FIX_EP},
+                {"zero", LOOM_PLAN_FIX_ZERO},
+                {"sp", LOOM_PLAN_FIX_SP},
+                {"schedule", LOOM_PLAN_FIX_SCHEDULE},
+                {"mbs", LOOM_PLAN_FIX_MBS},
+                {"m", LOOM_PLAN_FIX_M},
+                {"v", LOOM_PLAN_FIX_V},
+                {"recompute", LOOM_PLAN_FIX_RECOMPUTE},
+                {"cp_impl", LOOM_PLAN_FIX_CP_IMPL},
+                {"order", LOOM_PLAN_FIX_ORDER},
+                {"async_tp", LOOM_PLAN_FIX_ASYNC_TP}};
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", text);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue; /* order=tp,cp,dp,pp's tail */
+        *eq = '\0';
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++)
+            if (strcmp(tok, KEYS[i].key) == 0) bit = KEYS[i].bit;
+        if (!bit) return loom_fail(LOOM_EUSAGE, "--fix %s: '%s' is not a knob the search varies", text, tok);
+        *mask |= bit;
+    }
+    const loom_plan_job none = {.batch = 1};
+    loom_plan_layout one;
+    LOOM_TRY(loom_plan_layout_parse(text, &none, &one));
+    const unsigned m = *mask;
+#define TAKE(bit, f)                                                                                         \
+    if (m & (bit)) l->f = one.f
+    TAKE(LOOM_PLAN_FIX_DP, dp);
+    TAKE(LOOM_PLAN_FIX_TP, tp);
+    TAKE(LOOM_PLAN_FIX_PP, pp);
+    TAKE(LOOM_PLAN_FIX_CP, cp);
+    TAKE(LOOM_PLAN_FIX_EP, ep);
+    TAKE(LOOM_PLAN_FIX_ZERO, zero);
+    TAKE(LOOM_PLAN_FIX_SP, sp);
+    TAKE(LOOM_PLAN_FIX_SCHEDULE, sched);
+    TAKE(LOOM_PLAN_FIX_MBS, mbs);
+    TAKE(LOOM_PLAN_FIX_M, m);
+    TAKE(LOOM_PLAN_FIX_V, v);
+    TAKE(LOOM_PLAN_FIX_RECOMPUTE, recompute);
+    TAKE(LOOM_PLAN_FIX_CP_IMPL, cp_impl);
+    TAKE(LOOM_PLAN_FIX_ASYNC_TP, async_tp);
+#undef TAKE
+    if (m & LOOM_PLAN_FIX_ORDER) memcpy(l->order, one.order, sizeof l->order);
+    return LOOM_OK;
 }
 
 /* ---- the rules ----------------------------------------------------------- */
@@ -556,7 +614,13 @@ loom_status loom_plan_layout_validate(const loom_plan_model *m, const loom_plan_
     l.micro_batches = p->m;
     l.grad_accum = p->pp > 1 ? 1 : p->m;
     l.micro_batch_size = p->mbs;
-    l.recompute = (loom_recompute_mode)p->recompute;
+    /* the planner's op-level and alternate-block recompute keep what
+     * selective and full keep at most: checked as those */
+    l.recompute = (loom_recompute_mode)(p->recompute == LOOM_PLAN_RECOMPUTE_OP ? LOOM_RECOMPUTE_SELECTIVE
+                                        : p->recompute == LOOM_PLAN_RECOMPUTE_LAYER2 ? LOOM_RECOMPUTE_FULL
+                                                                                     : p->recompute);
+    l.n_stage_layers = p->n_stages;
+    for (int i = 0; i < p->n_stages; i++) l.stage_layers[i] = p->stages[i];
     l.precision = j->bf16 ? LOOM_PRECISION_BF16 : LOOM_PRECISION_FP32;
     const loom_layout_model shape = {.name = m->name,
                                      .n_layer = m->layers,

@@ -14,9 +14,21 @@
 eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j) {
     eval_ctx e;
     e.sc = plan_shape_of(m);
-    if (j->bf16) e.wb = 2, e.gb = 2, e.ob = 12, e.ab = 2, e.peak = c ? c->peak_bf16 : 0;
+    if (j->bf16) e.wb = 2, e.gb = j->grad_fp32 ? 4 : 2, e.ob = 12, e.ab = 2, e.peak = c ? c->peak_bf16 : 0;
     else e.wb = 4, e.gb = 4, e.ob = 8, e.ab = 4, e.peak = c ? c->peak_fp32 : 0;
-    e.flash = j->flash;
+    e.attn = j->attn != LOOM_PLAN_ATTN_DEFAULT ? j->attn
+             : j->flash                        ? LOOM_PLAN_ATTN_FLASH2
+                                               : LOOM_PLAN_ATTN_MATERIALIZED;
+    e.flash = e.attn != LOOM_PLAN_ATTN_MATERIALIZED;
+    e.fp8 = j->fp8 && j->bf16 && c && c->peak_fp8 > 0;
+    e.dropout = j->dropout, e.elementwise = j->elementwise;
+    e.loss_chunks = j->loss_chunks > 1 ? j->loss_chunks : 1;
+    /* the loss's peak per logit: fp32 log-probabilities kept and the fp32
+     * gradient its backward writes (8); a fused loss on bf16 logits
+     * (flash-attn's cross-entropy, llm-foundry's default) keeps the bf16
+     * logits and writes a bf16 gradient (4); fp32 (loom): 8 */
+    e.logit_bytes = j->bf16 && j->logits_bf16 ? 4 : 8;
+    e.logits_bf16 = j->bf16 && j->logits_bf16;
     return e;
 }
 
@@ -36,16 +48,45 @@ double plan_layer_act(const loom_plan_model *m, const eval_ctx *e, const loom_pl
         if (l->recompute == LOOM_RECOMPUTE_NONE) x += b * (double)m->heads / t * s_loc;
         return 4 * x;
     }
-    const double u = e->ab / 2;                                         /* the paper counts 2-byte elements */
-    const double masks = m->gated ? 0 : 2 * A;                          /* dropout masks (GPT) */
-    const double rep = 4 * A + 2 * A + 2 * A;                           /* LN inputs, QKV input, MLP input */
-    const double attn = 2 * A + 4 * A * m->kv_heads / m->heads + 2 * A; /* Q, K+V, proj input */
+    const double u = e->ab / 2;                               /* the paper counts 2-byte elements */
+    const double masks = e->dropout && !m->gated ? 2 * A : 0; /* hidden dropout masks (GPT), if any */
+    const double rep = 4 * A + 2 * A + 2 * A;                 /* LN inputs, QKV input, MLP input */
+    const double kv = 4 * A * m->kv_heads / m->heads;         /* K, V */
+    const double attn = 2 * A + kv + 2 * A;                   /* Q, K+V, proj input */
     const double mlp = k * (m->gated ? 6.0 : 4.0) * s_loc * b * m->ffn;
-    const double scores = 5.0 * m->heads * s_loc * s * b;
-    if (l->recompute == LOOM_RECOMPUTE_FULL) return u * 2 * A / (l->sp ? t : 1);
-    double x = (l->sp ? (rep + masks) / t : rep + masks) + (attn + mlp) / t;
-    if (l->recompute == LOOM_RECOMPUTE_NONE && !e->flash) x += scores / t;
-    return u * x;
+    /* softmax output, and with dropout its mask and output (Korthikanti's 5) */
+    const double scores = (e->dropout ? 5.0 : 2.0) * m->heads * s_loc * s * b;
+    const double sp = l->sp ? t : 1, full = 2 * A / sp;
+    double none = (rep + masks) / sp + (attn + mlp) / t;
+    if (!e->flash) none += scores / t;
+    switch (l->recompute) {
+    case LOOM_RECOMPUTE_FULL: return u * full;
+    case LOOM_RECOMPUTE_SELECTIVE: return u * ((rep + masks) / sp + (attn + mlp) / t);
+    case LOOM_PLAN_RECOMPUTE_OP: {
+        /* torchtitan's op-level policy: every other matmul's output kept
+         * (q, v, the MLP's first, its last), the attention's output, the
+         * block input; the rest recomputed */
+        const double mm = 2 * A + kv / 2 + k * 2.0 * s_loc * b * m->ffn + 2 * A;
+        return u * (full + (mm + 2 * A) / t);
+    }
+    case LOOM_PLAN_RECOMPUTE_LAYER2: return u * (none + full) / 2; /* every other block whole */
+    default: return u * none;
+    }
+}
+
+/* Dense (non-expert) parameters a rank of layout l holds: its layers'
+ * attention, router, dense MLP (all / t) and norms (whole), the embedding on
+ * the first stage and the LM head on the last, the head only where it is not
+ * the embedding itself (tied at pp = 1: one matrix, held and reduced once),
+ * and the final norm with the head.
+ * Memory and the DP/ZeRO traffic both count these. */
+double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                              int layers_max, int first, int last) {
+    const double t = l->tp;
+    return layers_max * (e->sc.attn_w + e->sc.router_w + (n_experts(m) > 1 ? 0 : e->sc.mlp_w)) / t +
+           layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
+           (last && (!m->tied || !first) ? e->sc.head_w / t : 0) +
+           (last ? (m->gated ? 1.0 : 2.0) * m->hidden : 0);
 }
 
 /* Memory of the most loaded stage; fills r->mem_*; returns the number of
@@ -55,22 +96,30 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
                  loom_plan_result *r) {
     const double t = l->tp, E = n_experts(m);
     const double zgroup = (double)l->dp * l->cp, egroup = zgroup / l->ep;
-    const double dense = layers_max * (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
-                         layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
-                         (last && (!m->tied || !first) ? e->sc.head_w / t : 0);
+    const double dense = plan_rank_dense_params(m, e, l, layers_max, first, last);
     const double expert = E > 1 ? layers_max * E * e->sc.mlp_w / (t * l->ep) : 0;
     double pw = (dense + expert) * e->wb, pg = (dense + expert) * e->gb, po = (dense + expert) * e->ob;
     if (!j->serve) {
         const double dz = dense / zgroup + expert / egroup; /* one shard */
         if (l->zero >= 1) po = dz * e->ob;
         if (l->zero >= 2) pg = dz * e->gb;
-        if (l->zero >= 3) /* shards plus two layers gathered (one in use, one prefetched) */
-            pw = dz * e->wb + 2 * (dense + expert) / (layers_max ? layers_max : 1) * e->wb;
+        if (l->zero >= 3) { /* shards, two units gathered (one in use, one prefetched: FSDP's
+                             * limit_all_gathers / FSDP2's prefetch) and the unsharded gradients of the
+                             * unit in its backward, before the reduce-scatter */
+            /* the unit FSDP gathers: a block, or the embedding and the head
+             * (their own units, torchtitan and llm-foundry alike): the largest */
+            const double block = (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
+                                 e->sc.norm_w + (E > 1 ? E * e->sc.mlp_w / (t * l->ep) : 0);
+            const double unit = fmax(block, fmax(first ? e->sc.embed_w / t : 0, last ? e->sc.head_w / t : 0));
+            pw = dz * e->wb + 2 * unit * (e->fp8 ? 1 : e->wb);
+            pg += unit * e->gb;
+        }
     } else {
         pg = po = 0;
     }
+    if (!j->serve && e->fp8 && l->zero < 3) pw += dense; /* the FP8 copy of the weights the GEMMs read */
     r->mem_params = pw, r->mem_grads = pg, r->mem_opt = po;
-    r->mem_other = c->reserved;
+    r->mem_other = r->mem_runtime = c->reserved;
     if (!j->serve && zgroup > 1) {
         /* DP buffers: the in-flight reductions' message-sized temporaries (at
          * most two buckets), and at ZeRO-2/3 the gradient staging (two
@@ -101,7 +150,7 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
             l2.recompute = LOOM_RECOMPUTE_SELECTIVE;
             a += plan_layer_act(m, e, &l2, b, s_loc, s);
         }
-        if (last) a += b * s_loc * m->vocab / t * 4.0 * 2; /* fp32 logits and their gradient */
+        if (last) a += b * s_loc * m->vocab / t * e->logit_bytes / e->loss_chunks; /* the loss's peak */
         if (l->cp > 1) { /* the exchange's buffers, once (docs/context-parallel.md) */
             const double C = m->hidden / t, Ckv = C * m->kv_heads / m->heads, n = b * s_loc;
             a += (l->cp_impl == LOOM_PLAN_CP_RING      ? 5 * 2 * n * Ckv

@@ -84,7 +84,33 @@ static int order_moves_group(const loom_plan_layout *l, const loom_plan_cluster 
 
 /* Evaluate l in the closed form, count it, and keep it if it is among the
  * best; *fits: it is feasible. */
+/* 1 if l agrees with every knob the job pins (--fix) that the search
+ * enumerates; recompute, order and async_tp are set from the pins instead
+ * (search_recompute). */
+static int pinned_ok(const loom_plan_job *j, const loom_plan_layout *l) {
+    const unsigned f = j->fix;
+    const loom_plan_layout *p = j->fixed;
+    if (!f || !p) return 1;
+#define PIN(bit, x)                                                                                          \
+    if ((f & (bit)) && l->x != p->x) return 0
+    PIN(LOOM_PLAN_FIX_DP, dp);
+    PIN(LOOM_PLAN_FIX_TP, tp);
+    PIN(LOOM_PLAN_FIX_PP, pp);
+    PIN(LOOM_PLAN_FIX_CP, cp);
+    PIN(LOOM_PLAN_FIX_EP, ep);
+    PIN(LOOM_PLAN_FIX_ZERO, zero);
+    PIN(LOOM_PLAN_FIX_SP, sp);
+    PIN(LOOM_PLAN_FIX_SCHEDULE, sched);
+    PIN(LOOM_PLAN_FIX_MBS, mbs);
+    PIN(LOOM_PLAN_FIX_M, m);
+    PIN(LOOM_PLAN_FIX_V, v);
+#undef PIN
+    return !(f & LOOM_PLAN_FIX_CP_IMPL) || l->cp == 1 || l->cp_impl == p->cp_impl;
+}
+
 static loom_status search_one(search *sr, const loom_plan_layout *l, int *fits) {
+    *fits = 0;
+    if (!pinned_ok(sr->j, l)) return LOOM_OK;
     sr->st->considered++;
     LOOM_TRY(loom_plan_evaluate(sr->m, sr->c, sr->j, l, 0, sr->r));
     *fits = sr->r->feasible;
@@ -102,10 +128,15 @@ static loom_status search_one(search *sr, const loom_plan_layout *l, int *fits) 
 static loom_status search_recompute(search *sr, loom_plan_layout *l) {
     if (l->sched == LOOM_SCHED_INTERLEAVED && l->v == 1) return LOOM_OK;
     if (l->cp_impl == LOOM_PLAN_CP_ULYSSES && (sr->m->heads / l->tp) % l->cp) return LOOM_OK;
-    for (int rc = 0, rc_done = 0; rc < (sr->j->serve ? 1 : 3) && !rc_done; rc++)
-        for (int o = 0; o < (l->pp > 1 && l->dp > 1 ? 2 : 1); o++) {
-            l->recompute = (loom_recompute)rc;
-            memcpy(l->order, ORDERS[o], sizeof l->order);
+    const unsigned fx = sr->j->fixed ? sr->j->fix : 0;
+    const loom_plan_layout *pin = sr->j->fixed;
+    if (fx & LOOM_PLAN_FIX_ASYNC_TP) l->async_tp = pin->async_tp;
+    const int n_rc = sr->j->serve || (fx & LOOM_PLAN_FIX_RECOMPUTE) ? 1 : 3;
+    const int n_o = (fx & LOOM_PLAN_FIX_ORDER) ? 1 : l->pp > 1 && l->dp > 1 ? 2 : 1;
+    for (int rc = 0, rc_done = 0; rc < n_rc && !rc_done; rc++)
+        for (int o = 0; o < n_o; o++) {
+            l->recompute = (fx & LOOM_PLAN_FIX_RECOMPUTE) ? pin->recompute : (loom_recompute)rc;
+            memcpy(l->order, (fx & LOOM_PLAN_FIX_ORDER) ? pin->order : ORDERS[o], sizeof l->order);
             if (o == 1 && !order_moves_group(l, sr->c)) continue;
             int fits;
             LOOM_TRY(search_one(sr, l, &fits));
@@ -298,11 +329,16 @@ void loom_plan_train_flags(const loom_plan_model *m, const loom_plan_job *j, con
     static const char *ax[] = {"tp", "cp", "dp", "pp"};
     if (l->order[2] != LOOM_PLAN_DP)
         ADD(" --mesh-order %s,%s,%s,%s", ax[l->order[0]], ax[l->order[1]], ax[l->order[2]], ax[l->order[3]]);
-    if (l->recompute != LOOM_RECOMPUTE_NONE)
+    if (l->recompute == LOOM_RECOMPUTE_FULL || l->recompute == LOOM_RECOMPUTE_SELECTIVE)
         ADD(" --recompute %s", l->recompute == LOOM_RECOMPUTE_FULL ? "full" : "selective");
     if (j->bf16) ADD(" --precision bf16");
     if (l->cp > 1 && l->cp_impl == LOOM_PLAN_CP_ALLGATHER)
         ADD("  # cp_impl=allgather: not in loom train (ring, ulysses)");
+    if (l->recompute == LOOM_PLAN_RECOMPUTE_OP || l->recompute == LOOM_PLAN_RECOMPUTE_LAYER2)
+        ADD("  # recompute=%s: not in loom train (none, selective, full)",
+            l->recompute == LOOM_PLAN_RECOMPUTE_OP ? "op" : "layer2");
+    if (l->async_tp) ADD("  # async_tp: not in loom train");
+    if (l->n_stages) ADD("  # stages=: the layers per stage loom train balances itself");
     if (!m->loom_trains) ADD("  # loom trains GPT-2 shapes only");
 #undef ADD
 }

@@ -107,6 +107,25 @@ int plan_axis_inter(const loom_plan_layout *l, const loom_plan_cluster *c, int a
     return plan_axis_stride(l, axis) * degree(l, axis) > c->gpus_per_node && degree(l, axis) > 1;
 }
 
+/* Ranks of a group of g ranks `stride` apart that share one node (g: the
+ * group is inside a node; 1: one rank per node). */
+static int group_k(const loom_plan_cluster *c, long stride, int g) {
+    if (stride * g <= c->gpus_per_node) return g;
+    const long k = stride < c->gpus_per_node ? c->gpus_per_node / stride : 1;
+    return k < g ? (int)k : g;
+}
+
+int plan_axis_k(const loom_plan_layout *l, const loom_plan_cluster *c, int axis) {
+    return group_k(c, plan_axis_stride(l, axis), degree(l, axis));
+}
+
+/* The dp x cp (ZeRO) group, and an EP group inside it: consecutive ranks
+ * of that sub-mesh, its inner stride apart. */
+static long dpcp_stride(const loom_plan_layout *l) {
+    const long a = plan_axis_stride(l, LOOM_PLAN_DP), b = plan_axis_stride(l, LOOM_PLAN_CP);
+    return a < b ? a : b;
+}
+
 /* EP groups are consecutive ranks of the dp x cp sub-mesh. */
 int plan_ep_inter(const loom_plan_layout *l, const loom_plan_cluster *c) {
     const long inner = plan_axis_stride(l, LOOM_PLAN_DP) < plan_axis_stride(l, LOOM_PLAN_CP)
@@ -162,6 +181,18 @@ elem_bytes plan_layer_elem(const loom_plan_model *m, const eval_ctx *e, const lo
         r.fwd = 2 * norm_f + 2 * w * qkv + r.sel + perm + 2 * bda_f + 2 * w * n * k * Ft + moe;
         r.bwd = 2 * norm_b + 2 * 3 * w * n * hr /* residual sums */ + 3 * w * qkv + perm + (2 * w + 1) * sc +
                 3 * w * sc + 2 * bda_b + 4 * w * n * k * Ft + moe;
+    } else if (e->elementwise == 1) {
+        /* eager PyTorch composites, per element: RMSNorm as x.float()
+         * (read 2, write 4), pow (4, 4), mean (read 4), x * rsqrt (4, 4),
+         * .type_as (4, 2), * weight (2, 2) = 36 bytes, its autograd backward
+         * twice that; RoPE through complex fp32 (x.float() 2 + 4, the complex
+         * product 8 + 8, .type_as 4 + 2 = 28 bytes, as much backward); SwiGLU
+         * as silu (2, 2) and the product (4, 2) = 10 bytes, backward twice */
+        const double norm_f = 36 * n * hr, norm_b = 72 * n * hr, add = 3 * w * n * hr;
+        const double rope = 28 * n * (ht + kvt);
+        r.sel = 2 * w * sc;
+        r.fwd = 2 * norm_f + rope + r.sel + 2 * add + 10 * n * k * Ft + moe;
+        r.bwd = 2 * norm_b + 2 * add + rope + 3 * w * sc + 20 * n * k * Ft + moe;
     } else {
         const double norm_f = 2 * w * n * hr, norm_b = 5 * w * n * hr, add = 3 * w * n * hr;
         const double rope = 2 * w * n * (ht + kvt);
@@ -241,8 +272,22 @@ static void compute_costs(const loom_plan_model *m, const loom_plan_cluster *c, 
      * mode"), without this fifth GEMM; the split here (head_cost, in forward
      * layer units) is left alike, so the extra is backward time, not a
      * different split. */
-    const double attn_bwd_extra = e->ab == 4 ? 0.5 * attn_fwd : 0;
-    k->fwd = f_rank + elem_f, k->bwd_in = f_rank + elem_b + attn_bwd_extra, k->bwd_w = f_rank;
+    /* a kernel the cluster measured (planner.c's split_costs): its
+     * backward at its own speed, not twice the forward's time */
+    const double attn_bwd_extra = e->ab == 4 ? 0.5 * attn_fwd : layers_max * sp->attn_bwd_extra;
+    /* the loss over the vocabulary on the last stage (GPU stacks), each op
+     * one pass over the logits at HBM bandwidth (vocab-parallel under tp):
+     * PyTorch's F.cross_entropy(logits.float()) casts them to fp32 (read 2,
+     * write 4 bytes a logit) and log-softmaxes them (read 4, write 4)
+     * forward; backward writes the loss's dense gradient (4), the
+     * log-softmax gradient (read 4 + 4, write 4) and casts it back (read 4,
+     * write 2). A fused kernel on bf16 logits (--logits bf16: flash-attn's
+     * cross-entropy) reads them once forward (2) and reads them and writes
+     * their gradient backward (2 + 2) */
+    const double logits = sp->last && e->ab == 2 ? b * s_loc * m->vocab / t : 0;
+    const double ce_f = (e->logits_bf16 ? 2 : 14) * logits / c->hbm_bw;
+    const double ce_b = (e->logits_bf16 ? 4 : 22) * logits / c->hbm_bw;
+    k->fwd = f_rank + elem_f + ce_f, k->bwd_in = f_rank + elem_b + attn_bwd_extra + ce_b, k->bwd_w = f_rank;
     k->attn_part = 4 * b * s * s * m->hidden / (t * cp) / eff * layers_max;
     /* full recompute repeats the layers' forward, element-wise work included.
      * Selective repeats what the stack drops:
@@ -259,28 +304,46 @@ static void compute_costs(const loom_plan_model *m, const loom_plan_cluster *c, 
      *   extra"), so --recompute selective runs the same kernels as none, as
      *   the trainer's partitioner assumes (src/train/pipeline.c); that
      *   recomputation is in bwd_in above, whatever the mode. */
-    k->recompute = l->recompute == LOOM_RECOMPUTE_FULL ? layers_max * f_layer / eff + elem_f
-                   : l->recompute == LOOM_RECOMPUTE_SELECTIVE && e->ab == 2
-                       ? attn_fwd + layers_max * eb.sel / c->hbm_bw
-                       : 0;
+    /* torchtitan's op-level policy (LOOM_PLAN_RECOMPUTE_OP) keeps every
+     * other matmul's output and the attention's: half the layer's other
+     * GEMMs and its element-wise work again; every other block whole
+     * (LOOM_PLAN_RECOMPUTE_LAYER2): half of full */
+    const double full = layers_max * f_layer / eff + elem_f;
+    k->recompute =
+        l->recompute == LOOM_RECOMPUTE_FULL          ? full
+        : l->recompute == LOOM_PLAN_RECOMPUTE_LAYER2 ? 0.5 * full
+        : l->recompute == LOOM_PLAN_RECOMPUTE_OP     ? 0.5 * (layers_max * f_layer / eff - attn_fwd) + elem_f
+        : l->recompute == LOOM_RECOMPUTE_SELECTIVE && e->ab == 2 ? attn_fwd + layers_max * eb.sel / c->hbm_bw
+                                                                 : 0;
 }
 
 /* Tensor parallel: collectives per layer per micro-batch (act: one
- * micro-batch's activations of one layer, bytes). */
+ * micro-batch's activations of one layer, bytes). With SP the forward's two
+ * all-gathers + two reduce-scatters move the bytes of its two all-reduces,
+ * and so do the backward's (Korthikanti et al. 2022, section 4.2.2: "the
+ * communication bandwidth used for tensor parallelism and tensor together
+ * with sequence parallelism are the same"). The backward also gathers again
+ * the two column-parallel GEMMs' inputs for their weight gradients (only
+ * the shards were kept): GPU stacks issue that all-gather asynchronously
+ * while the input-gradient GEMM runs (Megatron-LM's
+ * LinearWithGradAccumulationAndAsyncCommunication; the paper's section
+ * 4.2.2), so only what outlasts those GEMMs (`dgrad`: their time per layer)
+ * is exposed; loom's own stack (fp32) gathers before it computes
+ * (src/model/gpt.c, sp_regather), all exposed: dgrad = 0. */
 static void tp_costs(const loom_plan_cluster *c, const loom_plan_layout *l, double act, int layers_max,
-                     mb_costs *k) {
-    const int tin = plan_axis_inter(l, c, LOOM_PLAN_TP);
+                     double dgrad, double hide, mb_costs *k) {
+    const int tin = plan_axis_k(l, c, LOOM_PLAN_TP);
     double tp_f = 0, tp_b = 0;
     if (l->tp > 1) {
         if (l->sp) {
-            const double ag = loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, l->tp, tin, act);
-            const double rs = loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, l->tp, tin, act);
-            tp_f = layers_max * 2 * (ag + rs);
-            tp_b = layers_max * (2 * (ag + rs) + 2 * ag);
+            const double ag = loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, l->tp, tin, act);
+            const double rs = loom_plan_coll_time_k(c, LOOM_COLL_REDUCESCATTER, l->tp, tin, act);
+            tp_f = layers_max * fmax(0, 2 * (ag + rs) - hide);
+            tp_b = layers_max * fmax(0, 2 * (ag + rs) + fmax(0, 2 * ag - dgrad) - 2 * hide);
         } else {
-            const double ar = loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, l->tp, tin, act);
-            tp_f = layers_max * 2 * ar;
-            tp_b = layers_max * 2 * ar;
+            const double ar = loom_plan_coll_time_k(c, LOOM_COLL_ALLREDUCE, l->tp, tin, act);
+            tp_f = layers_max * fmax(0, 2 * ar - hide);
+            tp_b = layers_max * fmax(0, 2 * ar - 2 * hide);
         }
         if (l->recompute == LOOM_RECOMPUTE_FULL) tp_b += tp_f;
     }
@@ -294,7 +357,7 @@ static void cp_costs(const loom_plan_model *m, const loom_plan_cluster *c, const
     const double t = l->tp, b = l->mbs, s = j->seq, s_loc = s / l->cp;
     double cp_f = 0, cp_b = 0, cp_layer_bytes = 0;
     if (l->cp > 1) {
-        const int cin = plan_axis_inter(l, c, LOOM_PLAN_CP);
+        const int cin = plan_axis_inter(l, c, LOOM_PLAN_CP), ck = plan_axis_k(l, c, LOOM_PLAN_CP);
         const double C = m->hidden / t, Ckv = C * m->kv_heads / m->heads, n = b * s_loc, g = l->cp;
         const double attn_f = k->attn_part / layers_max; /* this rank's attention forward */
         if (l->cp_impl == LOOM_PLAN_CP_RING) {
@@ -310,18 +373,18 @@ static void cp_costs(const loom_plan_model *m, const loom_plan_cluster *c, const
             /* all-to-alls (blocking): q, k, v then out forward; q, k, v, out,
              * dout then dq, dk, dv backward (sizes of a rank's own input) */
             const double qkv = n * (C + 2 * Ckv) * e->ab, o = n * C * e->ab;
-            cp_f = loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv) +
-                   loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, o);
-            cp_b = loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv + 2 * o) +
-                   loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->cp, cin, qkv);
+            cp_f = loom_plan_coll_time_k(c, LOOM_COLL_ALLTOALL, l->cp, ck, qkv) +
+                   loom_plan_coll_time_k(c, LOOM_COLL_ALLTOALL, l->cp, ck, o);
+            cp_b = loom_plan_coll_time_k(c, LOOM_COLL_ALLTOALL, l->cp, ck, qkv + 2 * o) +
+                   loom_plan_coll_time_k(c, LOOM_COLL_ALLTOALL, l->cp, ck, qkv);
             cp_layer_bytes = 3 * qkv + 3 * o;
         } else {
             /* all-gather of K and V before the attention (exposed), again in
              * the backward, and a reduce-scatter of dK, dV */
             const double kv_full = 2 * b * s * Ckv * e->ab;
-            const double ag = loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, l->cp, cin, kv_full);
+            const double ag = loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, l->cp, ck, kv_full);
             cp_f = ag;
-            cp_b = ag + loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, l->cp, cin, kv_full);
+            cp_b = ag + loom_plan_coll_time_k(c, LOOM_COLL_REDUCESCATTER, l->cp, ck, kv_full);
             cp_layer_bytes = 3 * kv_full * (g - 1) / g;
         }
         cp_f *= layers_max, cp_b *= layers_max;
@@ -338,27 +401,30 @@ static void dp_costs(const loom_plan_model *m, const loom_plan_cluster *c, const
     const int din = plan_axis_inter(l, c, LOOM_PLAN_DP) || plan_axis_inter(l, c, LOOM_PLAN_CP);
     const int zg = l->dp * l->cp;
     const double E = n_experts(m);
-    const double dense_p = layers_max * (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
-                           (first ? e->sc.embed_w / t : 0) + (last ? e->sc.head_w / t : 0);
+    /* the parameters memory counts: a head tied to the embedding on the
+     * same rank (pp = 1) is one matrix, reduced once */
+    const double dense_p = plan_rank_dense_params(m, e, l, layers_max, first, last);
     const double exp_p = E > 1 ? layers_max * E * e->sc.mlp_w / (t * l->ep) : 0;
     const int eg = zg / l->ep;
-    const int ein = din && !(l->ep > 1 && eg * plan_axis_stride(l, LOOM_PLAN_DP) <= c->gpus_per_node);
+    /* ranks of the ZeRO group, and of an expert-data group (ep apart), on a node */
+    const int zk = din ? group_k(c, dpcp_stride(l), zg) : zg;
+    const int ek = din ? group_k(c, dpcp_stride(l) * l->ep, eg) : eg;
     double dp_t = 0, z3 = 0;
     if (zg > 1) {
         if (l->zero <= 1) {
-            dp_t = loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, zg, din, dense_p * e->gb) +
-                   loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, eg, ein, exp_p * e->gb);
+            dp_t = loom_plan_coll_time_k(c, LOOM_COLL_ALLREDUCE, zg, zk, dense_p * e->gb) +
+                   loom_plan_coll_time_k(c, LOOM_COLL_ALLREDUCE, eg, ek, exp_p * e->gb);
             /* ZeRO-1 is a reduce-scatter of the gradients and an all-gather of
              * the updated shards: the bytes and time of the all-reduce */
         } else {
-            dp_t = loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, zg, din, dense_p * e->gb) +
-                   loom_plan_coll_time(c, LOOM_COLL_REDUCESCATTER, eg, ein, exp_p * e->gb);
+            dp_t = loom_plan_coll_time_k(c, LOOM_COLL_REDUCESCATTER, zg, zk, dense_p * e->gb) +
+                   loom_plan_coll_time_k(c, LOOM_COLL_REDUCESCATTER, eg, ek, exp_p * e->gb);
             if (l->zero == 2)
-                dp_t += loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, zg, din, dense_p * e->wb) +
-                        loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, eg, ein, exp_p * e->wb);
+                dp_t += loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, zg, zk, dense_p * e->wb) +
+                        loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, eg, ek, exp_p * e->wb);
             else /* zero 3: parameters gathered for every forward and backward of every micro-batch */
-                z3 = 2 * (loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, zg, din, dense_p * e->wb) +
-                          loom_plan_coll_time(c, LOOM_COLL_ALLGATHER, eg, ein, exp_p * e->wb));
+                z3 = 2 * (loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, zg, zk, dense_p * e->wb) +
+                          loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, eg, ek, exp_p * e->wb));
         }
     }
     k->dense_p = dense_p, k->exp_p = exp_p, k->zg = zg, k->eg = eg, k->dp_t = dp_t, k->z3 = z3;
@@ -426,12 +492,24 @@ void plan_mb_costs(const loom_plan_model *m, const loom_plan_cluster *c, const l
     const int layers_max = sp->layers_max;
     compute_costs(m, c, j, l, e, sp, k);
     const double act = b * s_loc * m->hidden * e->ab;
-    tp_costs(c, l, act, layers_max, k);
+    /* the input-gradient GEMMs of QKV and the MLP's up (and gate)
+     * projection, per layer: what hides SP's backward re-gathers on GPU stacks */
+    const double h = m->hidden, up = m->gated ? 2.0 : 1.0, tok = b * s_loc;
+    const double dgrad =
+        e->ab == 2 ? 2 * tok * h * (h + 2 * e->sc.hd * m->kv_heads + up * n_topk(m) * m->ffn) / (t * sp->eff)
+                   : 0;
+    /* async TP: the collectives decomposed and run beside the layer's GEMMs
+     * (torchtitan's async TP, Megatron's --tp-comm-overlap), hidden up to
+     * the overlap efficiency times those GEMMs' time (forward; the
+     * backward's GEMMs twice that) */
+    const double hide = l->async_tp ? c->overlap * sp->f_layer / sp->eff * (1 - sp->attn_share) : 0;
+    tp_costs(c, l, act, layers_max, dgrad, hide, k);
     cp_costs(m, c, j, l, e, layers_max, k);
     /* expert parallel: dispatch + combine all-to-all, forward and backward */
     if (m->experts > 1 && l->ep > 1) {
         const double tok = b * s_loc * n_topk(m) * m->hidden * e->ab / (l->sp ? t : 1);
-        const double a2a = loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->ep, plan_ep_inter(l, c), tok);
+        const int ek = plan_ep_inter(l, c) ? group_k(c, dpcp_stride(l), l->ep) : l->ep;
+        const double a2a = loom_plan_coll_time_k(c, LOOM_COLL_ALLTOALL, l->ep, ek, tok);
         k->ep_f = layers_max * 2 * a2a;
         k->ep_b = layers_max * 2 * a2a;
     }

@@ -132,6 +132,28 @@ static void split_costs(const loom_plan_model *m, const loom_plan_cluster *c, co
     /* layers per rank: the partitioner's split with the head's cost in blocks */
     sp->f_layer = plan_layer_flops(m, &e->sc, b * s, s) / (t * cp);
     const double f_head = 2 * b * s * e->sc.head_w / (t * cp);
+    /* a tiled kernel the cluster measured (attention_tflops): the
+     * attention's forward and backward at its speeds at this head size and
+     * length, in place of the GEMM-curve share; causal, the FLOPs the
+     * kernel runs are half the 4 b s^2 h model FLOPs, its backward 2.5 x
+     * its forward's (FlashAttention's counting) */
+    sp->attn_bwd_extra = 0;
+    double gemm_t = sp->f_layer / sp->eff * (1 - sp->attn_share),
+           attn_f = sp->f_layer / sp->eff * sp->attn_share;
+    /* FP8: the layers' GEMMs (not the attention, not the head) at the FP8
+     * time of the layer's MLP up-projection relative to its bf16 time */
+    if (e->fp8) {
+        const double M = b * s_loc, N = (m->gated ? 2.0 : 1.0) * n_topk(m) * m->ffn / t, K = m->hidden;
+        gemm_t *= plan_gemm_time(c, M, N, K, 1, e->peak) / plan_gemm_time(c, M, N, K, 0, e->peak);
+    }
+    double af, ab;
+    if (e->ab == 2 && e->flash && plan_attn_speed(c, e->attn, e->sc.hd, s_loc, &af, &ab)) {
+        const double causal = 2 * b * s_loc * s * m->hidden / t;
+        attn_f = causal / af;
+        sp->attn_bwd_extra = 2.5 * causal / ab - 2 * attn_f;
+    }
+    sp->eff = sp->f_layer / (gemm_t + attn_f);
+    sp->attn_share = attn_f / (gemm_t + attn_f);
     /* in time, layer units */
     sp->head_cost = (f_head / (e->peak * loom_plan_gemm_eff(c, f_head))) / (sp->f_layer / sp->eff);
 }
@@ -144,8 +166,11 @@ static int split_layers(const loom_plan_model *m, const loom_plan_layout *l, int
     const double head_cost = sp->head_cost;
     sp->max_rank_cost = 0, sp->mean_cost = (m->layers + head_cost) / l->pp;
     sp->layers_max = 0, sp->first = 1, sp->last = l->pp == 1;
-    if (simulate && l->pp > 1) {
-        if (loom_partition_balance(m->layers, l->pp, l->v, 0, head_cost, sp->counts) != LOOM_OK) return 0;
+    if ((simulate && l->pp > 1) || l->n_stages) {
+        if (l->n_stages) /* the layout's own counts (the validator checked them) */
+            for (int s = 0; s < S; s++) sp->counts[s] = l->stages[s];
+        else if (loom_partition_balance(m->layers, l->pp, l->v, 0, head_cost, sp->counts) != LOOM_OK)
+            return 0;
         for (int rk = 0; rk < l->pp; rk++) {
             double cost = 0;
             int ly = 0;
@@ -310,6 +335,20 @@ static void finish_step(const loom_plan_model *m, const loom_plan_cluster *c, co
     r->model_flops = plan_model_flops(m, tokens, j->seq);
     r->tokens_per_s_dev = tokens / r->t_step / N;
     r->mfu = r->model_flops / (r->t_step * N * e->peak);
+    /* the FLOPs the devices run (a tiled causal kernel skips the masked half
+     * of the scores) can not come faster than peak: if they do, a term
+     * (an efficiency, a kernel's measured speed) is used outside the range
+     * it was measured in; said, and the MFU capped at 100 % */
+    const double hw = r->model_flops - (e->flash ? 6.0 * m->layers * tokens * j->seq * m->hidden : 0);
+    const double util = hw / (r->t_step * N * e->peak);
+    if (util > 1) {
+        r->mfu_capped = 1;
+        r->mfu = fmin(r->mfu, 1);
+        add_failure(r,
+                    "impossible speed: the step would run %.0f%% of peak FLOP/s (a cost term outside its "
+                    "measured range; MFU capped at 100%%)",
+                    100 * util);
+    }
     r->feasible = 1;
 }
 
