@@ -407,6 +407,38 @@ static loom_status start_runtime(int *argc, char ***argv) {
     return LOOM_OK;
 }
 
+void loom_comm_library(char *buf, size_t cap) {
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0, major = 0, minor = 0;
+    MPI_Get_library_version(lib, &len); /* both may be called before MPI_Init */
+    MPI_Get_version(&major, &minor);
+    size_t n = strcspn(lib, "\n,"); /* the first line, up to Open MPI's ", package: ..." */
+    while (n > 0 && (lib[n - 1] == ' ' || lib[n - 1] == '\t')) n--;
+    snprintf(buf, cap, "%.*s (MPI %d.%d)", (int)n, lib, major, minor);
+}
+
+/* A world of one where the launcher started several ranks: this loom's MPI
+ * is not the launcher's, and each process would run alone. Every process
+ * sees it (each is a world of one), so each stops with LOOM_EUSAGE; MPI is
+ * finalized first when loom started it. */
+static loom_status check_launcher(int world_size) {
+    char why[96], lib[256];
+    int n = world_size == 1 ? loom_comm_launcher_ranks(why, sizeof why) : 1;
+    if (n <= 1) return LOOM_OK;
+    loom_comm_library(lib, sizeof lib);
+    if (g_started_mpi) {
+        if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
+        MPI_Finalize();
+        g_started_mpi = 0;
+    }
+    return loom_fail(LOOM_EUSAGE,
+                     "launcher mismatch: the environment says this job has %d ranks (%s) but MPI "
+                     "(%s) started this process alone, as a world of 1: loom was built against another "
+                     "MPI than the launcher's. Start it with that MPI's own mpirun (scripts/loomrun "
+                     "finds it) or rebuild loom against the launcher's MPI",
+                     n, why, lib);
+}
+
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     *world = NULL;
     LOOM_TRY(loom_watch_configure());
@@ -416,6 +448,7 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     int world_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    LOOM_TRY(check_launcher(world_size));
     loom_log_set_rank(g_world_rank, world_size);
     MPI_Comm dup = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
