@@ -47,6 +47,16 @@ typedef struct loom_report {
 /* Open: LOOM_ECANTCREAT when --metrics is a directory or its .tmp cannot be
  * created. */
 loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank);
+/* The first row of the metrics: the run's settings and environment
+ * (run_header.c): {"run": {model, layout, batch, seq, steps, lr, ...},
+ * "env": {loom, commit, compiler, mpi, blas, ..., host, cpu, started}}. Rank 0;
+ * nothing without --metrics. LOOM_EIO when the write fails. Local. */
+struct loom_train_run_state;
+loom_status loom_report_header(loom_report *r, const struct loom_train_run_state *s);
+/* The model's shape into m: name, n_layer, n_head, n_embd, vocab_size,
+ * n_positions (the header's and a checkpoint manifest's "model"). */
+struct cJSON;
+void loom_train_model_shape_json(struct cJSON *m, const loom_model_config *mc);
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s);
 /* Close, given the run's status st. Success: rename metrics into place and
  * print the summary; returns LOOM_OK, or LOOM_EIO / LOOM_ECANTCREAT (with the

@@ -500,7 +500,11 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
-    if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
+    if (st == LOOM_OK) {
+        loom_status rst = loom_report_open(&s.report, c, rank);
+        if (rst == LOOM_OK) rst = loom_report_header(&s.report, &s); /* the run's settings: row 1 */
+        st = loom_comm_agree(world, rst);
+    }
     if (st != LOOM_OK) loom_report_close(&s.report, st, res); /* agreed before the first step */
     else st = fail_fast(&s, world, train_phase(&s, res));
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
