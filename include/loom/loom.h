@@ -48,6 +48,7 @@
 #include "loom/sim.h"
 #include "loom/status.h"
 #include "loom/sysmem.h"
+#include "loom/tboard.h"
 #include "loom/tokenizer.h"
 #include "loom/tp.h"
 #include "loom/trace.h"

@@ -63,6 +63,7 @@ typedef struct loom_train_config {
     int warmup;                                       /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
     char trace[LOOM_PATH_MAX];                        /* directory for per-rank Chrome traces, "" = none */
+    char tensorboard[LOOM_PATH_MAX];                  /* directory for TensorBoard event files, "" = none */
     double bucket_mb;                                 /* DDP gradient bucket size */
     int threads;                                      /* per rank; 0 = auto */
     double peak_flops;                                /* per rank FLOP/s for MFU; 0 = calibrate (cached) */

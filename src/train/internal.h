@@ -41,11 +41,12 @@ typedef struct loom_report {
     int bar;    /* progress bar on a terminal */
     FILE *metrics;
     char metrics_tmp[LOOM_PATH_MAX + 8];
+    struct loom_tboard *tb; /* --tensorboard DIR's event file (tboard.h), or NULL */
     double t_start;
 } loom_report;
 
 /* Open: LOOM_ECANTCREAT when --metrics is a directory or its .tmp cannot be
- * created. */
+ * created, or --tensorboard DIR's event file cannot be. */
 loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank);
 /* The first row of the metrics: the run's settings and environment
  * (run_header.c): {"run": {model, layout, batch, seq, steps, lr, ...},

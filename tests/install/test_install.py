@@ -125,6 +125,7 @@ def check_completion(prefix):
     check(complete("loom", "tr") == ["train"], "loom tr<TAB> -> train: %s" % complete("loom", "tr"))
     got = complete("loom", "train", "--save")
     check(sorted(got) == ["--save-dir", "--save-every", "--save-params"], "loom train --save<TAB>: %s" % got)
+    check("--tensorboard" in complete("loom", "train", "--tens"), "completion knows --tensorboard")
 
 
 def main():

@@ -2,18 +2,41 @@
 pipeline run (tiny-moe, pp 2 x dp 2, ep 2, 4 steps):
 
   header   the first metrics row holds the run's settings and environment
-           (model, layout, batch, LR, versions, host); the step rows follow.
+           (model, layout, batch, LR, versions, host); the step rows follow;
+  tensorboard  a reader written here from the format's description (TFRecord
+           framing with both CRC-32Cs checked, the Event and Summary protocol
+           buffers) and TensorBoard's own EventAccumulator (the `tensorboard`
+           package) each read every number of every step row back, as the
+           float the JSONL holds: loss, LR, grad norm, tokens/s, MFU, memory,
+           bytes per group and op, the bubble, per-expert load.
 
     test_run_records.py
 """
+import glob
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import loomtest as lt  # noqa: E402
+
+F32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731
+
+
+def leaves(node, path=""):
+    """(tag, number) of every number under a JSON object, as loom_tboard_add_json names them."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in items:
+        tag = "%s%s%s" % (path, "/" if path else "", k)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            yield tag, v
+        elif isinstance(v, (dict, list)):
+            yield from leaves(v, tag)
 
 
 def check_header(rows):
@@ -30,15 +53,126 @@ def check_header(rows):
     lt.check([r["step"] for r in rows[1:]] == [1, 2, 3, 4], "4 step rows after the header")
 
 
+def crc32c(data):
+    """CRC-32C (Castagnoli, reflected 0x82F63B78), bit by bit."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c ^ 0xFFFFFFFF
+
+
+def masked(c):
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def varint(b, i):
+    v = shift = 0
+    while True:
+        v |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if b[i - 1] < 0x80:
+            return v, i
+
+
+def fields(b):
+    """(field, value) of a protocol buffer message: ints, 8/4-byte blobs, bytes."""
+    i, out = 0, []
+    while i < len(b):
+        key, i = varint(b, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = varint(b, i)
+        elif wire == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wire == 5:
+            v, i = b[i:i + 4], i + 4
+        elif wire == 2:
+            n, i = varint(b, i)
+            v, i = b[i:i + n], i + n
+        else:
+            raise ValueError("wire type %d" % wire)
+        out.append((field, v))
+    return out
+
+
+def read_events(path):
+    """The file's records (TFRecord framing, both CRCs checked) as Events:
+    [(step, wall_time, file_version or None, {tag: simple_value})]."""
+    data, i, events = open(path, "rb").read(), 0, []
+    while i < len(data):
+        head = data[i:i + 8]
+        (n,), (hcrc,) = struct.unpack("<Q", head), struct.unpack("<I", data[i + 8:i + 12])
+        lt.check(masked(crc32c(head)) == hcrc, "record at byte %d: length CRC" % i)
+        payload = data[i + 12:i + 12 + n]
+        (pcrc,) = struct.unpack("<I", data[i + 12 + n:i + 16 + n])
+        lt.check(len(payload) == n and masked(crc32c(payload)) == pcrc, "record at byte %d: payload CRC" % i)
+        i += 16 + n
+        step, wall, version, scalars = 0, None, None, {}
+        for f, v in fields(payload):
+            if f == 1:
+                wall = struct.unpack("<d", v)[0]
+            elif f == 2:
+                step = v
+            elif f == 3:
+                version = v.decode()
+            elif f == 5:
+                for vf, value in fields(v):
+                    if vf == 1:
+                        kv = dict(fields(value))
+                        scalars[kv[1].decode()] = struct.unpack("<f", kv[2])[0]
+        events.append((step, wall, version, scalars))
+    return events
+
+
+def check_tensorboard(tbdir, steps):
+    files = glob.glob(os.path.join(tbdir, "events.out.tfevents.*"))
+    lt.check(len(files) == 1, "one event file: %s" % files)
+    # an independent reader of the format first: framing, CRCs and the protocol buffers
+    events = read_events(files[0])
+    lt.check(events[0][2] == "brain.Event:2" and [e[0] for e in events[1:]] == [r["step"] for r in steps],
+             "records: the version, then one event per step: %s" % [e[0] for e in events])
+    mine = [(tag, v) for row in steps for tag, v in leaves(row) if tag != "step"]
+    got = [(tag, e[3].get(tag)) for row, e in zip(steps, events[1:]) for tag, _ in leaves(row) if tag != "step"]
+    lt.check(got == [(tag, F32(v)) for tag, v in mine], "independent reader: every JSONL number, as a float")
+    # then TensorBoard's own reader (scripts/setup.sh installs the package)
+    try:
+        from tensorboard.backend.event_processing import event_accumulator as ea
+    except ImportError:
+        lt.check(False, "the tensorboard package is not installed (scripts/setup.sh installs it)")
+        return
+    acc = ea.EventAccumulator(files[0], size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for want in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem/peak_rss", "mem/activations", "pp_bubble",
+                 "comm/pp/send/bytes", "comm/dp/allreduce/bytes", "moe/0/tokens/0", "moe/0/imbalance"):
+        lt.check(want in tags, "TensorBoard has %s" % want)
+    n = bad = 0
+    for row in steps:
+        for tag, v in leaves(row):
+            if tag == "step":
+                continue
+            got = [e.value for e in acc.Scalars(tag) if e.step == row["step"]] if tag in tags else []
+            n += 1
+            if got != [F32(v)]:
+                bad += 1
+                if bad < 5:
+                    print("tensorboard %s at step %d: %s, JSONL %r" % (tag, row["step"], got, v))
+    lt.check(bad == 0 and n > 100, "every JSONL number read back from TensorBoard (%d of %d differ)" % (bad, n))
+
+
 def main():
     work = tempfile.mkdtemp(prefix="loom-records-")
     data = lt.make_text_data(work)
-    metrics = os.path.join(work, "m.jsonl")
+    metrics, tb = (os.path.join(work, n) for n in ("m.jsonl", "tb"))
     lt.run(["train", "--model", "tiny-moe", "--data", data, "--steps", "4", "--batch", "8", "--seq", "32",
             "--lr", "1e-3", "--pp", "2", "--dp", "2", "--ep", "2", "--micro-batches", "2", "--peak-flops", "1e9",
-            "--metrics", metrics], np=4)
+            "--metrics", metrics, "--tensorboard", tb], np=4)
     rows = [json.loads(line) for line in open(metrics) if line.strip()]
     check_header(rows)
+    check_tensorboard(tb, rows[1:])
     shutil.rmtree(work, ignore_errors=True)
     lt.done()
 
