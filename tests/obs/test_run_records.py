@@ -1,5 +1,5 @@
 """test_run_records.py - what a run leaves to look at, from one 4-rank MoE
-pipeline run (tiny-moe, pp 2 x dp 2, ep 2, 4 steps):
+pipeline run (tiny-moe, pp 2 x dp 2, ep 2, 4 steps, --trace-steps 2:3):
 
   header   the first metrics row holds the run's settings and environment
            (model, layout, batch, LR, versions, host); the step rows follow;
@@ -8,7 +8,11 @@ pipeline run (tiny-moe, pp 2 x dp 2, ep 2, 4 steps):
            buffers) and TensorBoard's own EventAccumulator (the `tensorboard`
            package) each read every number of every step row back, as the
            float the JSONL holds: loss, LR, grad norm, tokens/s, MFU, memory,
-           bytes per group and op, the bubble, per-expert load.
+           bytes per group and op, the bubble, per-expert load;
+  trace    --trace writes one trace.json for the whole job: Python's json
+           loads it, every rank is a process, every event is of a traced step,
+           every pipeline receive ends after its send starts on the aligned
+           clocks, and the ping-pong offsets are printed and recorded.
 
     test_run_records.py
 """
@@ -16,6 +20,7 @@ import glob
 import json
 import os
 import shutil
+import re
 import struct
 import sys
 import tempfile
@@ -163,16 +168,73 @@ def check_tensorboard(tbdir, steps):
     lt.check(bad == 0 and n > 100, "every JSONL number read back from TensorBoard (%d of %d differ)" % (bad, n))
 
 
+def check_trace(trace, out):
+    d = json.load(open(trace))
+    ev = d["traceEvents"]
+    coords = {}
+    for e in ev:
+        if e.get("ph") == "M" and e["name"] == "process_name":
+            m = re.search(r"tp (\d+) cp (\d+) dp (\d+) pp (\d+)", e["args"]["name"])
+            coords[e["pid"]] = tuple(map(int, m.groups()))
+    lt.check(sorted(coords) == [0, 1, 2, 3], "every rank is a process: %s" % sorted(coords))
+    xs = [e for e in ev if e.get("ph") == "X"]
+    lt.check({e["args"]["step"] for e in xs} == {2, 3}, "events of steps 2 and 3 only")
+    threads = {(e["pid"], e["args"]["name"]) for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    lt.check((0, "pipeline") in threads and (0, "comm pp") in threads, "rows per stream: %s" % sorted(threads)[:4])
+
+    def world(pid, pp_rank):
+        t, c, dp, _ = coords[pid]
+        return [q for q, v in coords.items() if v == (t, c, dp, pp_rank)][0]
+
+    sends, recvs = {}, {}
+    for e in xs:
+        m = re.match(r"(SEND|RECV)_(ACT|GRAD) mb (\d+) chunk \d+ (?:->|from) rank (\d+)", e["name"])
+        if m:
+            io, kind, mb, peer = m.groups()
+            key = (e["args"]["step"], kind, int(mb))
+            if io == "SEND":
+                sends[key + (e["pid"], world(e["pid"], int(peer)))] = e
+            else:
+                recvs[key + (world(e["pid"], int(peer)), e["pid"])] = e
+    lt.check(len(recvs) == 16 and set(recvs) == set(sends), "16 matched sends and receives: %d, %d" %
+             (len(sends), len(recvs)))
+    margin = {k: r["ts"] + r["dur"] - sends[k]["ts"] for k, r in recvs.items() if k in sends}
+    late = [(k, round(m, 1)) for k, m in margin.items() if m < 0]
+    lt.check(margin and not late, "every receive ends after its send starts: %s" % late)
+    if margin:
+        print("receive end - send start: min %.1f us over %d pairs" % (min(margin.values()), len(margin)))
+    offs = d.get("otherData", {}).get("clock_offsets_us", [])
+    lt.check(len(offs) == 4 and offs[0] == 0, "clock offsets recorded: %s" % offs)
+    lt.check(re.search(r"trace: rank clocks aligned to rank 0 by ping-pong.*rank 3 [-+]\d", out) is not None,
+             "offsets printed")
+    print("clock offsets (us):", offs, "round trips:", d["otherData"].get("clock_rtt_us"))
+    for r in range(4):  # loom sim --from-trace's input: each rank's last traced step
+        steps = {e.get("args", {}).get("step") for e in json.load(open(os.path.join(os.path.dirname(trace),
+                                                                           "trace_rank%d.json" % r)))["traceEvents"]
+                 if e.get("ph") == "X"}
+        lt.check(steps == {None}, "trace_rank%d.json: one step's events (%s)" % (r, steps))
+
+
+def check_trace_steps_usage(data):
+    base = ["train", "--data", data, "--model", "tiny", "--steps", "4", "--batch", "2", "--seq", "16"]
+    for bad, why in ((["--trace-steps", "2:3"], "needs --trace"), (["--trace", "x", "--trace-steps", "3:5"], "<= --steps 4"),
+                     (["--trace", "x", "--trace-steps", "3:2"], "expected A:B"), (["--trace", "x", "--trace-steps", "a"], "expected")):
+        p = lt.run(base + bad, check_ok=False)
+        lt.check(p.returncode == 64 and why in p.stderr, "%s: exit 64 saying %r (%d: %s)" % (bad, why, p.returncode,
+                                                                                            p.stderr.strip()[-200:]))
+
+
 def main():
     work = tempfile.mkdtemp(prefix="loom-records-")
     data = lt.make_text_data(work)
-    metrics, tb = (os.path.join(work, n) for n in ("m.jsonl", "tb"))
-    lt.run(["train", "--model", "tiny-moe", "--data", data, "--steps", "4", "--batch", "8", "--seq", "32",
-            "--lr", "1e-3", "--pp", "2", "--dp", "2", "--ep", "2", "--micro-batches", "2", "--peak-flops", "1e9",
-            "--metrics", metrics, "--tensorboard", tb], np=4)
+    metrics, tb, trace = (os.path.join(work, n) for n in ("m.jsonl", "tb", "tr"))
+    p = lt.run(["train", "--model", "tiny-moe", "--data", data, "--steps", "4", "--batch", "8", "--seq", "32",
+                "--lr", "1e-3", "--pp", "2", "--dp", "2", "--ep", "2", "--micro-batches", "2", "--peak-flops", "1e9",
+                "--metrics", metrics, "--tensorboard", tb, "--trace", trace, "--trace-steps", "2:3"], np=4)
     rows = [json.loads(line) for line in open(metrics) if line.strip()]
     check_header(rows)
     check_tensorboard(tb, rows[1:])
+    check_trace(os.path.join(trace, "trace.json"), p.stdout + p.stderr)
     shutil.rmtree(work, ignore_errors=True)
     lt.done()
 
