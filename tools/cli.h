@@ -11,7 +11,7 @@
 
 typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_STRLIST, OPT_ENUM } cli_type;
 
-#define CLI_LIST_MAX 64
+#define CLI_LIST_MAX 4096 /* values of one repeatable flag (loom data --input also takes DIR, GLOB, @LIST) */
 
 typedef struct cli_strlist {
     int n;

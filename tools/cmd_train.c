@@ -241,12 +241,15 @@ int cmd_train(int argc, char **argv) {
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, dev, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
-    if (c.quiet) loom_log_set_level(LOOM_LOG_WARN);
+    if (c.quiet) loom_log_set_level(LOOM_LOG_ERROR); /* errors only, as --help says: no MoE warnings */
 
     st = ensure_default_data(world, c.data);
     if (st != LOOM_OK) return finish(world, dev, st);
     loom_train_result res;
     st = loom_train_run(&c, dev, world, &res);
+    if (st == LOOM_OK && !c.save_params[0] && !c.save_dir[0] && loom_comm_rank(world) == 0)
+        loom_warn("the trained parameters were not saved: give --save-params FILE (one safetensors file) or "
+                  "--save-dir DIR (sharded checkpoints) to keep them");
     return finish(world, dev, st);
 }
 

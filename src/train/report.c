@@ -102,6 +102,10 @@ static int cp_overlap(const loom_step_stats *s, double *ms, double *exposed_ms, 
 /* The collectives of one step as a table, printed once so a user sees what
  * each group does (calls and bytes per step, on rank 0). */
 static void print_comm_table(const loom_step_stats *s) {
+    uint64_t calls = 0;
+    for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++) calls += s->comm[g].calls[op];
+    if (!calls) return; /* one rank: nothing to list */
     loom_info("collectives per step on rank 0 (group, op, calls, bytes, time):");
     for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
         for (int op = 0; op < LOOM_OP_COUNT; op++) {
