@@ -18,7 +18,7 @@
 include(CMakePackageConfigHelpers)
 
 # ---- man pages and completion, generated from the built command ----------------
-set(LOOM_COMMANDS train eval data generate serve export sim plan calibrate)
+set(LOOM_COMMANDS train eval data generate serve export sim plan calibrate report)
 set(LOOM_DOCS_DIR ${CMAKE_BINARY_DIR}/docs-gen)
 set(LOOM_DOC_FILES ${LOOM_DOCS_DIR}/man1/loom.1 ${LOOM_DOCS_DIR}/completions/loom)
 foreach(c ${LOOM_COMMANDS})

@@ -17,9 +17,10 @@
 #   tensorboard 2.21 from PyPI with protobuf and absl-py (--no-deps: its
 #   server's dependencies are not needed): the test that reads loom's
 #   TensorBoard event files back with TensorBoard's own EventAccumulator.
+#   chromium (Debian's): the test that renders `loom report`'s page headless.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

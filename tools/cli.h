@@ -67,6 +67,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"

@@ -184,7 +184,8 @@ int cmd_train(int argc, char **argv) {
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X",
          "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
         {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE",
-         "write the run's settings and environment, then one JSON object per step (JSONL)"},
+         "write the run's settings and environment, then one JSON object per step (JSONL; loom report FILE plots "
+         "it)"},
         {"tensorboard", OPT_STR, c.tensorboard, sizeof c.tensorboard, "DIR",
          "write TensorBoard event files into DIR (created): every number of each step's metrics row as a scalar"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE",

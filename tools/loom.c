@@ -21,6 +21,7 @@ static const char *USAGE =
     "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  plan      rank every layout of a model on a cluster with a calibrated cost model\n"
+    "  report    one HTML page of a run's metrics: loss, LR, throughput, memory, comm, pipeline, experts\n"
     "  calibrate the GEMM kernel and peaks MFU is measured against; --out: collectives for plan\n"
     "  version   version, commit, compiler, MPI, BLAS/oneDNN/oneMKL and CUDA of this build\n"
     "\n"
@@ -38,8 +39,8 @@ static const char *USAGE =
     "example (4 data-parallel ranks on the built-in default model and data):\n"
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";
 
-static const char *const COMMANDS[] = {"train",  "eval", "data", "generate",  "serve",
-                                       "export", "sim",  "plan", "calibrate", NULL};
+static const char *const COMMANDS[] = {"train", "eval", "data",      "generate", "serve", "export",
+                                       "sim",   "plan", "calibrate", "report",   NULL};
 
 static int print_version(void) {
     loom_runinfo ri;
@@ -83,10 +84,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
+    if (strcmp(cmd, "report") == 0) return cmd_report(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return print_version();
     fprintf(
         stderr,
-        "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, generate, serve, version)\n",
+        "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, report, generate, serve, version)\n",
         cmd);
     return 64;
 }

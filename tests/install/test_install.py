@@ -29,7 +29,7 @@ from loomtest import check, done  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.abspath(os.path.join(HERE, "..", ".."))
-COMMANDS = ["train", "eval", "data", "generate", "serve", "export", "sim", "plan", "calibrate"]
+COMMANDS = ["train", "eval", "data", "generate", "serve", "export", "sim", "plan", "calibrate", "report"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MANWIDTH="100", MANPAGER="cat", PAGER="cat")
 
 
@@ -126,6 +126,7 @@ def check_completion(prefix):
     got = complete("loom", "train", "--save")
     check(sorted(got) == ["--save-dir", "--save-every", "--save-params"], "loom train --save<TAB>: %s" % got)
     check("--tensorboard" in complete("loom", "train", "--tens"), "completion knows --tensorboard")
+    check("report" in complete("loom", "re"), "completion knows loom report")
 
 
 def main():

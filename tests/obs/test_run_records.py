@@ -9,21 +9,29 @@ pipeline run (tiny-moe, pp 2 x dp 2, ep 2, 4 steps, --trace-steps 2:3):
            package) each read every number of every step row back, as the
            float the JSONL holds: loss, LR, grad norm, tokens/s, MFU, memory,
            bytes per group and op, the bubble, per-expert load;
+  report   `loom report` writes one HTML page whose embedded data are the
+           JSONL rows and whose SVG lines pass through the run's values (each
+           series' points ordered as its values); headless Chromium (Debian's
+           chromium; scripts/setup.sh installs it) loads it, its DOM has every chart, and a
+           screenshot is kept beside the test (report.png); bad input exits
+           64/65/66 and writes no page;
   trace    --trace writes one trace.json for the whole job: Python's json
            loads it, every rank is a process, every event is of a traced step,
            every pipeline receive ends after its send starts on the aligned
            clocks, and the ping-pong offsets are printed and recorded.
 
-    test_run_records.py
+    test_run_records.py ARTEFACT_DIR
 """
 import glob
 import json
 import os
-import shutil
 import re
+import shutil
 import struct
+import subprocess
 import sys
 import tempfile
+from html.parser import HTMLParser
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import loomtest as lt  # noqa: E402
@@ -168,6 +176,89 @@ def check_tensorboard(tbdir, steps):
     lt.check(bad == 0 and n > 100, "every JSONL number read back from TensorBoard (%d of %d differ)" % (bad, n))
 
 
+class Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.svgs, self.lines, self.data, self._in_data, self.rects = [], {}, "", False, 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.svgs.append(a.get("id"))
+        if tag == "polyline":
+            self.lines.setdefault(self.svgs[-1], {})[a["data-series"]] = (a["points"], a["data-values"])
+        if tag == "rect" and a.get("class") == "span":
+            self.rects += 1
+        self._in_data = tag == "script" and a.get("id") == "loom-data"
+
+    def handle_data(self, data):
+        if self._in_data:
+            self.data += data
+
+    def handle_endtag(self, tag):
+        self._in_data = False
+
+
+def check_series(page, chart, name, values):
+    points, data = page.lines.get(chart, {}).get(name, ("", ""))
+    ys = [float(p.split(",")[1]) for p in points.split()]
+    got = [float(x) for x in data.split()]
+    lt.check(got == values, "%s/%s data-values %s, JSONL %s" % (chart, name, got, values))
+    lt.check(len(ys) == len(values), "%s/%s has a point per step" % (chart, name))
+    order = all((values[i] - values[j]) * (ys[i] - ys[j]) <= 1e-9 for i in range(len(ys)) for j in range(len(ys)))
+    lt.check(order, "%s/%s: higher values are drawn higher: %s vs %s" % (chart, name, ys, values))
+
+
+def check_report(work, metrics, trace, rows, art):
+    out = os.path.join(work, "report.html")
+    lt.run(["report", metrics, "-o", out, "--trace", trace])
+    html = open(out).read()
+    lt.check("http" not in re.sub(r"xmlns=\"http://www.w3.org/2000/svg\"|https://ui.perfetto.dev", "", html),
+             "the page loads nothing from the network")
+    page = Page()
+    page.feed(html)
+    data = json.loads(page.data)
+    lt.check(data.get("header") == rows[0] and data.get("steps") == rows[1:], "the page embeds the JSONL rows")
+    for chart in ("loss", "throughput", "memory", "comm", "bubble", "timeline", "moe_imbalance", "moe_tokens"):
+        lt.check(chart in page.svgs, "the page has chart %s: %s" % (chart, page.svgs))
+    steps = rows[1:]
+    check_series(page, "loss", "loss", [r["loss"] for r in steps])
+    check_series(page, "loss", "lr", [r["lr"] for r in steps])
+    check_series(page, "throughput", "tokens_per_s", [r["tokens_per_s"] for r in steps])
+    check_series(page, "memory", "mem/peak_rss", [r["mem"]["peak_rss"] for r in steps])
+    check_series(page, "bubble", "pp_bubble", [r["pp_bubble"] for r in steps])
+    check_series(page, "comm", "comm/pp/send/bytes", [r["comm"]["pp"]["send"]["bytes"] for r in steps])
+    lt.check(page.rects > 10, "the timeline has the traced actions (%d spans)" % page.rects)
+    shutil.copy(out, os.path.join(art, "report.html"))
+    chromium = shutil.which("chromium")
+    if not chromium:
+        lt.check(False, "Debian's chromium is not installed (scripts/setup.sh installs it)")
+        return
+    url = "file://" + out
+    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+            "--user-data-dir=" + os.path.join(work, "chrome"), "--window-size=1000,3600"]
+    dom = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    lt.check(dom.returncode == 0 and dom.stdout.count("<polyline") == html.count("<polyline") and
+             "loom-data" in dom.stdout, "chromium loads the page with every chart (rc %d)" % dom.returncode)
+    shot = os.path.join(art, "report.png")
+    p = subprocess.run(base + ["--screenshot=" + shot, url], capture_output=True, text=True, timeout=120)
+    lt.check(p.returncode == 0 and os.path.exists(shot) and os.path.getsize(shot) > 20000,
+             "chromium screenshot %s (rc %d)" % (shot, p.returncode))
+    print("report rendered by chromium -> %s" % shot)
+
+
+def check_report_errors(work):
+    bad = os.path.join(work, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write('{"step": 1, "loss": 2.5}\nnot json\n')
+    for args, rc, why in (([], 64, "needs RUN.jsonl"), ([os.path.join(work, "none.jsonl")], 66, "none.jsonl"),
+                          ([bad], 65, "line 2")):
+        p = lt.run(["report"] + args, check_ok=False)
+        lt.check(p.returncode == rc and why in p.stderr, "loom report %s: exit %d saying %r (%d: %s)" % (
+            args, rc, why, p.returncode, p.stderr.strip()[-200:]))
+    lt.check(not os.path.exists(os.path.join(work, "bad.html")), "a failed report writes no page")
+
+
 def check_trace(trace, out):
     d = json.load(open(trace))
     ev = d["traceEvents"]
@@ -225,6 +316,8 @@ def check_trace_steps_usage(data):
 
 
 def main():
+    art = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else tempfile.mkdtemp()
+    os.makedirs(art, exist_ok=True)
     work = tempfile.mkdtemp(prefix="loom-records-")
     data = lt.make_text_data(work)
     metrics, tb, trace = (os.path.join(work, n) for n in ("m.jsonl", "tb", "tr"))
@@ -235,6 +328,8 @@ def main():
     check_header(rows)
     check_tensorboard(tb, rows[1:])
     check_trace(os.path.join(trace, "trace.json"), p.stdout + p.stderr)
+    check_report(work, metrics, os.path.join(trace, "trace.json"), rows, art)
+    check_report_errors(work)
     shutil.rmtree(work, ignore_errors=True)
     lt.done()
 
