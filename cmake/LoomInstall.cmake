@@ -15,6 +15,8 @@
 #   share/man/man1/        loom(1) and loom-<command>(1), made at build time
 #                          from the text `--help` prints (cmake/LoomDocs.cmake)
 #   share/bash-completion/completions/loom   from the same --help text
+# and `cpack -G DEB` in the build directory makes loom_<version>_<arch>.deb of
+# the same files under /usr (the end of this file).
 include(CMakePackageConfigHelpers)
 
 # ---- man pages and completion, generated from the built command ----------------
@@ -61,7 +63,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/loom DESTINATION ${CMAKE_INSTALL
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/plan/ DESTINATION ${CMAKE_INSTALL_DATADIR}/loom/plan
   FILES_MATCHING PATTERN "*.json")
 install(FILES ${CMAKE_BINARY_DIR}/loom.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
-install(DIRECTORY ${LOOM_DOCS_DIR}/man1 DESTINATION ${CMAKE_INSTALL_MANDIR})
+set(LOOM_MAN_PAGES ${LOOM_DOC_FILES}) # the pages of this build's commands (not stale ones in docs-gen)
+list(FILTER LOOM_MAN_PAGES INCLUDE REGEX "\\.1$")
+install(FILES ${LOOM_MAN_PAGES} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${LOOM_DOCS_DIR}/completions/loom DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)
 
 install(EXPORT loomTargets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
@@ -75,3 +79,22 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/loomConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/loomConfig.cmake ${CMAKE_BINARY_DIR}/loomConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loom)
+
+# ---- a Debian package: `cpack -G DEB` in the build directory ------------------------
+# The same files under /usr. Depends: what the command links (MPI, OpenBLAS,
+# cJSON, libmicrohttpd) as the -dev packages, since the headers, loom.pc and
+# loomConfig.cmake hand those on to programs built against loom; oneDNN and
+# oneMKL are loaded at run time when present (Suggests).
+set(CPACK_PACKAGE_NAME loom)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_CONTACT "loom developers")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+  "train and serve transformer language models with every parallelism axis in one device mesh")
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS
+  "openmpi-bin, libopenmpi-dev, libopenblas-dev, libcjson-dev, libmicrohttpd-dev, libgomp1")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "libdnnl-dev, fortunes-min, fortunes")
+include(CPack)

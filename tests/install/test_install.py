@@ -12,7 +12,9 @@ user of the installed loom sees:
   - `man -l` renders every page (and groff has no warning), each command's
     page lists the flags its --help lists;
   - the completion script completes commands and a command's flags;
-  - the installed loom finds the installed plan presets (--version says where).
+  - the installed loom finds the installed plan presets (--version says where);
+  - `cpack -G DEB` makes a Debian package holding the same files under /usr,
+    with its dependencies in Depends, and the loom it unpacks runs.
 
     test_install.py BUILD_DIR
 """
@@ -129,6 +131,29 @@ def check_completion(prefix):
     check("report" in complete("loom", "re"), "completion knows loom report")
 
 
+def files_under(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def check_deb(build, prefix, work):
+    out = os.path.join(work, "deb")
+    sh(["cpack", "-G", "DEB", "-B", out], cwd=build)
+    debs = glob.glob(os.path.join(out, "loom_*.deb"))
+    check(len(debs) == 1, "cpack -G DEB made one package: %s" % debs)
+    if len(debs) != 1:
+        return
+    fields = {k: sh(["dpkg-deb", "-f", debs[0], k]).stdout.strip() for k in ("Package", "Version", "Depends")}
+    check(fields["Package"] == "loom" and fields["Version"] == "0.1.0", "package fields: %s" % fields)
+    for dep in ("libopenmpi-dev", "libopenblas-dev", "libcjson-dev", "libmicrohttpd-dev"):
+        check(dep in fields["Depends"], "Depends names %s: %s" % (dep, fields["Depends"]))
+    root = os.path.join(work, "deb-root")
+    sh(["dpkg-deb", "-x", debs[0], root])
+    got, want = files_under(os.path.join(root, "usr")), files_under(prefix)
+    check(got == want, "the package holds the installed files under /usr: %s" % sorted(set(got) ^ set(want))[:8])
+    v = sh([os.path.join(root, "usr", "bin", "loom"), "--version"]).stdout
+    check("commit" in v, "the packaged loom runs: %s" % v[:80])
+
+
 def main():
     build = os.path.abspath(sys.argv[1])
     work = tempfile.mkdtemp(prefix="loom-install-")
@@ -145,6 +170,7 @@ def main():
         run_consumer(build_cmake(prefix, work), "find_package", work)
         check_man(prefix)
         check_completion(prefix)
+        check_deb(build, prefix, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     done()
