@@ -74,7 +74,7 @@ static void axis(FILE *f, double x, double lo, double hi, const char *anchor, co
 
 void svg_lines(FILE *f, const char *id, const char *title, const double *x, int n, const svg_series *s,
                int n_series, const char *left_label, const char *right_label) {
-    open_svg(f, id, title, H);
+    open_svg(f, id, title, H + 14.0 * n_series + 6); /* the legend below the plot, a row per series */
     double xl, xh, ll = INFINITY, lh = -INFINITY, rl = INFINITY, rh = -INFINITY;
     range(x, n, &xl, &xh);
     for (int k = 0; k < n_series; k++) {
@@ -107,14 +107,14 @@ void svg_lines(FILE *f, const char *id, const char *title, const double *x, int 
         for (int i = 0; i < n; i++)
             if (isfinite(s[k].y[i])) fprintf(f, "%s%.9g", i ? " " : "", s[k].y[i]);
         fputs("\"/>\n", f);
-        /* legend */
-        double ly = MT + 14 * k;
+        /* legend, below the plot so it hides no line */
+        double ly = H + 6 + 14 * k;
         fprintf(f,
                 "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2\"%s/>",
-                W - MR - 150, W - MR - 130, ly, ly, color, s[k].right ? " stroke-dasharray=\"5 3\"" : "");
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" class=\"a\">", W - MR - 126, ly + 4);
+                ML, ML + 20, ly, ly, color, s[k].right ? " stroke-dasharray=\"5 3\"" : "");
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" class=\"a\">", ML + 24, ly + 4);
         html_text(f, s[k].name);
-        fputs("</text>\n", f);
+        fputs(s[k].right ? " (right axis)</text>\n" : "</text>\n", f);
     }
     fputs("</svg>\n", f);
 }
