@@ -66,7 +66,7 @@ N_TOKENS = 1 << 20
 
 def read_jsonl(path):
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
 
 
 def random_tokens(n, seed=1234):

@@ -44,7 +44,7 @@ def row(loom, ranks, base, env, metrics):
         "--metrics", metrics]
     run(cmd, env, "loom train on %d ranks" % ranks)
     with open(metrics) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
+        steps = [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
     a2a = [sum(op["ms"] for k, op in m["comm"].get("ep", {}).items() if k.startswith("alltoall")) /
            m["step_ms"] for m in steps]
     imb = [sum(b["imbalance"] for b in m["moe"]) / len(m["moe"]) for m in steps]

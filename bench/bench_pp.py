@@ -76,7 +76,7 @@ def bench_row(a, sched, v, base, env, tmp):
     cmd = [LOOM_RUN, "-np", "2", a.loom, "train"] + base + flags + ["--trace", trace, "--metrics", metrics]
     run(cmd, env)
     with open(metrics) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
+        steps = [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
     sim_cmd = [a.loom, "sim"] + flags + ["--from-trace", trace]
     out = run(sim_cmd, env).stdout
     measured = median_after_warmup([m["pp_bubble"] for m in steps])

@@ -143,7 +143,7 @@ def bench_loom(loom, cfg_name, B, T, threads, steps, data, d, recompute="none", 
          "--recompute", recompute, "--precision", precision, "--no-progress", "--quiet"], env=env,
         what="loom train")
     with open(metrics) as f:
-        rows = [json.loads(x) for x in f if x.strip()]
+        rows = [r for r in (json.loads(x) for x in f if x.strip()) if "step" in r]
     if len(rows) != steps:
         raise BenchError("loom metrics have %d rows for %d steps" % (len(rows), steps))
     return median_after_warmup([float(r["tokens_per_s"]) for r in rows])

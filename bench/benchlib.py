@@ -52,7 +52,7 @@ def train_steps(loom, ranks, flags, base, env, metrics):
         "--metrics", metrics]
     run(cmd, env)
     with open(metrics) as f:
-        return " ".join(map(str, cmd)), [json.loads(line) for line in f if line.strip()]
+        return " ".join(map(str, cmd)), [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
 
 
 def train_base(tmp, a, env, batch):

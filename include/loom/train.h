@@ -62,7 +62,9 @@ typedef struct loom_train_config {
     float lr, min_lr_frac;                            /* cosine decays lr to lr * min_lr_frac */
     int warmup;                                       /* linear warmup steps */
     float weight_decay, beta1, beta2, eps, grad_clip; /* grad_clip <= 0: off */
-    char trace[LOOM_PATH_MAX];                        /* directory for per-rank Chrome traces, "" = none */
+    char trace[LOOM_PATH_MAX];                        /* directory for the job's Chrome trace, "" = none */
+    int trace_first, trace_last;                      /* traced steps, 1-based, inclusive; 0: the last step */
+    char tensorboard[LOOM_PATH_MAX];                  /* directory for TensorBoard event files, "" = none */
     double bucket_mb;                                 /* DDP gradient bucket size */
     int threads;                                      /* per rank; 0 = auto */
     double peak_flops;                                /* per rank FLOP/s for MFU; 0 = calibrate (cached) */

@@ -77,6 +77,8 @@ typedef struct mpi_req {
 
 /* Process-wide state of the runtime, not of any group. */
 static int g_world_rank = -1;                 /* rank in MPI_COMM_WORLD, for messages */
+static int g_launcher_ranks = 1;              /* what the launcher's environment said (comm_launch.c) */
+static char g_launcher_why[96];               /* and the variable that said it */
 static int g_started_mpi;                     /* we called MPI_Init_thread, so we finalize */
 static int g_live_worlds;                     /* worlds made by loom_comm_init not yet freed */
 static MPI_Op g_bf16_sum = MPI_OP_NULL;       /* LOOM_BF16 sums (bf16_sum_op), made by loom_comm_init */
@@ -399,12 +401,55 @@ static loom_status start_runtime(int *argc, char ***argv) {
     MPI_Finalized(&finalized);
     if (finalized) return loom_fail(LOOM_EUNAVAIL, "MPI was already finalized; cannot restart it");
     if (inited) return LOOM_OK;
+    /* before MPI_Init: Open MPI's PMIx client rewrites PMIX_RANK in a singleton */
+    g_launcher_ranks = loom_comm_launcher_ranks(g_launcher_why, sizeof g_launcher_why);
     singleton_settings();
     int provided = MPI_THREAD_SINGLE;
     int err = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (err != MPI_SUCCESS) return loom_fail(LOOM_EUNAVAIL, "MPI_Init_thread failed (code %d)", err);
     g_started_mpi = 1;
     return LOOM_OK;
+}
+
+void loom_comm_library(char *buf, size_t cap) {
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0, major = 0, minor = 0;
+    MPI_Get_library_version(lib, &len); /* both may be called before MPI_Init */
+    MPI_Get_version(&major, &minor);
+    size_t n = strcspn(lib, "\n,"); /* the first line, up to Open MPI's ", package: ..." */
+    while (n > 0 && (lib[n - 1] == ' ' || lib[n - 1] == '\t')) n--;
+    snprintf(buf, cap, "%.*s (MPI %d.%d)", (int)n, lib, major, minor);
+}
+
+/* The world MPI made against what the launcher said: a world of one where
+ * the environment says several ranks (this loom's MPI is not the
+ * launcher's: each process would run alone), or another size than
+ * LOOM_EXPECT_WORLD (scripts/loomrun -np N sets it). Every process sees the
+ * same, so each stops with LOOM_EUSAGE; MPI is finalized first when loom
+ * started it. */
+static loom_status check_launcher(int world_size) {
+    char lib[256];
+    const char *want = getenv("LOOM_EXPECT_WORLD"), *why = g_launcher_why;
+    int expected = want && *want ? atoi(want) : 0;
+    int n = world_size == 1 ? g_launcher_ranks : 1;
+    if (n <= 1 && (expected <= 0 || expected == world_size)) return LOOM_OK;
+    loom_comm_library(lib, sizeof lib);
+    if (g_started_mpi) {
+        if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
+        MPI_Finalize();
+        g_started_mpi = 0;
+    }
+    if (n <= 1)
+        return loom_fail(LOOM_EUSAGE,
+                         "launcher mismatch: the job was started for %d ranks (LOOM_EXPECT_WORLD=%s, "
+                         "set by scripts/loomrun -np) but MPI (%s) made a world of %d",
+                         expected, want, lib, world_size);
+    return loom_fail(LOOM_EUSAGE,
+                     "launcher mismatch: the environment says this job has %d ranks (%s) but MPI "
+                     "(%s) started this process alone, as a world of 1: loom was built against another "
+                     "MPI than the launcher's. Start it with that MPI's own mpirun (scripts/loomrun "
+                     "finds it) or rebuild loom against the launcher's MPI",
+                     n, why, lib);
 }
 
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
@@ -416,6 +461,7 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     int world_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    LOOM_TRY(check_launcher(world_size));
     loom_log_set_rank(g_world_rank, world_size);
     MPI_Comm dup = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)

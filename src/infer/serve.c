@@ -213,7 +213,9 @@ static loom_status open_server(server *s, const loom_serve_config *c, struct MHD
     if (!s->slots || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
     int port = 0;
     if (!(*d = serve_start_http(s, &port)))
-        return loom_fail(LOOM_EUNAVAIL, "serve: cannot listen on 127.0.0.1:%d (in use?)", c->port);
+        return loom_fail(LOOM_EUNAVAIL,
+                         "serve: cannot listen on 127.0.0.1:%d: %s (--port 0 picks a free port)", c->port,
+                         serve_http_error());
     loom_info("serving on http://127.0.0.1:%d (POST /v1/completions, GET /health); KV cache %d slots x %d "
               "positions, %.1f MiB per rank",
               port, io->max_seqs, io->max_len, loom_infer_cache_bytes(s->inf) / 1048576.0);

@@ -5,6 +5,7 @@
  * under the server mutex. Nothing here calls the communicator. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -504,18 +505,40 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's messages: kept while the daemon starts (its bind failure
+ * names the port it was given, 0, as the address came in a sockaddr), so
+ * serve.c can say why in one line; printed as warnings afterwards. */
+static char g_mhd_error[256];
+static int g_mhd_started;
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[256];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    if (g_mhd_started) loom_warn("serve: %s", msg);
+    else snprintf(g_mhd_error, sizeof g_mhd_error, "%s", msg);
+}
+
+const char *serve_http_error(void) {
+    const char *why = strrchr(g_mhd_error, ':'); /* "Failed to bind to port 0: Address already in use" */
+    return why && why[1] ? why + 2 : g_mhd_error[0] ? g_mhd_error : "unknown error";
+}
+
 struct MHD_Daemon *serve_start_http(server *s, int *port) {
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)s->cfg->port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(s->cfg->queue + 64), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+    struct MHD_Daemon *d =
+        MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                         0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->cfg->queue + 64),
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)120, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!d) return NULL;
+    g_mhd_started = 1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     *port = info ? info->port : s->cfg->port;
     return d;

@@ -70,5 +70,7 @@ void serve_admit(server *s);
 /* Rank 0: the HTTP daemon on 127.0.0.1:cfg->port (0: any), its port in *port;
  * NULL when it cannot listen. */
 struct MHD_Daemon *serve_start_http(server *s, int *port);
+/* Why the last serve_start_http failed, as the OS said it ("Address already in use"). */
+const char *serve_http_error(void);
 
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "loom/model.h"
+#include "loom/version.h"
 #include "plan/internal.h"
 
 typedef struct {
@@ -360,7 +361,7 @@ loom_status loom_plan_cluster_load(const char *s, loom_plan_cluster *c) {
         snprintf(path, sizeof path, "%s", s);
     } else {
         const char *dir = getenv("LOOM_PLAN_DIR");
-        snprintf(path, sizeof path, "%s/clusters/%s.json", dir && *dir ? dir : LOOM_PLAN_DEFAULT_DIR, s);
+        snprintf(path, sizeof path, "%s/clusters/%s.json", dir && *dir ? dir : loom_plan_dir(), s);
     }
     FILE *f = fopen(path, "rb");
     if (!f)

@@ -50,13 +50,7 @@ static cJSON *manifest_head(const loom_train_run_state *s, int step) {
     add_num(l, "zero", c->layout.zero);
     cJSON_AddStringToObject(l, "schedule", loom_schedule_name(c->layout.schedule));
     add_num(l, "virtual_stages", c->layout.virtual_stages);
-    cJSON *m = cJSON_AddObjectToObject(o, "model");
-    cJSON_AddStringToObject(m, "name", mc->name);
-    add_num(m, "n_layer", mc->n_layer);
-    add_num(m, "n_head", mc->n_head);
-    add_num(m, "n_embd", mc->n_embd);
-    add_num(m, "vocab_size", mc->vocab_size);
-    add_num(m, "n_positions", mc->n_positions);
+    loom_train_model_shape_json(cJSON_AddObjectToObject(o, "model"), mc);
     cJSON *t = cJSON_AddObjectToObject(o, "train");
     add_num(t, "steps", c->steps);
     add_num(t, "batch", c->batch);

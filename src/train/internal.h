@@ -41,12 +41,23 @@ typedef struct loom_report {
     int bar;    /* progress bar on a terminal */
     FILE *metrics;
     char metrics_tmp[LOOM_PATH_MAX + 8];
+    struct loom_tboard *tb; /* --tensorboard DIR's event file (tboard.h), or NULL */
     double t_start;
 } loom_report;
 
 /* Open: LOOM_ECANTCREAT when --metrics is a directory or its .tmp cannot be
- * created. */
+ * created, or --tensorboard DIR's event file cannot be. */
 loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank);
+/* The first row of the metrics: the run's settings and environment
+ * (run_header.c): {"run": {model, layout, batch, seq, steps, lr, ...},
+ * "env": {loom, commit, compiler, mpi, blas, ..., host, cpu, started}}. Rank 0;
+ * nothing without --metrics. LOOM_EIO when the write fails. Local. */
+struct loom_train_run_state;
+loom_status loom_report_header(loom_report *r, const struct loom_train_run_state *s);
+/* The model's shape into m: name, n_layer, n_head, n_embd, vocab_size,
+ * n_positions (the header's and a checkpoint manifest's "model"). */
+struct cJSON;
+void loom_train_model_shape_json(struct cJSON *m, const loom_model_config *mc);
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s);
 /* Close, given the run's status st. Success: rename metrics into place and
  * print the summary; returns LOOM_OK, or LOOM_EIO / LOOM_ECANTCREAT (with the
@@ -86,7 +97,13 @@ typedef struct loom_train_run_state {
     int peak_raised; /* a step beat the sgemm calibration; peak_flops is that rate now */
     loom_report report;
     int failed_together; /* the failure being returned was seen by every rank at once */
-    int start_step;      /* the first step to run (a resumed checkpoint's step) */
+    /* --trace (trace_run.c): this rank's events of the traced steps, in rank 0's time */
+    FILE *trace_mem;
+    char *trace_text;
+    size_t trace_len;
+    double *trace_offs, *trace_rtts; /* (world) clock offsets and round trips vs rank 0, seconds */
+    double trace_base;               /* rank 0's clock at the alignment: ts 0 */
+    int start_step;                  /* the first step to run (a resumed checkpoint's step) */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else the best sgemm of the chosen
@@ -105,6 +122,18 @@ void loom_train_pp_teardown(loom_train_run_state *s);
 loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble);
 /* The last step's pipeline actions as trace events (row 0 of this rank). */
 void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
+
+/* --trace DIR (trace_run.c). setup: align the ranks' clocks to rank 0's
+ * (ping-pong, reported by rank 0). Collective over the world. */
+loom_status loom_train_trace_setup(loom_train_run_state *s);
+/* 1 when 0-based step is in --trace-steps (default: the last step). */
+int loom_train_trace_on(const loom_train_run_state *s, int step);
+/* After a traced step (t_step: its start): keep its events; at the last
+ * traced step write DIR/trace_rank<R>.json and merge every rank's events
+ * into DIR/trace.json (collective over the world then; local failures:
+ * fail_fast). */
+loom_status loom_train_trace_step(loom_train_run_state *s, int step, double t_step);
+void loom_train_trace_free(loom_train_run_state *s);
 
 /* The step's MoE statistics over every rank (after the step's communication
  * statistics were taken), into st->moe_json, with warnings on rank 0; then

@@ -4,12 +4,14 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/comm.h"
 #include "loom/log.h"
+#include "loom/tboard.h"
 #include "train/internal.h"
 
 loom_status loom_report_open(loom_report *r, const loom_train_config *c, int rank) {
@@ -18,6 +20,7 @@ loom_status loom_report_open(loom_report *r, const loom_train_config *c, int ran
     r->active = rank == 0 && !c->quiet;
     r->bar = r->active && (c->progress == 1 || (c->progress == -1 && isatty(STDERR_FILENO)));
     r->t_start = loom_comm_wtime();
+    if (rank == 0 && c->tensorboard[0]) LOOM_TRY(loom_tboard_open(c->tensorboard, &r->tb));
     if (rank != 0 || !c->metrics[0]) return LOOM_OK;
     struct stat sb; /* a directory there would refuse the final rename: fail before training */
     if (stat(c->metrics, &sb) == 0 && S_ISDIR(sb.st_mode))
@@ -99,6 +102,10 @@ static int cp_overlap(const loom_step_stats *s, double *ms, double *exposed_ms, 
 /* The collectives of one step as a table, printed once so a user sees what
  * each group does (calls and bytes per step, on rank 0). */
 static void print_comm_table(const loom_step_stats *s) {
+    uint64_t calls = 0;
+    for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++) calls += s->comm[g].calls[op];
+    if (!calls) return; /* one rank: nothing to list */
     loom_info("collectives per step on rank 0 (group, op, calls, bytes, time):");
     for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
         for (int op = 0; op < LOOM_OP_COUNT; op++) {
@@ -117,39 +124,69 @@ static const char *json_num(char buf[32], double x) {
     return buf;
 }
 
-loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
+/* The step's metrics row (one JSON object, no newline) into f. */
+static void write_row(FILE *f, int step, const loom_step_stats *s) {
     char loss[32], gn[32];
+    fprintf(f,
+            "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, "
+            "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
+            "\"comm_bytes\": %llu, \"mem\": {\"params\": %zu, \"grads\": %zu, "
+            "\"optimizer\": %zu, \"activations\": %zu, \"peak_rss\": %zu, "
+            "\"peak_rss_max\": %zu}, ",
+            step + 1, json_num(loss, s->loss), s->lr, json_num(gn, s->grad_norm),
+            s->skipped ? "true" : "false", s->tokens_per_s, s->mfu, 1e3 * s->seconds,
+            (unsigned long long)s->comm_bytes, s->mem.params, s->mem.grads, s->mem.optimizer,
+            s->mem.activations, s->peak_rss, s->peak_rss_max);
+    if (s->pp_bubble >= 0)
+        fprintf(f, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
+    fprintf(f,
+            "\"dp\": {\"exposed_ms\": %.4f, \"reduce_ms\": %.4f, \"gather_ms\": %.4f, "
+            "\"reductions\": %d, \"overlapped\": %d}, ",
+            1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s, s->dp.reductions,
+            s->dp.overlapped);
+    if (s->moe_json) fputs(s->moe_json, f);
+    double cp_ms, cp_exposed, cp_hidden;
+    if (cp_overlap(s, &cp_ms, &cp_exposed, &cp_hidden))
+        fprintf(f, "\"cp\": {\"ms\": %.4f, \"exposed_ms\": %.4f, \"hidden\": %.4f}, ", cp_ms, cp_exposed,
+                cp_hidden);
+    write_comm_json(f, s);
+    fputc('}', f);
+}
+
+/* The row to the metrics file and, as scalars, to TensorBoard: the same
+ * text, so each scalar is the number the JSONL holds. */
+static loom_status write_outputs(loom_report *r, int step, const loom_step_stats *s) {
+    if (!r->metrics && !r->tb) return LOOM_OK;
+    char *row = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&row, &len);
+    if (!mem) return loom_fail(LOOM_EOS, "out of memory for a metrics row");
+    write_row(mem, step, s);
+    if (fclose(mem) != 0 || !row) {
+        free(row);
+        return loom_fail(LOOM_EOS, "out of memory for a metrics row");
+    }
+    loom_status st = LOOM_OK;
     if (r->metrics) {
         errno = 0;
-        int n = fprintf(r->metrics,
-                        "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, "
-                        "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_ms\": %.4f, "
-                        "\"comm_bytes\": %llu, \"mem\": {\"params\": %zu, \"grads\": %zu, "
-                        "\"optimizer\": %zu, \"activations\": %zu, \"peak_rss\": %zu, "
-                        "\"peak_rss_max\": %zu}, ",
-                        step + 1, json_num(loss, s->loss), s->lr, json_num(gn, s->grad_norm),
-                        s->skipped ? "true" : "false", s->tokens_per_s, s->mfu, 1e3 * s->seconds,
-                        (unsigned long long)s->comm_bytes, s->mem.params, s->mem.grads, s->mem.optimizer,
-                        s->mem.activations, s->peak_rss, s->peak_rss_max);
-        if (s->pp_bubble >= 0)
-            fprintf(r->metrics, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
-        fprintf(r->metrics,
-                "\"dp\": {\"exposed_ms\": %.4f, \"reduce_ms\": %.4f, \"gather_ms\": %.4f, "
-                "\"reductions\": %d, \"overlapped\": %d}, ",
-                1e3 * s->dp.exposed_s, 1e3 * s->dp.reduce_s, 1e3 * s->dp.gather_s, s->dp.reductions,
-                s->dp.overlapped);
-        if (s->moe_json) fputs(s->moe_json, r->metrics);
-        double cp_ms, cp_exposed, cp_hidden;
-        if (cp_overlap(s, &cp_ms, &cp_exposed, &cp_hidden))
-            fprintf(r->metrics, "\"cp\": {\"ms\": %.4f, \"exposed_ms\": %.4f, \"hidden\": %.4f}, ", cp_ms,
-                    cp_exposed, cp_hidden);
-        write_comm_json(r->metrics, s);
-        fputs("}\n", r->metrics);
-        /* ferror: any of the writes above failed (errno says why); fflush: the line reaches the file */
-        if (n < 0 || ferror(r->metrics) || fflush(r->metrics) != 0)
-            return loom_fail(LOOM_EIO, "--metrics %s: write failed: %s", r->cfg->metrics,
-                             strerror(errno ? errno : EIO));
+        /* ferror: any earlier write failed too (errno says why); fflush: the line reaches the file */
+        if (fwrite(row, 1, len, r->metrics) != len || fputc('\n', r->metrics) == EOF || ferror(r->metrics) ||
+            fflush(r->metrics) != 0)
+            st = loom_fail(LOOM_EIO, "--metrics %s: write failed: %s", r->cfg->metrics,
+                           strerror(errno ? errno : EIO));
     }
+    if (st == LOOM_OK && r->tb) {
+        static const char *const skip[] = {"step", NULL};
+        loom_tboard_begin(r->tb, step + 1);
+        st = loom_tboard_add_json(r->tb, row, skip);
+        if (st == LOOM_OK) st = loom_tboard_end(r->tb);
+    }
+    free(row);
+    return st;
+}
+
+loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s) {
+    LOOM_TRY(write_outputs(r, step, s));
     if (!r->active) return LOOM_OK;
     if (step == 0) print_comm_table(s);
     double cp_ms, cp_exposed, cp_hidden; /* step 2: the first is warm-up */
@@ -170,6 +207,9 @@ loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s)
 
 loom_status loom_report_close(loom_report *r, loom_status st, const loom_train_result *res) {
     const loom_train_config *c = r->cfg;
+    loom_status tst = loom_tboard_close(r->tb);
+    r->tb = NULL;
+    if (st == LOOM_OK) st = tst;
     if (r->metrics) {
         int closed = !ferror(r->metrics); /* fclose alone misses an earlier failed write */
         closed &= fclose(r->metrics) == 0;

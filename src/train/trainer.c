@@ -342,6 +342,7 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(init_params(c, s));
+    if (c->trace[0]) LOOM_TRY(loom_train_trace_setup(s)); /* ranks' clocks aligned, offsets reported */
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
     s->model_cfg = mc;
     return loom_peak_flops(world, s->dev, c->peak_flops, &s->peak_flops, &s->fma_flops);
@@ -355,39 +356,9 @@ static void teardown(loom_train_run_state *s) {
     loom_train_moe_free(s);
     if (s->pipelined) loom_train_pp_teardown(s);
     for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
+    loom_train_trace_free(s);
     loom_mesh_free(s->mesh);
     if (s->have_tokens) loom_tokens_close(&s->tokens);
-}
-
-/* The traced step of this rank: its compute (pipeline actions or phases) on
- * row 0, each group's collectives on a row of their own. */
-static loom_status write_trace(loom_train_run_state *s, double base) {
-    char path[LOOM_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/trace_rank%d.json", s->cfg->trace, s->mesh->rank);
-    loom_trace *t;
-    LOOM_TRY(loom_trace_open(path, base, &t));
-    const int pid = s->mesh->rank;
-    loom_trace_name_row(t, pid, 0, s->pipelined ? "pipeline" : "compute");
-    for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
-        char row[32];
-        snprintf(row, sizeof row, "comm %s", loom_report_group_names[g]);
-        loom_trace_name_row(t, pid, g + 1, row);
-    }
-    if (s->pipelined) loom_train_pp_trace(s, t);
-    for (int i = 0; i < s->n_phase; i++)
-        loom_trace_event(t, s->phase[i].name, "compute", s->phase[i].t0, s->phase[i].t1, pid, 0);
-    size_t n;
-    const loom_comm_event *ev = loom_comm_trace_events(&n);
-    for (size_t i = 0; i < n; i++) {
-        int row = LOOM_REPORT_GROUPS + 1;
-        for (int g = 0; g < LOOM_REPORT_GROUPS; g++)
-            if (strcmp(ev[i].group, loom_report_group_names[g]) == 0) row = g + 1;
-        char name[64];
-        snprintf(name, sizeof name, "%s %llu B", loom_comm_op_name(ev[i].op),
-                 (unsigned long long)ev[i].bytes);
-        loom_trace_event(t, name, ev[i].group, ev[i].t0, ev[i].t1, pid, row);
-    }
-    return loom_trace_close(t);
 }
 
 static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
@@ -400,8 +371,8 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     loom_edp_memory_bytes(s->edp, &st_step.mem);
     for (int step = s->start_step; step < c->steps; step++) {
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) loom_comm_reset_stats(groups[g]);
-        s->tracing = c->trace[0] && step == c->steps - 1;
-        if (s->tracing) loom_comm_trace_clear();
+        s->tracing = loom_train_trace_on(s, step);
+        if (s->tracing) loom_comm_trace_clear(), s->n_phase = 0;
         double t_step = loom_comm_wtime();
         LOOM_TRY(train_step(s, step, &st_step));
         loom_dp_get_timing(s->dp, &st_step.dp);
@@ -410,12 +381,13 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
             LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
             st_step.pp_peak_live = loom_pp_exec_peak_live(s->exec);
         }
-        if (s->tracing) LOOM_TRY(write_trace(s, t_step)); /* local: a failure aborts */
         st_step.comm_bytes = 0;
         for (int g = 0; g < LOOM_REPORT_GROUPS; g++) {
             st_step.comm[g] = *loom_comm_get_stats(groups[g]);
             for (int op = 0; op < LOOM_OP_COUNT; op++) st_step.comm_bytes += st_step.comm[g].bytes[op];
         }
+        /* after the step's statistics: the merge's messages are not counted in them */
+        if (s->tracing) LOOM_TRY(loom_train_trace_step(s, step, t_step)); /* a local failure aborts */
         if (step > 0 || c->steps == 1) {
             tok_time += st_step.seconds;
             tokens += (double)c->batch * c->seq;
@@ -500,7 +472,11 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
-    if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
+    if (st == LOOM_OK) {
+        loom_status rst = loom_report_open(&s.report, c, rank);
+        if (rst == LOOM_OK) rst = loom_report_header(&s.report, &s); /* the run's settings: row 1 */
+        st = loom_comm_agree(world, rst);
+    }
     if (st != LOOM_OK) loom_report_close(&s.report, st, res); /* agreed before the first step */
     else st = fail_fast(&s, world, train_phase(&s, res));
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */

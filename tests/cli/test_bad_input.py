@@ -196,6 +196,8 @@ def data_files(tmp, data):
         return ["train", "--data", path] + FAST
 
     out = os.path.join(tmp, "never.bin")
+    empty = os.path.join(tmp, "emptydir")  # a directory is read for its files: none is an error
+    os.makedirs(empty, exist_ok=True)
     expect_all([
         ("missing data", tr(missing), 66, [missing]),
         ("truncated data", tr(trunc), 65, [trunc, 2 * n, 2 * n - cut]),
@@ -209,7 +211,8 @@ def data_files(tmp, data):
         ("data is a directory", tr(tmp), 66, [tmp]),
         ("data missing input", ["data", "--input", "/nonexistent", "--out", out, "--val", ""], 66,
          ["/nonexistent"]),
-        ("data input is a directory", ["data", "--input", tmp, "--out", out, "--val", ""], 66, [tmp]),
+        ("data input is an empty directory", ["data", "--input", empty, "--out", out, "--val", ""], 66,
+         [empty, "no files"]),
         ("data empty input", ["data", "--input", "/dev/null", "--out", out, "--val", ""], 65, ["no bytes"]),
         ("data val-fraction 2", ["data", "--input", data, "--out", out, "--val-fraction", 2], 64,
          ["--val-fraction 2"]),

@@ -225,12 +225,12 @@ def test_metrics_full_disk(tmp, data):
 
 
 def wait_for_steps(job, path, n, timeout):
-    """Until `path` holds n lines (steps are running) or the job ends."""
+    """Until `path` holds n step rows (steps are running) or the job ends."""
     t_end = time.time() + timeout
     while time.time() < t_end and job.p.poll() is None:
         with contextlib.suppress(OSError):
             with open(path) as f:
-                if sum(1 for _ in f) >= n:
+                if sum(1 for line in f if '"step"' in line) >= n:  # not the header row
                     return True
         time.sleep(0.1)
     return False

@@ -50,8 +50,16 @@ def make_text_data(tmp, name="train.bin"):
 
 
 def read_metrics(path):
+    """The step rows of a metrics file (the first row, the run's settings and
+    environment, has no "step": read_header gives it)."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
+
+
+def read_header(path):
+    with open(path) as f:
+        first = json.loads(f.readline())
+    return first if "run" in first else None
 
 
 def max_rel_err(a, b):

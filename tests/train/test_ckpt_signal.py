@@ -56,7 +56,7 @@ def interrupted_run(tmp, tag, np_, flags, sig, rank_index):
     while time.time() < deadline and p.poll() is None:  # a few steps done
         try:
             with open(metrics + ".tmp") as f:
-                seen = sum(1 for line in f if line.strip())
+                seen = sum(1 for line in f if "\"step\"" in line)  # step rows, not the header
         except OSError:
             seen = 0
         if seen >= 5:
@@ -65,7 +65,7 @@ def interrupted_run(tmp, tag, np_, flags, sig, rank_index):
     def steps_logged():
         try:
             with open(metrics + ".tmp") as f:
-                return sum(1 for line in f if line.strip())
+                return sum(1 for line in f if "\"step\"" in line)
         except OSError:
             return 0
     if np_:
