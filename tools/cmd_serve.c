@@ -18,7 +18,8 @@
 typedef struct serve_cfg {
     char model[1024], load_params[1024], tokenizer[1024], port_file[1024], served_name[256],
         chat_template[1024];
-    int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body, max_connections;
+    int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body, max_connections,
+        no_prefix_cache;
     double read_timeout, drain_timeout;
 } serve_cfg;
 
@@ -154,6 +155,7 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
                                 .max_connections = c->max_connections,
                                 .read_timeout = c->read_timeout,
                                 .drain_timeout = c->drain_timeout,
+                                .prefix_cache = !c->no_prefix_cache,
                                 .model_name = name,
                                 .port_file = c->port_file[0] ? port_file : NULL,
                                 .chat_template = chat,
@@ -221,6 +223,9 @@ int cmd_serve(int argc, char **argv) {
          "a connection must send a whole request within S seconds (default 10)"},
         {"drain-timeout", OPT_DOUBLE, &c.drain_timeout, 0, "S",
          "after SIGTERM/SIGINT, running requests get S seconds, then end with finish_reason abort (default 30)"},
+        {"no-prefix-cache", OPT_FLAG, &c.no_prefix_cache, 0, NULL,
+         "compute every prompt in full (default: a new sequence copies the longest prefix of its prompt that a "
+         "cached sequence holds)"},
         {"served-model-name", OPT_STR, c.served_name, sizeof c.served_name, "NAME",
          "the model id of /v1/models and requests (default: the model's name or directory)"},
         {"chat-template", OPT_STR, c.chat_template, sizeof c.chat_template, "FILE",

@@ -22,6 +22,9 @@
  * {"error": {"message", "type", "param", "code"}}.
  *
  * The KV cache is planned up front: max_seqs sequences of max_len positions.
+ * With prefix_cache, a new sequence starts as the longest prefix of its
+ * prompt that some sequence's cache holds (running, or left by a finished
+ * one until its slot is reused), copied instead of recomputed.
  * Each choice of a request is one sequence; prompt + max_tokens <= max_len
  * (else 400); choices wait for a free sequence in a queue of at most `queue`
  * (beyond that: 503). Between model steps rank 0 admits waiting choices and
@@ -53,6 +56,7 @@ typedef struct loom_serve_config {
     int max_connections;    /* open connections at most */
     double read_timeout;    /* seconds a connection may take to send a request (headers + body) */
     double drain_timeout;   /* seconds running requests get after a signal */
+    int prefix_cache;       /* reuse cached prompt prefixes (see below) */
     const char *model_name; /* the id of /v1/models; requests naming another get 404 */
     const char *port_file;  /* if set, rank 0 writes the bound port there */
     const loom_chat_template *chat_template; /* NULL: /v1/chat/completions gets 400 */

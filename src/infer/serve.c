@@ -19,6 +19,11 @@
 #include "loom/rng.h"
 
 #define HDR_TAG 7401
+/* An idle rank's longest sleep between polls of the next plan: 1 ms within
+ * a second of the last step (at most ~1 ms added to a step's start), 10 ms
+ * after that (a long-idle rank polls ~100 times a second). */
+#define NAP_BUSY_NS 1000000L
+#define NAP_IDLE_NS 10000000L
 
 static volatile sig_atomic_t g_signals;
 static void on_signal(int sig) {
@@ -35,12 +40,19 @@ typedef struct plan_entry {
     uint64_t seed, index;
 } plan_entry;
 
-enum { H_ENTRIES, H_ROWS, H_SHUTDOWN, H_ANY_LP, H_COUNT };
+enum { H_ENTRIES, H_ROWS, H_SHUTDOWN, H_ANY_LP, H_COPIES, H_COUNT };
+
+/* A new choice's start in its KV slot: the first n positions of slot src
+ * (src == dst: what the slot already holds; n = 0: empty). */
+typedef struct prefix_op {
+    int32_t dst, src, n;
+} prefix_op;
 
 typedef struct plan {
     int32_t hdr[H_COUNT];
     plan_entry *e;
     int32_t *tok, *next;
+    prefix_op *copy; /* (max_seqs) */
     tok_lp *lp;
     choice **owner; /* rank 0: the choice of each entry */
     loom_ids *hist; /* (max_seqs) the sampling rank: each sequence's generated tokens, for penalties */
@@ -67,6 +79,45 @@ void serve_admit(server *s) {
         c->prefill_pos = 0;
         s->slots[i] = c;
     }
+}
+
+static size_t common_prefix(const loom_ids *a, const loom_ids *b) {
+    size_t n = a->n < b->n ? a->n : b->n, k = 0;
+    while (k < n && a->v[k] == b->v[k]) k++;
+    return k;
+}
+
+/* Rank 0: where a newly admitted choice c in slot i starts. With prefix
+ * caching, the longest prefix of its prompt (all but its last token: the
+ * step needs a row for the logits) that some slot's cache holds - running,
+ * or left by a finished choice - is copied instead of recomputed; the
+ * choice's own slot wins ties (nothing to copy). The copies of a step run in
+ * the order planned, before its forward, so each sees the caches as the
+ * plan's bookkeeping (s->cached) says. */
+static void place(server *s, plan *p, choice *c, int i) {
+    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
+    const loom_ids *pr = &c->req->prompts[c->prompt];
+    size_t best = 0;
+    int src = i;
+    if (s->cfg->prefix_cache) {
+        const size_t cap = pr->n - 1;
+        best = common_prefix(pr, &s->cached[i]);
+        for (int j = 0; j < max_seqs; j++) {
+            const size_t k = common_prefix(pr, &s->cached[j]);
+            if (k > best) best = k, src = j;
+        }
+        if (best > cap) best = cap;
+    }
+    p->copy[p->hdr[H_COPIES]++] = (prefix_op){.dst = i, .src = src, .n = (int32_t)best};
+    if (src != i) {
+        s->cached[i].n = 0;
+        for (size_t k = 0; k < best; k++) loom_ids_push(&s->cached[i], s->cached[src].v[k]);
+    }
+    s->cached[i].n = best < s->cached[i].n ? best : s->cached[i].n;
+    c->prefill_pos = c->prefix_hit = best;
+    c->placed = 1;
+    s->prefix_hit_tokens += (long)best;
+    s->prefix_copies += src != i && best > 0;
 }
 
 static void release_slot(server *s, int i) {
@@ -97,12 +148,16 @@ static void plan_step(server *s, plan *p) {
     s->wait_tail = NULL;
     for (choice *c = s->wait_head; c; c = c->next) s->wait_tail = c;
     serve_admit(s);
+    p->hdr[H_COPIES] = 0;
+    for (int i = 0; i < io->max_seqs; i++)
+        if (s->slots[i] && !s->slots[i]->placed) place(s, p, s->slots[i], i);
     int n = 0, rows = 0, any_lp = 0;
     for (int i = 0; i < io->max_seqs; i++) { /* decode first: running sequences never wait */
         choice *c = s->slots[i];
         if (!c || c->prefill_pos < c->req->prompts[c->prompt].n) continue;
         p->e[n] = (plan_entry){.seq = i, .n_new = 1, .fresh = 0, .final = 1};
         p->tok[rows++] = (int32_t)c->out.v[c->out.n - 1];
+        loom_ids_push(&s->cached[i], c->out.v[c->out.n - 1]);
         p->owner[n++] = c;
     }
     for (int i = 0; i < io->max_seqs && rows < io->max_rows; i++) {
@@ -113,10 +168,14 @@ static void plan_step(server *s, plan *p) {
         int take = left < (size_t)(io->max_rows - rows) ? (int)left : io->max_rows - rows;
         p->e[n] = (plan_entry){.seq = i,
                                .n_new = take,
-                               .fresh = c->prefill_pos == 0,
+                               .fresh = c->prefill_pos == c->prefix_hit,
                                .final = c->prefill_pos + (size_t)take == pr->n};
-        for (int k = 0; k < take; k++) p->tok[rows++] = (int32_t)pr->v[c->prefill_pos + (size_t)k];
+        for (int k = 0; k < take; k++) {
+            p->tok[rows++] = (int32_t)pr->v[c->prefill_pos + (size_t)k];
+            loom_ids_push(&s->cached[i], pr->v[c->prefill_pos + (size_t)k]);
+        }
         c->prefill_pos += (size_t)take;
+        s->prefill_tokens += take;
         p->owner[n++] = c;
     }
     for (int j = 0; j < n; j++) {
@@ -141,9 +200,9 @@ static void plan_step(server *s, plan *p) {
 }
 
 /* Rank 0 -> every rank: the header by point-to-point, then the plan. An idle
- * rank polls the header with sleeps growing to 10 ms, so it blocks instead of
- * spinning inside MPI (a few hundred polls a second at most). */
-static loom_status share_plan(loom_comm *world, plan *p) {
+ * rank polls the header with growing sleeps (NAP_*: busy_at is when it last
+ * ran a step), so it blocks instead of spinning inside MPI. */
+static loom_status share_plan(loom_comm *world, plan *p, double busy_at) {
     const int rank = loom_comm_rank(world), size = loom_comm_size(world);
     if (size == 1) return LOOM_OK;
     if (rank == 0) {
@@ -157,10 +216,13 @@ static loom_status share_plan(loom_comm *world, plan *p) {
             if (done) break;
             struct timespec ts = {0, nap};
             nanosleep(&ts, NULL);
-            if (nap < 10000000) nap *= 2;
+            if (nap < (serve_now() - busy_at < 1.0 ? NAP_BUSY_NS : NAP_IDLE_NS)) nap *= 2;
         }
     }
-    if (p->hdr[H_SHUTDOWN] || p->hdr[H_ENTRIES] == 0) return LOOM_OK;
+    if (p->hdr[H_SHUTDOWN]) return LOOM_OK;
+    if (p->hdr[H_COPIES] > 0)
+        LOOM_TRY(loom_comm_bcast(world, p->copy, sizeof(prefix_op) * (size_t)p->hdr[H_COPIES], 0));
+    if (p->hdr[H_ENTRIES] == 0) return LOOM_OK;
     LOOM_TRY(loom_comm_bcast(world, p->e, sizeof(plan_entry) * (size_t)p->hdr[H_ENTRIES], 0));
     return loom_comm_bcast(world, p->tok, sizeof(int32_t) * (size_t)p->hdr[H_ROWS], 0);
 }
@@ -206,11 +268,11 @@ static const float *penalised(plan *p, const plan_entry *e, const float *x, int 
 static loom_status run_step(loom_infer *inf, loom_comm *world, int root, plan *p) {
     const int n = p->hdr[H_ENTRIES], V = loom_infer_config(inf)->vocab_size;
     const int is_root = loom_comm_rank(world) == root;
+    for (int j = 0; j < p->hdr[H_COPIES]; j++)
+        LOOM_TRY(loom_infer_share_prefix(inf, p->copy[j].dst, p->copy[j].src, p->copy[j].n));
+    if (n == 0) return LOOM_OK;
     for (int j = 0; j < n; j++) {
-        if (p->e[j].fresh) {
-            loom_infer_reset(inf, p->e[j].seq);
-            p->hist[p->e[j].seq].n = 0;
-        }
+        if (p->e[j].fresh) p->hist[p->e[j].seq].n = 0; /* a new choice: no tokens to penalise */
         p->seq[j] = p->e[j].seq;
         p->n_new[j] = p->e[j].n_new;
     }
@@ -260,6 +322,7 @@ static loom_status plan_alloc(plan *p, const loom_infer_opts *io, int V) {
     p->tok = calloc(R, sizeof *p->tok);
     p->next = calloc(S, sizeof *p->next);
     p->lp = calloc(S, sizeof *p->lp);
+    p->copy = calloc(S, sizeof *p->copy);
     p->owner = calloc(S, sizeof *p->owner);
     p->hist = calloc(S, sizeof *p->hist);
     p->seq = calloc(S, sizeof *p->seq);
@@ -268,7 +331,7 @@ static loom_status plan_alloc(plan *p, const loom_infer_opts *io, int V) {
     p->row = malloc(sizeof(float) * (size_t)V);
     p->iscratch = malloc(sizeof(int) * (size_t)V);
     p->count = calloc((size_t)V, sizeof(int));
-    if (!p->e || !p->tok || !p->next || !p->lp || !p->owner || !p->hist || !p->seq || !p->n_new ||
+    if (!p->e || !p->tok || !p->next || !p->lp || !p->copy || !p->owner || !p->hist || !p->seq || !p->n_new ||
         !p->probs || !p->row || !p->iscratch || !p->count)
         return loom_fail(LOOM_EOS, "serve: out of memory for the step plan");
     return LOOM_OK;
@@ -280,6 +343,7 @@ static void plan_free(plan *p, int max_seqs) {
     free(p->tok);
     free(p->next);
     free(p->lp);
+    free(p->copy);
     free(p->owner);
     free(p->hist);
     free(p->seq);
@@ -295,9 +359,10 @@ static void plan_free(plan *p, int max_seqs) {
 static loom_status open_server(server *s, const loom_serve_config *c, struct MHD_Daemon **d) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
     s->slots = calloc((size_t)io->max_seqs, sizeof *s->slots);
+    s->cached = calloc((size_t)io->max_seqs, sizeof *s->cached);
     s->ttft = calloc(LAT_KEEP, sizeof(double));
     s->tpot = calloc(LAT_KEEP, sizeof(double));
-    if (!s->slots || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
+    if (!s->slots || !s->cached || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
     serve_metrics_init(s);
     int port = 0;
     if (!(*d = serve_start_http(s, &port)))
@@ -354,14 +419,15 @@ static void next_plan(server *s, plan *p, double *last_sent, double *drain_until
                 struct timespec ts = serve_deadline_in(20000000);
                 pthread_cond_timedwait(&s->work, &s->mu, &ts);
             }
-            p->hdr[H_ENTRIES] = p->hdr[H_ROWS] = 0;
+            p->hdr[H_ENTRIES] = p->hdr[H_ROWS] = p->hdr[H_COPIES] = 0;
             p->hdr[H_SHUTDOWN] = 1;
             break;
         }
         plan_step(s, p);
         s->loop_iters++;
         s->last_loop = serve_now();
-        if (p->hdr[H_ENTRIES] > 0 || serve_now() - *last_sent > 1.0) break; /* work, or a heartbeat */
+        if (p->hdr[H_ENTRIES] > 0 || p->hdr[H_COPIES] > 0 || serve_now() - *last_sent > 1.0)
+            break; /* work, or a heartbeat */
         struct timespec ts = serve_deadline_in(50000000);
         pthread_cond_timedwait(&s->work, &s->mu, &ts);
     }
@@ -423,12 +489,13 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
     catch_signals();
     if (st == LOOM_OK && rank == 0) st = open_server(&s, c, &d);
     st = loom_comm_agree(world, st);
-    double last_sent = serve_now(), drain_until = 0;
+    double last_sent = serve_now(), drain_until = 0, busy_at = serve_now();
     while (st == LOOM_OK) {
         if (rank == 0) next_plan(&s, &p, &last_sent, &drain_until);
-        st = share_plan(world, &p);
+        st = share_plan(world, &p, busy_at);
         if (st != LOOM_OK || p.hdr[H_SHUTDOWN]) break;
-        if (p.hdr[H_ENTRIES] == 0) continue;
+        if (p.hdr[H_ENTRIES] == 0 && p.hdr[H_COPIES] == 0) continue;
+        busy_at = serve_now();
         st = run_step(inf, world, root, &p);
         if (st == LOOM_OK && rank == 0) {
             pthread_mutex_lock(&s.mu);
@@ -439,6 +506,8 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
     if (rank == 0) close_server(&s, d, st);
     plan_free(&p, max_seqs);
     free(s.slots);
+    for (int i = 0; s.cached && i < max_seqs; i++) loom_ids_free(&s.cached[i]);
+    free(s.cached);
     free(s.ttft);
     free(s.tpot);
     pthread_mutex_destroy(&s.mu);

@@ -47,6 +47,8 @@ typedef struct choice {
     size_t lp_cap;
     int slot; /* KV-cache sequence; -1 while waiting */
     size_t prefill_pos;
+    int placed;        /* its start in the slot planned (prefix caching) */
+    size_t prefix_hit; /* prompt tokens it took from the cache */
     int finished;
     const char *finish_reason; /* "stop", "length", "abort" */
     double t_first, t_last;
@@ -112,7 +114,8 @@ typedef struct server {
     pthread_cond_t work, progress;
     choice *wait_head, *wait_tail;
     int n_wait;
-    choice **slots; /* (max_seqs) running choices */
+    choice **slots;   /* (max_seqs) running choices */
+    loom_ids *cached; /* (max_seqs) the tokens each slot's cache holds, after the step planned */
     long next_id;
     uint64_t seed_base, seed_count; /* a request without "seed" gets a fresh one from these */
     int stopping;                   /* no new requests (a signal: draining) */
@@ -120,6 +123,8 @@ typedef struct server {
     double t_start, t_first_req;
     /* metrics */
     double *ttft, *tpot;
+    long prefix_hit_tokens, prefill_tokens; /* prompt tokens taken from the cache / computed */
+    long prefix_copies;                     /* starts copied from another slot */
     long n_ttft, n_tpot, completed, rejected, tokens_out, prompt_tokens, requests;
     long finished_by[4]; /* stop, length, abort, error */
     histogram h_ttft, h_tpot, h_e2e;

@@ -102,6 +102,11 @@ char *serve_health_json(server *s) {
     cJSON_AddNumberToObject(kv, "positions", (double)oc.positions);
     cJSON_AddNumberToObject(kv, "positions_used", (double)oc.positions_used);
     cJSON_AddNumberToObject(kv, "bytes_per_rank", (double)loom_infer_cache_bytes(s->inf));
+    cJSON *pc = cJSON_AddObjectToObject(o, "prefix_cache");
+    cJSON_AddBoolToObject(pc, "enabled", s->cfg->prefix_cache);
+    cJSON_AddNumberToObject(pc, "hit_tokens", (double)s->prefix_hit_tokens);
+    cJSON_AddNumberToObject(pc, "computed_prompt_tokens", (double)s->prefill_tokens);
+    cJSON_AddNumberToObject(pc, "copies", (double)s->prefix_copies);
     add_percentiles(o, "ttft_ms", s->ttft, s->n_ttft);
     add_percentiles(o, "inter_token_ms", s->tpot, s->n_tpot);
     cJSON_AddNumberToObject(o, "tokens_generated", (double)s->tokens_out);
@@ -189,6 +194,11 @@ char *serve_metrics_text(server *s) {
     put(&t, "loom_kv_cache_bytes{%s} %zu\n", lab, loom_infer_cache_bytes(s->inf));
     metric(&t, "loom_prompt_tokens_total", "counter", "Prompt tokens of the requests accepted.");
     put(&t, "loom_prompt_tokens_total{%s} %ld\n", lab, s->prompt_tokens);
+    metric(&t, "loom_prefix_cache_hit_tokens_total", "counter",
+           "Prompt tokens whose keys and values were copied from the cache, not computed.");
+    put(&t, "loom_prefix_cache_hit_tokens_total{%s} %ld\n", lab, s->prefix_hit_tokens);
+    metric(&t, "loom_prefill_tokens_total", "counter", "Prompt tokens computed (prefill work).");
+    put(&t, "loom_prefill_tokens_total{%s} %ld\n", lab, s->prefill_tokens);
     metric(&t, "loom_generation_tokens_total", "counter", "Tokens generated.");
     put(&t, "loom_generation_tokens_total{%s} %ld\n", lab, s->tokens_out);
     metric(&t, "loom_generation_tokens_per_second", "gauge",

@@ -31,7 +31,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,31 +41,8 @@ import loomtest as lt  # noqa: E402
 
 
 def start(tmp, params, extra, tag):
-    port_file = os.path.join(tmp, "port." + tag)
-    log_path = os.path.join(tmp, "serve.%s.log" % tag)
-    log = open(log_path, "w")
-    srv = subprocess.Popen([lt.LOOM_RUN, "-np", "2", lt.LOOM, "serve", "--model", "tiny", "--load-params", params,
-                            "--tp", "2", "--port", "0", "--port-file", port_file, "--max-seqs", "4", "--threads", "1"]
-                           + [str(a) for a in extra], stdout=log, stderr=subprocess.STDOUT,
-                           start_new_session=True)  # a process group to kill if it hangs
-    for _ in range(600):
-        if os.path.exists(port_file) and open(port_file).read().strip():
-            break
-        lt.check(srv.poll() is None, "the server exited %s: %s" % (srv.poll(), open(log_path).read()[-800:]))
-        time.sleep(0.1)
-    return srv, int(open(port_file).read()), log, log_path
-
-
-def finish(srv, log, log_path, timeout=60):
-    try:
-        rc = srv.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(srv.pid, signal.SIGKILL)  # the launcher, mpirun and the ranks
-        rc = "killed after %d s" % timeout
-        srv.wait()
-    log.close()
-    print(open(log_path).read()[-600:])
-    return rc
+    return lt.Server(tmp, ["--model", "tiny", "--load-params", params, "--tp", 2, "--max-seqs", 4, "--threads", 1] +
+                     extra, np=2, tag=tag)
 
 
 def get(port, path, timeout=30):
@@ -174,7 +150,7 @@ def cpu_seconds(pid):
 
 
 def check_idle(srv, port):
-    ranks = ranks_of(srv.pid)
+    ranks = ranks_of(srv.proc.pid)
     lt.check(len(ranks) == 2, "ranks under the launcher: %s" % ranks)
     for _ in range(100):
         h = json.loads(get(port, "/health")[1])
@@ -273,12 +249,12 @@ def finals(events):
 
 
 def rank0_of(srv):
-    for pid in ranks_of(srv.pid):
+    for pid in ranks_of(srv.proc.pid):
         env = open("/proc/%d/environ" % pid, "rb").read().split(b"\0")
         if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMI_RANK=0" in env:
             return pid
-    lt.check(False, "no rank 0 among %s" % ranks_of(srv.pid))
-    return srv.pid
+    lt.check(False, "no rank 0 among %s" % ranks_of(srv.proc.pid))
+    return srv.proc.pid
 
 
 def drain(srv, port, n_req, body, to_rank0=False):
@@ -293,10 +269,11 @@ def drain(srv, port, n_req, body, to_rank0=False):
         if one(metrics(port), "loom_requests_total") == base + n_req and started.is_set():
             break
         time.sleep(0.05)
+    srv.signalled = True  # a second signal would cut the drain short
     if to_rank0:
         os.kill(rank0_of(srv), signal.SIGTERM)
     else:
-        srv.send_signal(signal.SIGTERM)
+        srv.proc.send_signal(signal.SIGTERM)
     for t in ths:
         t.join(timeout=120)
     return got
@@ -310,17 +287,15 @@ def main():
                 "--threads", 1, "--save-params", params])
 
         read_timeout = 2
-        srv, port, log, log_path = start(tmp, params, ["--queue", 64, "--max-connections", 400, "--read-timeout",
-                                                       read_timeout, "--drain-timeout", 60], "a")
+        srv = start(tmp, params, ["--queue", 64, "--max-connections", 400, "--read-timeout", read_timeout,
+                                  "--drain-timeout", 60], "a")
         try:
-            check_metrics(port)
-            check_idle(srv, port)
-            check_slow_clients(port, read_timeout)
-            got = drain(srv, port, 16, {"max_tokens": 100, "n": 4, "temperature": 0.9, "stream": True})
+            check_metrics(srv.port)
+            check_idle(srv, srv.port)
+            check_slow_clients(srv.port, read_timeout)
+            got = drain(srv, srv.port, 16, {"max_tokens": 100, "n": 4, "temperature": 0.9, "stream": True})
         finally:
-            if srv.poll() is None:
-                srv.send_signal(signal.SIGTERM)
-            rc = finish(srv, log, log_path)
+            rc = srv.finish() if getattr(srv, "signalled", False) else srv.stop()
         ok = [st == 200 and done and finals(evs) == {i: ("length", 100) for i in range(4)} for st, evs, done in got]
         print("drain: SIGTERM during 16 streams of n=4: %d/16 ended each choice with finish_reason length and all 100 "
               "tokens, then [DONE]; "
@@ -328,14 +303,12 @@ def main():
         lt.check(len(got) == 16 and all(ok) and rc == 0, "drain: %s, rc %s" % (
             [(st, finals(evs), done) for st, evs, done in got], rc))
 
-        srv, port, log, log_path = start(tmp, params, ["--queue", 64, "--drain-timeout", 0], "b")
+        srv = start(tmp, params, ["--queue", 64, "--drain-timeout", 0], "b")
         try:
-            got = drain(srv, port, 16, {"max_tokens": 120, "n": 4, "temperature": 0.9, "stream": True},
+            got = drain(srv, srv.port, 16, {"max_tokens": 120, "n": 4, "temperature": 0.9, "stream": True},
                         to_rank0=True)
         finally:
-            if srv.poll() is None:
-                srv.send_signal(signal.SIGTERM)
-            rc = finish(srv, log, log_path)
+            rc = srv.finish() if getattr(srv, "signalled", False) else srv.stop()
         reasons = {}
         ok = 0
         for st, evs, done in got:

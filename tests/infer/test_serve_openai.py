@@ -35,8 +35,6 @@ import http.client
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -67,31 +65,12 @@ MIXTRAL = {"num_local_experts": 4, "num_experts_per_tok": 1, "moe_layer_freq": 2
 # ---- the server ----------------------------------------------------------------
 
 def start(tmp, args, np_):
-    port_file = os.path.join(tmp, "port")
-    log = open(os.path.join(tmp, "serve.log"), "w")
-    cmd = ([lt.LOOM_RUN, "-np", str(np_)] if np_ > 1 else []) + [lt.LOOM, "serve"] + [str(a) for a in args] + [
-        "--port", "0", "--port-file", port_file, "--threads", "1", "--served-model-name", NAME]
-    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                           start_new_session=True)  # a process group to kill if it hangs
-    for _ in range(600):
-        if os.path.exists(port_file) and open(port_file).read().strip():
-            break
-        if srv.poll() is not None:
-            break
-        time.sleep(0.1)
-    return srv, int(open(port_file).read()), log
+    srv = lt.Server(tmp, args + ["--threads", 1, "--served-model-name", NAME], np=np_)
+    return srv, srv.port
 
 
-def stop(tmp, srv, log):
-    srv.send_signal(signal.SIGTERM)
-    try:
-        rc = srv.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(srv.pid, signal.SIGKILL)  # the launcher, mpirun and the ranks
-        rc = srv.wait()
-    log.close()
-    text = open(os.path.join(tmp, "serve.log")).read()
-    print(text[-1200:])
+def stop(srv):
+    rc = srv.stop(tail=1200)
     lt.check(rc == 0, "the server exited %s after SIGTERM" % rc)
 
 
@@ -404,7 +383,7 @@ def run_bpe(tmp, mode):
     cfg, tokdir, params, tok = bpe_setup(tmp, MIXTRAL if mode == "moe" else {})
     logits = (moe_oracle if mode == "moe" else hf_oracle)(params, 50257)
     layout = ["--ep", 2] if mode == "moe" else ["--tp", 2]
-    srv, port, log = start(tmp, ["--model", cfg, "--load-params", params, "--tokenizer", tokdir, "--max-seqs", 8]
+    srv, port = start(tmp, ["--model", cfg, "--load-params", params, "--tokenizer", tokdir, "--max-seqs", 8]
                            + layout, 2)
     print("layout:", layout)
     try:
@@ -419,7 +398,7 @@ def run_bpe(tmp, mode):
             check_penalties(c, tok, logits)
             check_refusals(c, port)
     finally:
-        stop(tmp, srv, log)
+        stop(srv)
 
 
 def run_utf8(tmp):
@@ -432,7 +411,7 @@ def run_utf8(tmp):
     params = os.path.join(tmp, "bytes.safetensors")
     lt.run(["train", "--model", "tiny", "--data", data, "--steps", 150, "--lr", "3e-3", "--batch", 8, "--seq", 64,
             "--threads", 1, "--save-params", params])
-    srv, port, log = start(tmp, ["--model", "tiny", "--load-params", params, "--max-seqs", 8, "--queue", 600], 1)
+    srv, port = start(tmp, ["--model", "tiny", "--load-params", params, "--max-seqs", 8, "--queue", 600], 1)
     rng = random.Random(3)
     pool = [d for d in docs if len(d) > 40]
     stats = {"requests": 0, "invalid": 0, "mismatch": 0, "fffd": 0, "client": 0}
@@ -499,7 +478,7 @@ def run_utf8(tmp):
         lt.check(stats["requests"] == 520 and stats["invalid"] == 0 and stats["mismatch"] == 0 and stats["fffd"] > 0,
                  "utf8: %s" % stats)
     finally:
-        stop(tmp, srv, log)
+        stop(srv)
 
 
 def main():
