@@ -91,10 +91,13 @@ static size_t common_prefix(const loom_ids *a, const loom_ids *b) {
  * caching, the longest prefix of its prompt (all but its last token: the
  * step needs a row for the logits) that some slot's cache holds - running,
  * or left by a finished choice - is copied instead of recomputed; the
- * choice's own slot wins ties (nothing to copy). The copies of a step run in
- * the order planned, before its forward, so each sees the caches as the
- * plan's bookkeeping (s->cached) says. */
-static void place(server *s, plan *p, choice *c, int i) {
+ * choice's own slot wins ties (nothing to copy). A choice whose prompt
+ * shares more with one still being prefilled (the n choices of a prompt, or
+ * requests arriving together) waits until that prefill is done: 0 (not
+ * placed yet). The copies of a step run in the order planned, before its
+ * forward, so each sees the caches as the plan's bookkeeping (s->cached)
+ * says. */
+static int place(server *s, plan *p, choice *c, int i) {
     const int max_seqs = loom_infer_options(s->inf)->max_seqs;
     const loom_ids *pr = &c->req->prompts[c->prompt];
     size_t best = 0;
@@ -107,6 +110,12 @@ static void place(server *s, plan *p, choice *c, int i) {
             if (k > best) best = k, src = j;
         }
         if (best > cap) best = cap;
+        for (int j = 0; j < max_seqs; j++) {
+            const choice *o = s->slots[j];
+            if (!o || o == c || !o->placed || o->prefill_pos >= o->req->prompts[o->prompt].n) continue;
+            const size_t k = common_prefix(pr, &o->req->prompts[o->prompt]);
+            if ((k < cap ? k : cap) > best) return 0;
+        }
     }
     p->copy[p->hdr[H_COPIES]++] = (prefix_op){.dst = i, .src = src, .n = (int32_t)best};
     if (src != i) {
@@ -118,6 +127,7 @@ static void place(server *s, plan *p, choice *c, int i) {
     c->placed = 1;
     s->prefix_hit_tokens += (long)best;
     s->prefix_copies += src != i && best > 0;
+    return 1;
 }
 
 static void release_slot(server *s, int i) {
@@ -163,7 +173,7 @@ static void plan_step(server *s, plan *p) {
     for (int i = 0; i < io->max_seqs && rows < io->max_rows; i++) {
         choice *c = s->slots[i];
         const loom_ids *pr = c ? &c->req->prompts[c->prompt] : NULL;
-        if (!c || c->prefill_pos >= pr->n) continue;
+        if (!c || !c->placed || c->prefill_pos >= pr->n) continue;
         size_t left = pr->n - c->prefill_pos;
         int take = left < (size_t)(io->max_rows - rows) ? (int)left : io->max_rows - rows;
         p->e[n] = (plan_entry){.seq = i,

@@ -15,6 +15,10 @@ Checked:
     are computed; with it 520 + 31 x 8 (every request after the first takes
     its 512-token prefix from a cache), hits 31 x 512, and some starts are
     copied from another slot (the concurrent ones), not only reused in place;
+  - then one request for n=4 greedy choices of a new suffix: the same
+    answers both ways; with the cache the first choice computes its 8-token
+    suffix and the other three, which wait for it, copy 519 positions and
+    compute 1 token each (11 in all, against 4 x 520);
   - the TTFT of the 31 requests after the first, both ways, is printed with
     its ratio (a measurement, not asserted: timings are not tests here).
 """
@@ -102,6 +106,14 @@ def main():
             try:
                 res[tag] = workload(srv.port, prompts)
                 stats[tag] = counters(srv.port)
+                c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
+                c.request("POST", "/v1/completions", body=json.dumps({
+                    "prompt": prefix + [122] + prompts[0][PREFIX + 1:], "max_tokens": 8, "temperature": 0, "n": 4,
+                    "logprobs": 2}))
+                res[tag + "_n"] = [(ch["token_ids"], ch["logprobs"]["token_logprobs"])
+                                   for ch in json.loads(c.getresponse().read())["choices"]]
+                c.close()
+                stats[tag + "_n"] = counters(srv.port)
             finally:
                 rc = srv.stop(tail=400)
             lt.check(rc == 0, "the server exited %s after SIGTERM" % rc)
@@ -126,6 +138,17 @@ def main():
                  off["loom_prefix_cache_hit_tokens_total"] == 0 and stats["on"][1]["copies"] >= 1 and
                  stats["on"][1]["enabled"] and not stats["off"][1]["enabled"],
                  "prefill tokens on %s off %s, want %d and %d; health %s" % (on, off, want_on, want_off, stats))
+        n_on, n_off = res["on_n"], res["off_n"]
+        same_n = len(n_on) == 4 and all(a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1], b[1])) < 1e-5
+                                        for a, b in zip(n_on, n_off)) and all(a[0] == n_on[0][0] for a in n_on)
+        d_on = stats["on_n"][0]["loom_prefill_tokens_total"] - on["loom_prefill_tokens_total"]
+        d_off = stats["off_n"][0]["loom_prefill_tokens_total"] - off["loom_prefill_tokens_total"]
+        d_hit = stats["on_n"][0]["loom_prefix_cache_hit_tokens_total"] - on["loom_prefix_cache_hit_tokens_total"]
+        print("n=4: the same answers both ways: %s; prompt tokens computed %d with the cache (%d taken from it), %d "
+              "without" % (same_n, d_on, d_hit, d_off))
+        lt.check(same_n and d_on == SUFFIX + 3 and d_hit == PREFIX + 3 * (PREFIX + SUFFIX - 1) and
+                 d_off == 4 * (PREFIX + SUFFIX), "n=4: same %s, computed %d / %d, hits %d" % (same_n, d_on, d_off,
+                                                                                           d_hit))
         t_on = [r[3] for r in res["on"][1:N // 2]]
         t_off = [r[3] for r in res["off"][1:N // 2]]
         print("TTFT of the %d sequential requests after the first: %.2f ms with the cache, %.2f ms without "
