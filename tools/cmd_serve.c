@@ -248,8 +248,9 @@ int cmd_serve(int argc, char **argv) {
         "Unsupported fields get a 400 naming them. SIGINT or SIGTERM drain: no new requests,\n"
         "running ones finish (at most --drain-timeout s), every stream gets its final event and\n"
         "[DONE], then every rank exits 0.\n"
-        "The KV cache is --max-seqs slots of --max-len positions, allocated at start; a\n"
-        "request waits for a slot (at most --queue wait, then 503). Rank 0 serves HTTP,\n"
+        "The KV cache is --max-seqs slots of --max-len positions, allocated at start; each\n"
+        "choice of a request takes a slot (at most --queue wait, then 503) and starts from the\n"
+        "longest prefix of its prompt another slot has cached (copied, not recomputed). Rank 0 serves HTTP,\n"
         "every rank runs the model. With --dp D the job is D independent replicas of\n"
         "tp x pp x ep ranks; replica r serves on port P + r (a load balancer in front spreads\n"
         "requests).",
