@@ -400,13 +400,12 @@ struct MHD_Daemon *serve_start_http(server *s, int *port) {
     if (!(s->http = calloc(1, sizeof *s->http))) return NULL;
     pthread_mutex_init(&s->http->mu, NULL);
     unsigned idle = s->cfg->read_timeout > 60 ? (unsigned)s->cfg->read_timeout + 1 : 60;
-    struct MHD_Daemon *d =
-        MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0,
-                         NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
-                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-                         on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_THREAD_STACK_SIZE,
-                         (size_t)(1 << 20), MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+        on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_END);
     s->http->run = 1;
     if (!d || pthread_create(&s->http->reaper, NULL, reaper, s) != 0) {
         if (d) MHD_stop_daemon(d);

@@ -25,7 +25,9 @@ A tiny byte-level model is trained for a few steps. Checked:
     the machine) cuts them - each choice's final event says "abort" or
     "length", at least as many "abort" as choices the server's log says
     waited at the signal, and at least one; every stream ends with [DONE];
-    the launcher exits 0.
+    the launcher exits 0;
+  - SIGINT to the launcher drains too: exit 0; and kill -9 of the launcher
+    (no trap runs) still takes mpirun and every rank down.
 """
 import http.client
 import json
@@ -120,28 +122,15 @@ def check_metrics(port):
 
 
 def ranks_of(pid):
-    """The loom processes below pid (the ranks), by /proc."""
-    kids = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
+    """The loom processes below pid (the ranks)."""
+    found = []
+    for k in lt.descendants(pid):
         try:
-            stat = open("/proc/%s/stat" % p).read()
+            exe = os.readlink("/proc/%d/exe" % k)
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(p))
-    found, todo = [], [pid]
-    while todo:
-        q = todo.pop()
-        for k in kids.get(q, []):
-            try:
-                exe = os.readlink("/proc/%d/exe" % k)
-            except OSError:
-                exe = ""
-            if os.path.realpath(exe) == os.path.realpath(lt.LOOM):
-                found.append(k)
-            todo.append(k)
+        if os.path.realpath(exe) == os.path.realpath(lt.LOOM):
+            found.append(k)
     return sorted(found)
 
 
@@ -326,6 +315,26 @@ def main():
                   ok, waiting, reasons, rc))
         lt.check(len(got) == 16 and ok == 16 and waiting >= 0 and reasons.get("abort", 0) >= max(1, waiting) and
                  rc == 0, "cut drain: %d/16 ok, %d waited, %s, rc %s" % (ok, waiting, reasons, rc))
+
+        srv = start(tmp, params, [], "c")
+        st, _ = get(srv.port, "/health")
+        srv.proc.send_signal(signal.SIGINT)
+        rc = srv.finish()
+        print("SIGINT to the launcher: it exited %s" % rc)
+        lt.check(st == 200 and rc == 0, "SIGINT: /health %d, exit %s" % (st, rc))
+        srv = start(tmp, params, [], "d")
+        tree = lt.descendants(srv.proc.pid)
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait()
+        for _ in range(300):
+            left = [p for p in tree if os.path.exists("/proc/%d" % p) and open("/proc/%d/stat" % p).read().rsplit(
+                ")", 1)[1].split()[0] != "Z"]
+            if not left:
+                break
+            time.sleep(0.1)
+        srv.log.close()
+        print("kill -9 of the launcher: %d of its %d processes left (mpirun and the ranks gone)" % (len(left), len(tree)))
+        lt.check(len(tree) >= 3 and not left, "kill -9 of the launcher left %s of %s" % (left, tree))
     lt.done()
 
 

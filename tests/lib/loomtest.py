@@ -42,9 +42,29 @@ def run(args, np=None, check_ok=True, timeout=600):
     return p
 
 
+def descendants(pid):
+    """Every process below pid (children first), from /proc."""
+    kids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            stat = open("/proc/%s/stat" % p).read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(p))
+    found, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(0), []):
+            found.append(k)
+            todo.append(k)
+    return found
+
+
 class Server:
     """`loom serve ARGS` (on np ranks through loomrun if np > 1) in its own
-    process group, logging to DIR/serve.TAG.log, bound to the port it writes
+    session, logging to DIR/serve.TAG.log, bound to the port it writes
     to a port file; .port once it listens."""
 
     def __init__(self, tmp, args, np=1, tag="0"):
@@ -71,7 +91,11 @@ class Server:
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher, mpirun and the ranks
+            for pid in [self.proc.pid] + descendants(self.proc.pid):  # the launcher, mpirun and the ranks
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             self.proc.wait()
             rc = "killed after %d s" % timeout
         self.log.close()
