@@ -5,6 +5,7 @@ single-stream decode speed against transformers' generate.
 usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
                             [--requests 40] [--prompt-len 32] [--max-tokens 32]
                             [--seconds 60] [--skip-hf]
+       bench/bench_serve.py --tradeoff [--ranks 2,4] [--concurrency 1,8,32] ...
 
 1. Single stream: one prompt of --prompt-len tokens, 128 new greedy tokens,
    one thread on both sides (loom generate --threads 1; torch.set_num_threads(1),
@@ -24,6 +25,14 @@ usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
    temperature 0.8. Bounded: a rate stops after --seconds. Client-side
    figures: TTFT (request sent -> first token event), inter-token latency
    (gaps between token events), p50 / p95, completion tokens / wall seconds.
+3. --tradeoff (instead of 1 and 2): on each of --ranks R, tp=R, dp=R replicas
+   and (R = 4) tp=2 x dp=2, each at every --concurrency C: C closed-loop
+   clients (each sends its next request when its last ended; 4 C requests,
+   at least 16): end-to-end latency and TTFT p50/p95/p99, completion tokens
+   per wall second, the KV capacity the replicas' /health report; then
+   `loom plan --mode serve --batch C` with a cluster file `loom calibrate`
+   measured on R ranks here, and whether its order of these layouts by
+   tokens/s/device is the measured one.
 The model (random weights from `loom train --steps 1`, --model) only fixes
 the cost per token. Numbers on a shared machine are noisy; run it alone.
 """
@@ -72,7 +81,7 @@ def stream_request(port, prompt, max_tokens, seed, out):
         if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
             times.append(time.perf_counter())
     c.close()
-    out.append({"status": 200, "ttft": times[0] - t0 if times else None,
+    out.append({"status": 200, "ttft": times[0] - t0 if times else None, "e2e": time.perf_counter() - t0,
                 "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": len(times)})
 
 
@@ -100,6 +109,102 @@ def run_load(ports, rate, n, prompt_len, max_tokens, seconds, seed=1):
     gaps = [g for o in ok for g in o["gaps"]]
     return {"requests": len(out), "ok": len(ok), "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
             "itl_p50": pct(gaps, 0.5), "itl_p95": pct(gaps, 0.95), "tok_s": sum(o["tokens"] for o in ok) / wall}
+
+
+def closed_loop(ports, conc, n, prompt_len, max_tokens, seed=2):
+    """conc clients, each sending its next request when the last one ended,
+    n requests in all, spread over the replicas' ports."""
+    out, lock, nxt = [], threading.Lock(), [0]
+
+    def client():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= n:
+                return
+            rng = random.Random(seed * 100003 + i)
+            prompt = [rng.randrange(32, 127) for _ in range(prompt_len)]
+            stream_request(ports[i % len(ports)], prompt, max_tokens, i, out)
+
+    start = time.perf_counter()
+    ths = [threading.Thread(target=client) for _ in range(conc)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    wall = time.perf_counter() - start
+    ok = [o for o in out if o["status"] == 200 and o["ttft"] is not None]
+    lat, ttft = [o["e2e"] for o in ok], [o["ttft"] for o in ok]
+    return {"requests": len(out), "ok": len(ok), "lat": [pct(lat, q) for q in (0.5, 0.95, 0.99)],
+            "ttft": [pct(ttft, q) for q in (0.5, 0.95, 0.99)], "tok_s": sum(o["tokens"] for o in ok) / wall}
+
+
+def kv_capacity(ports):
+    """(sequences, positions) the replicas' KV caches hold at once, from /health."""
+    seqs = positions = 0
+    for port in ports:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/health")
+        kv = json.loads(c.getresponse().read())["kv_cache"]
+        c.close()
+        seqs += kv["slots"]
+        positions += kv["positions"]
+    return seqs, positions
+
+
+def plan_ranking(loom, model, ranks, conc, prompt_len, max_tokens, cluster, names):
+    """loom plan --mode serve's order of the measured layouts (names: "tp=2", "dp=2", "tp=2,dp=2")."""
+    p = benchlib.run([loom, "plan", "--model", model, "--mode", "serve", "--cluster", cluster, "--gpus", ranks,
+                      "--batch", conc, "--seq", prompt_len, "--gen", max_tokens, "--precision", "fp32", "--top", 1000,
+                      "--json"], what="loom plan")
+    pred = {}
+    for r in json.loads(p.stdout)["layouts"]:
+        lay = dict(kv.split("=", 1) for kv in r["layout"].split(","))
+        d = {k: int(lay.get(k, 1)) for k in ("dp", "tp", "pp", "cp", "ep")}
+        if d["pp"] != 1 or d["cp"] != 1 or d["ep"] != 1:
+            continue
+        name = ",".join(x for x in (("tp=%d" % d["tp"]) if d["tp"] > 1 else "", ("dp=%d" % d["dp"]) if d["dp"] > 1
+                                    else "") if x)
+        if name in names and name not in pred and r.get("feasible", True):
+            pred[name] = r["tokens_per_s_per_device"]
+    return sorted(pred, key=lambda k: -pred[k]), pred
+
+
+def tradeoff(a, params, tmp):
+    """The seeds' trade-off: on --ranks R, tp=R vs dp=R replicas vs tp x dp, closed-loop clients at each
+    --concurrency; latency and TTFT p50/p95/p99, tokens/s, KV capacity; and loom plan --mode serve's
+    ranking from a cluster file `loom calibrate` measures here."""
+    for ranks in [int(r) for r in a.ranks.split(",")]:
+        layouts = [("tp=%d" % ranks, ["--tp", ranks], 1), ("dp=%d" % ranks, ["--dp", ranks], ranks)]
+        if ranks == 4:
+            layouts.append(("tp=2,dp=2", ["--tp", 2, "--dp", 2], 2))
+        cluster = os.path.join(tmp, "cluster%d.json" % ranks)
+        benchlib.run([LOOMRUN, "-np", ranks, a.loom, "calibrate", "--out", cluster, "--quiet"], what="loom calibrate")
+        print("\ntrade-off on %d ranks (1 thread each, %d cores): prompt %d, %d new tokens, streaming, closed loop" % (
+            ranks, os.cpu_count(), a.prompt_len, a.max_tokens))
+        print("%-10s %4s %5s %27s %27s %9s %16s" % ("layout", "conc", "ok", "latency p50/p95/p99 ms",
+                                                    "ttft p50/p95/p99 ms", "tok/s", "KV seqs/positions"))
+        measured = {}
+        for li, (name, extra, replicas) in enumerate(layouts):
+            proc, ports = start_server(a.loom, ["--model", a.model, "--load-params", params] +
+                                       [str(x) for x in extra], ranks, tmp, "t%d_%d" % (ranks, li), replicas)
+            try:
+                seqs, positions = kv_capacity(ports)
+                for conc in [int(c) for c in a.concurrency.split(",")]:
+                    r = closed_loop(ports, conc, max(4 * conc, 16), a.prompt_len, a.max_tokens)
+                    measured[(name, conc)] = r["tok_s"]
+                    print("%-10s %4d %2d/%-2d %8.1f/%8.1f/%8.1f %8.1f/%8.1f/%8.1f %9.1f %7d/%-8d" % (
+                        name, conc, r["ok"], r["requests"], *[1e3 * x for x in r["lat"]],
+                        *[1e3 * x for x in r["ttft"]], r["tok_s"], seqs, positions), flush=True)
+            finally:
+                stop(proc)
+        names = [n for n, _, _ in layouts]
+        for conc in [int(c) for c in a.concurrency.split(",")]:
+            got = sorted(names, key=lambda n: -measured[(n, conc)])
+            pred, _ = plan_ranking(a.loom, a.model, ranks, conc, a.prompt_len, a.max_tokens, cluster, names)
+            print("ranks %d, concurrency %2d: measured order %s; loom plan --mode serve predicts %s: %s" % (
+                ranks, conc, " > ".join(got), " > ".join(pred), "agree" if pred == got else "DISAGREE"))
 
 
 def start_server(loom, args, np_, tmp, tag, replicas=1):
@@ -189,6 +294,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--tradeoff", action="store_true",
+                    help="only the tp vs dp trade-off (--ranks, --concurrency), not the single stream and rates")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--concurrency", default="1,8,32")
     a = ap.parse_args()
     print("cpu: %s, %d cores" % (benchlib.cpu_model(), os.cpu_count()))
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,6 +306,9 @@ def main():
                      what="loom data")
         benchlib.run([a.loom, "train", "--model", a.model, "--steps", 1, "--batch", 1, "--seq", 16, "--threads", 1,
                       "--save-params", params, "--data", data], what="loom train")
+        if a.tradeoff:
+            tradeoff(a, params, tmp)
+            return
         single_stream(a.loom, a.model, params, a.prompt_len, a.skip_hf)
         base = ["--model", a.model, "--load-params", params]
         layouts = [("tp=1", 1, []), ("tp=2", 1, ["--tp", "2"]), ("dp=2", 2, ["--dp", "2"])]

@@ -1,9 +1,12 @@
-/* cmd_serve.c - `loom serve`: an OpenAI-style completion server on
- * loopback; rank 0 serves HTTP, every rank runs the model (tp x pp). */
+/* cmd_serve.c - `loom serve`: an OpenAI-compatible server on loopback;
+ * rank 0 serves HTTP, every rank runs the model (tp x pp x ep per replica,
+ * --dp replicas). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "loom/chat_template.h"
 #include "loom/comm.h"
 #include "loom/infer.h"
 #include "loom/kernels.h"
@@ -13,8 +16,11 @@
 #include "loom/tokenizer.h"
 
 typedef struct serve_cfg {
-    char model[1024], load_params[1024], tokenizer[1024], port_file[1024];
-    int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body;
+    char model[1024], load_params[1024], tokenizer[1024], port_file[1024], served_name[256],
+        chat_template[1024];
+    int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body, max_connections,
+        no_prefix_cache;
+    double read_timeout, drain_timeout;
 } serve_cfg;
 
 static loom_status check_flags(const serve_cfg *c, int world) {
@@ -31,14 +37,84 @@ static loom_status check_flags(const serve_cfg *c, int world) {
                          "--max-rows %d >= 0 (0 = default)",
                          c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
+    if (c->max_connections < 4 || !(c->read_timeout > 0) || !(c->drain_timeout >= 0))
+        return loom_fail(LOOM_EUSAGE,
+                         "--max-connections %d >= 4, --read-timeout %g > 0 and --drain-timeout %g >= 0",
+                         c->max_connections, c->read_timeout, c->drain_timeout);
     return LOOM_OK;
+}
+
+/* The id /v1/models shows: --served-model-name, else the built-in model's
+ * name, else the config file's directory (or its name without .json). */
+static void served_name(const serve_cfg *c, const loom_model_config *mc, char *out, size_t cap) {
+    if (c->served_name[0]) {
+        snprintf(out, cap, "%s", c->served_name);
+        return;
+    }
+    const char *slash = strrchr(c->model, '/');
+    if (!strchr(c->model, '/') && !strstr(c->model, ".json")) {
+        snprintf(out, cap, "%s", mc->name);
+    } else if (slash && strcmp(slash + 1, "config.json") == 0 && slash > c->model) {
+        const char *d = slash;
+        while (d > c->model && d[-1] != '/') d--;
+        snprintf(out, cap, "%.*s", (int)(slash - d), d);
+    } else {
+        const char *b = slash ? slash + 1 : c->model;
+        size_t n = strlen(b);
+        if (n > 5 && strcmp(b + n - 5, ".json") == 0) n -= 5;
+        snprintf(out, cap, "%.*s", (int)n, b);
+    }
+    if (!out[0] || strcmp(out, ".") == 0) snprintf(out, cap, "%s", mc->name);
+}
+
+/* The chat template: --chat-template FILE, else the tokenizer directory's
+ * tokenizer_config.json, else ChatML; with its bos/eos tokens. */
+static loom_status load_chat(const serve_cfg *c, loom_chat_template **t, char **bos, char **eos) {
+    char *src = NULL;
+    *bos = *eos = NULL;
+    if (c->tokenizer[0]) LOOM_TRY(loom_chat_config_load(c->tokenizer, &src, bos, eos));
+    if (c->chat_template[0]) {
+        free(src);
+        src = NULL;
+        FILE *f = fopen(c->chat_template, "rb");
+        long n = -1;
+        if (f && fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+        if (n >= 0 && (src = malloc((size_t)n + 1)) && fseek(f, 0, SEEK_SET) == 0 &&
+            fread(src, 1, (size_t)n, f) == (size_t)n)
+            src[n] = '\0';
+        else {
+            free(src);
+            src = NULL;
+        }
+        if (f) fclose(f);
+        if (!src) return loom_fail(LOOM_ENOINPUT, "--chat-template %s: cannot read it", c->chat_template);
+    }
+    const char *use = src ? src : LOOM_CHAT_TEMPLATE_CHATML;
+    loom_status st = loom_chat_template_parse(use, strlen(use), t);
+    if (st == LOOM_OK)
+        loom_info("chat template: %s", c->chat_template[0] ? c->chat_template
+                                       : src               ? "the tokenizer's (tokenizer_config.json)"
+                                                           : "ChatML (the tokenizer has none)");
+    free(src);
+    return st;
 }
 
 static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_model_config mc;
     loom_tokenizer *tok = NULL;
+    loom_chat_template *chat = NULL;
+    char *bos = NULL, *eos = NULL, name[256];
     loom_status st = loom_model_config_resolve(c->model, &mc);
     if (st == LOOM_OK && c->tokenizer[0]) st = loom_tokenizer_load(c->tokenizer, &tok);
+    if (st == LOOM_OK) st = load_chat(c, &chat, &bos, &eos);
+    if (st == LOOM_OK && tok && !eos &&
+        loom_tokenizer_eot(tok) >= 0) { /* GPT-2: <|endoftext|> ends and begins */
+        size_t n;
+        const char *b = loom_tokenizer_token_bytes(tok, (uint32_t)loom_tokenizer_eot(tok), &n);
+        eos = strndup(b, n);
+        bos = bos ? bos : strndup(b, n);
+    }
+    if (st == LOOM_OK) served_name(c, &mc, name, sizeof name);
     if (st == LOOM_OK && tok && loom_tokenizer_vocab_size(tok) > mc.vocab_size)
         st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
                        loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
@@ -76,8 +152,15 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
         loom_serve_config sc = {.port = c->port ? c->port + r : 0,
                                 .queue = c->queue,
                                 .max_body = c->max_body,
-                                .model_name = mc.name,
-                                .port_file = c->port_file[0] ? port_file : NULL};
+                                .max_connections = c->max_connections,
+                                .read_timeout = c->read_timeout,
+                                .drain_timeout = c->drain_timeout,
+                                .prefix_cache = !c->no_prefix_cache,
+                                .model_name = name,
+                                .port_file = c->port_file[0] ? port_file : NULL,
+                                .chat_template = chat,
+                                .bos_token = bos,
+                                .eos_token = eos};
         if (c->dp > 1)
             loom_info("%d replicas of tp=%d x pp=%d x ep=%d ranks; replica r serves on %s", c->dp, c->tp,
                       c->pp, c->ep,
@@ -88,6 +171,9 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_infer_free(inf);
     loom_mesh_free(mesh);
     loom_tokenizer_free(tok);
+    loom_chat_template_free(chat);
+    free(bos);
+    free(eos);
     return st;
 }
 
@@ -104,7 +190,10 @@ int cmd_serve(int argc, char **argv) {
                           .ep = 1,
                           .max_seqs = 8,
                           .queue = 64,
-                          .max_body = 1 << 20};
+                          .max_body = 1 << 20,
+                          .max_connections = 512,
+                          .read_timeout = 10,
+                          .drain_timeout = 30};
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
@@ -128,21 +217,43 @@ int cmd_serve(int argc, char **argv) {
         {"queue", OPT_INT, &c.queue, 0, "N",
          "requests waiting for a slot at most; more get 503 (default 64)"},
         {"max-body", OPT_INT, &c.max_body, 0, "BYTES", "request body size limit (default 1048576)"},
+        {"max-connections", OPT_INT, &c.max_connections, 0, "N",
+         "open HTTP connections at most (default 512)"},
+        {"read-timeout", OPT_DOUBLE, &c.read_timeout, 0, "S",
+         "a connection must send a whole request within S seconds (default 10)"},
+        {"drain-timeout", OPT_DOUBLE, &c.drain_timeout, 0, "S",
+         "after SIGTERM/SIGINT, running requests get S seconds, then end with finish_reason abort (default 30)"},
+        {"no-prefix-cache", OPT_FLAG, &c.no_prefix_cache, 0, NULL,
+         "compute every prompt in full (default: a new sequence copies the longest prefix of its prompt that a "
+         "cached sequence holds)"},
+        {"served-model-name", OPT_STR, c.served_name, sizeof c.served_name, "NAME",
+         "the model id of /v1/models and requests (default: the model's name or directory)"},
+        {"chat-template", OPT_STR, c.chat_template, sizeof c.chat_template, "FILE",
+         "Jinja chat template (default: the tokenizer's tokenizer_config.json, else ChatML)"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto"},
         CLI_DEVICE_OPT(device),
     };
     static const cli_cmd cmd = {
         "serve",
         "loom serve --load-params FILE [--model NAME|FILE] [--tokenizer DIR] [--port P] [--tp N] [--pp N] ...",
-        "OpenAI-style completions over HTTP on 127.0.0.1 with continuous batching:\n"
-        "  POST /v1/completions {\"prompt\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\",\n"
-        "                        \"seed\", \"stream\"}  (stream: server-sent events)\n"
-        "  GET  /health         queue, KV-cache occupancy, TTFT / inter-token p50/p95/p99, tokens/s\n"
-        "The KV cache is --max-seqs slots of --max-len positions, allocated at start; a\n"
-        "request waits for a slot (at most --queue wait, then 503). Rank 0 serves HTTP,\n"
+        "The OpenAI API over HTTP on 127.0.0.1 with continuous batching:\n"
+        "  POST /v1/completions       prompt (text, ids, or a list), max_tokens, temperature, top_p,\n"
+        "                             top_k, n, stop, stop_token_ids, logprobs, echo, presence_penalty,\n"
+        "                             frequency_penalty, seed, stream, stream_options.include_usage\n"
+        "  POST /v1/chat/completions  messages through the chat template; the same options, logprobs +\n"
+        "                             top_logprobs, max_completion_tokens\n"
+        "  GET  /v1/models            the served model (--served-model-name); another name gets 404\n"
+        "  GET  /health, /metrics     queue, KV cache, TTFT / inter-token latency, tokens/s (JSON;\n"
+        "                             Prometheus text)\n"
+        "Unsupported fields get a 400 naming them. SIGINT or SIGTERM drain: no new requests,\n"
+        "running ones finish (at most --drain-timeout s), every stream gets its final event and\n"
+        "[DONE], then every rank exits 0.\n"
+        "The KV cache is --max-seqs slots of --max-len positions, allocated at start; each\n"
+        "choice of a request takes a slot (at most --queue wait, then 503) and starts from the\n"
+        "longest prefix of its prompt another slot has cached (copied, not recomputed). Rank 0 serves HTTP,\n"
         "every rank runs the model. With --dp D the job is D independent replicas of\n"
         "tp x pp x ep ranks; replica r serves on port P + r (a load balancer in front spreads\n"
-        "requests). SIGINT or SIGTERM stops the server.",
+        "requests).",
         "example: scripts/loomrun -np 2 build/loom serve --model gpt2 --load-params model.safetensors \\\n"
         "           --tokenizer DIR --tp 2 --port 8000\n"
         "         curl -s localhost:8000/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'\n",

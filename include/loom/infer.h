@@ -59,6 +59,13 @@ loom_status loom_infer_step(loom_infer *inf, int n, const int *seq, const int *n
 /* Forget sequence s: its slot is free for a new one. */
 void loom_infer_reset(loom_infer *inf, int s);
 int loom_infer_len(const loom_infer *inf, int s);
+/* Prefix caching: sequence dst starts as the first n cached positions of
+ * sequence src (n <= its length; src == dst keeps them, n = 0 resets): the
+ * keys and values are copied, not recomputed. Every position's key and value
+ * depend only on the tokens up to it, so continuing dst gives what
+ * recomputing its prefix gives. Local (each rank copies its own shard);
+ * LOOM_EUSAGE for slots or a length out of range. */
+loom_status loom_infer_share_prefix(loom_infer *inf, int dst, int src, int n);
 int loom_infer_last_stage(const loom_infer *inf);
 const loom_model_config *loom_infer_config(const loom_infer *inf);
 const loom_infer_opts *loom_infer_options(const loom_infer *inf);

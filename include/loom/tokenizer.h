@@ -57,4 +57,26 @@ const char *loom_tokenizer_token_bytes(const loom_tokenizer *tok, uint32_t id, s
 loom_status loom_tokenizer_decode(const loom_tokenizer *tok, const uint32_t *ids, size_t n, char **out,
                                   size_t *out_len);
 
+/* ---- UTF-8 ------------------------------------------------------------------ */
+
+/* An incremental decoder from bytes to valid UTF-8, as Hugging Face decodes
+ * tokens: well-formed sequences are copied, each maximal subpart of an
+ * ill-formed one becomes one U+FFFD (Python's errors="replace" and Rust's
+ * from_utf8_lossy agree on this). A sequence incomplete at the end of a piece
+ * is held (at most 3 bytes) until the next piece, so feeding the bytes in any
+ * pieces and then flushing gives the same text as decoding them at once.
+ * Zero-initialise. */
+typedef struct loom_utf8_dec {
+    char held[4];
+    int n;
+} loom_utf8_dec;
+
+/* Decode in[0..n) into out (room for 3 * (n + 1) bytes); returns the bytes
+ * written, all valid UTF-8. */
+size_t loom_utf8_feed(loom_utf8_dec *d, const char *in, size_t n, char *out);
+/* The held incomplete sequence as U+FFFD (3 bytes, or 0 if none). */
+size_t loom_utf8_flush(loom_utf8_dec *d, char *out);
+/* Length of the longest prefix of s[0..n) that is valid UTF-8 (n if all of it). */
+size_t loom_utf8_valid_len(const char *s, size_t n);
+
 #endif

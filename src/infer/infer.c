@@ -156,6 +156,23 @@ loom_status loom_infer_load(loom_infer *f, const char *path) {
 void loom_infer_init_random(loom_infer *f, uint64_t seed) { loom_gpt_init_params(f->m, seed); }
 void loom_infer_reset(loom_infer *f, int s) { f->len[s] = 0; }
 int loom_infer_len(const loom_infer *f, int s) { return f->len[s]; }
+
+loom_status loom_infer_share_prefix(loom_infer *f, int dst, int src, int n) {
+    const int S = f->o.max_seqs;
+    if (dst < 0 || dst >= S || src < 0 || src >= S || n < 0 || n > f->len[src])
+        return loom_fail(LOOM_EUSAGE,
+                         "inference: sequence %d cannot start as %d positions of sequence %d (%d cached)",
+                         dst, n, src, src >= 0 && src < S ? f->len[src] : -1);
+    if (src != dst && n > 0)
+        for (int l = 0; l < f->L_l; l++) {
+            const size_t at_d = ((size_t)l * S + dst) * f->o.max_len * f->C_l,
+                         at_s = ((size_t)l * S + src) * f->o.max_len * f->C_l;
+            loom_tensor_copy(f->m->dev, f->kc + at_d, f->kc + at_s, (size_t)n * f->C_l);
+            loom_tensor_copy(f->m->dev, f->vc + at_d, f->vc + at_s, (size_t)n * f->C_l);
+        }
+    f->len[dst] = n;
+    return LOOM_OK;
+}
 int loom_infer_last_stage(const loom_infer *f) { return f->m->part.has_head; }
 const loom_model_config *loom_infer_config(const loom_infer *f) { return &f->cfg; }
 const loom_infer_opts *loom_infer_options(const loom_infer *f) { return &f->o; }

@@ -1,11 +1,14 @@
 /* serve.c - `loom serve`: the model loop on every rank's main thread, with
  * continuous batching between steps: rank 0 plans each step (drops finished
- * requests, admits waiting ones, one decode token per running sequence and
+ * choices, admits waiting ones, one decode token per running sequence and
  * prefill chunks in the rows left), the plan goes to every rank, all run the
- * step, the sampling rank's tokens come back to rank 0, which delivers them
- * to the requests. The HTTP side is serve_http.c. See include/loom/serve.h.
- * Only the main thread of each rank calls the communicator. */
-#include <cjson/cJSON.h>
+ * step, the sampling rank applies the penalties, samples and measures the
+ * log-probabilities, and its tokens come back to rank 0, which delivers them
+ * to the requests. A signal drains: no new requests, the running ones finish
+ * (or are cut at --drain-timeout with a final event), then every rank
+ * stops. The HTTP side is serve_http.c. See include/loom/serve.h. Only the
+ * main thread of each rank calls the communicator. */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,99 +16,203 @@
 
 #include "infer/serve_internal.h"
 #include "loom/log.h"
+#include "loom/rng.h"
 
 #define HDR_TAG 7401
+/* An idle rank's longest sleep between polls of the next plan: 1 ms within
+ * a second of the last step (at most ~1 ms added to a step's start), 10 ms
+ * after that (a long-idle rank polls ~100 times a second). */
+#define NAP_BUSY_NS 1000000L
+#define NAP_IDLE_NS 10000000L
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_signals;
 static void on_signal(int sig) {
     (void)sig;
-    g_stop = 1;
+    g_signals++;
 }
 
-/* ---- the model loop ----------------------------------------------------------- */
+/* ---- the step's plan ---------------------------------------------------------- */
 
 /* One entry of a step's plan, the same on every rank. */
 typedef struct plan_entry {
-    int32_t seq, n_new, fresh, final, top_k;
-    float temperature, top_p;
+    int32_t seq, n_new, fresh, final, top_k, top_lp;
+    float temperature, top_p, presence, frequency;
     uint64_t seed, index;
 } plan_entry;
 
+enum { H_ENTRIES, H_ROWS, H_SHUTDOWN, H_ANY_LP, H_COPIES, H_COUNT };
+
+/* A new choice's start in its KV slot: the first n positions of slot src
+ * (src == dst: what the slot already holds; n = 0: empty). */
+typedef struct prefix_op {
+    int32_t dst, src, n;
+} prefix_op;
+
 typedef struct plan {
-    int32_t hdr[3]; /* entries, rows, shutdown */
+    int32_t hdr[H_COUNT];
     plan_entry *e;
     int32_t *tok, *next;
-    req **owner; /* rank 0: the request of each entry */
-    float *probs;
-    int *iscratch;
+    prefix_op *copy; /* (max_seqs) */
+    tok_lp *lp;
+    choice **owner; /* rank 0: the choice of each entry */
+    loom_ids *hist; /* (max_seqs) the sampling rank: each sequence's generated tokens, for penalties */
+    float *probs, *row;
+    int *iscratch, *count;
     int *seq, *n_new;
 } plan;
 
-/* Rank 0: drop finished / cancelled requests, admit waiting ones, and lay
+/* Move waiters into free KV slots, oldest first (under s->mu). Called when a
+ * request arrives and when the loop plans a step, so that whenever the lock
+ * is free a choice waits only while every slot is taken. A slot is free only
+ * once plan_step released it, so the step in flight does not touch it; the
+ * new choice's first step resets its cache (fresh). */
+void serve_admit(server *s) {
+    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
+    for (int i = 0; i < max_seqs && s->wait_head; i++) {
+        if (s->slots[i]) continue;
+        choice *c = s->wait_head;
+        s->wait_head = c->next;
+        if (!s->wait_head) s->wait_tail = NULL;
+        s->n_wait--;
+        c->next = NULL;
+        c->slot = i;
+        c->prefill_pos = 0;
+        s->slots[i] = c;
+    }
+}
+
+static size_t common_prefix(const loom_ids *a, const loom_ids *b) {
+    size_t n = a->n < b->n ? a->n : b->n, k = 0;
+    while (k < n && a->v[k] == b->v[k]) k++;
+    return k;
+}
+
+/* Rank 0: where a newly admitted choice c in slot i starts. With prefix
+ * caching, the longest prefix of its prompt (all but its last token: the
+ * step needs a row for the logits) that some slot's cache holds - running,
+ * or left by a finished choice - is copied instead of recomputed; the
+ * choice's own slot wins ties (nothing to copy). A choice whose prompt
+ * shares more with one still being prefilled (the n choices of a prompt, or
+ * requests arriving together) waits until that prefill is done: 0 (not
+ * placed yet). The copies of a step run in the order planned, before its
+ * forward, so each sees the caches as the plan's bookkeeping (s->cached)
+ * says. */
+static int place(server *s, plan *p, choice *c, int i) {
+    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
+    const loom_ids *pr = &c->req->prompts[c->prompt];
+    size_t best = 0;
+    int src = i;
+    if (s->cfg->prefix_cache) {
+        const size_t cap = pr->n - 1;
+        best = common_prefix(pr, &s->cached[i]);
+        for (int j = 0; j < max_seqs; j++) {
+            const size_t k = common_prefix(pr, &s->cached[j]);
+            if (k > best) best = k, src = j;
+        }
+        if (best > cap) best = cap;
+        for (int j = 0; j < max_seqs; j++) {
+            const choice *o = s->slots[j];
+            if (!o || o == c || !o->placed || o->prefill_pos >= o->req->prompts[o->prompt].n) continue;
+            const size_t k = common_prefix(pr, &o->req->prompts[o->prompt]);
+            if ((k < cap ? k : cap) > best) return 0;
+        }
+    }
+    p->copy[p->hdr[H_COPIES]++] = (prefix_op){.dst = i, .src = src, .n = (int32_t)best};
+    if (src != i) {
+        s->cached[i].n = 0;
+        for (size_t k = 0; k < best; k++) loom_ids_push(&s->cached[i], s->cached[src].v[k]);
+    }
+    s->cached[i].n = best < s->cached[i].n ? best : s->cached[i].n;
+    c->prefill_pos = c->prefix_hit = best;
+    c->placed = 1;
+    s->prefix_hit_tokens += (long)best;
+    s->prefix_copies += src != i && best > 0;
+    return 1;
+}
+
+static void release_slot(server *s, int i) {
+    choice *c = s->slots[i];
+    s->slots[i] = NULL;
+    if (!c->finished) serve_choice_finish(s, c, "abort");
+    serve_req_unref(s, c->req);
+}
+
+/* Rank 0: drop finished / cancelled choices, admit waiting ones, and lay
  * out the next step: one token for every running sequence, then prefill
  * chunks in the rows left (under s->mu). */
 static void plan_step(server *s, plan *p) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
-    for (int i = 0; i < io->max_seqs; i++) {
-        req *r = s->slots[i];
-        if (r && (r->finished || r->cancelled)) {
-            s->slots[i] = NULL;
-            r->finished = 1;
-            if (!r->finish_reason) r->finish_reason = "cancelled";
-            serve_req_unref(s, r);
-        }
-    }
-    /* drop cancelled waiters, then admit into free slots */
-    for (req **pp = &s->wait_head; *pp;) {
-        req *r = *pp;
-        if (r->cancelled) {
-            *pp = r->next;
+    for (int i = 0; i < io->max_seqs; i++)
+        if (s->slots[i] && (s->slots[i]->finished || s->slots[i]->req->cancelled)) release_slot(s, i);
+    for (choice **pp = &s->wait_head; *pp;) { /* drop cancelled waiters */
+        choice *c = *pp;
+        if (c->req->cancelled || c->finished) {
+            *pp = c->next;
             s->n_wait--;
-            r->finished = 1;
-            serve_req_unref(s, r);
+            if (!c->finished) serve_choice_finish(s, c, "abort");
+            serve_req_unref(s, c->req);
             continue;
         }
-        pp = &r->next;
+        pp = &c->next;
     }
     s->wait_tail = NULL;
-    for (req *r = s->wait_head; r; r = r->next) s->wait_tail = r;
+    for (choice *c = s->wait_head; c; c = c->next) s->wait_tail = c;
     serve_admit(s);
-    int n = 0, rows = 0;
+    p->hdr[H_COPIES] = 0;
+    for (int i = 0; i < io->max_seqs; i++)
+        if (s->slots[i] && !s->slots[i]->placed) place(s, p, s->slots[i], i);
+    int n = 0, rows = 0, any_lp = 0;
     for (int i = 0; i < io->max_seqs; i++) { /* decode first: running sequences never wait */
-        req *r = s->slots[i];
-        if (!r || r->prefill_pos < r->prompt.n) continue;
+        choice *c = s->slots[i];
+        if (!c || c->prefill_pos < c->req->prompts[c->prompt].n) continue;
         p->e[n] = (plan_entry){.seq = i, .n_new = 1, .fresh = 0, .final = 1};
-        p->tok[rows++] = (int32_t)r->out.v[r->out.n - 1];
-        p->owner[n++] = r;
+        p->tok[rows++] = (int32_t)c->out.v[c->out.n - 1];
+        loom_ids_push(&s->cached[i], c->out.v[c->out.n - 1]);
+        p->owner[n++] = c;
     }
     for (int i = 0; i < io->max_seqs && rows < io->max_rows; i++) {
-        req *r = s->slots[i];
-        if (!r || r->prefill_pos >= r->prompt.n) continue;
-        size_t left = r->prompt.n - r->prefill_pos;
+        choice *c = s->slots[i];
+        const loom_ids *pr = c ? &c->req->prompts[c->prompt] : NULL;
+        if (!c || !c->placed || c->prefill_pos >= pr->n) continue;
+        size_t left = pr->n - c->prefill_pos;
         int take = left < (size_t)(io->max_rows - rows) ? (int)left : io->max_rows - rows;
         p->e[n] = (plan_entry){.seq = i,
                                .n_new = take,
-                               .fresh = r->prefill_pos == 0,
-                               .final = r->prefill_pos + (size_t)take == r->prompt.n};
-        for (int k = 0; k < take; k++) p->tok[rows++] = (int32_t)r->prompt.v[r->prefill_pos + (size_t)k];
-        r->prefill_pos += (size_t)take;
-        p->owner[n++] = r;
+                               .fresh = c->prefill_pos == c->prefix_hit,
+                               .final = c->prefill_pos + (size_t)take == pr->n};
+        for (int k = 0; k < take; k++) {
+            p->tok[rows++] = (int32_t)pr->v[c->prefill_pos + (size_t)k];
+            loom_ids_push(&s->cached[i], pr->v[c->prefill_pos + (size_t)k]);
+        }
+        c->prefill_pos += (size_t)take;
+        s->prefill_tokens += take;
+        p->owner[n++] = c;
     }
     for (int j = 0; j < n; j++) {
-        req *r = p->owner[j];
+        const choice *c = p->owner[j];
+        const req *r = c->req;
         p->e[j].top_k = r->so.top_k;
         p->e[j].temperature = r->so.temperature;
         p->e[j].top_p = r->so.top_p;
+        p->e[j].presence = r->presence;
+        p->e[j].frequency = r->frequency;
+        p->e[j].top_lp = r->top_lp;
+        /* the sampling key: the request's seed, this choice, this token -
+         * nothing about the batch, so a seed reproduces whatever else runs */
         p->e[j].seed = r->so.seed;
-        p->e[j].index = ((uint64_t)r->id << 32) | r->out.n;
+        p->e[j].index = ((uint64_t)c->index << 32) | c->out.n;
+        any_lp |= p->e[j].final && r->top_lp >= 0;
     }
-    p->hdr[0] = n;
-    p->hdr[1] = rows;
-    p->hdr[2] = 0;
+    p->hdr[H_ENTRIES] = n;
+    p->hdr[H_ROWS] = rows;
+    p->hdr[H_SHUTDOWN] = 0;
+    p->hdr[H_ANY_LP] = any_lp;
 }
 
-/* Rank 0 -> every rank: the header by point-to-point, then the plan. */
-static loom_status share_plan(loom_comm *world, plan *p) {
+/* Rank 0 -> every rank: the header by point-to-point, then the plan. An idle
+ * rank polls the header with growing sleeps (NAP_*: busy_at is when it last
+ * ran a step), so it blocks instead of spinning inside MPI. */
+static loom_status share_plan(loom_comm *world, plan *p, double busy_at) {
     const int rank = loom_comm_rank(world), size = loom_comm_size(world);
     if (size == 1) return LOOM_OK;
     if (rank == 0) {
@@ -113,67 +220,108 @@ static loom_status share_plan(loom_comm *world, plan *p) {
     } else {
         loom_req *q;
         LOOM_TRY(loom_comm_irecv(world, p->hdr, sizeof p->hdr, 0, HDR_TAG, &q));
-        for (int done = 0;;) { /* idle ranks sleep between polls instead of spinning in MPI */
+        long nap = 20000; /* ns */
+        for (int done = 0;;) {
             LOOM_TRY(loom_comm_test(q, &done));
             if (done) break;
-            struct timespec ts = {0, 200000};
+            struct timespec ts = {0, nap};
             nanosleep(&ts, NULL);
+            if (nap < (serve_now() - busy_at < 1.0 ? NAP_BUSY_NS : NAP_IDLE_NS)) nap *= 2;
         }
     }
-    if (p->hdr[2] || p->hdr[0] == 0) return LOOM_OK;
-    LOOM_TRY(loom_comm_bcast(world, p->e, sizeof(plan_entry) * (size_t)p->hdr[0], 0));
-    return loom_comm_bcast(world, p->tok, sizeof(int32_t) * (size_t)p->hdr[1], 0);
+    if (p->hdr[H_SHUTDOWN]) return LOOM_OK;
+    if (p->hdr[H_COPIES] > 0)
+        LOOM_TRY(loom_comm_bcast(world, p->copy, sizeof(prefix_op) * (size_t)p->hdr[H_COPIES], 0));
+    if (p->hdr[H_ENTRIES] == 0) return LOOM_OK;
+    LOOM_TRY(loom_comm_bcast(world, p->e, sizeof(plan_entry) * (size_t)p->hdr[H_ENTRIES], 0));
+    return loom_comm_bcast(world, p->tok, sizeof(int32_t) * (size_t)p->hdr[H_ROWS], 0);
 }
 
-/* Every rank: run the planned step; the root samples, everyone gets the tokens. */
+/* log-softmax of the raw logits: the token's and the k most likely. */
+static void measure_lp(const float *x, int V, int32_t token, int k, tok_lp *o) {
+    double mx = x[0], sum = 0;
+    for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+    const double lse = mx + log(sum);
+    o->lp = (float)((double)x[token] - lse);
+    const int k_top = k < V ? k : V;
+    int have = 0;
+    for (int i = 0; i < V && k_top > 0; i++) { /* the sorted top k: higher first, the lower id on ties */
+        if (have == k_top && !(x[i] > x[o->top_id[k_top - 1]])) continue;
+        int at = have < k_top ? have : k_top - 1;
+        for (; at > 0 && x[i] > x[o->top_id[at - 1]]; at--) o->top_id[at] = o->top_id[at - 1];
+        o->top_id[at] = i;
+        if (have < k_top) have++;
+    }
+    o->n_top = k_top;
+    for (int j = 0; j < o->n_top; j++) o->top_lp[j] = (float)((double)x[o->top_id[j]] - lse);
+}
+
+/* OpenAI's penalties on a copy of the logits: each token already generated
+ * in this sequence loses presence + frequency x its count. */
+static const float *penalised(plan *p, const plan_entry *e, const float *x, int V) {
+    const loom_ids *h = &p->hist[e->seq];
+    if ((e->presence == 0 && e->frequency == 0) || h->n == 0) return x;
+    memcpy(p->row, x, sizeof(float) * (size_t)V);
+    for (size_t i = 0; i < h->n; i++) p->count[h->v[i]]++;
+    for (size_t i = 0; i < h->n; i++) {
+        const uint32_t t = h->v[i];
+        if (p->count[t] == 0) continue;
+        p->row[t] -= e->presence + e->frequency * (float)p->count[t];
+        p->count[t] = 0;
+    }
+    return p->row;
+}
+
+/* Every rank: run the planned step; the root samples, everyone gets the
+ * tokens (and rank 0 their log-probabilities when asked for). */
 static loom_status run_step(loom_infer *inf, loom_comm *world, int root, plan *p) {
-    const int n = p->hdr[0], V = loom_infer_config(inf)->vocab_size;
+    const int n = p->hdr[H_ENTRIES], V = loom_infer_config(inf)->vocab_size;
+    const int is_root = loom_comm_rank(world) == root;
+    for (int j = 0; j < p->hdr[H_COPIES]; j++)
+        LOOM_TRY(loom_infer_share_prefix(inf, p->copy[j].dst, p->copy[j].src, p->copy[j].n));
+    if (n == 0) return LOOM_OK;
     for (int j = 0; j < n; j++) {
-        if (p->e[j].fresh) loom_infer_reset(inf, p->e[j].seq);
+        if (p->e[j].fresh) p->hist[p->e[j].seq].n = 0; /* a new choice: no tokens to penalise */
         p->seq[j] = p->e[j].seq;
         p->n_new[j] = p->e[j].n_new;
     }
     const float *logits;
     LOOM_TRY(loom_infer_step(inf, n, p->seq, p->n_new, p->tok, &logits));
-    if (logits && loom_comm_rank(world) == root)
+    if (logits && is_root)
         for (int j = 0; j < n; j++) {
-            if (!p->e[j].final) continue;
-            loom_sample_opts so = {p->e[j].temperature, p->e[j].top_k, p->e[j].top_p, p->e[j].seed};
-            p->next[j] = loom_sample(logits + (size_t)j * V, V, &so, p->e[j].index, p->probs, p->iscratch);
+            const plan_entry *e = &p->e[j];
+            if (!e->final) continue;
+            const float *x = logits + (size_t)j * V;
+            loom_sample_opts so = {e->temperature, e->top_k, e->top_p, e->seed};
+            p->next[j] = loom_sample(penalised(p, e, x, V), V, &so, e->index, p->probs, p->iscratch);
+            if (e->top_lp >= 0) measure_lp(x, V, p->next[j], e->top_lp, &p->lp[j]);
+            LOOM_TRY(loom_ids_push(&p->hist[e->seq], (uint32_t)p->next[j]));
         }
-    if (loom_comm_size(world) > 1)
+    if (loom_comm_size(world) > 1) {
         LOOM_TRY(loom_comm_bcast(world, p->next, sizeof(int32_t) * (size_t)n, root));
+        if (p->hdr[H_ANY_LP]) LOOM_TRY(loom_comm_bcast(world, p->lp, sizeof(tok_lp) * (size_t)n, root));
+    }
     return LOOM_OK;
 }
 
-/* Rank 0 after a step: hand the new tokens to their requests (under s->mu). */
+/* Rank 0 after a step: hand the new tokens to their choices (under s->mu). */
 static void deliver(server *s, plan *p) {
     const double t = serve_now();
-    const int eot = s->tok ? loom_tokenizer_eot(s->tok) : -1;
-    for (int j = 0; j < p->hdr[0]; j++) {
-        req *r = p->owner[j];
-        if (!p->e[j].final || r->finished) continue;
-        if (loom_ids_push(&r->out, (uint32_t)p->next[j]) != LOOM_OK) {
-            r->finished = 1;
-            r->finish_reason = "error";
-            continue;
-        }
+    for (int j = 0; j < p->hdr[H_ENTRIES]; j++) {
+        choice *c = p->owner[j];
+        if (!p->e[j].final || c->finished) continue;
         s->tokens_out++;
-        if (r->out.n == 1) {
-            r->t_first = t;
-            s->ttft[s->n_ttft++ % LAT_KEEP] = t - r->t_arrive;
+        if (c->out.n == 0) {
+            c->t_first = t;
+            s->ttft[s->n_ttft++ % LAT_KEEP] = t - c->req->t_arrive;
+            serve_hist_add(&s->h_ttft, t - c->req->t_arrive);
         } else {
-            s->tpot[s->n_tpot++ % LAT_KEEP] = t - r->t_last;
+            s->tpot[s->n_tpot++ % LAT_KEEP] = t - c->t_last;
+            serve_hist_add(&s->h_tpot, t - c->t_last);
         }
-        r->t_last = t;
-        if (p->next[j] == eot) {
-            r->finished = 1;
-            r->finish_reason = "stop";
-        } else if ((int)r->out.n >= r->max_tokens) {
-            r->finished = 1;
-            r->finish_reason = "length";
-        }
-        if (r->finished) s->completed++;
+        c->t_last = t;
+        serve_choice_push(s, c, p->next[j], p->e[j].top_lp >= 0 ? &p->lp[j] : NULL);
     }
     pthread_cond_broadcast(&s->progress);
 }
@@ -183,42 +331,58 @@ static loom_status plan_alloc(plan *p, const loom_infer_opts *io, int V) {
     p->e = calloc(S, sizeof *p->e);
     p->tok = calloc(R, sizeof *p->tok);
     p->next = calloc(S, sizeof *p->next);
+    p->lp = calloc(S, sizeof *p->lp);
+    p->copy = calloc(S, sizeof *p->copy);
     p->owner = calloc(S, sizeof *p->owner);
+    p->hist = calloc(S, sizeof *p->hist);
     p->seq = calloc(S, sizeof *p->seq);
     p->n_new = calloc(S, sizeof *p->n_new);
     p->probs = malloc(sizeof(float) * 2 * (size_t)V);
+    p->row = malloc(sizeof(float) * (size_t)V);
     p->iscratch = malloc(sizeof(int) * (size_t)V);
-    if (!p->e || !p->tok || !p->next || !p->owner || !p->seq || !p->n_new || !p->probs || !p->iscratch)
+    p->count = calloc((size_t)V, sizeof(int));
+    if (!p->e || !p->tok || !p->next || !p->lp || !p->copy || !p->owner || !p->hist || !p->seq || !p->n_new ||
+        !p->probs || !p->row || !p->iscratch || !p->count)
         return loom_fail(LOOM_EOS, "serve: out of memory for the step plan");
     return LOOM_OK;
 }
 
-static void plan_free(plan *p) {
+static void plan_free(plan *p, int max_seqs) {
+    for (int i = 0; p->hist && i < max_seqs; i++) loom_ids_free(&p->hist[i]);
     free(p->e);
     free(p->tok);
     free(p->next);
+    free(p->lp);
+    free(p->copy);
     free(p->owner);
+    free(p->hist);
     free(p->seq);
     free(p->n_new);
     free(p->probs);
+    free(p->row);
     free(p->iscratch);
+    free(p->count);
 }
+
 /* Rank 0: the server's tables and the HTTP daemon (*d), its port printed
  * and written to --port-file. */
 static loom_status open_server(server *s, const loom_serve_config *c, struct MHD_Daemon **d) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
     s->slots = calloc((size_t)io->max_seqs, sizeof *s->slots);
+    s->cached = calloc((size_t)io->max_seqs, sizeof *s->cached);
     s->ttft = calloc(LAT_KEEP, sizeof(double));
     s->tpot = calloc(LAT_KEEP, sizeof(double));
-    if (!s->slots || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
+    if (!s->slots || !s->cached || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
+    serve_metrics_init(s);
     int port = 0;
     if (!(*d = serve_start_http(s, &port)))
         return loom_fail(LOOM_EUNAVAIL,
                          "serve: cannot listen on 127.0.0.1:%d: %s (--port 0 picks a free port)", c->port,
                          serve_http_error());
-    loom_info("serving on http://127.0.0.1:%d (POST /v1/completions, GET /health); KV cache %d slots x %d "
-              "positions, %.1f MiB per rank",
-              port, io->max_seqs, io->max_len, loom_infer_cache_bytes(s->inf) / 1048576.0);
+    loom_info(
+        "serving %s on http://127.0.0.1:%d (POST /v1/completions, /v1/chat/completions; GET /v1/models, "
+        "/health, /metrics); KV cache %d slots x %d positions, %.1f MiB per rank",
+        c->model_name, port, io->max_seqs, io->max_len, loom_infer_cache_bytes(s->inf) / 1048576.0);
     if (c->port_file && c->port_file[0]) {
         FILE *fp = fopen(c->port_file, "w");
         if (!fp || fprintf(fp, "%d\n", port) < 0 || fclose(fp) != 0)
@@ -227,23 +391,58 @@ static loom_status open_server(server *s, const loom_serve_config *c, struct MHD
     return LOOM_OK;
 }
 
-/* Rank 0: wait until there is a step to run, a heartbeat is due (1 s after
- * the last plan sent) or a signal asks to stop (the plan then says so). */
-static void next_plan(server *s, plan *p, double *last_sent) {
+/* Rank 0 while draining: is every choice done, or the deadline passed (then
+ * every choice still held is cut with a final event)? (under s->mu) */
+static int drained(server *s, double deadline) {
+    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
+    int busy = s->n_wait > 0;
+    for (int i = 0; i < max_seqs; i++) busy |= s->slots[i] != NULL;
+    if (!busy) return 1;
+    if (serve_now() < deadline && g_signals < 2) return 0;
+    for (int i = 0; i < max_seqs; i++)
+        if (s->slots[i]) release_slot(s, i);
+    for (choice *c = s->wait_head, *nx; c; c = nx) {
+        nx = c->next;
+        serve_choice_finish(s, c, "abort");
+        serve_req_unref(s, c->req);
+    }
+    s->wait_head = s->wait_tail = NULL;
+    s->n_wait = 0;
+    pthread_cond_broadcast(&s->progress);
+    return 1;
+}
+
+/* Rank 0: wait until there is a step to run or a heartbeat is due (1 s
+ * after the last plan sent); after a signal, drain, and once drained let the
+ * responses go out (at most 5 s) and plan the shutdown. */
+static void next_plan(server *s, plan *p, double *last_sent, double *drain_until) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (g_stop) {
+        if (g_signals && !s->stopping) {
             s->stopping = 1;
+            *drain_until = serve_now() + s->cfg->drain_timeout;
+            loom_info("serve: signal: draining (no new requests; %d waiting, cut after %.0f s)", s->n_wait,
+                      s->cfg->drain_timeout);
+        }
+        if (s->stopping && drained(s, *drain_until)) {
+            const double until = serve_now() + 5.0;
+            pthread_cond_broadcast(&s->progress);
+            while (s->live_reqs > 0 && serve_now() < until) {
+                struct timespec ts = serve_deadline_in(20000000);
+                pthread_cond_timedwait(&s->work, &s->mu, &ts);
+            }
+            p->hdr[H_ENTRIES] = p->hdr[H_ROWS] = p->hdr[H_COPIES] = 0;
+            p->hdr[H_SHUTDOWN] = 1;
             break;
         }
         plan_step(s, p);
         s->loop_iters++;
         s->last_loop = serve_now();
-        if (p->hdr[0] > 0 || serve_now() - *last_sent > 1.0) break; /* work, or a heartbeat */
+        if (p->hdr[H_ENTRIES] > 0 || p->hdr[H_COPIES] > 0 || serve_now() - *last_sent > 1.0)
+            break; /* work, or a heartbeat */
         struct timespec ts = serve_deadline_in(50000000);
         pthread_cond_timedwait(&s->work, &s->mu, &ts);
     }
-    if (s->stopping) p->hdr[0] = p->hdr[1] = 0, p->hdr[2] = 1;
     pthread_mutex_unlock(&s->mu);
     *last_sent = serve_now();
 }
@@ -254,15 +453,17 @@ static void close_server(server *s, struct MHD_Daemon *d, loom_status st) {
     const int max_seqs = loom_infer_options(s->inf)->max_seqs;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
+    for (int i = 0; s->slots && i < max_seqs; i++)
+        if (s->slots[i]) release_slot(s, i);
+    for (choice *c = s->wait_head, *nx; c; c = nx) {
+        nx = c->next;
+        serve_choice_finish(s, c, st == LOOM_OK ? "abort" : "error");
+        serve_req_unref(s, c->req);
+    }
+    s->wait_head = s->wait_tail = NULL;
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->mu);
-    if (d) MHD_stop_daemon(d); /* joins the connection threads; responses are freed */
-    for (int i = 0; s->slots && i < max_seqs; i++)
-        if (s->slots[i]) serve_req_unref(s, s->slots[i]);
-    for (req *r = s->wait_head, *nx; r; r = nx) {
-        nx = r->next;
-        serve_req_unref(s, r);
-    }
+    if (d) serve_stop_http(s, d); /* joins the connection threads; responses are freed */
     if (st == LOOM_OK) loom_info("serve: stopped after %ld completed requests", s->completed);
 }
 
@@ -278,12 +479,17 @@ static void catch_signals(void) {
 loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tokenizer *tok, loom_comm *world,
                            int root) {
     world = loom_comm_host(world); /* host data only: requests, plans, token ids */
-    const int rank = loom_comm_rank(world);
+    const int rank = loom_comm_rank(world), max_seqs = loom_infer_options(inf)->max_seqs;
     server s;
     memset(&s, 0, sizeof s);
     s.cfg = c;
     s.inf = inf;
     s.tok = tok;
+    s.chat = c->chat_template;
+    s.t_start = serve_now();
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    s.seed_base = loom_rng_u64(loom_rng_key_make((uint64_t)now.tv_nsec ^ (uint64_t)now.tv_sec, "serve"), 0);
     pthread_mutex_init(&s.mu, NULL);
     pthread_mutex_init(&s.tok_mu, NULL);
     pthread_cond_init(&s.work, NULL);
@@ -292,15 +498,16 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
     memset(&p, 0, sizeof p);
     loom_status st = plan_alloc(&p, loom_infer_options(inf), loom_infer_config(inf)->vocab_size);
     struct MHD_Daemon *d = NULL;
-    if (st == LOOM_OK && rank == 0) st = open_server(&s, c, &d);
     catch_signals();
+    if (st == LOOM_OK && rank == 0) st = open_server(&s, c, &d);
     st = loom_comm_agree(world, st);
-    double last_sent = serve_now();
+    double last_sent = serve_now(), drain_until = 0, busy_at = serve_now();
     while (st == LOOM_OK) {
-        if (rank == 0) next_plan(&s, &p, &last_sent);
-        st = share_plan(world, &p);
-        if (st != LOOM_OK || p.hdr[2]) break;
-        if (p.hdr[0] == 0) continue;
+        if (rank == 0) next_plan(&s, &p, &last_sent, &drain_until);
+        st = share_plan(world, &p, busy_at);
+        if (st != LOOM_OK || p.hdr[H_SHUTDOWN]) break;
+        if (p.hdr[H_ENTRIES] == 0 && p.hdr[H_COPIES] == 0) continue;
+        busy_at = serve_now();
         st = run_step(inf, world, root, &p);
         if (st == LOOM_OK && rank == 0) {
             pthread_mutex_lock(&s.mu);
@@ -309,8 +516,10 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
         }
     }
     if (rank == 0) close_server(&s, d, st);
-    plan_free(&p);
+    plan_free(&p, max_seqs);
     free(s.slots);
+    for (int i = 0; s.cached && i < max_seqs; i++) loom_ids_free(&s.cached[i]);
+    free(s.cached);
     free(s.ttft);
     free(s.tpot);
     pthread_mutex_destroy(&s.mu);

@@ -164,10 +164,10 @@ def run_checks(port, prompts, want):
     lt.check(st == 200 and completion_ids(st, data, False) == want[3], "text prompt: %d %s" % (st, data[:200]))
 
     bad = [("{\"prompt\": ", 400, "not a JSON object"), ({"max_tokens": 3}, 400, "'prompt' is required"),
-           ({"prompt": 5}, 400, "string or an array"), ({"prompt": [1, "x"]}, 400, "token ids must be integers"),
+           ({"prompt": 5}, 400, "must be a string"), ({"prompt": [1, "x"]}, 400, "token ids must be integers"),
            ({"prompt": [1, 300]}, 400, "token ids must be integers"), ({"prompt": ""}, 400, "is empty"),
-           ({"prompt": "a", "max_tokens": "9"}, 400, "positive integer"),
-           ({"prompt": "a", "temperature": -1}, 400, "temperature"), ({"prompt": "a", "top_p": 0}, 400, "top-p"),
+           ({"prompt": "a", "max_tokens": "9"}, 400, "'max_tokens' must be an integer"),
+           ({"prompt": "a", "temperature": -1}, 400, "temperature"), ({"prompt": "a", "top_p": 0}, 400, "'top_p'"),
            ({"prompt": "a", "stream": 1}, 400, "true or false"),
            ({"prompt": [65] * 200}, 400, "exceeds the context length 128"),
            ({"prompt": "hello", "max_tokens": 10 ** 8}, 400, "exceeds the context length"),
@@ -197,7 +197,7 @@ def run_checks(port, prompts, want):
     for t in threads:
         t.join()
     served = sum(1 for st, d in burst if st == 200 and len(json.loads(d)["choices"][0]["token_ids"]) == 100)
-    refused = sum(1 for st, d in burst if st == 503 and json.loads(d)["error"]["code"] == 503)
+    refused = sum(1 for st, d in burst if st == 503 and json.loads(d)["error"]["code"] == "server_busy")
     print("burst of %d: %d served in full, %d refused with 503" % (len(burst), served, refused))
     lt.check(served + refused == len(burst) and served >= 1 and refused >= 1,
              "burst: %s" % [st for st, _ in burst])

@@ -42,6 +42,74 @@ def run(args, np=None, check_ok=True, timeout=600):
     return p
 
 
+def descendants(pid):
+    """Every process below pid (children first), from /proc."""
+    kids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            stat = open("/proc/%s/stat" % p).read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(p))
+    found, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(0), []):
+            found.append(k)
+            todo.append(k)
+    return found
+
+
+class Server:
+    """`loom serve ARGS` (on np ranks through loomrun if np > 1) in its own
+    session, logging to DIR/serve.TAG.log, bound to the port it writes
+    to a port file; .port once it listens."""
+
+    def __init__(self, tmp, args, np=1, tag="0"):
+        import time
+        port_file = os.path.join(tmp, "port." + tag)
+        self.log_path = os.path.join(tmp, "serve.%s.log" % tag)
+        self.log = open(self.log_path, "w")
+        cmd = ([LOOM_RUN, "-np", str(np)] if np > 1 else []) + [LOOM, "serve"] + [str(a) for a in args] + [
+            "--port", "0", "--port-file", port_file]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(600):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                break
+            if self.proc.poll() is not None:
+                print("the server exited %s:\n%s" % (self.proc.poll(), open(self.log_path).read()[-2000:]))
+                raise SystemExit(1)
+            time.sleep(0.1)
+        self.port = int(open(port_file).read())
+
+    def finish(self, timeout=60, tail=600):
+        """Wait for it to exit (killing its process group after timeout s);
+        print the log's tail; the exit status (or a string saying it was killed)."""
+        import signal
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [self.proc.pid] + descendants(self.proc.pid):  # the launcher, mpirun and the ranks
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.proc.wait()
+            rc = "killed after %d s" % timeout
+        self.log.close()
+        print(open(self.log_path).read()[-tail:])
+        return rc
+
+    def stop(self, timeout=60, tail=600):
+        """SIGTERM to the launcher (or the one rank), then finish()."""
+        import signal
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.finish(timeout, tail)
+
+
 def make_text_data(tmp, name="train.bin"):
     """A byte-level shard of real English text shipped by every Debian system."""
     out = os.path.join(tmp, name)
