@@ -18,6 +18,7 @@
 #   server's dependencies are not needed): the test that reads loom's
 #   TensorBoard event files back with TensorBoard's own EventAccumulator.
 #   chromium (Debian's): the test that renders `loom report`'s page headless.
+#   openai from PyPI: the serving tests use the official client.
 set -eu
 cd "$(dirname "$0")/.."
 PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium"
@@ -45,6 +46,12 @@ if ! /usr/bin/python3 -c "from tensorboard.backend.event_processing import event
     echo "setup: installing tensorboard from PyPI (reads back loom's event files in a test)"
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "tensorboard==2.21.0" \
         "protobuf==7.36.2" "absl-py==2.5.1"
+fi
+if ! /usr/bin/python3 -c "import openai" 2>/dev/null; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    echo "setup: installing the openai client from PyPI (the serving tests call loom serve through it)"
+    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "openai==3.57.0"
 fi
 if [ ! -e /usr/local/lib/libmkl_rt.so.3 ]; then
     SUDO=""
