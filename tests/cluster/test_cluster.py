@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""loom across emulated hosts (scripts/cluster, docs/cluster.md): two hosts,
+each a network namespace with its own hostname, joined by a bridge.
+
+- dp=2 x tp=2 and pp=2 x dp=2 under `cluster run` (mpirun with a hostfile,
+  two ranks a host) and dp=2 x tp=2 under `cluster srun` (Slurm, PMIx) train
+  the same model as one rank (loss at each step and every final parameter
+  within 1e-5) and as the same layout on one host, bit for bit;
+- Open MPI's own log (btl_base_verbose) shows shared memory (vader) between
+  ranks on one host and TCP between hosts, and both are used;
+- `cluster down` leaves no namespace, mount, state or daemon behind.
+
+Needs root and network namespaces. Without them it prints why and exits 77
+(ctest: skipped); under CI (CI=true), which runs as root, a skip is a failure."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+import loomtest as lt  # noqa: E402
+
+CLUSTER = os.path.join(lt.SRC, "scripts", "cluster")
+COMMON = ["--steps", 4, "--batch", 8, "--seq", 16, "--lr", "1e-3", "--warmup", 1,
+          "--seed", 5, "--peak-flops", "1e11", "--no-progress"]
+
+
+def skip(why):
+    if os.environ.get("CI") == "true":
+        print("FAIL: the cluster test cannot run here: %s (CI runs as root and must run it)" % why)
+        sys.exit(1)
+    print("SKIPPED: %s" % why)
+    sys.exit(77)
+
+
+def can_run():
+    if os.geteuid() != 0:
+        skip("not root: emulated hosts need network namespaces (run as root)")
+    for tool in ("ip", "tc", "nsenter", "unshare", "mpirun"):
+        if shutil.which(tool) is None:
+            skip("%s is not installed (scripts/setup.sh installs it)" % tool)
+    probe = "loomc-probe-%d" % os.getpid()
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode != 0:
+        skip("this machine gives no network namespaces (ip netns add: %s)" % p.stderr.strip())
+    subprocess.run(["ip", "netns", "delete", probe], check=True)
+
+
+def cluster(*args, check=True, env=None):
+    cmd = [CLUSTER] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if check and p.returncode != 0:
+        print("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
+        raise SystemExit(1)
+    return p
+
+
+def transports(log, label):
+    """Check every 'Using X btl for send to ... on node H' line Open MPI
+    printed: vader exactly when sender and receiver share a host, TCP when
+    they do not. Returns the (same-host, cross-host) line counts."""
+    same = cross = 0
+    for m in re.finditer(r"\[([\w.-]+):\d+\] mca: bml: Using (\w+) btl for send to \S+ on node ([\w.-]+)", log):
+        sender, btl, dest = m.groups()
+        if btl == "self":
+            continue
+        if sender == dest:
+            same += 1
+            lt.check(btl == "vader", "%s: %s -> %s used %s, not shared memory (vader)" % (label, sender, dest, btl))
+        else:
+            cross += 1
+            lt.check(btl == "tcp", "%s: %s -> %s used %s, not tcp" % (label, sender, dest, btl))
+    lt.check(same > 0 and cross > 0, "%s: Open MPI logged %d same-host and %d cross-host transports; "
+             "expected both" % (label, same, cross))
+    print("%s: %d same-host pairs on vader, %d cross-host pairs on tcp" % (label, same, cross))
+    return same, cross
+
+
+def identical(ref, run, label):
+    """Same layout, one host vs two: the losses and the parameter files equal, bit for bit."""
+    la = [(r["step"], r["loss"]) for r in lt.read_metrics(ref[0])]
+    lb = [(r["step"], r["loss"]) for r in lt.read_metrics(run[0])]
+    lt.check(la == lb and len(la) > 0, "%s: losses differ from one host: %s vs %s" % (label, lb, la))
+    with open(ref[1], "rb") as a, open(run[1], "rb") as b:
+        lt.check(a.read() == b.read(), "%s: final parameters differ from the one-host run" % label)
+
+
+def train_on(tmp, how, tag, np, args, extra=()):
+    """`loom train` through `cluster run` or `cluster srun` on np ranks; the
+    metrics and parameters land in tmp (one file system for every host)."""
+    m, p = os.path.join(tmp, tag + ".jsonl"), os.path.join(tmp, tag + ".safetensors")
+    full = ["train", "--metrics", m, "--save-params", p] + list(args)
+    if how == "run":
+        out = cluster("run", "-np", np, "--mca", "btl_base_verbose", 100, *extra, lt.LOOM, *full)
+    else:
+        env = dict(os.environ, OMPI_MCA_btl_base_verbose="100")
+        out = cluster("srun", "-N", 2, "-n", np, *extra, lt.LOOM, *full, env=env)
+    return (m, p), out.stdout + out.stderr
+
+
+def left_behind():
+    """What of the cluster exists now: namespaces, its state folder, mounts."""
+    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if n.startswith("loomc-")]
+    if os.path.exists("/run/loomc"):
+        left.append("/run/loomc")
+    with open("/proc/self/mountinfo") as f:
+        left += [line.split()[4] for line in f if "/run/loomc" in line.split()[4]]
+    return left
+
+
+def daemons():
+    """pids of the daemons `cluster srun` started, from their pid files."""
+    pids = []
+    for d in ("/run/loomc/slurm", "/run/loomc/munge"):
+        if os.path.isdir(d):
+            for f in os.listdir(d):
+                if f.endswith(".pid"):
+                    with open(os.path.join(d, f)) as fh:
+                        pids.append(int(fh.read().strip()))
+    return pids
+
+
+def running(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def main():
+    can_run()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        data = lt.make_text_data(tmp)
+        model = lt.write_model(tmp, n_layer=2, n_head=4, n_embd=32, vocab_size=253, n_positions=32)
+        common = ["--model", model, "--data", data] + COMMON
+        one = lt.train(tmp, "one", None, common)
+        dptp = ["--dp", 2, "--tp", 2]
+        ppdp = ["--pp", 2, "--dp", 2]
+        host_dptp = lt.train(tmp, "host_dptp", 4, common + dptp)
+        host_ppdp = lt.train(tmp, "host_ppdp", 4, common + ppdp)
+        try:
+            cluster("up", 2)
+            run, log = train_on(tmp, "run", "cl_dptp", 4, common + dptp)
+            transports(log, "mpirun dp=2 tp=2")
+            lt.compare_runs(one[0], one[1], run[0], run[1], "mpirun dp=2 tp=2 on 2 hosts vs one rank")
+            identical(host_dptp, run, "mpirun dp=2 tp=2 on 2 hosts")
+
+            run, log = train_on(tmp, "run", "cl_ppdp", 4, common + ppdp)
+            transports(log, "mpirun pp=2 dp=2")
+            lt.compare_runs(one[0], one[1], run[0], run[1], "mpirun pp=2 dp=2 on 2 hosts vs one rank")
+            identical(host_ppdp, run, "mpirun pp=2 dp=2 on 2 hosts")
+
+            run, log = train_on(tmp, "srun", "sr_dptp", 4, common + dptp)
+            transports(log, "srun dp=2 tp=2")
+            lt.compare_runs(one[0], one[1], run[0], run[1], "srun dp=2 tp=2 on 2 hosts vs one rank")
+            identical(host_dptp, run, "srun dp=2 tp=2 on 2 hosts")
+            pids = daemons()
+            lt.check(len(pids) == 4, "expected munged, slurmctld and 2 slurmd pid files, found %d" % len(pids))
+        finally:
+            cluster("down", check=False)
+        lt.check(not left_behind(), "cluster down left %s" % left_behind())
+        lt.check(not [p for p in pids if running(p)], "cluster down left daemons running: %s" %
+                 [p for p in pids if running(p)])
+        lt.check(cluster("status", check=False).returncode == 1, "cluster status after down says it is up")
+    lt.done()
+
+
+if __name__ == "__main__":
+    main()
