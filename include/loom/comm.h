@@ -137,10 +137,26 @@ extern const loom_comm_mem loom_comm_mem_host;
 
 /* Start the runtime (MPI_Init_thread, MULTIPLE requested; an already initialised MPI
  * is reused and then left for its owner to finalize) and return the world
- * group, a duplicate of MPI_COMM_WORLD named "world", on host memory. Safe to call outside
+ * group, MPI_COMM_WORLD's ranks named "world", on host memory. Safe to call outside
  * mpirun: the world is then one rank. Also tells log.h this process's rank.
- * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number. */
+ * The world's ranks are placed host by host: the ranks sharing a host (MPI's
+ * shared-memory split) are consecutive, hosts in the order of their lowest
+ * launcher rank, the launcher's order inside a host - on one host, or when
+ * the launcher already filled hosts in turn, the launcher's numbering itself.
+ * So the mesh's innermost axes (tp first by default) stay inside a host
+ * under any launcher mapping (docs/cluster.md). LOOM_PLACEMENT=launcher
+ * keeps the launcher's numbering.
+ * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number, or
+ * LOOM_PLACEMENT is neither host nor launcher. */
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world);
+/* Where the world's ranks run, as loom_comm_init learnt it (before it: one
+ * host, launcher rank = rank): the number of hosts; for world rank r, its
+ * host's index (hosts numbered from 0 by their lowest launcher rank), its
+ * host's name (MPI_Get_processor_name) and its rank in MPI_COMM_WORLD. */
+int loom_comm_hosts(void);
+int loom_comm_host_of(int rank);
+const char *loom_comm_host_name(int rank);
+int loom_comm_launcher_rank(int rank);
 /* Free the world group (or a group wrapping it) and finalize the runtime
  * (if loom started it and no other world is live). */
 void loom_comm_finalize(loom_comm *world);

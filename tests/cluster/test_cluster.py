@@ -8,10 +8,16 @@ each a network namespace with its own hostname, joined by a bridge.
   within 1e-5) and as the same layout on one host, bit for bit;
 - Open MPI's own log (btl_base_verbose) shows shared memory (vader) between
   ranks on one host and TCP between hosts, and both are used;
+- under `mpirun --map-by node` (the launcher alternates hosts) loom places
+  its ranks host by host, so the default order keeps TP inside a host: the
+  start-up table says which ranks share a host, the run matches one rank, and
+  the bytes that crossed the link (the kernel's counters on host 0's eth0, not
+  loom's) are under half of those with LOOM_PLACEMENT=launcher (TP across);
 - `cluster down` leaves no namespace, mount, state or daemon behind.
 
 Needs root and network namespaces. Without them it prints why and exits 77
 (ctest: skipped); under CI (CI=true), which runs as root, a skip is a failure."""
+import json
 import os
 import re
 import shutil
@@ -25,6 +31,12 @@ import loomtest as lt  # noqa: E402
 CLUSTER = os.path.join(lt.SRC, "scripts", "cluster")
 COMMON = ["--steps", 4, "--batch", 8, "--seq", 16, "--lr", "1e-3", "--warmup", 1,
           "--seed", 5, "--peak-flops", "1e11", "--no-progress"]
+
+
+def with_batch(args, b):
+    out = list(args)
+    out[out.index("--batch") + 1] = b
+    return out
 
 
 def skip(why):
@@ -100,6 +112,37 @@ def train_on(tmp, how, tag, np, args, extra=()):
     return (m, p), out.stdout + out.stderr
 
 
+def link_bytes():
+    """Bytes host 0's interface sent plus received, from the kernel."""
+    p = subprocess.run(["ip", "-n", "loomc-h0", "-s", "-j", "link", "show", "eth0"], capture_output=True,
+                       text=True, check=True)
+    st = json.loads(p.stdout)[0]["stats64"]
+    return st["tx"]["bytes"] + st["rx"]["bytes"]
+
+
+def map_by_node(tmp, common, one):
+    """dp=2 x tp=2 with the launcher's ranks alternating hosts, placed by host
+    (default) and as the launcher numbered them; returns the link bytes of each."""
+    flags = ["--dp", 2, "--tp", 2]
+    crossed = {}
+    for placement in ("host", "launcher"):
+        before = link_bytes()
+        run, log = train_on(tmp, "run", "node_" + placement, 4, common + flags,
+                            extra=["--map-by", "node", "-x", "LOOM_PLACEMENT=" + placement])
+        crossed[placement] = link_bytes() - before
+        label = "--map-by node, LOOM_PLACEMENT=%s" % placement
+        want = {"host": ["host 0 loomc-h0: ranks 0 1 (launcher ranks 0 2)",
+                         "host 1 loomc-h1: ranks 2 3 (launcher ranks 1 3)"],
+                "launcher": ["host 0 loomc-h0: ranks 0 2", "host 1 loomc-h1: ranks 1 3"]}[placement]
+        for line in want:
+            lt.check(line in log, "%s: start-up table lacks '%s'" % (label, line))
+        lt.compare_runs(one[0], one[1], run[0], run[1], label + " vs one rank")
+        print("%s: %d bytes crossed host 0's link" % (label, crossed[placement]))
+    lt.check(crossed["host"] * 2 < crossed["launcher"],
+             "TP inside a host should halve the bytes between hosts: %d (placed by host) vs %d (launcher order)"
+             % (crossed["host"], crossed["launcher"]))
+
+
 def left_behind():
     """What of the cluster exists now: namespaces, its state folder, mounts."""
     left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
@@ -139,6 +182,7 @@ def main():
         model = lt.write_model(tmp, n_layer=2, n_head=4, n_embd=32, vocab_size=253, n_positions=32)
         common = ["--model", model, "--data", data] + COMMON
         one = lt.train(tmp, "one", None, common)
+        one_b32 = lt.train(tmp, "one_b32", None, with_batch(common, 32))
         dptp = ["--dp", 2, "--tp", 2]
         ppdp = ["--pp", 2, "--dp", 2]
         host_dptp = lt.train(tmp, "host_dptp", 4, common + dptp)
@@ -154,6 +198,9 @@ def main():
             transports(log, "mpirun pp=2 dp=2")
             lt.compare_runs(one[0], one[1], run[0], run[1], "mpirun pp=2 dp=2 on 2 hosts vs one rank")
             identical(host_ppdp, run, "mpirun pp=2 dp=2 on 2 hosts")
+
+            # TP's bytes are 4x DP's here (batch 32 x seq 16 activations vs ~18k parameters)
+            map_by_node(tmp, with_batch(common, 32), one_b32)
 
             run, log = train_on(tmp, "srun", "sr_dptp", 4, common + dptp)
             transports(log, "srun dp=2 tp=2")
