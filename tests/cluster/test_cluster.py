@@ -3,7 +3,8 @@
 each a network namespace with its own hostname, joined by a bridge.
 
 - dp=2 x tp=2 and pp=2 x dp=2 under `cluster run` (mpirun with a hostfile,
-  two ranks a host) and dp=2 x tp=2 under `cluster srun` (Slurm, PMIx) train
+  two ranks a host) and under `cluster srun` (Slurm, PMIx; also with
+  --distribution=cyclic, which alternates the nodes) train
   the same model as one rank (loss at each step and every final parameter
   within 1e-5) and as the same layout on one host, bit for bit;
 - Open MPI's own log (btl_base_verbose) shows shared memory (vader) between
@@ -206,6 +207,17 @@ def main():
             transports(log, "srun dp=2 tp=2")
             lt.compare_runs(one[0], one[1], run[0], run[1], "srun dp=2 tp=2 on 2 hosts vs one rank")
             identical(host_dptp, run, "srun dp=2 tp=2 on 2 hosts")
+            run, log = train_on(tmp, "srun", "sr_ppdp", 4, common + ppdp)
+            lt.compare_runs(one[0], one[1], run[0], run[1], "srun pp=2 dp=2 on 2 hosts vs one rank")
+            identical(host_ppdp, run, "srun pp=2 dp=2 on 2 hosts")
+
+            # Slurm numbering the ranks round-robin over the nodes: loom still places TP inside a host
+            run, log = train_on(tmp, "srun", "sr_cyclic", 4, common + dptp, extra=["--distribution=cyclic"])
+            for line in ("host 0 loomc-h0: ranks 0 1 (launcher ranks 0 2)",
+                         "host 1 loomc-h1: ranks 2 3 (launcher ranks 1 3)"):
+                lt.check(line in log, "srun --distribution=cyclic: start-up table lacks '%s'" % line)
+            lt.compare_runs(one[0], one[1], run[0], run[1], "srun --distribution=cyclic dp=2 tp=2 vs one rank")
+            identical(host_dptp, run, "srun --distribution=cyclic dp=2 tp=2")
             pids = daemons()
             lt.check(len(pids) == 4, "expected munged, slurmctld and 2 slurmd pid files, found %d" % len(pids))
         finally:
