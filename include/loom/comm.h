@@ -172,6 +172,16 @@ void loom_comm_finalize(loom_comm *world);
  * memory. */
 loom_status loom_comm_wrap_staged(loom_comm *host_group, const loom_comm_mem *mem, loom_comm **out);
 
+/* A group over flat's ranks (an MPI group on host memory) whose sum
+ * all-reduce is host-aware: reduce-scatter among the members on this rank's
+ * host (subgroup "<name>.host"), all-reduce of this rank's slice across the
+ * hosts ("<name>.link"), all-gather on the host; blocking even when started
+ * (no overlap). Every other op runs on flat. Collective over flat. *out is
+ * NULL (LOOM_OK) unless flat spans >= 2 hosts (loom_comm_host_of) holding
+ * the same number >= 2 of its members each. Does not own flat (free *out
+ * first); its calls count in flat's stats. */
+loom_status loom_comm_wrap_hier(loom_comm *flat, loom_comm **out);
+
 /* NCCL (defined in the CUDA backend's library, loom_cuda, only): a group over
  * the same ranks as `host_group` (an MPI group) whose ops run on the CUDA
  * stream `stream` (a cudaStream_t; NULL: the default stream) on device

@@ -14,6 +14,9 @@ each a network namespace with its own hostname, joined by a bridge.
   start-up table says which ranks share a host, the run matches one rank, and
   the bytes that crossed the link (the kernel's counters on host 0's eth0, not
   loom's) are under half of those with LOOM_PLACEMENT=launcher (TP across);
+- dp=4 (two ranks a host) with LOOM_DP_ALLREDUCE=hier (reduce-scatter in a
+  host, all-reduce across, all-gather in a host) matches the flat all-reduce
+  and one rank, and fewer bytes cross the link (kernel counters);
 - `cluster down` leaves no namespace, mount, state or daemon behind.
 
 Needs root and network namespaces. Without them it prints why and exits 77
@@ -144,6 +147,31 @@ def map_by_node(tmp, common, one):
              % (crossed["host"], crossed["launcher"]))
 
 
+def hierarchical(tmp):
+    """dp=4 over 2 hosts, flat vs hierarchical all-reduce of the gradients."""
+    sub = os.path.join(tmp, "hier")
+    os.makedirs(sub)
+    model = lt.write_model(sub, n_layer=2, n_head=4, n_embd=96, vocab_size=253, n_positions=32)
+    common = ["--model", model, "--data", os.path.join(tmp, "train.bin")] + COMMON
+    one = lt.train(tmp, "hier_one", None, common)
+    runs, crossed = {}, {}
+    for how in ("flat", "hier"):
+        before = link_bytes()
+        runs[how], _ = train_on(tmp, "run", "dp4_" + how, 4, common + ["--dp", 4],
+                                extra=["-x", "LOOM_DP_ALLREDUCE=" + how])
+        crossed[how] = link_bytes() - before
+        lt.compare_runs(one[0], one[1], runs[how][0], runs[how][1], "dp=4 on 2 hosts, %s all-reduce vs one rank" % how)
+        print("dp=4 %s: %d bytes crossed host 0's link" % (how, crossed[how]))
+    lt.compare_runs(runs["flat"][0], runs["flat"][1], runs["hier"][0], runs["hier"][1], "dp=4 hier vs flat")
+    if len(sys.argv) > 1:  # test_hier: sums of every count 1..17 (every remainder) vs by hand
+        out = cluster("run", "-np", 4, sys.argv[1], check=False)
+        lt.check(out.returncode == 0, "test_hier on 2 hosts failed:\n%s%s" % (out.stdout, out.stderr))
+        print("test_hier on 2 hosts: " + out.stdout.strip().splitlines()[-1])
+    # ring all-reduce: 3 n per host pair on the link; hierarchical: 2 n (n/2 each way per local rank)
+    lt.check(crossed["hier"] < 0.85 * crossed["flat"],
+             "hierarchical all-reduce sent %d bytes over the link, flat %d" % (crossed["hier"], crossed["flat"]))
+
+
 def left_behind():
     """What of the cluster exists now: namespaces, its state folder, mounts."""
     left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
@@ -202,6 +230,8 @@ def main():
 
             # TP's bytes are 4x DP's here (batch 32 x seq 16 activations vs ~18k parameters)
             map_by_node(tmp, with_batch(common, 32), one_b32)
+
+            hierarchical(tmp)
 
             run, log = train_on(tmp, "srun", "sr_dptp", 4, common + dptp)
             transports(log, "srun dp=2 tp=2")
