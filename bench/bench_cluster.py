@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Placement across hosts: dp=2 x tp=2 on 2 emulated hosts (scripts/cluster,
+"""Placement and DP's all-reduce across hosts: dp=2 x tp=2 on 2 emulated hosts (scripts/cluster,
 docs/cluster.md), 2 ranks a host, launched with `mpirun --map-by node` (the
 launcher alternates hosts: ranks 0 and 2 on host 0), for each link rate:
 
@@ -9,6 +9,11 @@ launcher alternates hosts: ranks 0 and 2 on host 0), for each link rate:
                          so the TP pairs (0,1), (2,3) span the hosts
   tp across (order)      placed by host, --mesh-order dp,tp,cp,pp: DP inside
                          a host, TP across
+and dp=4 (2 ranks a host, placed by host) with DP's gradient all-reduce
+  dp=4 flat all-reduce   Open MPI's (LOOM_DP_ALLREDUCE=flat, the default)
+  dp=4 hier all-reduce   reduce-scatter in a host, all-reduce across,
+                         all-gather in a host (LOOM_DP_ALLREDUCE=hier; blocking,
+                         where the flat one overlaps the backward)
 
 Each row runs RUNS times (default 3); a run's step time is the median of
 rank 0's "step_ms" (loom's --metrics) after the first WARMUP steps, and the
@@ -35,11 +40,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import ROOT, TEXT, WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster")
-ROWS = [  # (label, extra mpirun args, extra loom flags)
-    ("tp in host (default)", ["-x", "LOOM_PLACEMENT=host"], []),
-    ("tp across (launcher)", ["-x", "LOOM_PLACEMENT=launcher"], []),
-    ("tp across (order)", ["-x", "LOOM_PLACEMENT=host"], ["--mesh-order", "dp,tp,cp,pp"]),
+ROWS = [  # (label, extra mpirun args, extra loom flags); ratios are to the first row of a group
+    ("tp in host (default)", ["-x", "LOOM_PLACEMENT=host"], ["--dp", 2, "--tp", 2]),
+    ("tp across (launcher)", ["-x", "LOOM_PLACEMENT=launcher"], ["--dp", 2, "--tp", 2]),
+    ("tp across (order)", ["-x", "LOOM_PLACEMENT=host"], ["--dp", 2, "--tp", 2, "--mesh-order", "dp,tp,cp,pp"]),
+    ("dp=4 flat all-reduce", ["-x", "LOOM_DP_ALLREDUCE=flat"], ["--dp", 4]),
+    ("dp=4 hier all-reduce", ["-x", "LOOM_DP_ALLREDUCE=hier"], ["--dp", 4]),
 ]
+GROUPS = [(0, 3), (3, 5)]  # rows compared with each other
 
 
 def link_bytes():
@@ -88,7 +96,7 @@ def main():
             json.dump({"n_layer": a.layers, "n_embd": a.embd, "n_head": a.heads, "vocab_size": 256,
                        "n_positions": a.seq}, f)
         base = ["--model", model, "--data", data, "--steps", a.steps, "--batch", a.batch, "--seq", a.seq,
-                "--dp", 2, "--tp", 2, "--seed", 1, "--peak-flops", "1e11", "--no-progress", "--threads", 1]
+                "--seed", 1, "--peak-flops", "1e11", "--no-progress", "--threads", 1]
         try:
             for link in a.links.split(","):
                 run([CLUSTER, "up", 2, "--link", link], what="cluster up")
@@ -105,10 +113,12 @@ def main():
                     print("%-8s %-22s step %8.1f ms (range %.1f..%.1f over %d runs)  %6.2f MB/step over host 0's link"
                           % (link, label, row["step_ms_median"], row["step_ms_min"], row["step_ms_max"], a.runs,
                              row["link_bytes_per_step"] / 1e6), flush=True)
-                dflt = out["rows"][-3]["step_ms_median"]
-                for r in out["rows"][-2:]:
-                    r["vs_default"] = r["step_ms_median"] / dflt
-                    print("%-8s %-22s %.2fx the default's step time" % (link, r["row"], r["vs_default"]))
+                rows = out["rows"][-len(ROWS):]
+                for lo, hi in GROUPS:
+                    for r in rows[lo + 1:hi]:
+                        r["vs_first"] = r["step_ms_median"] / rows[lo]["step_ms_median"]
+                        print("%-8s %-22s %.2fx the step time of '%s'" % (link, r["row"], r["vs_first"],
+                                                                        rows[lo]["row"]))
         except BenchError as e:
             print("bench_cluster: %s" % e, file=sys.stderr)
             return 1
