@@ -57,11 +57,16 @@ def can_run():
     for tool in ("ip", "tc", "nsenter", "unshare", "mpirun"):
         if shutil.which(tool) is None:
             skip("%s is not installed (scripts/setup.sh installs it)" % tool)
+    was_mount = os.path.ismount("/run/netns")
     probe = "loomc-probe-%d" % os.getpid()
     p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if p.returncode != 0:
         skip("this machine gives no network namespaces (ip netns add: %s)" % p.stderr.strip())
     subprocess.run(["ip", "netns", "delete", probe], check=True)
+    if not was_mount and not os.listdir("/run/netns"):  # ip made the mount: undo it
+        subprocess.run(["umount", "/run/netns"], check=True)
+        os.rmdir("/run/netns")
+    return was_mount
 
 
 def cluster(*args, check=True, env=None):
@@ -204,7 +209,7 @@ def running(pid):
 
 
 def main():
-    can_run()
+    netns_mount = can_run()
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         data = lt.make_text_data(tmp)
@@ -253,6 +258,8 @@ def main():
         finally:
             cluster("down", check=False)
         lt.check(not left_behind(), "cluster down left %s" % left_behind())
+        lt.check(os.path.ismount("/run/netns") == netns_mount, "/run/netns was %sa mount point before up, "
+                 "and is %s after down" % ("" if netns_mount else "not ", "one" if not netns_mount else "not"))
         lt.check(not [p for p in pids if running(p)], "cluster down left daemons running: %s" %
                  [p for p in pids if running(p)])
         lt.check(cluster("status", check=False).returncode == 1, "cluster status after down says it is up")
