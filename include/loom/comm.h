@@ -55,7 +55,7 @@
  * Hang watchdog, on by default, for every implementation: a call (blocking,
  * or non-blocking from start to completion) in flight longer than
  * LOOM_COMM_TIMEOUT seconds (default 600; 0 turns it off) prints "rank R:
- * <op> on group <g> (call #N on that group) has not completed after S s"
+ * <op> on group <g> (call #N on that group) has not completed after S s ... on host H"
  * and aborts the job. N counts the calls started on that group on this
  * rank, from 1.
  * The watch thread also makes the starts of queued non-blocking MPI

@@ -446,6 +446,8 @@ static void watch_start(int thread_level) {
                               .abort = abort_job,
                               .probe_max_ns = WATCH_PROBE_MAX_NS,
                               .probe_p2p_ns = single_copy ? WATCH_PROBE_MAX_NS : WATCH_PROBE_P2P_NS};
+    if (g_place && g_world_rank >= 0 && g_world_rank < g_place_n)
+        snprintf(hooks.host, sizeof hooks.host, "%s", g_place[g_world_rank].name);
     loom_watch_start_thread(&hooks, progress);
     if (progress && !loom_watch_progress()) MPI_Comm_free(&g_probe_comm); /* no thread */
 }
