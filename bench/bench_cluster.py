@@ -12,8 +12,7 @@ launcher alternates hosts: ranks 0 and 2 on host 0), for each link rate:
 and dp=4 (2 ranks a host, placed by host) with DP's gradient all-reduce
   dp=4 flat all-reduce   Open MPI's (LOOM_DP_ALLREDUCE=flat, the default)
   dp=4 hier all-reduce   reduce-scatter in a host, all-reduce across,
-                         all-gather in a host (LOOM_DP_ALLREDUCE=hier; blocking,
-                         where the flat one overlaps the backward)
+                         all-gather in a host (LOOM_DP_ALLREDUCE=hier)
 
 Each row runs RUNS times (default 3); a run's step time is the median of
 rank 0's "step_ms" (loom's --metrics) after the first WARMUP steps, and the

@@ -175,9 +175,8 @@ loom_status loom_comm_wrap_staged(loom_comm *host_group, const loom_comm_mem *me
 /* A group over flat's ranks (an MPI group on host memory) whose sum
  * all-reduce is host-aware: reduce-scatter among the members on this rank's
  * host (subgroup "<name>.host"), all-reduce of this rank's slice across the
- * hosts ("<name>.link"), all-gather on the host ("<name>.gather"); started,
- * its stages move on in wait and test (each stage of a request after that
- * stage of every older request, so every rank issues them in one order).
+ * hosts ("<name>.link"), all-gather on the host; blocking even when started
+ * (measured faster here than chaining non-blocking stages: docs/cluster.md).
  * Every other op runs on flat. Collective over flat. *out is
  * NULL (LOOM_OK) unless flat spans >= 2 hosts (loom_comm_host_of) holding
  * the same number >= 2 of its members each. Does not own flat (free *out

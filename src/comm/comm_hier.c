@@ -6,19 +6,17 @@
  * host), where a flat all-reduce's schedule may send all of it.
  *
  * Every other op, and an all-reduce too small to split (fewer elements than
- * L), runs on the flat group underneath; so do the last count % L elements
- * (blocking, at the start).
+ * L), runs on the flat group underneath. The hierarchical all-reduce is
+ * blocking even when started (loom_comm_iallreduce): its three stages run in
+ * start, so it does not overlap the caller's compute. A non-blocking chain
+ * (one subgroup per stage, each stage of a request started after that of
+ * every older request) was measured slower on 2 hosts x 2 ranks: Open MPI's
+ * non-blocking all-reduce of 2 ranks is a reduce then a broadcast, twice the
+ * link time of the blocking one (docs/cluster.md).
  *
- * Started (loom_comm_iallreduce), the three stages are non-blocking calls
- * chained by wait and test. MPI needs the collectives on one communicator
- * started in the same order on every rank, whatever order a rank tests its
- * requests in, so each stage has its own subgroup - "<group>.host" for the
- * reduce-scatters (started in the caller's order), "<group>.link" for the
- * all-reduces, "<group>.gather" for the all-gathers - and a request moves
- * to its next stage only after every request started before it has (the
- * group's queue, oldest first). Each subgroup counts its own bytes; the
- * wrapper's calls count in the flat group's stats, once, as the entry
- * points count them.
+ * The stages are calls on two subgroups (named "<group>.host" and
+ * "<group>.link"), each counting its own bytes; the wrapper's calls count in
+ * the flat group's stats, once, as the entry points count them.
  */
 #include "loom/comm.h"
 
@@ -28,28 +26,15 @@
 
 #include "comm/comm_impl.h"
 
-struct hier_req;
-
 typedef struct hier {
-    loom_comm *flat;              /* not owned */
-    loom_comm *intra;             /* this rank's host's members of flat: reduce-scatters */
-    loom_comm *inter;             /* the members with the same place on every host: all-reduces */
-    loom_comm *gather;            /* intra's members again: all-gathers */
-    struct hier_req *head, *tail; /* started hierarchical all-reduces, oldest first */
+    loom_comm *flat;  /* not owned */
+    loom_comm *intra; /* this rank's host's members of flat */
+    loom_comm *inter; /* the members with the same place on every host */
 } hier;
 
-/* The stages of a started hierarchical all-reduce, in order. */
-enum { ST_SCATTER, ST_REDUCE, ST_GATHER, ST_DONE };
-
-/* A started call: a hierarchical all-reduce's stages, or the flat group's request. */
+/* A started call: 1 when it ran here (done at start), else the flat group's request. */
 typedef struct hier_req {
-    int hierarchical;
-    int stage;     /* the stage started last (ST_DONE: complete) */
-    loom_req *cur; /* its request; NULL once complete */
-    char *x;       /* the buffer, in place */
-    size_t chunk;  /* elements of this rank's slice */
-    loom_dtype type;
-    struct hier_req *next;
+    int ran;
     max_align_t flat_req[];
 } hier_req;
 
@@ -60,80 +45,14 @@ static int is_hier_allreduce(const loom_comm *c, const loom_comm_call *k) {
     return k->op == LOOM_OP_ALLREDUCE && k->redop == LOOM_SUM && k->count >= (size_t)h->intra->size;
 }
 
-/* Start stage `stage` of r. */
-static loom_status start_stage(hier *h, hier_req *r, int stage) {
-    const size_t esz = loom_dtype_size(r->type);
-    char *mine = r->x + (size_t)h->intra->rank * r->chunk * esz;
-    r->stage = stage;
-    r->cur = NULL;
-    switch (stage) {
-    case ST_SCATTER:
-        return loom_comm_ireduce_scatter(h->intra, r->x, r->x, r->chunk, r->type, LOOM_SUM, &r->cur);
-    case ST_REDUCE: return loom_comm_iallreduce(h->inter, r->x, r->chunk, r->type, LOOM_SUM, &r->cur);
-    case ST_GATHER:
-        if (mine != r->x) memmove(mine, r->x, r->chunk * esz);
-        return loom_comm_iallgather(h->gather, mine, r->x, r->chunk * esz, &r->cur);
-    default: return LOOM_OK;
-    }
-}
-
-/* Move every started all-reduce on as far as it can without waiting: a
- * request whose stage completed starts the next one once every older
- * request has started it. Complete requests leave the queue. */
-static loom_status advance(hier *h) {
-    int older = ST_DONE; /* the least stage an older request has started */
-    for (hier_req *r = h->head; r; r = r->next) {
-        for (;;) {
-            if (r->cur) {
-                int done = 0;
-                LOOM_TRY(loom_comm_test(r->cur, &done));
-                if (!done) break;
-                r->cur = NULL;
-            }
-            if (r->stage == ST_DONE || r->stage + 1 > older) break;
-            LOOM_TRY(start_stage(h, r, r->stage + 1));
-        }
-        if (r->stage < older) older = r->stage;
-    }
-    while (h->head && h->head->stage == ST_DONE) {
-        h->head = h->head->next;
-        if (!h->head) h->tail = NULL;
-    }
-    return LOOM_OK;
-}
-
-/* Unlink a complete request that is not at the head (tests may complete them out of order). */
-static void unlink_req(hier *h, hier_req *r) {
-    hier_req **p = &h->head, *prev = NULL;
-    while (*p && *p != r) prev = *p, p = &(*p)->next;
-    if (!*p) return;
-    *p = r->next;
-    if (h->tail == r) h->tail = prev;
-}
-
-/* Complete every started all-reduce (they stay queued until their caller's wait or test). */
-static loom_status drain(loom_comm *c) {
-    hier *h = c->impl;
-    for (;;) {
-        LOOM_TRY(advance(h));
-        hier_req *q = h->head;
-        while (q && !q->cur) q = q->next;
-        if (!q) return LOOM_OK;
-        loom_status st = loom_comm_wait(q->cur);
-        q->cur = NULL;
-        LOOM_TRY(st);
-    }
-}
-
-/* Blocking, in place on k->recv: n = L * chunk + rem elements; the first
- * L * chunk in three stages, the last rem on the flat group. */
+/* In place on k->recv: n = L * chunk + rem elements; the first L * chunk in
+ * three stages, the last rem on the flat group. */
 static loom_status hier_allreduce(loom_comm *c, const loom_comm_call *k) {
     hier *h = c->impl;
     const size_t L = (size_t)h->intra->size, esz = loom_dtype_size(k->type);
     const size_t chunk = k->count / L, rem = k->count % L;
     char *x = k->recv;
     char *mine = x + (size_t)h->intra->rank * chunk * esz;
-    LOOM_TRY(drain(c)); /* the started ones first: their stages then stand in the same order everywhere */
     LOOM_TRY(loom_comm_reduce_scatter(h->intra, x, x, chunk, k->type, LOOM_SUM)); /* my slice at x */
     LOOM_TRY(loom_comm_allreduce(h->inter, x, chunk, k->type, LOOM_SUM));
     if (mine != x) memmove(mine, x, chunk * esz);
@@ -154,56 +73,25 @@ static loom_status hier_run(loom_comm *c, const loom_comm_call *k) {
 static loom_status hier_start(loom_comm *c, const loom_comm_call *k, void *req) {
     hier *h = c->impl;
     hier_req *r = req;
-    memset(r, 0, sizeof *r);
-    r->hierarchical = is_hier_allreduce(c, k);
-    if (!r->hierarchical) return h->flat->ops->start(h->flat, k, r->flat_req);
-    const size_t L = (size_t)h->intra->size, esz = loom_dtype_size(k->type);
-    r->x = k->recv;
-    r->chunk = k->count / L;
-    r->type = k->type;
-    const size_t rem = k->count % L;
-    if (rem) { /* the tail on the flat group, now, in the caller's order */
-        loom_comm_call tail = *k;
-        tail.send = tail.recv = r->x + L * r->chunk * esz;
-        tail.count = rem;
-        LOOM_TRY(h->flat->ops->run(h->flat, &tail));
-    }
-    LOOM_TRY(start_stage(h, r, ST_SCATTER));
-    if (h->tail) h->tail->next = r;
-    else h->head = r;
-    h->tail = r;
-    return LOOM_OK;
+    r->ran = is_hier_allreduce(c, k);
+    if (r->ran) return hier_allreduce(c, k);
+    return h->flat->ops->start(h->flat, k, r->flat_req);
 }
 
 static loom_status hier_wait(loom_comm *c, void *req) {
     hier *h = c->impl;
     hier_req *r = req;
-    if (!r->hierarchical) return h->flat->ops->wait(h->flat, r->flat_req);
-    for (;;) {
-        LOOM_TRY(advance(h));
-        if (r->stage == ST_DONE && !r->cur) break;
-        /* block on the oldest request with a stage in flight: it holds up the rest */
-        hier_req *q = h->head;
-        while (q && !q->cur) q = q->next;
-        if (!q)
-            return loom_fail(LOOM_EINTERNAL, "rank %d: group %s: a hierarchical all-reduce waits on nothing",
-                             c->world_rank, c->name);
-        loom_status st = loom_comm_wait(q->cur);
-        q->cur = NULL;
-        LOOM_TRY(st);
-    }
-    unlink_req(h, r);
-    return LOOM_OK;
+    return r->ran ? LOOM_OK : h->flat->ops->wait(h->flat, r->flat_req);
 }
 
 static loom_status hier_test(loom_comm *c, void *req, int *done) {
     hier *h = c->impl;
     hier_req *r = req;
-    if (!r->hierarchical) return h->flat->ops->test(h->flat, r->flat_req, done);
-    loom_status st = advance(h);
-    *done = st != LOOM_OK || (r->stage == ST_DONE && !r->cur);
-    if (*done) unlink_req(h, r);
-    return st;
+    if (r->ran) {
+        *done = 1;
+        return LOOM_OK;
+    }
+    return h->flat->ops->test(h->flat, r->flat_req, done);
 }
 
 static loom_status hier_split(loom_comm *parent, int color, int key, const char *name, loom_comm **out) {
@@ -216,7 +104,6 @@ static void hier_free(loom_comm *c) {
     if (!h) return;
     loom_comm_free(h->intra);
     loom_comm_free(h->inter);
-    loom_comm_free(h->gather);
     free(h);
     c->impl = NULL;
 }
@@ -277,8 +164,6 @@ loom_status loom_comm_wrap_hier(loom_comm *flat, loom_comm **out) {
     st = loom_comm_split(flat, me, flat->rank, name, &h->intra);
     snprintf(name, sizeof name, "%s.link", flat->name);
     if (st == LOOM_OK) st = loom_comm_split(flat, local, flat->rank, name, &h->inter);
-    snprintf(name, sizeof name, "%s.gather", flat->name);
-    if (st == LOOM_OK) st = loom_comm_split(flat, me, flat->rank, name, &h->gather);
     loom_comm *c = NULL;
     if (st == LOOM_OK)
         st = loom_comm_create(&hier_ops, h, sizeof(hier_req) + flat->req_size, &flat->mem, flat->rank,
@@ -286,7 +171,6 @@ loom_status loom_comm_wrap_hier(loom_comm *flat, loom_comm **out) {
     else {
         loom_comm_free(h->intra);
         loom_comm_free(h->inter);
-        loom_comm_free(h->gather);
         free(h);
     }
     if (st != LOOM_OK) return st;

@@ -74,6 +74,12 @@ def cluster(*args, check=True, env=None):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if check and p.returncode != 0:
         print("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
+        logs = "/run/loomc/slurm"  # what Slurm said, if it was started
+        for f in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+            if f.endswith(".log"):
+                with open(os.path.join(logs, f)) as fh:
+                    print("--- %s (last lines)\n%s" % (f, "".join(fh.readlines()[-15:])))
+        cluster("down", check=False)
         raise SystemExit(1)
     return p
 
