@@ -73,7 +73,9 @@ def cluster(*args, check=True, env=None):
     cmd = [CLUSTER] + [str(a) for a in args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if check and p.returncode != 0:
-        print("command failed (%d): %s\n%s%s" % (p.returncode, " ".join(cmd), p.stdout, p.stderr))
+        # Open MPI's transport log (btl_base_verbose) would bury the cause: left out
+        out = [ln for ln in (p.stdout + p.stderr).splitlines() if not re.match(r"\[[\w.-]+:\d+\] (mca|btl)", ln)]
+        print("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), "\n".join(out[-80:])))
         logs = "/run/loomc/slurm"  # what Slurm said, if it was started
         for f in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
             if f.endswith(".log"):
