@@ -10,6 +10,9 @@
 #   clang + libclang-rt-14-dev (its sanitizer and libFuzzer runtimes; only
 #   recommended by clang, and recommends are not installed here): the fuzzers.
 #   clang-format (14): the check that the C sources follow .clang-format.
+#   iproute2 (ip, tc), slurmd + slurmctld + slurm-client (srun, sinfo) + munge:
+#   scripts/cluster, hosts emulated in network namespaces, with Slurm
+#   (docs/cluster.md); Debian's Slurm 22.05 has the PMIx plugin srun needs.
 #   oneMKL 2026.2 from PyPI (`mkl`, no dependencies: loom uses its sequential
 #   layer), into /usr/local/lib: the bf16 GEMM (cblas_gemm_bf16bf16f32) on
 #   CPUs with AVX512-BF16 or AMX-BF16; loom dlopens it, the build does not
@@ -21,7 +24,7 @@
 #   openai from PyPI: the serving tests use the official client.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium iproute2 util-linux slurmd slurmctld slurm-client munge"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -178,7 +178,8 @@ int cmd_train(int argc, char **argv) {
         {"ep", OPT_INT, &c.layout.ep, 0, "N",
          "expert-parallel degree for MoE models: experts split over N ranks inside dp x cp (default 1)"},
         {"mesh-order", OPT_STR, order, sizeof order, "AXES",
-         "mesh axes innermost first (default tp,cp,dp,pp)"},
+         "mesh axes innermost first (default tp,cp,dp,pp); ranks are numbered host by host "
+         "(LOOM_PLACEMENT=launcher: as launched), so the innermost axes stay inside a host"},
         {"threads", OPT_INT, &c.threads, 0, "N", "compute threads per rank; 0 = auto (default)"},
         CLI_DEVICE_OPT(device),
         {"peak-flops", OPT_DOUBLE, &c.peak_flops, 0, "X",

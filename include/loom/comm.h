@@ -55,7 +55,7 @@
  * Hang watchdog, on by default, for every implementation: a call (blocking,
  * or non-blocking from start to completion) in flight longer than
  * LOOM_COMM_TIMEOUT seconds (default 600; 0 turns it off) prints "rank R:
- * <op> on group <g> (call #N on that group) has not completed after S s"
+ * <op> on group <g> (call #N on that group) has not completed after S s ... on host H"
  * and aborts the job. N counts the calls started on that group on this
  * rank, from 1.
  * The watch thread also makes the starts of queued non-blocking MPI
@@ -137,9 +137,17 @@ extern const loom_comm_mem loom_comm_mem_host;
 
 /* Start the runtime (MPI_Init_thread, MULTIPLE requested; an already initialised MPI
  * is reused and then left for its owner to finalize) and return the world
- * group, a duplicate of MPI_COMM_WORLD named "world", on host memory. Safe to call outside
+ * group, MPI_COMM_WORLD's ranks named "world", on host memory. Safe to call outside
  * mpirun: the world is then one rank. Also tells log.h this process's rank.
- * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number. */
+ * The world's ranks are placed host by host: the ranks sharing a host (MPI's
+ * shared-memory split) are consecutive, hosts in the order of their lowest
+ * launcher rank, the launcher's order inside a host - on one host, or when
+ * the launcher already filled hosts in turn, the launcher's numbering itself.
+ * So the mesh's innermost axes (tp first by default) stay inside a host
+ * under any launcher mapping (docs/cluster.md). LOOM_PLACEMENT=launcher
+ * keeps the launcher's numbering.
+ * LOOM_EUSAGE if LOOM_COMM_TIMEOUT is set but not a number, or
+ * LOOM_PLACEMENT is neither host nor launcher. */
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world);
 /* The job size the launcher's environment gives this process (mpirun's,
  * Hydra's, PMIx's, Slurm's variables; comm_launch.c), 1 when none says more,
@@ -152,6 +160,14 @@ int loom_comm_launcher_ranks(char *why, size_t cap);
 /* The MPI library this process runs: "Open MPI v4.1.4 (MPI 3.1)". Local;
  * callable before loom_comm_init. */
 void loom_comm_library(char *buf, size_t cap);
+/* Where the world's ranks run, as loom_comm_init learnt it (before it: one
+ * host, launcher rank = rank): the number of hosts; for world rank r, its
+ * host's index (hosts numbered from 0 by their lowest launcher rank), its
+ * host's name (MPI_Get_processor_name) and its rank in MPI_COMM_WORLD. */
+int loom_comm_hosts(void);
+int loom_comm_host_of(int rank);
+const char *loom_comm_host_name(int rank);
+int loom_comm_launcher_rank(int rank);
 /* Free the world group (or a group wrapping it) and finalize the runtime
  * (if loom started it and no other world is live). */
 void loom_comm_finalize(loom_comm *world);
@@ -166,6 +182,17 @@ void loom_comm_finalize(loom_comm *world);
  * on failure the caller still does. LOOM_EUSAGE if host_group is not on host
  * memory. */
 loom_status loom_comm_wrap_staged(loom_comm *host_group, const loom_comm_mem *mem, loom_comm **out);
+
+/* A group over flat's ranks (an MPI group on host memory) whose sum
+ * all-reduce is host-aware: reduce-scatter among the members on this rank's
+ * host (subgroup "<name>.host"), all-reduce of this rank's slice across the
+ * hosts ("<name>.link"), all-gather on the host; blocking even when started
+ * (measured faster here than chaining non-blocking stages: docs/cluster.md).
+ * Every other op runs on flat. Collective over flat. *out is
+ * NULL (LOOM_OK) unless flat spans >= 2 hosts (loom_comm_host_of) holding
+ * the same number >= 2 of its members each. Does not own flat (free *out
+ * first); its calls count in flat's stats. */
+loom_status loom_comm_wrap_hier(loom_comm *flat, loom_comm **out);
 
 /* NCCL (defined in the CUDA backend's library, loom_cuda, only): a group over
  * the same ranks as `host_group` (an MPI group) whose ops run on the CUDA

@@ -76,7 +76,7 @@ typedef struct mpi_req {
 } mpi_req;
 
 /* Process-wide state of the runtime, not of any group. */
-static int g_world_rank = -1;                 /* rank in MPI_COMM_WORLD, for messages */
+static int g_world_rank = -1;                 /* rank in loom's world (placement below), for messages */
 static int g_launcher_ranks = 1;              /* what the launcher's environment said (comm_launch.c) */
 static char g_launcher_why[96];               /* and the variable that said it */
 static int g_started_mpi;                     /* we called MPI_Init_thread, so we finalize */
@@ -329,6 +329,97 @@ static const loom_comm_ops mpi_ops = {
     .free = mpi_free,
 };
 
+/* ---- placement: which ranks share a host ---------------------------------------- */
+
+/* One rank's place, as every rank learns it at start-up. */
+typedef struct rank_place {
+    int leader;   /* lowest launcher rank on this rank's host: the host's id */
+    int local;    /* rank among those sharing its host (launcher order) */
+    int launcher; /* rank in MPI_COMM_WORLD */
+    int host;     /* host index: hosts numbered by their leader, from 0 */
+    char name[64];
+} rank_place;
+
+static rank_place *g_place; /* indexed by loom world rank; NULL before loom_comm_init */
+static int g_place_n, g_hosts = 1;
+
+static int place_cmp(const void *a, const void *b) {
+    const rank_place *x = a, *y = b;
+    if (x->leader != y->leader) return x->leader < y->leader ? -1 : 1;
+    return x->local < y->local ? -1 : x->local > y->local;
+}
+
+static int launcher_cmp(const void *a, const void *b) {
+    const rank_place *x = a, *y = b;
+    return x->launcher < y->launcher ? -1 : x->launcher > y->launcher;
+}
+
+/* Learn every rank's host (MPI's shared-memory split: the ranks one host
+ * runs) and choose this rank's place in loom's world: host by host, hosts in
+ * the order of their lowest launcher rank, launcher order inside a host - so
+ * the mesh's innermost axes land inside a host whatever order the launcher
+ * numbered the ranks in (mpirun --map-by node, srun --distribution=cyclic).
+ * LOOM_PLACEMENT=launcher keeps the launcher's numbering. *key: this rank's
+ * place. Collective over MPI_COMM_WORLD. */
+static loom_status place_ranks(int launcher, int size, int *key) {
+    const char *mode = getenv("LOOM_PLACEMENT");
+    int by_host = 1;
+    if (mode && mode[0] && strcmp(mode, "host") != 0) {
+        if (strcmp(mode, "launcher") != 0)
+            return loom_fail(LOOM_EUSAGE, "LOOM_PLACEMENT=%s: expected host (default) or launcher", mode);
+        by_host = 0;
+    }
+    MPI_Comm node = MPI_COMM_NULL;
+    rank_place me = {.leader = launcher, .launcher = launcher};
+    int err = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, launcher, MPI_INFO_NULL, &node);
+    if (err == MPI_SUCCESS) err = MPI_Comm_rank(node, &me.local);
+    if (err == MPI_SUCCESS) err = MPI_Allreduce(MPI_IN_PLACE, &me.leader, 1, MPI_INT, MPI_MIN, node);
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    if (err != MPI_SUCCESS)
+        return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI's shared-memory split of the world failed (code %d)",
+                         launcher, err);
+    char name[MPI_MAX_PROCESSOR_NAME] = "";
+    int len = 0;
+    if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
+    snprintf(me.name, sizeof me.name, "%s", name);
+    rank_place *all = calloc((size_t)size, sizeof *all);
+    if (!all)
+        return loom_fail(LOOM_EOS, "rank %d: out of memory for the placement of %d ranks", launcher, size);
+    err = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+    if (err != MPI_SUCCESS) {
+        free(all);
+        return loom_fail(LOOM_EUNAVAIL, "rank %d: gathering the ranks' hosts failed (code %d)", launcher,
+                         err);
+    }
+    /* hosts numbered by their leader: sort by (leader, local) and count */
+    qsort(all, (size_t)size, sizeof *all, place_cmp);
+    int hosts = 0;
+    for (int r = 0; r < size; r++) {
+        if (r == 0 || all[r].leader != all[r - 1].leader) hosts++;
+        all[r].host = hosts - 1;
+    }
+    if (!by_host) qsort(all, (size_t)size, sizeof *all, launcher_cmp);
+    for (int r = 0; r < size; r++)
+        if (all[r].launcher == launcher) *key = r;
+    free(g_place);
+    g_place = all;
+    g_place_n = size;
+    g_hosts = hosts;
+    return LOOM_OK;
+}
+
+int loom_comm_hosts(void) { return g_hosts; }
+
+int loom_comm_host_of(int rank) { return g_place && rank >= 0 && rank < g_place_n ? g_place[rank].host : 0; }
+
+const char *loom_comm_host_name(int rank) {
+    return g_place && rank >= 0 && rank < g_place_n ? g_place[rank].name : "";
+}
+
+int loom_comm_launcher_rank(int rank) {
+    return g_place && rank >= 0 && rank < g_place_n ? g_place[rank].launcher : rank;
+}
+
 /* ---- the runtime -------------------------------------------------------------- */
 
 static void probe(void) {
@@ -357,6 +448,8 @@ static void watch_start(int thread_level) {
                               .abort = abort_job,
                               .probe_max_ns = WATCH_PROBE_MAX_NS,
                               .probe_p2p_ns = single_copy ? WATCH_PROBE_MAX_NS : WATCH_PROBE_P2P_NS};
+    if (g_place && g_world_rank >= 0 && g_world_rank < g_place_n)
+        snprintf(hooks.host, sizeof hooks.host, "%s", g_place[g_world_rank].name);
     loom_watch_start_thread(&hooks, progress);
     if (progress && !loom_watch_progress()) MPI_Comm_free(&g_probe_comm); /* no thread */
 }
@@ -458,14 +551,19 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     LOOM_TRY(start_runtime(argc, argv));
     if (g_bf16_sum == MPI_OP_NULL && MPI_Op_create(bf16_sum_op, 1, &g_bf16_sum) != MPI_SUCCESS)
         return loom_fail(LOOM_EUNAVAIL, "MPI_Op_create of the bf16 sum failed");
-    int world_size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+    int world_size = 1, launcher = 0, key = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &launcher);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    g_world_rank = launcher;
     LOOM_TRY(check_launcher(world_size));
     loom_log_set_rank(g_world_rank, world_size);
+    LOOM_TRY(place_ranks(launcher, world_size, &key));
     MPI_Comm dup = MPI_COMM_NULL;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
-        return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI_Comm_dup of the world failed", g_world_rank);
+    if (MPI_Comm_split(MPI_COMM_WORLD, 0, key, &dup) != MPI_SUCCESS)
+        return loom_fail(LOOM_EUNAVAIL, "rank %d: MPI_Comm_split of the world (placed by host) failed",
+                         launcher);
+    g_world_rank = key;
+    loom_log_set_rank(g_world_rank, world_size);
     LOOM_TRY(mpi_wrap(dup, &loom_comm_mem_host, "world", 1, world));
     if (g_live_worlds == 1) {
         int level = MPI_THREAD_SINGLE;

@@ -77,9 +77,9 @@ int loom_watch_progress(void) { return g_progress; }
 static void watchdog_fire(const loom_watch_node *n, double now) {
     fprintf(stderr,
             "loom: error: rank %d: %s on group %s (call #%llu on that group) has not completed "
-            "after %.0f s (LOOM_COMM_TIMEOUT=%g); aborting the job\n",
+            "after %.0f s (LOOM_COMM_TIMEOUT=%g)%s%s; aborting the job\n",
             g_hooks.world_rank, loom_comm_op_name(n->op), n->group, (unsigned long long)n->seq, now - n->t0,
-            g_timeout_s);
+            g_timeout_s, g_hooks.host[0] ? " on host " : "", g_hooks.host);
     fflush(stderr);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
     _Exit(LOOM_EUNAVAIL);

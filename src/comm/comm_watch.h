@@ -40,6 +40,7 @@ typedef struct loom_watch_start {
 /* What the thread calls into the implementation that started it. */
 typedef struct loom_watch_hooks {
     int world_rank;                  /* for the report */
+    char host[64];                   /* the rank's host, for the report ("" : not said) */
     void (*probe)(void);             /* drive the runtime's progress once (NULL: none) */
     void (*abort)(int code);         /* abort the job after the report (then _Exit) */
     long probe_max_ns, probe_p2p_ns; /* back-off limits: any request / one with send or recv */

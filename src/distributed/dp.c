@@ -495,6 +495,13 @@ loom_status loom_dp_engine_create(loom_gpt **parts, int n_parts, const loom_mesh
     const char *ov = getenv("LOOM_DP_OVERLAP");
     e->no_overlap = ov && strcmp(ov, "0") == 0;
     loom_status st = check_stage(e);
+    const char *ar = getenv("LOOM_DP_ALLREDUCE");
+    if (st == LOOM_OK && ar && ar[0] && strcmp(ar, "flat") != 0) {
+        if (strcmp(ar, "hier") != 0)
+            st = loom_fail(LOOM_EUSAGE, "LOOM_DP_ALLREDUCE=%s: expected flat (default) or hier", ar);
+        else st = loom_comm_wrap_hier(e->dp, &e->hier); /* NULL unless the group spans hosts evenly */
+        if (e->hier) e->dp = e->hier;
+    }
     const char *log = getenv("LOOM_DP_TIMINGS");
     if (st == LOOM_OK && log && log[0]) {
         char path[1100];
@@ -549,6 +556,7 @@ void loom_dp_engine_free(loom_dp_engine *e) {
         loom_dp_layout_free(p);
     }
     if (e->timing_log) fclose(e->timing_log);
+    loom_comm_free(e->hier);
     free(e->p);
     free(e);
 }

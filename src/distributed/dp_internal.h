@@ -116,7 +116,8 @@ struct loom_dp_engine {
     loom_adamw_hparams hp;
     const loom_mesh *mesh;
     loom_comm *dp;
-    int N, r; /* dp size and rank */
+    loom_comm *hier; /* LOOM_DP_ALLREDUCE=hier: the host-aware wrapper e->dp is (owned), else NULL */
+    int N, r;        /* dp size and rank */
     loom_gpt **parts;
     int n_parts;
     dp_part *p;

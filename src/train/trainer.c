@@ -162,6 +162,40 @@ static loom_status peak_rss(const loom_train_run_state *s, size_t *mine, size_t 
 
 /* loom's plan per lifetime class beside what the OS measured (rank 0's peak
  * and the largest over the ranks, after initialisation). */
+/* The hosts the ranks run on (loom_comm_init placed them host by host), one
+ * line a host: its ranks, and the launcher's numbers for them where they
+ * differ. Nothing on one host in the launcher's order. */
+static void report_hosts(int world_size) {
+    int moved = 0, consecutive = 1;
+    for (int r = 0; r < world_size; r++) {
+        moved |= loom_comm_launcher_rank(r) != r;
+        if (r > 0 && loom_comm_host_of(r) < loom_comm_host_of(r - 1)) consecutive = 0;
+    }
+    if (loom_comm_hosts() < 2 && !moved) return;
+    loom_info(
+        "hosts: %d (ranks that share memory, from MPI); %s", loom_comm_hosts(),
+        consecutive
+            ? "each holds consecutive ranks, so the innermost axes of the order above stay inside a host"
+            : "their ranks are not consecutive (LOOM_PLACEMENT=launcher): the innermost axes cross hosts");
+    if (world_size > 64) return;
+    for (int h = 0; h < loom_comm_hosts(); h++) {
+        char ranks[512] = "", launch[512] = "";
+        size_t a = 0, b = 0;
+        for (int r = 0; r < world_size; r++) {
+            if (loom_comm_host_of(r) != h) continue;
+            if (a < sizeof ranks) a += (size_t)snprintf(ranks + a, sizeof ranks - a, " %d", r);
+            if (b < sizeof launch)
+                b += (size_t)snprintf(launch + b, sizeof launch - b, " %d", loom_comm_launcher_rank(r));
+        }
+        for (int r = 0; r < world_size; r++)
+            if (loom_comm_host_of(r) == h) {
+                loom_info("  host %d %s: ranks%s%s%s%s", h, loom_comm_host_name(r), ranks,
+                          moved ? " (launcher ranks" : "", moved ? launch : "", moved ? ")" : "");
+                break;
+            }
+    }
+}
+
 static void report_memory(const loom_train_run_state *s, size_t rss0, size_t rss_max) {
     double mb = 1024.0 * 1024.0;
     loom_dp_memory mem;
@@ -456,6 +490,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         char table[8192];
         loom_mesh_format(&c->layout, s.mesh->world_size, table, sizeof table);
         loom_info("%s", table);
+        report_hosts(s.mesh->world_size);
         const loom_model_config *mc = &s.model_cfg;
         loom_info("model %s: %d layers, d_model %d, %d heads, vocab %d", mc->name, mc->n_layer, mc->n_embd,
                   mc->n_head, mc->vocab_size);
