@@ -32,8 +32,17 @@ static const char *closed_form_text(loom_sched_kind k) {
     case LOOM_SCHED_1F1B: return "(p-1)/(m+p-1)";
     case LOOM_SCHED_INTERLEAVED: return "(p-1)/(v*m+p-1)";
     case LOOM_SCHED_ZB: return "(p-1)x/(m(f+b+w)+(p-1)x), x=max(f,b,f+b-w)";
+    case LOOM_SCHED_ZBH2:
+    case LOOM_SCHED_ZBV:
+    case LOOM_SCHED_DUALPIPEV: return "list-scheduled (docs/pipeline.md)";
     default: return "?";
     }
+}
+
+/* Why a schedule has no closed-form bubble here. */
+static const char *no_closed_form(loom_sched_kind k) {
+    return k == LOOM_SCHED_ZBH2 || k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV ? "no closed form"
+                                                                                    : "none for m < pp";
 }
 
 /* Per-stage cost factors from a layer partition (--stage-layers, checked by
@@ -61,7 +70,7 @@ static void print_trace_costs(const sim_args *a, const loom_schedule *s, const l
         char w[32];
         if (s->split_backward) snprintf(w, sizeof w, "%.3f", t->mean[v].w);
         else snprintf(w, sizeof w, "-");
-        printf("  %-13d %4d %5d %10.3f %10.3f %10s\n", v, loom_pp_owner(s->pp, v), loom_pp_chunk(s->pp, v),
+        printf("  %-13d %4d %5d %10.3f %10.3f %10s\n", v, loom_pp_owner(s, v), loom_pp_chunk(s, v),
                t->mean[v].f, t->mean[v].b, w);
     }
     if (comm_given)
@@ -138,7 +147,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
                t->bubble);
         const double diff = fabs(t->bubble - r->bubble) < 5e-7 ? 0.0 : t->bubble - r->bubble; /* no "-0" */
         printf("diff      %+.6f (measured - simulated)\n", diff);
-        if (isnan(cf)) printf("closed    %s: none for m < pp\n", closed_form_text(s->kind));
+        if (isnan(cf)) printf("closed    %s: %s\n", closed_form_text(s->kind), no_closed_form(s->kind));
         else
             printf("closed    %.6f %s (uniform stages at the mean costs, no latency)\n", cf,
                    closed_form_text(s->kind));
@@ -147,7 +156,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
         const double cf = loom_sim_closed_form_bubble(s->kind, s->pp, s->micro_batches, s->virtual_stages, c);
         if (isnan(cf) || c->comm != 0 || counts || c->cores > 0)
             printf("closed    %s: %s\n", closed_form_text(s->kind),
-                   isnan(cf) ? "none for m < pp"
+                   isnan(cf) ? no_closed_form(s->kind)
                              : "applies only with --cost-comm 0, uniform stages and no --cores");
         else printf("closed    %.6f %s\n", cf, closed_form_text(s->kind));
     }
@@ -200,6 +209,7 @@ static loom_status run(sim_args *a) {
     LOOM_TRY(loom_layout_parse_stage_layers(a->stage_layers, &a->l));
     const loom_layout_model model = {.name = "--layers", .n_layer = a->layers};
     const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_SIM};
+    loom_layout_vshape_default(&a->l);
     LOOM_TRY(loom_layout_validate(&a->l, &model, &job));
     const loom_layout *l = &a->l;
     const int max_cols = a->max_cols != UNSET_COLS ? a->max_cols : a->from_trace[0] ? 120 : 400;
@@ -278,7 +288,8 @@ int cmd_sim(int argc, char **argv) {
     static cli_opt opts[] = {
         {"pp", OPT_INT, &a.l.pp, 0, "P", "pipeline stages (ranks) (default 4)"},
         {"micro-batches", OPT_INT, &a.l.micro_batches, 0, "M", "micro-batches per step (default 8)"},
-        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "gpipe, 1f1b, interleaved or zb (default 1f1b)"},
+        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME",
+         "gpipe, 1f1b, interleaved, zb, zbh2, zbv or dualpipev (default 1f1b)"},
         {"virtual-stages", OPT_INT, &a.l.virtual_stages, 0, "V",
          "chunks per rank, interleaved only (default 1)"},
         {"cost-f", OPT_DOUBLE, &a.costs.f, 0, "T", "forward of one chunk (default 1)"},
@@ -310,7 +321,7 @@ int cmd_sim(int argc, char **argv) {
     };
     static const cli_cmd cmd = {
         "sim",
-        "loom sim --pp P --micro-batches M --schedule gpipe|1f1b|interleaved|zb [--virtual-stages V]\n"
+        "loom sim --pp P --micro-batches M --schedule gpipe|1f1b|interleaved|zb|zbh2|zbv|dualpipev [--virtual-stages V]\n"
         "                [--cost-f T --cost-b T --cost-w T --cost-comm T | --from-trace DIR] [--trace FILE.json]",
         "Simulate a pipeline schedule: the per-rank action lists the pipeline executor runs,\n"
         "replayed with per-action costs. Prints the timeline (one column per time unit\n"

@@ -186,9 +186,13 @@ loom_status loom_layout_check_schedule(loom_sched_kind k, int pp, int m, int v) 
         return loom_fail(LOOM_EUSAGE, "--micro-batches %d: must be in 1..%d", m, LOOM_PP_MAX_MB);
     if (v < 1 || v > LOOM_PP_MAX_V)
         return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be in 1..%d", v, LOOM_PP_MAX_V);
-    if (v > 1 && k != LOOM_SCHED_INTERLEAVED)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: v > 1 only with interleaved (schedule %s)", v,
+    if (loom_schedule_vshape(k) && v != 2)
+        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: %s places exactly 2 chunks per rank (a V)", v,
                          loom_schedule_names[k]);
+    if (v > 1 && k != LOOM_SCHED_INTERLEAVED && !loom_schedule_vshape(k))
+        return loom_fail(LOOM_EUSAGE,
+                         "--virtual-stages %d: v > 1 only with interleaved, zbv or dualpipev (schedule %s)",
+                         v, loom_schedule_names[k]);
     if (k == LOOM_SCHED_INTERLEAVED && m % pp != 0)
         return loom_fail(LOOM_EUSAGE, "interleaved needs --micro-batches divisible by pp=%d, got %d", pp, m);
     if ((long long)pp * m * v > LOOM_PP_MAX_WORK)
@@ -233,9 +237,10 @@ static loom_status check_stage_layers(const loom_layout *l, int n_layer) {
 static loom_status check_recompute(const loom_layout *l) {
     if (l->recompute == LOOM_RECOMPUTE_FULL && loom_schedule_splits_backward(l->schedule))
         return loom_fail(LOOM_EUSAGE,
-                         "--recompute full with --schedule zb: refused (W would need the block's "
+                         "--recompute full with --schedule %s: refused (W would need the block's "
                          "activations after other blocks' recomputes); use --recompute selective "
-                         "or another schedule");
+                         "or a schedule that does not split the backward",
+                         loom_schedule_names[l->schedule]);
     return LOOM_OK;
 }
 

@@ -55,7 +55,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
                           .moe_route_cp = c->moe_route_cp};
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
-        int vs = loom_pp_vstage(pp, r, ch);
+        int vs = loom_pp_vstage(s->sched, r, ch);
         loom_model_part part = loom_model_part_whole(s->dev, mc);
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */

@@ -184,7 +184,7 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=70000", "--micro-batches 70000: must be in 1..65536"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=65,schedule=interleaved", "--virtual-stages 65: must be in 1..64"},
     {TRAIN, &TINY4, 2, 8, 32, NULL, "pp=2,v=2",
-     "--virtual-stages 2: v > 1 only with interleaved (schedule 1f1b)"},
+     "--virtual-stages 2: v > 1 only with interleaved, zbv or dualpipev (schedule 1f1b)"},
     {TRAIN, &TINY4, 2, 6, 32, NULL, "pp=2,v=2,schedule=interleaved,m=3",
      "interleaved needs --micro-batches divisible by pp=2, got 3"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=2,schedule=interleaved",

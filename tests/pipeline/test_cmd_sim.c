@@ -85,9 +85,10 @@ int main(void) {
     expect_usage(
         "interleaved needs --micro-batches divisible by pp=4, got 6",
         sim("--pp", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2", NULL));
-    expect_usage("v > 1 only with interleaved (schedule 1f1b)",
+    expect_usage("v > 1 only with interleaved, zbv or dualpipev (schedule 1f1b)",
                  sim("--schedule", "1f1b", "--virtual-stages", "2", NULL));
-    expect_usage("--schedule zb2: expected gpipe, 1f1b, interleaved or zb", sim("--schedule", "zb2", NULL));
+    expect_usage("--schedule zb2: expected gpipe, 1f1b, interleaved, zb, zbh2, zbv or dualpipev",
+                 sim("--schedule", "zb2", NULL));
     expect_usage("--pp 0: must be in 1..1024", sim("--pp", "0", NULL));
     expect_usage("--cost-b -2: must be a finite number >= 0", sim("--cost-b", "-2", NULL));
     expect_usage("--cost-head -1: must be a finite number >= 0",
