@@ -109,7 +109,8 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
         printf("costs: f=%g b=%g w=%g (%s) comm=%g opt=%g\n", c->f, c->b, c->w,
                s->split_backward ? "B and W separate" : "full backward b+w", c->comm, c->opt);
     if (a->l.recompute == LOOM_RECOMPUTE_FULL)
-        printf("recompute: full - each backward re-runs its chunk's forward first (b includes f)\n");
+        printf("recompute: full - each backward re-runs its chunk's forward first (b includes f%s)\n",
+               loom_schedule_splits_backward(a->l.schedule) ? "; W re-runs it too, w includes f" : "");
     if (counts) {
         printf("layers per virtual stage (%d layers, embedding %g, head %g):", a->layers, a->cost_embed,
                a->cost_head);
@@ -188,20 +189,24 @@ static loom_status check_trace_flags(const sim_args *a) {
 }
 
 /* --recompute full: as loom train runs it, every backward of a chunk first
- * re-runs the chunk's forward from its input (B costs b + f); the embedding and
- * the LM head are never recomputed, so next to a block they weigh less by
- * (f+b+w)/(2f+b+w) when the partitioner splits the layers. selective adds
- * nothing (loom's attention backward recomputes its probabilities in any
- * mode). zb is refused by the validator, as loom train refuses it. */
+ * re-runs the chunk's forward from its input (B costs b + f); in the
+ * schedules that split the backward, W re-runs it once more (w + f: B's
+ * recomputed set went to the blocks before it). The embedding and the LM
+ * head are never recomputed, so next to a block they weigh less by
+ * (f+b+w)/(2f+b+w) (split: /(3f+b+w)) when the partitioner splits the
+ * layers. selective adds nothing (loom's attention backward recomputes its
+ * probabilities in any mode). */
 static void apply_recompute(sim_args *a) {
     if (a->l.recompute != LOOM_RECOMPUTE_FULL) return; /* with --from-trace: refused by check_trace_flags */
     loom_sim_costs *c = &a->costs;
-    const double plain = c->f + c->b + c->w, longer = 2 * c->f + c->b + c->w;
+    const int split = loom_schedule_splits_backward(a->l.schedule);
+    const double plain = c->f + c->b + c->w, longer = (split ? 3 : 2) * c->f + c->b + c->w;
     if (longer > 0) {
         a->cost_embed *= plain / longer;
         a->cost_head *= plain / longer;
     }
     c->b += c->f;
+    if (split) c->w += c->f;
 }
 
 static loom_status run(sim_args *a) {
@@ -337,9 +342,9 @@ int cmd_sim(int argc, char **argv) {
         "\n"
         "--recompute full charges what loom train --recompute full does: each\n"
         "backward first re-runs its chunk's forward (b + f), the embedding and head\n"
-        "are not recomputed (so they weigh less against a block in the split), and\n"
-        "zb is refused. selective changes nothing (the attention backward always\n"
-        "recomputes its probabilities).\n"
+        "are not recomputed (so they weigh less against a block in the split); in the\n"
+        "schedules that split the backward W re-runs it once more (w + f). selective\n"
+        "changes nothing (the attention backward always recomputes its probabilities).\n"
         "\n"
         "--from-trace DIR replays the same schedule with costs measured by\n"
         "`loom train --trace DIR` (give the run's --schedule, --pp, --micro-batches and\n"

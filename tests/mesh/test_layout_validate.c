@@ -195,9 +195,8 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,accum=2", "--grad-accum 2 with a pipeline: use --micro-batches"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=3",
      "--micro-batches 3 does not divide the 8 sequences per DP rank (--batch 8 / dp=1)"},
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=0", NULL}, /* micro-batches 0: pp */
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=full",
-     "--recompute full with --schedule zb: refused"},
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=0", NULL},                        /* micro-batches 0: pp */
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=full", NULL}, /* W recomputes too */
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=selective", NULL},
     /* inference */
     {INFER, &TINY, 8, 0, 0, NULL, "dp=2,tp=2,pp=2", NULL},
@@ -247,8 +246,7 @@ static const row ROWS[] = {
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=8,schedule=zb", NULL},
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=0", "--micro-batches 0: must be in 1..65536"},
     {SIM, NULL, 0, 0, 0, NULL, "pp=0,m=8", "--pp 0: must be in 1..1024"},
-    {SIM, NULL, 0, 0, 0, NULL, "pp=1,m=3,schedule=zb,recompute=full",
-     "--recompute full with --schedule zb: refused"},
+    {SIM, NULL, 0, 0, 0, NULL, "pp=2,m=3,v=2,schedule=zbv,recompute=full", NULL},
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=8,stages=2.2.2.2", "--stage-layers needs --layers N"},
     {SIM, &TINY4, 0, 0, 0, NULL, "pp=4,m=8,v=2,schedule=interleaved",
      "8 virtual stages but the model has 4 layers"},
