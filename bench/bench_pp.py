@@ -8,7 +8,9 @@ usage: bench/bench_pp.py [--loom build/loom] [--steps N] [--micro-batches M]
                          [--pp P] [--runs R] [--predict]
 
 --runs R runs each schedule R times and adds a table of the measured
-bubble's median and range per schedule. --predict first runs zb once as a
+bubble's median and range per schedule, with each pipeline rank's idle time
+(the JSONL's "pp_idle_ms": the longest rank span less that rank's F/B/W
+time, from the executor's timestamps; median over steps and runs). --predict first runs zb once as a
 calibration and, before each run, asks loom sim for that schedule's bubble
 at the calibration's measured per-stage F, B, W (divided by 2 for the
 two-chunk zbv and dualpipev) and message latency: a prediction made before
@@ -128,6 +130,8 @@ def bench_row(a, sched, v, base, env, tmp, calib=None, rep=0):
         "tokens_per_s": median_after_warmup([m["tokens_per_s"] for m in steps]),
         "step_ms": median_after_warmup([m["step_ms"] for m in steps]),
         "peak_live": max(m["pp_peak_live"] for m in steps),
+        "idle_ms": [median_after_warmup([m["pp_idle_ms"][r] for m in steps]) for r in range(a.pp)]
+        if all("pp_idle_ms" in m for m in steps) else [],
         "bubbles": [m["pp_bubble"] for m in steps],
         "late_messages": "warning:" in out,
         "cmd": " ".join(cmd),
@@ -211,6 +215,9 @@ def main():
             if pred:
                 line += "  predicted %.4f  |diff| %.4f" % (
                     statistics.median(pred), statistics.median(abs(r["measured"] - r["predicted"]) for r in rows))
+            idle = [statistics.median(r["idle_ms"][q] for r in rows) for q in range(a.pp) if rows[0]["idle_ms"]]
+            if idle:
+                line += "  idle ms per rank " + " ".join("%.1f" % x for x in idle)
             print(line)
     print("commands (per schedule%s):" % ("" if a.keep else "; the data, config and trace paths are temporary"))
     for r in results:

@@ -8,7 +8,9 @@ dp = 2 with ZeRO 1 and 2, and zbv with dp=2 x tp=2 x pp=2.
 
 The executor's own count of live activation sets on rank 0 is checked
 against the schedule's peak (loom sim's "peak live"): 2p-1 for zbh2 and at
-most 2p chunk sets for zbv once m >= p."""
+most 2p chunk sets for zbv once m >= p. Each pipeline rank's idle and
+waiting time in the metrics (pp_idle_ms, pp_wait_ms): one per rank, the
+waits within the idle time."""
 import os
 import re
 import sys
@@ -36,7 +38,13 @@ def main():
                     label = "pp=%d %s m=%d" % (pp, sched, m)
                     run = train(label, pp, ["--pp", pp, "--schedule", sched, "--micro-batches", m])
                     lt.compare_runs(ref[0], ref[1], run[0], run[1], label)
-                    peak = lt.read_metrics(run[0])[-1]["pp_peak_live"]
+                    last = lt.read_metrics(run[0])[-1]
+                    idle, wait = last.get("pp_idle_ms", []), last.get("pp_wait_ms", [])
+                    # per pipeline rank from the executor's timestamps: a rank's waits
+                    # lie inside its idle time (the longest span less its compute)
+                    lt.check(len(idle) == len(wait) == pp and all(w <= i + 1e-3 and w >= 0 for i, w in zip(idle, wait)),
+                             "%s: pp_idle_ms %s, pp_wait_ms %s" % (label, idle, wait))
+                    peak = last["pp_peak_live"]
                     want = sim_peak(sched, pp, m)
                     lt.check(peak == want, "%s: rank 0 held %d activation sets, loom sim says %d" % (label, peak, want))
                     if sched == "zbh2":
