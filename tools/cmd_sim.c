@@ -333,7 +333,8 @@ int cmd_sim(int argc, char **argv) {
         "for uniform costs), per-stage busy time and peak live activations, the bubble\n"
         "fraction 1 - busy/(pp x makespan) and the closed-form bubble.",
         "A backward costs b+w in schedules that do not split it (gpipe, 1f1b,\n"
-        "interleaved) and b, then w as a separate W pass, in zb; the defaults f=b=w=1\n"
+        "interleaved) and b, then w as a separate W pass, in zb, zbh2, zbv and dualpipev\n"
+        "(zbv and dualpipev: per chunk, half a rank's layers); the defaults f=b=w=1\n"
         "are the classic F=1, B=2. Stages are uniform unless --layers is given, which\n"
         "splits the layers with the partitioner (or --stage-layers) and scales each\n"
         "stage's f, b, w by its cost relative to the mean. --cores C replays ranks that\n"

@@ -130,7 +130,7 @@ int cmd_train(int argc, char **argv) {
         {"comm-precision", OPT_ENUM, &e_comm_precision, 0, "P",
          "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
         {"recompute", OPT_ENUM, &e_recompute, 0, "MODE",
-         "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb, zbh2, zbv, dualpipev) (default none)"},
+         "activation recompute: none, selective (attention probabilities), full (each block from its input; with zb, zbh2, zbv, dualpipev W recomputes it once more) (default none)"},
         {"micro-batches", OPT_INT, &c.layout.micro_batches, 0, "M",
          "pipeline micro-batches per step per DP rank (default: pp)"},
         {"virtual-stages", OPT_INT, &c.layout.virtual_stages, 0, "V",
