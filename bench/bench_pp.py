@@ -1,10 +1,23 @@
 #!/usr/bin/python3
-"""Pipeline parallelism on 2 ranks: the measured bubble of every schedule beside
-the simulator's prediction for the same run, and tokens/s.
+"""Pipeline parallelism on 2 ranks (--pp P: P ranks): the measured bubble of
+every schedule beside the simulator's prediction for the same run, and tokens/s.
 
 usage: bench/bench_pp.py [--loom build/loom] [--steps N] [--micro-batches M]
                          [--layers L] [--embd H] [--heads A] [--seq T] [--batch B]
                          [--schedules gpipe,1f1b,interleaved,zb] [--no-cma] [--json FILE] [--keep DIR]
+                         [--pp P] [--runs R] [--predict]
+
+--runs R runs each schedule R times and adds a table of the measured
+bubble's median and range per schedule, with each pipeline rank's idle time
+(the JSONL's "pp_idle_ms": the longest rank span less that rank's F/B/W
+time, from the executor's timestamps; median over steps and runs). --predict first runs zb once as a
+calibration and, before each run, asks loom sim for that schedule's bubble
+at the calibration's measured per-stage F, B, W (divided by 2 for the
+two-chunk zbv and dualpipev) and message latency: a prediction made before
+the run, printed beside the measurement. zbv, dualpipev and interleaved run
+with 2 virtual stages. Example (docs/pipeline.md):
+
+  bench/bench_pp.py --pp 4 --schedules 1f1b,zb,zbh2,zbv --runs 3 --predict
 
 For each schedule (interleaved with --virtual-stages 2) it runs, on 2 ranks with
 1 thread each (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 --threads 1):
@@ -59,21 +72,44 @@ TEXT = "/usr/share/common-licenses/GPL-3"
 TARGET = 0.05
 
 
-def sim_value(text, label):
-    """The number after `label` at the start of a line of loom sim's report."""
+def sim_value(text, label, optional=False):
+    """The number after `label` at the start of a line of loom sim's report
+    (NaN when optional and absent: the list-scheduled kinds have no closed form)."""
     m = re.search(r"^%s\s+([-+0-9.eE]+)" % re.escape(label), text, re.M)
+    if not m and optional:
+        return float("nan")
     if not m:
         raise BenchError("loom sim printed no '%s' line:\n%s" % (label, text))
     return float(m.group(1))
 
 
-def bench_row(a, sched, v, base, env, tmp):
-    flags = ["--pp", "2", "--schedule", sched, "--micro-batches", str(a.micro_batches)]
+def predict(a, flags, env, calib):
+    """loom sim's bubble for these flags before the run, at the per-stage
+    costs measured in an earlier run's traces (calib: a zb run, whose trace
+    splits B and W); None without one."""
+    if not calib:
+        return None
+    out = run([a.loom, "sim", "--pp", str(a.pp), "--schedule", "zb", "--micro-batches", str(a.micro_batches),
+               "--from-trace", calib], env).stdout
+    rows = re.findall(r"^\s+(\d+)\s+\d+\s+\d+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$", out, re.M)
+    comm = re.search(r"^\s+comm ([0-9.eE+-]+) ms", out, re.M)
+    if len(rows) != a.pp:
+        return None
+    f, b, w = (sum(float(r[i]) for r in rows) / len(rows) for i in (1, 2, 3))
+    v = 2 if "--virtual-stages" in flags else 1
+    sim = [a.loom, "sim"] + flags + ["--cost-f", "%.6f" % (f / v), "--cost-b", "%.6f" % (b / v),
+                                     "--cost-w", "%.6f" % (w / v), "--cost-comm", comm.group(1) if comm else "0"]
+    return sim_value(run(sim, env).stdout, "bubble")
+
+
+def bench_row(a, sched, v, base, env, tmp, calib=None, rep=0):
+    flags = ["--pp", str(a.pp), "--schedule", sched, "--micro-batches", str(a.micro_batches)]
     if v > 1:
         flags += ["--virtual-stages", str(v)]
-    trace = os.path.join(tmp, "trace_" + sched)
-    metrics = os.path.join(tmp, "m_%s.jsonl" % sched)
-    cmd = [LOOM_RUN, "-np", "2", a.loom, "train"] + base + flags + ["--trace", trace, "--metrics", metrics]
+    predicted = predict(a, flags, env, calib)
+    trace = os.path.join(tmp, "trace_%s_%d" % (sched, rep))
+    metrics = os.path.join(tmp, "m_%s_%d.jsonl" % (sched, rep))
+    cmd = [LOOM_RUN, "-np", str(a.pp), a.loom, "train"] + base + flags + ["--trace", trace, "--metrics", metrics]
     run(cmd, env)
     with open(metrics) as f:
         steps = [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]
@@ -83,15 +119,19 @@ def bench_row(a, sched, v, base, env, tmp):
     simulated = sim_value(out, "bubble")
     return {
         "schedule": sched + (" v=%d" % v if v > 1 else ""),
+        "predicted": predicted,
+        "trace": trace,
         "measured": measured,
         "simulated": simulated,
         "diff": abs(measured - simulated),
         "traced": sim_value(out, "measured"),
         "replayed": sim_value(out, "replayed"),
-        "closed": sim_value(out, "closed"),
+        "closed": sim_value(out, "closed", optional=True),
         "tokens_per_s": median_after_warmup([m["tokens_per_s"] for m in steps]),
         "step_ms": median_after_warmup([m["step_ms"] for m in steps]),
         "peak_live": max(m["pp_peak_live"] for m in steps),
+        "idle_ms": [median_after_warmup([m["pp_idle_ms"][r] for m in steps]) for r in range(a.pp)]
+        if all("pp_idle_ms" in m for m in steps) else [],
         "bubbles": [m["pp_bubble"] for m in steps],
         "late_messages": "warning:" in out,
         "cmd": " ".join(cmd),
@@ -110,6 +150,11 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--schedules", default="gpipe,1f1b,interleaved,zb")
+    ap.add_argument("--pp", type=int, default=2, help="pipeline ranks (default 2)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs per schedule; with more than 1, also a table of the median and range")
+    ap.add_argument("--predict", action="store_true",
+                    help="first a zb calibration run; before each run, loom sim's bubble at its measured costs")
     ap.add_argument("--no-cma", action="store_true",
                     help="keep loomrun's shared-memory transport (single copy 'none'): shows the progress problem")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
@@ -137,14 +182,17 @@ def main():
             base = ["--model", model, "--data", data, "--steps", str(a.steps), "--batch", str(a.batch),
                     "--seq", str(a.seq), "--seed", "1", "--threads", "1", "--peak-flops", "1e11",
                     "--no-progress", "--quiet"]
+            calib = bench_row(a, "zb", 1, base, env, tmp, rep=-1)["trace"] if a.predict else None
             for sched in a.schedules.split(","):
-                v = 2 if sched == "interleaved" else 1
-                results.append(bench_row(a, sched, v, base, env, tmp))
+                v = 2 if sched in ("interleaved", "zbv", "dualpipev") else 1
+                for rep in range(a.runs):
+                    results.append(bench_row(a, sched, v, base, env, tmp, calib, rep))
     except BenchError as e:
         print("bench_pp: %s" % e, file=sys.stderr)
         return 1
 
-    print("loom pipeline parallelism, pp=2 on 2 ranks, %s (%d cores)" % (cpu_model(), os.cpu_count() or 0))
+    print("loom pipeline parallelism, pp=%d on %d ranks, %s (%d cores)" % (a.pp, a.pp, cpu_model(),
+                                                                           os.cpu_count() or 0))
     print("model: %d layers, d_model %d, %d heads, vocab 256, seq %d, global batch %d, %d micro-batches; "
           "%d steps, median after %d warm-up; 1 thread per rank; vader single copy: %s"
           % (a.layers, a.embd, a.heads, a.seq, a.batch, a.micro_batches, a.steps, WARMUP, transport))
@@ -156,6 +204,21 @@ def main():
             r["schedule"], r["measured"], r["simulated"], r["diff"], "ok" if r["diff"] <= TARGET else "MISS",
             r["traced"], r["replayed"], r["closed"], r["tokens_per_s"], r["step_ms"], r["peak_live"],
             "  (late messages: see loom sim's warning)" if r["late_messages"] else ""))
+    if a.runs > 1 or a.predict:
+        print("per schedule over %d runs: measured bubble median [min, max], loom sim's prediction made "
+              "before the run (costs from a zb calibration run), median |measured - predicted|" % a.runs)
+        for name in dict.fromkeys(r["schedule"] for r in results):
+            rows = [r for r in results if r["schedule"] == name]
+            ms = sorted(r["measured"] for r in rows)
+            pred = [r["predicted"] for r in rows if r["predicted"] is not None]
+            line = "%-15s %.4f [%.4f, %.4f]" % (name, statistics.median(ms), ms[0], ms[-1])
+            if pred:
+                line += "  predicted %.4f  |diff| %.4f" % (
+                    statistics.median(pred), statistics.median(abs(r["measured"] - r["predicted"]) for r in rows))
+            idle = [statistics.median(r["idle_ms"][q] for r in rows) for q in range(a.pp) if rows[0]["idle_ms"]]
+            if idle:
+                line += "  idle ms per rank " + " ".join("%.1f" % x for x in idle)
+            print(line)
     print("commands (per schedule%s):" % ("" if a.keep else "; the data, config and trace paths are temporary"))
     for r in results:
         print("  " + r["cmd"])

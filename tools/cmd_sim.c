@@ -32,8 +32,17 @@ static const char *closed_form_text(loom_sched_kind k) {
     case LOOM_SCHED_1F1B: return "(p-1)/(m+p-1)";
     case LOOM_SCHED_INTERLEAVED: return "(p-1)/(v*m+p-1)";
     case LOOM_SCHED_ZB: return "(p-1)x/(m(f+b+w)+(p-1)x), x=max(f,b,f+b-w)";
+    case LOOM_SCHED_ZBH2:
+    case LOOM_SCHED_ZBV:
+    case LOOM_SCHED_DUALPIPEV: return "list-scheduled (docs/pipeline.md)";
     default: return "?";
     }
+}
+
+/* Why a schedule has no closed-form bubble here. */
+static const char *no_closed_form(loom_sched_kind k) {
+    return k == LOOM_SCHED_ZBH2 || k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV ? "no closed form"
+                                                                                    : "none for m < pp";
 }
 
 /* Per-stage cost factors from a layer partition (--stage-layers, checked by
@@ -61,7 +70,7 @@ static void print_trace_costs(const sim_args *a, const loom_schedule *s, const l
         char w[32];
         if (s->split_backward) snprintf(w, sizeof w, "%.3f", t->mean[v].w);
         else snprintf(w, sizeof w, "-");
-        printf("  %-13d %4d %5d %10.3f %10.3f %10s\n", v, loom_pp_owner(s->pp, v), loom_pp_chunk(s->pp, v),
+        printf("  %-13d %4d %5d %10.3f %10.3f %10s\n", v, loom_pp_owner(s, v), loom_pp_chunk(s, v),
                t->mean[v].f, t->mean[v].b, w);
     }
     if (comm_given)
@@ -100,7 +109,8 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
         printf("costs: f=%g b=%g w=%g (%s) comm=%g opt=%g\n", c->f, c->b, c->w,
                s->split_backward ? "B and W separate" : "full backward b+w", c->comm, c->opt);
     if (a->l.recompute == LOOM_RECOMPUTE_FULL)
-        printf("recompute: full - each backward re-runs its chunk's forward first (b includes f)\n");
+        printf("recompute: full - each backward re-runs its chunk's forward first (b includes f%s)\n",
+               loom_schedule_splits_backward(a->l.schedule) ? "; W re-runs it too, w includes f" : "");
     if (counts) {
         printf("layers per virtual stage (%d layers, embedding %g, head %g):", a->layers, a->cost_embed,
                a->cost_head);
@@ -138,7 +148,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
                t->bubble);
         const double diff = fabs(t->bubble - r->bubble) < 5e-7 ? 0.0 : t->bubble - r->bubble; /* no "-0" */
         printf("diff      %+.6f (measured - simulated)\n", diff);
-        if (isnan(cf)) printf("closed    %s: none for m < pp\n", closed_form_text(s->kind));
+        if (isnan(cf)) printf("closed    %s: %s\n", closed_form_text(s->kind), no_closed_form(s->kind));
         else
             printf("closed    %.6f %s (uniform stages at the mean costs, no latency)\n", cf,
                    closed_form_text(s->kind));
@@ -147,7 +157,7 @@ static void print_report(const sim_args *a, const loom_schedule *s, const loom_s
         const double cf = loom_sim_closed_form_bubble(s->kind, s->pp, s->micro_batches, s->virtual_stages, c);
         if (isnan(cf) || c->comm != 0 || counts || c->cores > 0)
             printf("closed    %s: %s\n", closed_form_text(s->kind),
-                   isnan(cf) ? "none for m < pp"
+                   isnan(cf) ? no_closed_form(s->kind)
                              : "applies only with --cost-comm 0, uniform stages and no --cores");
         else printf("closed    %.6f %s\n", cf, closed_form_text(s->kind));
     }
@@ -179,20 +189,24 @@ static loom_status check_trace_flags(const sim_args *a) {
 }
 
 /* --recompute full: as loom train runs it, every backward of a chunk first
- * re-runs the chunk's forward from its input (B costs b + f); the embedding and
- * the LM head are never recomputed, so next to a block they weigh less by
- * (f+b+w)/(2f+b+w) when the partitioner splits the layers. selective adds
- * nothing (loom's attention backward recomputes its probabilities in any
- * mode). zb is refused by the validator, as loom train refuses it. */
+ * re-runs the chunk's forward from its input (B costs b + f); in the
+ * schedules that split the backward, W re-runs it once more (w + f: B's
+ * recomputed set went to the blocks before it). The embedding and the LM
+ * head are never recomputed, so next to a block they weigh less by
+ * (f+b+w)/(2f+b+w) (split: /(3f+b+w)) when the partitioner splits the
+ * layers. selective adds nothing (loom's attention backward recomputes its
+ * probabilities in any mode). */
 static void apply_recompute(sim_args *a) {
     if (a->l.recompute != LOOM_RECOMPUTE_FULL) return; /* with --from-trace: refused by check_trace_flags */
     loom_sim_costs *c = &a->costs;
-    const double plain = c->f + c->b + c->w, longer = 2 * c->f + c->b + c->w;
+    const int split = loom_schedule_splits_backward(a->l.schedule);
+    const double plain = c->f + c->b + c->w, longer = (split ? 3 : 2) * c->f + c->b + c->w;
     if (longer > 0) {
         a->cost_embed *= plain / longer;
         a->cost_head *= plain / longer;
     }
     c->b += c->f;
+    if (split) c->w += c->f;
 }
 
 static loom_status run(sim_args *a) {
@@ -200,6 +214,7 @@ static loom_status run(sim_args *a) {
     LOOM_TRY(loom_layout_parse_stage_layers(a->stage_layers, &a->l));
     const loom_layout_model model = {.name = "--layers", .n_layer = a->layers};
     const loom_layout_job job = {.purpose = LOOM_LAYOUT_FOR_SIM};
+    loom_layout_vshape_default(&a->l);
     LOOM_TRY(loom_layout_validate(&a->l, &model, &job));
     const loom_layout *l = &a->l;
     const int max_cols = a->max_cols != UNSET_COLS ? a->max_cols : a->from_trace[0] ? 120 : 400;
@@ -278,7 +293,8 @@ int cmd_sim(int argc, char **argv) {
     static cli_opt opts[] = {
         {"pp", OPT_INT, &a.l.pp, 0, "P", "pipeline stages (ranks) (default 4)"},
         {"micro-batches", OPT_INT, &a.l.micro_batches, 0, "M", "micro-batches per step (default 8)"},
-        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME", "gpipe, 1f1b, interleaved or zb (default 1f1b)"},
+        {"schedule", OPT_ENUM, &e_schedule, 0, "NAME",
+         "gpipe, 1f1b, interleaved, zb, zbh2, zbv or dualpipev (default 1f1b)"},
         {"virtual-stages", OPT_INT, &a.l.virtual_stages, 0, "V",
          "chunks per rank, interleaved only (default 1)"},
         {"cost-f", OPT_DOUBLE, &a.costs.f, 0, "T", "forward of one chunk (default 1)"},
@@ -310,14 +326,15 @@ int cmd_sim(int argc, char **argv) {
     };
     static const cli_cmd cmd = {
         "sim",
-        "loom sim --pp P --micro-batches M --schedule gpipe|1f1b|interleaved|zb [--virtual-stages V]\n"
+        "loom sim --pp P --micro-batches M --schedule gpipe|1f1b|interleaved|zb|zbh2|zbv|dualpipev [--virtual-stages V]\n"
         "                [--cost-f T --cost-b T --cost-w T --cost-comm T | --from-trace DIR] [--trace FILE.json]",
         "Simulate a pipeline schedule: the per-rank action lists the pipeline executor runs,\n"
         "replayed with per-action costs. Prints the timeline (one column per time unit\n"
         "for uniform costs), per-stage busy time and peak live activations, the bubble\n"
         "fraction 1 - busy/(pp x makespan) and the closed-form bubble.",
         "A backward costs b+w in schedules that do not split it (gpipe, 1f1b,\n"
-        "interleaved) and b, then w as a separate W pass, in zb; the defaults f=b=w=1\n"
+        "interleaved) and b, then w as a separate W pass, in zb, zbh2, zbv and dualpipev\n"
+        "(zbv and dualpipev: per chunk, half a rank's layers); the defaults f=b=w=1\n"
         "are the classic F=1, B=2. Stages are uniform unless --layers is given, which\n"
         "splits the layers with the partitioner (or --stage-layers) and scales each\n"
         "stage's f, b, w by its cost relative to the mean. --cores C replays ranks that\n"
@@ -326,9 +343,9 @@ int cmd_sim(int argc, char **argv) {
         "\n"
         "--recompute full charges what loom train --recompute full does: each\n"
         "backward first re-runs its chunk's forward (b + f), the embedding and head\n"
-        "are not recomputed (so they weigh less against a block in the split), and\n"
-        "zb is refused. selective changes nothing (the attention backward always\n"
-        "recomputes its probabilities).\n"
+        "are not recomputed (so they weigh less against a block in the split); in the\n"
+        "schedules that split the backward W re-runs it once more (w + f). selective\n"
+        "changes nothing (the attention backward always recomputes its probabilities).\n"
         "\n"
         "--from-trace DIR replays the same schedule with costs measured by\n"
         "`loom train --trace DIR` (give the run's --schedule, --pp, --micro-batches and\n"

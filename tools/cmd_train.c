@@ -150,17 +150,17 @@ int cmd_train(int argc, char **argv) {
          "Megatron sequence parallelism inside the TP group (needs --tp > 1)"},
         {"pp", OPT_INT, &c.layout.pp, 0, "N", "pipeline-parallel degree (default 1)"},
         {"schedule", OPT_ENUM, &e_schedule, 0, "NAME",
-         "pipeline schedule: gpipe, 1f1b, interleaved, zb (default 1f1b)"},
+         "pipeline schedule: gpipe, 1f1b, interleaved, zb (ZB-H1), zbh2 (ZB-H2), zbv (ZB-V), dualpipev (DeepSeek DualPipeV) (default 1f1b)"},
         {"precision", OPT_ENUM, &e_precision, 0, "P",
          "GEMM precision: fp32, or bf16 mixed (bf16 operands, fp32 accumulation, fp32 master weights, optimizer and reductions) (default fp32)"},
         {"comm-precision", OPT_ENUM, &e_comm_precision, 0, "P",
          "communication of gradients and activations: fp32, or bf16 - the dp x cp gradient reductions (zero 0 all-reduce, zero 1-3 reduce-scatters) and the TP/SP activation collectives sent as bf16, half their bytes; every partial sum is rounded to bf16, so the error grows with the group size; needs --precision bf16 and dp, cp or tp > 1; parameter gathers, the gradient norm, softmax statistics, PP, CP and EP traffic stay fp32 (default fp32)"},
         {"recompute", OPT_ENUM, &e_recompute, 0, "MODE",
-         "activation recompute: none, selective (attention probabilities), full (each block from its input; not with zb) (default none)"},
+         "activation recompute: none, selective (attention probabilities), full (each block from its input; with zb, zbh2, zbv, dualpipev W recomputes it once more) (default none)"},
         {"micro-batches", OPT_INT, &c.layout.micro_batches, 0, "M",
          "pipeline micro-batches per step per DP rank (default: pp)"},
         {"virtual-stages", OPT_INT, &c.layout.virtual_stages, 0, "V",
-         "model chunks per pipeline rank, for interleaved (default 1)"},
+         "model chunks per pipeline rank, for interleaved (default 1; zbv and dualpipev: 2, their V)"},
         {"stage-layers", OPT_STR, stage_layers, sizeof stage_layers, "LIST",
          "blocks per virtual stage, e.g. 3,3,2,2 (default: balanced by cost)"},
         {"trace", OPT_STR, c.trace, sizeof c.trace, "DIR",
@@ -236,6 +236,7 @@ int cmd_train(int argc, char **argv) {
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
     if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
     if (st == LOOM_OK) st = parse_trace_steps(trace_steps, &c);
+    loom_layout_vshape_default(&c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
     if (st == LOOM_OK)
         st = cli_device_create(device, c.threads, loom_comm_size(world),

@@ -42,6 +42,9 @@ typedef enum loom_sched_kind {
     LOOM_SCHED_1F1B,
     LOOM_SCHED_INTERLEAVED,
     LOOM_SCHED_ZB,
+    LOOM_SCHED_ZBH2,
+    LOOM_SCHED_ZBV,
+    LOOM_SCHED_DUALPIPEV,
     LOOM_SCHED_COUNT
 } loom_sched_kind;
 
@@ -62,17 +65,22 @@ typedef enum { LOOM_PRECISION_FP32, LOOM_PRECISION_BF16, LOOM_PRECISION_COUNT } 
  * CLI accepts and what logs and files print. */
 extern const char *const loom_axis_names[];      /* tp cp dp pp */
 extern const char *const loom_cp_impl_names[];   /* ring ulysses */
-extern const char *const loom_schedule_names[];  /* gpipe 1f1b interleaved zb */
+extern const char *const loom_schedule_names[];  /* gpipe 1f1b interleaved zb zbh2 zbv dualpipev */
 extern const char *const loom_recompute_names[]; /* none selective full */
 extern const char *const loom_precision_names[]; /* fp32 bf16 */
 
 const char *loom_axis_name(loom_axis a);           /* "tp", ...; "?" out of range */
 const char *loom_cp_impl_name(loom_cp_impl impl);  /* "ring", "ulysses" */
 const char *loom_schedule_name(loom_sched_kind k); /* "gpipe", ...; "?" out of range */
-/* Name -> kind; LOOM_EUSAGE "unknown schedule 'x' (gpipe, 1f1b, interleaved, zb)". */
+/* Name -> kind; LOOM_EUSAGE "unknown schedule 'x' (gpipe, 1f1b, interleaved, zb, zbh2, zbv,
+ * dualpipev)". */
 loom_status loom_schedule_parse(const char *name, loom_sched_kind *out);
-/* 1 if the schedule splits B and W (zb). */
+/* 1 if the schedule splits B and W (zb, zbh2, zbv, dualpipev). */
 int loom_schedule_splits_backward(loom_sched_kind k);
+/* 1 if the schedule places its two chunks per rank in a V (zbv, dualpipev):
+ * chunk 0 runs down the ranks, chunk 1 back up, so rank 0 holds the first
+ * and the last virtual stage (pipeline.h, loom_pp_vstage). */
+int loom_schedule_vshape(loom_sched_kind k);
 
 /* Limits that keep every schedule list small and every tag an int. */
 #define LOOM_PP_MAX_PP 1024
@@ -107,6 +115,9 @@ typedef struct loom_layout {
  * stage, micro-batches = pp, no accumulation, balanced stages, no
  * recompute, fp32 compute and communication. */
 void loom_layout_default(loom_layout *l);
+/* The CLI's default for a V schedule (zbv, dualpipev) given without
+ * --virtual-stages: 2 chunks per rank (v 1 -> 2); other layouts unchanged. */
+void loom_layout_vshape_default(loom_layout *l);
 /* Degree of an axis. */
 int loom_layout_degree(const loom_layout *l, loom_axis a);
 /* Parse "tp,cp,dp,pp" (each axis exactly once) into l->order. LOOM_EUSAGE on error. */

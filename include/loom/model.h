@@ -210,7 +210,9 @@ typedef struct loom_gpt_opts {
     int external_params, external_grads;
     /* Activation recompute (LOOM_RECOMPUTE_*): FULL keeps only each block's
      * output (the next block's input) and recomputes the block's forward in
-     * backward; SELECTIVE keeps everything but the attention probabilities
+     * backward (with split_backward: in B and again in W, which needs the
+     * block's activations after other blocks' recomputes took the one work
+     * set); SELECTIVE keeps everything but the attention probabilities
      * (B,NH_l,T,T), recomputed from qkv just before attention's backward.
      * Recomputed values are bit-identical, so results do not change. */
     int recompute;

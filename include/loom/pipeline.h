@@ -8,7 +8,8 @@
  *
  * pp ranks, v chunks ("virtual stages") per rank, S = pp*v virtual stages.
  * Chunk c of rank r holds virtual stage s = c*pp + r (Megatron's interleaved
- * placement); the model's layers are split into S consecutive virtual stages,
+ * placement), or in the V schedules (zbv, dualpipev) c*pp + pp-1-r for odd c
+ * (loom_pp_vstage); the model's layers are split into S consecutive virtual stages,
  * stage 0 holds the embedding and stage S-1 the LM head and loss. Worked
  * example, pp=2 v=2: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3, and an
  * activation travels r0.c0 -> r1.c0 -> r0.c1 -> r1.c1. With pp=1 and v>1 the
@@ -91,6 +92,17 @@
  *                left. Every rank keeps at most pp sets alive, the peak of
  *                1f1b's rank 0; rank r defers r W, which fill its cool-down.
  *                v = 1.
+ *   zbh2, zbv, dualpipev
+ *                list-scheduled (src/pipeline/list_schedule.c): the order a
+ *                greedy unit-cost simulation of the whole pipeline picks.
+ *                zbh2 (ZB-H2): v = 1, B first, else F while fewer than
+ *                2p-1 sets live, else W; rank r warms up with 2(p-r)-1 F.
+ *                zbv (ZB-V): v = 2 in a V (loom_pp_vstage), the same policy
+ *                with at most 2p chunk sets (1f1b's memory). dualpipev
+ *                (DeepSeek-V3's DualPipeV): v = 2 in a V; an F of one chunk
+ *                and a ready B of another run as one unit F, B, W (the F&B
+ *                pair; sequential here), a lone B defers its W; at most
+ *                2p+2 chunk sets. Any m >= 1.
  * Bubbles with comm = 0 and uniform stages, measured by loom sim and asserted
  * by tests/pipeline (loom_sim_closed_form_bubble in sim.h): gpipe and 1f1b
  * (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1); zb with f = b = w
@@ -119,7 +131,7 @@ typedef enum loom_pp_kind {
 typedef struct loom_pp_action {
     loom_pp_kind kind;
     int mb;    /* micro-batch 0..m-1; -1 for OPT_STEP */
-    int chunk; /* local chunk 0..v-1 (virtual stage chunk*pp + rank); -1 for OPT_STEP */
+    int chunk; /* local chunk 0..v-1 (virtual stage: loom_pp_vstage); -1 for OPT_STEP */
     int peer;  /* SEND/RECV: the other rank; -1 for compute and OPT_STEP */
 } loom_pp_action;
 
@@ -130,6 +142,7 @@ typedef struct loom_schedule {
     loom_sched_kind kind;
     int pp, micro_batches, virtual_stages;
     int split_backward;      /* 1: B is input-gradient only and every (mb, stage) has a W */
+    int vshape;              /* 1: V placement (zbv, dualpipev; see loom_pp_vstage) */
     int n_total;             /* offset[pp] */
     int *offset;             /* (pp+1) */
     loom_pp_action *actions; /* (n_total) */
@@ -152,10 +165,19 @@ static inline const loom_pp_action *loom_schedule_rank(const loom_schedule *s, i
     *n = s->offset[r + 1] - s->offset[r];
     return s->actions + s->offset[r];
 }
-/* Virtual stage of (rank, chunk), and back. */
-static inline int loom_pp_vstage(int pp, int rank, int chunk) { return chunk * pp + rank; }
-static inline int loom_pp_owner(int pp, int vstage) { return vstage % pp; }
-static inline int loom_pp_chunk(int pp, int vstage) { return vstage / pp; }
+/* Virtual stage of (rank, chunk), and back. Megatron's placement: chunk c
+ * of rank r is stage c*pp + r (an activation goes r0.c0 -> r1.c0 -> ... ->
+ * r0.c1 -> ...). V placement (s->vshape; zbv, dualpipev, v = 2): odd chunks
+ * run back up the ranks, stage c*pp + pp-1-r, so with pp = 4 the stages
+ * 0..7 sit on ranks 0 1 2 3 3 2 1 0 and rank 0 holds the first and the last. */
+static inline int loom_pp_vstage(const loom_schedule *s, int rank, int chunk) {
+    return chunk * s->pp + (s->vshape && chunk % 2 ? s->pp - 1 - rank : rank);
+}
+static inline int loom_pp_chunk(const loom_schedule *s, int vstage) { return vstage / s->pp; }
+static inline int loom_pp_owner(const loom_schedule *s, int vstage) {
+    const int i = vstage % s->pp;
+    return s->vshape && loom_pp_chunk(s, vstage) % 2 ? s->pp - 1 - i : i;
+}
 
 /* The MPI tag of a SEND/RECV action of rank `rank`: the same on the SEND and
  * its RECV, distinct for distinct messages of one step: 2*(mb*(S-1) + e) + g,

@@ -12,7 +12,8 @@
 
 const char *const loom_axis_names[] = {"tp", "cp", "dp", "pp", NULL};
 const char *const loom_cp_impl_names[] = {"ring", "ulysses", NULL};
-const char *const loom_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb", NULL};
+const char *const loom_schedule_names[] = {"gpipe", "1f1b", "interleaved", "zb",
+                                           "zbh2",  "zbv",  "dualpipev",   NULL};
 const char *const loom_recompute_names[] = {"none", "selective", "full", NULL};
 const char *const loom_precision_names[] = {"fp32", "bf16", NULL};
 
@@ -30,10 +31,16 @@ loom_status loom_schedule_parse(const char *name, loom_sched_kind *out) {
             *out = (loom_sched_kind)k;
             return LOOM_OK;
         }
-    return loom_fail(LOOM_EUSAGE, "unknown schedule '%s' (gpipe, 1f1b, interleaved, zb)", name ? name : "");
+    return loom_fail(LOOM_EUSAGE,
+                     "unknown schedule '%s' (gpipe, 1f1b, interleaved, zb, zbh2, zbv, dualpipev)",
+                     name ? name : "");
 }
 
-int loom_schedule_splits_backward(loom_sched_kind k) { return k == LOOM_SCHED_ZB; }
+int loom_schedule_splits_backward(loom_sched_kind k) {
+    return k == LOOM_SCHED_ZB || k == LOOM_SCHED_ZBH2 || k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV;
+}
+
+int loom_schedule_vshape(loom_sched_kind k) { return k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV; }
 
 void loom_layout_default(loom_layout *l) {
     memset(l, 0, sizeof *l);
@@ -45,6 +52,10 @@ void loom_layout_default(loom_layout *l) {
     l->grad_accum = 1;
     l->recompute = LOOM_RECOMPUTE_NONE;
     l->precision = l->comm_precision = LOOM_PRECISION_FP32;
+}
+
+void loom_layout_vshape_default(loom_layout *l) {
+    if (loom_schedule_vshape(l->schedule) && l->virtual_stages == 1) l->virtual_stages = 2;
 }
 
 int loom_layout_degree(const loom_layout *l, loom_axis a) {

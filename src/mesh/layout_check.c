@@ -186,9 +186,13 @@ loom_status loom_layout_check_schedule(loom_sched_kind k, int pp, int m, int v) 
         return loom_fail(LOOM_EUSAGE, "--micro-batches %d: must be in 1..%d", m, LOOM_PP_MAX_MB);
     if (v < 1 || v > LOOM_PP_MAX_V)
         return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: must be in 1..%d", v, LOOM_PP_MAX_V);
-    if (v > 1 && k != LOOM_SCHED_INTERLEAVED)
-        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: v > 1 only with interleaved (schedule %s)", v,
+    if (loom_schedule_vshape(k) && v != 2)
+        return loom_fail(LOOM_EUSAGE, "--virtual-stages %d: %s places exactly 2 chunks per rank (a V)", v,
                          loom_schedule_names[k]);
+    if (v > 1 && k != LOOM_SCHED_INTERLEAVED && !loom_schedule_vshape(k))
+        return loom_fail(LOOM_EUSAGE,
+                         "--virtual-stages %d: v > 1 only with interleaved, zbv or dualpipev (schedule %s)",
+                         v, loom_schedule_names[k]);
     if (k == LOOM_SCHED_INTERLEAVED && m % pp != 0)
         return loom_fail(LOOM_EUSAGE, "interleaved needs --micro-batches divisible by pp=%d, got %d", pp, m);
     if ((long long)pp * m * v > LOOM_PP_MAX_WORK)
@@ -227,18 +231,6 @@ static loom_status check_stage_layers(const loom_layout *l, int n_layer) {
     return LOOM_OK;
 }
 
-/* Full recompute cannot split the backward: the separate W would need the
- * block's activations again after other blocks' recomputes. (The planner
- * still weighs the pair: it models other stacks too.) */
-static loom_status check_recompute(const loom_layout *l) {
-    if (l->recompute == LOOM_RECOMPUTE_FULL && loom_schedule_splits_backward(l->schedule))
-        return loom_fail(LOOM_EUSAGE,
-                         "--recompute full with --schedule zb: refused (W would need the block's "
-                         "activations after other blocks' recomputes); use --recompute selective "
-                         "or another schedule");
-    return LOOM_OK;
-}
-
 /* A training pipeline: the schedule, its stages, the micro-batches. */
 static loom_status check_pipeline(const loom_layout *l, const loom_layout_model *m,
                                   const loom_layout_job *j) {
@@ -259,7 +251,7 @@ static loom_status check_pipeline(const loom_layout *l, const loom_layout_model 
                          "--micro-batches %d does not divide the %d sequences per DP rank "
                          "(--batch %d / dp=%d)",
                          mb, per_rank, j->batch, l->dp);
-    return check_recompute(l);
+    return LOOM_OK;
 }
 
 /* ---- the uses ------------------------------------------------------------ */
@@ -332,7 +324,6 @@ static loom_status validate_plan(const loom_layout *l, const loom_layout_model *
 static loom_status validate_sim(const loom_layout *l, const loom_layout_model *m) {
     const int n_layer = m ? m->n_layer : 0;
     LOOM_TRY(loom_layout_check_schedule(l->schedule, l->pp, l->micro_batches, l->virtual_stages));
-    LOOM_TRY(check_recompute(l));
     if (l->n_stage_layers && n_layer == 0)
         return loom_fail(LOOM_EUSAGE, "--stage-layers needs --layers N (the model's layer count)");
     if (n_layer == 0) return LOOM_OK;

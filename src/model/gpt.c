@@ -164,9 +164,6 @@ static loom_status check_part(const loom_model_config *cfg, const loom_model_par
                                          "split backward");
     if (o->T > cfg->n_positions && !o->forward_only)
         return loom_fail(LOOM_EUSAGE, "--seq %d exceeds the model's n_positions=%d", o->T, cfg->n_positions);
-    if (o->recompute == LOOM_RECOMPUTE_FULL && o->split_backward)
-        return loom_fail(LOOM_EUSAGE, "--recompute full with a split backward (schedule zb) is not "
-                                      "supported: use --recompute selective or another schedule");
     if (o->recompute < LOOM_RECOMPUTE_NONE || o->recompute > LOOM_RECOMPUTE_FULL)
         return loom_fail(LOOM_EINTERNAL, "recompute mode %d", o->recompute);
     if (p->layer_begin < 0 || p->layer_end > cfg->n_layer || p->layer_begin > p->layer_end)
@@ -702,6 +699,15 @@ loom_status loom_gpt_backward_weight(loom_gpt *m, int slot) {
         head_bwd_lnf(m, s, s->dlnf);
     }
     for (int li = m->L_l - 1; li >= 0; li--) {
+        if (m->opts.recompute == LOOM_RECOMPUTE_FULL) {
+            /* B's recompute of this block is gone (the one work set went to
+             * the blocks before it and to other micro-batches): once more
+             * from its kept input, with its parameters as B had them */
+            const rows_t r = planned(m);
+            HOOK(pre_backward, m->part.layer_begin + li);
+            LOOM_TRY(block_fwd(m, s, li, &r));
+            HOOK(post_input, m->part.layer_begin + li);
+        }
         HOOK(pre_weight, m->part.layer_begin + li);
         LOOM_TRY(block_bwd_weight(m, s, li, &s->ds[li]));
         HOOK(post_backward, m->part.layer_begin + li);

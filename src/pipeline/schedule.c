@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "loom/pipeline.h"
+#include "pipeline/internal.h"
 
 /* The rule is the validator's (layout.h); the simulator's trace reader calls it by this name. */
 loom_status loom_schedule_check(loom_sched_kind k, int pp, int m, int v) {
@@ -22,6 +23,7 @@ loom_status loom_schedule_check(loom_sched_kind k, int pp, int m, int v) {
 /* ---- emitting one rank's list -------------------------------------------- */
 
 typedef struct emitter {
+    const loom_schedule *s;
     int pp, S, rank;
     loom_pp_action *out; /* room for 7*m*v + 1 actions */
     int n;
@@ -33,9 +35,9 @@ static void push(emitter *e, loom_pp_kind k, int mb, int chunk, int peer) {
 
 /* A computation with its messages (pipeline.h, convention rule 1). */
 static void emit_compute(emitter *e, loom_pp_kind k, int mb, int chunk) {
-    const int s = loom_pp_vstage(e->pp, e->rank, chunk);
-    const int prev = s > 0 ? loom_pp_owner(e->pp, s - 1) : -1;
-    const int next = s < e->S - 1 ? loom_pp_owner(e->pp, s + 1) : -1;
+    const int s = loom_pp_vstage(e->s, e->rank, chunk);
+    const int prev = s > 0 ? loom_pp_owner(e->s, s - 1) : -1;
+    const int next = s < e->S - 1 ? loom_pp_owner(e->s, s + 1) : -1;
     if (k == LOOM_PP_F) {
         if (prev >= 0) push(e, LOOM_PP_RECV_ACT, mb, chunk, prev);
         push(e, LOOM_PP_F, mb, chunk, -1);
@@ -144,16 +146,33 @@ loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_sc
                          .micro_batches = m,
                          .virtual_stages = v,
                          .split_backward = loom_schedule_splits_backward(k),
+                         .vshape = loom_schedule_vshape(k),
                          .offset = s->offset,
                          .actions = s->actions};
-    int n = 0;
+    int n = 0, *order = NULL; /* list-scheduled kinds: every rank's computations */
+    loom_status st = LOOM_OK;
+    if (k == LOOM_SCHED_ZBH2 || k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV)
+        st = loom_pp_list_schedule(s, &order);
+    if (st != LOOM_OK) {
+        free(tmp);
+        loom_schedule_free(s);
+        return st;
+    }
     for (int r = 0; r < pp; r++) {
-        emitter e = {.pp = pp, .S = pp * v, .rank = r, .out = tmp, .n = 0};
+        emitter e = {.s = s, .pp = pp, .S = pp * v, .rank = r, .out = tmp, .n = 0};
         switch (k) {
         case LOOM_SCHED_GPIPE: gen_gpipe(&e, m); break;
         case LOOM_SCHED_1F1B: gen_1f1b(&e, m); break;
         case LOOM_SCHED_INTERLEAVED: gen_interleaved(&e, m, v); break;
         case LOOM_SCHED_ZB: gen_zb(&e, m); break;
+        case LOOM_SCHED_ZBH2:
+        case LOOM_SCHED_ZBV:
+        case LOOM_SCHED_DUALPIPEV:
+            for (int i = 0; i < 3 * m * v; i++) {
+                const int x = order[(size_t)r * 3 * m * v + i];
+                emit_compute(&e, (loom_pp_kind)(x % 3), x / 3 / v, x / 3 % v);
+            }
+            break;
         case LOOM_SCHED_COUNT: break;
         }
         push(&e, LOOM_PP_OPT_STEP, -1, -1, -1);
@@ -163,6 +182,7 @@ loom_status loom_schedule_build(loom_sched_kind k, int pp, int m, int v, loom_sc
     }
     s->offset[pp] = n;
     s->n_total = n;
+    free(order);
     free(tmp);
     *out = s;
     return LOOM_OK;
@@ -179,7 +199,7 @@ void loom_schedule_free(loom_schedule *s) {
 
 int loom_pp_tag(const loom_schedule *s, int rank, const loom_pp_action *a) {
     const int S = s->pp * s->virtual_stages;
-    const int st = loom_pp_vstage(s->pp, rank, a->chunk);
+    const int st = loom_pp_vstage(s, rank, a->chunk);
     int e, g;
     switch (a->kind) {
     case LOOM_PP_SEND_ACT: e = st, g = 0; break;

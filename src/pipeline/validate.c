@@ -67,10 +67,9 @@ static loom_status check_fields(const loom_schedule *s, int r, int i) {
 static loom_status check_placement(const loom_schedule *s, int r, int i) {
     int n;
     const loom_pp_action *a = loom_schedule_rank(s, r, &n), *x = &a[i];
-    const int S = s->pp * s->virtual_stages, st = loom_pp_vstage(s->pp, r, x->chunk);
+    const int S = s->pp * s->virtual_stages, st = loom_pp_vstage(s, r, x->chunk);
     const int first = st == 0, last = st == S - 1;
-    const int prev = first ? -1 : loom_pp_owner(s->pp, st - 1),
-              next = last ? -1 : loom_pp_owner(s->pp, st + 1);
+    const int prev = first ? -1 : loom_pp_owner(s, st - 1), next = last ? -1 : loom_pp_owner(s, st + 1);
     switch (x->kind) {
     case LOOM_PP_F:
         if (!first && !neighbour_is(a, n, i, -1, LOOM_PP_RECV_ACT))
@@ -146,8 +145,8 @@ static int step(replay *R, int r, const double *dur, double latency, double *sta
     const loom_schedule *s = R->s;
     const int i = R->pc[r], flat = s->offset[r] + i;
     const loom_pp_action *x = &s->actions[flat];
-    const int S = R->S, pp = s->pp;
-    const int stg = x->kind == LOOM_PP_OPT_STEP ? 0 : loom_pp_vstage(pp, r, x->chunk);
+    const int S = R->S;
+    const int stg = x->kind == LOOM_PP_OPT_STEP ? 0 : loom_pp_vstage(s, r, x->chunk);
     const int u = x->kind == LOOM_PP_OPT_STEP ? 0 : x->mb * S + stg;
     const double t0 = R->clock[r], d = dur ? dur[flat] : 0.0;
     double t1 = t0 + d;
@@ -224,7 +223,7 @@ static loom_status report_deadlock(const replay *R) {
 /* After the run: every unit computed, every message received. */
 static loom_status check_complete(const replay *R) {
     const loom_schedule *s = R->s;
-    const int S = R->S, m = s->micro_batches, pp = s->pp;
+    const int S = R->S, m = s->micro_batches;
     for (int mb = 0; mb < m; mb++)
         for (int st = 0; st < S; st++) {
             const int u = mb * S + st;
@@ -234,14 +233,14 @@ static loom_status check_complete(const replay *R) {
                                                                   : NULL;
             if (missing)
                 return loom_fail(LOOM_EDATA, "micro-batch %d stage %d (rank %d chunk %d) never runs %s", mb,
-                                 st, loom_pp_owner(pp, st), loom_pp_chunk(pp, st), missing);
+                                 st, loom_pp_owner(s, st), loom_pp_chunk(s, st), missing);
         }
     for (int k = 0; k < 2 * R->n_msg; k++)
         if (R->sent[k] && !R->recvd[k]) {
             const int g = k >= R->n_msg, mb = (k % R->n_msg) / (S - 1), e = (k % R->n_msg) % (S - 1);
             const int from = g ? e + 1 : e;
             return loom_fail(LOOM_EDATA, "%s of micro-batch %d from stage %d (rank %d) is never received",
-                             g ? "SEND_GRAD" : "SEND_ACT", mb, from, loom_pp_owner(pp, from));
+                             g ? "SEND_GRAD" : "SEND_ACT", mb, from, loom_pp_owner(s, from));
         }
     return LOOM_OK;
 }

@@ -157,7 +157,11 @@ static loom_status search_degrees(search *sr, const loom_plan_layout *deg, const
             for (int zero = 0; zero <= (serve || dp * cp < 2 ? 0 : 3); zero++)
                 for (int mq = 0; mq < nmbs; mq++)
                     for (int sk = 0; sk < (pp > 1 && !serve ? LOOM_SCHED_COUNT : 1); sk++)
-                        for (int v = 1; v <= (sk == LOOM_SCHED_INTERLEAVED ? 8 : 1); v *= 2) {
+                        for (int v = loom_schedule_vshape((loom_sched_kind)sk) ? 2 : 1;
+                             v <= (sk == LOOM_SCHED_INTERLEAVED                ? 8
+                                   : loom_schedule_vshape((loom_sched_kind)sk) ? 2
+                                                                               : 1);
+                             v *= 2) {
                             loom_plan_layout l = *deg;
                             l.cp_impl = (loom_plan_cp_impl)ci, l.zero = zero, l.sp = sp;
                             l.mbs = mbss[mq], l.m = local / mbss[mq], l.v = v;

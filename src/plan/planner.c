@@ -26,6 +26,9 @@ static int peak_live_formula(const loom_plan_layout *l) {
         const int w = 2 * (p - 1) + (v - 1) * p + 1;
         return m * v < w ? m * v : w;
     }
+    case LOOM_SCHED_ZBH2: return m < 2 * p - 1 ? m : 2 * p - 1; /* list_schedule.c's limits */
+    case LOOM_SCHED_ZBV: return 2 * m < 2 * p ? 2 * m : 2 * p;
+    case LOOM_SCHED_DUALPIPEV: return 2 * m < 2 * p + 2 ? 2 * m : 2 * p + 2;
     default: return p < m ? p : m;
     }
 }

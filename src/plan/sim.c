@@ -68,14 +68,14 @@ loom_status loom_sim_costs_check(const loom_sim_costs *c, int n_stages) {
 double loom_sim_duration(const loom_schedule *s, int rank, const loom_pp_action *a, const loom_sim_costs *c) {
     const int in_range = a->chunk >= 0 && a->chunk < s->virtual_stages && rank >= 0 && rank < s->pp;
     if (c->stage && in_range && a->kind <= LOOM_PP_W) {
-        const loom_sim_stage_cost *x = &c->stage[loom_pp_vstage(s->pp, rank, a->chunk)];
+        const loom_sim_stage_cost *x = &c->stage[loom_pp_vstage(s, rank, a->chunk)];
         return a->kind == LOOM_PP_F   ? x->f
                : a->kind == LOOM_PP_W ? x->w
                : s->split_backward    ? x->b
                                       : x->b + x->w;
     }
     const double scale = a->kind <= LOOM_PP_W && c->stage_scale && in_range
-                             ? c->stage_scale[loom_pp_vstage(s->pp, rank, a->chunk)]
+                             ? c->stage_scale[loom_pp_vstage(s, rank, a->chunk)]
                              : 1.0;
     switch (a->kind) {
     case LOOM_PP_F: return c->f * scale;
@@ -314,7 +314,7 @@ static void trace_events(FILE *f, const loom_schedule *s, const loom_sim_result 
             if (a->kind == LOOM_PP_OPT_STEP) fprintf(f, "}");
             else
                 fprintf(f, ",\"args\":{\"mb\":%d,\"chunk\":%d,\"stage\":%d}}", a->mb, a->chunk,
-                        loom_pp_vstage(s->pp, rk, a->chunk));
+                        loom_pp_vstage(s, rk, a->chunk));
         }
     fprintf(f, "\n]}\n");
 }

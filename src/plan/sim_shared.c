@@ -26,7 +26,7 @@
 /* Index of the message an action sends or receives: boundary e between
  * virtual stages e and e+1, activations (g = 0) or gradients (g = 1). */
 static int ps_msg(const loom_schedule *s, int r, const loom_pp_action *a) {
-    const int S = s->pp * s->virtual_stages, stg = loom_pp_vstage(s->pp, r, a->chunk);
+    const int S = s->pp * s->virtual_stages, stg = loom_pp_vstage(s, r, a->chunk);
     const int g = a->kind == LOOM_PP_SEND_GRAD || a->kind == LOOM_PP_RECV_GRAD;
     const int e = a->kind == LOOM_PP_SEND_ACT || a->kind == LOOM_PP_RECV_GRAD ? stg : stg - 1;
     return (g * s->micro_batches + a->mb) * (S - 1) + e;

@@ -417,7 +417,7 @@ static void tr_stage_means(const tr_file *files, const int *gf, const loom_sched
             for (int i = 0; i < n; i++) {
                 const double d = f->t1[i] - f->t0[i];
                 if (a[i].kind <= LOOM_PP_W) {
-                    sums[3 * loom_pp_vstage(pp, r, a[i].chunk) + (int)a[i].kind] += d;
+                    sums[3 * loom_pp_vstage(s, r, a[i].chunk) + (int)a[i].kind] += d;
                     busy += d;
                     compute += d;
                     n_compute++;

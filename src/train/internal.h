@@ -29,6 +29,9 @@ typedef struct loom_step_stats {
     loom_dp_timing dp;                        /* where the step's DP communication time went */
     double pp_bubble;                         /* measured pipeline bubble this step (-1: no pipeline) */
     int pp_peak_live;                         /* most activation sets alive at once on this rank */
+    int pp_ranks;                             /* entries of pp_idle_ms, pp_wait_ms (pipeline ranks) */
+    double *pp_idle_ms;                       /* per pipeline rank: longest span - its F/B/W time */
+    double *pp_wait_ms;                       /* per pipeline rank: time inside its RECVs and OPT_STEP */
     int skipped;                              /* non-finite gradients, update skipped (--nan-policy skip) */
     const char *moe_json;                     /* "\"moe\": [...], " per MoE block, or NULL (moe_report.c) */
 } loom_step_stats;
@@ -84,7 +87,8 @@ typedef struct loom_train_run_state {
     int pipelined;
     loom_schedule *sched;
     loom_pp_exec *exec;
-    int step; /* the step being run (for the data callback) */
+    double *pp_times; /* (2 pp) per pipeline rank: idle ms, then wait ms (loom_train_pp_bubble) */
+    int step;         /* the step being run (for the data callback) */
     /* phases of the traced step (non-pipelined runs) */
     struct {
         char name[32];
@@ -119,7 +123,10 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
 loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_sum);
 void loom_train_pp_teardown(loom_train_run_state *s);
 /* Measured bubble of the last step over the pp group. Collective over pp. */
-loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble);
+/* The step's measured bubble from the executor's timestamps (collective
+ * over pp), and per pipeline rank its idle and waiting time into
+ * idle_ms/wait_ms (pp entries each, on every rank). */
+loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble, double *idle_ms, double *wait_ms);
 /* The last step's pipeline actions as trace events (row 0 of this rank). */
 void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t);
 

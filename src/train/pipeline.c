@@ -20,7 +20,8 @@ _Static_assert(LOOM_MAX_PARTS >= LOOM_PP_MAX_V, "a part per virtual stage");
 /* Relative costs for balancing, per token, forward + backward (3 x the
  * forward): a block ~ 24 C^2 + 4 T C FLOPs forward, the LM head 2 V C, the
  * embedding a lookup. Full recompute runs each block's forward once more
- * inside its backward (4 x), never the head's, so the head weighs less and
+ * inside its backward (4 x; 5 x when B and W are split: W recomputes too),
+ * never the head's, so the head weighs less and
  * the stages holding it get more blocks. (Selective recompute adds nothing
  * here: the attention backward recomputes its probabilities in any mode.) */
 static void stage_counts(const loom_train_config *c, const loom_model_config *mc, int *counts) {
@@ -30,8 +31,8 @@ static void stage_counts(const loom_train_config *c, const loom_model_config *mc
         return;
     }
     double C = mc->n_embd, fwd = 24.0 * C * C + 4.0 * c->seq * C;
-    double block = (l->recompute == LOOM_RECOMPUTE_FULL ? 4.0 : 3.0) * fwd,
-           head = 3.0 * 2.0 * mc->vocab_size * C;
+    const int full = l->recompute == LOOM_RECOMPUTE_FULL, split = loom_schedule_splits_backward(l->schedule);
+    double block = (full ? (split ? 5.0 : 4.0) : 3.0) * fwd, head = 3.0 * 2.0 * mc->vocab_size * C;
     loom_partition_balance(mc->n_layer, l->pp, l->virtual_stages, 0.01, head / block, counts);
 }
 
@@ -55,7 +56,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
                           .moe_route_cp = c->moe_route_cp};
     s->n_parts = v;
     for (int ch = 0; ch < v; ch++) {
-        int vs = loom_pp_vstage(pp, r, ch);
+        int vs = loom_pp_vstage(s->sched, r, ch);
         loom_model_part part = loom_model_part_whole(s->dev, mc);
         part.tp = loom_train_tp_group(s);
         part.ep = c->layout.ep > 1 ? s->mesh->ep : NULL; /* experts split over the EP group */
@@ -67,7 +68,9 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
         LOOM_TRY(loom_gpt_create(mc, &part, &opts, &s->parts[ch]));
     }
     LOOM_TRY(loom_pp_exec_create(s->sched, r, s->parts, s->mesh->pp, &s->exec));
-    s->pipelined = 1;
+    s->pipelined = 1; /* from here teardown frees what follows */
+    s->pp_times = calloc(2 * (size_t)pp, sizeof *s->pp_times);
+    if (!s->pp_times) return loom_fail(LOOM_EOS, "out of memory for the pipeline's per-rank times");
     if (s->mesh->rank == 0) {
         char line[512];
         size_t n = 0;
@@ -83,6 +86,7 @@ loom_status loom_train_pp_setup(loom_train_run_state *s, const loom_model_config
 void loom_train_pp_teardown(loom_train_run_state *s) {
     loom_pp_exec_free(s->exec);
     loom_schedule_free(s->sched);
+    free(s->pp_times);
 }
 
 static void pp_batch(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
@@ -135,21 +139,34 @@ loom_status loom_train_pp_step(loom_train_run_state *s, int step, double *loss_s
 
 static int is_compute(loom_pp_kind k) { return k == LOOM_PP_F || k == LOOM_PP_B || k == LOOM_PP_W; }
 
-loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble) {
+loom_status loom_train_pp_bubble(loom_train_run_state *s, double *bubble, double *idle_ms, double *wait_ms) {
     int n;
     const loom_pp_event *ev = loom_pp_exec_events(s->exec, &n);
-    double busy = 0, t0 = n ? ev[0].t0 : 0, t1 = n ? ev[n - 1].t1 : 0;
-    for (int i = 0; i < n; i++)
-        if (is_compute(ev[i].a.kind)) busy += ev[i].t1 - ev[i].t0;
+    double mine[2] = {0, 0}, t0 = n ? ev[0].t0 : 0, t1 = n ? ev[n - 1].t1 : 0; /* compute, waits */
+    for (int i = 0; i < n; i++) {
+        const loom_pp_kind k = ev[i].a.kind;
+        if (is_compute(k)) mine[0] += ev[i].t1 - ev[i].t0;
+        if (k == LOOM_PP_RECV_ACT || k == LOOM_PP_RECV_GRAD || k == LOOM_PP_OPT_STEP)
+            mine[1] += ev[i].t1 - ev[i].t0;
+    }
     /* the step starts together on every rank (the previous step ended in
      * collectives); the span is the longest rank's */
     double span = t1 - t0;
     loom_comm *pp_host = loom_comm_host(s->mesh->pp); /* host doubles */
-    LOOM_TRY(loom_comm_allreduce(pp_host, &busy, 1, LOOM_F64, LOOM_SUM));
-    LOOM_TRY(loom_comm_allreduce(pp_host, &span, 1, LOOM_F64, LOOM_MAX));
-    int pp = loom_comm_size(s->mesh->pp);
+    const int pp = loom_comm_size(s->mesh->pp);
+    double *all = malloc(2 * (size_t)pp * sizeof *all);
+    if (!all) return loom_fail(LOOM_EOS, "out of memory for the pipeline's per-rank times");
+    loom_status st = loom_comm_allgather(pp_host, mine, all, sizeof mine);
+    if (st == LOOM_OK) st = loom_comm_allreduce(pp_host, &span, 1, LOOM_F64, LOOM_MAX);
+    double busy = 0;
+    for (int r = 0; r < pp && st == LOOM_OK; r++) {
+        busy += all[2 * r];
+        idle_ms[r] = 1e3 * (span - all[2 * r]);
+        wait_ms[r] = 1e3 * all[2 * r + 1];
+    }
+    free(all);
     *bubble = span > 0 ? 1.0 - busy / (pp * span) : 0.0;
-    return LOOM_OK;
+    return st;
 }
 
 void loom_train_pp_trace(loom_train_run_state *s, loom_trace *t) {

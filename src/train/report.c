@@ -137,8 +137,15 @@ static void write_row(FILE *f, int step, const loom_step_stats *s) {
             s->skipped ? "true" : "false", s->tokens_per_s, s->mfu, 1e3 * s->seconds,
             (unsigned long long)s->comm_bytes, s->mem.params, s->mem.grads, s->mem.optimizer,
             s->mem.activations, s->peak_rss, s->peak_rss_max);
-    if (s->pp_bubble >= 0)
+    if (s->pp_bubble >= 0) {
         fprintf(f, "\"pp_bubble\": %.6f, \"pp_peak_live\": %d, ", s->pp_bubble, s->pp_peak_live);
+        for (int k = 0; k < 2 && s->pp_idle_ms; k++) { /* per pipeline rank */
+            fprintf(f, "\"%s\": [", k ? "pp_wait_ms" : "pp_idle_ms");
+            const double *x = k ? s->pp_wait_ms : s->pp_idle_ms;
+            for (int i = 0; i < s->pp_ranks; i++) fprintf(f, "%s%.4f", i ? ", " : "", x[i]);
+            fprintf(f, "], ");
+        }
+    }
     fprintf(f,
             "\"dp\": {\"exposed_ms\": %.4f, \"reduce_ms\": %.4f, \"gather_ms\": %.4f, "
             "\"reductions\": %d, \"overlapped\": %d}, ",

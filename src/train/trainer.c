@@ -412,7 +412,10 @@ static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
         loom_dp_get_timing(s->dp, &st_step.dp);
         st_step.pp_bubble = -1;
         if (s->pipelined) {
-            LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble));
+            st_step.pp_ranks = c->layout.pp;
+            st_step.pp_idle_ms = s->pp_times;
+            st_step.pp_wait_ms = s->pp_times + c->layout.pp;
+            LOOM_TRY(loom_train_pp_bubble(s, &st_step.pp_bubble, st_step.pp_idle_ms, st_step.pp_wait_ms));
             st_step.pp_peak_live = loom_pp_exec_peak_live(s->exec);
         }
         st_step.comm_bytes = 0;

@@ -184,7 +184,7 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=70000", "--micro-batches 70000: must be in 1..65536"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=65,schedule=interleaved", "--virtual-stages 65: must be in 1..64"},
     {TRAIN, &TINY4, 2, 8, 32, NULL, "pp=2,v=2",
-     "--virtual-stages 2: v > 1 only with interleaved (schedule 1f1b)"},
+     "--virtual-stages 2: v > 1 only with interleaved, zbv or dualpipev (schedule 1f1b)"},
     {TRAIN, &TINY4, 2, 6, 32, NULL, "pp=2,v=2,schedule=interleaved,m=3",
      "interleaved needs --micro-batches divisible by pp=2, got 3"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,v=2,schedule=interleaved",
@@ -195,9 +195,8 @@ static const row ROWS[] = {
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,accum=2", "--grad-accum 2 with a pipeline: use --micro-batches"},
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=3",
      "--micro-batches 3 does not divide the 8 sequences per DP rank (--batch 8 / dp=1)"},
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=0", NULL}, /* micro-batches 0: pp */
-    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=full",
-     "--recompute full with --schedule zb: refused"},
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,m=0", NULL},                        /* micro-batches 0: pp */
+    {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=full", NULL}, /* W recomputes too */
     {TRAIN, &TINY, 2, 8, 32, NULL, "pp=2,schedule=zb,recompute=selective", NULL},
     /* inference */
     {INFER, &TINY, 8, 0, 0, NULL, "dp=2,tp=2,pp=2", NULL},
@@ -247,8 +246,7 @@ static const row ROWS[] = {
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=8,schedule=zb", NULL},
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=0", "--micro-batches 0: must be in 1..65536"},
     {SIM, NULL, 0, 0, 0, NULL, "pp=0,m=8", "--pp 0: must be in 1..1024"},
-    {SIM, NULL, 0, 0, 0, NULL, "pp=1,m=3,schedule=zb,recompute=full",
-     "--recompute full with --schedule zb: refused"},
+    {SIM, NULL, 0, 0, 0, NULL, "pp=2,m=3,v=2,schedule=zbv,recompute=full", NULL},
     {SIM, NULL, 0, 0, 0, NULL, "pp=4,m=8,stages=2.2.2.2", "--stage-layers needs --layers N"},
     {SIM, &TINY4, 0, 0, 0, NULL, "pp=4,m=8,v=2,schedule=interleaved",
      "8 virtual stages but the model has 4 layers"},

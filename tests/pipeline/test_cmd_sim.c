@@ -61,6 +61,12 @@ int main(void) {
              NULL);
     CHECK(rc == 0 && strstr(sim_out, "layers per virtual stage (12 layers, embedding 0, head 4.5): 8 4"),
           "recompute full split:\n%s", sim_out);
+    /* zb with full recompute: B and W each re-run the forward (b = w = 2),
+     * x = max(f, b, f+b-w) = 2: 3*2 / (8*5 + 3*2) */
+    rc = sim("--pp", "4", "--micro-batches", "8", "--schedule", "zb", "--recompute", "full", NULL);
+    CHECK(rc == 0 && strstr(sim_out, "costs: f=1 b=2 w=2") && strstr(sim_out, "W re-runs it too") &&
+              strstr(sim_out, "bubble    0.130435 (simulated)"),
+          "zb recompute full:\n%s", sim_out);
     rc = sim("--pp", "2", "--micro-batches", "4", "--recompute", "selective", NULL);
     CHECK(rc == 0 && strstr(sim_out, "costs: f=1 b=1 w=1"), "selective adds nothing:\n%s", sim_out);
 
@@ -85,16 +91,15 @@ int main(void) {
     expect_usage(
         "interleaved needs --micro-batches divisible by pp=4, got 6",
         sim("--pp", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2", NULL));
-    expect_usage("v > 1 only with interleaved (schedule 1f1b)",
+    expect_usage("v > 1 only with interleaved, zbv or dualpipev (schedule 1f1b)",
                  sim("--schedule", "1f1b", "--virtual-stages", "2", NULL));
-    expect_usage("--schedule zb2: expected gpipe, 1f1b, interleaved or zb", sim("--schedule", "zb2", NULL));
+    expect_usage("--schedule zb2: expected gpipe, 1f1b, interleaved, zb, zbh2, zbv or dualpipev",
+                 sim("--schedule", "zb2", NULL));
     expect_usage("--pp 0: must be in 1..1024", sim("--pp", "0", NULL));
     expect_usage("--cost-b -2: must be a finite number >= 0", sim("--cost-b", "-2", NULL));
     expect_usage("--cost-head -1: must be a finite number >= 0",
                  sim("--layers", "8", "--cost-head", "-1", NULL));
     expect_usage("unknown flag --stages", sim("--stages", "4", NULL));
-    expect_usage("--recompute full with --schedule zb: refused",
-                 sim("--schedule", "zb", "--recompute", "full", NULL));
     expect_usage("--recompute some: expected none, selective or full", sim("--recompute", "some", NULL));
     expect_usage("--recompute full: not with --from-trace",
                  sim("--recompute", "full", "--from-trace", "/nonexistent", NULL));

@@ -11,21 +11,24 @@
 #include "check.h"
 #include "loom/pipeline.h"
 
-static const loom_sched_kind KINDS[] = {LOOM_SCHED_GPIPE, LOOM_SCHED_1F1B, LOOM_SCHED_INTERLEAVED,
-                                        LOOM_SCHED_ZB};
+static const loom_sched_kind KINDS[] = {LOOM_SCHED_GPIPE,    LOOM_SCHED_1F1B, LOOM_SCHED_INTERLEAVED,
+                                        LOOM_SCHED_ZB,       LOOM_SCHED_ZBH2, LOOM_SCHED_ZBV,
+                                        LOOM_SCHED_DUALPIPEV};
+#define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 
 /* ---- names and checks ------------------------------------------------------ */
 
 static void test_parse_and_check(void) {
-    const char *names[] = {"gpipe", "1f1b", "interleaved", "zb"};
-    for (int k = 0; k < 4; k++) {
+    const char *names[] = {"gpipe", "1f1b", "interleaved", "zb", "zbh2", "zbv", "dualpipev"};
+    for (int k = 0; k < N_KINDS; k++) {
         loom_sched_kind got = LOOM_SCHED_COUNT;
         CHECK(loom_schedule_parse(names[k], &got) == LOOM_OK && got == KINDS[k], "parse %s", names[k]);
         CHECK(strcmp(loom_schedule_name(KINDS[k]), names[k]) == 0, "name of %d", k);
     }
     loom_sched_kind got = LOOM_SCHED_1F1B;
     CHECK(loom_schedule_parse("1F1B-x", &got) == LOOM_EUSAGE, "unknown name accepted");
-    CHECK(strstr(loom_errmsg(), "unknown schedule '1F1B-x' (gpipe, 1f1b, interleaved, zb)") != NULL,
+    CHECK(strstr(loom_errmsg(),
+                 "unknown schedule '1F1B-x' (gpipe, 1f1b, interleaved, zb, zbh2, zbv, dualpipev)") != NULL,
           "msg '%s'", loom_errmsg());
     CHECK(got == LOOM_SCHED_1F1B, "failed parse changed the output");
 
@@ -36,9 +39,13 @@ static void test_parse_and_check(void) {
     } bad[] = {
         {LOOM_SCHED_INTERLEAVED, 4, 6, 2, "interleaved needs --micro-batches divisible by pp=4, got 6"},
         {LOOM_SCHED_INTERLEAVED, 4, 2, 2, "interleaved needs --micro-batches divisible by pp=4, got 2"},
-        {LOOM_SCHED_1F1B, 4, 8, 2, "--virtual-stages 2: v > 1 only with interleaved (schedule 1f1b)"},
-        {LOOM_SCHED_GPIPE, 4, 8, 3, "v > 1 only with interleaved (schedule gpipe)"},
-        {LOOM_SCHED_ZB, 4, 8, 2, "v > 1 only with interleaved (schedule zb)"},
+        {LOOM_SCHED_1F1B, 4, 8, 2,
+         "--virtual-stages 2: v > 1 only with interleaved, zbv or dualpipev (schedule 1f1b)"},
+        {LOOM_SCHED_GPIPE, 4, 8, 3, "v > 1 only with interleaved, zbv or dualpipev (schedule gpipe)"},
+        {LOOM_SCHED_ZB, 4, 8, 2, "v > 1 only with interleaved, zbv or dualpipev (schedule zb)"},
+        {LOOM_SCHED_ZBH2, 4, 8, 2, "v > 1 only with interleaved, zbv or dualpipev (schedule zbh2)"},
+        {LOOM_SCHED_ZBV, 4, 8, 1, "--virtual-stages 1: zbv places exactly 2 chunks per rank (a V)"},
+        {LOOM_SCHED_DUALPIPEV, 4, 8, 3, "--virtual-stages 3: dualpipev places exactly 2 chunks per rank"},
         {LOOM_SCHED_1F1B, 0, 8, 1, "--pp 0: must be in 1..1024"},
         {LOOM_SCHED_1F1B, 4, 0, 1, "--micro-batches 0: must be in 1..65536"},
         {LOOM_SCHED_INTERLEAVED, 4, 8, 0, "--virtual-stages 0: must be in 1..64"},
@@ -64,9 +71,13 @@ static int count_kind(const loom_pp_action *a, int n, loom_pp_kind k) {
     return c;
 }
 
+/* For the list-scheduled kinds: the policy's limit (an upper bound). */
 static int expected_peak(loom_sched_kind k, int p, int m, int v, int r) {
     int x;
     switch (k) {
+    case LOOM_SCHED_ZBH2: return 2 * p - 1;
+    case LOOM_SCHED_ZBV: return 2 * p;
+    case LOOM_SCHED_DUALPIPEV: return 2 * p + 2;
     case LOOM_SCHED_GPIPE: return m;
     case LOOM_SCHED_1F1B: return p - r < m ? p - r : m;
     case LOOM_SCHED_ZB: return p < m ? p : m;
@@ -88,7 +99,8 @@ static void check_lists(const loom_schedule *s, const char *what) {
     for (int r = 0; r < p; r++) {
         int n;
         const loom_pp_action *a = loom_schedule_rank(s, r, &n);
-        const int first = r == 0, last = r == p - 1; /* the rank holds stage 0 / stage S-1 */
+        /* the rank holds stage 0 / stage S-1: ranks 0 and p-1, or rank 0 twice in a V */
+        const int first = r == 0, last = r == (s->vshape ? 0 : p - 1);
         const int act_in = m * v - (first ? m : 0), act_out = m * v - (last ? m : 0);
         CHECK(count_kind(a, n, LOOM_PP_F) == m * v, "%s rank %d: %d F", what, r, count_kind(a, n, LOOM_PP_F));
         CHECK(count_kind(a, n, LOOM_PP_B) == m * v, "%s rank %d: B count", what, r);
@@ -105,10 +117,10 @@ static void check_lists(const loom_schedule *s, const char *what) {
             CHECK(is_msg ? (t >= 0 && t < lim) : t == -1, "%s rank %d action %d: tag %d (limit %d)", what, r,
                   i, t, lim);
             if (!is_msg || t < 0 || t >= lim) continue;
-            const int st = loom_pp_vstage(p, r, a[i].chunk);
+            const int st = loom_pp_vstage(s, r, a[i].chunk);
             const int send = a[i].kind == LOOM_PP_SEND_ACT || a[i].kind == LOOM_PP_SEND_GRAD;
             const int to = a[i].kind == LOOM_PP_SEND_ACT || a[i].kind == LOOM_PP_RECV_GRAD ? st + 1 : st - 1;
-            CHECK(to >= 0 && to < S && a[i].peer == loom_pp_owner(p, to), "%s rank %d action %d: peer %d",
+            CHECK(to >= 0 && to < S && a[i].peer == loom_pp_owner(s, to), "%s rank %d action %d: peer %d",
                   what, r, i, a[i].peer);
             long *slot = send ? &send_key[t] : &recv_key[t];
             CHECK(*slot == -1, "%s tag %d used twice", what, t);
@@ -124,12 +136,13 @@ static void check_lists(const loom_schedule *s, const char *what) {
 
 static void test_grid(void) {
     int built = 0;
-    for (int ki = 0; ki < 4; ki++) {
+    for (int ki = 0; ki < N_KINDS; ki++) {
         const loom_sched_kind k = KINDS[ki];
+        const int listed = k == LOOM_SCHED_ZBH2 || k == LOOM_SCHED_ZBV || k == LOOM_SCHED_DUALPIPEV;
         for (int p = 1; p <= 8; p++)
             for (int m = 1; m <= 4 * p; m++)
                 for (int v = 1; v <= 3; v++) {
-                    if (v > 1 && k != LOOM_SCHED_INTERLEAVED) continue;
+                    if (loom_schedule_vshape(k) ? v != 2 : v > 1 && k != LOOM_SCHED_INTERLEAVED) continue;
                     if (k == LOOM_SCHED_INTERLEAVED && m % p) continue;
                     char what[96];
                     snprintf(what, sizeof what, "%s p=%d m=%d v=%d", loom_schedule_name(k), p, m, v);
@@ -140,15 +153,21 @@ static void test_grid(void) {
                     built++;
                     CHECK(loom_schedule_validate(s) == LOOM_OK, "%s: %s", what, loom_errmsg());
                     check_lists(s, what);
-                    for (int r = 0; r < p; r++)
-                        CHECK(loom_schedule_peak_live(s, r) == expected_peak(k, p, m, v, r),
-                              "%s rank %d: peak %d, want %d", what, r, loom_schedule_peak_live(s, r),
-                              expected_peak(k, p, m, v, r));
+                    for (int r = 0; r < p; r++) {
+                        const int got = loom_schedule_peak_live(s, r), want = expected_peak(k, p, m, v, r);
+                        CHECK(listed ? got <= want : got == want, "%s rank %d: peak %d, want %s%d", what, r,
+                              got, listed ? "<= " : "", want);
+                    }
+                    /* ZB-H2 holds 2p-1 sets on rank 0 once m allows: its warm-up covers the round trip */
+                    if (k == LOOM_SCHED_ZBH2)
+                        CHECK(loom_schedule_peak_live(s, 0) == (m < 2 * p - 1 ? m : 2 * p - 1),
+                              "%s rank 0: peak %d", what, loom_schedule_peak_live(s, 0));
                     loom_schedule_free(s);
                 }
     }
-    /* gpipe 1f1b zb: sum over p of 4p values of m; interleaved: 4 values of m x 3 v per p */
-    CHECK(built == 3 * 144 + 8 * 4 * 3, "built %d schedules", built);
+    /* gpipe 1f1b zb zbh2 zbv dualpipev: sum over p of 4p values of m; interleaved: 4 values of m x 3 v
+     * per p */
+    CHECK(built == 6 * 144 + 8 * 4 * 3, "built %d schedules", built);
 }
 
 /* ---- hand-written lists ------------------------------------------------------- */
@@ -193,6 +212,21 @@ static void test_hand_written(void) {
                  "F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7");
     expect_order(LOOM_SCHED_ZB, 4, 8, 1, 3,
                  "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7");
+    /* ZB-H2: rank r warms up with 2(p-r)-1 forwards (the first micro-batch's
+     * round trip), then B first, F while fewer than 2p-1 sets live, else W */
+    expect_order(LOOM_SCHED_ZBH2, 4, 8, 1, 0,
+                 "F0 F1 F2 F3 F4 F5 F6 B0 W0 B1 F7 B2 W1 B3 W2 B4 W3 B5 W4 B6 W5 W6 B7 W7");
+    expect_order(LOOM_SCHED_ZBH2, 4, 8, 1, 2,
+                 "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 W0 B5 F7 B6 W1 W2 B7 W3 W4 W5 W6 W7");
+    /* ZB-V pp=2: stages 0 1 2 3 on ranks 0 1 1 0; rank 0 runs chunk 0 until
+     * micro-batch 0 comes back for its chunk 1 (the last stage) */
+    expect_order(LOOM_SCHED_ZBV, 2, 4, 2, 0,
+                 "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B0.0 B1.1 W0.0 F3.0 B1.0 W1.1 F2.1 B2.1 W1.0 W2.1 B2.0 "
+                 "W2.0 F3.1 B3.1 W3.1 B3.0 W3.0");
+    /* DualPipeV: an F of one chunk paired with the B (and W) of the other */
+    expect_order(LOOM_SCHED_DUALPIPEV, 2, 4, 2, 1,
+                 "F0.0 F0.1 F1.0 F1.1 F2.0 B0.1 F2.1 B0.0 W0.0 F3.0 B1.1 W1.1 F3.1 B1.0 W1.0 B2.1 B2.0 B3.1 "
+                 "B3.0 W0.1 W2.1 W2.0 W3.1 W3.0");
     /* interleaved pp=2 m=4 v=2: groups of 2 micro-batches, chunk 0 then 1;
      * rank 0 warms up with 2*(2-0-1) + 1*2 = 4 forwards, rank 1 with 2 */
     expect_order(LOOM_SCHED_INTERLEAVED, 2, 4, 2, 0,

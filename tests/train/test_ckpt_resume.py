@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checkpoints (docs/checkpoints.md): exact resume and resharding.
 
-Same layout, bit-exact: for dp2 zero2, tp2 sp, pp2 zb and dp2 x tp2 x pp2
+Same layout, bit-exact: for dp2 zero2, tp2 sp, pp2 zb, pp2 zbv (V
+placement: rank 0 holds the first and the last stage) and dp2 x tp2 x pp2
 zero1 on 8 ranks, 20 steps straight (saving at step 10 and 20) against
 10 + --resume DIR/step_10 + 10: the losses of steps 11..20 and every final
 parameter are bitwise equal.
@@ -40,11 +41,12 @@ LAYOUTS = {  # name: (ranks, flags)
     "dp2z2": (2, ["--dp", 2, "--zero", 2]),
     "tp2sp": (2, ["--tp", 2, "--sp"]),
     "pp2zb": (2, ["--pp", 2, "--schedule", "zb", "--micro-batches", 4]),
+    "pp2zbv": (2, ["--pp", 2, "--schedule", "zbv", "--micro-batches", 4]),  # V: rank 0 holds both ends
     "3d8": (8, ["--dp", 2, "--tp", 2, "--pp", 2, "--zero", 1]),
     "cp2z3": (2, ["--cp", 2, "--zero", 3]),  # ZeRO shards over dp x cp
 }
 # (saved under, resumed under): world sizes 8->4, 4->1, 1->8, 2->4, 2->2, 2->4, 8->2,
-# and across cp: 2->4, 2->2
+# across cp: 2->4, 2->2, and pp2 zbv (V placement) -> one rank
 RESHARD = [
     ("3d8", (4, ["--dp", 4, "--zero", 3])),
     ("dp2z2", (None, [])),
@@ -55,6 +57,7 @@ RESHARD = [
     ("3d8", (2, ["--pp", 2, "--schedule", "interleaved", "--virtual-stages", 2, "--micro-batches", 4])),
     ("cp2z3", (4, ["--dp", 2, "--cp", 2, "--zero", 1, "--cp-impl", "ulysses"])),
     ("dp2z2", (2, ["--cp", 2, "--zero", 2])),
+    ("pp2zbv", (None, [])),
 ]
 
 

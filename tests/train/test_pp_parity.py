@@ -24,16 +24,22 @@ COMMON = ["--steps", STEPS, "--batch", 16, "--seq", 16, "--lr", "1e-3", "--warmu
           "--seed", 9, "--peak-flops", "1e11", "--no-progress"]
 
 
+def setup(tmp):
+    """The 8-layer test model and its data in tmp: returns train(tag, np,
+    flags) -> (metrics, params) and the one-rank reference run."""
+    data = lt.make_text_data(tmp)
+    model = lt.write_model(tmp, n_layer=8, n_head=4, n_embd=32, vocab_size=256, n_positions=32)
+    common = ["--model", model, "--data", data] + COMMON
+
+    def train(tag, np, flags):
+        return lt.train(tmp, tag, np, common + flags)
+
+    return train, train("ref", None, [])
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        data = lt.make_text_data(tmp)
-        model = lt.write_model(tmp, n_layer=8, n_head=4, n_embd=32, vocab_size=256, n_positions=32)
-        common = ["--model", model, "--data", data] + COMMON
-
-        def train(tag, np, flags):
-            return lt.train(tmp, tag, np, common + flags)
-
-        ref = train("ref", None, [])
+        train, ref = setup(tmp)
         for pp in (2, 4):
             for sched in ("gpipe", "1f1b", "interleaved", "zb"):
                 for m in (pp, 2 * pp, 4 * pp):
