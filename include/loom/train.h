@@ -73,7 +73,8 @@ typedef struct loom_train_config {
     char save_dir[LOOM_PATH_MAX]; /* sharded checkpoints DIR/step_N, "" = none */
     int save_every;               /* steps between checkpoints (0: only at the end) */
     int keep;                     /* newest checkpoints kept in save_dir (0: all) */
-    char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
+    char resume[LOOM_PATH_MAX];   /* DIR (newest complete) or DIR/step_N, "" = none */
+    int overwrite;                /* delete what save_dir holds (another run's checkpoints) first */
     loom_nan_policy nan_policy;   /* non-finite loss/gradients: abort (default) or skip the update */
     /* MoE (moe.h): warn naming the block when the expert load imbalance
      * (max / mean tokens per expert) or the all-to-all share of the step

@@ -85,8 +85,9 @@ typedef struct loom_train_run_state {
     double flops_per_token, peak_flops, fma_flops; /* peaks per rank (calibrate.c) */
     int peak_raised; /* a step beat the sgemm calibration; peak_flops is that rate now */
     loom_report report;
-    int failed_together; /* the failure being returned was seen by every rank at once */
-    int start_step;      /* the first step to run (a resumed checkpoint's step) */
+    int failed_together;        /* the failure being returned was seen by every rank at once */
+    int start_step;             /* the first step to run (a resumed checkpoint's step) */
+    struct loom_ckpt_run *ckpt; /* the run's identity for checkpoints (ckpt_run.c); NULL without them */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else the best sgemm of the chosen

@@ -294,7 +294,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     s->have_tokens = st == LOOM_OK;
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->save_params, "--save-params");
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->metrics, "--metrics");
-    if (st == LOOM_OK && rank == 0) st = loom_ckpt_prepare_dir(c);
+    if (st == LOOM_OK) st = loom_ckpt_run_create(c, &mc, &s->ckpt);
+    if (st == LOOM_OK && rank == 0) st = loom_ckpt_prepare(c, s->ckpt);
     LOOM_TRY(loom_comm_agree(world, st));
 
     if (c->trace[0]) {
@@ -357,6 +358,7 @@ static void teardown(loom_train_run_state *s) {
     for (int i = 0; i < s->n_parts; i++) loom_gpt_free(s->parts[i]);
     loom_mesh_free(s->mesh);
     if (s->have_tokens) loom_tokens_close(&s->tokens);
+    loom_ckpt_run_free(s->ckpt);
 }
 
 /* The traced step of this rank: its compute (pipeline actions or phases) on
@@ -500,6 +502,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
+    if (st == LOOM_OK && c->save_dir[0]) st = loom_ckpt_begin(&s);
     if (st == LOOM_OK) st = loom_comm_agree(world, loom_report_open(&s.report, c, rank));
     if (st != LOOM_OK) loom_report_close(&s.report, st, res); /* agreed before the first step */
     else st = fail_fast(&s, world, train_phase(&s, res));
