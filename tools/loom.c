@@ -1,4 +1,5 @@
 /* loom.c - the `loom` command: dispatch to subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,7 +37,26 @@ static const char *USAGE =
     "example (4 data-parallel ranks on the built-in default model and data):\n"
     "  scripts/loomrun -np 4 build/loom train --dp 4 --steps 50\n";
 
+/* scripts/loomrun relays a stop (SIGINT / SIGTERM, Ctrl-C) to mpirun as
+ * SIGUSR1 / SIGUSR2, which Open MPI forwards to every rank (it would treat
+ * SIGINT / SIGTERM as a kill of the job instead): each rank raises the
+ * signal it stands for, so the command's own handling of SIGINT / SIGTERM
+ * (train with --save-dir: finish the step, save, exit 75; serve: stop) or
+ * their default action applies. */
+static void relay_stop(int sig) { raise(sig == SIGUSR1 ? SIGINT : SIGTERM); }
+
+static void relay_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = relay_stop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
+    relay_stop_signals();
     loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {

@@ -20,41 +20,51 @@
 /* ---- signals ---------------------------------------------------------------- */
 
 static volatile sig_atomic_t caught_signal;
-static struct sigaction old_term, old_int;
+static struct sigaction ignore_pipe;
 
-static void on_signal(int sig) { caught_signal = sig; }
+/* Only a flag. Once a stop was asked for, a write to an output the launcher
+ * closed (mpirun ending a job closes the ranks' stdout and stderr) fails
+ * instead of killing the rank while it saves or leaves. */
+static void on_signal(int sig) {
+    caught_signal = sig;
+    sigaction(SIGPIPE, &ignore_pipe, NULL);
+}
 
-void loom_ckpt_signals(int on) {
-    if (on) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESTART; /* system calls inside MPI and I/O carry on */
-        sigemptyset(&sa.sa_mask);
-        caught_signal = 0;
-        sigaction(SIGTERM, &sa, &old_term);
-        sigaction(SIGINT, &sa, &old_int);
-    } else {
-        sigaction(SIGTERM, &old_term, NULL);
-        sigaction(SIGINT, &old_int, NULL);
-    }
+void loom_ckpt_signals(void) {
+    static int installed;
+    caught_signal = 0;
+    if (installed) return;
+    ignore_pipe.sa_handler = SIG_IGN;
+    sigemptyset(&ignore_pipe.sa_mask);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; /* system calls inside MPI and I/O carry on */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    installed = 1;
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "?";
 }
 
 loom_status loom_ckpt_after_step(loom_train_run_state *s, int step) {
     const loom_train_config *c = s->cfg;
-    if (!c->save_dir[0]) return LOOM_OK;
+    /* after the last step the end-of-run save follows: a signal now changes nothing */
+    if (!c->save_dir[0] || step + 1 == c->steps) return LOOM_OK;
     int32_t sig = caught_signal;
     LOOM_TRY(loom_comm_allreduce(s->mesh->world, &sig, 1, LOOM_I32, LOOM_MAX));
-    const int last = step + 1 == c->steps; /* the end-of-run save follows */
-    if (!sig && (last || c->save_every <= 0 || (step + 1) % c->save_every != 0)) return LOOM_OK;
+    if (!sig && (c->save_every <= 0 || (step + 1) % c->save_every != 0)) return LOOM_OK;
     loom_status st = loom_ckpt_save(s, step + 1);
     s->failed_together = 1; /* agreed inside the save, or the signal below */
     if (st != LOOM_OK) return st;
     if (sig) {
         st = loom_fail(LOOM_EINTERRUPTED,
-                       "stopped by signal %d after step %d; checkpoint %s/step_%d "
+                       "stopped by signal %d (%s) after step %d; checkpoint %s/step_%d "
                        "saved: continue with --resume %s",
-                       (int)sig, step + 1, c->save_dir, step + 1, c->save_dir);
+                       (int)sig, signal_name((int)sig), step + 1, c->save_dir, step + 1, c->save_dir);
         if (s->mesh->rank != 0) loom_clear_error(); /* rank 0 reports */
         return st;
     }

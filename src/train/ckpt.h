@@ -39,9 +39,10 @@ loom_status loom_ckpt_prepare(const loom_train_config *c, const loom_ckpt_run *r
  * there that verifies and points DIR/latest at it. Collective over the
  * world (agreed). */
 loom_status loom_ckpt_begin(loom_train_run_state *s);
-/* SIGTERM / SIGINT: on (1) a signal only sets a flag; off (0) restores the
- * previous handlers. Local. */
-void loom_ckpt_signals(int on);
+/* SIGTERM / SIGINT only set a flag from now on, for the rest of the
+ * process (a signal after the last step, during the final save or while
+ * the job ends, changes nothing: the run finished). Local. */
+void loom_ckpt_signals(void);
 /* After step `step` (0-based) completed: every --save-every steps, or at
  * once when any rank caught SIGTERM/SIGINT (agreed over the world, one
  * small all-reduce per step), save DIR/step_<step+1>; after a signal return

@@ -477,7 +477,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
     memset(res, 0, sizeof *res);
     s.cfg = c;
     s.dev = dev;
-    if (c->save_dir[0]) loom_ckpt_signals(1);
+    if (c->save_dir[0]) loom_ckpt_signals();
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
     size_t rss0 = 0, rss_max = 0;
@@ -509,6 +509,5 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
     if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
-    if (c->save_dir[0]) loom_ckpt_signals(0);
     return st;
 }
