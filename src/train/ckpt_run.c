@@ -10,6 +10,7 @@
  * must have the identity of the checkpoint it continues. Rank 0 keeps the
  * newest step of --save-dir known to verify, so DIR/latest always ends on
  * it. Nothing here is collective except loom_ckpt_begin. */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -315,6 +316,22 @@ loom_status ckpt_set_latest(const char *dir, int step) {
     return ckpt_fsync_path(dir);
 }
 
+/* Rank 0: a kill while a damaged step_N was set aside (ckpt_save.c) can
+ * leave step_N.damaged behind without step_N; remove such leftovers. */
+static void remove_set_aside(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[CKPT_PATH];
+    while ((e = readdir(d))) {
+        int st, len = 0;
+        if (sscanf(e->d_name, "step_%d.damaged%n", &st, &len) != 1 || e->d_name[len] != '\0') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ckpt_remove_tree(path);
+    }
+    closedir(d);
+}
+
 loom_status loom_ckpt_begin(loom_train_run_state *s) {
     const loom_train_config *c = s->cfg;
     loom_status st = LOOM_OK;
@@ -322,6 +339,7 @@ loom_status loom_ckpt_begin(loom_train_run_state *s) {
     if (c->save_dir[0] && s->mesh->rank == 0) {
         const char *dir = c->save_dir;
         if (c->overwrite) remove_checkpoints(dir);
+        remove_set_aside(dir);
         char path[CKPT_PATH];
         snprintf(path, sizeof path, "%s/run.json", dir);
         char *had = NULL, diff[512];

@@ -10,7 +10,7 @@ resumed through the real binary (one process, and 2 ranks under mpirun):
    last and nothing is left to run (exit 64 then).
 2. a damaged step_N: skipped on resume, then written again by the run
    (bitwise the bytes of the undamaged one), latest on the newest, export
-   DIR the newest.
+   DIR the newest; a step_M.damaged a kill left is removed.
 3. another run's directory: a fresh run (no --resume) with another --lr is
    refused (exit 64 naming lr and --overwrite) on every rank and changes
    nothing there, so does a fresh run of the same settings; --overwrite
@@ -124,6 +124,9 @@ def main():
         # 2. a damaged step_8 (latest names it): skipped, then written again
         d = copy(ck0, tmp, "c2", drop=[10], latest=8)
         ckptlib.flip_byte(os.path.join(d, "step_8", "rank_00000.safetensors"), 7, 0x10)
+        os.makedirs(os.path.join(d, "step_4.damaged"))  # as a kill inside an earlier rewrite leaves
+        with open(os.path.join(d, "step_4.damaged", "manifest.json"), "w") as f:
+            f.write("{}")
         r, m, p = resume(tmp, "c2", common, d)
         err = r.stdout + r.stderr
         lt.check(r.returncode == 0 and resumed_from(err) == ("step_6", 6) and "writing it again" in err,
@@ -132,7 +135,7 @@ def main():
         lt.check(ckptlib.verifies(os.path.join(d, "step_8")), "2: step_8 was not written again")
         lt.check(snapshot(os.path.join(d, "step_8")) == snapshot(os.path.join(ck0, "step_8")),
                  "2: the rewritten step_8 differs from the undamaged one")
-        lt.check(ckptlib.latest(d) == "step_10" and not os.path.exists(os.path.join(d, "step_8.damaged")),
+        lt.check(ckptlib.latest(d) == "step_10" and not any(n.endswith(".damaged") for n in os.listdir(d)),
                  "2: latest %s, left %s" % (ckptlib.latest(d), sorted(os.listdir(d))))
         exp = os.path.join(tmp, "exp2", "model.safetensors")
         os.makedirs(os.path.dirname(exp))
