@@ -11,7 +11,8 @@ SIGINT sent to loomrun - what a batch system or Ctrl-C does - stop every
 rank after a step with the checkpoint saved, and loomrun exits 75 (Open MPI
 alone would kill the ranks after 1 s and exit 1); the SIGTERM run resumes
 from its checkpoint to the end. A SIGTERM to loomrun once the last step is
-logged changes nothing: exit 0, the final checkpoint saved."""
+logged changes nothing: exit 0, the final checkpoint saved. loomrun killed
+with SIGKILL does not leave its job running."""
 import os
 import signal
 import subprocess
@@ -172,6 +173,21 @@ def through_launcher(tmp, common):
             lt.check(r.returncode == 0 and done == list(range(k + 1, steps + 1)) and ckptlib.latest(ck) == "step_%d" % steps,
                      "%s: resume exit %d, steps %s, latest %s\n%s" % (
                          tag, r.returncode, done[:3], ckptlib.latest(ck), r.stderr[-800:]))
+    # loomrun killed (SIGKILL: a timeout, a crash): its watcher ends the job
+    metrics = os.path.join(tmp, "killed.jsonl")
+    p = subprocess.Popen([lt.LOOM_RUN, "-np", "2", lt.LOOM, "train"] + [str(a) for a in [
+        a if a != STEPS else 1000000 for a in common] + ["--dp", 2, "--metrics", metrics]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_started(p, metrics)
+    ranks = loom_ranks(p.pid)
+    p.kill()
+    p.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(proc_status(r)["State"] == "gone" for r in ranks):
+        time.sleep(0.1)
+    lt.check(len(ranks) == 2 and all(proc_status(r)["State"] == "gone" for r in ranks),
+             "loomrun killed: ranks %s still there" % [r for r in ranks if proc_status(r)["State"] != "gone"])
+    print("loomrun SIGKILLed: its 2 ranks ended")
     # after the last step: the run finished, the signal changes nothing
     last = [a if a != STEPS else 40 for a in common] + ["--dp", 2]
     p, err, ck, seen, running = launcher_run(tmp, "launcher_late", last, signal.SIGTERM, 40, must_run=False)
