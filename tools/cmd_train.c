@@ -201,6 +201,9 @@ int cmd_train(int argc, char **argv) {
     if (st == LOOM_OK) st = loom_layout_parse_order(order, &c.layout);
     if (st == LOOM_OK) st = loom_layout_parse_stage_layers(stage_layers, &c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
+    /* the stop signals tools/loom.c held since the start: --save-dir catches them */
+    if (st == LOOM_OK && c.save_dir[0]) loom_train_catch_stop_signals(cli_held_stop_signal());
+    else cli_release_stop_signals();
     if (st == LOOM_OK)
         st = cli_device_create(device, c.threads, loom_comm_size(world),
                                c.layout.precision == LOOM_PRECISION_BF16, &dev);

@@ -45,18 +45,34 @@ static const char *USAGE =
  * their default action applies. */
 static void relay_stop(int sig) { raise(sig == SIGUSR1 ? SIGINT : SIGTERM); }
 
-static void relay_stop_signals(void) {
+/* loom train holds SIGTERM / SIGINT from its start (MPI start-up included)
+ * until its flags are read: with --save-dir a held one asks the run to stop
+ * after its first step; without, it is delivered with its default action. */
+static volatile sig_atomic_t g_held_stop;
+
+static void hold_stop(int sig) { g_held_stop = sig; }
+
+int cli_held_stop_signal(void) { return g_held_stop; }
+
+void cli_release_stop_signals(void) {
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (g_held_stop) raise(g_held_stop);
+}
+
+static void catch_two(void (*handler)(int), int a, int b) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = relay_stop;
+    sa.sa_handler = handler;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGUSR2, &sa, NULL);
+    sigaction(a, &sa, NULL);
+    sigaction(b, &sa, NULL);
 }
 
 int main(int argc, char **argv) {
-    relay_stop_signals();
+    catch_two(relay_stop, SIGUSR1, SIGUSR2);
+    if (argc >= 2 && strcmp(argv[1], "train") == 0) catch_two(hold_stop, SIGTERM, SIGINT);
     loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {

@@ -97,6 +97,11 @@ typedef struct loom_train_result {
 
 loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world,
                            loom_train_result *res);
+/* From now on SIGTERM / SIGINT only ask a run with --save-dir to stop after
+ * its next step with a checkpoint (loom_train_run does this itself; a
+ * program calls it earlier to cover its own start-up); `pending`, if not
+ * 0, is such a signal that arrived before. Local; for the process. */
+void loom_train_catch_stop_signals(int pending);
 
 typedef struct loom_eval_config {
     char model[LOOM_PATH_MAX], data[LOOM_PATH_MAX], load_params[LOOM_PATH_MAX];

@@ -32,8 +32,7 @@ static void on_signal(int sig) {
 
 void loom_ckpt_signals(void) {
     static int installed;
-    caught_signal = 0;
-    if (installed) return;
+    if (installed) return; /* a stop asked for before (loom_train_catch_stop_signals) stays */
     ignore_pipe.sa_handler = SIG_IGN;
     sigemptyset(&ignore_pipe.sa_mask);
     struct sigaction sa;
@@ -44,6 +43,11 @@ void loom_ckpt_signals(void) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     installed = 1;
+}
+
+void loom_train_catch_stop_signals(int pending) {
+    loom_ckpt_signals();
+    if (pending) caught_signal = pending;
 }
 
 static const char *signal_name(int sig) {

@@ -41,7 +41,8 @@ loom_status loom_ckpt_prepare(const loom_train_config *c, const loom_ckpt_run *r
 loom_status loom_ckpt_begin(loom_train_run_state *s);
 /* SIGTERM / SIGINT only set a flag from now on, for the rest of the
  * process (a signal after the last step, during the final save or while
- * the job ends, changes nothing: the run finished). Local. */
+ * the job ends, changes nothing: the run finished); a flag set before
+ * (loom_train_catch_stop_signals) is kept. Local. */
 void loom_ckpt_signals(void);
 /* After step `step` (0-based) completed: every --save-every steps, or at
  * once when any rank caught SIGTERM/SIGINT (agreed over the world, one
