@@ -58,6 +58,12 @@ void cli_print_man_main(const char *usage, const char *const *commands, FILE *ou
 int cli_parse_local(const cli_cmd *cmd, int argc, char **argv);
 
 /* Subcommands. Each returns the process exit code. */
+/* loom train: a SIGTERM / SIGINT that arrived while the command started
+ * (tools/loom.c holds it until the flags say whether --save-dir catches
+ * it), 0 if none; cli_release_stop_signals gives them back their default
+ * action (and delivers a held one). */
+int cli_held_stop_signal(void);
+void cli_release_stop_signals(void);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_data(int argc, char **argv);

@@ -53,8 +53,8 @@ static loom_status check_train_flags(const loom_train_config *c) {
     LOOM_TRY(distinct("--metrics", c->metrics, "--load-params", c->load_params));
     if (c->save_every < 0) return loom_fail(LOOM_EUSAGE, "--save-every %d: must be >= 0", c->save_every);
     if (c->keep < 0) return loom_fail(LOOM_EUSAGE, "--keep %d: must be >= 0 (0 = all)", c->keep);
-    if ((c->save_every || c->keep) && !c->save_dir[0])
-        return loom_fail(LOOM_EUSAGE, "--save-every and --keep need --save-dir DIR");
+    if ((c->save_every || c->keep || c->overwrite) && !c->save_dir[0])
+        return loom_fail(LOOM_EUSAGE, "--save-every, --keep and --overwrite need --save-dir DIR");
     if (c->resume[0] && c->load_params[0])
         return loom_fail(LOOM_EUSAGE, "--resume and --load-params both set the parameters; give one");
     return LOOM_OK;
@@ -200,7 +200,9 @@ int cmd_train(int argc, char **argv) {
         {"keep", OPT_INT, &c.keep, 0, "K",
          "keep the newest K checkpoints in --save-dir, removing older ones after each publish (default 0: all)"},
         {"resume", OPT_STR, c.resume, sizeof c.resume, "DIR",
-         "continue from DIR/latest (or the newest complete step_N whose hashes verify) or from DIR/step_N, under any layout"},
+         "continue from the newest step_N of DIR whose manifest and files verify, or from DIR/step_N, under any layout; the run's model, data, seed and hyper-parameters must be the checkpoint's"},
+        {"overwrite", OPT_FLAG, &c.overwrite, 0, NULL,
+         "--save-dir may hold checkpoints (of this or another run): delete them before the first step and start over"},
         {"nan-policy", OPT_ENUM, &e_nan_policy, 0, "abort|skip",
          "a non-finite loss or gradient (checked every step, the first such parameter named): abort (exit 65, default) or skip that step's update"},
         {"log-every", OPT_INT, &c.log_every, 0, "N", "plain log line every N steps (default 1)"},
@@ -238,6 +240,9 @@ int cmd_train(int argc, char **argv) {
     if (st == LOOM_OK) st = parse_trace_steps(trace_steps, &c);
     loom_layout_vshape_default(&c.layout);
     if (st == LOOM_OK) st = check_train_flags(&c);
+    /* the stop signals tools/loom.c held since the start: --save-dir catches them */
+    if (st == LOOM_OK && c.save_dir[0]) loom_train_catch_stop_signals(cli_held_stop_signal());
+    else cli_release_stop_signals();
     if (st == LOOM_OK)
         st = cli_device_create(device, c.threads, loom_comm_size(world),
                                c.layout.precision == LOOM_PRECISION_BF16, &dev);

@@ -1,4 +1,5 @@
 /* loom.c - the `loom` command: dispatch to subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -62,7 +63,42 @@ static void take_help_man(int argc, char **argv) {
         }
 }
 
+/* scripts/loomrun relays a stop (SIGINT / SIGTERM, Ctrl-C) to mpirun as
+ * SIGUSR1 / SIGUSR2, which Open MPI forwards to every rank (it would treat
+ * SIGINT / SIGTERM as a kill of the job instead): each rank raises the
+ * signal it stands for, so the command's own handling of SIGINT / SIGTERM
+ * (train with --save-dir: finish the step, save, exit 75; serve: stop) or
+ * their default action applies. */
+static void relay_stop(int sig) { raise(sig == SIGUSR1 ? SIGINT : SIGTERM); }
+
+/* loom train holds SIGTERM / SIGINT from its start (MPI start-up included)
+ * until its flags are read: with --save-dir a held one asks the run to stop
+ * after its first step; without, it is delivered with its default action. */
+static volatile sig_atomic_t g_held_stop;
+
+static void hold_stop(int sig) { g_held_stop = sig; }
+
+int cli_held_stop_signal(void) { return g_held_stop; }
+
+void cli_release_stop_signals(void) {
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (g_held_stop) raise(g_held_stop);
+}
+
+static void catch_two(void (*handler)(int), int a, int b) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(a, &sa, NULL);
+    sigaction(b, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
+    catch_two(relay_stop, SIGUSR1, SIGUSR2);
+    if (argc >= 2 && strcmp(argv[1], "train") == 0) catch_two(hold_stop, SIGTERM, SIGINT);
     loom_blas_select(argv); /* may re-execute with OPENBLAS_CORETYPE set (loom/cpu.h) */
     take_help_man(argc, argv);
     if (cli_help_man && argc == 2) {

@@ -75,7 +75,8 @@ typedef struct loom_train_config {
     char save_dir[LOOM_PATH_MAX]; /* sharded checkpoints DIR/step_N, "" = none */
     int save_every;               /* steps between checkpoints (0: only at the end) */
     int keep;                     /* newest checkpoints kept in save_dir (0: all) */
-    char resume[LOOM_PATH_MAX];   /* DIR (latest complete) or DIR/step_N, "" = none */
+    char resume[LOOM_PATH_MAX];   /* DIR (newest complete) or DIR/step_N, "" = none */
+    int overwrite;                /* delete what save_dir holds (another run's checkpoints) first */
     loom_nan_policy nan_policy;   /* non-finite loss/gradients: abort (default) or skip the update */
     /* MoE (moe.h): warn naming the block when the expert load imbalance
      * (max / mean tokens per expert) or the all-to-all share of the step
@@ -98,6 +99,11 @@ typedef struct loom_train_result {
 
 loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_comm *world,
                            loom_train_result *res);
+/* From now on SIGTERM / SIGINT only ask a run with --save-dir to stop after
+ * its next step with a checkpoint (loom_train_run does this itself; a
+ * program calls it earlier to cover its own start-up); `pending`, if not
+ * 0, is such a signal that arrived before. Local; for the process. */
+void loom_train_catch_stop_signals(int pending);
 
 typedef struct loom_eval_config {
     char model[LOOM_PATH_MAX], data[LOOM_PATH_MAX], load_params[LOOM_PATH_MAX];

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "comm/comm_job.h"
 #include "loom/bf16.h"
 
 size_t loom_dtype_size(loom_dtype t) {
@@ -117,6 +118,7 @@ loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_si
 void loom_comm_adopt_host(loom_comm *c, loom_comm *host) {
     c->host = host;
     host->stats = c->stats;
+    loom_job_group_rekey(host->seq, c->seq); /* the host's calls count as c's on the progress board */
     host->seq = c->seq;
 }
 

@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "comm/comm_job.h"
 #include "loom/bf16.h"
 #include "loom/log.h"
 
@@ -265,6 +266,23 @@ static loom_status mpi_test(loom_comm *c, void *req, int *done) {
 /* ---- groups --------------------------------------------------------------- */
 
 /* A loom_comm around mpi whose buffers are in mem (freed on failure). */
+/* The group's members as world ranks, for the progress board (comm_job.h). */
+static void register_members(loom_comm *c, MPI_Comm mpi, int size) {
+    MPI_Group grp, world;
+    int *mine = malloc(2 * (size_t)size * sizeof *mine);
+    if (!mine || MPI_Comm_group(mpi, &grp) != MPI_SUCCESS) {
+        free(mine);
+        return;
+    }
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    for (int i = 0; i < size; i++) mine[i] = i;
+    if (MPI_Group_translate_ranks(grp, size, mine, world, mine + size) == MPI_SUCCESS)
+        loom_job_group_add(c->seq, c->name, mine + size, size);
+    MPI_Group_free(&grp);
+    MPI_Group_free(&world);
+    free(mine);
+}
+
 static loom_status mpi_wrap(MPI_Comm mpi, const loom_comm_mem *mem, const char *name, int is_world,
                             loom_comm **out) {
     *out = NULL;
@@ -291,6 +309,7 @@ static loom_status mpi_wrap(MPI_Comm mpi, const loom_comm_mem *mem, const char *
     }
     g->is_world = is_world;
     if (is_world) g_live_worlds++;
+    register_members(c, mpi, size);
     *out = c;
     return LOOM_OK;
 }
@@ -311,6 +330,7 @@ static void mpi_free(loom_comm *c) {
     mpi_group *g = c->impl;
     if (!g) return;
     loom_watch_flush(&g->queued);
+    loom_job_group_remove(c->seq);
     if (g->mpi != MPI_COMM_NULL) MPI_Comm_free(&g->mpi);
     if (g->is_world && --g_live_worlds == 0) watch_stop();
     free(g->counts);
@@ -454,6 +474,36 @@ static void watch_start(int thread_level) {
     if (progress && !loom_watch_progress()) MPI_Comm_free(&g_probe_comm); /* no thread */
 }
 
+/* The progress board (comm_job.c): one slot per rank of this host in
+ * memory they share. Without it (an MPI that cannot share memory) the
+ * watchdog only names the waiting rank. */
+static void board_start(void) {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Win win = MPI_WIN_NULL;
+    void *base = NULL;
+    int n = 0, me = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_world_rank, MPI_INFO_NULL, &node) !=
+        MPI_SUCCESS)
+        return;
+    MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+    MPI_Comm_size(node, &n);
+    MPI_Comm_rank(node, &me);
+    void **slots = malloc((size_t)n * sizeof *slots);
+    int *ranks = malloc((size_t)n * sizeof *ranks);
+    int ok = slots && ranks &&
+             MPI_Win_allocate_shared((MPI_Aint)loom_job_slot_bytes(), 1, MPI_INFO_NULL, node, &base, &win) ==
+                 MPI_SUCCESS &&
+             MPI_Allgather(&g_world_rank, 1, MPI_INT, ranks, 1, MPI_INT, node) == MPI_SUCCESS;
+    for (int r = 0; ok && r < n; r++) {
+        MPI_Aint size;
+        int disp;
+        ok = MPI_Win_shared_query(win, r, &size, &disp, &slots[r]) == MPI_SUCCESS;
+    }
+    if (ok) loom_job_attach(slots, ranks, n, me);
+    free(slots);
+    free(ranks);
+}
+
 static void watch_stop(void) {
     loom_watch_stop_thread();
     if (g_probe_comm != MPI_COMM_NULL) MPI_Comm_free(&g_probe_comm);
@@ -568,16 +618,20 @@ loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     if (g_live_worlds == 1) {
         int level = MPI_THREAD_SINGLE;
         MPI_Query_thread(&level);
+        if (world_size > 1) board_start();
         watch_start(level);
     }
     return LOOM_OK;
 }
 
 void loom_comm_finalize(loom_comm *world) {
-    loom_comm_free(world); /* the last world stops the watch (mpi_free) */
+    loom_job_set_state(LOOM_JOB_DONE, 0); /* leaving: what peers report of this rank (comm_job.c) */
+    loom_comm_free(world);                /* the last world stops the watch (mpi_free) */
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (g_live_worlds <= 0 && g_started_mpi && !finalized) {
+        /* the board's window is left to MPI_Finalize: freeing it would wait for every rank of the host */
+        loom_job_detach();
         if (g_bf16_sum != MPI_OP_NULL) MPI_Op_free(&g_bf16_sum);
         MPI_Finalize();
     }
@@ -595,6 +649,7 @@ void loom_comm_abort(loom_comm *c, int code) {
         fprintf(stderr, "loom: error: rank %d: aborting all ranks from group %s, exit code %d\n",
                 g_world_rank, c ? c->name : "world", code);
     fflush(stderr);
+    loom_job_set_state(LOOM_JOB_ABORT, code); /* what peers report of this rank (comm_job.c) */
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);

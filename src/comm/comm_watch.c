@@ -16,13 +16,19 @@
  *
  * The watchdog: a call in flight longer than LOOM_COMM_TIMEOUT seconds
  * (default 600; 0 turns it off) prints "rank R: <op> on group <g> (call #N
- * on that group) has not completed after S s" and aborts the job. Its cost
+ * on that group) has not completed after S s", then, from the progress board
+ * (comm_job.c), each member of the group on this host that has not entered
+ * that call and what it is doing (for a send or receive, whose call numbers
+ * differ between ranks: what every member is doing), and aborts the job. At
+ * every wake-up the thread also stamps this rank's heartbeat there. Its cost
  * is a mutex and a list insert per call. A caller waiting for a queued start
  * checks the ages itself, so a start that never returns inside the runtime
  * (test hook: LOOM_COMM_FAULT=stall-start stops the thread at its first) is
  * reported the same way.
  */
 #include "comm/comm_watch.h"
+
+#include "comm/comm_job.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -73,14 +79,19 @@ int loom_watch_progress(void) { return g_progress; }
 
 /* ---- the watchdog -------------------------------------------------------- */
 
+static int is_p2p(loom_comm_op op);
+
 /* Called with g_mu held; does not return. */
 static void watchdog_fire(const loom_watch_node *n, double now) {
+    static char who[4096];
+    loom_job_report(n->seqp, n->seq, is_p2p(n->op), who, sizeof who);
     fprintf(stderr,
             "loom: error: rank %d: %s on group %s (call #%llu on that group) has not completed "
-            "after %.0f s (LOOM_COMM_TIMEOUT=%g)%s%s; aborting the job\n",
+            "after %.0f s (LOOM_COMM_TIMEOUT=%g)%s%s; aborting the job%s\n",
             g_hooks.world_rank, loom_comm_op_name(n->op), n->group, (unsigned long long)n->seq, now - n->t0,
-            g_timeout_s, g_hooks.host[0] ? " on host " : "", g_hooks.host);
+            g_timeout_s, g_hooks.host[0] ? " on host " : "", g_hooks.host, who);
     fflush(stderr);
+    loom_job_set_state(LOOM_JOB_ABORT, LOOM_EUNAVAIL);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
     _Exit(LOOM_EUNAVAIL);
 }
@@ -96,8 +107,13 @@ static void watchdog_check(void) {
 static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_RECV; }
 
 void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint64_t *seq, int nonblocking) {
-    *n = (loom_watch_node){
-        .op = op, .group = group, .seq = ++*seq, .t0 = loom_comm_wtime(), .nonblocking = nonblocking};
+    *n = (loom_watch_node){.op = op,
+                           .group = group,
+                           .seq = ++*seq,
+                           .seqp = seq,
+                           .t0 = loom_comm_wtime(),
+                           .nonblocking = nonblocking};
+    loom_job_enter(seq, op);
     if (!g_on) return;
     pthread_mutex_lock(&g_mu);
     n->next = g_head;
@@ -112,6 +128,7 @@ void loom_watch_add(loom_watch_node *n, loom_comm_op op, const char *group, uint
 }
 
 void loom_watch_remove(loom_watch_node *n) {
+    loom_job_leave();
     if (!g_on) return;
     pthread_mutex_lock(&g_mu);
     if (n->prev) n->prev->next = n->next;
@@ -209,6 +226,7 @@ static void *watch_main(void *arg) {
     while (!g_stop) {
         make_queued();
         watchdog_check();
+        loom_job_tick();
         struct timespec ts;
         if (g_progress && g_nonblocking > 0) {
             long ns = g_probe_ns;

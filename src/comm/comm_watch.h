@@ -20,8 +20,9 @@
 typedef struct loom_watch_node {
     loom_comm_op op;
     const char *group;
-    uint64_t seq; /* the group's call number, from 1 */
-    double t0;    /* loom_comm_wtime at the start */
+    uint64_t seq;         /* the group's call number, from 1 */
+    const uint64_t *seqp; /* the group's counter (its key on the progress board, comm_job.h) */
+    double t0;            /* loom_comm_wtime at the start */
     int nonblocking;
     struct loom_watch_node *prev, *next;
 } loom_watch_node;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/edp.h"
 #include "loom/log.h"
@@ -23,107 +24,6 @@
 
 /* ---- load ------------------------------------------------------------------ */
 
-typedef struct {
-    const char *dir;
-    const cJSON *man;
-    int verified; /* every file's hash was checked just now (rank 0 in resolve) */
-    struct {
-        const char *name;
-        loom_st_file *f;
-    } open[256];
-    int n_open;
-} reader;
-
-static void reader_close(reader *rd) {
-    for (int i = 0; i < rd->n_open; i++) loom_st_close(rd->open[i].f);
-}
-
-static loom_status reader_file(reader *rd, const char *name, loom_st_file **out) {
-    for (int i = 0; i < rd->n_open; i++)
-        if (strcmp(rd->open[i].name, name) == 0) {
-            *out = rd->open[i].f;
-            return LOOM_OK;
-        }
-    if (rd->n_open == 256) { /* many files (a large world saved): start the cache over */
-        reader_close(rd);
-        rd->n_open = 0;
-    }
-    const cJSON *f, *entry = NULL;
-    cJSON_ArrayForEach(f, cJSON_GetObjectItem(rd->man, "files"))
-        if (strcmp(jstr(f, "file"), name) == 0) entry = f;
-    char path[CKPT_PATH], hex[65];
-    snprintf(path, sizeof path, "%s/%s", rd->dir, name);
-    if (!entry)
-        return loom_fail(LOOM_EDATA, "%s: a shard names file %s the manifest does not list", rd->dir, name);
-    if (!rd->verified) {
-        LOOM_TRY(loom_sha256_file(path, hex));
-        if (strcmp(hex, jstr(entry, "sha256")) != 0)
-            return loom_fail(LOOM_EDATA, "%s: SHA-256 does not match the manifest", path);
-    }
-    LOOM_TRY(loom_st_open(path, out));
-    rd->open[rd->n_open].name = name;
-    rd->open[rd->n_open++].f = *out;
-    return LOOM_OK;
-}
-
-/* Fill buf/have over [lo, hi) of tensor `name` (numel elements) from every
- * shard of `kind` whose range meets it. */
-static loom_status fill_tensor(reader *rd, const char *name, int kind, int64_t numel, int64_t lo, int64_t hi,
-                               float *buf, unsigned char *have) {
-    const cJSON *sh;
-    cJSON_ArrayForEach(sh, cJSON_GetObjectItem(rd->man, "shards")) {
-        if (strcmp(jstr(sh, "tensor"), name) != 0 || strcmp(jstr(sh, "kind"), ckpt_kind_names[kind]) != 0)
-            continue;
-        const cJSON *rg = cJSON_GetObjectItem(sh, "range");
-        double a = cJSON_GetArrayItem(rg, 0)->valuedouble, b = cJSON_GetArrayItem(rg, 1)->valuedouble;
-        if (b <= (double)lo || a >= (double)hi) continue;
-        loom_st_file *f;
-        LOOM_TRY(reader_file(rd, jstr(sh, "file"), &f));
-        const loom_st_tensor *t = loom_st_find(f, jstr(sh, "key"));
-        if (!t || t->dtype != LOOM_ST_F32 || t->ndim != 1)
-            return loom_fail(LOOM_EDATA, "%s/%s: no 1-D F32 tensor %s for %s %s", rd->dir, jstr(sh, "file"),
-                             jstr(sh, "key"), ckpt_kind_names[kind], name);
-        const float *src = loom_st_data(f, t);
-        size_t k = 0;
-        const cJSON *r;
-        cJSON_ArrayForEach(r, cJSON_GetObjectItem(sh, "runs")) {
-            int64_t start = (int64_t)cJSON_GetArrayItem(r, 0)->valuedouble;
-            int64_t len = (int64_t)cJSON_GetArrayItem(r, 1)->valuedouble;
-            int64_t stride = (int64_t)cJSON_GetArrayItem(r, 2)->valuedouble;
-            int64_t count = (int64_t)cJSON_GetArrayItem(r, 3)->valuedouble;
-            for (int64_t c = 0; c < count; c++)
-                for (int64_t j = 0; j < len; j++) {
-                    int64_t g = start + c * stride + j;
-                    if (k >= t->numel || g >= numel)
-                        return loom_fail(LOOM_EDATA,
-                                         "%s: shard %s of %s %s: runs exceed its %zu "
-                                         "elements or the tensor's %lld",
-                                         rd->dir, jstr(sh, "key"), ckpt_kind_names[kind], name, t->numel,
-                                         (long long)numel);
-                    float x;
-                    memcpy(&x, (const char *)src + k * sizeof x, sizeof x);
-                    k++;
-                    buf[g] = x;
-                    have[g] = 1;
-                }
-        }
-    }
-    return LOOM_OK;
-}
-
-/* Global element count of tensor `name` from the manifest. */
-static int64_t tensor_numel(const cJSON *man, const char *name) {
-    const cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "tensors"), name);
-    const cJSON *sh = cJSON_GetObjectItem(t, "shape"), *d;
-    if (!cJSON_IsArray(sh)) return -1;
-    int64_t n = 1;
-    cJSON_ArrayForEach(d, sh) {
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e10) return -1;
-        n *= (int64_t)d->valuedouble;
-    }
-    return n;
-}
-
 /* Load one local tensor's elements of one kind: the targets are local
  * element indices [a, b) of p (flat f = p->offset + i), written to dst[i - a]. */
 typedef struct {
@@ -131,10 +31,10 @@ typedef struct {
     float *dst;
 } local_span;
 
-static loom_status load_param(reader *rd, const loom_gpt *m, const loom_param *p, int kind,
+static loom_status load_param(ckpt_reader *rd, const loom_gpt *m, const loom_param *p, int kind,
                               const local_span *sp, int n_sp, float *scratch, unsigned char *have) {
     const int tr = m->part.tp.rank;
-    int64_t numel = tensor_numel(rd->man, p->name);
+    int64_t numel = ckpt_tensor_numel(rd->man, p->name);
     if (numel != p->shape[0] * p->shape[1])
         return loom_fail(LOOM_EDATA, "%s: tensor %s is not in the manifest with shape [%lld, %lld]", rd->dir,
                          p->name, (long long)p->shape[0], (long long)p->shape[1]);
@@ -148,7 +48,7 @@ static loom_status load_param(reader *rd, const loom_gpt *m, const loom_param *p
         }
     if (lo >= hi) return LOOM_OK;
     memset(have + lo, 0, (size_t)(hi - lo));
-    LOOM_TRY(fill_tensor(rd, p->name, kind, numel, lo, hi, scratch, have));
+    LOOM_TRY(ckpt_fill_tensor(rd, p->name, kind, numel, lo, hi, scratch, have));
     for (int s = 0; s < n_sp; s++)
         for (size_t i = sp[s].a; i < sp[s].b; i++) {
             int64_t g = loom_param_global_index(p, tr, i);
@@ -165,8 +65,8 @@ static loom_status load_param(reader *rd, const loom_gpt *m, const loom_param *p
 }
 
 /* One part's elements into its state as host memory (cs). */
-static loom_status load_part_state(reader *rd, const loom_train_run_state *s, int part, const ckpt_state *cs,
-                                   float *scratch, unsigned char *have) {
+static loom_status load_part_state(ckpt_reader *rd, const loom_train_run_state *s, int part,
+                                   const ckpt_state *cs, float *scratch, unsigned char *have) {
     const loom_gpt *m = s->parts[part];
     const int nr = cs->nr, no = cs->no;
     const loom_param_run *pr = cs->pr;
@@ -205,7 +105,7 @@ static loom_status load_part_state(reader *rd, const loom_train_run_state *s, in
 
 /* One part: its state opened as host memory, filled, uploaded back when
  * it is a copy (and only when every element was found). */
-static loom_status load_part(reader *rd, const loom_train_run_state *s, int part, float *scratch,
+static loom_status load_part(ckpt_reader *rd, const loom_train_run_state *s, int part, float *scratch,
                              unsigned char *have) {
     ckpt_state cs;
     LOOM_TRY(ckpt_state_open(s, part, &cs));
@@ -240,53 +140,50 @@ static loom_status load_buffers(const loom_train_run_state *s, const cJSON *man,
     return LOOM_OK;
 }
 
-/* Settings that must match for the resumed run to continue the saved one. */
-static loom_status check_compatible(const loom_train_run_state *s, const cJSON *man, const char *dir) {
-    const loom_train_config *c = s->cfg;
-    const loom_model_config *mc = &s->parts[0]->cfg;
-    const cJSON *m = cJSON_GetObjectItem(man, "model"), *t = cJSON_GetObjectItem(man, "train");
-    const struct {
-        const cJSON *o;
-        const char *key, *flag;
-        double mine;
-    } want[] = {
-        {m, "n_layer", "--model", mc->n_layer},
-        {m, "n_head", "--model", mc->n_head},
-        {m, "n_embd", "--model", mc->n_embd},
-        {m, "vocab_size", "--model", mc->vocab_size},
-        {m, "n_positions", "--model", mc->n_positions},
-        {t, "steps", "--steps", c->steps},
-        {t, "batch", "--batch", c->batch},
-        {t, "seq", "--seq", c->seq},
-        {t, "lr", "--lr", c->lr},
-        {t, "min_lr_frac", "--min-lr-frac", c->min_lr_frac},
-        {t, "warmup", "--warmup", c->warmup},
-        {t, "weight_decay", "--weight-decay", c->weight_decay},
-        {t, "beta1", "--beta1", c->beta1},
-        {t, "beta2", "--beta2", c->beta2},
-        {t, "eps", "--eps", c->eps},
-        {t, "grad_clip", "--grad-clip", c->grad_clip},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        const cJSON *v = cJSON_GetObjectItem(want[i].o, want[i].key);
-        if (!cJSON_IsNumber(v) || (float)v->valuedouble != (float)want[i].mine) /* cJSON prints 15 digits */
-            return loom_fail(LOOM_EUSAGE,
-                             "--resume %s: the checkpoint has %s = %g, this run %s %g; "
-                             "resume with the same value",
-                             dir, want[i].key, cJSON_IsNumber(v) ? v->valuedouble : -1.0, want[i].flag,
-                             want[i].mine);
-    }
-    const char *seed = jstr(cJSON_GetObjectItem(man, "rng"), "seed");
-    char mine[32];
-    snprintf(mine, sizeof mine, "%llu", (unsigned long long)c->seed);
-    if (!seed || strcmp(seed, mine) != 0)
-        return loom_fail(LOOM_EUSAGE, "--resume %s: the checkpoint has seed %s, this run --seed %s", dir,
-                         seed ? seed : "(none)", mine);
-    int step = cJSON_GetObjectItem(man, "step")->valueint;
-    if (step >= c->steps)
+/* The resumed run must be the saved one (its identity: model, data, seed,
+ * hyper-parameters), with steps left; then the manifest's tensors must be
+ * the model's, checked before anything is allocated for them. */
+static loom_status check_compatible(const loom_train_run_state *s, const cJSON *man, const char *dir,
+                                    const ckpt_spec *spec, int n) {
+    char diff[512];
+    if (ckpt_identity_diff(cJSON_GetObjectItem(man, "run"), s->ckpt, diff, sizeof diff))
+        return loom_fail(LOOM_EUSAGE,
+                         "--resume %s: the checkpoint is of another run: %s; resume with the same settings",
+                         dir, diff);
+    int step = (int)cJSON_GetObjectItem(man, "step")->valuedouble;
+    if (step >= s->cfg->steps)
         return loom_fail(LOOM_EUSAGE, "--resume %s: the checkpoint is at step %d, nothing left of --steps %d",
-                         dir, step, c->steps);
+                         dir, step, s->cfg->steps);
+    return ckpt_check_tensors(man, dir, spec, n);
+}
+
+/* The model's tensors as a reader expects them (*spec: malloc'd, pointing into *table). */
+static loom_status model_spec(const loom_model_config *mc, loom_param **table, ckpt_spec **spec, int *n) {
+    size_t total;
+    LOOM_TRY(loom_param_table_whole(mc, table, n, &total));
+    *spec = calloc((size_t)(*n ? *n : 1), sizeof **spec);
+    if (!*spec) {
+        free(*table);
+        return loom_fail(LOOM_EOS, "out of memory");
+    }
+    for (int i = 0; i < *n; i++)
+        (*spec)[i] =
+            (ckpt_spec){(*table)[i].name, (*table)[i].ndim, {(*table)[i].shape[0], (*table)[i].shape[1]}};
     return LOOM_OK;
+}
+
+/* Rank 0: --resume DIR took the newest step that verifies; DIR/latest now names it. */
+static void repair_latest(const char *arg, const char *dir) {
+    char path[CKPT_DIR];
+    snprintf(path, sizeof path, "%s/manifest.json", arg);
+    if (access(path, F_OK) == 0) return; /* a step directory was named */
+    const char *base = strrchr(dir, '/');
+    int step;
+    if (!base || sscanf(base + 1, "step_%d", &step) != 1) return;
+    if (ckpt_set_latest(arg, step) != LOOM_OK) {
+        loom_warn("%s/latest could not be pointed at step_%d: %s", arg, step, loom_errmsg());
+        loom_clear_error();
+    }
 }
 
 loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
@@ -294,38 +191,47 @@ loom_status loom_ckpt_load(loom_train_run_state *s, int *step) {
     char dir[CKPT_DIR] = {0};
     loom_status st = LOOM_OK;
     double t0 = loom_comm_wtime();
-    if (s->mesh->rank == 0) st = loom_ckpt_resolve(s->cfg->resume, dir, sizeof dir);
+    if (s->mesh->rank == 0) {
+        st = loom_ckpt_resolve(s->cfg->resume, dir, sizeof dir);
+        if (st == LOOM_OK) {
+            repair_latest(s->cfg->resume, dir);
+            snprintf(s->ckpt->resumed, sizeof s->ckpt->resumed, "%s", dir);
+        }
+    }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(loom_comm_bcast(world, dir, sizeof dir, 0));
     cJSON *man = NULL;
-    st = ckpt_manifest_open(dir, &man);
-    if (st == LOOM_OK) st = check_compatible(s, man, dir);
+    loom_param *table = NULL;
+    ckpt_spec *spec = NULL;
+    int n = 0;
+    st = model_spec(&s->parts[0]->cfg, &table, &spec, &n);
+    if (st == LOOM_OK) st = ckpt_manifest_open(dir, &man);
+    if (st == LOOM_OK) st = check_compatible(s, man, dir, spec, n);
     st = loom_comm_agree(world, st);
+    /* one tensor's scratch at a time, sized by the model's largest tensor */
+    int64_t biggest = 1;
+    for (int i = 0; i < n; i++)
+        if (spec[i].shape[0] * spec[i].shape[1] > biggest) biggest = spec[i].shape[0] * spec[i].shape[1];
+    free(spec);
+    free(table);
     if (st != LOOM_OK) {
         cJSON_Delete(man);
         return st;
     }
-    /* one tensor's scratch at a time, sized by the largest tensor */
-    int64_t biggest = 1;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, cJSON_GetObjectItem(man, "tensors")) {
-        int64_t n = tensor_numel(man, t->string);
-        if (n > biggest) biggest = n;
-    }
     float *scratch = malloc((size_t)biggest * sizeof *scratch);
     unsigned char *have = malloc((size_t)biggest);
-    reader rd = {.dir = dir, .man = man, .verified = s->mesh->rank == 0};
+    ckpt_reader rd = {.dir = dir, .man = man, .verified = s->mesh->rank == 0};
     st = scratch && have ? LOOM_OK
                          : loom_fail(LOOM_EOS, "out of memory for a %lld-element tensor", (long long)biggest);
     for (int i = 0; i < s->n_parts && st == LOOM_OK; i++) st = load_part(&rd, s, i, scratch, have);
     if (st == LOOM_OK) st = load_buffers(s, man, dir);
-    reader_close(&rd);
+    ckpt_reader_close(&rd);
     free(scratch);
     free(have);
-    *step = cJSON_GetObjectItem(man, "step")->valueint;
-    const cJSON *ot = cJSON_GetObjectItem(man, "optimizer_steps");
-    if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, cJSON_IsNumber(ot) ? ot->valueint : *step);
-    if (st == LOOM_OK) loom_edp_set_steps_taken(s->edp, cJSON_IsNumber(ot) ? ot->valueint : *step);
+    *step = (int)cJSON_GetObjectItem(man, "step")->valuedouble;
+    const int t = (int)cJSON_GetObjectItem(man, "optimizer_steps")->valuedouble;
+    if (st == LOOM_OK) loom_dp_set_steps_taken(s->dp, t);
+    if (st == LOOM_OK) loom_edp_set_steps_taken(s->edp, t);
     cJSON_Delete(man);
     st = loom_comm_agree(world, st);
     if (st == LOOM_OK && s->mesh->rank == 0)
@@ -363,53 +269,71 @@ static loom_status write_hf_config(const char *out, const cJSON *model) {
     return st;
 }
 
+/* The model a manifest's run identity describes, checked as any config. */
+static loom_status manifest_model(const cJSON *man, const char *dir, loom_model_config *mc) {
+    const cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "run"), "model");
+    memset(mc, 0, sizeof *mc);
+    snprintf(mc->name, sizeof mc->name, "checkpoint");
+    struct {
+        const char *key;
+        int *i;
+        float *f;
+    } keys[] = {{"n_layer", &mc->n_layer, NULL},
+                {"n_head", &mc->n_head, NULL},
+                {"n_embd", &mc->n_embd, NULL},
+                {"vocab_size", &mc->vocab_size, NULL},
+                {"n_positions", &mc->n_positions, NULL},
+                {"n_expert", &mc->n_expert, NULL},
+                {"top_k", &mc->top_k, NULL},
+                {"moe_every", &mc->moe_every, NULL},
+                {"expert_hidden", &mc->expert_hidden, NULL},
+                {"norm_topk", &mc->norm_topk, NULL},
+                {"aux_coef", NULL, &mc->aux_coef},
+                {"z_coef", NULL, &mc->z_coef},
+                {"capacity_factor", NULL, &mc->capacity_factor},
+                {"bias_rate", NULL, &mc->bias_rate}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItem(m, keys[i].key);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= -1e9 && v->valuedouble <= 1e9))
+            return loom_fail(LOOM_EDATA, "%s/manifest.json: run.model has no number %s", dir, keys[i].key);
+        if (keys[i].i) *keys[i].i = (int)v->valuedouble;
+        else *keys[i].f = (float)v->valuedouble;
+    }
+    LOOM_TRY(loom_model_config_check(mc));
+    return loom_moe_config_check(mc);
+}
+
 loom_status loom_ckpt_export(const char *arg, const char *out) {
     char dir[CKPT_DIR];
     LOOM_TRY(loom_ckpt_resolve(arg, dir, sizeof dir));
     cJSON *man;
     LOOM_TRY(ckpt_manifest_open(dir, &man));
-    const cJSON *tensors = cJSON_GetObjectItem(man, "tensors"), *t;
-    int n = cJSON_GetArraySize(tensors);
-    float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    reader rd = {.dir = dir, .man = man, .verified = 1}; /* resolve verified every file */
+    loom_model_config mc;
+    loom_param *table = NULL;
+    ckpt_spec *spec = NULL;
+    int n = 0;
+    ckpt_whole whole = {0};
+    loom_status st = manifest_model(man, dir, &mc);
+    if (st == LOOM_OK) st = model_spec(&mc, &table, &spec, &n);
+    if (st == LOOM_OK) st = ckpt_read_whole(dir, spec, n, 1u << K_PARAM, &whole);
     loom_st_writer *w = NULL;
-    loom_status st = bufs ? loom_st_writer_create(out, &w) : loom_fail(LOOM_EOS, "out of memory");
-    const cJSON *model = cJSON_GetObjectItem(man, "model");
+    if (st == LOOM_OK) st = loom_st_writer_create(out, &w);
     if (st == LOOM_OK) st = loom_st_writer_metadata(w, "format", "pt");
     char v[32];
-    snprintf(v, sizeof v, "%d", cJSON_GetObjectItem(man, "step")->valueint);
+    snprintf(v, sizeof v, "%d", whole.step);
     if (st == LOOM_OK) st = loom_st_writer_metadata(w, "step", v);
-    int i = 0;
-    cJSON_ArrayForEach(t, tensors) {
-        if (st != LOOM_OK) break;
-        int64_t numel = tensor_numel(man, t->string), shape[2] = {0, 1};
-        const cJSON *sh = cJSON_GetObjectItem(t, "shape");
-        int nd = cJSON_GetArraySize(sh);
-        if (numel < 0 || nd < 1 || nd > 2) {
-            st = loom_fail(LOOM_EDATA, "%s: tensor %s has a bad shape", dir, t->string);
-            break;
-        }
-        for (int d = 0; d < nd; d++) shape[d] = (int64_t)cJSON_GetArrayItem(sh, d)->valuedouble;
-        bufs[i] = malloc((size_t)(numel ? numel : 1) * sizeof(float));
-        unsigned char *have = calloc((size_t)(numel ? numel : 1), 1);
-        if (!bufs[i] || !have) st = loom_fail(LOOM_EOS, "out of memory for %s", t->string);
-        if (st == LOOM_OK) st = fill_tensor(&rd, t->string, K_PARAM, numel, 0, numel, bufs[i], have);
-        for (int64_t g = 0; g < numel && st == LOOM_OK; g++)
-            if (!have[g])
-                st = loom_fail(LOOM_EDATA, "%s: no shard holds param element %lld of %s", dir, (long long)g,
-                               t->string);
-        free(have);
-        if (st == LOOM_OK) st = loom_st_writer_add(w, t->string, LOOM_ST_F32, nd, shape, bufs[i]);
-        i++;
-    }
+    for (int i = 0; i < whole.n && st == LOOM_OK; i++)
+        st = loom_st_writer_add(w, whole.t[i].name, LOOM_ST_F32, whole.t[i].ndim, whole.t[i].shape,
+                                whole.t[i].val[K_PARAM]);
     if (w) {
         if (st == LOOM_OK) st = loom_st_writer_finish(w);
         else loom_st_writer_abort(w);
     }
-    if (st == LOOM_OK) st = write_hf_config(out, model);
-    reader_close(&rd);
-    for (int k = 0; k < n && bufs; k++) free(bufs[k]);
-    free(bufs);
+    if (st == LOOM_OK)
+        st = write_hf_config(out, cJSON_GetObjectItem(cJSON_GetObjectItem(man, "run"), "model"));
+    ckpt_whole_free(&whole);
+    free(spec);
+    free(table);
     cJSON_Delete(man);
     return st;
 }

@@ -1,13 +1,77 @@
-/* ckpt_manifest.c - the checks that make a manifest safe to read: after
- * them every run's elements lie inside its tensor, every count is small
- * enough for int64 arithmetic, and every shard names a listed file. Local;
- * fuzzed by tests/fuzz/fuzz_manifest.c. */
+/* ckpt_manifest.c - the checks that make a manifest safe to read: its own
+ * SHA-256 (so an edit or a damaged byte is caught before anything is
+ * believed), then after parsing every run's elements lie inside its
+ * tensor, every count is small enough for int64 arithmetic, and every
+ * shard names a listed file. Local; the parser is fuzzed by
+ * tests/fuzz/fuzz_manifest.c. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "loom/ckpt.h"
+#include "loom/sha256.h"
 #include "train/ckpt_manifest.h"
+
+/* ---- the manifest's own hash ------------------------------------------------- */
+
+static const char HASH_KEY[] = "\"" CKPT_HASH_KEY "\"";
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Offset of the 64 hex digits of the one "manifest_sha256" member, or -1. */
+static long hash_field(const char *text) {
+    const char *p = strstr(text, HASH_KEY);
+    if (!p || strstr(p + 1, HASH_KEY)) return -1; /* absent, or not the only one */
+    p += sizeof HASH_KEY - 1;
+    while (is_space(*p)) p++;
+    if (*p++ != ':') return -1;
+    while (is_space(*p)) p++;
+    if (*p++ != '"' || strspn(p, "0123456789abcdef") < 64 || p[64] != '"') return -1;
+    return (long)(p - text);
+}
+
+/* SHA-256 of text[0..len) with its 64 digits at `at` read as zeros. */
+static void hash_zeroed(const char *text, size_t len, size_t at, char hex[65]) {
+    static const char zeros[64] = "0000000000000000000000000000000000000000000000000000000000000000";
+    loom_sha256 h;
+    unsigned char d[32];
+    loom_sha256_init(&h);
+    loom_sha256_update(&h, text, at);
+    loom_sha256_update(&h, zeros, 64);
+    loom_sha256_update(&h, text + at + 64, len - at - 64);
+    loom_sha256_final(&h, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+}
+
+loom_status ckpt_manifest_sign(char *text) {
+    long at = hash_field(text);
+    if (at < 0)
+        return loom_fail(LOOM_EINTERNAL, "a manifest without one \"%s\" member to sign", CKPT_HASH_KEY);
+    char hex[65];
+    hash_zeroed(text, strlen(text), (size_t)at, hex);
+    memcpy(text + at, hex, 64);
+    return LOOM_OK;
+}
+
+loom_status ckpt_manifest_verify_hash(const char *text, size_t len, const char *what) {
+    long at = strlen(text) == len ? hash_field(text) : -1;
+    if (at < 0)
+        return loom_fail(LOOM_EDATA,
+                         "%s: no \"%s\" member (damaged, or written by a loom older than checkpoint "
+                         "format %d)",
+                         what, CKPT_HASH_KEY, CKPT_VERSION);
+    char hex[65];
+    hash_zeroed(text, len, (size_t)at, hex);
+    if (memcmp(hex, text + at, 64) != 0)
+        return loom_fail(LOOM_EDATA,
+                         "%s: its own SHA-256 does not match its content (edited or damaged "
+                         "after it was written)",
+                         what);
+    return LOOM_OK;
+}
+
+/* ---- the checks after parsing --------------------------------------------- */
 
 static const char *str_of(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -107,13 +171,18 @@ loom_status ckpt_manifest_parse(const char *text, const char *what, cJSON **out)
     const char *why = NULL;
     double x;
     if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0) why = "format is not " CKPT_FORMAT;
-    else if (!cJSON_IsNumber(ver) || ver->valuedouble != CKPT_VERSION) why = "version is not 1";
+    else if (!cJSON_IsNumber(ver) || ver->valuedouble != CKPT_VERSION)
+        why = "version is not " CKPT_VERSION_TEXT " (a loom older than this one wrote it)";
     else if (!uint_of(step, 1e9, &x)) why = "step is not an integer in 0..1e9";
     else if (!cJSON_IsArray(files) || !cJSON_IsArray(shards) || !cJSON_IsObject(tensors))
         why = "files, shards or tensors missing";
     else why = check_tensors(tensors);
     const cJSON *ot = cJSON_GetObjectItemCaseSensitive(o, "optimizer_steps");
-    if (!why && ot && !uint_of(ot, 1e9, &x)) why = "optimizer_steps is not an integer in 0..1e9";
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(o, "run");
+    const char *id = str_of(run, "id"), *self = str_of(o, CKPT_HASH_KEY);
+    if (!why && !uint_of(ot, 1e9, &x)) why = "optimizer_steps is not an integer in 0..1e9";
+    if (!why && (!cJSON_IsObject(run) || !id || strlen(id) != 64)) why = "run has no 64-digit id";
+    if (!why && (!self || strlen(self) != 64)) why = CKPT_HASH_KEY " is not 64 digits";
     const cJSON *f;
     if (!why)
         cJSON_ArrayForEach(f, files) {

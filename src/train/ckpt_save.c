@@ -1,11 +1,15 @@
 /* ckpt_save.c - writing a checkpoint (collective over the world): every
  * rank writes its file (ckpt_shards.c) and its description goes to rank 0
  * in one all-gather; rank 0 writes manifest.json (step, optimizer step
- * count, LR, data cursor, RNG seed, layout, model and training config,
- * tensors, files with hashes, shards), fsyncs the directory, renames
- * step_N.tmp to step_N, fsyncs DIR, then replaces DIR/latest (latest.tmp,
- * fsync, rename, fsync DIR). --keep K removes the oldest step_* directories
- * after that, never the new one. Every failure is agreed on. */
+ * count, LR, data cursor, RNG seed, layout, the run's identity, tensors,
+ * files with hashes, shards, and last its own SHA-256), fsyncs the
+ * directory, renames step_N.tmp to step_N, fsyncs DIR, then points
+ * DIR/latest (latest.tmp, fsync, rename, fsync DIR) at the newest step known
+ * to verify. A step_N already there is kept when it verifies and is this
+ * run's, and written again otherwise (the damaged one set aside as
+ * step_N.damaged until the new one is published). --keep K removes the
+ * oldest step_* directories after that, never the new one. Every failure is
+ * agreed on. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +25,6 @@ static void add_num(cJSON *o, const char *k, double v) { cJSON_AddNumberToObject
 
 static cJSON *manifest_head(const loom_train_run_state *s, int step) {
     const loom_train_config *c = s->cfg;
-    const loom_model_config *mc = &s->parts[0]->cfg;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", CKPT_FORMAT);
     add_num(o, "version", CKPT_VERSION);
@@ -50,19 +53,7 @@ static cJSON *manifest_head(const loom_train_run_state *s, int step) {
     add_num(l, "zero", c->layout.zero);
     cJSON_AddStringToObject(l, "schedule", loom_schedule_name(c->layout.schedule));
     add_num(l, "virtual_stages", c->layout.virtual_stages);
-    loom_train_model_shape_json(cJSON_AddObjectToObject(o, "model"), mc);
-    cJSON *t = cJSON_AddObjectToObject(o, "train");
-    add_num(t, "steps", c->steps);
-    add_num(t, "batch", c->batch);
-    add_num(t, "seq", c->seq);
-    add_num(t, "lr", c->lr);
-    add_num(t, "min_lr_frac", c->min_lr_frac);
-    add_num(t, "warmup", c->warmup);
-    add_num(t, "weight_decay", c->weight_decay);
-    add_num(t, "beta1", c->beta1);
-    add_num(t, "beta2", c->beta2);
-    add_num(t, "eps", c->eps);
-    add_num(t, "grad_clip", c->grad_clip);
+    cJSON_AddItemToObject(o, "run", ckpt_run_json(s->ckpt));
     return o;
 }
 
@@ -84,8 +75,10 @@ static loom_status add_tensors(cJSON *o, const loom_model_config *mc) {
 }
 
 /* Rank 0: the manifest from every rank's description, then publish. */
+#define ZEROS64 "0000000000000000000000000000000000000000000000000000000000000000"
+
 static loom_status publish(const loom_train_run_state *s, int step, const char *tmpdir, const char *final,
-                           char *const *parts, int world) {
+                           int rewrite, char *const *parts, int world) {
     cJSON *o = manifest_head(s, step);
     loom_status st = add_tensors(o, &s->parts[0]->cfg);
     cJSON *files = cJSON_AddArrayToObject(o, "files");
@@ -117,23 +110,27 @@ static loom_status publish(const loom_train_run_state *s, int step, const char *
         cJSON_Delete(sa);
         cJSON_Delete(j);
     }
+    if (st == LOOM_OK) cJSON_AddStringToObject(o, CKPT_HASH_KEY, ZEROS64); /* last: signed below */
     char *text = st == LOOM_OK ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     if (st == LOOM_OK && !text) st = loom_fail(LOOM_EOS, "out of memory");
-    char path[CKPT_PATH];
+    if (st == LOOM_OK) st = ckpt_manifest_sign(text);
+    char path[CKPT_PATH], aside[CKPT_DIR + 16];
     snprintf(path, sizeof path, "%s/manifest.json", tmpdir);
     if (st == LOOM_OK) st = ckpt_write_text(path, text);
     free(text);
     if (st == LOOM_OK) st = ckpt_fsync_path(tmpdir);
+    snprintf(aside, sizeof aside, "%s.damaged", final);
+    if (rewrite) ckpt_remove_tree(aside);                      /* one an earlier kill left */
+    if (st == LOOM_OK && rewrite && rename(final, aside) != 0) /* a damaged step_N, set aside */
+        st = loom_fail(LOOM_ECANTCREAT, "cannot rename %s to %s: %s", final, aside, strerror(errno));
     if (st == LOOM_OK && rename(tmpdir, final) != 0)
         st = loom_fail(LOOM_ECANTCREAT, "cannot rename %s to %s: %s", tmpdir, final, strerror(errno));
     const char *dir = s->cfg->save_dir;
     if (st == LOOM_OK) st = ckpt_fsync_path(dir);
-    char latest[CKPT_PATH], name[32];
-    snprintf(latest, sizeof latest, "%s/latest", dir);
-    snprintf(name, sizeof name, "step_%d\n", step);
-    if (st == LOOM_OK) st = ckpt_write_text(latest, name);
-    if (st == LOOM_OK) st = ckpt_fsync_path(dir);
+    if (st == LOOM_OK && rewrite) ckpt_remove_tree(aside);
+    if (st == LOOM_OK && step > s->ckpt->newest) s->ckpt->newest = step;
+    if (st == LOOM_OK) st = ckpt_set_latest(dir, s->ckpt->newest);
     return st;
 }
 
@@ -149,17 +146,15 @@ static void apply_keep(const char *dir, int keep, int step) {
     }
 }
 
-loom_status loom_ckpt_prepare_dir(const loom_train_config *c) {
-    if (!c->save_dir[0]) return LOOM_OK;
-    mkdir(c->save_dir, 0755); /* errors surface in the check */
-    struct stat sb;
-    const char *why = NULL;
-    if (stat(c->save_dir, &sb) != 0) why = strerror(errno);
-    else if (!S_ISDIR(sb.st_mode)) why = "not a directory";
-    else if (access(c->save_dir, W_OK) != 0) why = strerror(errno);
-    if (why)
-        return loom_fail(LOOM_ECANTCREAT, "--save-dir %s: not a writable directory: %s", c->save_dir, why);
-    return LOOM_OK;
+/* Rank 0: step_N is there, complete and this run's (else why is set). */
+static int existing_ok(const loom_train_run_state *s, const char *final) {
+    cJSON *man;
+    if (ckpt_verify(final, &man) != LOOM_OK) return 0;
+    char diff[512];
+    int other = ckpt_identity_diff(cJSON_GetObjectItem(man, "run"), s->ckpt, diff, sizeof diff);
+    cJSON_Delete(man);
+    if (other) loom_fail(LOOM_EDATA, "%s belongs to another run (%s)", final, diff);
+    return !other;
 }
 
 loom_status loom_ckpt_save(loom_train_run_state *s, int step) {
@@ -170,11 +165,17 @@ loom_status loom_ckpt_save(loom_train_run_state *s, int step) {
     snprintf(tmpdir, sizeof tmpdir, "%s/step_%d.tmp", c->save_dir, step);
     snprintf(final, sizeof final, "%s/step_%d", c->save_dir, step);
     loom_status st = LOOM_OK;
-    int exists = 0;
+    int exists = 0, rewrite = 0;
     if (rank == 0) {
         struct stat sb;
         mkdir(c->save_dir, 0755);
         exists = stat(final, &sb) == 0;
+        if (exists && !existing_ok(s, final)) { /* damaged, or not this run's: written again */
+            loom_warn("%s: %s; writing it again", final, loom_errmsg());
+            loom_clear_error();
+            exists = 0;
+            rewrite = 1;
+        }
         if (!exists) {
             ckpt_remove_tree(tmpdir); /* a save of this step that died part way */
             if (mkdir(tmpdir, 0755) != 0)
@@ -183,13 +184,17 @@ loom_status loom_ckpt_save(loom_train_run_state *s, int step) {
     }
     LOOM_TRY(loom_comm_agree(world, st));
     LOOM_TRY(loom_comm_bcast(world, &exists, sizeof exists, 0));
-    if (exists) { /* resumed from it: the same state is already published */
-        if (rank == 0) loom_info("checkpoint %s exists; not written again", final);
-        return LOOM_OK;
+    if (exists) { /* this run's state at this step, complete: kept */
+        if (rank == 0) {
+            loom_info("checkpoint %s exists and verifies; not written again", final);
+            if (step > s->ckpt->newest) s->ckpt->newest = step;
+            st = ckpt_set_latest(c->save_dir, s->ckpt->newest);
+        }
+        return loom_comm_agree(world, st);
     }
     double t0 = loom_comm_wtime();
     char *mine = NULL;
-    st = ckpt_write_rank(s, tmpdir, &mine);
+    st = ckpt_write_rank(s, tmpdir, step, &mine);
     st = loom_comm_agree(world, st);
     int64_t len = mine ? (int64_t)strlen(mine) + 1 : 1, maxlen = len;
     char *all = NULL;
@@ -211,7 +216,7 @@ loom_status loom_ckpt_save(loom_train_run_state *s, int step) {
         char **parts = malloc((size_t)W * sizeof *parts);
         if (!parts) st = loom_fail(LOOM_EOS, "out of memory");
         for (int r = 0; r < W && parts; r++) parts[r] = all + (size_t)r * maxlen;
-        if (st == LOOM_OK) st = publish(s, step, tmpdir, final, parts, W);
+        if (st == LOOM_OK) st = publish(s, step, tmpdir, final, rewrite, parts, W);
         free(parts);
         if (st == LOOM_OK) apply_keep(c->save_dir, c->keep, step);
         if (st == LOOM_OK)

@@ -10,7 +10,9 @@
  * inline in the manifest ("buffers"). A shard is (tensor, kind, file, key)
  * plus the global element indices it holds, as runs [start, len, stride,
  * count]: count runs of len elements at start + i * stride of the tensor's
- * row-major global layout. The rank hashes its file (SHA-256 of the bytes
+ * row-major global layout; the file's metadata repeats, per key, its tensor,
+ * kind, elements and a hash of its runs, and the step, so a reader can tell
+ * a manifest that does not belong to the file. The rank hashes its file (SHA-256 of the bytes
  * on disk) and describes it and its shards as JSON for the manifest. State
  * in device memory is read through host copies (ckpt_state.c). */
 #include <errno.h>
@@ -24,8 +26,6 @@
 #include "loom/safetensors.h"
 #include "loom/sha256.h"
 #include "train/ckpt_internal.h"
-
-const char *const ckpt_kind_names[K_COUNT] = {"param", "exp_avg", "exp_avg_sq"};
 
 /* ---- runs of global indices ---------------------------------------------- */
 
@@ -283,7 +283,25 @@ static loom_status add_buffers(const loom_train_run_state *s, cJSON *o) {
 }
 
 /* Write this rank's file (if it holds anything) and describe it as JSON. */
-loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, char **json) {
+/* The file's own account of shard i and of the step (ckpt_internal.h). */
+static loom_status describe(loom_st_writer *w, const shard *h, int i, int step, int opt_steps) {
+    loom_sha256 runs;
+    loom_sha256_init(&runs);
+    for (int k = 0; k < h->runs.n; k++)
+        ckpt_runs_hash(&runs, h->runs.r[k].start, h->runs.r[k].len, h->runs.r[k].stride, h->runs.r[k].count);
+    char key[32], desc[256];
+    snprintf(key, sizeof key, "s%d", i);
+    ckpt_shard_desc(desc, sizeof desc, h->tensor, ckpt_kind_names[h->kind], (int64_t)h->n, h->runs.lo,
+                    h->runs.hi, &runs);
+    LOOM_TRY(loom_st_writer_metadata(w, key, desc));
+    if (i > 0) return LOOM_OK;
+    snprintf(desc, sizeof desc, "%d", step);
+    LOOM_TRY(loom_st_writer_metadata(w, CKPT_META_STEP, desc));
+    snprintf(desc, sizeof desc, "%d", opt_steps);
+    return loom_st_writer_metadata(w, CKPT_META_OPT, desc);
+}
+
+loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, int step, char **json) {
     shard_set set = {0};
     loom_status st = collect(s, &set);
     cJSON *o = cJSON_CreateObject();
@@ -299,6 +317,7 @@ loom_status ckpt_write_rank(const loom_train_run_state *s, const char *tmpdir, c
             snprintf(key, sizeof key, "s%d", i);
             int64_t shape[1] = {(int64_t)set.sh[i].n};
             st = loom_st_writer_add(w, key, LOOM_ST_F32, 1, shape, set.val + set.sh[i].off);
+            if (st == LOOM_OK) st = describe(w, &set.sh[i], i, step, (int)loom_dp_steps_taken(s->dp));
             if (st != LOOM_OK) loom_st_writer_abort(w);
         }
         if (st == LOOM_OK) st = loom_st_writer_finish(w);

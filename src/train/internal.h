@@ -108,6 +108,7 @@ typedef struct loom_train_run_state {
     double *trace_offs, *trace_rtts; /* (world) clock offsets and round trips vs rank 0, seconds */
     double trace_base;               /* rank 0's clock at the alignment: ts 0 */
     int start_step;                  /* the first step to run (a resumed checkpoint's step) */
+    struct loom_ckpt_run *ckpt;      /* the run's identity for checkpoints (ckpt_run.c); NULL without them */
 } loom_train_run_state;
 
 /* Per-rank peak FLOP/s: `given` if > 0, else the best sgemm of the chosen

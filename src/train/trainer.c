@@ -328,7 +328,8 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
     s->have_tokens = st == LOOM_OK;
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->save_params, "--save-params");
     if (st == LOOM_OK && rank == 0) st = loom_check_output_path(c->metrics, "--metrics");
-    if (st == LOOM_OK && rank == 0) st = loom_ckpt_prepare_dir(c);
+    if (st == LOOM_OK) st = loom_ckpt_run_create(c, &mc, &s->ckpt);
+    if (st == LOOM_OK && rank == 0) st = loom_ckpt_prepare(c, s->ckpt);
     LOOM_TRY(loom_comm_agree(world, st));
 
     if (c->trace[0]) {
@@ -393,6 +394,7 @@ static void teardown(loom_train_run_state *s) {
     loom_train_trace_free(s);
     loom_mesh_free(s->mesh);
     if (s->have_tokens) loom_tokens_close(&s->tokens);
+    loom_ckpt_run_free(s->ckpt);
 }
 
 static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
@@ -484,7 +486,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
     memset(res, 0, sizeof *res);
     s.cfg = c;
     s.dev = dev;
-    if (c->save_dir[0]) loom_ckpt_signals(1);
+    if (c->save_dir[0]) loom_ckpt_signals();
     loom_status st = setup(&s, c, world);
     int rank = loom_comm_rank(world);
     size_t rss0 = 0, rss_max = 0;
@@ -510,6 +512,7 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
         report_memory(&s, rss0, rss_max);
         report_tp_regions(&s);
     }
+    if (st == LOOM_OK && c->save_dir[0]) st = loom_ckpt_begin(&s);
     if (st == LOOM_OK) {
         loom_status rst = loom_report_open(&s.report, c, rank);
         if (rst == LOOM_OK) rst = loom_report_header(&s.report, &s); /* the run's settings: row 1 */
@@ -520,6 +523,5 @@ loom_status loom_train_run(const loom_train_config *c, loom_device *dev, loom_co
     /* no rank leaves (and exits 0) while a peer may still fail locally and abort */
     if (st == LOOM_OK) st = loom_comm_agree(world, st);
     teardown(&s);
-    if (c->save_dir[0]) loom_ckpt_signals(0);
     return st;
 }

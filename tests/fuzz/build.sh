@@ -19,5 +19,5 @@ build() { # name sources...
 }
 build fuzz_safetensors src/io/safetensors.c src/core/status.c
 build fuzz_config src/model/config.c src/model/moe_config.c src/core/status.c
-build fuzz_manifest src/train/ckpt_manifest.c src/core/status.c
+build fuzz_manifest src/train/ckpt_manifest.c src/core/sha256.c src/core/status.c
 build fuzz_tokens src/io/data.c src/core/rng.c src/core/status.c src/core/log.c

@@ -5,17 +5,15 @@ and again; each new job resumes with --resume DIR under a layout picked at
 random (so resuming also reshards).
 
 Every time: the checkpoint the job resumed from (it prints it) is complete -
-its manifest parses and every file matches its SHA-256, computed here with
-hashlib - and is the one DIR/latest names when that verifies, else the
-newest that does; every checkpoint published before the kill is still there
-and still verifies (no --keep, so none may go). A step_N.tmp directory left
+its manifest's own SHA-256 and every file's match, computed here with
+hashlib (tests/lib/ckptlib.py) - and is the newest step_N that does
+(DIR/latest is only a hint); every checkpoint published before the kill is
+still there and still verifies (no --keep, so none may go). A step_N.tmp directory left
 by a kill is never chosen. Counts how many kills landed while a save was in
 flight (a step_N.tmp present right after the kill).
 
 usage: ckpt_crash.py [--iterations N] [--seed S]   (CI runs a few; bench/ckpt_crash.sh 50)"""
 import argparse
-import hashlib
-import json
 import os
 import random
 import re
@@ -25,41 +23,16 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+import ckptlib  # noqa: E402
 import loomtest as lt  # noqa: E402
 
 LAYOUTS = [(1, []), (2, ["--dp", 2, "--zero", 2]), (2, ["--tp", 2]), (2, ["--pp", 2]),
            (4, ["--dp", 2, "--tp", 2, "--zero", 3])]
 
 
-def verifies(ck):
-    try:
-        with open(os.path.join(ck, "manifest.json")) as f:
-            man = json.load(f)
-        for fe in man["files"]:
-            with open(os.path.join(ck, fe["file"]), "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != fe["sha256"]:
-                    return False
-        return man["format"] == "loom-checkpoint"
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def published(d):
-    return sorted((int(m.group(1)) for m in (re.fullmatch(r"step_(\d+)", n) for n in os.listdir(d)) if m))
-
-
-def expected_choice(d):
-    try:
-        with open(os.path.join(d, "latest")) as f:
-            name = f.read().strip()
-        if verifies(os.path.join(d, name)):
-            return os.path.join(d, name)
-    except OSError:
-        pass
-    for s in reversed(published(d)):
-        if verifies(os.path.join(d, "step_%d" % s)):
-            return os.path.join(d, "step_%d" % s)
-    return None
+verifies = ckptlib.verifies
+published = ckptlib.published
+expected_choice = ckptlib.newest_verified
 
 
 def loom_pids(root):

@@ -15,12 +15,13 @@ with the uninterrupted one-rank run within 1e-5.
 
 loom export of the 8-rank checkpoint equals that run's --save-params
 bitwise, and its config.json loads in `loom eval`. --keep 2 leaves the two
-newest checkpoints and latest; --save-dir naming a file is exit 73 before
+newest checkpoints, latest and run.json; --save-dir naming a file is exit 73 before
 any step.
 
 Also: the manifest names every file with a SHA-256 that matches the bytes
 (computed here with hashlib), every global element of every tensor is held
-by exactly one shard per kind, --resume DIR picks DIR/latest, and a
+by exactly one shard per kind, --resume DIR picks the newest step that
+verifies, and a
 mismatched --lr is refused with exit 64 naming it."""
 import hashlib
 import json
@@ -30,6 +31,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+import ckptlib  # noqa: E402
 import loomtest as lt  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -67,7 +69,9 @@ def losses(path):
 
 def check_manifest(ck, label):
     with open(os.path.join(ck, "manifest.json")) as f:
-        man = json.load(f)
+        text = f.read()
+    man = json.loads(text)
+    lt.check(ckptlib.manifest_hash_ok(text), "%s: the manifest's own SHA-256 does not match" % label)
     lt.check(man["step"] == 10 and man["optimizer_steps"] == 10, "%s: manifest step %s" % (label, man["step"]))
     for fe in man["files"]:
         with open(os.path.join(ck, fe["file"]), "rb") as f:
@@ -129,12 +133,7 @@ def main():
         # files fails the hash, so step_10 is chosen (3d8); with latest and
         # step_20 gone, the newest step_N is (dp2z2)
         ck = out["3d8"][2]
-        victim = os.path.join(ck, "step_20", "rank_00003.safetensors")
-        with open(victim, "r+b") as f:
-            f.seek(os.path.getsize(victim) - 5)
-            b = f.read(1)
-            f.seek(-1, 1)
-            f.write(bytes([b[0] ^ 0x40]))
+        ckptlib.flip_byte(os.path.join(ck, "step_20", "rank_00003.safetensors"), 5)
         ck = out["dp2z2"][2]
         os.remove(os.path.join(ck, "latest"))
         for f in os.listdir(os.path.join(ck, "step_20")):
@@ -159,7 +158,7 @@ def main():
         kd = os.path.join(tmp, "ck_keep")
         lt.run(["train"] + common + ["--steps", 5, "--save-dir", kd, "--save-every", 1, "--keep", 2])
         left = sorted(os.listdir(kd))
-        lt.check(left == ["latest", "step_4", "step_5"], "--keep 2 left %s" % left)
+        lt.check(left == ["latest", "run.json", "step_4", "step_5"], "--keep 2 left %s" % left)
         with open(os.path.join(kd, "latest")) as f:
             lt.check(f.read().strip() == "step_5", "--keep 2: latest does not name step_5")
         # --save-dir naming a file: refused before training (73), the file untouched
