@@ -19,6 +19,7 @@
 #include "loom/backend.h"
 #include "loom/bf16.h"
 #include "loom/calibrate.h"
+#include "loom/chat_template.h"
 #include "loom/ckpt.h"
 #include "loom/comm.h"
 #include "loom/cp.h"
