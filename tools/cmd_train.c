@@ -89,7 +89,7 @@ int cmd_train(int argc, char **argv) {
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
+         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe, tiny-llama, tiny-mistral, tiny-qwen2, ...), a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2; GPT-2 MoE keys as Mixtral's) or a Hugging Face directory: its config.json, and its model.safetensors or sharded model-*-of-*.safetensors as the initial parameters (default mini)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH",
          "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN
          ", built from the fortunes corpus if missing)"},
@@ -153,7 +153,7 @@ int cmd_train(int argc, char **argv) {
          "per-rank peak FLOP/s for MFU; default: measured sgemm, cached"},
         {"metrics", OPT_STR, c.metrics, sizeof c.metrics, "FILE", "write one JSON object per step (JSONL)"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE",
-         "write final parameters (safetensors, HF GPT-2 names)"},
+         "write final parameters (safetensors, Hugging Face names); a path ending in / or an existing directory gets a Hugging Face directory (model.safetensors + config.json) that transformers' from_pretrained loads"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
          "start from these parameters instead of the seed"},
         {"save-dir", OPT_STR, c.save_dir, sizeof c.save_dir, "DIR",
@@ -174,7 +174,7 @@ int cmd_train(int argc, char **argv) {
     const cli_cmd cmd = {
         "train",
         "loom train [options]   (many ranks: scripts/loomrun -np N build/loom train --dp N ...)",
-        "Train a GPT-2 model. Every layout computes the same run as one device: the\n"
+        "Train a GPT-2 or Llama-family model. Every layout computes the same run as one device: the\n"
         "loss at each step and the final parameters agree with a one-rank run.",
         "A JSON file given with --config FILE holds flag names as keys, e.g.\n"
         "  {\"model\": \"tiny\", \"steps\": 20, \"lr\": 1e-3, \"dp\": 2}\n"

@@ -79,6 +79,11 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
                               loom_infer **out) {
     *out = NULL;
     LOOM_TRY(loom_model_config_check(cfg));
+    if (cfg->family != LOOM_FAMILY_GPT2) /* its head step is GPT-2's: LayerNorm, learned positions */
+        return loom_fail(LOOM_EUSAGE,
+                         "model %s (model_type %s): generate and serve run GPT-2 models only so far; "
+                         "train and eval run it",
+                         cfg->name, cfg->arch);
     LOOM_TRY(check_opts(cfg, mesh, o));
     loom_infer *f = calloc(1, sizeof *f);
     if (!f) return loom_fail(LOOM_EOS, "inference: out of memory");

@@ -1,0 +1,81 @@
+#!/usr/bin/python3
+"""Hugging Face directories in and out, through transformers.
+
+usage: check_hf_roundtrip.py LOOM ORACLE_DUMP [--tol 1e-5]
+
+For a Llama (grouped-query attention, untied head), a Mistral (sliding
+window) and a Qwen2 (q/k/v biases, tied head) made by transformers'
+save_pretrained: `loom train --model DIR` trains 3 steps and writes
+`--save-params OUT/`; transformers' from_pretrained must load OUT with no
+missing, unexpected or mismatched keys, and check_hf_oracle's comparison
+(loom reading OUT with --model OUT against transformers' model of OUT:
+parameters, logits, loss, every gradient, one AdamW step) must hold within
+tol. The trained parameters must also differ from the initial ones (the
+directory really holds the trained model). Exit 1 on any failure.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_hf_oracle  # noqa: E402
+import hf_models  # noqa: E402
+
+CASES = [
+    ("llama", "llama", dict(num_key_value_heads=2)),
+    ("mistral", "mistral", dict(num_key_value_heads=2, sliding_window=5)),
+    ("qwen2", "qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True)),
+]
+
+
+def run_case(loom, dump_bin, tmp, data, name, arch, keys, tol):
+    src = hf_models.make(os.path.join(tmp, name + "-in"), arch, vocab_size=256, **keys)
+    out = os.path.join(tmp, name + "-out") + "/"
+    p = subprocess.run([loom, "train", "--model", src, "--data", data, "--steps", "3", "--batch", "4", "--seq",
+                        "16", "--lr", "1e-3", "--no-progress", "--quiet", "--save-params", out],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print("%s: loom train failed (%d)\n%s%s" % (name, p.returncode, p.stdout, p.stderr))
+        return 0, 1
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    before = transformers.AutoModelForCausalLM.from_pretrained(src)
+    moved = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), before.parameters()))
+    ok = fail = 0
+    for what, good in (("loads with no missing/unexpected keys %s" % (bad or ""), not bad),
+                       ("trained (max parameter change %.2e)" % moved, moved > 1e-4)):
+        print("%-22s %-60s %s" % (name, what, "ok" if good else "FAIL"))
+        ok += good
+        fail += not good
+    a, b = check_hf_oracle.check_dir(dump_bin, tmp, name, out, tol)
+    return ok + a, fail + b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("loom")
+    ap.add_argument("oracle_dump")
+    ap.add_argument("--tol", type=float, default=1e-5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    passed = failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "train.bin")
+        subprocess.run([args.loom, "data", "--input", "/usr/share/common-licenses/GPL-3", "--out", data, "--val",
+                        ""], check=True, capture_output=True)
+        for name, arch, keys in CASES:
+            ok, bad = run_case(args.loom, args.oracle_dump, tmp, data, name, arch, keys, args.tol)
+            passed += ok
+            failed += bad
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
