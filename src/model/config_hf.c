@@ -77,6 +77,10 @@ static void llama_parts(loom_model_config *c, const char *arch) {
     c->untied = 1;
     c->qkv_bias = c->o_bias = 0;
     if (!strcmp(arch, "qwen2")) c->qkv_bias = 1; /* Qwen2: q, k, v with biases, o_proj without */
+    if (!strcmp(arch, "mixtral")) { /* every block's MLP: softmax top-2 of 8 SwiGLU experts, renormalised */
+        c->n_expert = 8, c->top_k = 2, c->moe_every = 1, c->norm_topk = 1;
+        c->aux_coef = c->z_coef = c->capacity_factor = c->bias_rate = 0; /* dropless, no aux loss */
+    }
 }
 
 int loom_llama_builtin(const char *name, loom_model_config *cfg) {
@@ -273,7 +277,18 @@ static loom_status fixed_key(const char *path, const cJSON *it, const loom_model
 }
 
 /* One key of a Llama-family config.json. */
-static loom_status llama_key(const char *path, const cJSON *it, loom_model_config *c) {
+static loom_status want_nonneg(const char *path, const cJSON *it, float *out) {
+    if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0) || !(it->valuedouble < 1e30))
+        return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be a number >= 0", path, it->string);
+    *out = (float)it->valuedouble;
+    return LOOM_OK;
+}
+
+/* One key of a Llama-family config.json (Mixtral's router_aux_loss_coef to
+ * *aux, output_router_logits to *use_aux: Hugging Face adds the aux loss
+ * to the loss only with it). */
+static loom_status llama_key(const char *path, const cJSON *it, loom_model_config *c, float *aux,
+                             int *use_aux) {
     const char *k = it->string;
     const struct {
         const char *key;
@@ -289,6 +304,12 @@ static loom_status llama_key(const char *path, const cJSON *it, loom_model_confi
     };
     for (size_t i = 0; i < sizeof INTS / sizeof INTS[0]; i++)
         if (!strcmp(k, INTS[i].key)) return want_int(path, it, INTS[i].lo, INTS[i].dst);
+    if (!strcmp(c->arch, "mixtral")) { /* its experts */
+        if (!strcmp(k, "num_local_experts")) return want_int(path, it, 1, &c->n_expert);
+        if (!strcmp(k, "num_experts_per_tok")) return want_int(path, it, 1, &c->top_k);
+        if (!strcmp(k, "router_aux_loss_coef")) return want_nonneg(path, it, aux);
+        if (!strcmp(k, "output_router_logits")) return want_bool(path, it, use_aux);
+    }
     int handled = 0, tie = 0;
     LOOM_TRY(fixed_key(path, it, c, &handled));
     if (handled || loom_hf_key_ignored(k)) return LOOM_OK;
@@ -318,6 +339,7 @@ static void class_defaults(loom_model_config *c) {
     if (!strcmp(c->arch, "llama")) c->n_positions = 2048;
     if (!strcmp(c->arch, "mistral")) c->n_positions = 4096 * 32, c->window = 4096;
     if (!strcmp(c->arch, "qwen2")) c->n_positions = 32768;
+    if (!strcmp(c->arch, "mixtral")) c->n_positions = 4096 * 32;
 }
 
 loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char *arch,
@@ -329,9 +351,15 @@ loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char
     /* Qwen2 (in Hugging Face 4.40) masks with its sliding_window only under
      * use_sliding_window, which loom refuses; its sliding_window is ignored */
     const int qwen = !strcmp(arch, "qwen2");
+    float aux = 0.001f; /* MixtralConfig's default */
+    int use_aux = 0;
     for (const cJSON *it = root->child; it; it = it->next) {
         if (qwen && !strcmp(it->string, "sliding_window")) continue;
-        LOOM_TRY(llama_key(path, it, c));
+        LOOM_TRY(llama_key(path, it, c, &aux, &use_aux));
+    }
+    if (c->n_expert > 0) { /* Mixtral: the experts are intermediate_size wide */
+        c->expert_hidden = c->ffn;
+        c->aux_coef = use_aux ? aux : 0.0f;
     }
     const char *need[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                           "vocab_size"};
@@ -372,6 +400,7 @@ loom_status loom_model_parts_check(const loom_model_config *c) {
 static const char *hf_class(const char *arch) {
     if (!strcmp(arch, "mistral")) return "MistralForCausalLM";
     if (!strcmp(arch, "qwen2")) return "Qwen2ForCausalLM";
+    if (!strcmp(arch, "mixtral")) return "MixtralForCausalLM";
     return "LlamaForCausalLM";
 }
 
@@ -394,7 +423,14 @@ static void llama_write(const loom_model_config *c, cJSON *root) {
     cJSON_AddBoolToObject(root, "tie_word_embeddings", !c->untied);
     cJSON_AddStringToObject(root, "torch_dtype", "float32");
     if (!strcmp(c->arch, "llama")) cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
-    if (!strcmp(c->arch, "mistral")) {
+    if (!strcmp(c->arch, "mixtral")) {
+        cJSON_AddNumberToObject(root, "num_local_experts", c->n_expert);
+        cJSON_AddNumberToObject(root, "num_experts_per_tok", c->top_k);
+        cJSON_AddNumberToObject(root, "router_aux_loss_coef", c->aux_coef);
+        cJSON_AddBoolToObject(root, "output_router_logits", c->aux_coef > 0);
+        cJSON_AddNumberToObject(root, "router_jitter_noise", 0);
+    }
+    if (!strcmp(c->arch, "mistral") || !strcmp(c->arch, "mixtral")) {
         if (c->window) cJSON_AddNumberToObject(root, "sliding_window", c->window);
         else cJSON_AddNullToObject(root, "sliding_window");
     }
@@ -425,8 +461,10 @@ static void gpt2_write(const loom_model_config *c, cJSON *root) {
 }
 
 loom_status loom_model_config_write_hf(const loom_model_config *c, const char *path) {
-    if (c->n_expert > 0)
-        return loom_fail(LOOM_EUSAGE, "%s: a Hugging Face config.json of an MoE model is not written yet",
+    if (c->n_expert > 0 && strcmp(c->arch, "mixtral") != 0)
+        return loom_fail(LOOM_EUSAGE,
+                         "%s: a Hugging Face config.json of this MoE model is not written yet "
+                         "(Mixtral's is)",
                          path);
     cJSON *root = cJSON_CreateObject();
     if (!root) return loom_fail(LOOM_EOS, "out of memory");

@@ -41,6 +41,8 @@
 
 /* The experts' hidden units on this TP rank (c_fc by columns, c_proj by rows). */
 static int hidden_l(const loom_gpt *m) { return loom_moe_hidden(&m->cfg) / m->part.tp.size; }
+/* The width of an expert's first product: [gate | up] with SwiGLU (Mixtral's w1 | w3), else H_l. */
+static int first_l(const loom_gpt *m) { return (m->cfg.mlp == LOOM_MLP_SWIGLU ? 2 : 1) * hidden_l(m); }
 
 /* ---- parameters ------------------------------------------------------------ */
 
@@ -100,8 +102,8 @@ typedef struct {
     int32_t *routed;     /* (G,E) choices per routing group and expert before capacity */
     loom_ep_routes rt;   /* what the local experts receive from each source, and where (ep.h) */
     float *ye;           /* (A,C) expert outputs of the dispatched rows */
-    float *xp, *hp, *gp; /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
-    float *dyp, *dhp;    /* (R,C) (R,H) output gradients kept for W */
+    float *xp, *hp, *gp; /* (R,C) (R,FH) (R,H) received inputs, c_fc out, its activation */
+    float *dyp, *dhp;    /* (R,C) (R,FH) output gradients kept for W */
     float *dlogit;       /* (N,E) kept for W */
     const float *x;      /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;       /* this group's losses */
@@ -165,7 +167,8 @@ static void *carve(char *base, size_t *used, size_t n) {
  * counted); returns the device bytes, the host bytes in *hbytes. */
 static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t *hbytes) {
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert, k = (size_t)m->cfg.top_k,
-                 H = (size_t)hidden_l(m), A = N * k, P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
+                 H = (size_t)hidden_l(m), A = N * k, P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax,
+                 FH = (size_t)first_l(m);
     size_t used = 0, hu = 0, a2a_bytes, sent_bytes;
     loom_ep_scratch_bytes(moe->P, moe->El, &a2a_bytes, &sent_bytes);
     moe->dgate = carve(p, &used, N * k * 4);
@@ -208,10 +211,10 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
             a->rt.estart = carve(h, &hu, (El + 1) * 4);
             a->ye = carve(p, &used, A * C * 4);
             a->xp = carve(p, &used, R * C * 4);
-            a->hp = carve(p, &used, R * H * 4);
+            a->hp = carve(p, &used, R * FH * 4);
             a->gp = carve(p, &used, R * H * 4);
             a->dyp = carve(p, &used, R * C * 4);
-            a->dhp = carve(p, &used, R * H * 4);
+            a->dhp = carve(p, &used, R * FH * 4);
             a->dlogit = carve(p, &used, N * E * 4);
         }
     }
@@ -334,16 +337,21 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
     moe_block *bl = block_of(m, l - m->part.layer_begin);
     if (!bl) return 0;
     moe_w *w = grads ? &bl->g : &bl->w;
-    if (strcmp(suffix, "mlp.router.weight") == 0) {
+    if (!strcmp(suffix, "mlp.router.weight") || !strcmp(suffix, "block_sparse_moe.gate.weight")) {
         w->router = v;
         return 1;
     }
     int e;
     char what[32];
-    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2) return 0;
+    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2 &&
+        sscanf(suffix, "block_sparse_moe.experts.%d.%31s", &e, what) != 2)
+        return 0;
     e -= m->moe->e0;
     if (e < 0 || e >= m->moe->El) return 0;
-    if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
+    if (!strcmp(what, "w1.weight")) w->fc_w[e] = v;      /* Mixtral: w1 | w3 packed, one [gate | up] */
+    else if (!strcmp(what, "w3.weight")) return 1;       /* read through w1's view */
+    else if (!strcmp(what, "w2.weight")) w->cp_w[e] = v; /* down */
+    else if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
     else if (!strcmp(what, "c_fc.bias")) w->fc_b[e] = v;
     else if (!strcmp(what, "c_proj.weight")) w->cp_w[e] = v;
     else if (!strcmp(what, "c_proj.bias")) w->cp_b[e] = v;
@@ -353,10 +361,21 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
 
 /* ---- routing ------------------------------------------------------------------ */
 
-/* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
-static double route_probs(loom_device *dev, moe_acts *a, const float *router, int N, int C, int E) {
-    loom_matmul_fwd(dev, a->probs, a->x, router, NULL, N, C, E);
-    return loom_tensor_softmax_lse(dev, a->probs, a->lse, N, E);
+/* probs (N,E) = softmax(x @ router) (the router (C,E), or (E,C) as
+ * nn.Linear in the Llama family); lse (N); returns the z-loss sum of lse^2. */
+static double route_probs(const loom_gpt *m, moe_acts *a, const float *router, int N, int C, int E) {
+    loom_part_linear_fwd(m, a->probs, a->x, router, NULL, N, C, E);
+    return loom_tensor_softmax_lse(m->dev, a->probs, a->lse, N, E);
+}
+
+/* h (n,H) = the activation of the first product fc (n,FH); dfc (n,FH) WRITES its gradient from dh. */
+static void expert_act_fwd(const loom_gpt *m, float *h, const float *fc, int n, int H) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) loom_swiglu_fwd(m->dev, h, fc, n, H);
+    else loom_gelu_fwd(m->dev, h, fc, (size_t)n * H);
+}
+static void expert_act_bwd(const loom_gpt *m, float *dfc, const float *fc, const float *dh, int n, int H) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) loom_swiglu_bwd(m->dev, dfc, fc, dh, n, H);
+    else loom_gelu_bwd(m->dev, dfc, fc, dh, (size_t)n * H); /* dfc was zeroed */
 }
 
 /* sel (N,k): each token's top_k experts by probability + bias, ties to the
@@ -416,10 +435,10 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m), FH = first_l(m);
     const int El = moe->El;
     a->x = x;
-    double zsum = route_probs(m->dev, a, bl->w.router, N, C, E);
+    double zsum = route_probs(m, a, bl->w.router, N, C, E);
     route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk);
     const int G = moe->G, Ng = N / G;
     const int cap = m->opts.forward_only ? Ng : loom_moe_capacity(c, Ng); /* inference: dropless */
@@ -449,12 +468,12 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     for (int j = 0; j < El; j++) {
         int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j],
-                        n, C, H);
-        loom_gelu_fwd(m->dev, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
+        loom_part_linear_fwd(m, a->hp + (size_t)r0 * FH, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j],
+                             n, C, FH);
+        expert_act_fwd(m, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * FH, n, H);
         /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
-        loom_matmul_fwd(m->dev, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
-                        m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
+        loom_part_linear_fwd(m, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+                             m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
     }
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, a->ye, C, &st->a2a));
@@ -512,7 +531,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m), FH = first_l(m);
     const int El = moe->El, A = a->start[E];
     a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
@@ -522,17 +541,16 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     /* the local experts' input gradients */
     const size_t R = (size_t)a->rt.estart[El];
     loom_tensor_zero(m->dev, moe->tH, R * H);
-    loom_tensor_zero(m->dev, a->dhp, R * H);
+    loom_tensor_zero(m->dev, a->dhp, R * FH);
     loom_tensor_zero(m->dev, moe->t2, R * C);
     for (int j = 0; j < El; j++) {
         int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(m->dev, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
-                        bl->w.cp_w[j], n, H, C);
-        loom_gelu_bwd(m->dev, a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
-                      (size_t)n * H);
-        loom_matmul_bwd(m->dev, moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
-                        bl->w.fc_w[j], n, C, H);
+        loom_part_linear_bwd(m, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
+                             bl->w.cp_w[j], n, H, C);
+        expert_act_bwd(m, a->dhp + (size_t)r0 * FH, a->hp + (size_t)r0 * FH, moe->tH + (size_t)r0 * H, n, H);
+        loom_part_linear_bwd(m, moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * FH, NULL,
+                             bl->w.fc_w[j], n, C, FH);
     }
     /* back to the tokens' ranks (sendA is free again) */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, moe->sendA, C, &st->a2a));
@@ -545,7 +563,7 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
      * every rank, joins dx on tp rank 0 only (the caller's sum adds it once) */
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
     router_bwd(moe, a, c, N, moe->dloss * (float)N);
-    if (m->part.tp.rank == 0) loom_matmul_bwd(m->dev, dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    if (m->part.tp.rank == 0) loom_part_linear_bwd(m, dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
     return LOOM_OK;
 }
 
@@ -553,15 +571,15 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const flo
     moe_block *bl = block_of(m, li);
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
-    loom_matmul_bwd(m->dev, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
+    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), FH = first_l(m), El = m->moe->El;
+    loom_part_linear_bwd(m, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
     for (int j = 0; j < El; j++) {
         int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(m->dev, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
-                        a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
-        loom_matmul_bwd(m->dev, NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
-                        a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
+        loom_part_linear_bwd(m, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
+                             a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
+        loom_part_linear_bwd(m, NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * FH,
+                             a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, FH);
     }
     return LOOM_OK;
 }

@@ -124,8 +124,36 @@ void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, i
     add(m, off, name, r, c, split_dim, parts, valid, init, std, sp_partial, unit);
 }
 
+/* Mixtral's experts of block l (those of this EP rank): w1 (gate) and w3
+ * (up) by rows, packed as one [gate | up] matrix like the dense MLP's,
+ * w2 (down) by columns. */
+static void add_llama_experts(loom_gpt *m, size_t *off, int l, float std) {
+    const int64_t C = m->cfg.n_embd, H = loom_moe_hidden(&m->cfg);
+    const int P = m->part.ep ? loom_comm_size(m->part.ep) : 1, El = m->cfg.n_expert / P;
+    const int e0 = (m->part.ep ? loom_comm_rank(m->part.ep) : 0) * El, unit = P > 1 ? LOOM_UNIT_EXPERTS : l;
+    char name[LOOM_PARAM_NAME_MAX];
+    for (int e = e0; e < e0 + El; e++) {
+        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+        add_cut(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 1);
+        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+        add_cut(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 0);
+        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+        add_cut(m, off, name, C, H, 1, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 0);
+    }
+}
+
+/* Mixtral's MoE MLP of block l: its router (replicated), and its experts
+ * unless expert parallelism puts them after every block. */
+static void add_llama_moe(loom_gpt *m, size_t *off, int l, float std) {
+    char name[LOOM_PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.gate.weight", l);
+    add(m, off, name, m->cfg.n_expert, m->cfg.n_embd, -1, 1, m->cfg.n_expert, LOOM_INIT_NORMAL, std, 0, l);
+    if (!(m->part.ep && loom_comm_size(m->part.ep) > 1)) add_llama_experts(m, off, l, std);
+}
+
 /* The Llama family: the outer tensors (embed_tokens, norm, lm_head) first,
- * then each block's in LLAMA_BLOCK's order. */
+ * then each block's in LLAMA_BLOCK's order (an MoE block's router and
+ * experts in place of its mlp). */
 static void build_llama(loom_gpt *m, size_t *off) {
     const loom_model_config *c = &m->cfg;
     const int64_t C = c->n_embd, V = c->vocab_size, tp = m->part.tp.size, HS = loom_model_head_size(c);
@@ -150,12 +178,19 @@ static void build_llama(loom_gpt *m, size_t *off) {
         for (int k = 0; k < N_LLAMA; k++) {
             const llama_param *b = &LLAMA_BLOCK[k];
             if ((b->bias == 1 && !c->qkv_bias) || (b->bias == 2 && !c->o_bias)) continue;
+            if (loom_moe_layer(c, l) && !strncmp(b->suffix, "mlp.", 4)) {
+                if (!strcmp(b->suffix, "mlp.down_proj.weight")) add_llama_moe(m, off, l, std);
+                continue;
+            }
             snprintf(name, sizeof name, "model.layers.%d.%s", l, b->suffix);
             int64_t r = extent[b->rows], cols = extent[b->cols];
             int rep = b->rows == D_KV ? kv_rep : 1;
             add_cut(m, off, name, r, cols, b->split_dim, 1, b->split_dim == 1 ? cols : r, b->init,
                     b->init == LOOM_INIT_NORMAL ? std : 0.0f, b->sp_partial, l, rep, b->packed);
         }
+    if (m->part.ep && loom_comm_size(m->part.ep) > 1) /* expert-parallel: the local experts last */
+        for (int l = m->part.layer_begin; l < m->part.layer_end; l++)
+            if (loom_moe_layer(c, l)) add_llama_experts(m, off, l, std);
 }
 
 size_t loom_gpt_build_table(loom_gpt *m) {

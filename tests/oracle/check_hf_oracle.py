@@ -6,7 +6,7 @@ usage: check_hf_oracle.py ORACLE_DUMP [--only NAME,...] [--tol 1e-5]
 For each case - Llama with grouped-query attention, Llama with one
 key/value head, attention biases and a tied head, Llama 3's rope scaling,
 Mistral with a sliding window shorter than the sequence, Qwen2 with its
-q/k/v biases - this makes a tiny random model with transformers'
+q/k/v biases, Mixtral (4 SwiGLU experts, softmax top 2 renormalised) - this makes a tiny random model with transformers'
 save_pretrained, runs ORACLE_DUMP (tests/model/oracle_dump.c) with
 --hf DIR, which loads it with loom's --model DIR reader and writes its
 parameters, logits, loss, every gradient and one AdamW step, and compares
@@ -38,6 +38,7 @@ CASES = [
                                           rope_scaling=hf_models.LLAMA3)),
     ("mistral-window", "mistral", dict(num_key_value_heads=2, sliding_window=5)),
     ("qwen2", "qwen2", dict(num_key_value_heads=2, rope_theta=1000000.0)),
+    ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
 ]
 B, T = 2, 16
 

@@ -4,7 +4,8 @@
 usage: check_hf_roundtrip.py LOOM ORACLE_DUMP [--tol 1e-5]
 
 For a Llama (grouped-query attention, untied head), a Mistral (sliding
-window) and a Qwen2 (q/k/v biases, tied head) made by transformers'
+window), a Qwen2 (q/k/v biases, tied head) and a Mixtral (4 experts, top 2)
+made by transformers'
 save_pretrained: `loom train --model DIR` trains 3 steps and writes
 `--save-params OUT/`; transformers' from_pretrained must load OUT with no
 missing, unexpected or mismatched keys, and check_hf_oracle's comparison
@@ -31,6 +32,7 @@ CASES = [
     ("llama", "llama", dict(num_key_value_heads=2)),
     ("mistral", "mistral", dict(num_key_value_heads=2, sliding_window=5)),
     ("qwen2", "qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True)),
+    ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
 ]
 
 

@@ -19,7 +19,8 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 
 CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM)}
 
 
 def make(out_dir, arch, seed=0, **overrides):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Invariant 1 for the Llama family: a tiny Llama (grouped-query attention,
-4 query heads over 2 key/value heads, untied LM head) and a tiny Qwen2 (its
-q/k/v biases), each a directory written by transformers' save_pretrained
+4 query heads over 2 key/value heads, untied LM head), a tiny Mixtral (4
+SwiGLU experts, top 2: dp x ep, tp, ZeRO 3 over the experts, cp x pp) and a
+tiny Qwen2 (its q/k/v biases), each a directory written by transformers' save_pretrained
 and read with --model DIR, train the same run under each layout as on one
 rank - the loss at each of 6 steps within 1e-5 relative and every final
 parameter tensor within 1e-5 (norm-wise relative).
@@ -45,6 +46,12 @@ LLAMA_LAYOUTS = [  # (label, ranks, flags)
     ("dp=2 tp=2 zero=2", 4, ["--dp", 2, "--tp", 2, "--zero", 2]),
     ("tp=2 recompute full", 2, ["--tp", 2, "--recompute", "full"]),
 ]
+MIXTRAL_LAYOUTS = [
+    ("mixtral dp=2 ep=2", 2, ["--dp", 2, "--ep", 2]),
+    ("mixtral tp=2", 2, ["--tp", 2]),
+    ("mixtral dp=2 ep=2 zero=3", 2, ["--dp", 2, "--ep", 2, "--zero", 3]),
+    ("mixtral cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
+]
 QWEN2_LAYOUTS = [
     ("qwen2 tp=4 (kv heads replicated)", 4, ["--tp", 4]),
     ("qwen2 cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
@@ -64,6 +71,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
         family(tmp, data, "llama", LLAMA_LAYOUTS)
+        family(tmp, data, "mixtral", MIXTRAL_LAYOUTS, num_local_experts=4, num_experts_per_tok=2)
         family(tmp, data, "qwen2", QWEN2_LAYOUTS, bias_abs=5e-5, rope_theta=1000000.0)
     lt.done()
 
