@@ -11,7 +11,8 @@ The layouts cover what the Llama parts change: tp 2 splits the key/value
 heads, tp 4 replicates each on two ranks (their gradients summed over the
 replicas), SP, CP ring with rotary positions on the load-balanced chunks
 and Ulysses (with the key/value heads split too), PP with the untied head
-on the last stage only, ZeRO 2 and 3 and full recompute.
+on the last stage only, ZeRO 2 and 3 and full recompute; and a checkpoint
+of step 3 at tp 4 resumed at pp 2.
 
 Qwen2's key bias is measured element-wise instead where the norm-wise error
 exceeds 1e-5: every element within 5e-5 of one rank, under 1 % of the
@@ -21,6 +22,7 @@ over 16 positions, so a bias there shifts every score of a query almost
 equally, the softmax nearly cancels it and its true gradient is close to
 zero; AdamW divides that by its own small size, so the rounding of a
 different summation order moves those elements by up to ~2e-5."""
+import json
 import os
 import sys
 import tempfile
@@ -65,12 +67,29 @@ def family(tmp, data, arch, layouts, bias_abs=None, **keys):
     for label, np, flags in layouts:
         run = lt.train(tmp, label, np, common + flags)
         lt.compare_runs(ref[0], ref[1], run[0], run[1], label, bias_abs=bias_abs)
+    return common, ref
+
+
+def resume(tmp, common, ref):
+    """A checkpoint of step 3 at tp 4 (key/value heads replicated), resumed
+    at pp 2: steps 4-6 and the final parameters as the one-rank run."""
+    ck = os.path.join(tmp, "ck")
+    lt.run(["train"] + common + ["--tp", 4, "--save-dir", ck, "--save-every", 3], np=4)
+    m, p = os.path.join(tmp, "resumed.jsonl"), os.path.join(tmp, "resumed.safetensors")
+    lt.run(["train"] + common + ["--pp", 2, "--resume", os.path.join(ck, "step_3"), "--metrics", m,
+                                 "--save-params", p], np=2)
+    steps = [r["step"] for r in lt.read_metrics(m)]
+    lt.check(steps == [4, 5, 6], "resume: steps %s logged, want 4, 5, 6" % steps)
+    tail = os.path.join(tmp, "ref_tail.jsonl")
+    with open(tail, "w") as f:  # the one-rank run's steps 4-6, to compare with
+        f.writelines(line for line in open(ref[0]) if line.strip() and json.loads(line)["step"] > 3)
+    lt.compare_runs(tail, ref[1], m, p, "resume tp=4 step 3 -> pp=2")
 
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
-        family(tmp, data, "llama", LLAMA_LAYOUTS)
+        resume(tmp, *family(tmp, data, "llama", LLAMA_LAYOUTS))
         family(tmp, data, "mixtral", MIXTRAL_LAYOUTS, num_local_experts=4, num_experts_per_tok=2)
         family(tmp, data, "qwen2", QWEN2_LAYOUTS, bias_abs=5e-5, rope_theta=1000000.0)
     lt.done()
