@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "loom/comm.h"
+#include "loom/hf_dir.h"
 #include "loom/infer.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
@@ -76,7 +77,8 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
 
 static loom_status check_flags(const gen_cfg *c, int world) {
     (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
-    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (!loom_hf_params_path(c->load_params, c->model)[0])
+        return loom_fail(LOOM_EUSAGE, "--load-params FILE is required (or --model DIR with its weights)");
     if (c->ep < 1) return loom_fail(LOOM_EUSAGE, "--ep %d: must be >= 1", c->ep); /* also the layout's dp */
     if (c->max_tokens < 1) return loom_fail(LOOM_EUSAGE, "--max-tokens %d: must be >= 1", c->max_tokens);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
@@ -150,7 +152,7 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     st = loom_comm_agree(world, st);
-    if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
+    if (st == LOOM_OK) st = loom_infer_load(inf, loom_hf_params_path(c->load_params, c->model));
     float *logits = NULL;
     const int V = mc.vocab_size;
     if (st == LOOM_OK && c->logits_out[0] && loom_infer_last_stage(inf)) {
@@ -219,9 +221,9 @@ int cmd_generate(int argc, char **argv) {
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model or HF config.json (default mini)"},
+         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral) (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters, safetensors with HF GPT-2 names (required)"},
+         "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
          "GPT-2 BPE files for --prompt and text output"},
         {"prompt", OPT_STRLIST, &c.prompts, 0, "TEXT",

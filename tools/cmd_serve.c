@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "loom/comm.h"
+#include "loom/hf_dir.h"
 #include "loom/infer.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
@@ -19,7 +20,8 @@ typedef struct serve_cfg {
 
 static loom_status check_flags(const serve_cfg *c, int world) {
     (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
-    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (!loom_hf_params_path(c->load_params, c->model)[0])
+        return loom_fail(LOOM_EUSAGE, "--load-params FILE is required (or --model DIR with its weights)");
     if (c->ep < 1 || c->dp < 1) /* both multiply into the layout's dp */
         return loom_fail(LOOM_EUSAGE, "--dp %d and --ep %d must be >= 1", c->dp, c->ep);
     if (c->port < 0 || (long long)c->port + c->dp - 1 > 65535)
@@ -61,7 +63,7 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     if (st == LOOM_OK) st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
-    if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
+    if (st == LOOM_OK) st = loom_infer_load(inf, loom_hf_params_path(c->load_params, c->model));
     const int r = st == LOOM_OK ? mesh->dp_rank / c->ep : 0; /* this rank's replica */
     if (st == LOOM_OK && c->dp > 1) /* the device's group, as the mesh's (device.h) */
         st = loom_device_comm_split(dev, world, r, loom_comm_rank(world), "replica", &replica);
@@ -108,9 +110,9 @@ int cmd_serve(int argc, char **argv) {
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model or HF config.json (default mini)"},
+         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral) (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters, safetensors with HF GPT-2 names (required)"},
+         "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
          "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
         {"port", OPT_INT, &c.port, 0, "P", "TCP port on 127.0.0.1 (default 8000; 0 = any free port)"},

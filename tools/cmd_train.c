@@ -222,7 +222,7 @@ int cmd_eval(int argc, char **argv) {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
          "built-in model or config.json (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters (safetensors) to evaluate (required)"},
+         "parameters (safetensors, or a Hugging Face directory) to evaluate (default: the --model directory's weights)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard (default " LOOM_DEFAULT_VAL ")"},
         {"batch", OPT_INT, &c.batch, 0, "B", "sequences per batch (default 8)"},
         {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},

@@ -26,5 +26,8 @@ int loom_hf_has_weights(const char *dir);
  * malformed index is LOOM_EDATA). LOOM_ENOINPUT when dir has neither. */
 loom_status loom_hf_weight_files(const char *dir, loom_hf_files *out);
 void loom_hf_files_free(loom_hf_files *f);
+/* The parameters a command loads: load_params when given, else model when
+ * it is a Hugging Face directory with weights (as from_pretrained), else "". */
+const char *loom_hf_params_path(const char *load_params, const char *model);
 
 #endif

@@ -359,6 +359,10 @@ void loom_gpt_init_params(loom_gpt *m, uint64_t seed);
  * keeps only a shard initialises it without ever holding the whole part. */
 void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst);
 const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name);
+/* out (N,C) = the part's norm of x (LayerNorm: mean, rstd written; RMSNorm:
+ * rstd; b NULL), as its blocks and head compute it (src/model/parts.c). */
+void loom_part_norm_fwd(const loom_gpt *m, float *out, float *mean, float *rstd, const float *x,
+                        const float *w, const float *b, int N);
 /* 1 when p's gradient on this part must stay out of the gradient norm: the
  * tied embedding's copy on a part without the embedding (its other half is
  * counted where the embedding lives), or a replicated key/value slice on any

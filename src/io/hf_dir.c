@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define INDEX_MAX_BYTES (64 << 20)
@@ -106,4 +107,11 @@ loom_status loom_hf_weight_files(const char *dir, loom_hf_files *out) {
                        "%s: no weights (neither model.safetensors nor model.safetensors.index.json)", dir);
     if (st != LOOM_OK) loom_hf_files_free(out);
     return st;
+}
+
+const char *loom_hf_params_path(const char *load_params, const char *model) {
+    if (load_params[0]) return load_params;
+    struct stat sb;
+    if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode) && loom_hf_has_weights(model)) return model;
+    return "";
 }

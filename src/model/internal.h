@@ -19,9 +19,7 @@ void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, i
                         int parts, int64_t valid, loom_init_kind init, float std, int sp_partial, int unit);
 
 /* ---- a block's parts (parts.c): each runs the kernel the config names ---- */
-/* out (N,C) = norm(x) (LayerNorm: mean, rstd; RMSNorm: rstd; b NULL); backward +=. */
-void loom_part_norm_fwd(const loom_gpt *m, float *out, float *mean, float *rstd, const float *x,
-                        const float *w, const float *b, int N);
+/* loom_part_norm_fwd: model.h (inference's final norm calls it too); backward +=. */
 void loom_part_norm_bwd(const loom_gpt *m, float *dx, float *dw, float *db, const float *dout, const float *x,
                         const float *w, const float *mean, const float *rstd, int N);
 /* out (N,OC) = x (N,K) times the weight (Conv1D (K,OC) or nn.Linear (OC,K)) + b; backward +=. */
