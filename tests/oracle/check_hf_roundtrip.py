@@ -12,10 +12,17 @@ missing, unexpected or mismatched keys, and check_hf_oracle's comparison
 (loom reading OUT with --model OUT against transformers' model of OUT:
 parameters, logits, loss, every gradient, one AdamW step) must hold within
 tol. The trained parameters must also differ from the initial ones (the
-directory really holds the trained model). Exit 1 on any failure.
+directory really holds the trained model). A directory saved in shards
+(model-0000K-of-0000N.safetensors + index) passes the same comparison.
+Bad directories - no config.json, a model_type loom does not have, weights
+whose shapes disagree with the config, an index naming a missing shard -
+each exit with one message naming the cause and the documented code (66,
+78, 65, 66). Exit 1 on any failure.
 """
 import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +66,61 @@ def run_case(loom, dump_bin, tmp, data, name, arch, keys, tol):
     return ok + a, fail + b
 
 
+def sharded(dump_bin, tmp, tol):
+    """A directory saved in 6 shards + model.safetensors.index.json: loom reads
+    it as transformers does (check_hf_oracle's comparison on it)."""
+    src = hf_models.make(os.path.join(tmp, "one-file"), "llama", num_key_value_heads=2, vocab_size=256)
+    d = os.path.join(tmp, "sharded")
+    transformers.AutoModelForCausalLM.from_pretrained(src).save_pretrained(d, max_shard_size="20KB",
+                                                                           safe_serialization=True)
+    n = len([f for f in os.listdir(d) if f.startswith("model-0000")])
+    print("%-22s %-60s %s" % ("sharded", "%d shards written" % n, "ok" if n > 1 else "FAIL"))
+    ok, bad = check_hf_oracle.check_dir(dump_bin, tmp, "sharded", d, tol)
+    return ok + (n > 1), bad + (n <= 1), d
+
+
+def bad_inputs(loom, tmp, data, shards):
+    """Each bad directory: one message naming the cause, its exit code."""
+    good = os.path.join(tmp, "llama-in")
+    cases = []
+    empty = os.path.join(tmp, "no-config")
+    os.makedirs(empty)
+    cases.append(("a directory without config.json", empty, 66, "without config.json"))
+    arch = os.path.join(tmp, "gptj")
+    shutil.copytree(good, arch)
+    edit_config(arch, model_type="gptj")
+    cases.append(("an architecture loom does not have", arch, 78, 'model_type "gptj"'))
+    shape = os.path.join(tmp, "shape")
+    shutil.copytree(good, shape)
+    edit_config(shape, intermediate_size=64)
+    cases.append(("weights whose shapes disagree", shape, 65, "needs [32, 64]"))
+    missing = os.path.join(tmp, "missing-shard")
+    shutil.copytree(shards, missing)
+    gone = sorted(f for f in os.listdir(missing) if f.startswith("model-0000"))[1]
+    os.remove(os.path.join(missing, gone))
+    cases.append(("an index naming a missing file", missing, 66, gone))
+    ok = fail = 0
+    for what, d, code, needle in cases:
+        p = subprocess.run([loom, "train", "--model", d, "--data", data, "--steps", "1", "--seq", "16",
+                            "--no-progress"], capture_output=True, text=True)
+        good_exit = p.returncode == code and needle in p.stderr and p.stderr.count("error:") == 1
+        print("%-22s %-60s %s" % ("bad input", "%s: exit %d" % (what, p.returncode), "ok" if good_exit else "FAIL"))
+        if not good_exit:
+            print(p.stderr)
+        ok += good_exit
+        fail += not good_exit
+    return ok, fail
+
+
+def edit_config(d, **keys):
+    path = os.path.join(d, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg.update(keys)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("loom")
@@ -75,6 +137,10 @@ def main():
             ok, bad = run_case(args.loom, args.oracle_dump, tmp, data, name, arch, keys, args.tol)
             passed += ok
             failed += bad
+        ok, bad, shards = sharded(args.oracle_dump, tmp, args.tol)
+        ok2, bad2 = bad_inputs(args.loom, tmp, data, shards)
+        passed += ok + ok2
+        failed += bad + bad2
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
