@@ -72,6 +72,7 @@ typedef struct loom_model_config {
     char dir[256];        /* the Hugging Face directory it was read from, "" if none */
     /* Mixture of experts (include/loom/moe.h); n_expert = 0: every block dense. */
     int n_expert, top_k, moe_every, expert_hidden, norm_topk;
+    int shared_hidden; /* Qwen2-MoE: a shared SwiGLU expert this wide, scaled by a sigmoid gate; 0: none */
     float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
     float bias_rate; /* aux-loss-free balancing (DeepSeek-V3): selection-bias step, 0 = off */
 } loom_model_config;

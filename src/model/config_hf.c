@@ -81,6 +81,12 @@ static void llama_parts(loom_model_config *c, const char *arch) {
         c->n_expert = 8, c->top_k = 2, c->moe_every = 1, c->norm_topk = 1;
         c->aux_coef = c->z_coef = c->capacity_factor = c->bias_rate = 0; /* dropless, no aux loss */
     }
+    if (!strcmp(arch, "qwen2_moe")) { /* Qwen2-MoE: 60 experts, top 4, not renormalised, a shared expert */
+        c->qkv_bias = 1;
+        c->n_expert = 60, c->top_k = 4, c->moe_every = 1, c->norm_topk = 0;
+        c->expert_hidden = 1408, c->shared_hidden = 5632;
+        c->aux_coef = c->z_coef = c->capacity_factor = c->bias_rate = 0;
+    }
 }
 
 int loom_llama_builtin(const char *name, loom_model_config *cfg) {
@@ -304,11 +310,24 @@ static loom_status llama_key(const char *path, const cJSON *it, loom_model_confi
     };
     for (size_t i = 0; i < sizeof INTS / sizeof INTS[0]; i++)
         if (!strcmp(k, INTS[i].key)) return want_int(path, it, INTS[i].lo, INTS[i].dst);
-    if (!strcmp(c->arch, "mixtral")) { /* its experts */
-        if (!strcmp(k, "num_local_experts")) return want_int(path, it, 1, &c->n_expert);
+    if (c->n_expert > 0) { /* Mixtral's and Qwen2-MoE's experts */
+        if (!strcmp(k, "num_local_experts") || !strcmp(k, "num_experts"))
+            return want_int(path, it, 1, &c->n_expert);
         if (!strcmp(k, "num_experts_per_tok")) return want_int(path, it, 1, &c->top_k);
         if (!strcmp(k, "router_aux_loss_coef")) return want_nonneg(path, it, aux);
         if (!strcmp(k, "output_router_logits")) return want_bool(path, it, use_aux);
+        if (!strcmp(k, "moe_intermediate_size")) return want_int(path, it, 1, &c->expert_hidden);
+        if (!strcmp(k, "shared_expert_intermediate_size")) return want_int(path, it, 1, &c->shared_hidden);
+        if (!strcmp(k, "decoder_sparse_step")) return want_int(path, it, 1, &c->moe_every);
+        if (!strcmp(k, "norm_topk_prob")) return want_bool(path, it, &c->norm_topk);
+        if (!strcmp(k, "mlp_only_layers")) {
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 0)
+                return loom_fail(LOOM_ECONFIG,
+                                 "%s: \"mlp_only_layers\" must be [] (loom places MoE blocks "
+                                 "by decoder_sparse_step only)",
+                                 path);
+            return LOOM_OK;
+        }
     }
     int handled = 0, tie = 0;
     LOOM_TRY(fixed_key(path, it, c, &handled));
@@ -340,6 +359,7 @@ static void class_defaults(loom_model_config *c) {
     if (!strcmp(c->arch, "mistral")) c->n_positions = 4096 * 32, c->window = 4096;
     if (!strcmp(c->arch, "qwen2")) c->n_positions = 32768;
     if (!strcmp(c->arch, "mixtral")) c->n_positions = 4096 * 32;
+    if (!strcmp(c->arch, "qwen2_moe")) c->n_positions = 8192;
 }
 
 loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char *arch,
@@ -350,7 +370,7 @@ loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char
     class_defaults(c);
     /* Qwen2 (in Hugging Face 4.40) masks with its sliding_window only under
      * use_sliding_window, which loom refuses; its sliding_window is ignored */
-    const int qwen = !strcmp(arch, "qwen2");
+    const int qwen = !strcmp(arch, "qwen2") || !strcmp(arch, "qwen2_moe");
     float aux = 0.001f; /* MixtralConfig's default */
     int use_aux = 0;
     for (const cJSON *it = root->child; it; it = it->next) {
@@ -358,7 +378,7 @@ loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char
         LOOM_TRY(llama_key(path, it, c, &aux, &use_aux));
     }
     if (c->n_expert > 0) { /* Mixtral: the experts are intermediate_size wide */
-        c->expert_hidden = c->ffn;
+        if (!strcmp(arch, "mixtral")) c->expert_hidden = c->ffn;
         c->aux_coef = use_aux ? aux : 0.0f;
     }
     const char *need[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -401,6 +421,7 @@ static const char *hf_class(const char *arch) {
     if (!strcmp(arch, "mistral")) return "MistralForCausalLM";
     if (!strcmp(arch, "qwen2")) return "Qwen2ForCausalLM";
     if (!strcmp(arch, "mixtral")) return "MixtralForCausalLM";
+    if (!strcmp(arch, "qwen2_moe")) return "Qwen2MoeForCausalLM";
     return "LlamaForCausalLM";
 }
 
@@ -430,11 +451,22 @@ static void llama_write(const loom_model_config *c, cJSON *root) {
         cJSON_AddBoolToObject(root, "output_router_logits", c->aux_coef > 0);
         cJSON_AddNumberToObject(root, "router_jitter_noise", 0);
     }
+    if (!strcmp(c->arch, "qwen2_moe")) {
+        cJSON_AddNumberToObject(root, "num_experts", c->n_expert);
+        cJSON_AddNumberToObject(root, "num_experts_per_tok", c->top_k);
+        cJSON_AddNumberToObject(root, "moe_intermediate_size", loom_moe_hidden(c));
+        cJSON_AddNumberToObject(root, "shared_expert_intermediate_size", c->shared_hidden);
+        cJSON_AddNumberToObject(root, "decoder_sparse_step", c->moe_every);
+        cJSON_AddBoolToObject(root, "norm_topk_prob", c->norm_topk);
+        cJSON_AddItemToObject(root, "mlp_only_layers", cJSON_CreateArray());
+        cJSON_AddNumberToObject(root, "router_aux_loss_coef", c->aux_coef);
+        cJSON_AddBoolToObject(root, "output_router_logits", c->aux_coef > 0);
+    }
     if (!strcmp(c->arch, "mistral") || !strcmp(c->arch, "mixtral")) {
         if (c->window) cJSON_AddNumberToObject(root, "sliding_window", c->window);
         else cJSON_AddNullToObject(root, "sliding_window");
     }
-    if (!strcmp(c->arch, "qwen2")) cJSON_AddBoolToObject(root, "use_sliding_window", 0);
+    if (!strncmp(c->arch, "qwen2", 5)) cJSON_AddBoolToObject(root, "use_sliding_window", 0);
     if (c->rope_factor > 0) {
         cJSON *s = cJSON_AddObjectToObject(root, "rope_scaling");
         cJSON_AddStringToObject(s, "rope_type", "llama3");
@@ -461,10 +493,10 @@ static void gpt2_write(const loom_model_config *c, cJSON *root) {
 }
 
 loom_status loom_model_config_write_hf(const loom_model_config *c, const char *path) {
-    if (c->n_expert > 0 && strcmp(c->arch, "mixtral") != 0)
+    if (c->n_expert > 0 && c->family != LOOM_FAMILY_LLAMA)
         return loom_fail(LOOM_EUSAGE,
-                         "%s: a Hugging Face config.json of this MoE model is not written yet "
-                         "(Mixtral's is)",
+                         "%s: a Hugging Face config.json of a GPT-2 MoE model is not written yet "
+                         "(Mixtral's and Qwen2-MoE's are)",
                          path);
     cJSON *root = cJSON_CreateObject();
     if (!root) return loom_fail(LOOM_EOS, "out of memory");

@@ -82,7 +82,8 @@ static const llama_param LLAMA_BLOCK[] = {
 #define N_LLAMA (int)(sizeof LLAMA_BLOCK / sizeof LLAMA_BLOCK[0])
 
 int loom_gpt_max_params(const loom_model_config *cfg, const loom_model_part *part) {
-    return 5 + N_LLAMA * (part->layer_end - part->layer_begin) + loom_moe_extra_params(cfg, part);
+    /* + Qwen2-MoE's shared expert and gate per block */
+    return 5 + (N_LLAMA + 4) * (part->layer_end - part->layer_begin) + loom_moe_extra_params(cfg, part);
 }
 
 /* Append one entry; local shape from the global one and the cut (rep tp
@@ -127,27 +128,52 @@ void loom_gpt_add_param(loom_gpt *m, size_t *off, const char *name, int64_t r, i
 /* Mixtral's experts of block l (those of this EP rank): w1 (gate) and w3
  * (up) by rows, packed as one [gate | up] matrix like the dense MLP's,
  * w2 (down) by columns. */
-static void add_llama_experts(loom_gpt *m, size_t *off, int l, float std) {
-    const int64_t C = m->cfg.n_embd, H = loom_moe_hidden(&m->cfg);
-    const int P = m->part.ep ? loom_comm_size(m->part.ep) : 1, El = m->cfg.n_expert / P;
-    const int e0 = (m->part.ep ? loom_comm_rank(m->part.ep) : 0) * El, unit = P > 1 ? LOOM_UNIT_EXPERTS : l;
+/* One SwiGLU MLP of H hidden units of block l, named model.layers.<l>.<what>
+ * (with e >= 0: <what>.<e>) + "." + {gate,up,down} + ".weight" (Mixtral:
+ * w1, w3, w2): gate and up by rows, packed as one [gate | up] matrix like
+ * the dense MLP's, down by columns. */
+static void add_swiglu(loom_gpt *m, size_t *off, int l, const char *what, int e, const char *const w[3],
+                       int64_t H, float std, int unit) {
+    const int64_t C = m->cfg.n_embd;
     char name[LOOM_PARAM_NAME_MAX];
-    for (int e = e0; e < e0 + El; e++) {
-        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
-        add_cut(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 1);
-        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
-        add_cut(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 0);
-        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
-        add_cut(m, off, name, C, H, 1, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 0);
+    for (int i = 0; i < 3; i++) {
+        if (e >= 0) snprintf(name, sizeof name, "model.layers.%d.%s.%d.%s.weight", l, what, e, w[i]);
+        else snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", l, what, w[i]);
+        if (i < 2) add_cut(m, off, name, H, C, 0, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, i == 0);
+        else add_cut(m, off, name, C, H, 1, 1, H, LOOM_INIT_NORMAL, std, 0, unit, 1, 0);
     }
 }
 
-/* Mixtral's MoE MLP of block l: its router (replicated), and its experts
- * unless expert parallelism puts them after every block. */
+static const char *const MIXTRAL_W[3] = {"w1", "w3", "w2"}, *const PROJ_W[3] = {"gate_proj", "up_proj",
+                                                                                "down_proj"};
+
+/* The MoE MLP's module of block l: Mixtral's block_sparse_moe, else mlp. */
+static const char *moe_module(const loom_model_config *c) {
+    return !strcmp(c->arch, "mixtral") ? "block_sparse_moe" : "mlp";
+}
+
+/* The experts of block l on this EP rank. */
+static void add_llama_experts(loom_gpt *m, size_t *off, int l, float std) {
+    const int P = m->part.ep ? loom_comm_size(m->part.ep) : 1, El = m->cfg.n_expert / P;
+    const int e0 = (m->part.ep ? loom_comm_rank(m->part.ep) : 0) * El, unit = P > 1 ? LOOM_UNIT_EXPERTS : l;
+    const int mixtral = !strcmp(m->cfg.arch, "mixtral");
+    const char *what = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
+    for (int e = e0; e < e0 + El; e++)
+        add_swiglu(m, off, l, what, e, mixtral ? MIXTRAL_W : PROJ_W, loom_moe_hidden(&m->cfg), std, unit);
+}
+
+/* The MoE MLP of block l: its router (replicated), Qwen2-MoE's shared
+ * expert and its sigmoid gate, and the experts unless expert parallelism
+ * puts them after every block. */
 static void add_llama_moe(loom_gpt *m, size_t *off, int l, float std) {
     char name[LOOM_PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.gate.weight", l);
+    snprintf(name, sizeof name, "model.layers.%d.%s.gate.weight", l, moe_module(&m->cfg));
     add(m, off, name, m->cfg.n_expert, m->cfg.n_embd, -1, 1, m->cfg.n_expert, LOOM_INIT_NORMAL, std, 0, l);
+    if (m->cfg.shared_hidden > 0) {
+        add_swiglu(m, off, l, "mlp.shared_expert", -1, PROJ_W, m->cfg.shared_hidden, std, l);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        add(m, off, name, 1, m->cfg.n_embd, -1, 1, 1, LOOM_INIT_NORMAL, std, 0, l);
+    }
     if (!(m->part.ep && loom_comm_size(m->part.ep) > 1)) add_llama_experts(m, off, l, std);
 }
 

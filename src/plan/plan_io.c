@@ -164,8 +164,8 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         m->gated = !gpt2;
         m->learned_pos = gpt2;
         const int llama = !strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2");
-        m->loom_trains =
-            gpt2 || (llama && !m->experts) || !strcmp(type, "mixtral"); /* loom train runs these */
+        const int moe = !strcmp(type, "mixtral") || !strcmp(type, "qwen2_moe");
+        m->loom_trains = gpt2 || (llama && !m->experts) || moe; /* loom train runs these */
         const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
         m->tied = tie ? cJSON_IsTrue(tie) : gpt2;
         if (m->experts == 1) m->experts = 0;

@@ -4,7 +4,8 @@ against transformers' generate.
 
 Tiny random models saved by transformers' save_pretrained - a Llama (4
 query heads over 2 key/value heads, untied head), a Mistral whose sliding
-window (6) is shorter than the sequences, and a Mixtral (4 experts, top 2) -
+window (6) is shorter than the sequences, a Mixtral (4 experts, top 2) and
+a Qwen2-MoE (4 experts, top 2, a shared expert) -
 continue 6 prompts of 3..20 ids for 24 greedy tokens with `loom generate
 --model DIR` (its weights loaded as from_pretrained does): the tokens must equal transformers'
 generate(do_sample=False) (float64, eager attention), and the last-position
@@ -32,6 +33,7 @@ CASES = [  # name, arch, config keys, layouts (ranks, flags)
     ("mistral", "mistral", dict(num_key_value_heads=2, sliding_window=6), [(2, ["--tp", 2])]),
     ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
      [(2, ["--ep", 2]), (2, ["--tp", 2])]),
+    ("qwen2-moe", "qwen2_moe", hf_models.QWEN2_MOE, [(2, ["--tp", 2])]),
 ]
 
 

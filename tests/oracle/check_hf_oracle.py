@@ -39,6 +39,8 @@ CASES = [
     ("mistral-window", "mistral", dict(num_key_value_heads=2, sliding_window=5)),
     ("qwen2", "qwen2", dict(num_key_value_heads=2, rope_theta=1000000.0)),
     ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    ("qwen2-moe", "qwen2_moe", hf_models.QWEN2_MOE),
+    ("qwen2-moe-step2-norm", "qwen2_moe", dict(hf_models.QWEN2_MOE, decoder_sparse_step=2, norm_topk_prob=True)),
 ]
 B, T = 2, 16
 

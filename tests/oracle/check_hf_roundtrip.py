@@ -4,7 +4,8 @@
 usage: check_hf_roundtrip.py LOOM ORACLE_DUMP [--tol 1e-5]
 
 For a Llama (grouped-query attention, untied head), a Mistral (sliding
-window), a Qwen2 (q/k/v biases, tied head) and a Mixtral (4 experts, top 2)
+window), a Qwen2 (q/k/v biases, tied head), a Mixtral (4 experts, top 2)
+and a Qwen2-MoE (4 experts, top 2, a shared expert with a sigmoid gate)
 made by transformers'
 save_pretrained: `loom train --model DIR` trains 3 steps and writes
 `--save-params OUT/`; transformers' from_pretrained must load OUT with no
@@ -40,6 +41,7 @@ CASES = [
     ("mistral", "mistral", dict(num_key_value_heads=2, sliding_window=5)),
     ("qwen2", "qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True)),
     ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    ("qwen2-moe", "qwen2_moe", hf_models.QWEN2_MOE),
 ]
 
 

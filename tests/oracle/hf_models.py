@@ -17,10 +17,15 @@ BASE = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_atten
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
 
+# Qwen2-MoE: 4 experts of 24, top 2 (not renormalised), a shared expert of 40 with its sigmoid gate
+QWEN2_MOE = dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                 shared_expert_intermediate_size=40, decoder_sparse_step=1, norm_topk_prob=False)
+
 CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-           "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM)}
+           "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+           "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM)}
 
 
 def make(out_dir, arch, seed=0, **overrides):

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Invariant 1 for the Llama family: a tiny Llama (grouped-query attention,
 4 query heads over 2 key/value heads, untied LM head), a tiny Mixtral (4
-SwiGLU experts, top 2: dp x ep, tp, ZeRO 3 over the experts, cp x pp) and a
-tiny Qwen2 (its q/k/v biases), each a directory written by transformers' save_pretrained
+SwiGLU experts, top 2: dp x ep, tp, ZeRO 3 over the experts, cp x pp), a
+tiny Qwen2 (its q/k/v biases) and a tiny Qwen2-MoE (a shared expert with a
+sigmoid gate beside 4 routed ones: tp x sp x dp x ep, pp), each a directory written by transformers' save_pretrained
 and read with --model DIR, train the same run under each layout as on one
 rank - the loss at each of 6 steps within 1e-5 relative and every final
 parameter tensor within 1e-5 (norm-wise relative).
@@ -54,6 +55,10 @@ MIXTRAL_LAYOUTS = [
     ("mixtral dp=2 ep=2 zero=3", 2, ["--dp", 2, "--ep", 2, "--zero", 3]),
     ("mixtral cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
 ]
+QWEN2_MOE_LAYOUTS = [
+    ("qwen2-moe tp=2 sp dp=2 ep=2", 4, ["--tp", 2, "--sp", "--dp", 2, "--ep", 2]),
+    ("qwen2-moe pp=2", 2, ["--pp", 2, "--micro-batches", 2]),
+]
 QWEN2_LAYOUTS = [
     ("qwen2 tp=4 (kv heads replicated)", 4, ["--tp", 4]),
     ("qwen2 cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
@@ -92,6 +97,8 @@ def main():
         resume(tmp, *family(tmp, data, "llama", LLAMA_LAYOUTS))
         family(tmp, data, "mixtral", MIXTRAL_LAYOUTS, num_local_experts=4, num_experts_per_tok=2)
         family(tmp, data, "qwen2", QWEN2_LAYOUTS, bias_abs=5e-5, rope_theta=1000000.0)
+        keys = {k: v for k, v in hf_models.QWEN2_MOE.items() if k != "num_key_value_heads"}
+        family(tmp, data, "qwen2_moe", QWEN2_MOE_LAYOUTS, bias_abs=5e-5, **keys)
     lt.done()
 
 
