@@ -1,5 +1,5 @@
 /* cmd_export.c - `loom export`: a sharded checkpoint to one safetensors file
- * with Hugging Face GPT-2 names and a config.json. */
+ * with Hugging Face names and a config.json. */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,10 +11,12 @@ static const char *USAGE = "usage: loom export CHECKPOINT OUT.safetensors\n"
                            "\n"
                            "Consolidate the parameters of a sharded checkpoint (written by `loom train\n"
                            "--save-dir DIR`, under any layout) into one safetensors file with Hugging Face\n"
-                           "GPT-2 tensor names, as --save-params writes it (loadable with --load-params and\n"
-                           "`loom eval`), plus config.json in the same directory. CHECKPOINT is DIR/step_N,\n"
-                           "or DIR for its latest complete checkpoint; every file's SHA-256 is verified\n"
-                           "first. OUT is written as OUT.tmp and renamed when complete.\n"
+                           "tensor names, as --save-params writes it (loadable with --load-params and\n"
+                           "`loom eval`), plus config.json in the same directory (GPT-2's, or the Llama\n"
+                           "family's as the checkpoint saved it: a directory from_pretrained loads).\n"
+                           "CHECKPOINT is DIR/step_N, or DIR for its latest complete checkpoint; every\n"
+                           "file's SHA-256 is verified first. OUT is written as OUT.tmp and renamed when\n"
+                           "complete.\n"
                            "One process; no MPI launcher needed. Exit codes as `loom --help`.\n";
 
 int cmd_export(int argc, char **argv) {

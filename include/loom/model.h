@@ -95,6 +95,9 @@ loom_status loom_model_config_resolve(const char *name_or_path, loom_model_confi
  * then renamed): model_type gpt2, llama, mistral or qwen2 with the keys
  * transformers reads. LOOM_EOS when it cannot be written. */
 loom_status loom_model_config_write_hf(const loom_model_config *cfg, const char *path);
+/* The same config.json as a new cJSON object (the caller owns it); NULL
+ * when out of memory or for a GPT-2 MoE model (no Hugging Face class). */
+struct cJSON *loom_model_config_hf_json(const loom_model_config *cfg);
 /* Sizes positive and bounded, n_head divides n_embd, the parts consistent. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
 /* Derived sizes: key/value heads, head size, the dense MLP's hidden size. */

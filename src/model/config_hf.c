@@ -492,16 +492,23 @@ static void gpt2_write(const loom_model_config *c, cJSON *root) {
     cJSON_AddNumberToObject(root, "n_ctx", c->n_positions);
 }
 
+struct cJSON *loom_model_config_hf_json(const loom_model_config *c) {
+    if (c->n_expert > 0 && c->family != LOOM_FAMILY_LLAMA) return NULL;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    if (c->family == LOOM_FAMILY_LLAMA) llama_write(c, root);
+    else gpt2_write(c, root);
+    return root;
+}
+
 loom_status loom_model_config_write_hf(const loom_model_config *c, const char *path) {
     if (c->n_expert > 0 && c->family != LOOM_FAMILY_LLAMA)
         return loom_fail(LOOM_EUSAGE,
                          "%s: a Hugging Face config.json of a GPT-2 MoE model is not written yet "
                          "(Mixtral's and Qwen2-MoE's are)",
                          path);
-    cJSON *root = cJSON_CreateObject();
+    cJSON *root = loom_model_config_hf_json(c);
     if (!root) return loom_fail(LOOM_EOS, "out of memory");
-    if (c->family == LOOM_FAMILY_LLAMA) llama_write(c, root);
-    else gpt2_write(c, root);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return loom_fail(LOOM_EOS, "out of memory");

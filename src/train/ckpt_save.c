@@ -57,6 +57,8 @@ static cJSON *manifest_head(const loom_train_run_state *s, int step) {
     add_num(m, "n_embd", mc->n_embd);
     add_num(m, "vocab_size", mc->vocab_size);
     add_num(m, "n_positions", mc->n_positions);
+    cJSON *hf = mc->family == LOOM_FAMILY_LLAMA ? loom_model_config_hf_json(mc) : NULL;
+    if (hf) cJSON_AddItemToObject(m, "hf_config", hf); /* loom export writes it as config.json */
     cJSON *t = cJSON_AddObjectToObject(o, "train");
     add_num(t, "steps", c->steps);
     add_num(t, "batch", c->batch);

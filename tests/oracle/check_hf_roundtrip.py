@@ -18,7 +18,8 @@ directory really holds the trained model). A directory saved in shards
 Bad directories - no config.json, a model_type loom does not have, weights
 whose shapes disagree with the config, an index naming a missing shard -
 each exit with one message naming the cause and the documented code (66,
-78, 65, 66). Exit 1 on any failure.
+78, 65, 66). A Qwen2-MoE checkpoint exported by `loom export` loads in
+from_pretrained and equals --save-params. Exit 1 on any failure.
 """
 import argparse
 import json
@@ -35,6 +36,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_hf_oracle  # noqa: E402
 import hf_models  # noqa: E402
+import st  # noqa: E402
 
 CASES = [
     ("llama", "llama", dict(num_key_value_heads=2)),
@@ -114,6 +116,34 @@ def bad_inputs(loom, tmp, data, shards):
     return ok, fail
 
 
+def export_case(loom, tmp, data):
+    """A Qwen2-MoE checkpoint (loom train --save-dir) exported by `loom export`
+    loads in from_pretrained with no missing/unexpected keys, and holds the
+    --save-params tensors bit for bit."""
+    src = hf_models.make(os.path.join(tmp, "export-in"), "qwen2_moe", vocab_size=256, **hf_models.QWEN2_MOE)
+    ck, saved, out = os.path.join(tmp, "ck"), os.path.join(tmp, "saved.safetensors"), os.path.join(tmp, "exported")
+    p = subprocess.run([loom, "train", "--model", src, "--data", data, "--steps", "2", "--batch", "4", "--seq", "16",
+                        "--no-progress", "--quiet", "--save-dir", ck, "--save-params", saved],
+                       capture_output=True, text=True)
+    os.makedirs(out)
+    q = subprocess.run([loom, "export", ck, os.path.join(out, "model.safetensors")], capture_output=True, text=True)
+    if p.returncode or q.returncode:
+        print("export: loom failed\n%s%s%s%s" % (p.stdout, p.stderr, q.stdout, q.stderr))
+        return 0, 1
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    a, _ = st.load(saved)
+    b, _ = st.load(os.path.join(out, "model.safetensors"))
+    same = sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    ok = fail = 0
+    for what, good in (("exported checkpoint loads (%s) %s" % (type(model).__name__, bad or ""), not bad),
+                       ("exported tensors equal --save-params'", same)):
+        print("%-22s %-60s %s" % ("export", what, "ok" if good else "FAIL"))
+        ok += good
+        fail += not good
+    return ok, fail
+
+
 def edit_config(d, **keys):
     path = os.path.join(d, "config.json")
     with open(path) as f:
@@ -141,8 +171,9 @@ def main():
             failed += bad
         ok, bad, shards = sharded(args.oracle_dump, tmp, args.tol)
         ok2, bad2 = bad_inputs(args.loom, tmp, data, shards)
-        passed += ok + ok2
-        failed += bad + bad2
+        ok3, bad3 = export_case(args.loom, tmp, data)
+        passed += ok + ok2 + ok3
+        failed += bad + bad2 + bad3
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
