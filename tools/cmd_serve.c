@@ -40,9 +40,10 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_model_config mc;
     loom_tokenizer *tok = NULL;
     loom_status st = loom_model_config_resolve(c->model, &mc);
-    if (st == LOOM_OK && c->tokenizer[0]) st = loom_tokenizer_load(c->tokenizer, &tok);
+    const char *tok_path = loom_hf_tokenizer_path(c->tokenizer, c->model);
+    if (st == LOOM_OK && tok_path[0]) st = loom_tokenizer_load(tok_path, &tok);
     if (st == LOOM_OK && tok && loom_tokenizer_vocab_size(tok) > mc.vocab_size)
-        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
+        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", tok_path,
                        loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
     loom_layout l;
     loom_layout_default(&l);
@@ -114,7 +115,8 @@ int cmd_serve(int argc, char **argv) {
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
          "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
-         "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
+         "byte-level BPE (DIR or tokenizer.json; GPT-2, Llama 3, Qwen2 kinds) for text prompts (without: bytes or id arrays); default: the "
+         "--model directory's tokenizer.json; text prompts get its BOS first"},
         {"port", OPT_INT, &c.port, 0, "P", "TCP port on 127.0.0.1 (default 8000; 0 = any free port)"},
         {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE",
          "write the bound port there (replica r > 0: FILE.r)"},

@@ -29,5 +29,8 @@ void loom_hf_files_free(loom_hf_files *f);
 /* The parameters a command loads: load_params when given, else model when
  * it is a Hugging Face directory with weights (as from_pretrained), else "". */
 const char *loom_hf_params_path(const char *load_params, const char *model);
+/* The tokenizer a command loads: tokenizer when given, else model when it is
+ * a directory holding tokenizer.json, else "". */
+const char *loom_hf_tokenizer_path(const char *tokenizer, const char *model);
 
 #endif

@@ -202,8 +202,10 @@ static req *parse_request(server *s, const char *body, size_t len, char *msg, si
                     snprintf(msg, cap, "prompt byte outside the vocabulary");
         } else {
             pthread_mutex_lock(&s->tok_mu);
-            if (loom_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), 1, &r->prompt) !=
-                LOOM_OK)
+            int bos = loom_tokenizer_bos(s->tok); /* as Hugging Face's tokenizer(prompt) adds it */
+            if ((bos >= 0 && loom_ids_push(&r->prompt, (uint32_t)bos) != LOOM_OK) ||
+                loom_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), 1, &r->prompt) !=
+                    LOOM_OK)
                 snprintf(msg, cap, "%s", loom_errmsg());
             pthread_mutex_unlock(&s->tok_mu);
         }

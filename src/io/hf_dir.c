@@ -115,3 +115,13 @@ const char *loom_hf_params_path(const char *load_params, const char *model) {
     if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode) && loom_hf_has_weights(model)) return model;
     return "";
 }
+
+const char *loom_hf_tokenizer_path(const char *tokenizer, const char *model) {
+    if (tokenizer[0]) return tokenizer;
+    struct stat sb;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", model);
+    if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
+        return model;
+    return "";
+}
