@@ -24,7 +24,10 @@ Then: `loom data --tokenizer DIR` shards equal <|begin_of_text|> + the ids for
 the Llama 3 kind; and files loom does not implement (a Metaspace /
 byte-fallback tokenizer as Llama 2's and Mistral's, an unknown split regex, a
 WordPiece model, text not in NFC for the NFC normalizer) are refused with one
-message naming the component.
+message naming the component; the NFC check is compared with
+unicodedata.is_normalized; and `loom generate --model DIR --prompt` on a tiny
+Llama saved beside the Llama 3 kind's tokenizer.json continues the prompt
+(BOS first) as transformers does on tokenizers' ids.
 
 usage: test_tokenizer_families.py TOK_TOOL [MEGABYTES]   (env LOOM: build/loom)
 """
@@ -251,6 +254,39 @@ def check_nfc(tool, qwen_dir, tmp):
     assert all(reorders(t) for t in refused_ok), [ascii(t) for t in refused_ok if not reorders(t)][:5]
 
 
+def check_generate(hf, tok_dir, tmp):
+    """`loom generate --model DIR --prompt TEXT`: a tiny random Llama saved by
+    transformers beside the Llama 3 kind's tokenizer.json; the prompt's ids
+    (BOS first) and the greedy continuation must be transformers' on
+    tokenizers' ids."""
+    import shutil
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+    import hf_models
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    d = hf_models.make(os.path.join(tmp, "llama-dir"), "llama", vocab_size=hf.get_vocab_size(),
+                       num_key_value_heads=2)
+    shutil.copy(os.path.join(tok_dir, "tokenizer.json"), d)
+    prompt = "Hello, it's 2024<|eot_id|> caf\u00e9 \U0001f600!\n"
+    r = subprocess.run([os.environ.get("LOOM", "build/loom"), "generate", "--model", d, "--prompt", prompt,
+                        "--max-tokens", "16", "--format", "jsonl", "--stop", "none"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    ids = hf.encode(prompt).ids  # add_special_tokens: <|begin_of_text|> first
+    assert ids[0] == hf.token_to_id("<|begin_of_text|>") and hf.token_to_id("<|eot_id|>") in ids
+    model = hf_models.load(d)
+    with torch.no_grad():
+        t = torch.tensor([ids])
+        out = model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=16, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    want = [int(x) for x in out[0, len(ids):]]
+    print("generate --model DIR --prompt: loom %s, transformers %s (prompt %d ids)" % (got, want, len(ids)))
+    new = got.get("ids", got.get("tokens"))
+    assert new == want, (got, want)
+    assert got.get("text") == hf.decode(want, skip_special_tokens=False), got
+
+
 def main():
     tool = sys.argv[1]
     mb = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
@@ -261,6 +297,7 @@ def main():
         check_data(hf_l3, l3_dir, tmp)
         check_refused(qw_dir, l3_dir, tmp)
         check_nfc(tool, qw_dir, tmp)
+        check_generate(hf_l3, l3_dir, tmp)
     print("PASS")
 
 
