@@ -1,6 +1,7 @@
-/* tokenizer.h - byte-level BPE tokenizers: GPT-2's (identical to OpenAI's
- * encoder and Hugging Face's GPT2TokenizerFast) and the Llama 3 and Qwen2
- * kinds of Hugging Face tokenizer.json (identical to the `tokenizers`
+/* tokenizer.h - BPE tokenizers: GPT-2's byte-level BPE (identical to
+ * OpenAI's encoder and Hugging Face's GPT2TokenizerFast), the Llama 3 and
+ * Qwen2 kinds of Hugging Face tokenizer.json, and the byte-fallback BPE of
+ * Llama 2 / Mistral tokenizer.json files (identical to the `tokenizers`
  * library reading the same file).
  *
  * Files it reads (loom_tokenizer_load, given a directory or one file):
@@ -40,12 +41,23 @@
  * rare NFC text where a combining mark follows a precomposed letter whose
  * decomposition ends in a mark of a higher class.
  *
+ * Byte-fallback BPE (Llama 2, Mistral): model.byte_fallback with the
+ * normalizer Sequence [Prepend U+2581, Replace ' ' by U+2581] and no
+ * pre_tokenizer (a U+2581 before every segment between added tokens), or the
+ * pre_tokenizer Metaspace (U+2581, split false, prepend_scheme first: only
+ * before the text's first segment; always: every segment; neither where the
+ * segment already starts with a space); decoder Sequence [Replace U+2581 by
+ * ' ', ByteFallback, Fuse, Strip one leading space]. Each segment is one word
+ * of characters, each its vocabulary token or else its UTF-8 bytes' <0xXX>
+ * tokens, merged as above; decode turns U+2581 into spaces and <0xXX> into
+ * bytes, and drops one leading space.
+ *
  * Refused with LOOM_EDATA naming the component (not implemented): other
- * model types (Unigram, WordPiece), BPE with byte_fallback, a subword
- * prefix/suffix or dropout (SentencePiece-style files as Llama 2's and
- * Mistral's), Metaspace and other pre-tokenizers, split regexes other than
- * the three above, other normalizers and decoders, added tokens with lstrip,
- * rstrip or single_word.
+ * model types (Unigram, WordPiece), a subword prefix/suffix or dropout,
+ * byte_fallback without the normalizer / pre-tokenizer above (or the reverse),
+ * other pre-tokenizers, split regexes other than the three above, other
+ * normalizers and decoders, added tokens with lstrip, rstrip or
+ * single_word.
  *
  * A tokenizer keeps a cache of encoded pre-tokens: one tokenizer must not be
  * used by two threads at once.

@@ -27,6 +27,10 @@ typedef struct cache_slot {
 #define CACHE_SLOTS (1u << 16)
 
 enum { PRE_GPT2 = 0, PRE_LLAMA3, PRE_QWEN2 };
+/* SentencePiece-style: spaces become U+2581 and one U+2581 is put in front of
+ * every segment (Prepend normalizer), of every one (Metaspace always) or of
+ * the text's first (Metaspace first). */
+enum { SP_PREPEND = 1, SP_ALWAYS, SP_FIRST };
 
 struct loom_tokenizer {
     int n_vocab;
@@ -39,6 +43,11 @@ struct loom_tokenizer {
     int pretok;        /* PRE_GPT2, PRE_LLAMA3 or PRE_QWEN2 */
     int ignore_merges; /* a pre-token in the vocabulary is that token */
     int nfc;           /* the file's normalizer is NFC: text must already be NFC */
+    int sp;            /* SentencePiece-style BPE (SP_*), or 0 */
+    uint32_t *dec_off; /* sp: token bytes for decoding ("\xe2\x96\x81" -> ' ', <0xXX> -> the byte) */
+    char *dec_pool;
+    char *norm; /* sp: the normalized segment */
+    size_t norm_cap;
     /* model.vocab bytes -> id (merges while loading, ignore_merges) */
     uint64_t *vhash;
     uint32_t *vid;
@@ -86,9 +95,8 @@ static long vocab_find(const loom_tokenizer *t, const char *s, size_t n) {
     uint64_t h = hash_bytes(s, n);
     for (size_t i = h & t->vmask; t->vhash[i]; i = (i + 1) & t->vmask) {
         uint32_t id = t->vid[i];
-        size_t len;
-        const char *b = loom_tokenizer_token_bytes(t, id, &len);
-        if (t->vhash[i] == h && len == n && memcmp(b, s, n) == 0) return id;
+        size_t len = t->tok_off[id + 1] - t->tok_off[id];
+        if (t->vhash[i] == h && len == n && memcmp(t->tok_pool + t->tok_off[id], s, n) == 0) return id;
     }
     return -1;
 }
@@ -453,10 +461,9 @@ static size_t bpe_word_long(loom_tokenizer *t, size_t n) {
     return m;
 }
 
-/* Merge the byte tokens of s[0..n) in t->sym; returns the symbol count. */
-static size_t bpe_word(loom_tokenizer *t, const unsigned char *s, size_t n) {
+/* Merge the n symbols in t->sym; returns the symbol count. */
+static size_t bpe_syms(loom_tokenizer *t, size_t n) {
     uint32_t *sym = t->sym.v;
-    for (size_t i = 0; i < n; i++) sym[i] = t->byte_tok[s[i]];
     if (n > LONG_WORD) return bpe_word_long(t, n);
     size_t m = n;
     while (m > 1) {
@@ -491,6 +498,21 @@ static void cache_clear(loom_tokenizer *t) {
     t->cids.n = 0;
 }
 
+/* Room for n symbols in t->sym (and the long-word scratch). */
+static loom_status reserve_syms(loom_tokenizer *t, size_t n) {
+    LOOM_TRY(loom_ids_reserve(&t->sym, n));
+    if (n > LONG_WORD && n > t->long_cap) { /* a merge adds at most 2 heap entries: 3n in all */
+        uint32_t *a = realloc(t->nxt, n * sizeof *a), *b = a ? realloc(t->prv, n * sizeof *b) : NULL;
+        if (a) t->nxt = a;
+        if (b) t->prv = b;
+        heap_item *h = b ? realloc(t->heap, 3 * n * sizeof *h) : NULL;
+        if (!h) return loom_fail(LOOM_EOS, "tokenizer: out of memory for a %zu-symbol word", n);
+        t->heap = h;
+        t->long_cap = n;
+    }
+    return LOOM_OK;
+}
+
 static loom_status encode_pretoken(loom_tokenizer *t, const unsigned char *s, size_t n, loom_ids *ids) {
     if (t->ignore_merges) {
         long id = vocab_find(t, (const char *)s, n);
@@ -507,17 +529,9 @@ static loom_status encode_pretoken(loom_tokenizer *t, const unsigned char *s, si
             return LOOM_OK;
         }
     }
-    LOOM_TRY(loom_ids_reserve(&t->sym, n));
-    if (n > LONG_WORD && n > t->long_cap) { /* a merge adds at most 2 heap entries: 3n in all */
-        uint32_t *a = realloc(t->nxt, n * sizeof *a), *b = a ? realloc(t->prv, n * sizeof *b) : NULL;
-        if (a) t->nxt = a;
-        if (b) t->prv = b;
-        heap_item *h = b ? realloc(t->heap, 3 * n * sizeof *h) : NULL;
-        if (!h) return loom_fail(LOOM_EOS, "tokenizer: out of memory for a %zu-byte pre-token", n);
-        t->heap = h;
-        t->long_cap = n;
-    }
-    size_t m = bpe_word(t, s, n);
+    LOOM_TRY(reserve_syms(t, n));
+    for (size_t k = 0; k < n; k++) t->sym.v[k] = t->byte_tok[s[k]];
+    size_t m = bpe_syms(t, n);
     LOOM_TRY(loom_ids_reserve(ids, ids->n + m));
     memcpy(ids->v + ids->n, t->sym.v, m * sizeof(uint32_t));
     ids->n += m;
@@ -546,7 +560,55 @@ static loom_status encode_pretoken(loom_tokenizer *t, const unsigned char *s, si
     return LOOM_OK;
 }
 
-static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_t n, loom_ids *ids) {
+/* SentencePiece-style: the whole segment is one word of characters, each
+ * its vocabulary token or else its bytes' <0xXX> tokens, merged as above. */
+static loom_status encode_sp(loom_tokenizer *t, const unsigned char *s, size_t n, int at_start,
+                             loom_ids *ids) {
+    if (n == 0) return LOOM_OK;
+    size_t cap = 3 * n + 3;
+    if (cap > t->norm_cap) {
+        char *p = realloc(t->norm, cap);
+        if (!p) return loom_fail(LOOM_EOS, "tokenizer: out of memory for a %zu-byte text", n);
+        t->norm = p;
+        t->norm_cap = cap;
+    }
+    static const char meta[3] = {(char)0xE2, (char)0x96, (char)0x81}; /* U+2581 */
+    size_t m = 0;
+    /* Metaspace does not add one where the text already starts with a space */
+    int spaced = s[0] == ' ' || (n >= 3 && memcmp(s, meta, 3) == 0);
+    if (t->sp == SP_PREPEND || (!spaced && (t->sp == SP_ALWAYS || at_start))) {
+        memcpy(t->norm, meta, 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(t->norm + m, meta, 3);
+            m += 3;
+        } else {
+            t->norm[m++] = (char)s[i];
+        }
+    }
+    LOOM_TRY(reserve_syms(t, m));
+    size_t k = 0;
+    for (size_t i = 0; i < m;) {
+        long cp;
+        size_t l = utf8_next((const unsigned char *)t->norm + i, m - i, &cp);
+        long id = vocab_find(t, t->norm + i, l);
+        if (id >= 0) t->sym.v[k++] = (uint32_t)id;
+        else
+            for (size_t b = 0; b < l; b++) t->sym.v[k++] = t->byte_tok[(unsigned char)t->norm[i + b]];
+        i += l;
+    }
+    k = bpe_syms(t, k);
+    LOOM_TRY(loom_ids_reserve(ids, ids->n + k));
+    memcpy(ids->v + ids->n, t->sym.v, k * sizeof(uint32_t));
+    ids->n += k;
+    return LOOM_OK;
+}
+
+static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_t n, int at_start,
+                                loom_ids *ids) {
+    if (t->sp) return encode_sp(t, s, n, at_start, ids);
     if (t->nfc) {
         size_t at = nfc_violation(s, n);
         if (at < n) {
@@ -598,11 +660,11 @@ loom_status loom_tokenizer_encode(loom_tokenizer *t, const char *text, size_t le
         }
         size_t l;
         loom_tokenizer_token_bytes(t, (uint32_t)id, &l);
-        LOOM_TRY(encode_plain(t, s + start, i - start, ids));
+        LOOM_TRY(encode_plain(t, s + start, i - start, start == 0, ids));
         LOOM_TRY(loom_ids_push(ids, (uint32_t)id));
         start = i = i + l;
     }
-    return encode_plain(t, s + start, len - start, ids);
+    return encode_plain(t, s + start, len - start, start == 0, ids);
 }
 
 /* ---- ids and decode ------------------------------------------------------ */
@@ -616,8 +678,9 @@ const char *loom_tokenizer_token_bytes(const loom_tokenizer *t, uint32_t id, siz
         *len = 0;
         return NULL;
     }
-    *len = t->tok_off[id + 1] - t->tok_off[id];
-    return t->tok_pool + t->tok_off[id];
+    const uint32_t *off = t->dec_off ? t->dec_off : t->tok_off;
+    *len = off[id + 1] - off[id];
+    return (t->dec_off ? t->dec_pool : t->tok_pool) + off[id];
 }
 
 loom_status loom_tokenizer_decode(const loom_tokenizer *t, const uint32_t *ids, size_t n, char **out,
@@ -638,6 +701,7 @@ loom_status loom_tokenizer_decode(const loom_tokenizer *t, const uint32_t *ids, 
         memcpy(buf + o, b, l);
         o += l;
     }
+    if (t->sp && o > 0 && buf[0] == ' ') memmove(buf, buf + 1, --o); /* the decoder strips the one it added */
     buf[o] = '\0';
     *out = buf;
     *out_len = o;
@@ -717,7 +781,7 @@ static loom_status load_vocab(loader *L, const cJSON *vocab) {
     /* pass 1: byte lengths of each id, to lay out the pool in id order */
     size_t o = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        long nb = mapped_to_bytes(e->string, strlen(e->string), L->byte_of_cp, tmp + o);
+        long nb = L->t->sp ? -1 : mapped_to_bytes(e->string, strlen(e->string), L->byte_of_cp, tmp + o);
         if (nb < 0) {
             /* not in the byte alphabet (an added token such as
              * "<|endoftext|>" in some files): keep its UTF-8 text */
@@ -754,8 +818,10 @@ static loom_status load_vocab(loader *L, const cJSON *vocab) {
         if (strcmp(e->string, "<|endoftext|>") == 0) t->eot = e->valueint;
     }
     for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        long id = bm_find(L, &c, 1);
+        char c[8];
+        size_t cl = t->sp ? (size_t)snprintf(c, sizeof c, "<0x%02X>", b) : 1;
+        c[0] = t->sp ? c[0] : (char)b;
+        long id = bm_find(L, c, cl);
         if (id < 0) {
             st = loom_fail(LOOM_EDATA, "%s: the vocabulary has no token for byte 0x%02x", L->file, b);
             goto done;
@@ -782,8 +848,14 @@ static loom_status add_merge(loader *L, const char *a, size_t na, const char *b,
                              long line) {
     char *buf = L->scratch;
     if (na + nb > sizeof L->scratch) return loom_fail(LOOM_EDATA, "%s: merge %ld is too long", L->file, line);
-    long la = mapped_to_bytes(a, na, L->byte_of_cp, buf);
-    long lb = la < 0 ? -1 : mapped_to_bytes(b, nb, L->byte_of_cp, buf + la);
+    long la = (long)na, lb = (long)nb;
+    if (L->t->sp) { /* the vocabulary's own strings */
+        memcpy(buf, a, na);
+        memcpy(buf + na, b, nb);
+    } else {
+        la = mapped_to_bytes(a, na, L->byte_of_cp, buf);
+        lb = la < 0 ? -1 : mapped_to_bytes(b, nb, L->byte_of_cp, buf + la);
+    }
     if (la < 0 || lb < 0)
         return loom_fail(LOOM_EDATA,
                          "%s: merge %ld (\"%.*s %.*s\") has a character outside GPT-2's byte alphabet",
@@ -913,15 +985,26 @@ static loom_status check_byte_level(const loader *L, const cJSON *p, int use_reg
  * Isolated), ByteLevel(use_regex false)] with P one of the patterns above. */
 static loom_status read_pre_tokenizer(loader *L, const cJSON *p) {
     if (!p) return LOOM_OK; /* a bare file: GPT-2's */
+    if (cJSON_IsNull(p) && L->t->sp) return LOOM_OK;
     const char *ty = type_of(p);
+    if (strcmp(ty, "Metaspace") == 0 && !L->t->sp) {
+        const char *rpl = json_str(p, "replacement"), *scheme = json_str(p, "prepend_scheme");
+        if (!rpl || strcmp(rpl, "\xe2\x96\x81") != 0 || json_true(p, "split") || !scheme ||
+            (strcmp(scheme, "first") != 0 && strcmp(scheme, "always") != 0))
+            return loom_fail(LOOM_EDATA,
+                             "%s: pre_tokenizer Metaspace is supported only with replacement U+2581, split "
+                             "false and prepend_scheme first or always",
+                             L->file);
+        L->t->sp = strcmp(scheme, "first") == 0 ? SP_FIRST : SP_ALWAYS;
+        return LOOM_OK;
+    }
     if (strcmp(ty, "ByteLevel") == 0) return check_byte_level(L, p, 1);
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
     if (strcmp(ty, "Sequence") != 0 || cJSON_GetArraySize(seq) != 2 ||
         strcmp(type_of(seq->child), "Split") != 0 || strcmp(type_of(seq->child->next), "ByteLevel") != 0)
         return loom_fail(LOOM_EDATA,
-                         "%s: pre_tokenizer %s is not supported (loom reads ByteLevel, or Split(Regex) then "
-                         "ByteLevel; Metaspace/SentencePiece tokenizers as Llama 2's and Mistral's are not "
-                         "implemented)",
+                         "%s: pre_tokenizer %s is not supported (loom reads ByteLevel, Split(Regex) then "
+                         "ByteLevel, or Metaspace / none with a Prepend normalizer for byte-fallback BPE)",
                          L->file, cJSON_IsNull(p) ? "null" : ty);
     const cJSON *split = seq->child;
     const char *re = json_str(cJSON_GetObjectItemCaseSensitive(split, "pattern"), "Regex");
@@ -948,19 +1031,35 @@ static loom_status read_normalizer(loader *L, const cJSON *n) {
         L->t->nfc = 1;
         return LOOM_OK;
     }
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+    if (strcmp(ty, "Sequence") == 0 && cJSON_GetArraySize(seq) == 0) return LOOM_OK;
     if (strcmp(ty, "Sequence") == 0 &&
-        cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(n, "normalizers")) == 0)
-        return LOOM_OK;
-    return loom_fail(LOOM_EDATA, "%s: normalizer %s is not supported (loom reads none or NFC)", L->file, ty);
+        cJSON_GetArraySize(seq) == 2) { /* Llama 2's: Prepend U+2581, spaces to U+2581 */
+        const cJSON *pre = seq->child, *rpl = seq->child->next;
+        const char *pv = json_str(pre, "prepend"),
+                   *from = json_str(cJSON_GetObjectItemCaseSensitive(rpl, "pattern"), "String"),
+                   *to = json_str(rpl, "content");
+        if (strcmp(type_of(pre), "Prepend") == 0 && strcmp(type_of(rpl), "Replace") == 0 && pv && from &&
+            to && strcmp(pv, "\xe2\x96\x81") == 0 && strcmp(from, " ") == 0 &&
+            strcmp(to, "\xe2\x96\x81") == 0) {
+            L->t->sp = SP_PREPEND;
+            return LOOM_OK;
+        }
+    }
+    return loom_fail(LOOM_EDATA,
+                     "%s: normalizer %s is not supported (loom reads none, NFC, or Prepend U+2581 + Replace "
+                     "' ' by U+2581)",
+                     L->file, ty);
 }
 
 static loom_status read_bpe_options(loader *L, const cJSON *model) {
-    if (json_true(model, "byte_fallback"))
+    if (json_true(model, "byte_fallback") != (L->t->sp != 0))
         return loom_fail(
             LOOM_EDATA,
-            "%s: model.byte_fallback (SentencePiece-style BPE, as Llama 2's and Mistral's) is not "
-            "supported",
-            L->file);
+            "%s: model.byte_fallback %s with this normalizer / pre_tokenizer is not supported (loom "
+            "reads byte-level BPE, or byte-fallback BPE with U+2581 for spaces as Llama 2's and "
+            "Mistral's)",
+            L->file, L->t->sp ? "false" : "true");
     const char *keys[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
         const char *v = json_str(model, keys[k]);
@@ -1100,6 +1199,59 @@ static void read_eos(loader *L, const char *path) {
     cJSON_Delete(root);
 }
 
+/* ByteLevel; for byte-fallback BPE, Sequence [Replace U+2581 -> ' ',
+ * ByteFallback, Fuse, Strip(' ', 1, 0)]. */
+static int decoder_ok(const loom_tokenizer *t, const cJSON *dec) {
+    const char *ty = type_of(dec);
+    if (!t->sp) return strcmp(ty, "ByteLevel") == 0;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(dec, "decoders");
+    if (strcmp(ty, "Sequence") != 0 || cJSON_GetArraySize(seq) != 4) return 0;
+    const cJSON *r = seq->child, *bf = r->next, *fu = bf->next, *strip = fu->next;
+    const char *from = json_str(cJSON_GetObjectItemCaseSensitive(r, "pattern"), "String"),
+               *to = json_str(r, "content");
+    const cJSON *start = cJSON_GetObjectItemCaseSensitive(strip, "start"),
+                *stop = cJSON_GetObjectItemCaseSensitive(strip, "stop");
+    const char *sc = json_str(strip, "content");
+    return strcmp(type_of(r), "Replace") == 0 && from && to && strcmp(from, "\xe2\x96\x81") == 0 &&
+           strcmp(to, " ") == 0 && strcmp(type_of(bf), "ByteFallback") == 0 &&
+           strcmp(type_of(fu), "Fuse") == 0 && strcmp(type_of(strip), "Strip") == 0 && sc &&
+           strcmp(sc, " ") == 0 && cJSON_IsNumber(start) && start->valueint == 1 && cJSON_IsNumber(stop) &&
+           stop->valueint == 0;
+}
+
+/* Byte-fallback BPE: the bytes each token decodes to - U+2581 as a space,
+ * <0xXX> as its byte, added tokens as their text. */
+static loom_status sp_decode_pool(loader *L) {
+    loom_tokenizer *t = L->t;
+    size_t total = t->tok_off[t->n_vocab];
+    t->dec_off = calloc((size_t)t->n_vocab + 1, sizeof *t->dec_off);
+    t->dec_pool = malloc(total + 1);
+    if (!t->dec_off || !t->dec_pool) return loom_fail(LOOM_EOS, "%s: out of memory", L->file);
+    size_t o = 0;
+    for (int id = 0; id < t->n_vocab; id++) {
+        const char *r = t->tok_pool + t->tok_off[id];
+        size_t n = t->tok_off[id + 1] - t->tok_off[id];
+        t->dec_off[id] = (uint32_t)o;
+        int b = -1;
+        for (int k = 0; k < 256 && n == 6; k++)
+            if (t->byte_tok[k] == (uint32_t)id) b = k;
+        if (b >= 0) {
+            t->dec_pool[o++] = (char)b;
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (i + 2 < n && memcmp(r + i, "\xe2\x96\x81", 3) == 0) {
+                t->dec_pool[o++] = ' ';
+                i += 2;
+            } else {
+                t->dec_pool[o++] = r[i];
+            }
+        }
+    }
+    t->dec_off[t->n_vocab] = (uint32_t)o;
+    return LOOM_OK;
+}
+
 static loom_status load_hf_json(loader *L, const char *path) {
     cJSON *root;
     L->file = path;
@@ -1111,15 +1263,18 @@ static loom_status load_hf_json(loader *L, const char *path) {
     if (!cJSON_IsObject(model) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE") != 0)))
         st = loom_fail(LOOM_EDATA, "%s: model is %s, not a BPE model (loom reads byte-level BPE only)", path,
                        cJSON_IsString(type) ? type->valuestring : "missing");
-    if (st == LOOM_OK) st = read_bpe_options(L, model);
     if (st == LOOM_OK) st = read_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
     if (st == LOOM_OK) st = read_pre_tokenizer(L, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
-    if (st == LOOM_OK && dec && strcmp(type_of(dec), "ByteLevel") != 0)
-        st = loom_fail(LOOM_EDATA, "%s: decoder %s is not supported (loom decodes ByteLevel only)", path,
-                       cJSON_IsNull(dec) ? "null" : type_of(dec));
+    if (st == LOOM_OK) st = read_bpe_options(L, model);
+    if (st == LOOM_OK && dec && !decoder_ok(L->t, dec))
+        st = loom_fail(LOOM_EDATA,
+                       "%s: decoder %s is not supported (loom decodes ByteLevel, or for byte-fallback BPE "
+                       "Replace U+2581, ByteFallback, Fuse, Strip one leading space)",
+                       path, cJSON_IsNull(dec) ? "null" : type_of(dec));
     if (st == LOOM_OK) st = load_vocab(L, cJSON_GetObjectItemCaseSensitive(model, "vocab"));
     if (st == LOOM_OK) st = load_merges_json(L, cJSON_GetObjectItemCaseSensitive(model, "merges"));
     if (st == LOOM_OK) st = read_added(L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    if (st == LOOM_OK && L->t->sp) st = sp_decode_pool(L);
     if (st == LOOM_OK) {
         read_bos(L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
         read_eos(L, path);
@@ -1194,6 +1349,9 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     free(t->vhash);
     free(t->vid);
     free(t->added);
+    free(t->dec_off);
+    free(t->dec_pool);
+    free(t->norm);
     free(t->cache);
     free(t->ckeys);
     loom_ids_free(&t->cids);

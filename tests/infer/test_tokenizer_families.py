@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """test_tokenizer_families.py - loom's tokenizer on Hugging Face tokenizer.json
-files of the Llama 3 and Qwen2 kind, against the Rust `tokenizers` library
-reading the same file.
+files of the Llama 3, Qwen2 and Llama 2 / Mistral (byte-fallback BPE) kinds,
+against the Rust `tokenizers` library reading the same file.
 
 No hub is reachable, so the files are trained here with `tokenizers`: a
 byte-level BPE (vocabulary ~3000) with each family's pre-tokenizer, exactly as
@@ -21,13 +21,17 @@ tokens spliced into some documents, every document must encode to the ids
 tokenizers' decode of loom's ids must give the text.
 
 Then: `loom data --tokenizer DIR` shards equal <|begin_of_text|> + the ids for
-the Llama 3 kind; and files loom does not implement (a Metaspace /
-byte-fallback tokenizer as Llama 2's and Mistral's, an unknown split regex, a
-WordPiece model, text not in NFC for the NFC normalizer) are refused with one
-message naming the component; the NFC check is compared with
+the Llama 3 kind; and files loom does not implement (a Metaspace split on a
+byte-level vocabulary, byte_fallback with a byte-level pre-tokenizer, an
+unknown split regex, a WordPiece model, a ByteFallback decoder on byte-level
+BPE, text not in NFC for the NFC normalizer) are refused with one message
+naming the component; the NFC check is compared with
 unicodedata.is_normalized; and `loom generate --model DIR --prompt` on a tiny
 Llama saved beside the Llama 3 kind's tokenizer.json continues the prompt
-(BOS first) as transformers does on tokenizers' ids.
+(BOS first) as transformers does on tokenizers' ids. Last, two byte-fallback
+BPEs (Llama 2's Prepend normalizer; the newer Metaspace pre-tokenizer) must
+give tokenizers' ids with and without <s> </s> <unk> spliced in, and decode as
+tokenizers decodes.
 
 usage: test_tokenizer_families.py TOK_TOOL [MEGABYTES]   (env LOOM: build/loom)
 """
@@ -181,11 +185,80 @@ def check_data(hf, tok_dir, tmp):
           % len(got))
 
 
+def train_sp(kind, texts, path):
+    """A byte-fallback BPE as Llama 2's / Mistral's tokenizer.json: <unk> <s> </s>, then <0x00>..<0xFF>, then
+    the merged pieces, spaces as U+2581. kind "prepend": Llama 2's Prepend + Replace normalizer, no
+    pre-tokenizer; kind "metaspace": the Metaspace pre-tokenizer (prepend_scheme first, no split) of newer
+    files; both with the Replace/ByteFallback/Fuse/Strip decoder."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tr = trainers.BpeTrainer(vocab_size=3000, min_frequency=2, show_progress=False, limit_alphabet=150,
+                             special_tokens=["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)])
+    tok.train_from_iterator(texts, trainer=tr)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", bos)])
+    if kind == "prepend":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.save(path)
+    j = json.load(open(path, encoding="utf-8"))
+    j["added_tokens"] = [a for a in j["added_tokens"] if not a["content"].startswith("<0x")]  # vocabulary only
+    if kind == "prepend":
+        j["pre_tokenizer"] = None
+    else:
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                              "split": False}
+    json.dump(j, open(path, "w", encoding="utf-8"), ensure_ascii=False)
+    return Tokenizer.from_file(path)
+
+
+def check_sp(kind, tool, docs, tmp):
+    d = os.path.join(tmp, "sp-" + kind)
+    os.mkdir(d)
+    path = os.path.join(d, "tokenizer.json")
+    hf = train_sp(kind, docs[len(tokcorpus.EDGE) + 2000::3], path)
+    docs = [x for x in docs if "\u2581" not in x]  # U+2581 itself decodes to a space
+    special = splice_specials(docs, ["<s>", "</s>", "<unk>"], 11)
+    rec, out = os.path.join(tmp, kind + ".docs"), os.path.join(tmp, kind + ".ids")
+    res = {}
+    # Metaspace's decoder drops a text's own leading space: no round trip there
+    plain_flags = [] if kind == "prepend" else ["--no-roundtrip"]
+    for name, ds, flags in (("plain", docs, plain_flags), ("special", special, ["--no-roundtrip"])):
+        tokcorpus.write_records(ds, rec)
+        r = subprocess.run([tool, d, rec, out] + flags, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        ours = tokcorpus.read_id_records(out, len(ds))
+        want = [e.ids for e in hf.encode_batch(ds, add_special_tokens=False)]
+        bad = [i for i in range(len(ds)) if want[i] != ours[i]]
+        for i in bad[:3]:
+            print("MISMATCH doc %d %r\n  hf   %s\n  loom %s" % (i, ds[i][:80], want[i][:30], ours[i][:30]))
+        fallback = sum(1 for ids in ours for t in ids if 3 <= t < 259)
+        print("byte-fallback %s (%s): %d documents, %d tokens (%d byte tokens): %d mismatches vs tokenizers" %
+              (kind, name, len(ds), sum(map(len, ours)), fallback, len(bad)))
+        assert not bad and fallback > 1000
+        res[name] = ours
+        if flags:  # loom's decode of its ids against tokenizers' decode of the same ids
+            raw = open(out + ".dec", "rb").read()
+            o, decoded = 0, []
+            while o < len(raw):
+                k = int.from_bytes(raw[o:o + 4], "little")
+                decoded.append(raw[o + 4:o + 4 + k].decode("utf-8"))
+                o += 4 + k
+            dbad = [i for i in range(len(ds)) if decoded[i] != hf.decode(ours[i], skip_special_tokens=False)]
+            for i in dbad[:3]:
+                print("DECODE MISMATCH %r: loom %r hf %r" % (ds[i][:60], decoded[i][:60],
+                                                              hf.decode(ours[i], skip_special_tokens=False)[:60]))
+            print("  decode: %d documents differ from tokenizers' decode" % len(dbad))
+            assert len(decoded) == len(ds) and not dbad
+
+
 def check_refused(qwen_dir, llama_dir, tmp):
     src = json.load(open(os.path.join(llama_dir, "tokenizer.json"), encoding="utf-8"))
     metaspace = json.loads(json.dumps(src))
     metaspace["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
-                                  "split": False}
+                                  "split": False}  # a Metaspace split on a byte-level vocabulary
     fallback = json.loads(json.dumps(src))
     fallback["model"]["byte_fallback"] = True
     regex = json.loads(json.dumps(src))
@@ -195,8 +268,8 @@ def check_refused(qwen_dir, llama_dir, tmp):
     decoder = json.loads(json.dumps(src))
     decoder["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
     cases = {
-        "metaspace": (metaspace, "pre_tokenizer Metaspace is not supported"),
-        "byte-fallback": (fallback, "model.byte_fallback"),
+        "metaspace": (metaspace, "model.byte_fallback false with this normalizer / pre_tokenizer"),
+        "byte-fallback": (fallback, "model.byte_fallback true with this normalizer / pre_tokenizer"),
         "regex": (regex, "is not one loom implements"),
         "wordpiece": (wordpiece, "model is WordPiece, not a BPE model"),
         "decoder": (decoder, "decoder Sequence is not supported"),
@@ -298,6 +371,8 @@ def main():
         check_refused(qw_dir, l3_dir, tmp)
         check_nfc(tool, qw_dir, tmp)
         check_generate(hf_l3, l3_dir, tmp)
+        check_sp("prepend", tool, docs, tmp)
+        check_sp("metaspace", tool, docs, tmp)
     print("PASS")
 
 
