@@ -83,8 +83,8 @@ void loom_tokenizer_free(loom_tokenizer *tok);
 
 int loom_tokenizer_vocab_size(const loom_tokenizer *tok); /* max id + 1 */
 /* End of text: tokenizer_config.json's eos_token (beside tokenizer.json)
- * when it is an added token, else "<|endoftext|>", else "<|end_of_text|>";
- * -1 when none. */
+ * when it is an added token, else "<|endoftext|>", else "<|end_of_text|>",
+ * else (byte-fallback BPE) "</s>"; -1 when none. */
 int loom_tokenizer_eot(const loom_tokenizer *tok);
 /* Beginning of text: the special token a TemplateProcessing post_processor
  * puts first (Llama 3: "<|begin_of_text|>"), or -1. encode never adds it. */

@@ -1167,11 +1167,12 @@ static long added_by_content(const loom_tokenizer *t, const char *c) {
 }
 
 /* The end-of-text token: tokenizer_config.json's eos_token beside the file
- * when it names an added token, else "<|endoftext|>", else "<|end_of_text|>". */
+ * when it names an added token, else "<|endoftext|>", else "<|end_of_text|>",
+ * else (byte-fallback BPE) "</s>". */
 static void read_eos(loader *L, const char *path) {
     loom_tokenizer *t = L->t;
-    const char *names[] = {"<|endoftext|>", "<|end_of_text|>"};
-    for (int k = 1; k >= 0; k--) {
+    const char *names[] = {"<|endoftext|>", "<|end_of_text|>", t->sp ? "</s>" : "<|endoftext|>"};
+    for (int k = 2; k >= 0; k--) {
         long id = added_by_content(t, names[k]);
         if (id < 0) id = vocab_find(t, names[k], strlen(names[k]));
         if (id >= 0) t->eot = (int)id;

@@ -252,6 +252,13 @@ def check_sp(kind, tool, docs, tmp):
                                                               hf.decode(ours[i], skip_special_tokens=False)[:60]))
             print("  decode: %d documents differ from tokenizers' decode" % len(dbad))
             assert len(decoded) == len(ds) and not dbad
+    # loom data puts <s> (the post-processor's BOS) before each document, as tokenizers' encode
+    r = loom_data(d, ["/usr/share/common-licenses/GPL-3"], os.path.join(tmp, kind + ".bin"))
+    assert r.returncode == 0, r.stderr
+    got = read_shard(os.path.join(tmp, kind + ".bin"))
+    want = hf.encode(open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()).ids
+    assert got == want and got[0] == hf.token_to_id("<s>"), "loom data differs from tokenizers (with <s>)"
+    print("  loom data: %d tokens, <s> + tokenizers' ids" % len(got))
 
 
 def check_refused(qwen_dir, llama_dir, tmp):
