@@ -281,6 +281,19 @@ static char *decode_ids(server *s, const uint32_t *ids, size_t n, size_t *len) {
     return text;
 }
 
+/* The bytes of one token, malloc'd. */
+static char *token_text(server *s, uint32_t t, size_t *len) {
+    pthread_mutex_lock(&s->tok_mu);
+    const char *b = loom_tokenizer_token_bytes(s->tok, t, len);
+    char *text = malloc(*len + 1);
+    if (text) {
+        if (*len) memcpy(text, b, *len);
+        text[*len] = '\0';
+    }
+    pthread_mutex_unlock(&s->tok_mu);
+    return text;
+}
+
 static cJSON *completion_json(server *s, req *r, const char *text, const char *finish) {
     cJSON *o = cJSON_CreateObject();
     char id[48];
@@ -328,7 +341,9 @@ static int produce(server *s, req *r) {
     while (r->sent_tokens < r->out.n) { /* one event per token, text held back mid-character */
         size_t len;
         uint32_t t = r->out.v[r->sent_tokens];
-        char *text = decode_ids(s, &t, 1, &len);
+        /* a token's own bytes: decode would drop a byte-fallback tokenizer's
+         * leading space from every event, not only from the first */
+        char *text = r->sent_tokens == 0 || !s->tok ? decode_ids(s, &t, 1, &len) : token_text(s, t, &len);
         char buf[64];
         size_t n = 0;
         memcpy(buf, r->hold, r->hold_len);
