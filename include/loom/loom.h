@@ -29,6 +29,7 @@
 #include "loom/dp.h"
 #include "loom/edp.h"
 #include "loom/ep.h"
+#include "loom/hf_dir.h"
 #include "loom/infer.h"
 #include "loom/kernel_types.h"
 #include "loom/kernels.h"

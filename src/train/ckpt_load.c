@@ -249,6 +249,14 @@ static loom_status write_hf_config(const char *out, const cJSON *model) {
     else dir[0] = '\0';
     char path[CKPT_PATH + 16];
     snprintf(path, sizeof path, "%sconfig.json", dir);
+    const cJSON *hf = cJSON_GetObjectItem(model, "hf_config"); /* the Llama family's, as saved */
+    if (cJSON_IsObject(hf)) {
+        char *text = cJSON_Print(hf);
+        if (!text) return loom_fail(LOOM_EOS, "out of memory");
+        loom_status st = ckpt_write_text(path, text);
+        free(text);
+        return st;
+    }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");

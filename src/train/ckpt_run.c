@@ -66,6 +66,8 @@ static cJSON *make_identity(const loom_train_config *c, const loom_model_config 
     num(m, "z_coef", mc->z_coef);
     num(m, "capacity_factor", mc->capacity_factor);
     num(m, "bias_rate", mc->bias_rate);
+    cJSON *hf = mc->family == LOOM_FAMILY_LLAMA ? loom_model_config_hf_json(mc) : NULL;
+    if (hf) cJSON_AddItemToObject(m, "hf_config", hf); /* loom export writes it as config.json */
     cJSON *t = cJSON_AddObjectToObject(id, "train");
     num(t, "steps", c->steps);
     num(t, "batch", c->batch);
