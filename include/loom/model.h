@@ -98,6 +98,11 @@ loom_status loom_model_config_write_hf(const loom_model_config *cfg, const char 
 /* The same config.json as a new cJSON object (the caller owns it); NULL
  * when out of memory or for a GPT-2 MoE model (no Hugging Face class). */
 struct cJSON *loom_model_config_hf_json(const loom_model_config *cfg);
+/* The inverse: a Llama-family config from a Hugging Face config.json object
+ * (its model_type picks the architecture), as loom_model_config_load reads
+ * one; path names it in messages. */
+loom_status loom_model_config_from_hf_json(const char *path, const struct cJSON *root,
+                                           loom_model_config *cfg);
 /* Sizes positive and bounded, n_head divides n_embd, the parts consistent. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
 /* Derived sizes: key/value heads, head size, the dense MLP's hidden size. */

@@ -222,6 +222,12 @@ static loom_status model_type_load(const char *path, const cJSON *root, const cJ
         path, type->valuestring);
 }
 
+loom_status loom_model_config_from_hf_json(const char *path, const cJSON *root, loom_model_config *cfg) {
+    if (!cJSON_IsObject(root))
+        return loom_fail(LOOM_ECONFIG, "%s: a model config must be a JSON object", path);
+    return model_type_load(path, root, cJSON_GetObjectItem(root, "model_type"), cfg);
+}
+
 loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
     loom_status st;
     char *text = read_file(path, &st);

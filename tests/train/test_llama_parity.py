@@ -87,7 +87,7 @@ def resume(tmp, common, ref):
     lt.check(steps == [4, 5, 6], "resume: steps %s logged, want 4, 5, 6" % steps)
     tail = os.path.join(tmp, "ref_tail.jsonl")
     with open(tail, "w") as f:  # the one-rank run's steps 4-6, to compare with
-        f.writelines(line for line in open(ref[0]) if line.strip() and json.loads(line)["step"] > 3)
+        f.writelines(line for line in open(ref[0]) if line.strip() and json.loads(line).get("step", 0) > 3)
     lt.compare_runs(tail, ref[1], m, p, "resume tp=4 step 3 -> pp=2")
 
 
