@@ -14,9 +14,9 @@ MPI calls - MPI_Alltoall (the row counts), MPI_Alltoallv (blocking rows),
 MPI_Ialltoallv and every MPI_Wait / MPI_Test on a request it returned (so
 polling counts as exposed). The communicator's watch thread, which drives
 MPI's progress while a request flies, is not counted. Per run: that time
-over the steps after the first 2 (every step makes the same calls; the
-first ones also wait for the slower rank's start-up), per step, the mean
-over the two ranks ("exposed a2a ms/step"); next to it loom's own step time (median after the
+per step (every step makes the same calls), the median over the steps
+after the first 2 (the first ones also wait for the slower rank's
+start-up), the mean over the two ranks ("exposed a2a ms/step"); next to it loom's own step time (median after the
 first 2 steps) and the JSONL's a2a_overlapped (which path ran). Each mode
 runs --repeat R times (default 3), interleaved; printed are the median and
 the range over the runs, and hidden = 1 - exposed(on) / exposed(off) of the
@@ -54,14 +54,17 @@ def one_run(a, tmp, base, env, mode, rep):
     ov = sum(b["a2a_overlapped"] for m in steps for b in m["moe"])
     if (ov > 0) != (mode == "1"):
         raise BenchError("LOOM_EP_OVERLAP=%s: %d dispatches overlapped" % (mode, ov))
-    # every step makes the same exchange calls: skip the first WARMUP steps'
-    # (start-up: the first exchange waits for the slower rank's set-up)
+    # every step makes the same exchange calls: per step their sum, the
+    # median over the steps after the first WARMUP (start-up: the first
+    # exchange waits for the slower rank's set-up; a rank descheduled for
+    # seconds on a loaded machine moves the median little)
     exposed = []
     for r in ranks:
         per, left = divmod(r["a2a_calls"], a.steps)
         if left or per == 0:
             raise BenchError("rank %d: %d exchange calls over %d steps" % (r["rank"], r["a2a_calls"], a.steps))
-        exposed.append(sum(r["a2a_call_s"][WARMUP * per:]) / (a.steps - WARMUP))
+        calls = r["a2a_call_s"]
+        exposed.append(median_after_warmup([sum(calls[i * per:(i + 1) * per]) for i in range(a.steps)]))
     return {"exposed_ms": 1e3 * statistics.mean(exposed),
             "a2a_calls": statistics.mean(r["a2a_calls"] for r in ranks) / a.steps,
             "other_mpi_ms": 1e3 * statistics.mean(r["other_s"] for r in ranks) / a.steps,
