@@ -273,7 +273,13 @@ loom_status loom_moe_create(loom_gpt *m) {
     moe->P = P;
     moe->El = E / P;
     moe->e0 = ep_rank(m) * moe->El;
-    moe->ep = (loom_ep){.dev = m->dev, .comm = m->part.ep, .size = P, .rank = ep_rank(m), .n_local = moe->El};
+    const char *ov = getenv("LOOM_EP_OVERLAP");
+    moe->ep = (loom_ep){.dev = m->dev,
+                        .comm = m->part.ep,
+                        .size = P,
+                        .rank = ep_rank(m),
+                        .n_local = moe->El,
+                        .overlap = !(ov && strcmp(ov, "0") == 0)};
     /* each of the P sources sends each local expert at most N rows, and at
      * most N k rows in all */
     moe->Rmax = (size_t)P * m->N * (size_t)(k < moe->El ? k : moe->El);
@@ -519,6 +525,67 @@ static void shared_bwd_weight(const loom_gpt *m, moe_block *bl, moe_acts *a, int
     loom_part_linear_bwd(m, NULL, bl->g.sgu, NULL, a->dhs, x, bl->w.sgu, N, C, 2 * Hs);
 }
 
+/* ---- the experts over the rows dispatched to them --------------------------- */
+
+/* Local expert j over its expert-major rows [r0, r0 + n): forward, or the
+ * input gradient. Each row's result depends on that row alone, so the rows
+ * of an expert may be taken in any split. */
+typedef void (*expert_rows_fn)(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n);
+
+static void experts_fwd(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n) {
+    const int C = m->C, H = hidden_l(m), FH = first_l(m);
+    loom_part_linear_fwd(m, a->hp + (size_t)r0 * FH, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n,
+                         C, FH);
+    expert_act_fwd(m, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * FH, n, H);
+    /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
+    loom_part_linear_fwd(m, m->moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+                         m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
+}
+
+static void experts_bwd_input(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n) {
+    const int C = m->C, H = hidden_l(m), FH = first_l(m);
+    float *tH = m->moe->tH, *t2 = m->moe->t2;
+    loom_part_linear_bwd(m, tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL, bl->w.cp_w[j], n,
+                         H, C);
+    expert_act_bwd(m, a->dhp + (size_t)r0 * FH, a->hp + (size_t)r0 * FH, tH + (size_t)r0 * H, n, H);
+    loom_part_linear_bwd(m, t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * FH, NULL, bl->w.fc_w[j], n,
+                         C, FH);
+}
+
+static void rows_run(expert_rows_fn fn, loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int r1) {
+    if (r1 > r0) fn(m, bl, a, j, r0, r1 - r0);
+}
+
+/* moe->sendA's rows dispatched to out (expert-major), then fn over each
+ * local expert's rows. With the EP group's overlap on, the rows this rank
+ * sent itself are computed while the others are in flight
+ * (loom_ep_dispatch_start), then the rest; off, one blocking dispatch and
+ * each expert's rows in one call. */
+static loom_status dispatch_run(loom_gpt *m, moe_block *bl, moe_acts *a, loom_moe_stats *st, float *out,
+                                expert_rows_fn fn) {
+    struct loom_moe *moe = m->moe;
+    const loom_ep_routes *rt = &a->rt;
+    const int El = moe->El, me = moe->ep.rank;
+    if (!moe->ep.overlap || !moe->ep.comm) {
+        LOOM_TRY(loom_ep_dispatch(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a));
+        for (int j = 0; j < El; j++) rows_run(fn, m, bl, a, j, rt->estart[j], rt->estart[j + 1]);
+        return LOOM_OK;
+    }
+    loom_req *req = NULL;
+    LOOM_TRY(loom_ep_dispatch_start(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a, &req));
+    for (int j = 0; j < El; j++) {
+        const int own = rt->eoff[me * El + j];
+        rows_run(fn, m, bl, a, j, own, own + rt->rc[me * El + j]);
+    }
+    LOOM_TRY(loom_ep_dispatch_finish(&moe->ep, rt, moe->t1, out, m->C, &st->a2a, req));
+    for (int j = 0; j < El; j++) {
+        const int own = rt->eoff[me * El + j], end = own + rt->rc[me * El + j];
+        rows_run(fn, m, bl, a, j, rt->estart[j], own);
+        rows_run(fn, m, bl, a, j, end, rt->estart[j + 1]);
+    }
+    return LOOM_OK;
+}
+
 /* ---- forward ----------------------------------------------------------------- */
 
 loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const float *x, float *out) {
@@ -527,7 +594,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m), FH = first_l(m);
+    const int C = m->C, E = c->n_expert, k = c->top_k;
     const int El = moe->El;
     a->x = x;
     double zsum = route_probs(m, a, bl->w.router, N, C, E);
@@ -555,18 +622,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     const int A = a->start[E];
     loom_tensor_gather_rows(m->dev, moe->sendA, x, a->tok_d, A, C);
     LOOM_TRY(loom_ep_counts(&moe->ep, a->start, &a->rt, &st->a2a));
-    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->xp, C, &st->a2a));
-    /* the local experts, each over its contiguous rows */
-    for (int j = 0; j < El; j++) {
-        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
-        if (n == 0) continue;
-        loom_part_linear_fwd(m, a->hp + (size_t)r0 * FH, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j],
-                             n, C, FH);
-        expert_act_fwd(m, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * FH, n, H);
-        /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
-        loom_part_linear_fwd(m, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
-                             m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
-    }
+    /* the local experts over the rows they receive */
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->xp, experts_fwd));
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, a->ye, C, &st->a2a));
     loom_tensor_combine_rows(m->dev, out, a->ye, a->row_d, a->gate, N, k, C);
@@ -630,21 +687,12 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
     loom_tensor_combine_rows_bwd(m->dev, moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
-    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->dyp, C, &st->a2a));
-    /* the local experts' input gradients */
+    /* the local experts' input gradients (accumulated into zeros) */
     const size_t R = (size_t)a->rt.estart[El];
     loom_tensor_zero(m->dev, moe->tH, R * H);
     loom_tensor_zero(m->dev, a->dhp, R * FH);
     loom_tensor_zero(m->dev, moe->t2, R * C);
-    for (int j = 0; j < El; j++) {
-        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
-        if (n == 0) continue;
-        loom_part_linear_bwd(m, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
-                             bl->w.cp_w[j], n, H, C);
-        expert_act_bwd(m, a->dhp + (size_t)r0 * FH, a->hp + (size_t)r0 * FH, moe->tH + (size_t)r0 * H, n, H);
-        loom_part_linear_bwd(m, moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * FH, NULL,
-                             bl->w.fc_w[j], n, C, FH);
-    }
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->dyp, experts_bwd_input));
     /* back to the tokens' ranks (sendA is free again) */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, moe->sendA, C, &st->a2a));
     /* un-dispatch: each dispatched row's input gradient back to its token;
@@ -711,6 +759,7 @@ void loom_moe_stats_reset(loom_gpt *m) {
         memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
         st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a.bytes = 0;
         st->a2a.seconds = 0;
+        st->a2a.overlapped = 0;
         st->aux = st->z = 0;
         st->groups = 0;
         for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;
