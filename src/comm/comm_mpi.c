@@ -417,7 +417,7 @@ static loom_status place_ranks(int launcher, int size, int *key) {
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     int len = 0;
     if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
-    snprintf(me.name, sizeof me.name, "%s", name);
+    snprintf(me.name, sizeof me.name, "%.*s", (int)sizeof me.name - 1, name); /* a longer host name is cut */
     rank_place *all = calloc((size_t)size, sizeof *all);
     if (!all)
         return loom_fail(LOOM_EOS, "rank %d: out of memory for the placement of %d ranks", launcher, size);
