@@ -14,7 +14,6 @@
  * a descriptor that was reused. Every request is touched under the server
  * mutex. Nothing here calls the communicator. */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
