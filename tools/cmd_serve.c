@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "loom/chat_template.h"
@@ -78,13 +77,7 @@ static loom_status load_chat(const serve_cfg *c, const char *tok_path, loom_chat
     *bos = *eos = NULL;
     if (tok_path[0]) { /* a tokenizer directory, or the directory of a tokenizer.json */
         char dir[4096];
-        struct stat sb;
-        snprintf(dir, sizeof dir, "%s", tok_path);
-        char *slash = strrchr(dir, '/');
-        if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
-            if (slash) *slash = '\0';
-            else snprintf(dir, sizeof dir, ".");
-        }
+        loom_hf_tokenizer_dir(tok_path, dir, sizeof dir);
         LOOM_TRY(loom_chat_config_load(dir, &src, bos, eos));
     }
     if (c->chat_template[0]) {

@@ -32,5 +32,9 @@ const char *loom_hf_params_path(const char *load_params, const char *model);
 /* The tokenizer a command loads: tokenizer when given, else model when it is
  * a directory holding tokenizer.json, else "". */
 const char *loom_hf_tokenizer_path(const char *tokenizer, const char *model);
+/* The directory of a tokenizer path as loom_hf_tokenizer_path gives it:
+ * the path itself when it is a directory, else the directory of the file
+ * (tokenizer.json), "." for a bare file name. */
+void loom_hf_tokenizer_dir(const char *tok_path, char *dir, size_t cap);
 
 #endif

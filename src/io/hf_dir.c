@@ -125,3 +125,12 @@ const char *loom_hf_tokenizer_path(const char *tokenizer, const char *model) {
         return model;
     return "";
 }
+
+void loom_hf_tokenizer_dir(const char *tok_path, char *dir, size_t cap) {
+    struct stat sb;
+    snprintf(dir, cap, "%s", tok_path);
+    if (stat(tok_path, &sb) != 0 || !S_ISREG(sb.st_mode)) return;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, cap, ".");
+}

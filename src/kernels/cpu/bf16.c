@@ -227,21 +227,9 @@ double loom_kernels_calibrate_bf16(int threads, int trials) {
         kern_cal_fill(a, b, na, nb);
         loom_cpu_bf16_pack(ctx, a16, a, na);
         loom_cpu_bf16_pack(ctx, b16, b, nb);
-        kern_gemm g = {.ta = CblasNoTrans,
-                       .tb = CblasNoTrans,
-                       .M = m,
-                       .N = n,
-                       .K = k,
-                       .alpha = 1.0f,
-                       .A = a,
-                       .lda = k,
-                       .B = b,
-                       .ldb = n,
-                       .beta = 0.0f,
-                       .C = c,
-                       .ldc = n,
-                       .A16 = a16,
-                       .B16 = b16};
+        kern_gemm g = kern_cal_gemm(m, n, k, a, b, c);
+        g.A16 = a16;
+        g.B16 = b16;
         kern_time_gemm(ctx, &g, 1); /* warm-up: oneDNN's primitive for this shape, pages */
         const double tbest = kern_time_gemm(ctx, &g, trials);
         double rate = 2.0 * (double)m * n * k / tbest;

@@ -63,6 +63,9 @@ typedef struct {
 extern const int kern_cal_shapes[KERN_CAL_SHAPES][3];
 size_t kern_cal_elems(void);
 void kern_cal_fill(float *a, float *b, size_t na, size_t nb);
+/* The calibration's product C (m x n) = A (m x k) B (k x n), row-major, no
+ * transposes, alpha 1 and beta 0: the descriptor both calibrations time. */
+kern_gemm kern_cal_gemm(int m, int n, int k, const float *a, const float *b, float *c);
 /* Best wall time of `reps` (at least 1) runs of g through kern_sgemm. */
 double kern_time_gemm(loom_cpu_ctx *c, const kern_gemm *g, int reps);
 

@@ -117,6 +117,22 @@ void kern_cal_fill(float *a, float *b, size_t na, size_t nb) {
     for (size_t i = 0; i < nb; i++) b[i] = (float)(i % 13) * 0.0625f - 0.375f;
 }
 
+kern_gemm kern_cal_gemm(int m, int n, int k, const float *a, const float *b, float *c) {
+    return (kern_gemm){.ta = CblasNoTrans,
+                       .tb = CblasNoTrans,
+                       .M = m,
+                       .N = n,
+                       .K = k,
+                       .alpha = 1.0f,
+                       .A = a,
+                       .lda = k,
+                       .B = b,
+                       .ldb = n,
+                       .beta = 0.0f,
+                       .C = c,
+                       .ldc = n};
+}
+
 /* The best sgemm rate, in FLOP/s, over kern_cal_shapes, best of `trials`
  * each after a warm-up; a shape is tried only while the previous one took
  * under 0.1 s (512^3 alone if a 1024^3 takes over 0.25 s). Allocates its
@@ -136,19 +152,7 @@ double loom_kernels_calibrate_sgemm(int threads, int trials) {
     for (int i = 0; i < KERN_CAL_SHAPES; i++) {
         int m = kern_cal_shapes[i][0], n = kern_cal_shapes[i][1], k = kern_cal_shapes[i][2];
         kern_cal_fill(a, b, (size_t)m * k, (size_t)k * n);
-        kern_gemm g = {.ta = CblasNoTrans,
-                       .tb = CblasNoTrans,
-                       .M = m,
-                       .N = n,
-                       .K = k,
-                       .alpha = 1.0f,
-                       .A = a,
-                       .lda = k,
-                       .B = b,
-                       .ldb = n,
-                       .beta = 0.0f,
-                       .C = c,
-                       .ldc = n};
+        kern_gemm g = kern_cal_gemm(m, n, k, a, b, c);
         double t = kern_time_gemm(ctx, &g, 1); /* warm-up: threads, pages */
         if (i == 0 && t > 0.25) {              /* a slow CPU: 512^3 alone */
             m = n = k = 512;
