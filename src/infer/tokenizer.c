@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "loom/tokenizer.h"
+#include "nfc.h"
 #include "unicode_table.h"
 
 /* ---- small open-addressing hash maps ---------------------------------- */
@@ -42,7 +43,7 @@ struct loom_tokenizer {
     int eot, bos;
     int pretok;        /* PRE_GPT2, PRE_LLAMA3 or PRE_QWEN2 */
     int ignore_merges; /* a pre-token in the vocabulary is that token */
-    int nfc;           /* the file's normalizer is NFC: text must already be NFC */
+    int nfc;           /* the file's normalizer is NFC: text is normalized to NFC first */
     int sp;            /* SentencePiece-style BPE (SP_*), or 0 */
     uint32_t *dec_off; /* sp: token bytes for decoding ("\xe2\x96\x81" -> ' ', <0xXX> -> the byte) */
     char *dec_pool;
@@ -112,38 +113,13 @@ static void byte_to_cp_table(unsigned cp_of[256]) {
     for (int b = 0; b < 256; b++) cp_of[b] = byte_is_printable(b) ? (unsigned)b : next++;
 }
 
-/* Decode one UTF-8 sequence at s[0..n). Returns its length; *cp = -1 for an
- * invalid sequence (length 1). */
-static size_t utf8_next(const unsigned char *s, size_t n, long *cp) {
-    unsigned c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-    if (len == 0 || c >= 0xF8 || len > n) goto bad;
-    long v = c & (0x3F >> (len - 1));
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) goto bad;
-        v = (v << 6) | (s[i] & 0x3F);
-    }
-    /* overlong, surrogate, beyond U+10FFFF */
-    static const long min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min_of[len] || (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF) goto bad;
-    *cp = v;
-    return len;
-bad:
-    *cp = -1;
-    return 1;
-}
-
 /* Vocabulary strings are in the mapped alphabet: turn one into raw bytes.
  * Returns the byte count, or -1 if a code point is not in the alphabet. */
 static long mapped_to_bytes(const char *s, size_t n, const int byte_of_cp[324], char *out) {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         long cp;
-        i += utf8_next((const unsigned char *)s + i, n - i, &cp);
+        i += loom_utf8_next((const unsigned char *)s + i, n - i, &cp);
         if (cp < 0 || cp >= 324 || byte_of_cp[cp] < 0) return -1;
         out[o++] = (char)byte_of_cp[cp];
     }
@@ -183,7 +159,7 @@ static int char_class(long cp) {
  * its byte length through *len. */
 static int class_at(const unsigned char *s, size_t n, size_t i, size_t *len) {
     long cp;
-    *len = utf8_next(s + i, n - i, &cp);
+    *len = loom_utf8_next(s + i, n - i, &cp);
     return char_class(cp);
 }
 
@@ -262,7 +238,7 @@ static size_t pretoken_len_l3(const unsigned char *s, size_t n, size_t i, int ma
     size_t len, l2, j = contraction_len(s, n, i);
     if (j) return j;
     long cp;
-    len = utf8_next(s + i, n - i, &cp);
+    len = loom_utf8_next(s + i, n - i, &cp);
     int c = char_class(cp);
     /* [^\r\n\p{L}\p{N}]?\p{L}+ */
     if (c == C_LETTER) return run_end(s, n, i + len, C_LETTER) - i;
@@ -295,95 +271,6 @@ static size_t pretoken_len_l3(const unsigned char *s, size_t n, size_t i, int ma
     if (crlf_end) return crlf_end - i;
     if (j == n || last == i) return j - i;
     return last - i;
-}
-
-/* ---- the NFC normalizer, as a check ------------------------------------ */
-
-static int in_ranges_nfc_no(long cp) {
-    size_t lo = 0, hi = sizeof loom_nfc_no / sizeof loom_nfc_no[0];
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if ((unsigned long)cp < loom_nfc_no[mid].first) hi = mid;
-        else if ((unsigned long)cp > loom_nfc_no[mid].last) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
-}
-
-typedef struct ccc_range {
-    unsigned first, last;
-    unsigned char ccc;
-} ccc_range;
-
-static int ccc_in(const void *table, size_t n, long cp) {
-    const ccc_range *r = table;
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if ((unsigned long)cp < r[mid].first) hi = mid;
-        else if ((unsigned long)cp > r[mid].last) lo = mid + 1;
-        else return r[mid].ccc;
-    }
-    return 0;
-}
-
-/* canonical combining class; of a starter, its decomposition's last one */
-static int ccc_of(long cp) { return ccc_in(loom_ccc, sizeof loom_ccc / sizeof loom_ccc[0], cp); }
-static int trailing_ccc(long cp) {
-    return ccc_in(loom_nfc_trail, sizeof loom_nfc_trail / sizeof loom_nfc_trail[0], cp);
-}
-
-/* Whether canonical composition joins starter a and b. */
-static int composes(long a, long b) {
-    if (a >= 0x1100 && a <= 0x1112 && b >= 0x1161 && b <= 0x1175) return 1; /* Hangul L + V */
-    if (a >= 0xAC00 && a <= 0xD7A3 && (a - 0xAC00) % 28 == 0 && b >= 0x11A8 && b <= 0x11C2)
-        return 1; /* LV + T */
-    unsigned long long key = ((unsigned long long)a << 21) | (unsigned long long)b;
-    size_t lo = 0, hi = sizeof loom_nfc_pairs / sizeof loom_nfc_pairs[0];
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (key < loom_nfc_pairs[mid].key) hi = mid;
-        else if (key > loom_nfc_pairs[mid].key) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
-}
-
-/* loom does not rewrite text to NFC: it checks that s[0..n) is already in
- * NFC (no code point NFC replaces, combining marks in canonical order - a
- * precomposed letter counting as its decomposition's last mark - no
- * unblocked mark or jamo that composes with its starter), where normalizing
- * would change nothing. Conservative: a mark after a precomposed letter whose
- * own last mark sorts after it is refused even where NFC recomposes the
- * same text. Returns the offset of the first offending code point, or n. */
-static size_t nfc_violation(const unsigned char *s, size_t n) {
-    long starter = -1;
-    int prev_ccc = 0, between_max = 0, between = 0;
-    for (size_t i = 0; i < n;) {
-        long cp;
-        size_t l = utf8_next(s + i, n - i, &cp);
-        if (cp < 0x300) { /* nothing below U+0300 composes, reorders or changes */
-            starter = cp;
-            prev_ccc = cp >= 0xC0 ? trailing_ccc(cp) : 0;
-            between_max = between = 0;
-            i += l;
-            continue;
-        }
-        int c = ccc_of(cp);
-        if (in_ranges_nfc_no(cp) || (c && prev_ccc > c)) return i;
-        if (starter >= 0 && (!between || (c && between_max < c)) && composes(starter, cp)) return i;
-        if (c == 0) {
-            starter = cp;
-            between_max = between = 0;
-            prev_ccc = trailing_ccc(cp); /* a mark after U+00E9 sorts against its U+0301 */
-        } else {
-            between = 1;
-            between_max = c > between_max ? c : between_max;
-            prev_ccc = c;
-        }
-        i += l;
-    }
-    return n;
 }
 
 /* ---- BPE on one pre-token ------------------------------------------------ */
@@ -592,7 +479,7 @@ static loom_status encode_sp(loom_tokenizer *t, const unsigned char *s, size_t n
     size_t k = 0;
     for (size_t i = 0; i < m;) {
         long cp;
-        size_t l = utf8_next((const unsigned char *)t->norm + i, m - i, &cp);
+        size_t l = loom_utf8_next((const unsigned char *)t->norm + i, m - i, &cp);
         long id = vocab_find(t, t->norm + i, l);
         if (id >= 0) t->sym.v[k++] = (uint32_t)id;
         else
@@ -606,21 +493,8 @@ static loom_status encode_sp(loom_tokenizer *t, const unsigned char *s, size_t n
     return LOOM_OK;
 }
 
-static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_t n, int at_start,
-                                loom_ids *ids) {
-    if (t->sp) return encode_sp(t, s, n, at_start, ids);
-    if (t->nfc) {
-        size_t at = nfc_violation(s, n);
-        if (at < n) {
-            long cp;
-            utf8_next(s + at, n - at, &cp);
-            return loom_fail(
-                LOOM_EDATA,
-                "tokenizer: the text is not in NFC at U+%04lX (its normalizer is NFC, which loom "
-                "checks but does not apply: normalize the text to NFC first)",
-                cp);
-        }
-    }
+/* Pre-tokenizer split, then BPE on each piece. */
+static loom_status encode_split(loom_tokenizer *t, const unsigned char *s, size_t n, loom_ids *ids) {
     for (size_t i = 0; i < n;) {
         size_t len = t->pretok == PRE_GPT2 ? pretoken_len(s, n, i)
                                            : pretoken_len_l3(s, n, i, t->pretok == PRE_LLAMA3 ? 3 : 1);
@@ -628,6 +502,20 @@ static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_
         i += len;
     }
     return LOOM_OK;
+}
+
+static loom_status encode_plain(loom_tokenizer *t, const unsigned char *s, size_t n, int at_start,
+                                loom_ids *ids) {
+    if (t->sp) return encode_sp(t, s, n, at_start, ids);
+    if (t->nfc && loom_nfc_quick_check(s, n) < n) { /* tokenizers normalizes before it splits */
+        unsigned char *norm;
+        size_t nn;
+        LOOM_TRY(loom_nfc_normalize(s, n, &norm, &nn));
+        loom_status st = encode_split(t, norm, nn, ids);
+        free(norm);
+        return st;
+    }
+    return encode_split(t, s, n, ids);
 }
 
 /* The longest added token whose text starts at s[i], or -1. */

@@ -99,6 +99,17 @@ def write_records(docs, path):
             f.write(b)
 
 
+def read_text_records(path):
+    """The records write_records writes, decoded as UTF-8."""
+    raw = open(path, "rb").read()
+    o, out = 0, []
+    while o < len(raw):
+        k = int.from_bytes(raw[o:o + 4], "little")
+        out.append(raw[o + 4:o + 4 + k].decode("utf-8"))
+        o += 4 + k
+    return out
+
+
 def read_id_records(path, n):
     import struct
     out = []
