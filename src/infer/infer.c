@@ -28,7 +28,7 @@ struct loom_infer {
     int C, C_l, NH_l, V_l, L_l, tp;
     int *len;           /* (max_seqs) cached positions per sequence */
     int *pos;           /* (max_seqs) a step's entries' positions before it */
-    float *kc, *vc;     /* (L_l, max_seqs, max_len, C_l) */
+    float *kc, *vc;     /* (L_l, max_seqs, max_len, KV_l) */
     float *att_scratch; /* the cached attention's scratch for R rows */
     int32_t *rows_tok;  /* (R) */
     float *last, *lnf, *lnf_mean, *lnf_rstd, *logits_l, *gathered, *logits; /* S rows */
@@ -163,12 +163,13 @@ loom_status loom_infer_share_prefix(loom_infer *f, int dst, int src, int n) {
         return loom_fail(LOOM_EUSAGE,
                          "inference: sequence %d cannot start as %d positions of sequence %d (%d cached)",
                          dst, n, src, src >= 0 && src < S ? f->len[src] : -1);
+    const size_t W = (size_t)f->m->KV_l; /* a cached position: the key/value heads' width, not C_l (GQA) */
     if (src != dst && n > 0)
         for (int l = 0; l < f->L_l; l++) {
-            const size_t at_d = ((size_t)l * S + dst) * f->o.max_len * f->C_l,
-                         at_s = ((size_t)l * S + src) * f->o.max_len * f->C_l;
-            loom_tensor_copy(f->m->dev, f->kc + at_d, f->kc + at_s, (size_t)n * f->C_l);
-            loom_tensor_copy(f->m->dev, f->vc + at_d, f->vc + at_s, (size_t)n * f->C_l);
+            const size_t at_d = ((size_t)l * S + dst) * f->o.max_len * W,
+                         at_s = ((size_t)l * S + src) * f->o.max_len * W;
+            loom_tensor_copy(f->m->dev, f->kc + at_d, f->kc + at_s, (size_t)n * W);
+            loom_tensor_copy(f->m->dev, f->vc + at_d, f->vc + at_s, (size_t)n * W);
         }
     f->len[dst] = n;
     return LOOM_OK;
