@@ -1,7 +1,7 @@
 /* ep.c - the expert-parallel dispatch / combine region (include/loom/ep.h):
  * the alltoall of the row counts, the alltoallv of the rows themselves
- * (blocking, or dispatch's started so that the local experts compute while
- * it flies) and the reordering between source-major (as received) and
+ * (blocking, or started - dispatch's and combine's - so that the local
+ * experts compute while the other ranks' rows fly) and the reordering between source-major (as received) and
  * expert-major (as the experts read them). Axis: ep. loom_ep_counts, loom_ep_dispatch and
  * loom_ep_combine are collective over the EP group; with no group they copy.
  */
