@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The expert all-to-all hidden behind the local experts: mini-moe (4 layers,
 d_model 256, 8 experts, top-2) at dp 2 x ep 2 on 2 ranks of this machine,
-with the overlapped dispatch on (loom's default) and off (LOOM_EP_OVERLAP=0:
-one blocking dispatch, then the experts).
+with the overlapped dispatch and combine on (loom's default) and off
+(LOOM_EP_OVERLAP=0: one blocking dispatch, the experts, one blocking combine).
 
 usage: bench/bench_ep_overlap.py [--loom build/loom] [--steps N] [--batch B]
                                  [--seq T] [--repeat R] [--json FILE]

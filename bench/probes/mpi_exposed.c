@@ -8,7 +8,12 @@
  * an MPI_Ialltoallv returned. Every other MPI call of the compute thread
  * counts as "other". At MPI_Finalize each rank writes one JSON line to
  * $MPI_EXPOSED_OUT.<world rank>: a2a_s, a2a_calls, other_s, other_calls and
- * a2a_call_s, the seconds of every exchange call in order.
+ * a2a_call_s, the seconds of every exchange call in order; and a2a_flight_s,
+ * per exchange in the order they complete, its time in flight: a blocking
+ * call's duration, an MPI_Ialltoallv's from its start to the return of the
+ * MPI_Wait / MPI_Test that completed it (so flight - the time inside the
+ * exchange's calls is compute-thread time outside them while it flew: what
+ * was hidden).
  * Not part of loom; built by the bench with mpicc -shared -fPIC.
  */
 #include <mpi.h>
@@ -25,7 +30,19 @@ static double *g_dur; /* every exchange call's seconds, in order (the bench skip
 static long g_cap;
 #define MAX_REQ 256
 static MPI_Request g_req[MAX_REQ]; /* requests of MPI_Ialltoallv still in flight */
+static double g_req_t0[MAX_REQ];   /* and when each started */
 static int g_nreq;
+static double *g_flight; /* every exchange's time in flight, in the order they complete */
+static long g_nflight, g_flight_cap;
+
+static void flight(double dt) {
+    if (g_nflight == g_flight_cap) {
+        double *d = realloc(g_flight, (size_t)(g_flight_cap ? 2 * g_flight_cap : 1024) * sizeof *d);
+        if (!d) return;
+        g_flight = d, g_flight_cap = g_flight_cap ? 2 * g_flight_cap : 1024;
+    }
+    g_flight[g_nflight++] = dt;
+}
 
 static double now(void) {
     struct timespec t;
@@ -57,8 +74,12 @@ static int req_find(MPI_Request r) {
     return -1;
 }
 
+/* request i completed: its flight ends now */
 static void req_drop(int i) {
-    if (i >= 0) g_req[i] = g_req[--g_nreq];
+    if (i < 0) return;
+    flight(now() - g_req_t0[i]);
+    g_nreq--;
+    g_req[i] = g_req[g_nreq], g_req_t0[i] = g_req_t0[g_nreq];
 }
 
 int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
@@ -76,6 +97,7 @@ int MPI_Init(int *argc, char ***argv) {
 int MPI_Alltoall(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI_Datatype rt, MPI_Comm c) {
     double t0 = now();
     int e = PMPI_Alltoall(sb, sc, st, rb, rc, rt, c);
+    if (on_main()) flight(now() - t0);
     add(1, t0);
     return e;
 }
@@ -84,6 +106,7 @@ int MPI_Alltoallv(const void *sb, const int *sc, const int *sd, MPI_Datatype st,
                   const int *rd, MPI_Datatype rt, MPI_Comm c) {
     double t0 = now();
     int e = PMPI_Alltoallv(sb, sc, sd, st, rb, rc, rd, rt, c);
+    if (on_main()) flight(now() - t0);
     add(1, t0);
     return e;
 }
@@ -92,7 +115,7 @@ int MPI_Ialltoallv(const void *sb, const int *sc, const int *sd, MPI_Datatype st
                    const int *rd, MPI_Datatype rt, MPI_Comm c, MPI_Request *r) {
     double t0 = now();
     int e = PMPI_Ialltoallv(sb, sc, sd, st, rb, rc, rd, rt, c, r);
-    if (e == MPI_SUCCESS && g_nreq < MAX_REQ && on_main()) g_req[g_nreq++] = *r;
+    if (e == MPI_SUCCESS && g_nreq < MAX_REQ && on_main()) g_req_t0[g_nreq] = t0, g_req[g_nreq++] = *r;
     add(1, t0);
     return e;
 }
@@ -145,6 +168,8 @@ int MPI_Finalize(void) {
                 "{\"rank\": %d, \"a2a_s\": %.9f, \"a2a_calls\": %ld, \"other_s\": %.9f, \"other_calls\": %ld, \"a2a_call_s\": [",
                 rank, g_a2a_s, g_a2a_calls, g_other_s, g_other_calls);
             for (long i = 0; i < g_a2a_calls; i++) fprintf(f, "%s%.9f", i ? ", " : "", g_dur[i]);
+            fprintf(f, "], \"a2a_flight_s\": [");
+            for (long i = 0; i < g_nflight; i++) fprintf(f, "%s%.9f", i ? ", " : "", g_flight[i]);
             fprintf(f, "]}\n");
             fclose(f);
         }

@@ -68,7 +68,8 @@ typedef struct loom_ep_routes {
 typedef struct loom_ep_tally {
     int64_t bytes;
     double seconds;
-    int64_t overlapped; /* dispatches started non-blocking (loom_ep_dispatch_start over a group) */
+    int64_t overlapped;          /* dispatches started non-blocking (loom_ep_dispatch_start over a group) */
+    int64_t combines_overlapped; /* combines started non-blocking (loom_ep_combine_start over a group) */
 } loom_ep_tally;
 
 /* Host bytes of scratch (a2a, sent) a group of P ranks with El experts each needs. */
@@ -105,5 +106,20 @@ loom_status loom_ep_dispatch_finish(const loom_ep *ep, const loom_ep_routes *r, 
  * Collective over ep. */
 loom_status loom_ep_combine(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
                             float *rows, int width, loom_ep_tally *t);
+/* loom_ep_combine in two halves, so that the local experts can finish
+ * their own rows while the other ranks' outputs are in flight: _start
+ * reorders the rows received from the other sources (source != ep->rank)
+ * and starts their alltoallv (non-blocking; in's rows of this rank's own
+ * source may still be written until _finish); _finish waits, then moves
+ * this rank's own rows with a second alltoallv holding only them (the same
+ * bytes in all, counted the same; a local copy in MPI). Between the two,
+ * send, rows, ep->a2a and r must stay as they are (in's own rows excepted)
+ * and no other exchange of ep may run. rows ends bit-identical to
+ * loom_ep_combine's. With no group _start does nothing (*req NULL) and
+ * _finish the whole combine. Both collective over ep. */
+loom_status loom_ep_combine_start(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                                  float *rows, int width, loom_ep_tally *t, loom_req **req);
+loom_status loom_ep_combine_finish(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                                   float *rows, int width, loom_ep_tally *t, loom_req *req);
 
 #endif

@@ -556,34 +556,42 @@ static void rows_run(expert_rows_fn fn, loom_gpt *m, moe_block *bl, moe_acts *a,
     if (r1 > r0) fn(m, bl, a, j, r0, r1 - r0);
 }
 
-/* moe->sendA's rows dispatched to out (expert-major), then fn over each
- * local expert's rows. With the EP group's overlap on, the rows this rank
- * sent itself are computed while the others are in flight
- * (loom_ep_dispatch_start), then the rest; off, one blocking dispatch and
- * each expert's rows in one call. */
+/* moe->sendA's rows dispatched to out (expert-major), fn over each local
+ * expert's rows (writing moe->t2), and t2 combined back to `back` (A rows,
+ * the sender's order). With the EP group's overlap on, the first half of
+ * the rows this rank sent itself are computed while the others are in
+ * flight (loom_ep_dispatch_start), then the others' rows, whose outputs go
+ * back (loom_ep_combine_start) while the second half of this rank's own
+ * rows is computed; off, one blocking dispatch, each expert's rows in one
+ * call and one blocking combine. */
 static loom_status dispatch_run(loom_gpt *m, moe_block *bl, moe_acts *a, loom_moe_stats *st, float *out,
-                                expert_rows_fn fn) {
+                                expert_rows_fn fn, float *back) {
     struct loom_moe *moe = m->moe;
     const loom_ep_routes *rt = &a->rt;
-    const int El = moe->El, me = moe->ep.rank;
+    const int El = moe->El, me = moe->ep.rank, C = m->C;
     if (!moe->ep.overlap || !moe->ep.comm) {
-        LOOM_TRY(loom_ep_dispatch(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a));
+        LOOM_TRY(loom_ep_dispatch(&moe->ep, rt, moe->sendA, moe->t1, out, C, &st->a2a));
         for (int j = 0; j < El; j++) rows_run(fn, m, bl, a, j, rt->estart[j], rt->estart[j + 1]);
-        return LOOM_OK;
+        return loom_ep_combine(&moe->ep, rt, moe->t2, moe->t1, back, C, &st->a2a);
     }
     loom_req *req = NULL;
-    LOOM_TRY(loom_ep_dispatch_start(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a, &req));
-    for (int j = 0; j < El; j++) {
+    LOOM_TRY(loom_ep_dispatch_start(&moe->ep, rt, moe->sendA, moe->t1, out, C, &st->a2a, &req));
+    for (int j = 0; j < El; j++) { /* own rows [own, mid) while the others arrive */
         const int own = rt->eoff[me * El + j];
-        rows_run(fn, m, bl, a, j, own, own + rt->rc[me * El + j]);
+        rows_run(fn, m, bl, a, j, own, own + rt->rc[me * El + j] / 2);
     }
-    LOOM_TRY(loom_ep_dispatch_finish(&moe->ep, rt, moe->t1, out, m->C, &st->a2a, req));
+    LOOM_TRY(loom_ep_dispatch_finish(&moe->ep, rt, moe->t1, out, C, &st->a2a, req));
     for (int j = 0; j < El; j++) {
         const int own = rt->eoff[me * El + j], end = own + rt->rc[me * El + j];
         rows_run(fn, m, bl, a, j, rt->estart[j], own);
         rows_run(fn, m, bl, a, j, end, rt->estart[j + 1]);
     }
-    return LOOM_OK;
+    LOOM_TRY(loom_ep_combine_start(&moe->ep, rt, moe->t2, moe->t1, back, C, &st->a2a, &req));
+    for (int j = 0; j < El; j++) { /* own rows [mid, end) while the others' outputs go back */
+        const int own = rt->eoff[me * El + j], n = rt->rc[me * El + j];
+        rows_run(fn, m, bl, a, j, own + n / 2, own + n);
+    }
+    return loom_ep_combine_finish(&moe->ep, rt, moe->t2, moe->t1, back, C, &st->a2a, req);
 }
 
 /* ---- forward ----------------------------------------------------------------- */
@@ -623,9 +631,8 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     loom_tensor_gather_rows(m->dev, moe->sendA, x, a->tok_d, A, C);
     LOOM_TRY(loom_ep_counts(&moe->ep, a->start, &a->rt, &st->a2a));
     /* the local experts over the rows they receive */
-    LOOM_TRY(dispatch_run(m, bl, a, st, a->xp, experts_fwd));
-    /* combine: outputs back to their tokens' ranks, weighted by the gates */
-    LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, a->ye, C, &st->a2a));
+    /* and combine: outputs back to their tokens' ranks, then weighted by the gates */
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->xp, experts_fwd, a->ye));
     loom_tensor_combine_rows(m->dev, out, a->ye, a->row_d, a->gate, N, k, C);
     if (a->hs) shared_fwd(m, bl, a, N, x, out);
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
@@ -692,9 +699,8 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     loom_tensor_zero(m->dev, moe->tH, R * H);
     loom_tensor_zero(m->dev, a->dhp, R * FH);
     loom_tensor_zero(m->dev, moe->t2, R * C);
-    LOOM_TRY(dispatch_run(m, bl, a, st, a->dyp, experts_bwd_input));
-    /* back to the tokens' ranks (sendA is free again) */
-    LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, moe->sendA, C, &st->a2a));
+    /* and back to the tokens' ranks (sendA is free again once dispatched) */
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->dyp, experts_bwd_input, moe->sendA));
     /* un-dispatch: each dispatched row's input gradient back to its token;
      * partial over tp (column-parallel c_fc): the caller sums dx over tp */
     loom_tensor_zero(m->dev, dx, (size_t)N * C);
@@ -759,7 +765,7 @@ void loom_moe_stats_reset(loom_gpt *m) {
         memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
         st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a.bytes = 0;
         st->a2a.seconds = 0;
-        st->a2a.overlapped = 0;
+        st->a2a.overlapped = st->a2a.combines_overlapped = 0;
         st->aux = st->z = 0;
         st->groups = 0;
         for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;

@@ -1,7 +1,7 @@
 /* ep.c - the expert-parallel dispatch / combine region (include/loom/ep.h):
  * the alltoall of the row counts, the alltoallv of the rows themselves
- * (blocking, or dispatch's started so that the local experts compute while
- * it flies) and the reordering between source-major (as received) and
+ * (blocking, or started - dispatch's and combine's - so that the local
+ * experts compute while the other ranks' rows fly) and the reordering between source-major (as received) and
  * expert-major (as the experts read them). Axis: ep. loom_ep_counts, loom_ep_dispatch and
  * loom_ep_combine are collective over the EP group; with no group they copy.
  */
@@ -10,6 +10,10 @@
 #include <string.h>
 
 #include "loom/device.h"
+
+/* Which blocks of rows an exchange moves: every source's, only this rank's
+ * own (to itself), or every other rank's. */
+enum { EXCHANGE_ALL, EXCHANGE_SELF, EXCHANGE_OTHERS };
 
 loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_routes *r, loom_ep_tally *t) {
     const int P = ep->size, El = ep->n_local, E = P * El;
@@ -49,30 +53,32 @@ loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_rout
  * `width` floats: to_experts sends each rank the rows of its experts
  * (destination-major) and receives its own experts' rows source-major;
  * !to_experts sends those back. Returns the bytes sent. */
-static size_t plan_exchange(const loom_ep *ep, const loom_ep_routes *r, int width, int to_experts) {
+static size_t plan_exchange(const loom_ep *ep, const loom_ep_routes *r, int width, int to_experts, int self) {
     const int P = ep->size, El = ep->n_local;
     size_t *sb = ep->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
-    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
+    size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0, sent = 0;
     for (int q = 0; q < P; q++) {
         size_t mine = (size_t)(r->start[(q + 1) * El] - r->start[q * El]), theirs = 0;
         for (int j = 0; j < El; j++) theirs += (size_t)r->rc[q * El + j];
-        sb[q] = (to_experts ? mine : theirs) * fl;
-        rb[q] = (to_experts ? theirs : mine) * fl;
+        const int keep = self == EXCHANGE_ALL || (self == EXCHANGE_SELF) == (q == ep->rank);
+        sb[q] = keep ? (to_experts ? mine : theirs) * fl : 0;
+        rb[q] = keep ? (to_experts ? theirs : mine) * fl : 0;
         sd[q] = so;
         rd[q] = ro;
-        so += sb[q];
-        ro += rb[q];
+        so += (to_experts ? mine : theirs) * fl; /* displacements as in the whole exchange */
+        ro += (to_experts ? theirs : mine) * fl;
+        sent += sb[q];
     }
-    return so;
+    return sent;
 }
 
 /* One alltoallv as plan_exchange describes it; with no group a copy. With
  * req, started (*req; NULL with no group) rather than run. */
 static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const float *send, float *recv,
-                            int width, int to_experts, loom_ep_tally *t, loom_req **req) {
+                            int width, int to_experts, int self, loom_ep_tally *t, loom_req **req) {
     const int P = ep->size;
     size_t *sb = ep->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
-    size_t so = plan_exchange(ep, r, width, to_experts);
+    size_t so = plan_exchange(ep, r, width, to_experts, self);
     if (req) *req = NULL;
     if (!ep->comm) {
         loom_tensor_copy(ep->dev, recv, send, so / sizeof(float));
@@ -89,13 +95,13 @@ static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const fl
 }
 
 /* Rows between source-major and expert-major order; the blocks of source
- * `skip` (-1: none) are left alone. */
-static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src, float *dst, int width,
-                    int to_expert_major, int skip) {
+ * `skip` (-1: none) are left alone, and with only >= 0 every other one. */
+static void permute_some(const loom_ep *ep, const loom_ep_routes *r, const float *src, float *dst, int width,
+                         int to_expert_major, int skip, int only) {
     const int P = ep->size, El = ep->n_local;
     for (int s = 0; s < P; s++)
         for (int j = 0; j < El; j++) {
-            if (s == skip) continue;
+            if (s == skip || (only >= 0 && s != only)) continue;
             size_t n = (size_t)r->rc[s * El + j], so = (size_t)r->soff[s * El + j],
                    eo = (size_t)r->eoff[s * El + j];
             size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
@@ -103,9 +109,14 @@ static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src
         }
 }
 
+static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src, float *dst, int width,
+                    int to_expert_major, int skip) {
+    permute_some(ep, r, src, dst, width, to_expert_major, skip, -1);
+}
+
 loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
                              float *out, int width, loom_ep_tally *t) {
-    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t, NULL));
+    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, EXCHANGE_ALL, t, NULL));
     permute(ep, r, recv, out, width, 1, -1);
     return LOOM_OK;
 }
@@ -113,7 +124,7 @@ loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const f
 loom_status loom_ep_dispatch_start(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
                                    float *out, int width, loom_ep_tally *t, loom_req **req) {
     const int El = ep->n_local, me = ep->rank;
-    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t, req));
+    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, EXCHANGE_ALL, t, req));
     if (!*req) { /* no group: copied already, every row is this rank's own */
         permute(ep, r, recv, out, width, 1, -1);
         return LOOM_OK;
@@ -140,5 +151,27 @@ loom_status loom_ep_dispatch_finish(const loom_ep *ep, const loom_ep_routes *r, 
 loom_status loom_ep_combine(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
                             float *rows, int width, loom_ep_tally *t) {
     permute(ep, r, in, send, width, 0, -1);
-    return exchange(ep, r, send, rows, width, 0, t, NULL);
+    return exchange(ep, r, send, rows, width, 0, EXCHANGE_ALL, t, NULL);
+}
+
+loom_status loom_ep_combine_start(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                                  float *rows, int width, loom_ep_tally *t, loom_req **req) {
+    *req = NULL;
+    if (!ep->comm) return LOOM_OK; /* no group: _finish copies every row */
+    permute(ep, r, in, send, width, 0, ep->rank);
+    LOOM_TRY(exchange(ep, r, send, rows, width, 0, EXCHANGE_OTHERS, t, req));
+    if (t) t->combines_overlapped++;
+    return LOOM_OK;
+}
+
+loom_status loom_ep_combine_finish(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
+                                   float *rows, int width, loom_ep_tally *t, loom_req *req) {
+    if (!ep->comm) return loom_ep_combine(ep, r, in, send, rows, width, t);
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(loom_comm_wait(req));
+    if (t) t->seconds += loom_comm_wtime() - t0;
+    /* this rank's own rows: through the group as before (the same bytes,
+     * counted the same), now that the other exchange is done with ep->a2a */
+    permute_some(ep, r, in, send, width, 0, -1, ep->rank);
+    return exchange(ep, r, send, rows, width, 0, EXCHANGE_SELF, t, NULL);
 }

@@ -11,6 +11,9 @@
  *     rank's own rows already in place when the start returns;
  *   - loom_ep_combine of (rows + 0.5) brings every row back to its sender,
  *     in its sending order;
+ *   - loom_ep_combine_start / _finish give bitwise the same rows, with this
+ *     rank's own input rows written only after the start (they do not fly
+ *     with the others) and the same bytes counted;
  *   - the tally counts what comm.h counts: the alltoall of P El int32 and
  *     the two alltoallv of A and R rows (this rank's own included); nothing
  *     without a group.
@@ -33,6 +36,18 @@ static int count(int s, int e) { return (s * 7 + e * 3) % 4; }
 
 /* Column c of row i of (source s, expert e): exact in a float. */
 static float cell(int s, int e, int i, int c) { return (float)(s * 100000 + e * 1000 + i * 10 + c); }
+
+/* An exchange run in two halves (got, n floats and a -1 guard after them)
+ * against the blocking one (want), and its tally: the bytes it sent and one
+ * exchange started (none without a group). */
+static void check_halves(const char *what, int r, int P, const float *got, const float *want, size_t n,
+                         int64_t bytes, int64_t want_bytes, int64_t started) {
+    CHECK(memcmp(got, want, n * sizeof *got) == 0 && got[n] == -1.0f,
+          "rank %d: the started %s differs from the blocking one", r, what);
+    CHECK(bytes == (P > 1 ? want_bytes : 0) && started == (P > 1),
+          "rank %d: started %s tally %lld bytes, %lld started", r, what, (long long)bytes,
+          (long long)started);
+}
 
 static void run(loom_device *dev, loom_comm *world) {
     const int P = loom_comm_size(world), r = loom_comm_rank(world), E = P * EL;
@@ -60,7 +75,7 @@ static void run(loom_device *dev, loom_comm *world) {
             for (int c = 0; c < W; c++) rows[(size_t)(start[e] + i) * W + c] = cell(r, e, i, c);
     int32_t rc[64], soff[64], eoff[64], estart[EL + 1];
     loom_ep_routes rt = {.rc = rc, .soff = soff, .eoff = eoff, .estart = estart};
-    loom_ep_tally t = {0, 0, 0};
+    loom_ep_tally t = {0, 0, 0, 0};
     CHECK(loom_ep_counts(&ep, start, &rt, &t) == LOOM_OK, "counts: %s", loom_errmsg());
     CHECK(rt.estart[EL] == R, "rank %d receives %d rows, expected %d", r, rt.estart[EL], R);
     for (int s = 0; s < P; s++)
@@ -80,7 +95,7 @@ static void run(loom_device *dev, loom_comm *world) {
      * the start returns, all of out bitwise the same after the finish */
     float *out2 = malloc(((size_t)R + 1) * W * sizeof *out2);
     for (size_t i = 0; i < ((size_t)R + 1) * W; i++) out2[i] = -1.0f;
-    loom_ep_tally t2 = {0, 0, 0};
+    loom_ep_tally t2 = {0, 0, 0, 0};
     loom_req *req = NULL;
     CHECK(loom_ep_dispatch_start(&ep, &rt, rows, recv, out2, W, &t2, &req) == LOOM_OK, "dispatch_start: %s",
           loom_errmsg());
@@ -93,26 +108,44 @@ static void run(loom_device *dev, loom_comm *world) {
     CHECK(bad == 0, "rank %d: %d experts' own rows not in place at the start", r, bad);
     CHECK(loom_ep_dispatch_finish(&ep, &rt, recv, out2, W, &t2, req) == LOOM_OK, "dispatch_finish: %s",
           loom_errmsg());
-    CHECK(memcmp(out2, out, (size_t)R * W * sizeof *out) == 0 && out2[(size_t)R * W] == -1.0f,
-          "rank %d: the started dispatch differs from the blocking one", r);
-    CHECK(t2.bytes == (P > 1 ? (int64_t)A * W * 4 : 0) && t2.overlapped == (P > 1),
-          "rank %d: started dispatch tally %lld bytes, %lld overlapped", r, (long long)t2.bytes,
-          (long long)t2.overlapped);
+    check_halves("dispatch", r, P, out2, out, (size_t)R * W, t2.bytes, (int64_t)A * W * 4, t2.overlapped);
     free(out2);
     for (size_t i = 0; i < (size_t)R * W; i++) out[i] += 0.5f;
     CHECK(loom_ep_combine(&ep, &rt, out, recv, back, W, &t) == LOOM_OK, "combine: %s", loom_errmsg());
     bad = 0;
     for (size_t i = 0; i < (size_t)A * W; i++) bad += back[i] != rows[i] + 0.5f;
     CHECK(bad == 0, "rank %d: %d combined values not back in place", r, bad);
+    /* the combine in two halves: this rank's own rows of `out` are still
+     * garbage when the start returns and only written before the finish */
+    float *back2 = malloc(((size_t)A + 1) * W * sizeof *back2),
+          *in2 = malloc(((size_t)R + 1) * W * sizeof *in2);
+    memcpy(in2, out, (size_t)R * W * sizeof *in2);
+    for (int j = 0; j < EL; j++)
+        for (size_t i = 0; i < (size_t)rt.rc[r * EL + j] * W; i++)
+            in2[(size_t)rt.eoff[r * EL + j] * W + i] = -7.0f;
+    for (size_t i = 0; i < ((size_t)A + 1) * W; i++) back2[i] = -1.0f;
+    loom_ep_tally t3 = {0, 0, 0, 0};
+    CHECK(loom_ep_combine_start(&ep, &rt, in2, recv, back2, W, &t3, &req) == LOOM_OK, "combine_start: %s",
+          loom_errmsg());
+    CHECK((req != NULL) == (P > 1), "rank %d: combine request %p on %d ranks", r, (void *)req, P);
+    for (int j = 0; j < EL; j++)
+        memcpy(in2 + (size_t)rt.eoff[r * EL + j] * W, out + (size_t)rt.eoff[r * EL + j] * W,
+               (size_t)rt.rc[r * EL + j] * W * sizeof *in2);
+    CHECK(loom_ep_combine_finish(&ep, &rt, in2, recv, back2, W, &t3, req) == LOOM_OK, "combine_finish: %s",
+          loom_errmsg());
+    check_halves("combine", r, P, back2, back, (size_t)A * W, t3.bytes, (int64_t)R * W * 4,
+                 t3.combines_overlapped);
+    free(back2), free(in2);
     const int64_t want = P > 1 ? (int64_t)P * EL * 4 + (int64_t)(A + R) * W * 4 : 0;
     CHECK(t.bytes == want, "rank %d: tally %lld bytes, comm.h's count %lld", r, (long long)t.bytes,
           (long long)want);
     if (P > 1) {
         const loom_comm_stats *st = loom_comm_get_stats(world);
-        CHECK((int64_t)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]) == want + t2.bytes,
+        CHECK((int64_t)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]) ==
+                  want + t2.bytes + t3.bytes,
               "rank %d: the communicator counted %llu bytes, the tallies %lld", r,
               (unsigned long long)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]),
-              (long long)(want + t2.bytes));
+              (long long)(want + t2.bytes + t3.bytes));
     }
     free(ep.a2a), free(ep.sent), free(start), free(rows), free(back), free(recv), free(out);
 }

@@ -29,6 +29,19 @@ static loom_sim_result *simulate(loom_sched_kind k, int p, int m, int v, const l
     return r;
 }
 
+/* The next of a fixed pseudo-random sequence, in 0..n-1. */
+static int draw(unsigned *x, int n) {
+    *x = *x * 1103515245u + 12345u;
+    return (int)(*x >> 16) % n;
+}
+
+/* f, b, w drawn from the quarters 0.25 .. 2. */
+static void draw_costs(unsigned *x, loom_sim_costs *c) {
+    c->f = (1 + draw(x, 8)) / 4.0;
+    c->b = (1 + draw(x, 8)) / 4.0;
+    c->w = (1 + draw(x, 8)) / 4.0;
+}
+
 /* ---- closed forms ------------------------------------------------------------ */
 
 static void test_gpipe_1f1b(void) {
@@ -122,16 +135,9 @@ static void test_zb(void) {
     /* random costs on a grid of quarters: idle per rank (p-1)*max(f, b, f+b-w) */
     unsigned x = 12345;
     for (int it = 0; it < 400; it++) {
-        x = x * 1103515245u + 12345u;
-        const int p = 1 + (int)(x >> 16) % 8;
-        x = x * 1103515245u + 12345u;
-        const int m = p + (int)(x >> 16) % (3 * p + 1);
-        x = x * 1103515245u + 12345u;
-        c.f = (1 + (x >> 16) % 8) / 4.0;
-        x = x * 1103515245u + 12345u;
-        c.b = (1 + (x >> 16) % 8) / 4.0;
-        x = x * 1103515245u + 12345u;
-        c.w = (1 + (x >> 16) % 8) / 4.0;
+        const int p = 1 + draw(&x, 8);
+        const int m = p + draw(&x, 3 * p + 1);
+        draw_costs(&x, &c);
         loom_sim_result *z = simulate(LOOM_SCHED_ZB, p, m, 1, &c, NULL),
                         *o = simulate(LOOM_SCHED_1F1B, p, m, 1, &c, NULL);
         if (!z || !o) continue;
@@ -634,11 +640,56 @@ static void test_list_scheduled(void) {
         }
 }
 
+/* ZB-H2 beyond f = b = w (Qi et al. 2023, Table 1: bubble (p-1)(T_F + T_B -
+ * 2 T_W), memory (2p-1) M_B): random costs on a grid of quarters, p = 2..8
+ * and m = 2p-1 .. 4p. Rank r idles (p-1-r) max(f+b-2w, b-f, 0) inside its
+ * own span (its warm-up's extra forwards fill the rest), so the largest,
+ * rank 0's, is the paper's form wherever T_W <= T_F and 2 T_W <= T_F + T_B
+ * (the paper's setting); beyond it the backward's excess over the forward
+ * (b - f per stage) or nothing. Rank 0 holds 2p-1 sets, no rank more. */
+static void test_zbh2_costs(void) {
+    unsigned x = 2024;
+    int paper = 0;
+    for (int it = 0; it < 400; it++) {
+        loom_sim_costs c;
+        loom_sim_costs_default(&c);
+        const int p = 2 + draw(&x, 7);
+        const int m = 2 * p - 1 + draw(&x, 2 * p + 2);
+        draw_costs(&x, &c);
+        loom_schedule *s = NULL;
+        loom_sim_result *r = simulate(LOOM_SCHED_ZBH2, p, m, 1, &c, &s);
+        if (!r) continue;
+        const double form = c.f + c.b - 2 * c.w, excess = c.b - c.f;
+        const double per = form > excess ? (form > 0 ? form : 0) : (excess > 0 ? excess : 0);
+        double most = 0;
+        for (int q = 0; q < p; q++) {
+            const double idle = span_idle(s, r, q);
+            most = idle > most ? idle : most;
+            CHECK(fabs(idle - (p - 1 - q) * per) < 1e-9,
+                  "zbh2 p=%d m=%d f=%g b=%g w=%g rank %d: idle %g in its span, want %g", p, m, c.f, c.b, c.w,
+                  q, idle, (p - 1 - q) * per);
+            CHECK(r->peak_live[q] <= 2 * p - 1, "zbh2 p=%d m=%d rank %d: peak %d", p, m, q, r->peak_live[q]);
+        }
+        if (c.w <= c.f && form >= 0) {
+            CHECK(fabs(most - (p - 1) * form) < 1e-9,
+                  "zbh2 p=%d m=%d f=%g b=%g w=%g: bubble %g, (p-1)(f+b-2w) = %g", p, m, c.f, c.b, c.w, most,
+                  (p - 1) * form);
+            paper++;
+        }
+        CHECK(r->peak_live[0] == 2 * p - 1, "zbh2 p=%d m=%d: rank 0's peak %d, want 2p-1", p, m,
+              r->peak_live[0]);
+        loom_schedule_free(s);
+        loom_sim_free(r);
+    }
+    CHECK(paper >= 100, "only %d cost draws in the paper's setting", paper);
+}
+
 int main(void) {
     test_gpipe_1f1b();
     test_interleaved();
     test_zb();
     test_list_scheduled();
+    test_zbh2_costs();
     test_cost_model();
     test_shared_cores();
     test_wake_waits();

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""The overlapped expert dispatch (the local experts compute their own rows
-while the other ranks' rows are in flight, ep.h loom_ep_dispatch_start)
-changes nothing but where the compute thread waits: the same expert-parallel
+"""The overlapped expert dispatch and combine (the local experts compute the
+first half of their own rows while the other ranks' rows are in flight, ep.h
+loom_ep_dispatch_start, and the second half while the other ranks' outputs
+go back, loom_ep_combine_start) change nothing but where the compute thread
+waits: the same expert-parallel
 training with it on (the default) and off (LOOM_EP_OVERLAP=0, one blocking
-dispatch) gives bitwise the same loss at every step and bitwise the same
+dispatch, one blocking combine) gives bitwise the same loss at every step and bitwise the same
 final parameters - at dp 2 x ep 2 (top-2 with capacity), at dp 4 x ep 4
 (top-1 dropless), and at dp 2 x ep 2 x pp 2 under the zero-bubble schedule
 with full recompute (the recompute's dispatches too). The JSONL's
-a2a_overlapped proves which path ran: every forward and input-gradient
-dispatch of every rank overlapped when on, none when off."""
+a2a_overlapped and a2a_combines_overlapped prove which path ran: every
+forward and input-gradient dispatch and combine of every rank overlapped
+when on, none when off."""
 import json
 import os
 import sys
@@ -30,9 +33,9 @@ CASES = [  # (MoE keys, ranks, flags)
 ]
 
 
-def overlapped(metrics):
-    """a2a_overlapped of every block at every step (rank 0's stage's blocks)."""
-    return [[b["a2a_overlapped"] for b in m["moe"]] for m in lt.read_metrics(metrics)]
+def overlapped(metrics, key="a2a_overlapped"):
+    """key of every block at every step (rank 0's stage's blocks)."""
+    return [[b[key] for b in m["moe"]] for m in lt.read_metrics(metrics)]
 
 
 def main():
@@ -62,6 +65,13 @@ def main():
                      "%s: overlap on: a2a_overlapped %s, expected %d per block and step" % (label, ov_on, per))
             lt.check(all(x == 0 for row in ov_off for x in row),
                      "%s: overlap off: a2a_overlapped %s" % (label, ov_off))
+            # each dispatch has its combine
+            co_on = overlapped(on[0], "a2a_combines_overlapped")
+            co_off = overlapped(off[0], "a2a_combines_overlapped")
+            lt.check(co_on == ov_on, "%s: overlap on: a2a_combines_overlapped %s, dispatches %s"
+                     % (label, co_on, ov_on))
+            lt.check(all(x == 0 for row in co_off for x in row),
+                     "%s: overlap off: a2a_combines_overlapped %s" % (label, co_off))
             l_on = [m["loss"] for m in lt.read_metrics(on[0])]
             l_off = [m["loss"] for m in lt.read_metrics(off[0])]
             lt.check(len(l_on) == STEPS and l_on == l_off,
@@ -71,8 +81,8 @@ def main():
             lt.check(sorted(p_on) == sorted(p_off), "%s: parameter names differ" % label)
             diff = [k for k in p_on if p_on[k].tobytes() != p_off[k].tobytes()]
             lt.check(not diff, "%s: parameters not bitwise equal with and without overlap: %s" % (label, diff[:5]))
-            print("%s: %d steps, losses and %d parameters bitwise equal, %d dispatches overlapped per "
-                  "block and step" % (label, STEPS, len(p_on), per))
+            print("%s: %d steps, losses and %d parameters bitwise equal, %d dispatches and %d combines "
+                  "overlapped per block and step" % (label, STEPS, len(p_on), per, per))
     lt.done()
 
 
