@@ -13,7 +13,11 @@ heads, tp 4 replicates each on two ranks (their gradients summed over the
 replicas), SP, CP ring with rotary positions on the load-balanced chunks
 and Ulysses (with the key/value heads split too), PP with the untied head
 on the last stage only, ZeRO 2 and 3 and full recompute; and a checkpoint
-of step 3 at tp 4 resumed at pp 2.
+of step 3 at tp 4 resumed at pp 2. With the argument `more` (ctest
+train_llama_parity_more): a 4-block Llama under every pipeline schedule at pp 2
+(gpipe, interleaved v 2, zb, zbh2, zbv, dualpipev) and 1f1b at pp 4, cp 4 ring,
+ZeRO 1, tp 2 + sp + selective recompute; a 4-block Mixtral at dp 4 x ep 4,
+dp 2 x ep 2 x pp 2 (zb), ZeRO 1 over ep 2, Ulysses cp 2 with ep 2.
 
 Qwen2's key bias is measured element-wise instead where the norm-wise error
 exceeds 1e-5: every element within 5e-5 of one rank, under 1 % of the
@@ -59,6 +63,26 @@ QWEN2_MOE_LAYOUTS = [
     ("qwen2-moe tp=2 sp dp=2 ep=2", 4, ["--tp", 2, "--sp", "--dp", 2, "--ep", 2]),
     ("qwen2-moe pp=2", 2, ["--pp", 2, "--micro-batches", 2]),
 ]
+# the rest of the axes on a 4-block Llama and Mixtral (run by `test_llama_parity.py more`, its own ctest)
+LLAMA4_LAYOUTS = [
+    ("llama4 pp=2 gpipe", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "gpipe"]),
+    ("llama4 pp=2 interleaved v=2", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "interleaved",
+                                        "--virtual-stages", 2]),
+    ("llama4 pp=2 zb", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "zb"]),
+    ("llama4 pp=2 zbh2", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "zbh2"]),
+    ("llama4 pp=2 zbv", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "zbv"]),
+    ("llama4 pp=2 dualpipev", 2, ["--pp", 2, "--micro-batches", 4, "--schedule", "dualpipev"]),
+    ("llama4 pp=4 1f1b", 4, ["--pp", 4, "--micro-batches", 4]),
+    ("llama4 cp=4 ring", 4, ["--cp", 4]),
+    ("llama4 dp=2 zero=1", 2, ["--dp", 2, "--zero", 1]),
+    ("llama4 tp=2 sp recompute selective", 2, ["--tp", 2, "--sp", "--recompute", "selective"]),
+]
+MIXTRAL4_LAYOUTS = [
+    ("mixtral4 dp=4 ep=4", 4, ["--dp", 4, "--ep", 4]),
+    ("mixtral4 ep=2 pp=2 zb", 4, ["--dp", 2, "--ep", 2, "--pp", 2, "--micro-batches", 2, "--schedule", "zb"]),
+    ("mixtral4 dp=2 ep=2 zero=1", 2, ["--dp", 2, "--ep", 2, "--zero", 1]),
+    ("mixtral4 cp=2 ulysses ep=2", 2, ["--cp", 2, "--cp-impl", "ulysses", "--ep", 2]),
+]
 QWEN2_LAYOUTS = [
     ("qwen2 tp=4 (kv heads replicated)", 4, ["--tp", 4]),
     ("qwen2 cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
@@ -92,6 +116,14 @@ def resume(tmp, common, ref):
 
 
 def main():
+    if sys.argv[1:] == ["more"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = lt.make_text_data(tmp)
+            family(tmp, data, "llama", LLAMA4_LAYOUTS, num_hidden_layers=4)
+            family(tmp, data, "mixtral", MIXTRAL4_LAYOUTS, num_hidden_layers=4, num_local_experts=4,
+                   num_experts_per_tok=2)
+        lt.done()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         data = lt.make_text_data(tmp)
         resume(tmp, *family(tmp, data, "llama", LLAMA_LAYOUTS))
