@@ -23,7 +23,8 @@ Each row is a dict:
            flash3, triton, cudnn), grad_reduce (bf16 | fp32), dropout (0/1),
            no_dp_overlap (0/1), fused (0/1: torch.compile'd element-wise ops),
            elementwise (eager: PyTorch composites, torchtitan without compile),
-           logits (bf16: a fused loss kernel on bf16 logits)
+           logits (bf16: a fused loss kernel on bf16 logits), fp8_params
+           (0/1: the weights held in FP8, no bf16 copy)
   choose   optional list of layout suffixes the source does not settle
   tps      published throughput, tokens per second per GPU (converted from
            the source's own unit with the source's own FLOP count where it
@@ -353,7 +354,13 @@ for (name, model, g, B, mbs, s, tp, pp, cp, vp, tps) in [
         part="held")
 
 # ---- Megatron-Bridge (NeMo 25.09 / 25.11 / 26.02), FP8 current scaling ---
-# Same stack as above; FSDP > 0 is Megatron-FSDP (zero=3). Held out.
+# Same stack as above; FSDP > 0 is Megatron-FSDP (zero=3). The FP8 recipe
+# keeps the weights in FP8 (fp8_params): bf16_with_fp8_current_scaling_mixed
+# sets fp8_param_gather = True, which MixedPrecisionConfig keeps in step with
+# fp8_param (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/
+# mixed_precision.py at 9f69b72d; scripts/performance/utils/precision.py
+# takes that recipe for fp8_cs); gradients reduced in fp32 (the same
+# config's grad_reduce_in_fp32, from bf16_mixed). Held out.
 for (name, sysname, model, g, B, mbs, s, fsdp, tp, pp, cp, vp, tps) in [
         ("h100-llama3-8b-2509", "dgx-h100", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, 1, 1, 14079),
         ("h100-llama3-8b-2511", "dgx-h100", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, 1, 1, 14451),
@@ -375,7 +382,8 @@ for (name, sysname, model, g, B, mbs, s, fsdp, tp, pp, cp, vp, tps) in [
     if cp > 1:
         lay += ",cp_impl=ring"
     add(id="mbridge-%s" % name, src="mbridge", family="megatron", system=sysname, model=model, gpus=g, batch=B,
-        seq=s, prec="fp8", layout=lay, stack={"attention": "cudnn", "grad_reduce": "fp32"}, tps=tps, part="held")
+        seq=s, prec="fp8", layout=lay, stack={"attention": "cudnn", "grad_reduce": "fp32", "fp8_params": 1}, tps=tps,
+        part="held")
 
 # ---- torchtitan ------------------------------------------------------------
 # FSDP2 (zero=3, parameters resharded after the forward), bf16 compute with

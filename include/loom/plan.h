@@ -182,6 +182,7 @@ typedef struct loom_plan_job {
     int elementwise;     /* 0 fused kernels per op, 1 eager PyTorch composites, 2 torch.compile'd */
     int logits_bf16; /* 1: bf16 logits into a fused loss kernel (else fp32: F.cross_entropy(logits.float())) */
     int loss_chunks; /* > 1: the head and loss run over this many chunks of the tokens (0, 1: whole) */
+    int fp8_params; /* 1 (with fp8): the weights held in FP8 (Transformer Engine's fp8 params), no bf16 copy */
     /* search: knobs the user pinned (--fix KEY=VALUE): mask of LOOM_PLAN_FIX_*
      * bits, values in fixed */
     unsigned fix;

@@ -21,6 +21,7 @@ eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const
                                                : LOOM_PLAN_ATTN_MATERIALIZED;
     e.flash = e.attn != LOOM_PLAN_ATTN_MATERIALIZED;
     e.fp8 = j->fp8 && j->bf16 && c && c->peak_fp8 > 0;
+    e.fp8_params = e.fp8 && j->fp8_params;
     e.dropout = j->dropout, e.elementwise = j->elementwise;
     e.loss_chunks = j->loss_chunks > 1 ? j->loss_chunks : 1;
     /* the loss's peak per logit: fp32 log-probabilities kept and the fp32
@@ -117,7 +118,11 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
     } else {
         pg = po = 0;
     }
-    if (!j->serve && e->fp8 && l->zero < 3) pw += dense; /* the FP8 copy of the weights the GEMMs read */
+    /* the FP8 copy of the weights the GEMMs read, beside the bf16 weights;
+     * with FP8 parameters (Transformer Engine's Float8Tensor weights, fp32
+     * masters in the optimizer) none: the FP8 data and the transpose Hopper's
+     * FP8 GEMMs read in the backward take the 2 bytes a bf16 weight did */
+    if (!j->serve && e->fp8 && !e->fp8_params && l->zero < 3) pw += dense;
     r->mem_params = pw, r->mem_grads = pg, r->mem_opt = po;
     r->mem_other = r->mem_runtime = c->reserved;
     if (!j->serve && zgroup > 1) {
