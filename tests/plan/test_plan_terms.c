@@ -28,7 +28,8 @@
  *    all of its ranks' NICs (8 on a DGX), one rank per node over one;
  *  - --fix: a search with pinned knobs returns only layouts with them;
  *  - FP8 parameters: no FP8 copy beside the bf16 weights, one byte a
- *    weight less. */
+ *    weight less; FP8 GEMMs' casts of their activation operands and output
+ *    gradients, 6 bytes an element, by hand. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -305,6 +306,29 @@ static void test_fp8_params(void) {
     CHECK(own.t_step == copy.t_step, "the step time unchanged");
 }
 
+/* FP8 casts (per-tensor scaling, fused cast-transpose): Llama 3 8B at tp 2
+ * with SP, 4,096 tokens: forward, the QKV and MLP inputs (2,048 channels a
+ * rank with SP), the projection input (2,048) and the down projection input
+ * (14,336 / 2) at 2 + 2 + 1 + 1 = 6 bytes an element; backward, the output
+ * gradients of QKV (2,048 + 2 x 512), of the projection and the down
+ * projection (2,048 each) and of gate and up (2 x 7,168), likewise. */
+static void test_fp8_casts(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    loom_plan_job j = {.batch = 1, .seq = 4096, .bf16 = 1, .gpus = 2, .flash = 1};
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse("dp=1,tp=2,sp=1,mbs=1,m=1,recompute=none", &j, &l) == LOOM_OK, "layout");
+    double b16 = 0, b8 = 0;
+    const double f16 = loom_plan_elementwise_bytes(&m, &j, &l, &b16, NULL);
+    j.fp8 = 1;
+    const double f8 = loom_plan_elementwise_bytes(&m, &j, &l, &b8, NULL);
+    const double n = 4096, in = 2048 + 2048 + 2048 + 7168, go = (2048 + 2 * 512) + 2 * 2048 + 2 * 7168;
+    CHECK(fabs((f8 - f16) / (6 * n * in) - 1) < 1e-9, "forward casts %.1f MB == %.1f MB", (f8 - f16) / 1e6,
+          6 * n * in / 1e6);
+    CHECK(fabs((b8 - b16) / (6 * n * go) - 1) < 1e-9, "backward casts %.1f MB == %.1f MB", (b8 - b16) / 1e6,
+          6 * n * go / 1e6);
+}
+
 int main(void) {
     test_tied_head_dp_bytes();
     test_sp_equals_tp();
@@ -315,5 +339,6 @@ int main(void) {
     test_network_hierarchy();
     test_fix();
     test_fp8_params();
+    test_fp8_casts();
     return check_done();
 }
