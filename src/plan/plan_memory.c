@@ -112,7 +112,10 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
             const double block = (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
                                  e->sc.norm_w + (E > 1 ? E * e->sc.mlp_w / (t * l->ep) : 0);
             const double unit = fmax(block, fmax(first ? e->sc.embed_w / t : 0, last ? e->sc.head_w / t : 0));
-            pw = dz * e->wb + 2 * unit * (e->fp8 ? 1 : e->wb);
+            /* DeepSpeed gathers parameter by parameter and releases them
+             * beyond stage3_max_live_parameters (--zero3-live) */
+            const double live = j->zero3_live > 0 ? fmin(2 * unit, j->zero3_live) : 2 * unit;
+            pw = dz * e->wb + live * (e->fp8 ? 1 : e->wb);
             pg += unit * e->gb;
         }
     } else {

@@ -13,7 +13,8 @@
  *    plus the loss's fp32 logits and their gradient (8 bytes a logit, on
  *    the last stage only, 1/N of it over N chunks); ZeRO-3 holds its shard,
  *    two gathered units (the largest: a block, the embedding or the head)
- *    and one unit's unsharded gradients; the presets'
+ *    or DeepSpeed's live-parameter limit, and one unit's unsharded
+ *    gradients; the presets'
  *    capacity is what the card addresses (nvidia-smi's MiB), and Llama 3 8B
  *    under FSDP at 8K tokens (torchtitan's run) fits an H100;
  *  - attention: with the measured FlashAttention-2 table, the step's time
@@ -170,6 +171,15 @@ static void test_zero3_memory(void) {
     CHECK(fabs(got / want - 1) < 0.01, "ZeRO-3 state %.3f GB == 16 P / 8 + 3 layers x 2 B = %.3f GB",
           got / 1e9, want / 1e9);
     CHECK(r.mem_total < c.memory, "Llama 3 8B FSDP over 8 at 8K fits an H100: %.1f GB", r.mem_total / 1e9);
+    /* DeepSpeed's stage3_max_live_parameters: at most 1e8 gathered
+     * parameters instead of two units; nothing else changes */
+    j.zero3_live = 1e8;
+    const loom_plan_result d = eval_layout(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full");
+    CHECK(fabs((r.mem_params - d.mem_params) / ((2 * unit - 1e8) * 2) - 1) < 1e-9,
+          "live limit: %.3f GB fewer == (2 units - 1e8) x 2 B = %.3f GB", (r.mem_params - d.mem_params) / 1e9,
+          (2 * unit - 1e8) * 2 / 1e9);
+    CHECK(d.mem_grads == r.mem_grads && d.mem_opt == r.mem_opt && d.t_step == r.t_step,
+          "gradients, optimizer and step time unchanged");
 }
 
 /* Measured FlashAttention-2 on H100 (the preset's attention_tflops). */
