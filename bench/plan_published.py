@@ -47,7 +47,8 @@ def capabilities(loom):
     p = subprocess.run([loom, "plan", "--help"], capture_output=True, text=True)
     h = p.stdout + p.stderr
     return {"attention": "--attention" in h, "grad_reduce": "--grad-reduce" in h, "dropout": "--dropout" in h,
-            "fused": "--fused" in h, "elementwise": "--elementwise" in h, "logits": "--logits" in h, "fp8": "fp8" in h, "async_tp": "async_tp" in h, "op": "recompute=op" in h}
+            "fused": "--fused" in h, "elementwise": "--elementwise" in h, "logits": "--logits" in h, "fp8": "fp8" in h, "async_tp": "async_tp" in h, "op": "recompute=op" in h, "fp8_params": "--fp8-params" in h,
+            "zero3_live": "--zero3-live" in h}
 
 
 def layout_for(layout, caps):
@@ -82,6 +83,10 @@ def stack_flags(stack, prec, caps):
     elif caps["elementwise"] and stack.get("elementwise"):
         f += ["--elementwise", stack["elementwise"]]
     f += ["--precision", prec if (prec != "fp8" or caps["fp8"]) else "bf16"]
+    if caps["fp8_params"] and stack.get("fp8_params") and prec == "fp8" and caps["fp8"]:
+        f += ["--fp8-params"]
+    if caps["zero3_live"] and stack.get("zero3_live"):
+        f += ["--zero3-live", "%g" % stack["zero3_live"]]
     return f
 
 

@@ -23,7 +23,9 @@ Each row is a dict:
            flash3, triton, cudnn), grad_reduce (bf16 | fp32), dropout (0/1),
            no_dp_overlap (0/1), fused (0/1: torch.compile'd element-wise ops),
            elementwise (eager: PyTorch composites, torchtitan without compile),
-           logits (bf16: a fused loss kernel on bf16 logits)
+           logits (bf16: a fused loss kernel on bf16 logits), fp8_params
+           (0/1: the weights held in FP8, no bf16 copy), zero3_live (DeepSpeed
+           ZeRO-3's stage3_max_live_parameters)
   choose   optional list of layout suffixes the source does not settle
   tps      published throughput, tokens per second per GPU (converted from
            the source's own unit with the source's own FLOP count where it
@@ -232,14 +234,18 @@ for (pb, a, h, L, tp, pp, g, B, tflops, tab, mbs, lpvs, ddp) in [
         group="meg21-%gB-%d" % (pb, g) if tab == "T2" else None)
 
 # Table 2, ZeRO-3 rows: DeepSpeed ZeRO-3 in the same codebase, every GPU a DP
-# rank, the table's micro-batch (530B on 640 GPUs ran batch 2560). Held out.
+# rank, the table's micro-batch (530B on 640 GPUs ran batch 2560). DeepSpeed
+# gathers ZeRO-3 parameters module by module and holds at most
+# stage3_max_live_parameters of them (1e9, its default: DeepSpeed's
+# configuration docs, "ZeRO optimizations for FP16 training"). Held out.
 for (pb, a, h, L, g, B, mbs, tflops) in [
         (174.6, 96, 12288, 96, 384, 1536, 4, 144), (174.6, 96, 12288, 96, 768, 1536, 2, 88),
         (174.6, 96, 12288, 96, 1536, 1536, 1, 44), (529.6, 128, 20480, 105, 640, 2560, 4, 138),
         (529.6, 128, 20480, 105, 1120, 2240, 2, 98), (529.6, 128, 20480, 105, 2240, 2240, 1, 48)]:
     add(id="zero3-%gB-%d" % (pb, g), src="meg21", family="deepspeed", system="selene",
         model=gpt_model(L, a, h, 51200, 2048), gpus=g, batch=B, seq=2048, prec="bf16",
-        layout="dp=%d,zero=3,mbs=%d,m=%d,recompute=full" % (g, mbs, B // (g * mbs)), stack=dict(MEG_STACK),
+        layout="dp=%d,zero=3,mbs=%d,m=%d,recompute=full" % (g, mbs, B // (g * mbs)),
+        stack=dict(MEG_STACK, zero3_live=1e9),
         tps=tps_from_tflops(tflops, megatron_eq3(B, 2048, L, h, 51200), B, 2048), part="held",
         group="meg21-%gB-%d" % (pb, g))
 
@@ -353,7 +359,13 @@ for (name, model, g, B, mbs, s, tp, pp, cp, vp, tps) in [
         part="held")
 
 # ---- Megatron-Bridge (NeMo 25.09 / 25.11 / 26.02), FP8 current scaling ---
-# Same stack as above; FSDP > 0 is Megatron-FSDP (zero=3). Held out.
+# Same stack as above; FSDP > 0 is Megatron-FSDP (zero=3). The FP8 recipe
+# keeps the weights in FP8 (fp8_params): bf16_with_fp8_current_scaling_mixed
+# sets fp8_param_gather = True, which MixedPrecisionConfig keeps in step with
+# fp8_param (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/
+# mixed_precision.py at 9f69b72d; scripts/performance/utils/precision.py
+# takes that recipe for fp8_cs); gradients reduced in fp32 (the same
+# config's grad_reduce_in_fp32, from bf16_mixed). Held out.
 for (name, sysname, model, g, B, mbs, s, fsdp, tp, pp, cp, vp, tps) in [
         ("h100-llama3-8b-2509", "dgx-h100", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, 1, 1, 14079),
         ("h100-llama3-8b-2511", "dgx-h100", "llama3-8b", 8, 128, 1, 8192, 1, 1, 1, 1, 1, 14451),
@@ -375,7 +387,8 @@ for (name, sysname, model, g, B, mbs, s, fsdp, tp, pp, cp, vp, tps) in [
     if cp > 1:
         lay += ",cp_impl=ring"
     add(id="mbridge-%s" % name, src="mbridge", family="megatron", system=sysname, model=model, gpus=g, batch=B,
-        seq=s, prec="fp8", layout=lay, stack={"attention": "cudnn", "grad_reduce": "fp32"}, tps=tps, part="held")
+        seq=s, prec="fp8", layout=lay, stack={"attention": "cudnn", "grad_reduce": "fp32", "fp8_params": 1}, tps=tps,
+        part="held")
 
 # ---- torchtitan ------------------------------------------------------------
 # FSDP2 (zero=3, parameters resharded after the forward), bf16 compute with

@@ -15,6 +15,8 @@ typedef struct plan_args {
     char model[1024], cluster[1024], precision[16], mode[16], layout[512];
     char attention[16], grad_reduce[16], elementwise[16], logits[16];
     int batch, seq, gpus, nodes, top, json, explain, gen, flash, no_dp_overlap, dropout, fused, loss_chunks;
+    int fp8_params;
+    double zero3_live;
     cli_strlist fix;
 } plan_args;
 
@@ -53,6 +55,10 @@ static loom_status stack_of(const plan_args *a, loom_plan_job *j, loom_plan_layo
     if (a->loss_chunks < 0) return loom_fail(LOOM_EUSAGE, "--loss-chunks %d: must be >= 1", a->loss_chunks);
     j->loss_chunks = a->loss_chunks;
     j->dropout = a->dropout;
+    if (a->fp8_params && !j->fp8) return loom_fail(LOOM_EUSAGE, "--fp8-params needs --precision fp8");
+    j->fp8_params = a->fp8_params;
+    if (a->zero3_live < 0) return loom_fail(LOOM_EUSAGE, "--zero3-live %g: must be >= 0", a->zero3_live);
+    j->zero3_live = a->zero3_live;
     for (int i = 0; i < a->fix.n; i++) LOOM_TRY(loom_plan_fix_parse(a->fix.items[i], &j->fix, fixed));
     j->fixed = fixed;
     return LOOM_OK;
@@ -387,6 +393,12 @@ int cmd_plan(int argc, char **argv) {
          "(a fused kernel on the bf16 logits, as flash-attn's cross-entropy in llm-foundry: 4 kept, 6 moved)"},
         {"loss-chunks", OPT_INT, &a.loss_chunks, 0, "N",
          "the head and loss computed over N chunks of the tokens (logits memory / N) (default 1)"},
+        {"fp8-params", OPT_FLAG, &a.fp8_params, 0, NULL,
+         "with --precision fp8: the weights are held in FP8 (Transformer Engine's fp8 parameters, Megatron's "
+         "fp8_param_gather), fp32 masters in the optimizer: no separate FP8 copy beside bf16 weights"},
+        {"zero3-live", OPT_DOUBLE, &a.zero3_live, 0, "N",
+         "ZeRO-3 holds at most N gathered parameters at once (DeepSpeed's stage3_max_live_parameters, default "
+         "1e9 there) (default: two whole FSDP units, a block or the embedding or the head)"},
         {"fix", OPT_STRLIST, &a.fix, 0, "KEY=VALUE",
          "pin search knobs (repeatable or comma-separated: --fix tp=8 --fix zero=1,sp=1); the others are searched"},
         {"json", OPT_FLAG, &a.json, 0, NULL, "machine-readable output"},

@@ -24,7 +24,7 @@ typedef struct eval_ctx {
     double peak;
     int flash;           /* the job's attention keeps no s x s scores */
     loom_plan_attn attn; /* the kernel (DEFAULT resolved) */
-    int fp8, dropout, elementwise, loss_chunks;
+    int fp8, fp8_params, dropout, elementwise, loss_chunks;
     double logit_bytes; /* per logit at the loss's peak (the logits and the gradient the loss writes) */
     int logits_bf16;    /* the loss a fused kernel on bf16 logits */
 } eval_ctx;

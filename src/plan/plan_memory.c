@@ -21,6 +21,7 @@ eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const
                                                : LOOM_PLAN_ATTN_MATERIALIZED;
     e.flash = e.attn != LOOM_PLAN_ATTN_MATERIALIZED;
     e.fp8 = j->fp8 && j->bf16 && c && c->peak_fp8 > 0;
+    e.fp8_params = e.fp8 && j->fp8_params;
     e.dropout = j->dropout, e.elementwise = j->elementwise;
     e.loss_chunks = j->loss_chunks > 1 ? j->loss_chunks : 1;
     /* the loss's peak per logit: fp32 log-probabilities kept and the fp32
@@ -111,13 +112,20 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
             const double block = (e->sc.attn_w + e->sc.router_w + (E > 1 ? 0 : e->sc.mlp_w)) / t +
                                  e->sc.norm_w + (E > 1 ? E * e->sc.mlp_w / (t * l->ep) : 0);
             const double unit = fmax(block, fmax(first ? e->sc.embed_w / t : 0, last ? e->sc.head_w / t : 0));
-            pw = dz * e->wb + 2 * unit * (e->fp8 ? 1 : e->wb);
+            /* DeepSpeed gathers parameter by parameter and releases them
+             * beyond stage3_max_live_parameters (--zero3-live) */
+            const double live = j->zero3_live > 0 ? fmin(2 * unit, j->zero3_live) : 2 * unit;
+            pw = dz * e->wb + live * (e->fp8 ? 1 : e->wb);
             pg += unit * e->gb;
         }
     } else {
         pg = po = 0;
     }
-    if (!j->serve && e->fp8 && l->zero < 3) pw += dense; /* the FP8 copy of the weights the GEMMs read */
+    /* the FP8 copy of the weights the GEMMs read, beside the bf16 weights;
+     * with FP8 parameters (Transformer Engine's Float8Tensor weights, fp32
+     * masters in the optimizer) none: the FP8 data and the transpose Hopper's
+     * FP8 GEMMs read in the backward take the 2 bytes a bf16 weight did */
+    if (!j->serve && e->fp8 && !e->fp8_params && l->zero < 3) pw += dense;
     r->mem_params = pw, r->mem_grads = pg, r->mem_opt = po;
     r->mem_other = r->mem_runtime = c->reserved;
     if (!j->serve && zgroup > 1) {

@@ -200,12 +200,33 @@ elem_bytes plan_layer_elem(const loom_plan_model *m, const eval_ctx *e, const lo
         r.fwd = 2 * norm_f + rope + r.sel + 2 * add + 3 * w * n * k * Ft + moe;
         r.bwd = 2 * norm_b + 2 * add + rope + 3 * w * sc + 5 * w * n * k * Ft + moe;
     }
+    if (e->fp8) {
+        /* FP8 GEMMs with per-tensor scaling (Transformer Engine's recipes,
+         * torchao's tensorwise float8): each GEMM's activation operand is
+         * reduced to its amax (read) and cast (read), written as FP8 twice,
+         * row-wise and transposed, since Hopper's FP8 GEMMs take K-major
+         * operands only and the weight gradient needs the transpose (TE's
+         * fused cast-transpose); each output gradient likewise in the
+         * backward: 2 w + 2 bytes an element. Per rank, before any gather
+         * (the FP8 recipes cast the local shard and gather FP8): QKV and MLP
+         * inputs (h_r), projection input (h/t), down projection input
+         * (k F/t); output gradients of QKV (h/t + 2 kv channels), of the
+         * projection and the down projection (h_r), of the up (and gate)
+         * projection (k F/t, twice gated). A lower bound: the weights' casts
+         * (TE caches them over the micro-batches) and unfused amax passes
+         * are left out. */
+        const double in = n * (2 * hr + ht + k * Ft);
+        const double go = n * (ht + 2 * kvt + 2 * hr + k * (m->gated ? 2.0 : 1.0) * Ft);
+        r.fwd += (2 * w + 2) * in;
+        r.bwd += (2 * w + 2) * go;
+    }
     return r;
 }
 
 double loom_plan_elementwise_bytes(const loom_plan_model *m, const loom_plan_job *j,
                                    const loom_plan_layout *l, double *bwd, double *sel) {
-    const eval_ctx e = plan_ctx_of(m, NULL, j);
+    eval_ctx e = plan_ctx_of(m, NULL, j);
+    e.fp8 = j->fp8 && j->bf16; /* the stack's casts, whatever the cluster */
     const elem_bytes r = plan_layer_elem(m, &e, l, l->mbs, (double)j->seq / l->cp, j->seq);
     if (bwd) *bwd = r.bwd;
     if (sel) *sel = r.sel;

@@ -13,7 +13,8 @@
  *    plus the loss's fp32 logits and their gradient (8 bytes a logit, on
  *    the last stage only, 1/N of it over N chunks); ZeRO-3 holds its shard,
  *    two gathered units (the largest: a block, the embedding or the head)
- *    and one unit's unsharded gradients; the presets'
+ *    or DeepSpeed's live-parameter limit, and one unit's unsharded
+ *    gradients; the presets'
  *    capacity is what the card addresses (nvidia-smi's MiB), and Llama 3 8B
  *    under FSDP at 8K tokens (torchtitan's run) fits an H100;
  *  - attention: with the measured FlashAttention-2 table, the step's time
@@ -26,7 +27,10 @@
  *    model's step than of a large one's;
  *  - networks: a group spanning whole nodes crosses the node boundary over
  *    all of its ranks' NICs (8 on a DGX), one rank per node over one;
- *  - --fix: a search with pinned knobs returns only layouts with them. */
+ *  - --fix: a search with pinned knobs returns only layouts with them;
+ *  - FP8 parameters: no FP8 copy beside the bf16 weights, one byte a
+ *    weight less; FP8 GEMMs' casts of their activation operands and output
+ *    gradients, 6 bytes an element, by hand. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +54,21 @@ static loom_plan_result eval_layout(const loom_plan_model *m, const loom_plan_cl
     CHECK(loom_plan_evaluate(m, c, j, &l, 1, &r) == LOOM_OK, "evaluate %s: %s", layout, loom_errmsg());
     CHECK(r.feasible, "%s feasible (%s)", layout, r.reason);
     return r;
+}
+
+/* Layout `lay` evaluated with *knob = a, then with *knob = b. */
+static void eval_ab(const loom_plan_model *m, const loom_plan_cluster *c, loom_plan_job *j, const char *lay,
+                    int *knob, int a, int b, loom_plan_result out[2]) {
+    *knob = a;
+    out[0] = eval_layout(m, c, j, lay);
+    *knob = b;
+    out[1] = eval_layout(m, c, j, lay);
+}
+
+/* The H100 80GB preset and Llama 3 8B, which several checks below use. */
+static void h100_llama3_8b(loom_plan_cluster *c, loom_plan_model *m) {
+    *c = preset("h100-80gb");
+    CHECK(loom_plan_model_builtin("llama3-8b", m) == LOOM_OK, "llama3-8b");
 }
 
 /* Tied head at pp = 1 (the bug of issue 34: 2.41 Psi instead of 2 Psi). */
@@ -136,9 +155,9 @@ static void test_activation_memory(void) {
  * before the reduce-scatter; torchtitan ran it at 8192 tokens with full
  * activation checkpointing on H100s, so it must fit one. */
 static void test_zero3_memory(void) {
-    loom_plan_cluster c = preset("h100-80gb");
+    loom_plan_cluster c;
     loom_plan_model m;
-    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    h100_llama3_8b(&c, &m);
     loom_plan_job j = {.batch = 8, .seq = 8192, .bf16 = 1, .gpus = 8, .flash = 1};
     const loom_plan_result r = eval_layout(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full");
     const double P = loom_plan_model_params(&m, NULL);
@@ -152,6 +171,15 @@ static void test_zero3_memory(void) {
     CHECK(fabs(got / want - 1) < 0.01, "ZeRO-3 state %.3f GB == 16 P / 8 + 3 layers x 2 B = %.3f GB",
           got / 1e9, want / 1e9);
     CHECK(r.mem_total < c.memory, "Llama 3 8B FSDP over 8 at 8K fits an H100: %.1f GB", r.mem_total / 1e9);
+    /* DeepSpeed's stage3_max_live_parameters: at most 1e8 gathered
+     * parameters instead of two units; nothing else changes */
+    j.zero3_live = 1e8;
+    const loom_plan_result d = eval_layout(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full");
+    CHECK(fabs((r.mem_params - d.mem_params) / ((2 * unit - 1e8) * 2) - 1) < 1e-9,
+          "live limit: %.3f GB fewer == (2 units - 1e8) x 2 B = %.3f GB", (r.mem_params - d.mem_params) / 1e9,
+          (2 * unit - 1e8) * 2 / 1e9);
+    CHECK(d.mem_grads == r.mem_grads && d.mem_opt == r.mem_opt && d.t_step == r.t_step,
+          "gradients, optimizer and step time unchanged");
 }
 
 /* Measured FlashAttention-2 on H100 (the preset's attention_tflops). */
@@ -194,14 +222,13 @@ static void test_attention_terms(void) {
 /* Eager composites cost more than fused kernels; the loss over the
  * vocabulary weighs more on a narrow model. */
 static void test_elementwise_and_loss(void) {
-    loom_plan_cluster c = preset("h100-80gb");
+    loom_plan_cluster c;
     loom_plan_model m;
-    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
-    loom_plan_job j = {.batch = 8, .seq = 8192, .bf16 = 1, .gpus = 8, .flash = 1, .elementwise = 2};
-    const char *lay = "dp=8,zero=3,mbs=1,m=1,recompute=full";
-    const loom_plan_result fused = eval_layout(&m, &c, &j, lay);
-    j.elementwise = 1;
-    const loom_plan_result eager = eval_layout(&m, &c, &j, lay);
+    h100_llama3_8b(&c, &m);
+    loom_plan_job j = {.batch = 8, .seq = 8192, .bf16 = 1, .gpus = 8, .flash = 1};
+    loom_plan_result fe[2];
+    eval_ab(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full", &j.elementwise, 2, 1, fe);
+    const loom_plan_result fused = fe[0], eager = fe[1];
     CHECK(eager.tokens_per_s_dev < fused.tokens_per_s_dev, "eager %.0f < fused %.0f tokens/s",
           eager.tokens_per_s_dev, fused.tokens_per_s_dev);
     /* the loss's share: 36 bytes a logit at HBM bandwidth per token, over
@@ -265,6 +292,53 @@ static void test_fix(void) {
     CHECK(loom_plan_fix_parse("tpp=2", &mask, &fixed) != LOOM_OK, "--fix tpp=2 refused");
 }
 
+/* FP8 weights (Transformer Engine's fp8 parameters, Megatron-Bridge's FP8
+ * recipes): the FP8 copy beside the bf16 weights is gone, exactly one byte
+ * a weight of the rank; nothing else changes. */
+static void test_fp8_params(void) {
+    loom_plan_cluster c;
+    loom_plan_model m;
+    h100_llama3_8b(&c, &m);
+    loom_plan_job j = {.batch = 8, .seq = 4096, .bf16 = 1, .fp8 = 1, .gpus = 8, .flash = 1};
+    loom_plan_result co[2];
+    eval_ab(&m, &c, &j, "dp=4,tp=2,zero=1,sp=1,mbs=1,m=2,recompute=none", &j.fp8_params, 0, 1, co);
+    const loom_plan_result copy = co[0], own = co[1];
+    /* the rank's dense weights at tp 2, tied = no: (P - norms) / 2 + norms */
+    const double P = loom_plan_model_params(&m, NULL), norms = m.layers * 2.0 * m.hidden + m.hidden;
+    const double rank_w = (P - norms) / 2 + norms;
+    CHECK(fabs((copy.mem_params - own.mem_params) / rank_w - 1) < 0.001,
+          "fp8 params drop one byte a weight: %.3f GB == %.3f GB", (copy.mem_params - own.mem_params) / 1e9,
+          rank_w / 1e9);
+    CHECK(fabs(own.mem_params / rank_w - 2) < 0.001, "FP8 data and transpose: 2 bytes a weight (%.3f GB)",
+          own.mem_params / 1e9);
+    CHECK(own.mem_grads == copy.mem_grads && own.mem_opt == copy.mem_opt && own.mem_act == copy.mem_act,
+          "gradients, optimizer and activations unchanged");
+    CHECK(own.t_step == copy.t_step, "the step time unchanged");
+}
+
+/* FP8 casts (per-tensor scaling, fused cast-transpose): Llama 3 8B at tp 2
+ * with SP, 4,096 tokens: forward, the QKV and MLP inputs (2,048 channels a
+ * rank with SP), the projection input (2,048) and the down projection input
+ * (14,336 / 2) at 2 + 2 + 1 + 1 = 6 bytes an element; backward, the output
+ * gradients of QKV (2,048 + 2 x 512), of the projection and the down
+ * projection (2,048 each) and of gate and up (2 x 7,168), likewise. */
+static void test_fp8_casts(void) {
+    loom_plan_model m;
+    CHECK(loom_plan_model_builtin("llama3-8b", &m) == LOOM_OK, "llama3-8b");
+    loom_plan_job j = {.batch = 1, .seq = 4096, .bf16 = 1, .gpus = 2, .flash = 1};
+    loom_plan_layout l;
+    CHECK(loom_plan_layout_parse("dp=1,tp=2,sp=1,mbs=1,m=1,recompute=none", &j, &l) == LOOM_OK, "layout");
+    double b16 = 0, b8 = 0;
+    const double f16 = loom_plan_elementwise_bytes(&m, &j, &l, &b16, NULL);
+    j.fp8 = 1;
+    const double f8 = loom_plan_elementwise_bytes(&m, &j, &l, &b8, NULL);
+    const double n = 4096, in = 2048 + 2048 + 2048 + 7168, go = (2048 + 2 * 512) + 2 * 2048 + 2 * 7168;
+    CHECK(fabs((f8 - f16) / (6 * n * in) - 1) < 1e-9, "forward casts %.1f MB == %.1f MB", (f8 - f16) / 1e6,
+          6 * n * in / 1e6);
+    CHECK(fabs((b8 - b16) / (6 * n * go) - 1) < 1e-9, "backward casts %.1f MB == %.1f MB", (b8 - b16) / 1e6,
+          6 * n * go / 1e6);
+}
+
 int main(void) {
     test_tied_head_dp_bytes();
     test_sp_equals_tp();
@@ -274,5 +348,7 @@ int main(void) {
     test_elementwise_and_loss();
     test_network_hierarchy();
     test_fix();
+    test_fp8_params();
+    test_fp8_casts();
     return check_done();
 }
