@@ -3,8 +3,12 @@
 4 query heads over 2 key/value heads, untied LM head), a tiny Mixtral (4
 SwiGLU experts, top 2: dp x ep, tp, ZeRO 3 over the experts, cp x pp), a
 tiny Qwen2 (its q/k/v biases) and a tiny Qwen2-MoE (a shared expert with a
-sigmoid gate beside 4 routed ones: tp x sp x dp x ep, pp), each a directory written by transformers' save_pretrained
-and read with --model DIR, train the same run under each layout as on one
+sigmoid gate beside 4 routed ones: tp x sp x dp x ep, pp) and a tiny
+DeepSeek-V3-style MoE (sigmoid scores, the aux-loss-free selection bias
+stepped after every step, routed scaling, a shared expert, block 0 dense:
+dp x ep, tp, dp x ep ZeRO-1, pp; its saved e_score_correction_bias is
+compared with the other tensors), each a directory written by transformers' save_pretrained
+(DeepSeek's by tests/oracle/torch_deepseek.py) and read with --model DIR, train the same run under each layout as on one
 rank - the loss at each of 6 steps within 1e-5 relative and every final
 parameter tensor within 1e-5 (norm-wise relative).
 
@@ -59,6 +63,12 @@ QWEN2_MOE_LAYOUTS = [
     ("qwen2-moe tp=2 sp dp=2 ep=2", 4, ["--tp", 2, "--sp", "--dp", 2, "--ep", 2]),
     ("qwen2-moe pp=2", 2, ["--pp", 2, "--micro-batches", 2]),
 ]
+DEEPSEEK_LAYOUTS = [
+    ("deepseek dp=2 ep=2", 2, ["--dp", 2, "--ep", 2]),
+    ("deepseek tp=2", 2, ["--tp", 2]),
+    ("deepseek dp=2 ep=2 zero=1", 2, ["--dp", 2, "--ep", 2, "--zero", 1]),
+    ("deepseek pp=2", 2, ["--pp", 2, "--micro-batches", 2]),
+]
 QWEN2_LAYOUTS = [
     ("qwen2 tp=4 (kv heads replicated)", 4, ["--tp", 4]),
     ("qwen2 cp=2 pp=2", 4, ["--cp", 2, "--pp", 2, "--micro-batches", 2]),
@@ -99,6 +109,8 @@ def main():
         family(tmp, data, "qwen2", QWEN2_LAYOUTS, bias_abs=5e-5, rope_theta=1000000.0)
         keys = {k: v for k, v in hf_models.QWEN2_MOE.items() if k != "num_key_value_heads"}
         family(tmp, data, "qwen2_moe", QWEN2_MOE_LAYOUTS, bias_abs=5e-5, **keys)
+        keys = {k: v for k, v in hf_models.DEEPSEEK.items() if k != "num_key_value_heads"}
+        family(tmp, data, "deepseek_v3", DEEPSEEK_LAYOUTS, num_hidden_layers=3, **keys)
     lt.done()
 
 
