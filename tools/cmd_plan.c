@@ -351,7 +351,7 @@ int cmd_plan(int argc, char **argv) {
     static cli_opt opts[] = {
         {"model", OPT_STR, a.model, sizeof a.model, "NAME|FILE",
          "loom model (tiny.. gpt2-xl), a shape (llama3-8b, llama2-70b, llama3-70b, llama3-405b, gpt3-175b, "
-         "mixtral-8x7b, mixtral-8x22b) or a HF config.json (GPT-2, Llama, Mixtral keys) (default mini)"},
+         "mixtral-8x7b, mixtral-8x22b) or a config.json or Hugging Face directory, read as loom train reads it (default mini)"},
         {"cluster", OPT_STR, a.cluster, sizeof a.cluster, "NAME|FILE",
          "preset (dgx-a100-80gb, dgx-h100, dgx2-v100) or a cluster JSON, e.g. the one `loom calibrate` writes "
          "(default dgx-h100)"},

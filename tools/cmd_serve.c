@@ -205,7 +205,7 @@ int cmd_serve(int argc, char **argv) {
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe) (default mini)"},
+         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, deepseek_v3) (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
          "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",

@@ -115,7 +115,7 @@ int cmd_train(int argc, char **argv) {
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe, tiny-llama, tiny-mistral, tiny-qwen2, ...), a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, mixtral, qwen2_moe; GPT-2 MoE keys as Mixtral's) or a Hugging Face directory: its config.json, and its model.safetensors or sharded model-*-of-*.safetensors as the initial parameters (default mini)"},
+         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe, tiny-llama, tiny-mistral, tiny-qwen2, ...), a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, deepseek_v3; GPT-2 MoE keys as Mixtral's) or a Hugging Face directory: its config.json, and its model.safetensors or sharded model-*-of-*.safetensors as the initial parameters (default mini)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH",
          "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN
          ", built from the fortunes corpus if missing)"},

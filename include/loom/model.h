@@ -75,6 +75,14 @@ typedef struct loom_model_config {
     int shared_hidden; /* Qwen2-MoE: a shared SwiGLU expert this wide, scaled by a sigmoid gate; 0: none */
     float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
     float bias_rate; /* aux-loss-free balancing (DeepSeek-V3): selection-bias step, 0 = off */
+    /* DeepSeek-V3's router (model_type deepseek_v3): sigmoid scores, chosen by
+     * score + selection bias (always kept, saved as e_score_correction_bias),
+     * gates the unbiased scores of the chosen (renormalised with norm_topk)
+     * times routed_scale; blocks before moe_first dense; the shared experts
+     * (shared_hidden wide) added without a gate. */
+    int moe_sigmoid;
+    float routed_scale; /* routed_scaling_factor; 0: 1 */
+    int moe_first;      /* first_k_dense_replace */
 } loom_model_config;
 
 /* Built-in names: tiny, mini, gpt2-small (alias gpt2), gpt2-medium,

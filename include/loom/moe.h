@@ -36,7 +36,10 @@
  * bias b is added to p for choosing the top_k only (gates use p); after
  * each step b_e += g * sign(mean load - load_e), the load being the
  * assignments chosen for e over every routing group of the step (every
- * rank), so every layout keeps the same b. b starts at 0 and is not saved.
+ * rank), so every layout keeps the same b. b starts at 0 (a Hugging Face
+ * directory's e_score_correction_bias for DeepSeek-V3's router, moe_sigmoid:
+ * p = sigmoid(logits), gates p of the chosen, renormalised with norm_topk,
+ * times routed_scale; no aux or z loss; params_io.c loads and saves b).
  *
  * Parameters of an MoE block replace mlp.c_fc / mlp.c_proj with
  * mlp.router.weight (C,E) and mlp.experts.<e>.c_fc.{weight (C,H), bias (H)},
@@ -74,6 +77,10 @@
 
 /* Block l of the config is an MoE block. */
 int loom_moe_layer(const loom_model_config *cfg, int l);
+/* The MoE blocks keep a selection bias: aux-loss-free balancing
+ * (bias_rate > 0) or DeepSeek-V3's router (moe_sigmoid), whose bias a
+ * Hugging Face directory carries as e_score_correction_bias. */
+int loom_moe_has_bias(const loom_model_config *cfg);
 /* The experts' hidden size (expert_hidden, default 4 n_embd). */
 int loom_moe_hidden(const loom_model_config *cfg);
 /* Capacity per expert of a routing group of N tokens. */
@@ -125,7 +132,7 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed);
 /* The stats of this part's MoE blocks: *n of them (0 for a dense part). */
 /* MoE block b's aux-loss-free selection bias (n_expert floats in the part's
  * device memory, the same on every rank) and its global layer, for
- * checkpoints; NULL when b is no block of m or bias_rate is 0. */
+ * checkpoints; NULL when b is no block of m or it keeps none (loom_moe_has_bias). */
 float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer);
 const loom_moe_stats *loom_moe_stats_get(const loom_gpt *m, int *n);
 void loom_moe_stats_reset(loom_gpt *m);

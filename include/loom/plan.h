@@ -30,12 +30,10 @@ typedef struct loom_plan_model {
  * cannot train yet (llama3-8b, llama2-70b, llama3-70b, llama3-405b, gpt3-175b,
  * mixtral-8x7b, mixtral-8x22b). LOOM_EUSAGE listing them for another name. */
 loom_status loom_plan_model_builtin(const char *name, loom_plan_model *m);
-/* A Hugging Face config.json: GPT-2 keys (n_layer, n_embd, n_head, n_inner,
- * vocab_size, n_positions), Llama keys (num_hidden_layers, hidden_size,
- * num_attention_heads, num_key_value_heads, intermediate_size,
- * max_position_embeddings, tie_word_embeddings) and Mixtral's
- * (num_local_experts, num_experts_per_tok). LOOM_ENOINPUT / LOOM_ECONFIG
- * naming the key. */
+/* A config.json or a Hugging Face directory, read by training's reader
+ * (loom_model_config_resolve: every model_type loom trains, keys refused
+ * there refused here) and turned into the planner's shape.
+ * LOOM_ENOINPUT / LOOM_ECONFIG naming the file or key. */
 loom_status loom_plan_model_load(const char *path, loom_plan_model *m);
 /* NAME or FILE (a '/' or ".json" makes it a file). */
 loom_status loom_plan_model_resolve(const char *name_or_path, loom_plan_model *m);

@@ -212,13 +212,14 @@ static loom_status gpt2_load(const char *path, const cJSON *root, loom_model_con
 /* Another model_type than gpt2: the Llama family's, or refused by name. */
 static loom_status model_type_load(const char *path, const cJSON *root, const cJSON *type,
                                    loom_model_config *cfg) {
-    static const char *LLAMA[] = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
+    static const char *LLAMA[] = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3"};
     if (!cJSON_IsString(type)) return loom_fail(LOOM_ECONFIG, "%s: \"model_type\" must be a string", path);
     for (size_t i = 0; i < sizeof LLAMA / sizeof LLAMA[0]; i++)
         if (!strcmp(type->valuestring, LLAMA[i])) return loom_hf_config_parse(path, root, LLAMA[i], cfg);
     return loom_fail(
         LOOM_ECONFIG,
-        "%s: model_type \"%s\" is not an architecture loom has (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe)",
+        "%s: model_type \"%s\" is not an architecture loom has (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, "
+        "deepseek_v3)",
         path, type->valuestring);
 }
 

@@ -87,6 +87,12 @@ static void llama_parts(loom_model_config *c, const char *arch) {
         c->expert_hidden = 1408, c->shared_hidden = 5632;
         c->aux_coef = c->z_coef = c->capacity_factor = c->bias_rate = 0;
     }
+    if (!strcmp(arch, "deepseek_v3")) { /* DeepseekV3Config's MoE defaults, Llama attention */
+        c->n_expert = 256, c->top_k = 8, c->moe_every = 1, c->norm_topk = 1, c->moe_first = 3;
+        c->expert_hidden = 2048, c->moe_sigmoid = 1, c->routed_scale = 2.5f;
+        c->aux_coef = c->z_coef = c->capacity_factor = 0;
+        c->bias_rate = 0.001f; /* DeepSeek-V3's gamma; loom's key aux_free_bias_rate sets it */
+    }
 }
 
 int loom_llama_builtin(const char *name, loom_model_config *cfg) {
@@ -310,7 +316,7 @@ static loom_status llama_key(const char *path, const cJSON *it, loom_model_confi
     };
     for (size_t i = 0; i < sizeof INTS / sizeof INTS[0]; i++)
         if (!strcmp(k, INTS[i].key)) return want_int(path, it, INTS[i].lo, INTS[i].dst);
-    if (c->n_expert > 0) { /* Mixtral's and Qwen2-MoE's experts */
+    if (c->n_expert > 0 && !c->moe_sigmoid) { /* Mixtral's and Qwen2-MoE's experts */
         if (!strcmp(k, "num_local_experts") || !strcmp(k, "num_experts"))
             return want_int(path, it, 1, &c->n_expert);
         if (!strcmp(k, "num_experts_per_tok")) return want_int(path, it, 1, &c->top_k);
@@ -353,6 +359,87 @@ static loom_status llama_key(const char *path, const cJSON *it, loom_model_confi
     return loom_fail(LOOM_ECONFIG, "%s: unknown key \"%s\" for model_type %s", path, k, c->arch);
 }
 
+/* DeepSeek-V3's MoE keys and the ones it refuses; n_shared, n_group,
+ * topk_group are checked once every key is read. */
+typedef struct {
+    int n_shared, n_group, topk_group;
+} deepseek_keys;
+
+static loom_status deepseek_key(const char *path, const cJSON *it, loom_model_config *c, deepseek_keys *d,
+                                int *handled) {
+    const char *k = it->string;
+    const struct {
+        const char *key;
+        int *dst, lo;
+    } INTS[] = {
+        {"n_routed_experts", &c->n_expert, 1},       {"n_shared_experts", &d->n_shared, 0},
+        {"num_experts_per_tok", &c->top_k, 1},       {"moe_intermediate_size", &c->expert_hidden, 1},
+        {"first_k_dense_replace", &c->moe_first, 0}, {"n_group", &d->n_group, 1},
+        {"topk_group", &d->topk_group, 1},
+    };
+    /* multi-head latent attention: loom runs the Llama family's attention */
+    static const char *MLA[] = {"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                "v_head_dim"};
+    *handled = 1;
+    for (size_t i = 0; i < sizeof INTS / sizeof INTS[0]; i++)
+        if (!strcmp(k, INTS[i].key)) return want_int(path, it, INTS[i].lo, INTS[i].dst);
+    for (size_t i = 0; i < sizeof MLA / sizeof MLA[0]; i++)
+        if (!strcmp(k, MLA[i]))
+            return cJSON_IsNull(it)
+                       ? LOOM_OK
+                       : loom_fail(LOOM_ECONFIG,
+                                   "%s: \"%s\": multi-head latent attention is not supported "
+                                   "(loom's deepseek_v3 has Llama attention; leave the MLA keys out)",
+                                   path, k);
+    if (!strcmp(k, "routed_scaling_factor")) return want_pos(path, it, &c->routed_scale);
+    if (!strcmp(k, "norm_topk_prob")) return want_bool(path, it, &c->norm_topk);
+    if (!strcmp(k, "aux_free_bias_rate")) return want_nonneg(path, it, &c->bias_rate);
+    const struct {
+        const char *key, *value;
+    } STRS[] = {{"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}};
+    for (size_t i = 0; i < sizeof STRS / sizeof STRS[0]; i++)
+        if (!strcmp(k, STRS[i].key)) {
+            if (!cJSON_IsString(it) || strcmp(it->valuestring, STRS[i].value) != 0)
+                return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be \"%s\"", path, k, STRS[i].value);
+            return LOOM_OK;
+        }
+    /* keys accepted at one value only: 1 for the layer frequency, 0 for the
+     * sequence-wise aux loss and the multi-token prediction layers */
+    const struct {
+        const char *key;
+        double value;
+    } FIXED[] = {{"moe_layer_freq", 1}, {"aux_loss_alpha", 0}, {"num_nextn_predict_layers", 0}};
+    for (size_t i = 0; i < sizeof FIXED / sizeof FIXED[0]; i++)
+        if (!strcmp(k, FIXED[i].key)) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != FIXED[i].value)
+                return loom_fail(LOOM_ECONFIG, "%s: \"%s\" must be %g (loom does not implement others)", path,
+                                 k, FIXED[i].value);
+            return LOOM_OK;
+        }
+    if (!strcmp(k, "attention_bias")) {
+        if (!cJSON_IsFalse(it)) return loom_fail(LOOM_ECONFIG, "%s: \"attention_bias\" must be false", path);
+        return LOOM_OK;
+    }
+    if (!strcmp(k, "seq_aux") || !strcmp(k, "ep_size"))
+        return LOOM_OK; /* with aux_loss_alpha 0 / a launch hint */
+    *handled = 0;
+    return LOOM_OK;
+}
+
+/* After every key: the shared experts' width, the group-limited routing loom refuses. */
+static loom_status deepseek_finish(const char *path, loom_model_config *c, const deepseek_keys *d) {
+    if (d->topk_group < d->n_group)
+        return loom_fail(LOOM_ECONFIG,
+                         "%s: group-limited routing (n_group=%d, topk_group=%d; DeepseekV3Config's "
+                         "defaults are 8 and 4) is not supported: set topk_group = n_group",
+                         path, d->n_group, d->topk_group);
+    if (c->n_expert % d->n_group)
+        return loom_fail(LOOM_ECONFIG, "%s: n_group=%d does not divide n_routed_experts=%d", path, d->n_group,
+                         c->n_expert);
+    c->shared_hidden = d->n_shared * c->expert_hidden;
+    return LOOM_OK;
+}
+
 /* Hugging Face's defaults of the keys a config may leave out. */
 static void class_defaults(loom_model_config *c) {
     if (!strcmp(c->arch, "llama")) c->n_positions = 2048;
@@ -360,6 +447,7 @@ static void class_defaults(loom_model_config *c) {
     if (!strcmp(c->arch, "qwen2")) c->n_positions = 32768;
     if (!strcmp(c->arch, "mixtral")) c->n_positions = 4096 * 32;
     if (!strcmp(c->arch, "qwen2_moe")) c->n_positions = 8192;
+    if (!strcmp(c->arch, "deepseek_v3")) c->n_positions = 4096;
 }
 
 loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char *arch,
@@ -373,11 +461,16 @@ loom_status loom_hf_config_parse(const char *path, const cJSON *root, const char
     const int qwen = !strcmp(arch, "qwen2") || !strcmp(arch, "qwen2_moe");
     float aux = 0.001f; /* MixtralConfig's default */
     int use_aux = 0;
+    const int deepseek = !strcmp(arch, "deepseek_v3");
+    deepseek_keys ds = {1, 8, 4}; /* DeepseekV3Config's n_shared_experts, n_group, topk_group */
     for (const cJSON *it = root->child; it; it = it->next) {
         if (qwen && !strcmp(it->string, "sliding_window")) continue;
-        LOOM_TRY(llama_key(path, it, c, &aux, &use_aux));
+        int handled = 0;
+        if (deepseek) LOOM_TRY(deepseek_key(path, it, c, &ds, &handled));
+        if (!handled) LOOM_TRY(llama_key(path, it, c, &aux, &use_aux));
     }
-    if (c->n_expert > 0) { /* Mixtral: the experts are intermediate_size wide */
+    if (deepseek) LOOM_TRY(deepseek_finish(path, c, &ds));
+    else if (c->n_expert > 0) { /* Mixtral: the experts are intermediate_size wide */
         if (!strcmp(arch, "mixtral")) c->expert_hidden = c->ffn;
         c->aux_coef = use_aux ? aux : 0.0f;
     }
@@ -422,6 +515,7 @@ static const char *hf_class(const char *arch) {
     if (!strcmp(arch, "qwen2")) return "Qwen2ForCausalLM";
     if (!strcmp(arch, "mixtral")) return "MixtralForCausalLM";
     if (!strcmp(arch, "qwen2_moe")) return "Qwen2MoeForCausalLM";
+    if (!strcmp(arch, "deepseek_v3")) return "DeepseekV3ForCausalLM";
     return "LlamaForCausalLM";
 }
 
@@ -461,6 +555,22 @@ static void llama_write(const loom_model_config *c, cJSON *root) {
         cJSON_AddItemToObject(root, "mlp_only_layers", cJSON_CreateArray());
         cJSON_AddNumberToObject(root, "router_aux_loss_coef", c->aux_coef);
         cJSON_AddBoolToObject(root, "output_router_logits", c->aux_coef > 0);
+    }
+    if (!strcmp(c->arch, "deepseek_v3")) { /* its MoE keys; no MLA keys: Llama attention */
+        const int H = loom_moe_hidden(c);
+        cJSON_AddNumberToObject(root, "n_routed_experts", c->n_expert);
+        cJSON_AddNumberToObject(root, "n_shared_experts", H > 0 ? c->shared_hidden / H : 0);
+        cJSON_AddNumberToObject(root, "num_experts_per_tok", c->top_k);
+        cJSON_AddNumberToObject(root, "moe_intermediate_size", H);
+        cJSON_AddNumberToObject(root, "routed_scaling_factor", c->routed_scale > 0 ? c->routed_scale : 1.0);
+        cJSON_AddStringToObject(root, "scoring_func", "sigmoid");
+        cJSON_AddStringToObject(root, "topk_method", "noaux_tc");
+        cJSON_AddBoolToObject(root, "norm_topk_prob", c->norm_topk);
+        cJSON_AddNumberToObject(root, "first_k_dense_replace", c->moe_first);
+        cJSON_AddNumberToObject(root, "n_group", 1);
+        cJSON_AddNumberToObject(root, "topk_group", 1);
+        cJSON_AddNumberToObject(root, "aux_free_bias_rate", c->bias_rate);
+        cJSON_AddBoolToObject(root, "attention_bias", 0);
     }
     if (!strcmp(c->arch, "mistral") || !strcmp(c->arch, "mixtral")) {
         if (c->window) cJSON_AddNumberToObject(root, "sliding_window", c->window);

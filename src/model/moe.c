@@ -137,6 +137,7 @@ struct loom_moe {
     int32_t *order;          /* (N) tokens group by group, each group in its CP rank's order */
     int32_t *gid_d;          /* (N) device: the routing group of each token */
     float *hprobs;           /* (N,E) host scratch: probabilities for the aux loss, bias steps */
+    float *hdl, *hdg;        /* (N,E) (N,k) host scratch: DeepSeek-V3's router backward */
     int32_t *cnt_g;          /* (G,E) scratch: kept per group and expert */
     double *P_g;             /* (G,E) scratch: router probabilities summed per group */
     size_t Rmax;             /* rows the local experts can receive */
@@ -200,6 +201,10 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
     moe->P_g = carve(h, &hu, (size_t)moe->G * E * 8);
     moe->stat_mem = carve(h, &hu, (size_t)moe->n_blocks * 2 * E * 8);
     moe->hprobs = carve(h, &hu, N * E * 4);
+    if (m->cfg.moe_sigmoid) {
+        moe->hdl = carve(h, &hu, N * E * 4);
+        moe->hdg = carve(h, &hu, N * k * 4);
+    }
     moe->ep.sent = carve(h, &hu, sent_bytes);
     for (int b = 0; b < moe->n_blocks; b++) {
         moe_block *bl = &moe->blocks[b];
@@ -380,7 +385,7 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
         return 1;
     }
     if (!strncmp(suffix, "mlp.shared_expert", 17)) { /* Qwen2-MoE: gate_proj | up_proj packed */
-        const char *what = suffix + 17;
+        const char *what = suffix + 17 + (m->cfg.moe_sigmoid && suffix[17] == 's'); /* DeepSeek: _experts */
         if (!strcmp(what, ".gate_proj.weight")) w->sgu = v;
         else if (!strcmp(what, ".down_proj.weight")) w->sdown = v;
         else if (!strcmp(what, "_gate.weight")) w->sgate = v;
@@ -407,10 +412,17 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
 
 /* ---- routing ------------------------------------------------------------------ */
 
+static void sigmoid_host(const loom_gpt *m, float *v, const float *g, int n);
+
 /* probs (N,E) = softmax(x @ router) (the router (C,E), or (E,C) as
- * nn.Linear in the Llama family); lse (N); returns the z-loss sum of lse^2. */
+ * nn.Linear in the Llama family); lse (N); returns the z-loss sum of lse^2.
+ * DeepSeek-V3 (moe_sigmoid): probs = sigmoid(x @ router), no lse, 0. */
 static double route_probs(const loom_gpt *m, moe_acts *a, const float *router, int N, int C, int E) {
     loom_part_linear_fwd(m, a->probs, a->x, router, NULL, N, C, E);
+    if (m->cfg.moe_sigmoid) {
+        sigmoid_host(m, a->probs, NULL, N * E);
+        return 0;
+    }
     return loom_tensor_softmax_lse(m->dev, a->probs, a->lse, N, E);
 }
 
@@ -425,9 +437,12 @@ static void expert_act_bwd(const loom_gpt *m, float *dfc, const float *fc, const
 }
 
 /* sel (N,k): each token's top_k experts by probability + bias, ties to the
- * lower index; gate (N,k) their probabilities, renormalised if asked. */
-static void route_topk(loom_device *dev, moe_acts *a, const float *bias, int N, int E, int k, int norm) {
+ * lower index; gate (N,k) their probabilities, renormalised if asked, times
+ * DeepSeek-V3's routed_scaling_factor (scale). */
+static void route_topk(loom_device *dev, moe_acts *a, const float *bias, int N, int E, int k, int norm,
+                       float scale) {
     loom_tensor_topk_gate(dev, a->sel_d, a->gate, a->probs, bias, N, E, k, norm);
+    if (scale > 0 && scale != 1.0f) loom_scale(dev, a->gate, (size_t)N * k, scale);
     /* the choices to the host: route_dispatch's capacity and layout are host bookkeeping */
     loom_tensor_download_i32(dev, a->sel, a->sel_d, (size_t)N * k);
 }
@@ -493,6 +508,10 @@ static void shared_fwd(const loom_gpt *m, moe_block *bl, moe_acts *a, int N, con
     loom_part_linear_fwd(m, a->hs, x, bl->w.sgu, NULL, N, C, 2 * Hs);
     loom_swiglu_fwd(m->dev, a->as, a->hs, N, Hs);
     loom_part_linear_fwd(m, a->ys, a->as, bl->w.sdown, NULL, N, Hs, C);
+    if (!bl->w.sgate) { /* DeepSeek-V3's shared experts: no gate */
+        loom_tensor_add(m->dev, out, a->ys, (size_t)N * C);
+        return;
+    }
     loom_part_linear_fwd(m, a->sg, x, bl->w.sgate, NULL, N, C, 1);
     sigmoid_host(m, a->sg, NULL, N);
     loom_tensor_combine_rows(m->dev, m->moe->sendA, a->ys, m->moe->idrow, a->sg, N, 1, C); /* sendA: free */
@@ -505,12 +524,15 @@ static loom_status shared_bwd_input(const loom_gpt *m, moe_block *bl, moe_acts *
                                     float *dx) {
     struct loom_moe *moe = m->moe;
     const int C = m->C, Hs = shared_l(m);
-    /* dys = g dout; d(g) = dout . ys, summed over tp (ys is partial) */
-    loom_tensor_combine_rows_bwd(m->dev, a->dys, moe->sdg, dout, a->ys, moe->idrow, a->sg, N, 1, C);
-    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->sdg, (size_t)N));
-    loom_tensor_copy(m->dev, a->dls, moe->sdg, (size_t)N);
-    sigmoid_host(m, a->dls, a->sg, N); /* d(gate logit) */
-    if (m->part.tp.rank == 0) loom_part_linear_bwd(m, dx, NULL, NULL, a->dls, NULL, bl->w.sgate, N, C, 1);
+    if (!bl->w.sgate) { /* DeepSeek-V3: no gate, dys = dout */
+        loom_tensor_copy(m->dev, a->dys, dout, (size_t)N * C);
+    } else { /* dys = g dout; d(g) = dout . ys, summed over tp (ys is partial) */
+        loom_tensor_combine_rows_bwd(m->dev, a->dys, moe->sdg, dout, a->ys, moe->idrow, a->sg, N, 1, C);
+        LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->sdg, (size_t)N));
+        loom_tensor_copy(m->dev, a->dls, moe->sdg, (size_t)N);
+        sigmoid_host(m, a->dls, a->sg, N); /* d(gate logit) */
+        if (m->part.tp.rank == 0) loom_part_linear_bwd(m, dx, NULL, NULL, a->dls, NULL, bl->w.sgate, N, C, 1);
+    }
     loom_tensor_zero(m->dev, moe->sdact, (size_t)N * Hs);
     loom_part_linear_bwd(m, moe->sdact, NULL, NULL, a->dys, NULL, bl->w.sdown, N, Hs, C);
     loom_swiglu_bwd(m->dev, a->dhs, a->hs, moe->sdact, N, Hs);
@@ -520,7 +542,7 @@ static loom_status shared_bwd_input(const loom_gpt *m, moe_block *bl, moe_acts *
 
 static void shared_bwd_weight(const loom_gpt *m, moe_block *bl, moe_acts *a, int N, const float *x) {
     const int C = m->C, Hs = shared_l(m);
-    loom_part_linear_bwd(m, NULL, bl->g.sgate, NULL, a->dls, x, bl->w.sgate, N, C, 1);
+    if (bl->w.sgate) loom_part_linear_bwd(m, NULL, bl->g.sgate, NULL, a->dls, x, bl->w.sgate, N, C, 1);
     loom_part_linear_bwd(m, NULL, bl->g.sdown, NULL, a->dys, a->as, bl->w.sdown, N, Hs, C);
     loom_part_linear_bwd(m, NULL, bl->g.sgu, NULL, a->dhs, x, bl->w.sgu, N, C, 2 * Hs);
 }
@@ -606,7 +628,7 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     const int El = moe->El;
     a->x = x;
     double zsum = route_probs(m, a, bl->w.router, N, C, E);
-    route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk);
+    route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk, c->routed_scale);
     const int G = moe->G, Ng = N / G;
     const int cap = m->opts.forward_only ? Ng : loom_moe_capacity(c, Ng); /* inference: dropless */
     int64_t dropped = route_dispatch(moe, a, N, E, k, cap);
@@ -670,8 +692,38 @@ void loom_moe_set_dloss(loom_gpt *m, float dloss) {
 /* dlogit (N,E) WRITES the router logits' gradient from the gates' gradient
  * dgate (N,k) and the two losses (weight of the whole micro-batch wg; each
  * of its G routing groups weighs wg / G). */
+/* DeepSeek-V3's router backward on the host: gate_j = s p_j (/ S, S = the
+ * sum of the chosen p with norm_topk), p = sigmoid(logit); dlogit (N,E)
+ * from dgate (N,k), the gates' gradient. No router losses (config check). */
+static void router_bwd_sigmoid(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N) {
+    const int E = c->n_expert, k = c->top_k;
+    const float s = c->routed_scale > 0 ? c->routed_scale : 1.0f;
+    float *p = moe->hprobs, *dl = moe->hdl, *dg = moe->hdg;
+    loom_tensor_download(moe->dev, p, a->probs, (size_t)N * E);
+    loom_tensor_download(moe->dev, dg, moe->dgate, (size_t)N * k);
+    memset(dl, 0, (size_t)N * E * sizeof *dl);
+    for (int i = 0; i < N; i++) {
+        const int32_t *sel = a->sel + (size_t)i * k;
+        const float *pi = p + (size_t)i * E, *dgi = dg + (size_t)i * k;
+        float *d = dl + (size_t)i * E;
+        double S = 0, w = 0; /* w = sum_j dgate_j p_j */
+        for (int j = 0; j < k; j++) {
+            S += pi[sel[j]];
+            w += (double)dgi[j] * pi[sel[j]];
+        }
+        for (int j = 0; j < k; j++) /* d/dp_m: s dgate_m / S - s w / S^2, or s dgate_m */
+            d[sel[j]] += c->norm_topk ? (float)(s * (dgi[j] / S - w / (S * S))) : s * dgi[j];
+        for (int e = 0; e < E; e++) d[e] *= pi[e] * (1.0f - pi[e]);
+    }
+    loom_tensor_upload(moe->dev, a->dlogit, dl, (size_t)N * E);
+}
+
 static void router_bwd(struct loom_moe *moe, moe_acts *a, const loom_model_config *c, int N, float wg) {
     const int E = c->n_expert, k = c->top_k;
+    if (c->moe_sigmoid) {
+        router_bwd_sigmoid(moe, a, c, N);
+        return;
+    }
     /* aux: d/dp_ie = coef E routed_{g(i)e} / Ng^2 for token i of group g(i) of Ng;
      * z: d/dlogit_ie = 2 coef lse_i p_ie / N */
     const int G = moe->G, Ng = N / G;
@@ -747,7 +799,7 @@ void loom_moe_balance(loom_gpt *m, int b, const double *routed) {
 }
 
 float *loom_moe_selection_bias(const loom_gpt *m, int b, int *layer) {
-    if (!m->moe || b < 0 || b >= m->moe->n_blocks || m->cfg.bias_rate <= 0) return NULL;
+    if (!m->moe || b < 0 || b >= m->moe->n_blocks || !loom_moe_has_bias(&m->cfg)) return NULL;
     *layer = m->moe->blocks[b].l;
     return m->moe->blocks[b].bias;
 }

@@ -13,7 +13,11 @@
 /* ---- config ---------------------------------------------------------------- */
 
 int loom_moe_layer(const loom_model_config *c, int l) {
-    return c->n_expert > 0 && (l + 1) % (c->moe_every > 0 ? c->moe_every : 1) == 0;
+    return c->n_expert > 0 && l >= c->moe_first && (l + 1) % (c->moe_every > 0 ? c->moe_every : 1) == 0;
+}
+
+int loom_moe_has_bias(const loom_model_config *c) {
+    return c->n_expert > 0 && (c->bias_rate > 0 || c->moe_sigmoid);
 }
 
 int loom_moe_hidden(const loom_model_config *c) {
@@ -54,6 +58,14 @@ loom_status loom_moe_config_check(const loom_model_config *c) {
                          "model %s: router_aux_loss_coef=%g, router_z_loss_coef=%g, "
                          "capacity_factor=%g and aux_free_bias_rate=%g must be >= 0",
                          c->name, c->aux_coef, c->z_coef, c->capacity_factor, c->bias_rate);
+    if (c->moe_sigmoid && (c->aux_coef > 0 || c->z_coef > 0))
+        return loom_fail(LOOM_ECONFIG,
+                         "model %s: sigmoid router scores take no router_aux_loss_coef (%g) or "
+                         "router_z_loss_coef (%g); balance with aux_free_bias_rate",
+                         c->name, c->aux_coef, c->z_coef);
+    if (!(c->routed_scale >= 0) || c->routed_scale > 1e6)
+        return loom_fail(LOOM_ECONFIG, "model %s: routed_scaling_factor=%g must be > 0", c->name,
+                         (double)c->routed_scale);
     return LOOM_OK;
 }
 

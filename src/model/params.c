@@ -163,13 +163,15 @@ static void add_llama_experts(loom_gpt *m, size_t *off, int l, float std) {
 }
 
 /* The MoE MLP of block l: its router (replicated), Qwen2-MoE's shared
- * expert and its sigmoid gate, and the experts unless expert parallelism
+ * expert and its sigmoid gate (DeepSeek-V3's shared experts, no gate), and the experts unless expert parallelism
  * puts them after every block. */
 static void add_llama_moe(loom_gpt *m, size_t *off, int l, float std) {
     char name[LOOM_PARAM_NAME_MAX];
     snprintf(name, sizeof name, "model.layers.%d.%s.gate.weight", l, moe_module(&m->cfg));
     add(m, off, name, m->cfg.n_expert, m->cfg.n_embd, -1, 1, m->cfg.n_expert, LOOM_INIT_NORMAL, std, 0, l);
-    if (m->cfg.shared_hidden > 0) {
+    if (m->cfg.shared_hidden > 0 && m->cfg.moe_sigmoid) { /* DeepSeek-V3: shared_experts, no gate */
+        add_swiglu(m, off, l, "mlp.shared_experts", -1, PROJ_W, m->cfg.shared_hidden, std, l);
+    } else if (m->cfg.shared_hidden > 0) {
         add_swiglu(m, off, l, "mlp.shared_expert", -1, PROJ_W, m->cfg.shared_hidden, std, l);
         snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert_gate.weight", l);
         add(m, off, name, 1, m->cfg.n_embd, -1, 1, 1, LOOM_INIT_NORMAL, std, 0, l);

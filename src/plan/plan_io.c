@@ -1,5 +1,6 @@
-/* plan_io.c - the planner's inputs: model shapes (built-in or HF config.json
- * of GPT-2, Llama, Mixtral), cluster files (JSON) and layouts as text. */
+/* plan_io.c - the planner's inputs: model shapes (built-in, or a config.json
+ * or Hugging Face directory read by training's reader, loom_model_config_resolve),
+ * cluster files (JSON) and layouts as text. */
 #include "loom/plan.h"
 
 #include <cjson/cJSON.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "loom/model.h"
+#include "loom/moe.h"
 #include "loom/version.h"
 #include "plan/internal.h"
 
@@ -30,16 +32,26 @@ static const shape SHAPES[] = {
 };
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
+/* The planner's shape of a config training's reader made: every family
+ * loom trains. An MoE model's MLP is counted as its experts' (ffn = their
+ * hidden size, experts x top_k of them); Qwen2-MoE's and DeepSeek-V3's
+ * shared experts and DeepSeek's dense first blocks are not in the shape. */
 static void from_loom(const loom_model_config *c, loom_plan_model *m) {
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", c->name);
     m->layers = c->n_layer;
     m->hidden = c->n_embd;
-    m->heads = m->kv_heads = c->n_head;
-    m->ffn = 4 * c->n_embd;
+    m->heads = c->n_head;
+    m->kv_heads = loom_model_kv_heads(c);
+    m->ffn = c->n_expert > 1 ? loom_moe_hidden(c) : loom_model_ffn(c);
     m->vocab = c->vocab_size;
     m->max_seq = c->n_positions;
-    m->tied = m->learned_pos = m->loom_trains = 1;
+    m->experts = c->n_expert > 1 ? c->n_expert : 0;
+    m->topk = m->experts ? c->top_k : 0;
+    m->gated = c->mlp == LOOM_MLP_SWIGLU;
+    m->tied = !c->untied;
+    m->learned_pos = !c->rope;
+    m->loom_trains = 1;
 }
 
 loom_status loom_plan_model_builtin(const char *name, loom_plan_model *m) {
@@ -68,120 +80,16 @@ loom_status loom_plan_model_builtin(const char *name, loom_plan_model *m) {
                      known);
 }
 
-static int json_int(const cJSON *root, const char *const *keys, int *out) {
-    for (int i = 0; keys[i]; i++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
-        if (!it || cJSON_IsNull(it)) continue;
-        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1e9 ||
-            it->valuedouble != floor(it->valuedouble))
-            return -1 - i;
-        *out = (int)it->valuedouble;
-        return 1;
-    }
-    return 0;
-}
-
-/* The JSON object of the config file at path (LOOM_ENOINPUT, LOOM_EOS or
- * LOOM_ECONFIG naming it). */
-static loom_status read_config(const char *path, cJSON **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_fail(LOOM_ENOINPUT, "--model %s: cannot open the config file", path);
-    char *text = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                fclose(f);
-                return loom_fail(LOOM_EOS, "out of memory reading %s", path);
-            }
-            text = t;
-        }
-        size_t k = fread(text + n, 1, 4096, f);
-        n += k;
-        if (k < 4096) break;
-    }
-    fclose(f);
-    text[n] = '\0';
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return loom_fail(LOOM_ECONFIG, "--model %s: not a JSON object", path);
-    }
-    *out = root;
-    return LOOM_OK;
-}
-
 loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
-    cJSON *root = NULL;
-    struct stat sb;
-    char file[4200] = "";
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face directory: its config.json */
-        if (snprintf(file, sizeof file, "%s/config.json", path) >= (int)sizeof file)
-            return loom_fail(LOOM_EUSAGE, "--model %s: path too long", path);
-        LOOM_TRY(read_config(file, &root));
-    } else {
-        LOOM_TRY(read_config(path, &root));
-    }
-    memset(m, 0, sizeof *m);
+    loom_model_config c;
+    LOOM_TRY(loom_model_config_resolve(path, &c)); /* training's reader: a directory or its config.json */
+    from_loom(&c, m);
     const char *base = strrchr(path, '/');
-    snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
-    if (file[0]) /* a directory: its path, as --model takes it */
-        snprintf(m->name, sizeof m->name, "%s", path);
-    static const char *k_layers[] = {"num_hidden_layers", "n_layer", NULL};
-    static const char *k_hidden[] = {"hidden_size", "n_embd", NULL};
-    static const char *k_heads[] = {"num_attention_heads", "n_head", NULL};
-    static const char *k_kv[] = {"num_key_value_heads", NULL};
-    static const char *k_ffn[] = {"intermediate_size", "n_inner", NULL};
-    static const char *k_vocab[] = {"vocab_size", NULL};
-    static const char *k_seq[] = {"max_position_embeddings", "n_positions", NULL};
-    static const char *k_exp[] = {"num_local_experts", "num_experts", NULL};
-    static const char *k_topk[] = {"num_experts_per_tok", NULL};
-    struct {
-        const char *const *keys;
-        int *dst, required;
-    } want[] = {{k_layers, &m->layers, 1}, {k_hidden, &m->hidden, 1}, {k_heads, &m->heads, 1},
-                {k_kv, &m->kv_heads, 0},   {k_ffn, &m->ffn, 0},       {k_vocab, &m->vocab, 1},
-                {k_seq, &m->max_seq, 0},   {k_exp, &m->experts, 0},   {k_topk, &m->topk, 0}};
-    loom_status st = LOOM_OK;
-    for (size_t i = 0; i < sizeof want / sizeof want[0] && st == LOOM_OK; i++) {
-        int r = json_int(root, want[i].keys, want[i].dst);
-        if (r < 0)
-            st = loom_fail(LOOM_ECONFIG, "--model %s: key '%s' must be a positive integer", path,
-                           want[i].keys[-r - 1]);
-        else if (r == 0 && want[i].required)
-            st = loom_fail(LOOM_ECONFIG, "--model %s: missing key '%s' (or '%s')", path, want[i].keys[0],
-                           want[i].keys[1] ? want[i].keys[1] : want[i].keys[0]);
-    }
-    if (st == LOOM_OK) {
-        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-        const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
-        const int gpt2 = strcmp(type, "gpt2") == 0 || cJSON_GetObjectItemCaseSensitive(root, "n_embd");
-        if (!m->kv_heads) m->kv_heads = m->heads;
-        if (!m->ffn) m->ffn = 4 * m->hidden;
-        if (!m->max_seq) m->max_seq = 2048;
-        m->gated = !gpt2;
-        m->learned_pos = gpt2;
-        const int llama = !strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2");
-        const int moe = !strcmp(type, "mixtral") || !strcmp(type, "qwen2_moe");
-        m->loom_trains = gpt2 || (llama && !m->experts) || moe; /* loom train runs these */
-        const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-        m->tied = tie ? cJSON_IsTrue(tie) : gpt2;
-        if (m->experts == 1) m->experts = 0;
-        if (m->experts && !m->topk) m->topk = 2;
-        if (m->hidden % m->heads || m->heads % m->kv_heads)
-            st = loom_fail(LOOM_ECONFIG,
-                           "--model %s: heads %d must divide hidden %d and kv heads %d divide heads", path,
-                           m->heads, m->hidden, m->kv_heads);
-        if (m->experts && m->topk > m->experts)
-            st = loom_fail(LOOM_ECONFIG, "--model %s: num_experts_per_tok %d > experts %d", path, m->topk,
-                           m->experts);
-    }
-    cJSON_Delete(root);
-    return st;
+    struct stat sb;
+    const int dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    snprintf(m->name, sizeof m->name, "%s",
+             dir || !base ? path : base + 1); /* a directory: as --model takes it */
+    return LOOM_OK;
 }
 
 loom_status loom_plan_model_resolve(const char *s, loom_plan_model *m) {

@@ -28,16 +28,26 @@
 #include "loom/train.h"
 #include "train/internal.h"
 
+/* The whole model: its parameters by the whole-model table, then, for
+ * DeepSeek-V3's router (moe_sigmoid), each block's selection bias - a buffer
+ * Hugging Face names model.layers.<l>.mlp.gate.e_score_correction_bias -
+ * at bias_off + l E (n_layer E floats, the MoE blocks' used). */
 typedef struct {
     loom_param *p;
     int n;
-    size_t total;
+    size_t total, bias_off;
+    int n_bias; /* n_layer when the model has those biases, else 0 */
     float *full;
 } whole_model;
 
 static loom_status whole_open(const loom_gpt *m, whole_model *w) {
     memset(w, 0, sizeof *w);
     LOOM_TRY(loom_param_table_whole(&m->cfg, &w->p, &w->n, &w->total));
+    if (m->cfg.moe_sigmoid) {
+        w->bias_off = w->total;
+        w->n_bias = m->cfg.n_layer;
+        w->total += (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert;
+    }
     w->full = calloc(w->total ? w->total : 1, sizeof(float));
     if (!w->full) {
         free(w->p);
@@ -152,6 +162,31 @@ static void host_runs_done(loom_device *dev, const loom_param_run *runs, loom_pa
     free(h);
 }
 
+#define BIAS_HF "model.layers.%d.mlp.gate.e_score_correction_bias"
+
+/* Each MoE block's selection bias of part m between its device memory and
+ * w->full: into it (to_full; only where this rank writes the block's
+ * router, so the world's sum holds it once) or out of it. */
+static void bias_transfer(loom_gpt *m, const loom_mesh *mesh, whole_model *w, int to_full) {
+    int nb, l;
+    loom_moe_stats_get(m, &nb);
+    const size_t E = (size_t)m->cfg.n_expert;
+    for (int b = 0; b < nb && w->n_bias; b++) {
+        float *bias = loom_moe_selection_bias(m, b, &l);
+        if (!bias) continue;
+        float *slot = w->full + w->bias_off + (size_t)l * E;
+        if (!to_full) {
+            loom_tensor_upload(m->dev, bias, slot, E);
+            continue;
+        }
+        char router[LOOM_PARAM_NAME_MAX];
+        snprintf(router, sizeof router, "model.layers.%d.mlp.gate.weight", l);
+        for (int k = 0; k < m->n_params; k++)
+            if (!strcmp(m->params[k].name, router) && is_primary(m, mesh, 0, &m->params[k]))
+                loom_tensor_download(m->dev, slot, bias, E); /* 0: dp rank 0 even under ZeRO-3 */
+    }
+}
+
 static void put_elem(whole_model *w, const loom_param *g, int64_t gi, float *x) {
     if (gi >= 0) w->full[g->offset + (size_t)gi] = *x;
 }
@@ -179,6 +214,13 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
     for (int i = 0; i < w->n && st == LOOM_OK; i++)
         st = loom_st_writer_add(wr, w->p[i].name, LOOM_ST_F32, w->p[i].ndim, w->p[i].shape,
                                 w->full + w->p[i].offset);
+    const int64_t E[1] = {c->n_expert};
+    for (int l = 0; l < w->n_bias && st == LOOM_OK; l++) { /* DeepSeek-V3's buffers */
+        char name[LOOM_PARAM_NAME_MAX];
+        if (!loom_moe_layer(c, l)) continue;
+        snprintf(name, sizeof name, BIAS_HF, l);
+        st = loom_st_writer_add(wr, name, LOOM_ST_F32, 1, E, w->full + w->bias_off + (size_t)l * E[0]);
+    }
     if (st != LOOM_OK) {
         loom_st_writer_abort(wr);
         return st;
@@ -220,6 +262,7 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
         if (st != LOOM_OK) break;
         walk_runs(parts[i], mesh, sharded, &w, h, n, 1, put_elem);
         host_runs_done(parts[i]->dev, runs, h, n, 0);
+        bias_transfer(parts[i], mesh, &w, 1);
     }
     if (st != LOOM_OK) {
         whole_close(&w);
@@ -259,10 +302,36 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* Tensor t when it is a selection bias of w (*done = 1): its block's slot. */
+static loom_status read_bias(whole_model *w, const loom_model_config *c, const loom_st_file *f,
+                             const char *path, const loom_st_tensor *t, unsigned char *seen, int *done) {
+    int l, n = 0;
+    char again[LOOM_PARAM_NAME_MAX];
+    *done = 0;
+    if (!w->n_bias || sscanf(t->name, "model.layers.%d.mlp.gate.e_score_correction_bias%n", &l, &n) != 1 ||
+        t->name[n] || l < 0 || l >= w->n_bias || !loom_moe_layer(c, l))
+        return LOOM_OK;
+    snprintf(again, sizeof again, BIAS_HF, l);
+    if (strcmp(again, t->name)) return LOOM_OK;
+    *done = 1;
+    if (t->ndim != 1 || t->shape[0] != c->n_expert)
+        return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" must have shape [%d]", path, t->name, c->n_expert);
+    float *dst = w->full + w->bias_off + (size_t)l * (size_t)c->n_expert;
+    LOOM_TRY(loom_st_read_f32(f, t, dst));
+    for (int e = 0; e < c->n_expert; e++)
+        if (!isfinite(dst[e]))
+            return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" element %d is non-finite", path, t->name, e);
+    seen[w->n + l] = 1;
+    return LOOM_OK;
+}
+
 static loom_status read_one(whole_model *w, const loom_model_config *c, const loom_st_file *f,
                             const char *path, const loom_st_tensor *t, unsigned char *seen) {
     const char *name = strip_prefix(t->name);
     if (is_skippable(c, name)) return LOOM_OK;
+    int done;
+    LOOM_TRY(read_bias(w, c, f, path, t, seen, &done));
+    if (done) return LOOM_OK;
     const loom_param *p = whole_find(w, name);
     if (!p)
         return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" is not a parameter of model %s", path, t->name,
@@ -303,13 +372,17 @@ static loom_status read_file_full(whole_model *w, const loom_model_config *c, co
     struct stat sb;
     loom_hf_files files = {0, NULL};
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) LOOM_TRY(loom_hf_weight_files(path, &files));
-    unsigned char *seen = calloc((size_t)w->n, 1);
+    unsigned char *seen = calloc((size_t)(w->n + w->n_bias), 1);
     loom_status st = seen ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
     if (files.n == 0 && st == LOOM_OK) st = read_one_file(w, c, path, seen);
     for (int i = 0; i < files.n && st == LOOM_OK; i++) st = read_one_file(w, c, files.path[i], seen);
     for (int i = 0; i < w->n && st == LOOM_OK; i++)
         if (!seen[i])
             st = loom_fail(LOOM_EDATA, "%s: missing tensor \"%s\" needed by model %s", path, w->p[i].name,
+                           c->name);
+    for (int l = 0; l < w->n_bias && st == LOOM_OK; l++)
+        if (loom_moe_layer(c, l) && !seen[w->n + l])
+            st = loom_fail(LOOM_EDATA, "%s: missing tensor \"" BIAS_HF "\" needed by model %s", path, l,
                            c->name);
     free(seen);
     loom_hf_files_free(&files);
@@ -334,6 +407,7 @@ loom_status loom_params_load(loom_gpt *const *parts, int n_parts, const loom_mes
         if (st != LOOM_OK) break;
         walk_runs(parts[i], mesh, 0, &w, h, n, 0, get_elem);
         host_runs_done(parts[i]->dev, runs, h, n, 1);
+        bias_transfer(parts[i], mesh, &w, 0);
     }
     whole_close(&w);
     return st;

@@ -174,6 +174,26 @@ int main(int argc, char **argv) {
             snprintf(cname[2 * b + h2], 48, "moe.h.%d.%s", ms[b].layer, h2 ? "kept" : "chosen");
             loom_st_writer_add(w, cname[2 * b + h2], LOOM_ST_I32, 1, E1, counts[2 * b + h2]);
         }
+    /* DeepSeek-V3's selection bias before and after one balancing step from
+     * this batch's chosen counts (the trainer's step, loom_moe_balance) */
+    static float bias_v[2 * MAXP][1024];
+    static char bname[2 * MAXP][48];
+    for (int b = 0, l; b < n_moe && b < MAXP && cfg.moe_sigmoid; b++) {
+        const float *bias = loom_moe_selection_bias(m, b, &l);
+        double routed[1024];
+        memcpy(bias_v[2 * b], bias, (size_t)cfg.n_expert * sizeof(float)); /* the CPU backend */
+        for (int e = 0; e < cfg.n_expert; e++) routed[e] = (double)ms[b].routed[e];
+        loom_moe_balance(m, b, routed);
+        memcpy(bias_v[2 * b + 1], bias, (size_t)cfg.n_expert * sizeof(float));
+        for (int h2 = 0; h2 < 2; h2++) {
+            snprintf(bname[2 * b + h2], 48, "bias.h.%d.%s", l, h2 ? "after" : "before");
+            loom_st_writer_add(w, bname[2 * b + h2], LOOM_ST_F32, 1, E1, bias_v[2 * b + h2]);
+        }
+    }
+    if (cfg.moe_sigmoid) {
+        snprintf(mv[0], 32, "%.9g", cfg.bias_rate);
+        loom_st_writer_metadata(w, "bias_rate", mv[0]);
+    }
     static char names[3][MAXP][LOOM_PARAM_NAME_MAX + 8];
     const char *prefix[3] = {"param.", "grad.", "step."};
     const float *src[3] = {params0, grads, m->param_mem};

@@ -6,7 +6,11 @@ usage: check_hf_oracle.py ORACLE_DUMP [--only NAME,...] [--tol 1e-5]
 For each case - Llama with grouped-query attention, Llama with one
 key/value head, attention biases and a tied head, Llama 3's rope scaling,
 Mistral with a sliding window shorter than the sequence, Qwen2 with its
-q/k/v biases, Mixtral (4 SwiGLU experts, softmax top 2 renormalised) - this makes a tiny random model with transformers'
+q/k/v biases, Mixtral (4 SwiGLU experts, softmax top 2 renormalised), Qwen2-MoE,
+DeepSeek-V3's MoE with Llama attention (torch_deepseek.py's float64
+reference: sigmoid scores, top-k by score + e_score_correction_bias,
+routed_scaling_factor, shared experts, dense first blocks; the tokens per
+expert, the bias as loaded and after one balancing step too) - this makes a tiny random model with transformers'
 save_pretrained, runs ORACLE_DUMP (tests/model/oracle_dump.c) with
 --hf DIR, which loads it with loom's --model DIR reader and writes its
 parameters, logits, loss, every gradient and one AdamW step, and compares
@@ -41,6 +45,10 @@ CASES = [
     ("mixtral", "mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
     ("qwen2-moe", "qwen2_moe", hf_models.QWEN2_MOE),
     ("qwen2-moe-step2-norm", "qwen2_moe", dict(hf_models.QWEN2_MOE, decoder_sparse_step=2, norm_topk_prob=True)),
+    ("deepseek-v3", "deepseek_v3", dict(hf_models.DEEPSEEK, num_hidden_layers=3)),
+    ("deepseek-v3-nonorm-noshared", "deepseek_v3", dict(hf_models.DEEPSEEK, norm_topk_prob=False,
+                                                        n_shared_experts=0, first_k_dense_replace=0,
+                                                        num_experts_per_tok=3, seed=1)),
 ]
 B, T = 2, 16
 
@@ -93,6 +101,7 @@ def check_dir(dump_bin, tmp, name, d, tol):
         errs["step"] = max(errs["step"], rel_err(t["step." + n], params[n].detach().numpy()))
     results = [("params as loaded", errs["param"]), ("logits", e_logits), ("loss", e_loss),
                ("gradients (worst %s)" % worst, errs["grad"]), ("adamw step", errs["step"])]
+    results += selection_bias(t, meta, model)
     ok = fail = 0
     for what, e in results:
         good = e <= tol
@@ -100,6 +109,28 @@ def check_dir(dump_bin, tmp, name, d, tol):
         fail += not good
         print("%-22s %-38s %.3e  %s" % (name, what, e, "ok" if good else "FAIL"))
     return ok, fail
+
+
+def selection_bias(t, meta, model):
+    """DeepSeek-V3: the tokens choosing each expert equal the reference's,
+    the bias loom used is the directory's, and the bias after one balancing
+    step is b + rate * sign(mean load - load) (float32). Empty otherwise."""
+    out = []
+    for l, layer in enumerate(model.model.layers):
+        moe = getattr(layer, "mlp", None)
+        if not hasattr(moe, "chosen"):
+            continue
+        chosen = moe.chosen.numpy()
+        counts = t["moe.h.%d.chosen" % l]
+        out.append(("h.%d tokens per expert" % l, 0.0 if (counts == chosen).all() else 1.0))
+        b0 = moe.gate.e_score_correction_bias.float().numpy()
+        out.append(("h.%d bias as loaded" % l, float(np.abs(t["bias.h.%d.before" % l] - b0).max())))
+        rate = np.float32(float(meta["bias_rate"]))
+        want = b0 + rate * np.sign(chosen.mean() - chosen).astype(np.float32)
+        out.append(("h.%d bias after a step" % l, float(np.abs(t["bias.h.%d.after" % l] - want).max())))
+        if rate == 0 or (want == b0).all():
+            out.append(("h.%d bias step is not 0" % l, 1.0))
+    return out
 
 
 def main():

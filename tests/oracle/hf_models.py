@@ -11,6 +11,8 @@ import os
 import torch
 import transformers
 
+import torch_deepseek
+
 BASE = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
             vocab_size=67, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
             tie_word_embeddings=False)
@@ -28,12 +30,22 @@ CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM)}
 
 
+# DeepSeek-V3's MoE with Llama attention (torch_deepseek.py's reference): 6 routed experts
+# of 24, top 2 by sigmoid score + selection bias, renormalised, times 1.5; one shared expert;
+# block 0 dense
+DEEPSEEK = dict(num_key_value_heads=2, n_routed_experts=6, n_shared_experts=1, num_experts_per_tok=2,
+                moe_intermediate_size=24, routed_scaling_factor=1.5, norm_topk_prob=True,
+                first_k_dense_replace=1, n_group=1, topk_group=1, aux_free_bias_rate=0.001)
+
+
 def make(out_dir, arch, seed=0, **overrides):
     """A random model of `arch` (llama, mistral, qwen2) saved to out_dir.
     rope_scaling of type llama3 is written into config.json after saving
     (transformers 4.40 refuses it); load() applies it."""
     keys = dict(BASE)
     keys.update(overrides)
+    if arch == "deepseek_v3":
+        return torch_deepseek.make(out_dir, seed, **keys)
     scaling = keys.pop("rope_scaling", None)
     cfg_cls, model_cls = CLASSES[arch]
     torch.manual_seed(seed)
@@ -75,6 +87,8 @@ def load(model_dir, dtype=torch.float64):
     """The directory's model in transformers (eager attention), dtype."""
     with open(os.path.join(model_dir, "config.json")) as f:
         d = json.load(f)
+    if d["model_type"] == "deepseek_v3":
+        return torch_deepseek.load(model_dir, dtype)
     scaling = d.pop("rope_scaling", None)
     cfg_cls, model_cls = CLASSES[d["model_type"]]
     d.pop("model_type", None)

@@ -174,12 +174,31 @@ static void test_models(void) {
     CHECK(f.layers == m.layers && f.hidden == m.hidden && f.kv_heads == 8 && f.experts == 8 && f.topk == 2 &&
               f.gated && !f.tied,
           "mixtral config.json = the built-in shape");
-    const char *bad =
-        "{\"num_hidden_layers\": 32, \"hidden_size\": 4096.5, \"num_attention_heads\": 32, \"vocab_size\": 10}";
+    const char *bad = "{\"model_type\": \"llama\", \"num_hidden_layers\": 32, \"hidden_size\": 4096.5,"
+                      " \"num_attention_heads\": 32, \"intermediate_size\": 64, \"vocab_size\": 10}";
     p = check_scratch_path("bad.json");
     check_write_bytes(p, bad, strlen(bad));
     CHECK(loom_plan_model_resolve(p, &f) == LOOM_ECONFIG, "non-integer hidden_size rejected");
     CHECK(strstr(loom_errmsg(), "hidden_size") != NULL, "message names the key: %s", loom_errmsg());
+    /* training's reader: DeepSeek-V3's MoE keys read as loom train reads them,
+     * its multi-head latent attention refused by name as there */
+    const char *ds = "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 256,"
+                     " \"num_attention_heads\": 4, \"intermediate_size\": 512, \"vocab_size\": 1000,"
+                     " \"n_routed_experts\": 16, \"num_experts_per_tok\": 4, \"moe_intermediate_size\": 96,"
+                     " \"n_group\": 1, \"topk_group\": 1}";
+    p = check_scratch_path("deepseek.json");
+    check_write_bytes(p, ds, strlen(ds));
+    CHECK(loom_plan_model_resolve(p, &f) == LOOM_OK, "load deepseek config: %s", loom_errmsg());
+    CHECK(f.experts == 16 && f.topk == 4 && f.ffn == 96 && f.gated && !f.tied && !f.learned_pos &&
+              f.loom_trains,
+          "deepseek config.json: 16 experts of 96, top 4 (got %d of %d, top %d)", f.experts, f.ffn, f.topk);
+    const char *mla = "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 256,"
+                      " \"num_attention_heads\": 4, \"intermediate_size\": 512, \"vocab_size\": 1000,"
+                      " \"kv_lora_rank\": 64, \"n_group\": 1, \"topk_group\": 1}";
+    p = check_scratch_path("mla.json");
+    check_write_bytes(p, mla, strlen(mla));
+    CHECK(loom_plan_model_resolve(p, &f) == LOOM_ECONFIG && strstr(loom_errmsg(), "kv_lora_rank"),
+          "an MLA config is refused naming kv_lora_rank, as loom train refuses it: %s", loom_errmsg());
     CHECK(loom_plan_model_resolve("/nonexistent/config.json", &f) == LOOM_ENOINPUT, "missing file");
 }
 

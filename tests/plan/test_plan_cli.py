@@ -45,7 +45,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="loom-plancli-") as tmp:
         bad = os.path.join(tmp, "config.json")
         with open(bad, "w") as f:
-            f.write('{"num_hidden_layers": 2, "hidden_size": "big", "num_attention_heads": 2, "vocab_size": 9}')
+            f.write('{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": "big", '
+                    '"num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 9}')
         r = lt.run(["plan", "--model", bad, "--gpus", "8"], check_ok=False)
         lt.check(r.returncode == 78 and "hidden_size" in r.stderr, "bad config exits 78: %s" % r.stderr.strip())
         # calibrate: an existing file is replaced whole
