@@ -3,12 +3,10 @@
 4 query heads over 2 key/value heads, untied LM head), a tiny Mixtral (4
 SwiGLU experts, top 2: dp x ep, tp, ZeRO 3 over the experts, cp x pp), a
 tiny Qwen2 (its q/k/v biases) and a tiny Qwen2-MoE (a shared expert with a
-sigmoid gate beside 4 routed ones: tp x sp x dp x ep, pp) and a tiny
-DeepSeek-V3-style MoE (sigmoid scores, the aux-loss-free selection bias
-stepped after every step, routed scaling, a shared expert, block 0 dense:
-dp x ep, tp, dp x ep ZeRO-1, pp; its saved e_score_correction_bias is
-compared with the other tensors), each a directory written by transformers' save_pretrained
-(DeepSeek's by tests/oracle/torch_deepseek.py) and read with --model DIR, train the same run under each layout as on one
+sigmoid gate beside 4 routed ones: tp x sp x dp x ep, pp), each a
+directory written by transformers' save_pretrained (DeepSeek's, below, by
+tests/oracle/torch_deepseek.py) and read with --model DIR, train the same
+run under each layout as on one
 rank - the loss at each of 6 steps within 1e-5 relative and every final
 parameter tensor within 1e-5 (norm-wise relative).
 
@@ -22,8 +20,10 @@ train_llama_parity_more): a 4-block Llama under every pipeline schedule at pp 2
 (gpipe, interleaved v 2, zb, zbh2, zbv, dualpipev) and 1f1b at pp 4, cp 4 ring,
 ZeRO 1, tp 2 + sp + selective recompute; a 4-block Mixtral at dp 4 x ep 4,
 dp 2 x ep 2 x pp 2 (zb), ZeRO 1 over ep 2, Ulysses cp 2 with ep 2; and the
-DeepSeek-V3-style MoE (sigmoid scores, the aux-loss-free selection bias
-compared with the parameters) at dp 2 x ep 2, tp 2, ZeRO 1 over ep 2, pp 2.
+tiny DeepSeek-V3-style MoE (sigmoid scores, the aux-loss-free selection bias
+stepped after every step, routed scaling, a shared expert, block 0 dense; its
+saved e_score_correction_bias compared with the other tensors) at dp 2 x ep 2,
+tp 2, ZeRO 1 over ep 2, pp 2.
 
 Qwen2's key bias is measured element-wise instead where the norm-wise error
 exceeds 1e-5: every element within 5e-5 of one rank, under 1 % of the
