@@ -5,7 +5,7 @@ single-stream decode speed against transformers' generate.
 usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
                             [--requests 40] [--prompt-len 32] [--max-tokens 32]
                             [--seconds 60] [--skip-hf]
-       bench/bench_serve.py --tradeoff [--ranks 2,4] [--concurrency 1,8,32] ...
+       bench/bench_serve.py --tradeoff [--ranks 2,4] [--concurrency 1,8,32] [--runs 3] [--json FILE] ...
 
 1. Single stream: one prompt of --prompt-len tokens, 128 new greedy tokens,
    one thread on both sides (loom generate --threads 1; torch.set_num_threads(1),
@@ -29,10 +29,17 @@ usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
    and (R = 4) tp=2 x dp=2, each at every --concurrency C: C closed-loop
    clients (each sends its next request when its last ended; 4 C requests,
    at least 16): end-to-end latency and TTFT p50/p95/p99, completion tokens
-   per wall second, the KV capacity the replicas' /health report; then
-   `loom plan --mode serve --batch C` with a cluster file `loom calibrate`
-   measured on R ranks here, and whether its order of these layouts by
-   tokens/s/device is the measured one.
+   per wall second, the KV capacity the replicas' /health report; --runs
+   rounds, each layout once per round in turn, so the machine's load falls
+   on all alike: median and range. Then `loom plan --mode serve --batch C`
+   with a cluster file `loom calibrate` measured on R ranks here, given the
+   machine's other work as background_runnable (the median load average
+   sampled before each closed loop, less R + 1): its order
+   of these layouts by tokens/s and by end-to-end latency (TTFT + max_tokens
+   x TPOT) against the measured medians, and against every pair of layouts
+   the measurement separates (one better than the other in every round). --json FILE keeps the
+   runs and the cluster files (tests/plan/serve_tradeoff.json is one, which
+   ctest plan_serve_ranking checks the plan against).
 The model (random weights from `loom train --steps 1`, --model) only fixes
 the cost per token. Numbers on a shared machine are noisy; run it alone.
 """
@@ -153,8 +160,9 @@ def kv_capacity(ports):
     return seqs, positions
 
 
-def plan_ranking(loom, model, ranks, conc, prompt_len, max_tokens, cluster, names):
-    """loom plan --mode serve's order of the measured layouts (names: "tp=2", "dp=2", "tp=2,dp=2")."""
+def plan_predict(loom, model, ranks, conc, prompt_len, max_tokens, cluster, names):
+    """loom plan --mode serve's figures for the measured layouts (names: "tp=2", "dp=2", "tp=2,dp=2"):
+    {name: (tokens/s of the whole job, end-to-end latency s = TTFT + max_tokens x TPOT)}."""
     p = benchlib.run([loom, "plan", "--model", model, "--mode", "serve", "--cluster", cluster, "--gpus", ranks,
                       "--batch", conc, "--seq", prompt_len, "--gen", max_tokens, "--precision", "fp32", "--top", 1000,
                       "--json"], what="loom plan")
@@ -167,14 +175,41 @@ def plan_ranking(loom, model, ranks, conc, prompt_len, max_tokens, cluster, name
         name = ",".join(x for x in (("tp=%d" % d["tp"]) if d["tp"] > 1 else "", ("dp=%d" % d["dp"]) if d["dp"] > 1
                                     else "") if x)
         if name in names and name not in pred and r.get("feasible", True):
-            pred[name] = r["tokens_per_s_per_device"]
-    return sorted(pred, key=lambda k: -pred[k]), pred
+            pred[name] = (r["tokens_per_s_per_device"] * ranks, r["ttft_s"] + max_tokens * r["tpot_s"])
+    return pred
+
+
+def separated(runs, better_high):
+    """Pairs (a, b) of layouts the measurement separates, a the better: a beats b in every round (the runs of
+    one round ran one after another, under the same load; runs: {name: [value per round]})."""
+    out = []
+    for a in runs:
+        for b in runs:
+            if a != b and all(p > q if better_high else p < q for p, q in zip(runs[a], runs[b])):
+                out.append((a, b))
+    return out
+
+
+def compare(measured, pred, what):
+    """The measured order by median, the plan's, and whether the plan orders every separated pair as measured."""
+    hi = what == "tok_s"
+    med = {n: statistics.median(v) for n, v in measured.items()}
+    got = sorted(med, key=lambda n: -med[n] if hi else med[n])
+    idx = 0 if hi else 1
+    plan = sorted(pred, key=lambda n: -pred[n][idx] if hi else pred[n][idx])
+    pairs = separated(measured, hi)
+    wrong = [(a, b) for a, b in pairs if plan.index(a) > plan.index(b)]
+    return got, plan, pairs, wrong
 
 
 def tradeoff(a, params, tmp):
     """The seeds' trade-off: on --ranks R, tp=R vs dp=R replicas vs tp x dp, closed-loop clients at each
-    --concurrency; latency and TTFT p50/p95/p99, tokens/s, KV capacity; and loom plan --mode serve's
-    ranking from a cluster file `loom calibrate` measures here."""
+    --concurrency, --runs rounds (each layout once per round, in turn); latency and TTFT p50/p95/p99,
+    tokens/s, KV capacity; and loom plan --mode serve's ranking from a cluster file `loom calibrate`
+    measures here, checked on every pair of layouts whose runs do not overlap."""
+    concs = [int(c) for c in a.concurrency.split(",")]
+    record = {"model": a.model, "prompt": a.prompt_len, "max_tokens": a.max_tokens, "runs": a.runs,
+              "cpu": benchlib.cpu_model(), "cores": os.cpu_count(), "ranks": {}}
     for ranks in [int(r) for r in a.ranks.split(",")]:
         layouts = [("tp=%d" % ranks, ["--tp", ranks], 1), ("dp=%d" % ranks, ["--dp", ranks], ranks)]
         if ranks == 4:
@@ -183,28 +218,64 @@ def tradeoff(a, params, tmp):
         benchlib.run([LOOMRUN, "-np", ranks, a.loom, "calibrate", "--out", cluster, "--quiet"], what="loom calibrate")
         print("\ntrade-off on %d ranks (1 thread each, %d cores): prompt %d, %d new tokens, streaming, closed loop" % (
             ranks, os.cpu_count(), a.prompt_len, a.max_tokens))
-        print("%-10s %4s %5s %27s %27s %9s %16s" % ("layout", "conc", "ok", "latency p50/p95/p99 ms",
-                                                    "ttft p50/p95/p99 ms", "tok/s", "KV seqs/positions"))
-        measured = {}
-        for li, (name, extra, replicas) in enumerate(layouts):
-            proc, ports = start_server(a.loom, ["--model", a.model, "--load-params", params] +
-                                       [str(x) for x in extra], ranks, tmp, "t%d_%d" % (ranks, li), replicas)
-            try:
-                seqs, positions = kv_capacity(ports)
-                for conc in [int(c) for c in a.concurrency.split(",")]:
-                    r = closed_loop(ports, conc, max(4 * conc, 16), a.prompt_len, a.max_tokens)
-                    measured[(name, conc)] = r["tok_s"]
-                    print("%-10s %4d %2d/%-2d %8.1f/%8.1f/%8.1f %8.1f/%8.1f/%8.1f %9.1f %7d/%-8d" % (
-                        name, conc, r["ok"], r["requests"], *[1e3 * x for x in r["lat"]],
-                        *[1e3 * x for x in r["ttft"]], r["tok_s"], seqs, positions), flush=True)
-            finally:
-                stop(proc)
+        print("%-10s %4s %3s %5s %27s %27s %9s %16s %s" % ("layout", "conc", "run", "ok", "latency p50/p95/p99 ms",
+                                                         "ttft p50/p95/p99 ms", "tok/s", "KV seqs/positions",
+                                                         "load"))
+        rows = {n: {c: {"tok_s": [], "lat_p50": [], "ttft_p50": [], "lat_p99": []} for c in concs}
+                for n, _, _ in layouts}
+        loads = []
+        for run in range(a.runs):
+            for li, (name, extra, replicas) in enumerate(layouts):
+                proc, ports = start_server(a.loom, ["--model", a.model, "--load-params", params] +
+                                           [str(x) for x in extra], ranks, tmp, "t%d_%d_%d" % (ranks, li, run),
+                                           replicas)
+                try:
+                    seqs, positions = kv_capacity(ports)
+                    for conc in concs:
+                        load = open("/proc/loadavg").read().split()[0]
+                        loads.append(float(load))
+                        r = closed_loop(ports, conc, max(4 * conc, 16), a.prompt_len, a.max_tokens)
+                        cell = rows[name][conc]
+                        cell["tok_s"].append(r["tok_s"])
+                        cell["lat_p50"].append(r["lat"][0])
+                        cell["lat_p99"].append(r["lat"][2])
+                        cell["ttft_p50"].append(r["ttft"][0])
+                        print("%-10s %4d %3d %2d/%-2d %8.1f/%8.1f/%8.1f %8.1f/%8.1f/%8.1f %9.1f %7d/%-8d %s" % (
+                            name, conc, run, r["ok"], r["requests"], *[1e3 * x for x in r["lat"]],
+                            *[1e3 * x for x in r["ttft"]], r["tok_s"], seqs, positions, load), flush=True)
+                finally:
+                    stop(proc)
         names = [n for n, _, _ in layouts]
-        for conc in [int(c) for c in a.concurrency.split(",")]:
-            got = sorted(names, key=lambda n: -measured[(n, conc)])
-            pred, _ = plan_ranking(a.loom, a.model, ranks, conc, a.prompt_len, a.max_tokens, cluster, names)
-            print("ranks %d, concurrency %2d: measured order %s; loom plan --mode serve predicts %s: %s" % (
-                ranks, conc, " > ".join(got), " > ".join(pred), "agree" if pred == got else "DISAGREE"))
+        print("\nmedian [range] over %d runs; load average %.1f-%.1f during them" % (a.runs, min(loads), max(loads)))
+        for conc in concs:
+            for n in names:
+                c = rows[n][conc]
+                print("%-10s %4d  tok/s %8.1f [%7.1f-%7.1f]  latency p50 %8.1f ms [%7.1f-%7.1f]" % (
+                    n, conc, statistics.median(c["tok_s"]), min(c["tok_s"]), max(c["tok_s"]),
+                    1e3 * statistics.median(c["lat_p50"]), 1e3 * min(c["lat_p50"]), 1e3 * max(c["lat_p50"])))
+        # the other work on the machine: the load average sampled before each closed loop, less this job's
+        # own runnable threads (its ranks and the load generator)
+        with open(cluster) as f:
+            cl = json.load(f)
+        cl["background_runnable"] = round(max(0.0, statistics.median(loads) - ranks - 1), 1)
+        with open(cluster, "w") as f:
+            json.dump(cl, f, indent=1)
+        print("background_runnable %.1f (median load average %.1f less %d ranks and the load generator)" % (
+            cl["background_runnable"], statistics.median(loads), ranks))
+        record["ranks"][str(ranks)] = {"cluster": cl, "load": [min(loads), max(loads)], "rows": rows}
+        for conc in concs:
+            pred = plan_predict(a.loom, a.model, ranks, conc, a.prompt_len, a.max_tokens, cluster, names)
+            for what in ("tok_s", "lat_p50"):
+                got, plan, pairs, wrong = compare({n: rows[n][conc][what] for n in names}, pred, what)
+                print("ranks %d, concurrency %2d, %-7s: measured (median) %s; loom plan --mode serve %s; "
+                      "%d pairs apart in every round, %s" % (
+                          ranks, conc, what, " > ".join(got), " > ".join(plan), len(pairs),
+                          "the plan orders all as measured" if not wrong else
+                          "the plan DISAGREES on " + ", ".join("%s > %s" % p for p in wrong)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
 
 
 def start_server(loom, args, np_, tmp, tag, replicas=1):
@@ -298,6 +369,8 @@ def main():
                     help="only the tp vs dp trade-off (--ranks, --concurrency), not the single stream and rates")
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--runs", type=int, default=3, help="--tradeoff: rounds over the layouts (default 3)")
+    ap.add_argument("--json", default="", help="--tradeoff: write the measured table and cluster files here")
     a = ap.parse_args()
     print("cpu: %s, %d cores" % (benchlib.cpu_model(), os.cpu_count()))
     with tempfile.TemporaryDirectory() as tmp:

@@ -114,6 +114,10 @@ typedef struct loom_plan_cluster {
      * it: loom_sim_wake_wait). `loom calibrate` writes the kernel's; absent:
      * EEVDF's default, 0.75 ms x (1 + log2(min(cores, 8))). */
     double slice;
+    /* background_runnable: threads of other work runnable on each node on
+     * average (the load average less the job's own; with cores only) - they
+     * compete for the cores a woken rank needs (serving's waits) */
+    double background;
     /* GEMM efficiency by size: n_gemm points (FLOPs of one GEMM, 2*M*N*K;
      * achieved / peak), ascending; interpolated in log(FLOPs), clamped at
      * the ends, times gemm_eff. No points: gemm_eff for every GEMM. */

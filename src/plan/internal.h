@@ -124,4 +124,10 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
                  loom_plan_result *r);
 void plan_format_gb(char *buf, size_t cap, const loom_plan_result *r);
 
+/* plan_serve.c: a serving layout (j->serve): TTFT, per-token latency and
+ * tokens/s of closed-loop clients, the failure modes; infeasible sets
+ * feasible = 0 and the reason. */
+loom_status plan_eval_serve(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
+                            const loom_plan_layout *l, const eval_ctx *e, loom_plan_result *r);
+
 #endif

@@ -186,6 +186,14 @@ static loom_status parse_sharing(const char *path, const cJSON *root, loom_plan_
     } else if (c->cores > 0) {
         c->slice = loom_plan_default_slice(c->cores);
     }
+    const cJSON *bg = cJSON_GetObjectItemCaseSensitive(root, "background_runnable");
+    if (bg) {
+        c->background = cJSON_IsNumber(bg) ? bg->valuedouble : -1;
+        if (!(isfinite(c->background) && c->background >= 0 && c->cores > 0))
+            return loom_fail(LOOM_ECONFIG,
+                             "cluster %s: 'background_runnable' must be a number >= 0, with 'cores_per_node'",
+                             path);
+    }
     return LOOM_OK;
 }
 

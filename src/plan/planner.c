@@ -60,67 +60,6 @@ static loom_status reject_memory(loom_plan_result *r, const loom_plan_cluster *c
                   (r->mem_total - c->memory) / GB, bd);
 }
 
-static loom_status eval_serve(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
-                              const loom_plan_layout *l, const eval_ctx *e, loom_plan_result *r) {
-    const int Ls = (m->layers + l->pp - 1) / l->pp;
-    plan_memory(m, c, j, l, e, Ls, 1, l->pp == 1, r);
-    if (r->max_seqs < 1) {
-        char b[256];
-        plan_format_gb(b, sizeof b, r);
-        return reject(r, "memory: weights leave no room for one sequence's KV cache (%s; device %.1f GB)", b,
-                      c->memory / GB);
-    }
-    const double t = l->tp, eff = e->peak * c->gemm_eff;
-    const int tin = plan_axis_inter(l, c, LOOM_PLAN_TP), pin = plan_axis_inter(l, c, LOOM_PLAN_PP);
-    /* prefill of one prompt: every stage in turn */
-    const double s = j->seq;
-    const double pre =
-        m->layers * plan_layer_flops(m, &e->sc, s, s) / t / eff + 2 * s * e->sc.head_w / t / eff;
-    const double pre_tp =
-        2.0 * m->layers * loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, l->tp, tin, s * m->hidden * e->ab);
-    const double pre_pp = (l->pp - 1) * loom_plan_coll_time(c, LOOM_COLL_P2P, 2, pin, s * m->hidden * e->ab);
-    r->ttft = pre + pre_tp + pre_pp;
-    /* decode: B sequences, one token each, bound by weights + KV reads or FLOPs */
-    const double live = r->in_flight, B = ceil(live / l->pp), ctx = s + j->gen / 2.0;
-    double active;
-    loom_plan_model_params(m, &active);
-    const double total_w = loom_plan_model_params(m, NULL);
-    /* expert weights read: the experts the batch touches on this rank */
-    const double frac_read = m->experts > 1 ? fmin(1.0, B * m->topk / (double)m->experts) : 1.0;
-    const double w_read =
-        (total_w - (m->experts > 1 ? (1 - frac_read) * (total_w - active) : 0)) * e->wb / (t * l->pp);
-    const int kvl = m->kv_heads >= l->tp ? m->kv_heads / l->tp : 1;
-    const double kv_read = B * 2.0 * m->layers / l->pp * ctx * e->sc.hd * kvl * e->ab;
-    const double mem_t = (w_read / (m->experts > 1 && l->ep > 1 ? l->ep : 1) + kv_read) / c->hbm_bw;
-    const double fl_t = (2 * active * B + 4.0 * B * ctx * m->hidden * m->layers) / (t * l->pp) / eff;
-    const double tp_t = 2.0 * m->layers / l->pp *
-                        loom_plan_coll_time(c, LOOM_COLL_ALLREDUCE, l->tp, tin, B * m->hidden * e->ab);
-    const double ep_t = l->ep > 1 ? 2.0 * m->layers / l->pp *
-                                        loom_plan_coll_time(c, LOOM_COLL_ALLTOALL, l->ep, plan_ep_inter(l, c),
-                                                            B * m->topk * m->hidden * e->ab / t)
-                                  : 0;
-    const double stage = fmax(mem_t, fl_t) + tp_t + ep_t;
-    r->tpot =
-        l->pp * stage + (l->pp - 1) * loom_plan_coll_time(c, LOOM_COLL_P2P, 2, pin, B * m->hidden * e->ab);
-    r->t_compute = fmax(mem_t, fl_t) * l->pp, r->t_tp = tp_t * l->pp, r->t_ep = ep_t * l->pp;
-    r->t_step = r->tpot;
-    /* pp stages each work on their own batch in flight: throughput of one stage */
-    const double per_replica = live / r->tpot;
-    r->tokens_per_s_dev = per_replica * l->dp / job_gpus(c, j);
-    r->mfu = 2 * active * r->tokens_per_s_dev / e->peak;
-    if (tp_t > 0.3 * stage)
-        add_failure(r, "too much TP: all-reduces are %.0f%% of a decode step", 100 * tp_t / stage);
-    if (ep_t > 0.3 * stage)
-        add_failure(r, "expert all-to-all dominates: %.0f%% of a decode step", 100 * ep_t / stage);
-    if (mem_t > fl_t)
-        add_failure(r, "decode bound by memory bandwidth (%.0f%% of the FLOP bound is used)",
-                    100 * fl_t / mem_t);
-    if (r->max_seqs < (j->batch + l->dp - 1) / l->dp)
-        add_failure(r, "KV cache holds only %.0f concurrent sequences per replica", r->max_seqs);
-    r->feasible = 1;
-    return LOOM_OK;
-}
-
 /* ---- training: stages, per micro-batch costs, the pipeline, the step ---- */
 
 /* GEMM efficiency at this layout's GEMM sizes (one number per layer), a
@@ -415,7 +354,7 @@ loom_status loom_plan_evaluate(const loom_plan_model *m, const loom_plan_cluster
     r->l = *l;
     if (loom_plan_layout_validate(m, j, job_gpus(c, j), l) != LOOM_OK) return reject(r, "%s", loom_errmsg());
     const eval_ctx e = plan_ctx_of(m, c, j);
-    if (j->serve) return eval_serve(m, c, j, l, &e, r);
+    if (j->serve) return plan_eval_serve(m, c, j, l, &e, r);
     const int S = l->pp * l->v;
     stage_split sp;
     split_costs(m, c, j, l, &e, &sp);
