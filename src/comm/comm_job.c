@@ -381,14 +381,19 @@ static void end_rank(const msg_buf *m, int code) {
 }
 
 /* A peer of this host whose process ended while it was running (not
- * finished, not aborting after its own message, not ended by a stop signal
- * the launcher relayed): named - by the lowest rank of the host still
+ * finished; and no peer aborting after its own message or ended by a stop
+ * signal relayed to every rank: then the job ends already, and the ranks the
+ * launcher kills for it would be named in vain): named - by the lowest rank of the host still
  * running, so once - and this rank ends with exit 69. The others of the job
  * would wait for it in a collective that cannot finish. Async-signal-safe. */
 static void check_peers(void) {
     job_slot *me = g_me;
     job_slot *const *slots = g_slots;
     if (!me || !slots || LOAD(me->state) != LOOM_JOB_RUNNING) return;
+    for (int i = 0; i < g_n; i++) { /* a peer aborting after its own message, or a relayed stop: */
+        int state = LOAD(slots[i]->magic) == JOB_MAGIC ? LOAD(slots[i]->state) : 0;
+        if (state == LOOM_JOB_ABORT || state == LOOM_JOB_SIGNALLED) return; /* the job ends already */
+    }
     for (int i = 0; i < g_n; i++) {
         const job_slot *s = slots[i];
         if (i == g_me_i || LOAD(s->magic) != JOB_MAGIC || LOAD(s->state) != LOOM_JOB_RUNNING || slot_alive(s))
