@@ -25,6 +25,15 @@ grace (odls_base_sigkill_timeout) is 5 s here against the at most 0.25 s
 (plus scheduling) the survivor's watch thread takes - Open MPI waits the
 grace out twice even when every rank has ended, so a case takes about 10 s.
 Every wait is bounded (300 s): a hang fails the test instead of hanging it.
+
+The run is given 10^9 steps and the test checks that the kill landed while
+it ran (its metrics still FILE.tmp afterwards): with 100000 steps this tiny
+model finished in 30-70 s, and under load (2 cores, load average 30-45) a
+scan of /proc here took up to 31 s, so the victim was sometimes found only
+after the run had completed - the "survivor" then rightly exited 0 with no
+message (its metrics renamed, all 100001 lines written): the flaky failures
+of this test were kills after the end, not a death loom missed. The victim
+is looked for among the job's own processes only.
 """
 import contextlib
 import os
@@ -41,10 +50,11 @@ import loomtest as lt  # noqa: E402
 WRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_exit.py")
 
 
-def procs_of(tmp):
-    """(pid, argv, world rank or None) of every process whose command line names tmp."""
+def procs_of(tmp, among=None):
+    """(pid, argv, world rank or None) of every process (of those among, if
+    given) whose command line names tmp."""
     out = []
-    for pid in os.listdir("/proc"):
+    for pid in (map(str, among) if among is not None else os.listdir("/proc")):
         if not pid.isdigit():
             continue
         try:
@@ -66,7 +76,7 @@ def run_case(tmp, data, model, label, layout, victim, wrap):
     metrics = os.path.join(d, "m.jsonl")
     prefix = os.path.join(d, "end")
     cmd = [lt.LOOM_RUN, "-np", "2"] + ([sys.executable, WRAP, prefix, "--"] if wrap else [])
-    cmd += [lt.LOOM, "train", "--model", model, "--data", data, "--steps", "100000", "--batch", "4",
+    cmd += [lt.LOOM, "train", "--model", model, "--data", data, "--steps", "1000000000", "--batch", "4",
             "--seq", "16", "--no-progress", "--quiet", "--peak-flops", "1e11", "--metrics", metrics,
             "--save-dir", os.path.join(d, "ck"), "--save-every", "100000"] + layout
     env = dict(os.environ, OMPI_MCA_odls_base_sigkill_timeout="5")
@@ -75,7 +85,7 @@ def run_case(tmp, data, model, label, layout, victim, wrap):
     deadline, pid = time.time() + 300, None
     while time.time() < deadline and p.poll() is None and pid is None:
         if os.path.exists(metrics + ".tmp"):
-            ranks = [q for q, argv, r in procs_of(d) if argv[0] == lt.LOOM and r == victim]
+            ranks = [q for q, argv, r in procs_of(d, lt.descendants(p.pid)) if argv[0] == lt.LOOM and r == victim]
             pid = ranks[0] if len(ranks) == 1 else None
         time.sleep(0.05)
     lt.check(pid is not None and p.poll() is None, "%s: no running rank %d found (job %s)" % (label, victim, p.poll()))
@@ -94,6 +104,8 @@ def run_case(tmp, data, model, label, layout, victim, wrap):
     said = [line for line in out.splitlines() if want in line]
     print("%s: mpirun rc %d %.1f s after the kill; %s" % (label, p.returncode, took, said[0] if said else "no message"))
     lt.check(p.returncode != 0, "%s: mpirun exited 0" % label)
+    lt.check(os.path.exists(metrics + ".tmp") and not os.path.exists(metrics),
+             "%s: the run was not running when rank %d was killed (metrics complete)" % (label, victim))
     lt.check(len(said) == 1, "%s: want one line with '%s':\n%s" % (label, want, out[-3000:]))
     if wrap:
         ends = []
