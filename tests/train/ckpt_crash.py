@@ -151,7 +151,7 @@ def main():
             if rng.random() < 0.8:  # into a save: wait for a step_N.tmp to appear
                 t_end = time.time() + 5
                 while time.time() < t_end and p.poll() is None and not any(
-                        n.endswith(".tmp") for n in os.listdir(ck)):
+                        n.endswith(".tmp") for n in (os.listdir(ck) if os.path.isdir(ck) else [])):
                     pass
                 time.sleep(rng.uniform(0.0, 0.004))
             else:
@@ -167,7 +167,8 @@ def main():
                 else:
                     os.kill(rng.choice(pids), 9)
                 kills += 1
-                if any(n.endswith(".tmp") and os.path.isdir(os.path.join(ck, n)) for n in os.listdir(ck)):
+                if os.path.isdir(ck) and any(n.endswith(".tmp") and os.path.isdir(os.path.join(ck, n))
+                                             for n in os.listdir(ck)):
                     mid_save += 1
             try:
                 out, err = p.communicate(timeout=300)
