@@ -10,6 +10,7 @@ refused. The long run is the same with more iterations:
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,12 @@ def main():
         print(p.stdout + p.stderr[-4000:])
         lt.check(p.returncode == 0, "ckpt_load_fuzz exit %d" % p.returncode)
         lt.check(" 0 wrong state accepted" in p.stdout, "a wrong state was accepted")
-        counts = [int(w) for w in p.stdout.split(":")[1].split() if w.isdigit()] if ":" in p.stdout else []
-        lt.check(len(counts) >= 3 and counts[1] > 0 and counts[2] > 0,
-                 "want both loads equal and refusals among the mutations: %s" % p.stdout)
+        m = re.search(r"(\d+) loaded equal, (\d+) refused, (\d+) wrong", p.stdout)
+        c = re.search(r"(\d+) of (\d+) seen as different", p.stdout)
+        lt.check(m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0 and m.group(3) == "0",
+                 "want loads equal and refusals, none wrong: %s" % p.stdout)
+        lt.check(c is not None and int(c.group(2)) > 0 and c.group(1) == c.group(2),
+                 "want every control seen as another state: %s" % p.stdout)
     lt.done()
 
 
