@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "loom/comm.h"
 #include "loom/cpu.h"
 #include "loom/runinfo.h"
 #include "loom/version.h"
@@ -69,7 +70,13 @@ static void take_help_man(int argc, char **argv) {
  * signal it stands for, so the command's own handling of SIGINT / SIGTERM
  * (train with --save-dir: finish the step, save, exit 75; serve: stop) or
  * their default action applies. */
-static void relay_stop(int sig) { raise(sig == SIGUSR1 ? SIGINT : SIGTERM); }
+static void relay_stop(int sig) {
+    int to = sig == SIGUSR1 ? SIGINT : SIGTERM;
+    struct sigaction cur;
+    if (sigaction(to, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL)
+        loom_comm_note_stop_signal(to); /* every rank dies of it: not "rank R died" (comm.h) */
+    raise(to);
+}
 
 /* loom train holds SIGTERM / SIGINT from its start (MPI start-up included)
  * until its flags are read: with --save-dir a held one asks the run to stop
@@ -83,7 +90,10 @@ int cli_held_stop_signal(void) { return g_held_stop; }
 void cli_release_stop_signals(void) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
-    if (g_held_stop) raise(g_held_stop);
+    if (g_held_stop) {
+        loom_comm_note_stop_signal(g_held_stop);
+        raise(g_held_stop);
+    }
 }
 
 static void catch_two(void (*handler)(int), int a, int b) {

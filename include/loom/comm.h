@@ -232,6 +232,10 @@ const loom_comm_mem *loom_comm_memory(const loom_comm *c);
 /* Abort every rank of the job with exit code `code` (after printing). Used when
  * a failure seen by one rank only would otherwise leave the others hanging. */
 void loom_comm_abort(loom_comm *c, int code);
+/* This process is about to end by stop signal `sig` (SIGTERM/SIGINT, default
+ * action) that reached every rank: the other ranks of its host do not
+ * report it as a rank that died. Async-signal-safe. */
+void loom_comm_note_stop_signal(int sig);
 
 int loom_comm_rank(const loom_comm *c);
 int loom_comm_size(const loom_comm *c);

@@ -115,6 +115,8 @@ loom_status loom_comm_create(const loom_comm_ops *ops, void *impl, size_t req_si
     return LOOM_OK;
 }
 
+void loom_comm_note_stop_signal(int sig) { loom_job_note_stop(sig); }
+
 void loom_comm_adopt_host(loom_comm *c, loom_comm *host) {
     c->host = host;
     host->stats = c->stats;

@@ -13,12 +13,23 @@
  * still seen: the watchdog (comm_watch.c) names the members of the stalled
  * group that have not entered the stalled call, with what each is doing.
  *
+ * A peer that dies: a few times a second the watch thread, and at once at
+ * a SIGCONT (Open MPI's first signal when it ends a job), checks that each
+ * running peer of the host still lives (kill(pid, 0), not a zombie, the same
+ * start time). One that ended while running - not finished, not aborting
+ * after its own message, not ended by a stop signal relayed to every rank -
+ * is named once, by the lowest rank of the host still running: "rank R (pid
+ * P on host H) died", and every rank ends with exit 69 rather than wait in
+ * a collective that cannot finish. A rank whose launcher (its parent) has
+ * ended ends too.
+ *
  * Ranks on other hosts are not visible (no shared memory): the watchdog says
  * so. The board costs one pointer scan and a few stores per call.
  */
 #include "comm/comm_job.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -34,6 +45,7 @@
 #define JOB_GROUPS 64                   /* groups a slot publishes */
 #define JOB_LOCAL 256                   /* groups alive at once in this process */
 #define STALE_NS 2000000000ULL          /* a heartbeat older than this: the process does not run */
+#define CHECK_NS 250000000ULL           /* the watch thread looks for dead peers at most every 0.25 s */
 
 typedef struct job_group {
     char name[24];
@@ -68,6 +80,8 @@ static int g_n, g_me_i;
 static job_slot *g_slot_ptrs[1024];
 static local_group g_local[JOB_LOCAL];
 static int g_n_local;
+static pid_t g_launcher; /* this rank's parent when the board started */
+static uint64_t g_last_check;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -78,20 +92,32 @@ static uint64_t now_ns(void) {
 #define LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
 #define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 
-/* /proc/PID/stat: the state letter and the start time; 0 if unreadable. */
+/* /proc/PID/stat: the state letter and the start time; 0 if unreadable.
+ * Async-signal-safe (open/read, no stdio): the SIGCONT handler calls it. */
 static int proc_stat(int pid, char *state, uint64_t *start) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    char path[64] = "/proc/", buf[1024], digits[16];
+    int nd = 0, at = 6;
+    for (unsigned v = (unsigned)pid; nd == 0 || v; v /= 10) digits[nd++] = (char)('0' + v % 10);
+    while (nd) path[at++] = digits[--nd];
+    memcpy(path + at, "/stat", 6);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
     buf[n] = '\0';
     char *p = strrchr(buf, ')');
-    if (!p || sscanf(p + 1, " %c", state) != 1) return 0;
-    char *save = NULL, *tok = strtok_r(p + 1, " ", &save);
-    for (int field = 3; tok && field < 22; field++) tok = strtok_r(NULL, " ", &save);
-    *start = tok ? strtoull(tok, NULL, 10) : 0;
+    if (!p || p[1] != ' ' || !p[2]) return 0;
+    *state = p[2];
+    p += 3;                                          /* field 3 (state) read; the start time is field 22 */
+    for (int field = 4; field < 22 && *p; field++) { /* skip fields 4..21 */
+        while (*p == ' ') p++;
+        while (*p && *p != ' ') p++;
+    }
+    while (*p == ' ') p++;
+    uint64_t v = 0;
+    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
+    *start = v;
     return 1;
 }
 
@@ -107,6 +133,7 @@ static int slot_alive(const job_slot *s) {
 size_t loom_job_slot_bytes(void) { return sizeof(job_slot); }
 
 static void publish(struct local_group *l);
+static void on_cont(int sig);
 
 static void at_exit(void) { loom_job_set_state(LOOM_JOB_DONE, 0); }
 
@@ -128,8 +155,15 @@ void loom_job_attach(void *const *slots, const int *world_ranks, int n, int me) 
     g_me = s;
     for (int i = 0; i < g_n_local; i++) /* groups made before the board (the world) */
         if (g_local[i].seq && g_local[i].slot < 0) publish(&g_local[i]);
+    g_launcher = getppid();
     STORE(s->magic, JOB_MAGIC);
     atexit(at_exit);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_cont;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGCONT, NULL, &old) == 0 && old.sa_handler == SIG_DFL) sigaction(SIGCONT, &sa, NULL);
 }
 
 void loom_job_detach(void) {
@@ -310,9 +344,178 @@ void loom_job_report(const uint64_t *seqp, uint64_t seq, int p2p, char *out, siz
         snprintf(out + len, cap - len, "\n  %d member(s) on other hosts: not visible from here", remote);
 }
 
+/* ---- a dead peer ---------------------------------------------------------------- */
+
+/* Text for one message built without stdio (async-signal-safe). */
+typedef struct msg_buf {
+    char b[512];
+    size_t n;
+} msg_buf;
+
+static void put_s(msg_buf *m, const char *t) {
+    while (*t && m->n + 1 < sizeof m->b) m->b[m->n++] = *t++;
+}
+
+static void put_i(msg_buf *m, long v) {
+    char d[24];
+    int k = 0;
+    unsigned long u = v < 0 ? (unsigned long)-v : (unsigned long)v;
+    if (v < 0) put_s(m, "-");
+    do d[k++] = (char)('0' + u % 10);
+    while ((u /= 10) && k < (int)sizeof d);
+    while (k && m->n + 1 < sizeof m->b) m->b[m->n++] = d[--k];
+}
+
+static int g_ending; /* set once: this rank is ending (one message) */
+
+/* End this rank with `code` after writing m (if any) to stderr. Async-signal-safe. */
+static void end_rank(const msg_buf *m, int code) __attribute__((noreturn));
+static void end_rank(const msg_buf *m, int code) {
+    if (__atomic_exchange_n(&g_ending, 1, __ATOMIC_ACQ_REL)) m = NULL; /* the other path speaks */
+    if (m && m->n) {
+        ssize_t w = write(2, m->b, m->n);
+        (void)w;
+    }
+    loom_job_set_state(LOOM_JOB_ABORT, code);
+    _Exit(code);
+}
+
+/* A peer of this host whose process ended while it was running (not
+ * finished; and no peer aborting after its own message or ended by a stop
+ * signal relayed to every rank: then the job ends already, and the ranks the
+ * launcher kills for it would be named in vain): named - by the lowest rank of the host still
+ * running, so once - and this rank ends with exit 69. The others of the job
+ * would wait for it in a collective that cannot finish. Async-signal-safe. */
+static void check_peers(void) {
+    job_slot *me = g_me;
+    job_slot *const *slots = g_slots;
+    if (!me || !slots || LOAD(me->state) != LOOM_JOB_RUNNING) return;
+    for (int i = 0; i < g_n; i++) { /* a peer aborting after its own message, or a relayed stop: */
+        int state = LOAD(slots[i]->magic) == JOB_MAGIC ? LOAD(slots[i]->state) : 0;
+        if (state == LOOM_JOB_ABORT || state == LOOM_JOB_SIGNALLED) return; /* the job ends already */
+    }
+    for (int i = 0; i < g_n; i++) {
+        const job_slot *s = slots[i];
+        if (i == g_me_i || LOAD(s->magic) != JOB_MAGIC || LOAD(s->state) != LOOM_JOB_RUNNING || slot_alive(s))
+            continue;
+        int lowest = 1;
+        for (int k = 0; k < g_n && lowest; k++) {
+            const job_slot *o = slots[k];
+            lowest = k == g_me_i || LOAD(o->magic) != JOB_MAGIC || LOAD(o->state) != LOOM_JOB_RUNNING ||
+                     o->world_rank > me->world_rank || !slot_alive(o);
+        }
+        msg_buf m = {.n = 0};
+        if (lowest) {
+            put_s(&m, "loom: error: rank ");
+            put_i(&m, s->world_rank);
+            put_s(&m, " (pid ");
+            put_i(&m, s->pid);
+            put_s(&m, " on host ");
+            put_s(&m, s->host);
+            put_s(&m, ") died (killed by a signal, or crashed) before the job finished; rank ");
+            put_i(&m, me->world_rank);
+            put_s(&m, " ends every rank (exit 69)\n");
+        }
+        end_rank(&m, LOOM_EUNAVAIL);
+    }
+    if (g_launcher > 1 && getppid() != g_launcher) {
+        msg_buf m = {.n = 0};
+        put_s(&m, "loom: error: rank ");
+        put_i(&m, me->world_rank);
+        put_s(&m, ": the launcher process ");
+        put_i(&m, g_launcher);
+        put_s(&m, " that started it has ended; ending this rank (exit 69)\n");
+        end_rank(&m, LOOM_EUNAVAIL);
+    }
+}
+
+/* Open MPI ends a job whose rank died with SIGCONT, SIGTERM and, after
+ * odls_base_sigkill_timeout, SIGKILL: at the SIGCONT the survivors look at
+ * the board at once, so the dead rank is named before they are killed. */
+static void on_cont(int sig) {
+    (void)sig;
+    int saved = errno;
+    check_peers();
+    errno = saved;
+}
+
+void loom_job_note_stop(int sig) {
+    if (g_me) loom_job_set_state(LOOM_JOB_SIGNALLED, 128 + sig);
+}
+
 /* ---- the watch thread's checks ----------------------------------------------------- */
 
 void loom_job_tick(void) {
     job_slot *me = g_me;
-    if (me) STORE(me->beat_ns, now_ns());
+    if (!me) return;
+    uint64_t now = now_ns();
+    STORE(me->beat_ns, now);
+    if (now - g_last_check < CHECK_NS) return;
+    g_last_check = now;
+    check_peers();
+}
+
+/* ---- the start-up guard ------------------------------------------------------------- */
+
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_guard_cv = PTHREAD_COND_INITIALIZER;
+static int g_guard_started, g_guard_done;
+static double g_guard_s;
+
+/* This rank as the launcher numbers it (before MPI knows it). */
+static const char *env_rank(void) {
+    const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (getenv(names[i])) return getenv(names[i]);
+    return "?";
+}
+
+static void *guard_main(void *arg) {
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double whole = (double)(time_t)g_guard_s;
+    ts.tv_sec += (time_t)g_guard_s;
+    ts.tv_nsec += (long)((g_guard_s - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_guard_mu);
+    int rc = 0;
+    while (!g_guard_done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_guard_cv, &g_guard_mu, &ts);
+    int done = g_guard_done;
+    pthread_mutex_unlock(&g_guard_mu);
+    if (done) return NULL;
+    fprintf(stderr,
+            "loom: error: rank %s: MPI start-up has not finished after %g s (LOOM_COMM_INIT_TIMEOUT): "
+            "another rank died or never started, or the launcher cannot reach every rank; giving up "
+            "(exit 69)\n",
+            env_rank(), g_guard_s);
+    fflush(stderr);
+    _Exit(LOOM_EUNAVAIL);
+}
+
+loom_status loom_job_guard_start(void) {
+    if (g_guard_started) return LOOM_OK;
+    const char *t = getenv("LOOM_COMM_INIT_TIMEOUT");
+    char *end = NULL;
+    double v = t && *t ? strtod(t, &end) : 120.0;
+    if (t && *t && (end == t || *end || !(v >= 0) || v > 1e9))
+        return loom_fail(LOOM_EUSAGE, "LOOM_COMM_INIT_TIMEOUT='%s' is not a number of seconds", t);
+    g_guard_s = v;
+    g_guard_started = 1;
+    pthread_t th;
+    if (g_guard_s > 0 && pthread_create(&th, NULL, guard_main, NULL) == 0) pthread_detach(th);
+    const char *fault = getenv("LOOM_COMM_FAULT");
+    if (fault && strncmp(fault, "stall-init:", 11) == 0 && strcmp(fault + 11, env_rank()) == 0)
+        for (;;) pause(); /* test hook: this rank never starts MPI */
+    return LOOM_OK;
+}
+
+void loom_job_guard_done(void) {
+    pthread_mutex_lock(&g_guard_mu);
+    g_guard_done = 1;
+    pthread_cond_signal(&g_guard_cv);
+    pthread_mutex_unlock(&g_guard_mu);
 }

@@ -611,9 +611,20 @@ static loom_status check_launcher(int world_size) {
                      n, why, lib);
 }
 
+static loom_status init_world(int *argc, char ***argv, loom_comm **world);
+
+/* The start-up guard (comm_job.h) bounds all of it: MPI_Init, the world's
+ * split, the progress board, until the watch thread takes over. */
 loom_status loom_comm_init(int *argc, char ***argv, loom_comm **world) {
     *world = NULL;
     LOOM_TRY(loom_watch_configure());
+    LOOM_TRY(loom_job_guard_start());
+    loom_status st = init_world(argc, argv, world);
+    loom_job_guard_done();
+    return st;
+}
+
+static loom_status init_world(int *argc, char ***argv, loom_comm **world) {
     LOOM_TRY(start_runtime(argc, argv));
     if (g_bf16_sum == MPI_OP_NULL && MPI_Op_create(bf16_sum_op, 1, &g_bf16_sum) != MPI_SUCCESS)
         return loom_fail(LOOM_EUNAVAIL, "MPI_Op_create of the bf16 sum failed");

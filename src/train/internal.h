@@ -111,6 +111,14 @@ typedef struct loom_train_run_state {
     struct loom_ckpt_run *ckpt;      /* the run's identity for checkpoints (ckpt_run.c); NULL without them */
 } loom_train_run_state;
 
+/* The state loom_train_run builds before its first step (model parts,
+ * engines, a --resume loaded through loom_ckpt_load) and its teardown, for a
+ * test that loads checkpoints into it without training
+ * (tests/train/ckpt_load_fuzz.c). Collective over world. */
+loom_status loom_train_state_open(loom_train_run_state *s, const loom_train_config *c, loom_device *dev,
+                                  loom_comm *world);
+void loom_train_state_close(loom_train_run_state *s);
+
 /* Per-rank peak FLOP/s: `given` if > 0, else the best sgemm of the chosen
  * kernel on this rank's thread count, measured on rank 0 (cached per CPU,
  * flags and kernel: loom/calibrate.h) and broadcast; *fma the FMA peak from

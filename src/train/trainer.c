@@ -403,6 +403,16 @@ static void teardown(loom_train_run_state *s) {
     loom_ckpt_run_free(s->ckpt);
 }
 
+loom_status loom_train_state_open(loom_train_run_state *s, const loom_train_config *c, loom_device *dev,
+                                  loom_comm *world) {
+    memset(s, 0, sizeof *s);
+    s->cfg = c;
+    s->dev = dev;
+    return setup(s, c, world);
+}
+
+void loom_train_state_close(loom_train_run_state *s) { teardown(s); }
+
 static loom_status run_steps(loom_train_run_state *s, loom_train_result *res) {
     const loom_train_config *c = s->cfg;
     loom_step_stats st_step = {0};
