@@ -48,7 +48,7 @@ def capabilities(loom):
     h = p.stdout + p.stderr
     return {"attention": "--attention" in h, "grad_reduce": "--grad-reduce" in h, "dropout": "--dropout" in h,
             "fused": "--fused" in h, "elementwise": "--elementwise" in h, "logits": "--logits" in h, "fp8": "fp8" in h, "async_tp": "async_tp" in h, "op": "recompute=op" in h, "fp8_params": "--fp8-params" in h,
-            "zero3_live": "--zero3-live" in h}
+            "zero3_live": "--zero3-live" in h, "zero3_per_param": "--zero3-per-param" in h}
 
 
 def layout_for(layout, caps):
@@ -87,6 +87,8 @@ def stack_flags(stack, prec, caps):
         f += ["--fp8-params"]
     if caps["zero3_live"] and stack.get("zero3_live"):
         f += ["--zero3-live", "%g" % stack["zero3_live"]]
+    if caps["zero3_per_param"] and stack.get("zero3_per_param"):
+        f += ["--zero3-per-param"]
     return f
 
 

@@ -25,7 +25,8 @@ Each row is a dict:
            elementwise (eager: PyTorch composites, torchtitan without compile),
            logits (bf16: a fused loss kernel on bf16 logits), fp8_params
            (0/1: the weights held in FP8, no bf16 copy), zero3_live (DeepSpeed
-           ZeRO-3's stage3_max_live_parameters)
+           ZeRO-3's stage3_max_live_parameters), zero3_per_param (0/1: ZeRO-3
+           gathers each parameter tensor with its own collective, DeepSpeed)
   choose   optional list of layout suffixes the source does not settle
   tps      published throughput, tokens per second per GPU (converted from
            the source's own unit with the source's own FLOP count where it
@@ -237,7 +238,8 @@ for (pb, a, h, L, tp, pp, g, B, tflops, tab, mbs, lpvs, ddp) in [
 # rank, the table's micro-batch (530B on 640 GPUs ran batch 2560). DeepSpeed
 # gathers ZeRO-3 parameters module by module and holds at most
 # stage3_max_live_parameters of them (1e9, its default: DeepSpeed's
-# configuration docs, "ZeRO optimizations for FP16 training"). Held out.
+# configuration docs, "ZeRO optimizations for FP16 training"), each parameter
+# tensor gathered by an all-gather of its own (zero3_per_param). Held out.
 for (pb, a, h, L, g, B, mbs, tflops) in [
         (174.6, 96, 12288, 96, 384, 1536, 4, 144), (174.6, 96, 12288, 96, 768, 1536, 2, 88),
         (174.6, 96, 12288, 96, 1536, 1536, 1, 44), (529.6, 128, 20480, 105, 640, 2560, 4, 138),
@@ -245,7 +247,7 @@ for (pb, a, h, L, g, B, mbs, tflops) in [
     add(id="zero3-%gB-%d" % (pb, g), src="meg21", family="deepspeed", system="selene",
         model=gpt_model(L, a, h, 51200, 2048), gpus=g, batch=B, seq=2048, prec="bf16",
         layout="dp=%d,zero=3,mbs=%d,m=%d,recompute=full" % (g, mbs, B // (g * mbs)),
-        stack=dict(MEG_STACK, zero3_live=1e9),
+        stack=dict(MEG_STACK, zero3_live=1e9, zero3_per_param=1),
         tps=tps_from_tflops(tflops, megatron_eq3(B, 2048, L, h, 51200), B, 2048), part="held",
         group="meg21-%gB-%d" % (pb, g))
 

@@ -15,7 +15,7 @@ typedef struct plan_args {
     char model[1024], cluster[1024], precision[16], mode[16], layout[512];
     char attention[16], grad_reduce[16], elementwise[16], logits[16];
     int batch, seq, gpus, nodes, top, json, explain, gen, flash, no_dp_overlap, dropout, fused, loss_chunks;
-    int fp8_params;
+    int fp8_params, zero3_per_param;
     double zero3_live;
     cli_strlist fix;
 } plan_args;
@@ -59,6 +59,7 @@ static loom_status stack_of(const plan_args *a, loom_plan_job *j, loom_plan_layo
     j->fp8_params = a->fp8_params;
     if (a->zero3_live < 0) return loom_fail(LOOM_EUSAGE, "--zero3-live %g: must be >= 0", a->zero3_live);
     j->zero3_live = a->zero3_live;
+    j->zero3_per_param = a->zero3_per_param;
     for (int i = 0; i < a->fix.n; i++) LOOM_TRY(loom_plan_fix_parse(a->fix.items[i], &j->fix, fixed));
     j->fixed = fixed;
     return LOOM_OK;
@@ -399,6 +400,9 @@ int cmd_plan(int argc, char **argv) {
         {"zero3-live", OPT_DOUBLE, &a.zero3_live, 0, "N",
          "ZeRO-3 holds at most N gathered parameters at once (DeepSpeed's stage3_max_live_parameters, default "
          "1e9 there) (default: two whole FSDP units, a block or the embedding or the head)"},
+        {"zero3-per-param", OPT_FLAG, &a.zero3_per_param, 0, NULL,
+         "ZeRO-3 gathers every parameter tensor with a collective of its own, each paying the ring's latency "
+         "(DeepSpeed ZeRO-3) (default: one collective per FSDP unit)"},
         {"fix", OPT_STRLIST, &a.fix, 0, "KEY=VALUE",
          "pin search knobs (repeatable or comma-separated: --fix tp=8 --fix zero=1,sp=1); the others are searched"},
         {"json", OPT_FLAG, &a.json, 0, NULL, "machine-readable output"},

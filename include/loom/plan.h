@@ -185,8 +185,10 @@ typedef struct loom_plan_job {
     int logits_bf16; /* 1: bf16 logits into a fused loss kernel (else fp32: F.cross_entropy(logits.float())) */
     int loss_chunks; /* > 1: the head and loss run over this many chunks of the tokens (0, 1: whole) */
     int fp8_params; /* 1 (with fp8): the weights held in FP8 (Transformer Engine's fp8 params), no bf16 copy */
-    double zero3_live; /* > 0: ZeRO-3 gathers at most this many parameters at once (DeepSpeed's
+    double zero3_live;   /* > 0: ZeRO-3 gathers at most this many parameters at once (DeepSpeed's
                         * stage3_max_live_parameters); 0: two whole units (FSDP) */
+    int zero3_per_param; /* 1: ZeRO-3 gathers each parameter tensor with its own collective (DeepSpeed);
+                          * 0: one collective per unit (FSDP: a block, the embedding, the head) */
     /* search: knobs the user pinned (--fix KEY=VALUE): mask of LOOM_PLAN_FIX_*
      * bits, values in fixed */
     unsigned fix;

@@ -25,8 +25,9 @@ typedef struct eval_ctx {
     int flash;           /* the job's attention keeps no s x s scores */
     loom_plan_attn attn; /* the kernel (DEFAULT resolved) */
     int fp8, fp8_params, dropout, elementwise, loss_chunks;
-    double logit_bytes; /* per logit at the loss's peak (the logits and the gradient the loss writes) */
-    int logits_bf16;    /* the loss a fused kernel on bf16 logits */
+    double logit_bytes;  /* per logit at the loss's peak (the logits and the gradient the loss writes) */
+    int logits_bf16;     /* the loss a fused kernel on bf16 logits */
+    int zero3_per_param; /* ZeRO-3 gathers one collective per parameter tensor (else per unit) */
 } eval_ctx;
 
 /* Element-wise HBM bytes of one layer for one micro-batch (plan_layer_elem). */
@@ -68,6 +69,7 @@ typedef struct mb_costs {
     int zg, eg;                           /* ZeRO group dp*cp, expert-data group */
     double dp_t, z3;                      /* DP/ZeRO reductions, ZeRO-3 gathers */
     double z3_ag, z3_bwd;                 /* half of z3, the backward it hides behind */
+    double z3_n;                          /* ZeRO-3 all-gathers a pass (plan_zero3_gathers) */
     double F, Bi, W;                      /* forward, backward, weight pass simulated */
     double opt;                           /* the optimizer step */
     double sync_f, sync_b, sync_dp;       /* synchronisations per micro-batch, per step */
@@ -122,6 +124,10 @@ double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const
 void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loom_plan_job *j,
                  const loom_plan_layout *l, const eval_ctx *e, int layers_max, int first, int last,
                  loom_plan_result *r);
+/* ZeRO-3 all-gathers of one pass over the rank's dense parameters (per
+ * unit, or per parameter tensor with e->zero3_per_param). */
+double plan_zero3_gathers(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                          int layers_max, int first, int last);
 void plan_format_gb(char *buf, size_t cap, const loom_plan_result *r);
 
 /* plan_serve.c: a serving layout (j->serve): TTFT, per-token latency and

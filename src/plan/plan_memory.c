@@ -22,6 +22,7 @@ eval_ctx plan_ctx_of(const loom_plan_model *m, const loom_plan_cluster *c, const
     e.flash = e.attn != LOOM_PLAN_ATTN_MATERIALIZED;
     e.fp8 = j->fp8 && j->bf16 && c && c->peak_fp8 > 0;
     e.fp8_params = e.fp8 && j->fp8_params;
+    e.zero3_per_param = j->zero3_per_param;
     e.dropout = j->dropout, e.elementwise = j->elementwise;
     e.loss_chunks = j->loss_chunks > 1 ? j->loss_chunks : 1;
     /* the loss's peak per logit: fp32 log-probabilities kept and the fp32
@@ -88,6 +89,26 @@ double plan_rank_dense_params(const loom_plan_model *m, const eval_ctx *e, const
            layers_max * e->sc.norm_w + (first ? e->sc.embed_w / t : 0) +
            (last && (!m->tied || !first) ? e->sc.head_w / t : 0) +
            (last ? (m->gated ? 1.0 : 2.0) * m->hidden : 0);
+}
+
+/* ZeRO-3 all-gathers of one pass (forward or backward) over the rank's dense
+ * parameters, each one collective that pays its ring's latency. FSDP gathers
+ * a unit at a time: each block, the embedding on the first stage, the head
+ * (with the final norm) on the last. DeepSpeed ZeRO-3 gathers parameter
+ * tensor by parameter tensor (its partitioned-parameter all-gather is issued
+ * per parameter): per block the attention's (GPT: fused QKV and output
+ * projection, each weight and bias; Llama: q, k, v, o) and the MLP's
+ * matrices (GPT: two with biases; gated: three), the router, two norms
+ * (GPT's LayerNorm: weight and bias); the embedding (and GPT-2's position
+ * embedding), the final norm and an untied head. */
+double plan_zero3_gathers(const loom_plan_model *m, const eval_ctx *e, const loom_plan_layout *l,
+                          int layers_max, int first, int last) {
+    const int head = last && (!m->tied || !first);
+    if (!e->zero3_per_param) return layers_max + (first ? 1 : 0) + (last ? 1 : 0);
+    const double E = n_experts(m), local = E > 1 ? E / l->ep : 1;
+    const double layer = m->gated ? 4 + 3 * local + 2 : 4 + 4 * local + 4;
+    return layers_max * (layer + (E > 1 ? 1 : 0)) + (first ? 1 + (m->learned_pos ? 1 : 0) : 0) +
+           (last ? (m->gated ? 1 : 2) + head : 0);
 }
 
 /* Memory of the most loaded stage; fills r->mem_*; returns the number of

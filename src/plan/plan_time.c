@@ -443,9 +443,15 @@ static void dp_costs(const loom_plan_model *m, const loom_plan_cluster *c, const
             if (l->zero == 2)
                 dp_t += loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, zg, zk, dense_p * e->wb) +
                         loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, eg, ek, exp_p * e->wb);
-            else /* zero 3: parameters gathered for every forward and backward of every micro-batch */
+            else { /* zero 3: parameters gathered for every forward and backward of every
+                    * micro-batch, in n collectives a pass: the bytes once, the ring's
+                    * latency (a collective of no bytes) n times */
+                const double n = plan_zero3_gathers(m, e, l, layers_max, first, last);
                 z3 = 2 * (loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, zg, zk, dense_p * e->wb) +
+                          (n - 1) * loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, zg, zk, 0) +
                           loom_plan_coll_time_k(c, LOOM_COLL_ALLGATHER, eg, ek, exp_p * e->wb));
+                k->z3_n = n;
+            }
         }
     }
     k->dense_p = dense_p, k->exp_p = exp_p, k->zg = zg, k->eg = eg, k->dp_t = dp_t, k->z3 = z3;
@@ -501,7 +507,7 @@ static void sync_counts(const loom_plan_model *m, const loom_plan_layout *l, con
     if (k->zg >
         1) { /* buckets of 25 MB (docs/data-parallel.md); ZeRO-3 one unit (a block, the embeddings) at a time */
         const double nb = fmax(1, ceil((k->dense_p + k->exp_p) * e->gb / 25e6)), units = layers_max + 1.0;
-        sync_dp = l->zero == 0 ? nb : l->zero <= 2 ? 2 * nb : l->m * 2 * units + units;
+        sync_dp = l->zero == 0 ? nb : l->zero <= 2 ? 2 * nb : l->m * 2 * k->z3_n + units;
     }
     k->sync_f = sync_f, k->sync_b = sync_b, k->sync_dp = sync_dp;
 }

@@ -25,7 +25,8 @@ def main():
              "ranked by tokens/s/device")
     lt.check(lay[0]["bubble_simulated"] or "pp=1," in lay[0]["layout"], "the best layout's bubble is simulated")
     lt.check(d["rejected_memory"] > 0 and d["rejected_divisibility"] > 0, "rejections counted")
-    lt.check(lay[0]["memory_bytes"]["total"] <= 80e9, "fits 80 GB")
+    # the H100 80GB preset's capacity: 81559 MiB = 85.521e9 bytes (plan/clusters/h100-80gb.json)
+    lt.check(lay[0]["memory_bytes"]["total"] <= 85.521e9, "fits an H100 80GB (85.521e9 bytes)")
     # --layout of the best gives the same prediction
     q = lt.run(["plan", "--model", "llama3-70b", "--gpus", "256", "--batch", "512", "--seq", "4096", "--layout",
                 lay[0]["layout"], "--json"])

@@ -182,6 +182,30 @@ static void test_zero3_memory(void) {
           "gradients, optimizer and step time unchanged");
 }
 
+/* ZeRO-3 gathers per parameter tensor (DeepSpeed) instead of per unit
+ * (FSDP): Llama 3 8B's tensors counted by hand, 9 a block (q, k, v, o, gate,
+ * up, down, two RMSNorms) x 32 + embedding + final norm + head = 291 against
+ * 32 blocks + embedding + head = 34 units; over 8 GPUs of one node each
+ * extra gather is a ring of 7 NVLink steps. With nothing hidden
+ * (overlap 0) the step grows by forward + backward x 257 x 7 latencies. */
+static void test_zero3_gathers(void) {
+    loom_plan_cluster c;
+    loom_plan_model m;
+    h100_llama3_8b(&c, &m);
+    c.overlap = 0;
+    loom_plan_job j = {.batch = 8, .seq = 4096, .bf16 = 1, .gpus = 8, .flash = 1};
+    loom_plan_result r[2];
+    eval_ab(&m, &c, &j, "dp=8,zero=3,mbs=1,m=1,recompute=full", &j.zero3_per_param, 0, 1, r);
+    const double want = 2 * (291 - 34) * 7 * c.intra_lat;
+    CHECK(want > 0 && fabs((r[1].t_step - r[0].t_step) / want - 1) < 1e-6,
+          "per-parameter gathers add %.4g ms == 2 x 257 x 7 x %.3g us = %.4g ms",
+          1e3 * (r[1].t_step - r[0].t_step), 1e6 * c.intra_lat, 1e3 * want);
+    CHECK(r[1].mem_total == r[0].mem_total, "memory unchanged");
+    /* ZeRO-2: nothing is gathered per pass, so nothing changes */
+    eval_ab(&m, &c, &j, "dp=8,zero=2,mbs=1,m=1,recompute=full", &j.zero3_per_param, 0, 1, r);
+    CHECK(r[1].t_step == r[0].t_step, "ZeRO-2 unchanged");
+}
+
 /* Measured FlashAttention-2 on H100 (the preset's attention_tflops). */
 static void test_attention_terms(void) {
     loom_plan_cluster c = preset("h100-80gb");
@@ -344,6 +368,7 @@ int main(void) {
     test_sp_equals_tp();
     test_activation_memory();
     test_zero3_memory();
+    test_zero3_gathers();
     test_attention_terms();
     test_elementwise_and_loss();
     test_network_hierarchy();
