@@ -520,11 +520,11 @@ static void test_attention_gqa(int B, int T, int NH, int NKV, int HS, int window
     loom_attention_kv_fwd(cpu, pg_out, qkv + (size_t)p0 * W, W, pk, pv, tab, bs, p0, n, C, NH, NKV, window,
                           scratch);
     float *d_pk = dev_from(pk, (size_t)pool * bs * K * 4), *d_pv = dev_from(pv, (size_t)pool * bs * K * 4),
-          *d_lsek = loom_cuda_alloc((size_t)n * NH * 4);
-    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * W, W, d_pk, d_pv, tab, bs, p0, n, C, NH,
+          *d_lsek = loom_cuda_alloc((size_t)n * NH * 4), *d_pg_out = loom_cuda_alloc((size_t)n * C * 4);
+    loom_cuda_attention_kv_fwd(gpu, d_pg_out, d_qkv + (size_t)p0 * W, W, d_pk, d_pv, tab, bs, p0, n, C, NH,
                                NKV, window, d_lsek);
     snprintf(what, sizeof what, "attention_kv_fwd paged gqa NH%d NKV%d W%d", NH, NKV, window);
-    expect_close(what, d_kv_out, kv_out, (size_t)n * C, TOL);
+    expect_close(what, d_pg_out, kv_out, (size_t)n * C, TOL); /* frees d_pg_out */
     same = 1;
     for (int i = 0; i < n * C; i++) same &= fabsf(pg_out[i] - kv_out[i]) <= 1e-5f;
     CHECK(same, "attention_kv_fwd paged gqa NH%d NKV%d W%d on the CPU differs from the contiguous cache", NH,
