@@ -93,7 +93,7 @@ def main():
                 m2, h2 = metrics(srv.port)
                 big = post(srv.port, {"prompt": prompts[0], "max_tokens": 90, "temperature": 0})
             finally:
-                rc = srv.stop(tail=300)
+                rc = srv.stop(tail=3000)
             lt.check(rc == 0, "%s: the server exited %s after SIGTERM" % (tag, rc))
             same6 = st == 200 and len(n6) == 6 and all(c == want[0] for c in n6)
             same = sum(1 for i, (s, r) in enumerate(res) if s == 200 and r == [want[1 + i]])
