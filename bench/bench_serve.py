@@ -6,6 +6,7 @@ usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
                             [--requests 40] [--prompt-len 32] [--max-tokens 32]
                             [--seconds 60] [--skip-hf]
        bench/bench_serve.py --tradeoff [--ranks 2,4] [--concurrency 1,8,32] [--runs 3] [--json FILE] ...
+       bench/bench_serve.py --prefix [--prefix-len 512] [--prefix-requests 32]
 
 1. Single stream: one prompt of --prompt-len tokens, 128 new greedy tokens,
    one thread on both sides (loom generate --threads 1; torch.set_num_threads(1),
@@ -40,6 +41,15 @@ usage: bench/bench_serve.py [--loom build/loom] [--model mini] [--rates 5,20,80]
    the measurement separates (one better than the other in every round). --json FILE keeps the
    runs and the cluster files (tests/plan/serve_tradeoff.json is one, which
    ctest plan_serve_ranking checks the plan against).
+4. --prefix (instead of 1 to 3): prefix caching with the paged KV cache. A
+   server with the cache and one with --no-prefix-cache (1 rank, 1 thread;
+   the same weights of a mini-sized model with 1024 positions), one after
+   the other in this run, each get --prefix-requests streamed requests whose
+   prompts share a --prefix-len-token prefix (each its own 8-token suffix,
+   8 new tokens): half one after another, then half at once. Reported: the
+   prompt tokens each server computed and took from the cache
+   (/metrics), the mean and p50 client-side TTFT of the sequential ones
+   after the first and of the concurrent ones, and the ratios on / off.
 The model (random weights from `loom train --steps 1`, --model) only fixes
 the cost per token. Numbers on a shared machine are noisy; run it alone.
 """
@@ -355,6 +365,71 @@ def single_stream(loom, model, params, prompt_len, skip_hf):
     print("  ratio loom / transformers: %.2fx" % (loom_tps / hf_tps))
 
 
+def prefix_workload(port, prompts):
+    """Streamed requests (8 new tokens), the first half one after another, the rest at once; client TTFTs (s)."""
+    ttft = [None] * len(prompts)
+
+    def one(i):
+        out = []
+        stream_request(port, prompts[i], 8, i, out)
+        ttft[i] = out[0].get("ttft")
+        if out[0]["status"] != 200:
+            print("request %d: status %d" % (i, out[0]["status"]), flush=True)
+    half = len(prompts) // 2
+    for i in range(half):
+        one(i)
+    ths = [threading.Thread(target=one, args=(i,)) for i in range(half, len(prompts))]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return ttft
+
+
+def prefix_bench(a, tmp, data):
+    """--prefix: prefill work and TTFT with and without prefix caching, measured in one run."""
+    cfg = os.path.join(tmp, "long.json")
+    with open(cfg, "w") as f:
+        json.dump({"n_layer": 4, "n_head": 4, "n_embd": 256, "vocab_size": 256, "n_positions": 1024}, f)
+    params = os.path.join(tmp, "long.safetensors")
+    benchlib.run([a.loom, "train", "--model", cfg, "--steps", 1, "--batch", 1, "--seq", 16, "--threads", 1,
+                  "--save-params", params, "--data", data], what="loom train")
+    text = open("/usr/share/common-licenses/GPL-3", "rb").read()
+    prefix = list(text[2000:2000 + a.prefix_len])
+    prompts = [prefix + [65 + i % 26] + list(text[9000 + 50 * i:9000 + 50 * i + 7])
+               for i in range(a.prefix_requests)]
+    half = len(prompts) // 2
+    print("prefix caching: %d requests, a %d-token shared prefix + 8 own tokens, 8 new tokens each; %d one after "
+          "another, then %d at once; 1 rank, 1 thread" % (len(prompts), a.prefix_len, half, len(prompts) - half))
+    res = {}
+    for tag, extra in (("on", []), ("off", ["--no-prefix-cache"])):
+        proc, ports = start_server(a.loom, ["--model", cfg, "--load-params", params] + extra, 1, tmp, "prefix_" + tag)
+        try:
+            ttft = prefix_workload(ports[0], prompts)
+            c = http.client.HTTPConnection("127.0.0.1", ports[0], timeout=30)
+            c.request("GET", "/metrics")
+            text_m = c.getresponse().read().decode()
+            c.close()
+        finally:
+            stop(proc)
+        m = {k: float(re.search(r"^%s\{[^}]*\} (\S+)$" % k, text_m, re.M).group(1))
+             for k in ("loom_prefill_tokens_total", "loom_prefix_cache_hit_tokens_total")}
+        res[tag] = (ttft, m)
+    print("%-4s %16s %16s %8s %18s %18s" % ("", "prompt computed", "from the cache", "answered", "TTFT seq mean/p50",
+                                           "TTFT conc mean/p50"))
+    mean = {}
+    for tag in ("on", "off"):
+        ttft, m = res[tag]
+        seq, conc = [x for x in ttft[1:half] if x], [x for x in ttft[half:] if x]
+        mean[tag] = (statistics.mean(seq), statistics.mean(conc))
+        print("%-4s %16d %16d %5d/%-2d %9.2f/%6.2fms %9.2f/%6.2fms" % (
+            tag, m["loom_prefill_tokens_total"], m["loom_prefix_cache_hit_tokens_total"], sum(1 for x in ttft if x),
+            len(ttft), 1e3 * mean[tag][0], 1e3 * pct(seq, 0.5), 1e3 * mean[tag][1], 1e3 * pct(conc, 0.5)))
+    print("ratio on/off: prompt tokens computed %.3f, TTFT mean sequential %.3f, concurrent %.3f" % (
+        res["on"][1]["loom_prefill_tokens_total"] / res["off"][1]["loom_prefill_tokens_total"],
+        mean["on"][0] / mean["off"][0], mean["on"][1] / mean["off"][1]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", default=os.path.join(SRC, "build", "loom"))
@@ -371,6 +446,10 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--runs", type=int, default=3, help="--tradeoff: rounds over the layouts (default 3)")
     ap.add_argument("--json", default="", help="--tradeoff: write the measured table and cluster files here")
+    ap.add_argument("--prefix", action="store_true",
+                    help="only prefix caching on vs off (--prefix-len, --prefix-requests)")
+    ap.add_argument("--prefix-len", type=int, default=512)
+    ap.add_argument("--prefix-requests", type=int, default=32)
     a = ap.parse_args()
     print("cpu: %s, %d cores" % (benchlib.cpu_model(), os.cpu_count()))
     with tempfile.TemporaryDirectory() as tmp:
@@ -381,6 +460,9 @@ def main():
                       "--save-params", params, "--data", data], what="loom train")
         if a.tradeoff:
             tradeoff(a, params, tmp)
+            return
+        if a.prefix:
+            prefix_bench(a, tmp, data)
             return
         single_stream(a.loom, a.model, params, a.prompt_len, a.skip_hf)
         base = ["--model", a.model, "--load-params", params]

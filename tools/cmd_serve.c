@@ -20,7 +20,7 @@ typedef struct serve_cfg {
     char model[1024], load_params[1024], tokenizer[1024], port_file[1024], served_name[256],
         chat_template[1024];
     int port, tp, pp, dp, ep, threads, max_seqs, max_len, max_rows, queue, max_body, max_connections,
-        no_prefix_cache;
+        no_prefix_cache, kv_block_size, kv_blocks;
     double read_timeout, drain_timeout;
 } serve_cfg;
 
@@ -38,6 +38,9 @@ static loom_status check_flags(const serve_cfg *c, int world) {
                          "--max-seqs %d >= 1, --queue %d >= 0, --max-body %d >= 64, --max-len %d and "
                          "--max-rows %d >= 0 (0 = default)",
                          c->max_seqs, c->queue, c->max_body, c->max_len, c->max_rows);
+    if (c->kv_block_size < 1 || c->kv_blocks < 0)
+        return loom_fail(LOOM_EUSAGE, "--kv-block-size %d must be >= 1 and --kv-blocks %d >= 0 (0 = default)",
+                         c->kv_block_size, c->kv_blocks);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
     if (c->max_connections < 4 || !(c->read_timeout > 0) || !(c->drain_timeout >= 0))
         return loom_fail(LOOM_EUSAGE,
@@ -141,7 +144,12 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_infer *inf = NULL;
     int max_len = c->max_len ? c->max_len : mc.n_positions;
     int max_rows = c->max_rows ? c->max_rows : max_len + c->max_seqs;
-    loom_infer_opts io = {.dev = dev, .max_seqs = c->max_seqs, .max_len = max_len, .max_rows = max_rows};
+    loom_infer_opts io = {.dev = dev,
+                          .max_seqs = c->max_seqs,
+                          .max_len = max_len,
+                          .max_rows = max_rows,
+                          .block_size = c->kv_block_size,
+                          .n_blocks = c->kv_blocks};
     if (st == LOOM_OK) st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
@@ -197,6 +205,7 @@ int cmd_serve(int argc, char **argv) {
                           .dp = 1,
                           .ep = 1,
                           .max_seqs = 8,
+                          .kv_block_size = 16,
                           .queue = 64,
                           .max_body = 1 << 20,
                           .max_connections = 512,
@@ -219,9 +228,13 @@ int cmd_serve(int argc, char **argv) {
         {"dp", OPT_INT, &c.dp, 0, "N", "replicas, each tp x pp x ep ranks with its own port P+r (default 1)"},
         {"ep", OPT_INT, &c.ep, 0, "N",
          "MoE models: experts split over N ranks of each replica, each running every request (default 1)"},
-        {"max-seqs", OPT_INT, &c.max_seqs, 0, "N", "KV-cache slots: requests decoding at once (default 8)"},
+        {"max-seqs", OPT_INT, &c.max_seqs, 0, "N", "sequences (choices) running at once (default 8)"},
         {"max-len", OPT_INT, &c.max_len, 0, "N",
-         "positions per slot, prompt + max_tokens (default n_positions)"},
+         "positions per sequence at most, prompt + max_tokens (default n_positions)"},
+        {"kv-block-size", OPT_INT, &c.kv_block_size, 0, "N", "positions per KV-cache block (default 16)"},
+        {"kv-blocks", OPT_INT, &c.kv_blocks, 0, "N",
+         "KV-cache blocks per rank, the pool every sequence takes from (default max-seqs x "
+         "ceil(max-len / kv-block-size))"},
         {"max-rows", OPT_INT, &c.max_rows, 0, "N", "tokens per model step (default max-len + max-seqs)"},
         {"queue", OPT_INT, &c.queue, 0, "N",
          "requests waiting for a slot at most; more get 503 (default 64)"},
@@ -233,8 +246,8 @@ int cmd_serve(int argc, char **argv) {
         {"drain-timeout", OPT_DOUBLE, &c.drain_timeout, 0, "S",
          "after SIGTERM/SIGINT, running requests get S seconds, then end with finish_reason abort (default 30)"},
         {"no-prefix-cache", OPT_FLAG, &c.no_prefix_cache, 0, NULL,
-         "compute every prompt in full (default: a new sequence copies the longest prefix of its prompt that a "
-         "cached sequence holds)"},
+         "compute every prompt in full (default: a new sequence takes the cached KV blocks of its prompt's "
+         "longest cached prefix)"},
         {"served-model-name", OPT_STR, c.served_name, sizeof c.served_name, "NAME",
          "the model id of /v1/models and requests (default: the model's name or directory)"},
         {"chat-template", OPT_STR, c.chat_template, sizeof c.chat_template, "FILE",

@@ -5,8 +5,9 @@
  * parameter table and shards as training: tensor parallel by heads / MLP
  * columns / vocabulary rows, pipeline stages by blocks) and, per local block,
  * a key/value cache for up to max_seqs sequences of max_len positions each,
- * planned and allocated at creation: (L_l, max_seqs, max_len, C_l) floats for
- * keys and as many for values.
+ * planned and allocated at creation: (L_l, max_seqs, max_len, KV_l) floats
+ * for keys and as many for values, or, paged, a pool of (L_l, n_blocks,
+ * block_size, KV_l) whose blocks each sequence's block table names.
  *
  * One step runs a ragged batch: entry j appends n_new[j] tokens to sequence
  * seq[j] (a prefill when its cache is empty, one token per step after), all
@@ -33,6 +34,14 @@ typedef struct loom_infer_opts {
     int max_seqs;     /* sequences with a cache at once */
     int max_len;      /* positions per sequence, <= n_positions */
     int max_rows;     /* new tokens per step over all sequences */
+    /* Paged KV cache: block_size > 0 makes the cache a pool of n_blocks
+     * blocks of block_size positions (0: max_seqs * ceil(max_len /
+     * block_size), the contiguous cache's memory) that the caller hands to
+     * sequences (loom_infer_set_blocks). block_size 0: one contiguous run
+     * of max_len positions per sequence, as if each slot s held block s of
+     * max_len positions. */
+    int block_size;
+    int n_blocks;
 } loom_infer_opts;
 
 typedef struct loom_infer loom_infer;
@@ -56,21 +65,27 @@ void loom_infer_init_random(loom_infer *inf, uint64_t seed);
  * next step; elsewhere it is NULL. */
 loom_status loom_infer_step(loom_infer *inf, int n, const int *seq, const int *n_new, const int32_t *tokens,
                             const float **logits);
-/* Forget sequence s: its slot is free for a new one. */
+/* Forget sequence s: its slot is free for a new one (paged: its block table
+ * emptied; the blocks are the caller's to reuse). */
 void loom_infer_reset(loom_infer *inf, int s);
+/* Paged cache: sequence s holds its first len positions in blocks[0..nb)
+ * (distinct ids < n_blocks, nb <= ceil(max_len / block_size)); a step may
+ * extend it up to nb * block_size positions. Blocks may be shared between
+ * sequences (a common prefix) as long as no step writes a position another
+ * sequence reads. Local (host bookkeeping only); LOOM_EUSAGE for ids or
+ * lengths out of range, or a contiguous cache. */
+loom_status loom_infer_set_blocks(loom_infer *inf, int s, int len, int nb, const int32_t *blocks);
+/* Paged cache: the first n positions of block src copied into block dst
+ * (a partly filled block continued by another sequence). Local. */
+loom_status loom_infer_copy_block(loom_infer *inf, int dst, int src, int n);
 int loom_infer_len(const loom_infer *inf, int s);
-/* Prefix caching: sequence dst starts as the first n cached positions of
- * sequence src (n <= its length; src == dst keeps them, n = 0 resets): the
- * keys and values are copied, not recomputed. Every position's key and value
- * depend only on the tokens up to it, so continuing dst gives what
- * recomputing its prefix gives. Local (each rank copies its own shard);
- * LOOM_EUSAGE for slots or a length out of range. */
-loom_status loom_infer_share_prefix(loom_infer *inf, int dst, int src, int n);
 int loom_infer_last_stage(const loom_infer *inf);
 const loom_model_config *loom_infer_config(const loom_infer *inf);
 const loom_infer_opts *loom_infer_options(const loom_infer *inf);
-/* Bytes of the KV cache on this rank. */
+/* Bytes of the KV cache on this rank, and of one block of it (paged; a
+ * whole slot when contiguous). */
 size_t loom_infer_cache_bytes(const loom_infer *inf);
+size_t loom_infer_block_bytes(const loom_infer *inf);
 
 /* ---- sampling ------------------------------------------------------------ */
 

@@ -156,17 +156,21 @@ LOOM_KERNEL(void, attention_merge,
              int Tq, int NH, int HS),
             (out, lse, out2, lse2, o_bs, o_ld, B, Tq, NH, HS), REQUIRED)
 /* Inference: n new query rows at positions p0 .. p0+n-1 of one sequence,
- * q (n, ldq) holding NH heads of HS = C/NH, against its cache kc, vc
- * (p0+n, NKV*HS) of NKV key/value heads (query head h reads kv head
- * h / (NH/NKV); NKV = NH without grouping) whose rows p0.. already hold the
- * new keys and values. Row i attends to positions 0 .. p0+i, only the last
- * window + 1 of them when window > 0 (as loom_att_view's window). Writes
- * out (n,C). scratch: loom_attention_kv_scratch_floats(n, p0+n) floats
- * (the GPU uses none: may be NULL there). */
+ * q (n, ldq) holding NH heads of HS = C/NH, against its cache of NKV
+ * key/value heads (query head h reads kv head h / (NH/NKV); NKV = NH
+ * without grouping), rows of NKV*HS floats, whose positions p0.. already
+ * hold the new keys and values. blocks NULL: kc, vc are (p0+n, NKV*HS), row
+ * p at position p; else paged: kc, vc are a pool of blocks of block_size
+ * rows and position p is row p % block_size of block blocks[p / block_size]
+ * (blocks: host memory, ceil((p0+n)/block_size) ids). Row i attends to
+ * positions 0 .. p0+i, only the last window + 1 of them when window > 0 (as
+ * loom_att_view's window). Writes out (n,C). scratch: on the CPU
+ * loom_attention_kv_scratch_floats(n, p0+n) floats; the GPU needs n*NH floats
+ * (the running log-sum-exp over blocks) when paged, none otherwise. */
 LOOM_KERNEL(void, attention_kv_fwd,
-            (float *out, const float *q, int ldq, const float *kc, const float *vc, int p0, int n, int C,
-             int NH, int NKV, int window, float *scratch),
-            (out, q, ldq, kc, vc, p0, n, C, NH, NKV, window, scratch), REQUIRED)
+            (float *out, const float *q, int ldq, const float *kc, const float *vc, const int32_t *blocks,
+             int block_size, int p0, int n, int C, int NH, int NKV, int window, float *scratch),
+            (out, q, ldq, kc, vc, blocks, block_size, p0, n, C, NH, NKV, window, scratch), REQUIRED)
 
 /* ---- vocabulary-parallel embedding and cross-entropy (kernels.h) -------- */
 

@@ -308,17 +308,21 @@ typedef struct loom_gpt_opts {
 
 /* Inference: the rows of one forward are the new tokens of n sequences,
  * consecutive and in this order, each appended to its sequence's key/value
- * cache. The cache of local block li and sequence slot s is
- * k + ((size_t)li * max_seqs + s) * max_len * C_l floats, (max_len, C_l) with
- * position p at row p (and v alike). */
+ * cache. The cache of local block li is a pool of n_blocks blocks of
+ * block_size positions: k + ((size_t)li * n_blocks + b) * block_size * KV_l
+ * floats is block b, (block_size, KV_l) with one position per row (v
+ * alike). Position p of sequence slot s is row p % block_size of block
+ * table[s * max_blocks + p / block_size]. A contiguous cache is the case
+ * block_size = max_len, n_blocks = max_seqs, table[s] = s. */
 typedef struct loom_gpt_kv {
-    int n;            /* sequences in this forward */
-    const int *seq;   /* (n) their cache slots, distinct, < max_seqs */
-    const int *pos;   /* (n) positions already cached (the first new row's position) */
-    const int *n_new; /* (n) new rows of each, >= 1 */
-    float *k, *v;     /* (L_l, max_seqs, max_len, C_l) device memory */
-    int max_seqs, max_len;
-    float *scratch; /* loom_attention_kv_scratch_floats(rows, max_len) floats */
+    int n;                /* sequences in this forward */
+    const int *seq;       /* (n) their slots, distinct, < max_seqs */
+    const int *pos;       /* (n) positions already cached (the first new row's position) */
+    const int *n_new;     /* (n) new rows of each, >= 1 */
+    float *k, *v;         /* (L_l, n_blocks, block_size, KV_l) device memory */
+    const int32_t *table; /* (max_seqs, max_blocks) host memory: the blocks of each slot */
+    int n_blocks, block_size, max_blocks;
+    float *scratch; /* loom_attention_kv_scratch_floats(rows, max_len) + rows * NH_l floats */
 } loom_gpt_kv;
 
 struct loom_gpt {

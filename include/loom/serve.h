@@ -21,13 +21,19 @@
  * the field; an unknown model a 404; errors are OpenAI's
  * {"error": {"message", "type", "param", "code"}}.
  *
- * The KV cache is planned up front: max_seqs sequences of max_len positions.
- * With prefix_cache, a new sequence starts as the longest prefix of its
- * prompt that some sequence's cache holds (running, or left by a finished
- * one until its slot is reused), copied instead of recomputed.
- * Each choice of a request is one sequence; prompt + max_tokens <= max_len
- * (else 400); choices wait for a free sequence in a queue of at most `queue`
- * (beyond that: 503). Between model steps rank 0 admits waiting choices and
+ * The KV cache is paged and allocated up front (the loom_infer's pool:
+ * n_blocks blocks of block_size positions; max_seqs sequences at once). A
+ * choice runs once it has a slot and blocks for its prompt and its first
+ * generated token; a decode step that fills a sequence's last block takes
+ * another, and when the pool has none the youngest sequence gives its
+ * blocks back and is computed again later (preemption). With prefix_cache,
+ * full blocks are registered by the hash of their tokens and of the block
+ * before them, and a new sequence takes the registered blocks its prompt
+ * starts with by reference (released ones stay cached until their room is
+ * needed, least recently released first), copying only a partly filled
+ * block. Each choice of a request is one sequence; prompt + max_tokens <=
+ * min(max_len, the pool's positions) (else 400); choices wait for a slot in
+ * a queue of at most `queue` (beyond that: 503). Between model steps rank 0 admits waiting choices and
  * drops finished or disconnected ones: each step runs every running
  * sequence's next token plus prefill chunks of new ones (at most max_rows
  * tokens).

@@ -26,11 +26,14 @@ struct loom_infer {
     int pp_rank, pp_size;
     loom_gpt *m;
     int C, C_l, NH_l, V_l, L_l, tp;
-    int *len;           /* (max_seqs) cached positions per sequence */
-    int *pos;           /* (max_seqs) a step's entries' positions before it */
-    float *kc, *vc;     /* (L_l, max_seqs, max_len, KV_l) */
-    float *att_scratch; /* the cached attention's scratch for R rows */
-    int32_t *rows_tok;  /* (R) */
+    int *len;                     /* (max_seqs) cached positions per sequence */
+    int *pos;                     /* (max_seqs) a step's entries' positions before it */
+    int bs, n_blocks, max_blocks; /* the pool: n_blocks of bs positions; blocks per sequence at most */
+    int32_t *table;               /* (max_seqs, max_blocks) each sequence's blocks */
+    int *nb;                      /* (max_seqs) blocks in each sequence's table */
+    float *kc, *vc;               /* (L_l, n_blocks, bs, KV_l) */
+    float *att_scratch;           /* the cached attention's scratch for R rows */
+    int32_t *rows_tok;            /* (R) */
     float *last, *lnf, *lnf_mean, *lnf_rstd, *logits_l, *gathered, *logits; /* S rows */
     loom_arena arena;
 };
@@ -48,10 +51,12 @@ static void *take(loom_arena *a, size_t bytes) {
 static void layout(loom_infer *f) {
     loom_arena *a = &f->arena;
     const size_t R = (size_t)f->o.max_rows, S = (size_t)f->o.max_seqs, C = (size_t)f->C;
-    const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * (size_t)f->m->KV_l; /* KV heads' width */
+    const size_t cache =
+        (size_t)f->L_l * f->n_blocks * (size_t)f->bs * (size_t)f->m->KV_l; /* KV heads' width */
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
-    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev->threads, (int)R, f->o.max_len)));
+    f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev->threads, (int)R, f->o.max_len) +
+                               R * (size_t)f->NH_l));
     f->rows_tok = take(a, R * sizeof(int32_t));
     f->last = take(a, F(S * C));
     f->lnf = take(a, F(S * C));
@@ -66,6 +71,11 @@ static loom_status check_opts(const loom_model_config *cfg, const loom_mesh *mes
         return loom_fail(LOOM_EUSAGE,
                          "inference: max sequences %d, max rows %d and max length %d must be >= 1",
                          o->max_seqs, o->max_rows, o->max_len);
+    if (o->block_size < 0 || o->n_blocks < 0 || (o->block_size == 0 && o->n_blocks > 0))
+        return loom_fail(LOOM_EUSAGE,
+                         "inference: KV block size %d and block count %d: both >= 0, blocks only "
+                         "with a block size",
+                         o->block_size, o->n_blocks);
     if (o->max_len > cfg->n_positions)
         return loom_fail(LOOM_EUSAGE, "inference: max length %d exceeds n_positions=%d of model %s",
                          o->max_len, cfg->n_positions, cfg->name);
@@ -121,6 +131,12 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->V_l = f->m->V_l;
     f->L_l = f->m->L_l;
     f->tp = part.tp.size;
+    f->bs = o->block_size > 0 ? o->block_size : o->max_len;
+    f->max_blocks = (o->max_len + f->bs - 1) / f->bs;
+    f->n_blocks = o->block_size == 0 ? o->max_seqs
+                  : o->n_blocks > 0  ? o->n_blocks
+                                     : o->max_seqs * f->max_blocks;
+    f->o.n_blocks = f->n_blocks;
     loom_device_arena_init(o->dev, &f->arena, "kv cache");
     layout(f);
     st = loom_arena_commit(&f->arena);
@@ -128,7 +144,11 @@ loom_status loom_infer_create(const loom_model_config *cfg, const loom_mesh *mes
     f->len = calloc((size_t)o->max_seqs, sizeof *f->len);
     f->pos = calloc((size_t)o->max_seqs, sizeof *f->pos);
     f->logits = calloc((size_t)o->max_seqs * (size_t)cfg->vocab_size, sizeof *f->logits);
-    if (st == LOOM_OK && (!f->len || !f->pos || !f->logits))
+    f->table = calloc((size_t)o->max_seqs * f->max_blocks, sizeof *f->table);
+    f->nb = calloc((size_t)o->max_seqs, sizeof *f->nb);
+    for (int s = 0; f->table && f->nb && o->block_size == 0 && s < o->max_seqs; s++)
+        f->table[s] = s, f->nb[s] = 1; /* contiguous: slot s is block s */
+    if (st == LOOM_OK && (!f->len || !f->pos || !f->logits || !f->table || !f->nb))
         st = loom_fail(LOOM_EOS, "out of memory for the inference logits");
     if (st != LOOM_OK) {
         loom_infer_free(f);
@@ -146,6 +166,8 @@ void loom_infer_free(loom_infer *f) {
     free(f->len);
     free(f->pos);
     free(f->logits);
+    free(f->table);
+    free(f->nb);
     free(f);
 }
 
@@ -154,32 +176,46 @@ loom_status loom_infer_load(loom_infer *f, const char *path) {
 }
 
 void loom_infer_init_random(loom_infer *f, uint64_t seed) { loom_gpt_init_params(f->m, seed); }
-void loom_infer_reset(loom_infer *f, int s) { f->len[s] = 0; }
+void loom_infer_reset(loom_infer *f, int s) {
+    f->len[s] = 0;
+    if (f->o.block_size > 0) f->nb[s] = 0;
+}
 int loom_infer_len(const loom_infer *f, int s) { return f->len[s]; }
 
-loom_status loom_infer_share_prefix(loom_infer *f, int dst, int src, int n) {
-    const int S = f->o.max_seqs;
-    if (dst < 0 || dst >= S || src < 0 || src >= S || n < 0 || n > f->len[src])
-        return loom_fail(LOOM_EUSAGE,
-                         "inference: sequence %d cannot start as %d positions of sequence %d (%d cached)",
-                         dst, n, src, src >= 0 && src < S ? f->len[src] : -1);
-    const size_t W = (size_t)f->m->KV_l; /* a cached position: the key/value heads' width, not C_l (GQA) */
-    if (src != dst && n > 0)
-        for (int l = 0; l < f->L_l; l++) {
-            const size_t at_d = ((size_t)l * S + dst) * f->o.max_len * W,
-                         at_s = ((size_t)l * S + src) * f->o.max_len * W;
-            loom_tensor_copy(f->m->dev, f->kc + at_d, f->kc + at_s, (size_t)n * W);
-            loom_tensor_copy(f->m->dev, f->vc + at_d, f->vc + at_s, (size_t)n * W);
-        }
-    f->len[dst] = n;
+loom_status loom_infer_set_blocks(loom_infer *f, int s, int len, int nb, const int32_t *blocks) {
+    if (f->o.block_size == 0) return loom_fail(LOOM_EUSAGE, "inference: block tables need a paged KV cache");
+    if (s < 0 || s >= f->o.max_seqs || nb < 0 || nb > f->max_blocks || len < 0 || len > nb * f->bs)
+        return loom_fail(LOOM_EUSAGE, "inference: sequence %d cannot hold %d positions in %d blocks of %d", s,
+                         len, nb, f->bs);
+    for (int b = 0; b < nb; b++)
+        if (blocks[b] < 0 || blocks[b] >= f->n_blocks)
+            return loom_fail(LOOM_EUSAGE, "inference: block %d outside the pool of %d", blocks[b],
+                             f->n_blocks);
+    memcpy(f->table + (size_t)s * f->max_blocks, blocks, sizeof *blocks * (size_t)nb);
+    f->nb[s] = nb;
+    f->len[s] = len;
+    return LOOM_OK;
+}
+
+loom_status loom_infer_copy_block(loom_infer *f, int dst, int src, int n) {
+    if (f->o.block_size == 0 || dst < 0 || dst >= f->n_blocks || src < 0 || src >= f->n_blocks || n < 0 ||
+        n > f->bs)
+        return loom_fail(LOOM_EUSAGE, "inference: cannot copy %d positions of KV block %d into block %d", n,
+                         src, dst);
+    const size_t blk = (size_t)f->bs * f->m->KV_l;
+    for (int l = 0; l < f->L_l && dst != src && n > 0; l++) {
+        const size_t at_d = ((size_t)l * f->n_blocks + dst) * blk,
+                     at_s = ((size_t)l * f->n_blocks + src) * blk;
+        loom_tensor_copy(f->m->dev, f->kc + at_d, f->kc + at_s, (size_t)n * f->m->KV_l);
+        loom_tensor_copy(f->m->dev, f->vc + at_d, f->vc + at_s, (size_t)n * f->m->KV_l);
+    }
     return LOOM_OK;
 }
 int loom_infer_last_stage(const loom_infer *f) { return f->m->part.has_head; }
 const loom_model_config *loom_infer_config(const loom_infer *f) { return &f->cfg; }
 const loom_infer_opts *loom_infer_options(const loom_infer *f) { return &f->o; }
-size_t loom_infer_cache_bytes(const loom_infer *f) {
-    return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->m->KV_l);
-}
+size_t loom_infer_block_bytes(const loom_infer *f) { return 2 * F((size_t)f->L_l * f->bs * f->m->KV_l); }
+size_t loom_infer_cache_bytes(const loom_infer *f) { return (size_t)f->n_blocks * loom_infer_block_bytes(f); }
 
 /* ln_f and the tied LM head on each entry's last row; logits gathered over
  * the vocabulary shards into f->logits (n, V). */
@@ -214,10 +250,11 @@ static loom_status check_step(const loom_infer *f, int n, const int *seq, const 
                              f->o.max_seqs);
         for (int k = 0; k < j; k++)
             if (seq[k] == seq[j]) return loom_fail(LOOM_EUSAGE, "inference step: sequence %d twice", seq[j]);
-        if (n_new[j] < 1 || f->len[seq[j]] + n_new[j] > f->o.max_len)
-            return loom_fail(LOOM_EUSAGE,
-                             "inference step: sequence %d has %d positions, +%d passes max length %d", seq[j],
-                             f->len[seq[j]], n_new[j], f->o.max_len);
+        const int cap = f->nb[seq[j]] * f->bs < f->o.max_len ? f->nb[seq[j]] * f->bs : f->o.max_len;
+        if (n_new[j] < 1 || f->len[seq[j]] + n_new[j] > cap)
+            return loom_fail(LOOM_EUSAGE, "inference step: sequence %d has %d positions, +%d passes %s %d",
+                             seq[j], f->len[seq[j]], n_new[j],
+                             cap < f->o.max_len ? "its KV blocks' positions" : "max length", cap);
         R += n_new[j];
         if (R > f->o.max_rows)
             return loom_fail(LOOM_EUSAGE, "inference step: more than %d new tokens", f->o.max_rows);
@@ -253,8 +290,10 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
                             .n_new = n_new,
                             .k = f->kc,
                             .v = f->vc,
-                            .max_seqs = f->o.max_seqs,
-                            .max_len = f->o.max_len,
+                            .table = f->table,
+                            .n_blocks = f->n_blocks,
+                            .block_size = f->bs,
+                            .max_blocks = f->max_blocks,
                             .scratch = f->att_scratch};
     for (int j = 0; j < n; j++) f->pos[j] = f->len[seq[j]];
     LOOM_TRY(loom_gpt_forward_kv(f->m, R, &kv));

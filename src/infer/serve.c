@@ -1,7 +1,9 @@
 /* serve.c - `loom serve`: the model loop on every rank's main thread, with
  * continuous batching between steps: rank 0 plans each step (drops finished
- * choices, admits waiting ones, one decode token per running sequence and
- * prefill chunks in the rows left), the plan goes to every rank, all run the
+ * choices, admits waiting ones, gives KV blocks to sequences from the pool
+ * of serve_kv.c - preempting the youngest when a decode finds none - one
+ * decode token per running sequence and prefill chunks in the rows left),
+ * the plan and the block tables that changed go to every rank, all run the
  * step, the sampling rank applies the penalties, samples and measures the
  * log-probabilities, and its tokens come back to rank 0, which delivers them
  * to the requests. A signal drains: no new requests, the running ones finish
@@ -40,32 +42,36 @@ typedef struct plan_entry {
     uint64_t seed, index;
 } plan_entry;
 
-enum { H_ENTRIES, H_ROWS, H_SHUTDOWN, H_ANY_LP, H_COPIES, H_COUNT };
+enum { H_ENTRIES, H_ROWS, H_SHUTDOWN, H_ANY_LP, H_COPIES, H_TABLES, H_COUNT };
 
-/* A new choice's start in its KV slot: the first n positions of slot src
- * (src == dst: what the slot already holds; n = 0: empty). */
-typedef struct prefix_op {
+/* A partly filled block continued by a new choice: the first n positions of
+ * block src copied into its block dst. */
+typedef struct block_copy {
     int32_t dst, src, n;
-} prefix_op;
+} block_copy;
 
 typedef struct plan {
     int32_t hdr[H_COUNT];
     plan_entry *e;
     int32_t *tok, *next;
-    prefix_op *copy; /* (max_seqs) */
+    block_copy *copy; /* (max_seqs) */
+    int32_t *tab;     /* H_TABLES words: per changed slot s, len, nb, its nb blocks */
     tok_lp *lp;
     choice **owner; /* rank 0: the choice of each entry */
     loom_ids *hist; /* (max_seqs) the sampling rank: each sequence's generated tokens, for penalties */
     float *probs, *row;
     int *iscratch, *count;
     int *seq, *n_new;
+    unsigned char *dirty; /* rank 0: (max_seqs) slots whose block table changed */
+    unsigned char *seen;  /* rank 0: (max_seqs) slots placed or passed over in this plan */
+    uint32_t *blk;        /* rank 0: one block's tokens */
 } plan;
 
 /* Move waiters into free KV slots, oldest first (under s->mu). Called when a
  * request arrives and when the loop plans a step, so that whenever the lock
  * is free a choice waits only while every slot is taken. A slot is free only
  * once plan_step released it, so the step in flight does not touch it; the
- * new choice's first step resets its cache (fresh). */
+ * new choice's blocks are planned by place(). */
 void serve_admit(server *s) {
     const int max_seqs = loom_infer_options(s->inf)->max_seqs;
     for (int i = 0; i < max_seqs && s->wait_head; i++) {
@@ -77,73 +83,198 @@ void serve_admit(server *s) {
         c->next = NULL;
         c->slot = i;
         c->prefill_pos = 0;
+        c->order = s->next_order++;
         s->slots[i] = c;
     }
 }
 
-static size_t common_prefix(const loom_ids *a, const loom_ids *b) {
-    size_t n = a->n < b->n ? a->n : b->n, k = 0;
-    while (k < n && a->v[k] == b->v[k]) k++;
+/* What choice c's cache must hold before its next decode step: its prompt,
+ * and after a preemption the tokens it generated but the last. */
+static size_t feed_len(const choice *c) {
+    return c->req->prompts[c->prompt].n + (c->out.n ? c->out.n - 1 : 0);
+}
+static uint32_t feed_tok(const choice *c, size_t k) {
+    const loom_ids *pr = &c->req->prompts[c->prompt];
+    return k < pr->n ? pr->v[k] : c->out.v[k - pr->n];
+}
+
+static size_t common_feed(const choice *c, const loom_ids *b) {
+    size_t n = feed_len(c) < b->n ? feed_len(c) : b->n, k = 0;
+    while (k < n && feed_tok(c, k) == b->v[k]) k++;
     return k;
 }
 
-/* Rank 0: where a newly admitted choice c in slot i starts. With prefix
- * caching, the longest prefix of its prompt (all but its last token: the
- * step needs a row for the logits) that some slot's cache holds - running,
- * or left by a finished choice - is copied instead of recomputed; the
- * choice's own slot wins ties (nothing to copy). A choice whose prompt
- * shares more with one still being prefilled (the n choices of a prompt, or
- * requests arriving together) waits until that prefill is done: 0 (not
- * placed yet). The copies of a step run in the order planned, before its
- * forward, so each sees the caches as the plan's bookkeeping (s->cached)
- * says. */
+static size_t common_feeds(const choice *a, const choice *b) {
+    size_t n = feed_len(a) < feed_len(b) ? feed_len(a) : feed_len(b), k = 0;
+    while (k < n && feed_tok(a, k) == feed_tok(b, k)) k++;
+    return k;
+}
+
+/* Rank 0: where choice c, admitted in slot i, starts, and its blocks: 1
+ * placed, 0 not yet (it waits for a prefill in flight that shares more of
+ * its prompt), -1 when the pool has too few free blocks. With prefix
+ * caching, the leading full blocks of its prompt (all but its last token:
+ * the step needs a row for the logits) that are registered are taken by
+ * reference; then the rest of the longest prefix some slot's cache holds,
+ * which ends inside that slot's next block, is copied into a block of its
+ * own (full blocks are never written again, so only this partly filled one
+ * is ever copied). It gets blocks for its prompt and its first generated
+ * token up front, so a prefill never runs out. */
 static int place(server *s, plan *p, choice *c, int i) {
-    const int max_seqs = loom_infer_options(s->inf)->max_seqs;
-    const loom_ids *pr = &c->req->prompts[c->prompt];
-    size_t best = 0;
-    int src = i;
+    kv_pool *kv = &s->kv;
+    const int S = loom_infer_options(s->inf)->max_seqs, bs = kv->bs;
+    const size_t tgt = feed_len(c), cap = tgt - 1;
+    int32_t *tab = kv->table + (size_t)i * kv->max_blocks;
+    int hits = 0, zero_ref = 0, src = -1;
+    size_t tail = 0;
     if (s->cfg->prefix_cache) {
-        const size_t cap = pr->n - 1;
-        best = common_prefix(pr, &s->cached[i]);
-        for (int j = 0; j < max_seqs; j++) {
-            const size_t k = common_prefix(pr, &s->cached[j]);
-            if (k > best) best = k, src = j;
+        uint64_t parent = 0;
+        while ((size_t)(hits + 1) * bs <= cap) {
+            for (int k = 0; k < bs; k++) p->blk[k] = feed_tok(c, (size_t)hits * bs + (size_t)k);
+            const int b = kv_pool_lookup(kv, parent, p->blk);
+            if (b < 0) break;
+            tab[hits++] = b;
+            zero_ref += kv->ref[b] == 0;
+            parent = kv->hash[b];
         }
-        if (best > cap) best = cap;
-        for (int j = 0; j < max_seqs; j++) {
+        const size_t have = (size_t)hits * bs;
+        for (int j = 0; j < S; j++) {
             const choice *o = s->slots[j];
-            if (!o || o == c || !o->placed || o->prefill_pos >= o->req->prompts[o->prompt].n) continue;
-            const size_t k = common_prefix(pr, &o->req->prompts[o->prompt]);
-            if ((k < cap ? k : cap) > best) return 0;
+            if (j == i || !o || !o->placed) continue;
+            size_t k = common_feed(c, &s->cached[j]);
+            k = k < cap ? k : cap;
+            if (k > have + tail) tail = k - have < (size_t)bs - 1 ? k - have : (size_t)bs - 1, src = j;
+        }
+        for (int j = 0; j < S; j++) {
+            const choice *o = s->slots[j];
+            if (!o || o == c || !o->placed || o->prefill_pos >= o->feed_n) continue;
+            const size_t k = common_feeds(c, o);
+            if ((k < cap ? k : cap) > have + tail) return 0;
         }
     }
-    p->copy[p->hdr[H_COPIES]++] = (prefix_op){.dst = i, .src = src, .n = (int32_t)best};
-    if (src != i) {
-        s->cached[i].n = 0;
-        for (size_t k = 0; k < best; k++) loom_ids_push(&s->cached[i], s->cached[src].v[k]);
+    const int need = (int)((tgt + (size_t)bs) / (size_t)bs); /* positions 0 .. tgt */
+    if (kv->n_free - zero_ref < need - hits) return -1;
+    for (int k = 0; k < hits; k++) kv_pool_ref(kv, tab[k]);
+    for (int k = hits; k < need; k++) tab[k] = kv_pool_alloc(kv);
+    kv->nb[i] = need;
+    kv->n_reg[i] = hits;
+    if (tail > 0) {
+        p->copy[p->hdr[H_COPIES]++] = (block_copy){
+            .dst = tab[hits], .src = kv->table[(size_t)src * kv->max_blocks + hits], .n = (int32_t)tail};
+        s->prefix_copies++;
     }
-    s->cached[i].n = best < s->cached[i].n ? best : s->cached[i].n;
-    c->prefill_pos = c->prefix_hit = best;
+    const size_t start = (size_t)hits * bs + tail;
+    s->cached[i].n = 0;
+    for (size_t k = 0; k < start; k++) loom_ids_push(&s->cached[i], feed_tok(c, k));
+    c->prefill_pos = c->prefix_hit = start;
+    c->feed_n = tgt;
     c->placed = 1;
-    s->prefix_hit_tokens += (long)best;
-    s->prefix_copies += src != i && best > 0;
+    s->prefix_hit_tokens += (long)start;
+    s->shared_blocks += hits;
+    p->dirty[i] = 1;
     return 1;
+}
+
+/* Rank 0: slot i's choice gives back its blocks (the full ones stay cached
+ * while nothing needs their room) and starts over when blocks are free:
+ * its prompt and generated tokens are prefilled again, mostly from the
+ * cache. */
+static void preempt(server *s, plan *p, int i) {
+    choice *c = s->slots[i];
+    kv_pool_drop_seq(&s->kv, i);
+    s->cached[i].n = 0;
+    c->placed = 0;
+    c->prefill_pos = c->prefix_hit = 0;
+    s->preemptions++;
+    p->dirty[i] = p->seen[i] = 1; /* placed again in a later step */
 }
 
 static void release_slot(server *s, int i) {
     choice *c = s->slots[i];
     s->slots[i] = NULL;
+    kv_pool_drop_seq(&s->kv, i);
+    s->cached[i].n = 0;
     if (!c->finished) serve_choice_finish(s, c, "abort");
     serve_req_unref(s, c->req);
 }
 
-/* Rank 0: drop finished / cancelled choices, admit waiting ones, and lay
- * out the next step: one token for every running sequence, then prefill
- * chunks in the rows left (under s->mu). */
+/* Rank 0: register the full blocks that the steps so far computed. */
+static void register_full_blocks(server *s, plan *p) {
+    kv_pool *kv = &s->kv;
+    for (int i = 0; i < kv->max_seqs && s->cfg->prefix_cache; i++) {
+        const int32_t *tab = kv->table + (size_t)i * kv->max_blocks;
+        for (; s->slots[i] && (size_t)(kv->n_reg[i] + 1) * kv->bs <= s->cached[i].n; kv->n_reg[i]++) {
+            const int r = kv->n_reg[i];
+            memcpy(p->blk, s->cached[i].v + (size_t)r * kv->bs, sizeof *p->blk * (size_t)kv->bs);
+            kv_pool_register(kv, tab[r], r ? kv->hash[tab[r - 1]] : 0, p->blk);
+        }
+    }
+}
+
+/* Rank 0: the placed choice that took its slot last (-1: none). */
+static int youngest(const server *s) {
+    int y = -1;
+    for (int i = 0; i < s->kv.max_seqs; i++)
+        if (s->slots[i] && s->slots[i]->placed && (y < 0 || s->slots[i]->order > s->slots[y]->order)) y = i;
+    return y;
+}
+
+/* Rank 0: a block for the next token of every decoding sequence that has
+ * filled its last one, oldest first; when the pool is out of blocks, the
+ * youngest sequence is preempted (possibly the one asking). A sequence
+ * alone always fits (a request needing more blocks than the pool holds is
+ * refused), so the oldest always advances. */
+static void grow_decoders(server *s, plan *p) {
+    kv_pool *kv = &s->kv;
+    for (long last = -1;;) {
+        int i = -1; /* the next decoding slot by age */
+        for (int j = 0; j < kv->max_seqs; j++) {
+            const choice *c = s->slots[j];
+            if (c && c->placed && c->prefill_pos >= c->feed_n && c->order > last &&
+                (i < 0 || c->order < s->slots[i]->order))
+                i = j;
+        }
+        if (i < 0) return;
+        last = s->slots[i]->order;
+        while (s->slots[i]->placed && s->cached[i].n == (size_t)kv->nb[i] * kv->bs &&
+               kv->nb[i] < kv->max_blocks) {
+            const int b = kv_pool_alloc(kv);
+            if (b >= 0) {
+                kv->table[(size_t)i * kv->max_blocks + kv->nb[i]++] = b;
+                p->dirty[i] = 1;
+            } else {
+                preempt(s, p, youngest(s));
+            }
+        }
+    }
+}
+
+/* Rank 0: the block tables that changed, as words for every rank. */
+static void put_tables(server *s, plan *p) {
+    const kv_pool *kv = &s->kv;
+    int w = 0;
+    for (int i = 0; i < kv->max_seqs; i++) {
+        if (!p->dirty[i]) continue;
+        p->dirty[i] = 0;
+        p->tab[w++] = i;
+        p->tab[w++] = (int32_t)s->cached[i].n;
+        p->tab[w++] = kv->nb[i];
+        for (int b = 0; b < kv->nb[i]; b++) p->tab[w++] = kv->table[(size_t)i * kv->max_blocks + b];
+    }
+    p->hdr[H_TABLES] = w;
+}
+
+/* Rank 0: drop finished / cancelled choices, admit waiting ones, give
+ * blocks to the decoding sequences and to new ones, and lay out the next
+ * step: one token for every running sequence, then prefill chunks in the
+ * rows left (under s->mu). */
 static void plan_step(server *s, plan *p) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
     for (int i = 0; i < io->max_seqs; i++)
-        if (s->slots[i] && (s->slots[i]->finished || s->slots[i]->req->cancelled)) release_slot(s, i);
+        if (s->slots[i] && (s->slots[i]->finished || s->slots[i]->req->cancelled)) {
+            release_slot(s, i);
+            p->dirty[i] = 1;
+        }
     for (choice **pp = &s->wait_head; *pp;) { /* drop cancelled waiters */
         choice *c = *pp;
         if (c->req->cancelled || c->finished) {
@@ -157,14 +288,27 @@ static void plan_step(server *s, plan *p) {
     }
     s->wait_tail = NULL;
     for (choice *c = s->wait_head; c; c = c->next) s->wait_tail = c;
+    register_full_blocks(s, p);
     serve_admit(s);
     p->hdr[H_COPIES] = 0;
-    for (int i = 0; i < io->max_seqs; i++)
-        if (s->slots[i] && !s->slots[i]->placed) place(s, p, s->slots[i], i);
+    memset(p->seen, 0, (size_t)io->max_seqs);
+    grow_decoders(s, p);
+    for (;;) { /* unplaced choices oldest first; one short of blocks stops the rest */
+        int i = -1;
+        for (int j = 0; j < io->max_seqs; j++)
+            if (s->slots[j] && !s->slots[j]->placed && !p->seen[j] &&
+                (i < 0 || s->slots[j]->order < s->slots[i]->order))
+                i = j;
+        if (i < 0 || place(s, p, s->slots[i], i) < 0) break;
+        p->seen[i] = 1;
+    }
+    s->waiting_blocks = 0;
+    for (int i = 0; i < io->max_seqs; i++) s->waiting_blocks += s->slots[i] && !s->slots[i]->placed;
+    put_tables(s, p);
     int n = 0, rows = 0, any_lp = 0;
     for (int i = 0; i < io->max_seqs; i++) { /* decode first: running sequences never wait */
         choice *c = s->slots[i];
-        if (!c || c->prefill_pos < c->req->prompts[c->prompt].n) continue;
+        if (!c || !c->placed || c->prefill_pos < c->feed_n) continue;
         p->e[n] = (plan_entry){.seq = i, .n_new = 1, .fresh = 0, .final = 1};
         p->tok[rows++] = (int32_t)c->out.v[c->out.n - 1];
         loom_ids_push(&s->cached[i], c->out.v[c->out.n - 1]);
@@ -172,17 +316,16 @@ static void plan_step(server *s, plan *p) {
     }
     for (int i = 0; i < io->max_seqs && rows < io->max_rows; i++) {
         choice *c = s->slots[i];
-        const loom_ids *pr = c ? &c->req->prompts[c->prompt] : NULL;
-        if (!c || !c->placed || c->prefill_pos >= pr->n) continue;
-        size_t left = pr->n - c->prefill_pos;
+        if (!c || !c->placed || c->prefill_pos >= c->feed_n) continue;
+        const size_t left = c->feed_n - c->prefill_pos;
         int take = left < (size_t)(io->max_rows - rows) ? (int)left : io->max_rows - rows;
         p->e[n] = (plan_entry){.seq = i,
                                .n_new = take,
-                               .fresh = c->prefill_pos == c->prefix_hit,
-                               .final = c->prefill_pos + (size_t)take == pr->n};
+                               .fresh = c->out.n == 0 && c->prefill_pos == c->prefix_hit,
+                               .final = c->out.n == 0 && c->prefill_pos + (size_t)take == c->feed_n};
         for (int k = 0; k < take; k++) {
-            p->tok[rows++] = (int32_t)pr->v[c->prefill_pos + (size_t)k];
-            loom_ids_push(&s->cached[i], pr->v[c->prefill_pos + (size_t)k]);
+            p->tok[rows++] = (int32_t)feed_tok(c, c->prefill_pos + (size_t)k);
+            loom_ids_push(&s->cached[i], feed_tok(c, c->prefill_pos + (size_t)k));
         }
         c->prefill_pos += (size_t)take;
         s->prefill_tokens += take;
@@ -230,8 +373,10 @@ static loom_status share_plan(loom_comm *world, plan *p, double busy_at) {
         }
     }
     if (p->hdr[H_SHUTDOWN]) return LOOM_OK;
+    if (p->hdr[H_TABLES] > 0)
+        LOOM_TRY(loom_comm_bcast(world, p->tab, sizeof(int32_t) * (size_t)p->hdr[H_TABLES], 0));
     if (p->hdr[H_COPIES] > 0)
-        LOOM_TRY(loom_comm_bcast(world, p->copy, sizeof(prefix_op) * (size_t)p->hdr[H_COPIES], 0));
+        LOOM_TRY(loom_comm_bcast(world, p->copy, sizeof(block_copy) * (size_t)p->hdr[H_COPIES], 0));
     if (p->hdr[H_ENTRIES] == 0) return LOOM_OK;
     LOOM_TRY(loom_comm_bcast(world, p->e, sizeof(plan_entry) * (size_t)p->hdr[H_ENTRIES], 0));
     return loom_comm_bcast(world, p->tok, sizeof(int32_t) * (size_t)p->hdr[H_ROWS], 0);
@@ -278,8 +423,10 @@ static const float *penalised(plan *p, const plan_entry *e, const float *x, int 
 static loom_status run_step(loom_infer *inf, loom_comm *world, int root, plan *p) {
     const int n = p->hdr[H_ENTRIES], V = loom_infer_config(inf)->vocab_size;
     const int is_root = loom_comm_rank(world) == root;
+    for (int w = 0; w < p->hdr[H_TABLES]; w += 3 + p->tab[w + 2])
+        LOOM_TRY(loom_infer_set_blocks(inf, p->tab[w], p->tab[w + 1], p->tab[w + 2], p->tab + w + 3));
     for (int j = 0; j < p->hdr[H_COPIES]; j++)
-        LOOM_TRY(loom_infer_share_prefix(inf, p->copy[j].dst, p->copy[j].src, p->copy[j].n));
+        LOOM_TRY(loom_infer_copy_block(inf, p->copy[j].dst, p->copy[j].src, p->copy[j].n));
     if (n == 0) return LOOM_OK;
     for (int j = 0; j < n; j++) {
         if (p->e[j].fresh) p->hist[p->e[j].seq].n = 0; /* a new choice: no tokens to penalise */
@@ -328,6 +475,11 @@ static void deliver(server *s, plan *p) {
 
 static loom_status plan_alloc(plan *p, const loom_infer_opts *io, int V) {
     size_t S = (size_t)io->max_seqs, R = (size_t)io->max_rows + S;
+    const size_t max_blocks = ((size_t)io->max_len + (size_t)io->block_size - 1) / (size_t)io->block_size;
+    p->tab = malloc(sizeof *p->tab * S * (3 + max_blocks));
+    p->dirty = calloc(S, 1);
+    p->seen = calloc(S, 1);
+    p->blk = malloc(sizeof *p->blk * (size_t)io->block_size);
     p->e = calloc(S, sizeof *p->e);
     p->tok = calloc(R, sizeof *p->tok);
     p->next = calloc(S, sizeof *p->next);
@@ -342,7 +494,7 @@ static loom_status plan_alloc(plan *p, const loom_infer_opts *io, int V) {
     p->iscratch = malloc(sizeof(int) * (size_t)V);
     p->count = calloc((size_t)V, sizeof(int));
     if (!p->e || !p->tok || !p->next || !p->lp || !p->copy || !p->owner || !p->hist || !p->seq || !p->n_new ||
-        !p->probs || !p->row || !p->iscratch || !p->count)
+        !p->tab || !p->dirty || !p->seen || !p->blk || !p->probs || !p->row || !p->iscratch || !p->count)
         return loom_fail(LOOM_EOS, "serve: out of memory for the step plan");
     return LOOM_OK;
 }
@@ -354,6 +506,10 @@ static void plan_free(plan *p, int max_seqs) {
     free(p->next);
     free(p->lp);
     free(p->copy);
+    free(p->tab);
+    free(p->dirty);
+    free(p->seen);
+    free(p->blk);
     free(p->owner);
     free(p->hist);
     free(p->seq);
@@ -372,7 +528,10 @@ static loom_status open_server(server *s, const loom_serve_config *c, struct MHD
     s->cached = calloc((size_t)io->max_seqs, sizeof *s->cached);
     s->ttft = calloc(LAT_KEEP, sizeof(double));
     s->tpot = calloc(LAT_KEEP, sizeof(double));
-    if (!s->slots || !s->cached || !s->ttft || !s->tpot) return loom_fail(LOOM_EOS, "serve: out of memory");
+    if (!s->slots || !s->cached || !s->ttft || !s->tpot ||
+        !kv_pool_init(&s->kv, io->n_blocks, io->block_size, io->max_seqs,
+                      (io->max_len + io->block_size - 1) / io->block_size))
+        return loom_fail(LOOM_EOS, "serve: out of memory");
     serve_metrics_init(s);
     int port = 0;
     if (!(*d = serve_start_http(s, &port)))
@@ -381,8 +540,10 @@ static loom_status open_server(server *s, const loom_serve_config *c, struct MHD
                          serve_http_error());
     loom_info(
         "serving %s on http://127.0.0.1:%d (POST /v1/completions, /v1/chat/completions; GET /v1/models, "
-        "/health, /metrics); KV cache %d slots x %d positions, %.1f MiB per rank",
-        c->model_name, port, io->max_seqs, io->max_len, loom_infer_cache_bytes(s->inf) / 1048576.0);
+        "/health, /metrics); KV cache %d blocks of %d positions (%.1f MiB per rank, %.1f KiB a block), "
+        "%d sequences at once, %d positions each at most; prefix caching %s",
+        c->model_name, port, io->n_blocks, io->block_size, loom_infer_cache_bytes(s->inf) / 1048576.0,
+        loom_infer_block_bytes(s->inf) / 1024.0, io->max_seqs, io->max_len, c->prefix_cache ? "on" : "off");
     if (c->port_file && c->port_file[0]) {
         FILE *fp = fopen(c->port_file, "w");
         if (!fp || fprintf(fp, "%d\n", port) < 0 || fclose(fp) != 0)
@@ -431,14 +592,15 @@ static void next_plan(server *s, plan *p, double *last_sent, double *drain_until
                 struct timespec ts = serve_deadline_in(20000000);
                 pthread_cond_timedwait(&s->work, &s->mu, &ts);
             }
-            p->hdr[H_ENTRIES] = p->hdr[H_ROWS] = p->hdr[H_COPIES] = 0;
+            p->hdr[H_ENTRIES] = p->hdr[H_ROWS] = p->hdr[H_COPIES] = p->hdr[H_TABLES] = 0;
             p->hdr[H_SHUTDOWN] = 1;
             break;
         }
         plan_step(s, p);
         s->loop_iters++;
         s->last_loop = serve_now();
-        if (p->hdr[H_ENTRIES] > 0 || p->hdr[H_COPIES] > 0 || serve_now() - *last_sent > 1.0)
+        if (p->hdr[H_ENTRIES] > 0 || p->hdr[H_COPIES] > 0 || p->hdr[H_TABLES] > 0 ||
+            serve_now() - *last_sent > 1.0)
             break; /* work, or a heartbeat */
         struct timespec ts = serve_deadline_in(50000000);
         pthread_cond_timedwait(&s->work, &s->mu, &ts);
@@ -478,6 +640,8 @@ static void catch_signals(void) {
 
 loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tokenizer *tok, loom_comm *world,
                            int root) {
+    if (loom_infer_options(inf)->block_size < 1)
+        return loom_fail(LOOM_EUSAGE, "serve: the KV cache must be paged (loom_infer_opts.block_size >= 1)");
     world = loom_comm_host(world); /* host data only: requests, plans, token ids */
     const int rank = loom_comm_rank(world), max_seqs = loom_infer_options(inf)->max_seqs;
     server s;
@@ -506,7 +670,7 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
         if (rank == 0) next_plan(&s, &p, &last_sent, &drain_until);
         st = share_plan(world, &p, busy_at);
         if (st != LOOM_OK || p.hdr[H_SHUTDOWN]) break;
-        if (p.hdr[H_ENTRIES] == 0 && p.hdr[H_COPIES] == 0) continue;
+        if (p.hdr[H_ENTRIES] == 0 && p.hdr[H_COPIES] == 0 && p.hdr[H_TABLES] == 0) continue;
         busy_at = serve_now();
         st = run_step(inf, world, root, &p);
         if (st == LOOM_OK && rank == 0) {
@@ -520,6 +684,7 @@ loom_status loom_serve_run(const loom_serve_config *c, loom_infer *inf, loom_tok
     free(s.slots);
     for (int i = 0; s.cached && i < max_seqs; i++) loom_ids_free(&s.cached[i]);
     free(s.cached);
+    kv_pool_free(&s.kv);
     free(s.ttft);
     free(s.tpot);
     pthread_mutex_destroy(&s.mu);

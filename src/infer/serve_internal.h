@@ -47,7 +47,9 @@ typedef struct choice {
     size_t lp_cap;
     int slot; /* KV-cache sequence; -1 while waiting */
     size_t prefill_pos;
-    int placed;        /* its start in the slot planned (prefix caching) */
+    size_t feed_n;     /* positions its prefill fills (feed_len when placed) */
+    int placed;        /* holds KV blocks: its start planned (prefix caching); 0 again when preempted */
+    long order;        /* when it took its slot: the youngest is preempted first */
     size_t prefix_hit; /* prompt tokens it took from the cache */
     int finished;
     const char *finish_reason; /* "stop", "length", "abort" */
@@ -95,6 +97,43 @@ typedef struct req {
     int done_sent;
 } req;
 
+/* ---- the paged KV cache's blocks (serve_kv.c) ---------------------------- */
+
+typedef struct kv_pool {
+    int n_blocks, bs, max_seqs, max_blocks;
+    int *ref;                /* (n_blocks) sequences holding each block */
+    uint64_t *hash;          /* (n_blocks) of a full block: its tokens and its parent's hash (0: not full) */
+    uint64_t *parent;        /* (n_blocks) the hash of the block before it (0: the first) */
+    uint32_t *toks;          /* (n_blocks, bs) the tokens of a registered block */
+    unsigned char *in_table; /* registered: findable by its hash */
+    int *prev, *next, head, tail; /* the free list (ref 0): empty blocks first, then cached ones by release */
+    int *chain, *bucket, n_bucket; /* the hash table of registered blocks */
+    int n_free, n_cached;
+    long evictions;
+    int32_t *table; /* (max_seqs, max_blocks) each slot's blocks */
+    int *nb;        /* (max_seqs) blocks in each slot's table */
+    int *n_reg;     /* (max_seqs) its leading full blocks already registered */
+} kv_pool;
+
+/* 0 when out of memory. */
+int kv_pool_init(kv_pool *p, int n_blocks, int bs, int max_seqs, int max_blocks);
+void kv_pool_free(kv_pool *p);
+uint64_t kv_block_hash(uint64_t parent, const uint32_t *toks, int bs);
+/* A block for a sequence (ref 1): an empty one, else the least recently
+ * released cached one (evicted); -1 when every block is held. */
+int kv_pool_alloc(kv_pool *p);
+void kv_pool_ref(kv_pool *p, int b);
+void kv_pool_release(kv_pool *p, int b);
+/* The registered block holding toks (bs) after the block hashed parent, or -1. */
+int kv_pool_lookup(const kv_pool *p, uint64_t parent, const uint32_t *toks);
+/* Block b, now full of toks after the block hashed parent: findable (unless
+ * an equal block already is); its hash is set either way. */
+void kv_pool_register(kv_pool *p, int b, uint64_t parent, const uint32_t *toks);
+/* Slot s lets go of every block of its table. */
+void kv_pool_drop_seq(kv_pool *p, int s);
+/* Blocks some sequence holds. */
+int kv_pool_used(const kv_pool *p);
+
 /* ---- instruments ------------------------------------------------------------ */
 
 #define HIST_BUCKETS 16
@@ -116,6 +155,8 @@ typedef struct server {
     int n_wait;
     choice **slots;   /* (max_seqs) running choices */
     loom_ids *cached; /* (max_seqs) the tokens each slot's cache holds, after the step planned */
+    kv_pool kv;       /* the KV blocks and each slot's table */
+    long next_order;
     long next_id;
     uint64_t seed_base, seed_count; /* a request without "seed" gets a fresh one from these */
     int stopping;                   /* no new requests (a signal: draining) */
@@ -124,7 +165,10 @@ typedef struct server {
     /* metrics */
     double *ttft, *tpot;
     long prefix_hit_tokens, prefill_tokens; /* prompt tokens taken from the cache / computed */
-    long prefix_copies;                     /* starts copied from another slot */
+    long prefix_copies;                     /* partly filled blocks copied from another slot */
+    long shared_blocks;                     /* full blocks taken by reference from the cache */
+    long preemptions;                       /* sequences that gave back their blocks to let others decode */
+    int waiting_blocks;                     /* admitted choices waiting for KV blocks */
     long n_ttft, n_tpot, completed, rejected, tokens_out, prompt_tokens, requests;
     long finished_by[4]; /* stop, length, abort, error */
     histogram h_ttft, h_tpot, h_e2e;

@@ -44,11 +44,11 @@ typedef struct occupancy {
 
 static occupancy occupancy_now(const server *s) {
     const loom_infer_opts *io = loom_infer_options(s->inf);
-    occupancy o = {.slots = io->max_seqs, .positions = (long)io->max_seqs * io->max_len};
+    occupancy o = {.slots = io->max_seqs, .positions = (long)io->n_blocks * io->block_size};
     for (int i = 0; i < io->max_seqs; i++)
         if (s->slots[i]) {
             o.running++;
-            o.positions_used += (long)(s->slots[i]->prefill_pos + s->slots[i]->out.n);
+            o.positions_used += (long)s->cached[i].n; /* shared blocks count once per sequence */
         }
     return o;
 }
@@ -102,10 +102,18 @@ char *serve_health_json(server *s) {
     cJSON_AddNumberToObject(kv, "positions", (double)oc.positions);
     cJSON_AddNumberToObject(kv, "positions_used", (double)oc.positions_used);
     cJSON_AddNumberToObject(kv, "bytes_per_rank", (double)loom_infer_cache_bytes(s->inf));
+    cJSON_AddNumberToObject(kv, "block_size", s->kv.bs);
+    cJSON_AddNumberToObject(kv, "blocks", s->kv.n_blocks);
+    cJSON_AddNumberToObject(kv, "blocks_used", kv_pool_used(&s->kv));
+    cJSON_AddNumberToObject(kv, "blocks_cached", s->kv.n_cached);
+    cJSON_AddNumberToObject(kv, "waiting_for_blocks", s->waiting_blocks);
+    cJSON_AddNumberToObject(kv, "preemptions", (double)s->preemptions);
+    cJSON_AddNumberToObject(kv, "evictions", (double)s->kv.evictions);
     cJSON *pc = cJSON_AddObjectToObject(o, "prefix_cache");
     cJSON_AddBoolToObject(pc, "enabled", s->cfg->prefix_cache);
     cJSON_AddNumberToObject(pc, "hit_tokens", (double)s->prefix_hit_tokens);
     cJSON_AddNumberToObject(pc, "computed_prompt_tokens", (double)s->prefill_tokens);
+    cJSON_AddNumberToObject(pc, "shared_blocks", (double)s->shared_blocks);
     cJSON_AddNumberToObject(pc, "copies", (double)s->prefix_copies);
     add_percentiles(o, "ttft_ms", s->ttft, s->n_ttft);
     add_percentiles(o, "inter_token_ms", s->tpot, s->n_tpot);
@@ -183,10 +191,28 @@ char *serve_metrics_text(server *s) {
     put(&t, "loom_num_requests_running{%s} %d\n", lab, oc.running);
     metric(&t, "loom_num_requests_waiting", "gauge", "Sequences waiting for room in the KV cache.");
     put(&t, "loom_num_requests_waiting{%s} %d\n", lab, s->n_wait);
-    metric(&t, "loom_kv_cache_usage_perc", "gauge", "Fraction of the KV cache's positions in use (0 to 1).");
+    metric(&t, "loom_num_requests_waiting_for_blocks", "gauge",
+           "Sequences admitted but waiting for free KV blocks (or for a prefill they share).");
+    put(&t, "loom_num_requests_waiting_for_blocks{%s} %d\n", lab, s->waiting_blocks);
+    metric(&t, "loom_kv_cache_usage_perc", "gauge",
+           "Fraction of the KV cache's blocks held by sequences (0 to 1).");
     put(&t, "loom_kv_cache_usage_perc{%s} %.6g\n", lab,
-        oc.positions ? (double)oc.positions_used / (double)oc.positions : 0.0);
-    metric(&t, "loom_kv_cache_sequences_total", "gauge", "Sequences the KV cache holds at once.");
+        (double)kv_pool_used(&s->kv) / (double)s->kv.n_blocks);
+    metric(&t, "loom_kv_cache_blocks_total", "gauge", "KV-cache blocks in the pool.");
+    put(&t, "loom_kv_cache_blocks_total{%s} %d\n", lab, s->kv.n_blocks);
+    metric(&t, "loom_kv_cache_block_size", "gauge", "Positions per KV-cache block.");
+    put(&t, "loom_kv_cache_block_size{%s} %d\n", lab, s->kv.bs);
+    metric(&t, "loom_kv_cache_blocks_used", "gauge", "KV-cache blocks held by sequences.");
+    put(&t, "loom_kv_cache_blocks_used{%s} %d\n", lab, kv_pool_used(&s->kv));
+    metric(&t, "loom_kv_cache_blocks_cached", "gauge",
+           "Full KV-cache blocks findable by prefix caching (held or not).");
+    put(&t, "loom_kv_cache_blocks_cached{%s} %d\n", lab, s->kv.n_cached);
+    metric(&t, "loom_kv_cache_evictions_total", "counter", "Cached blocks reused for other tokens.");
+    put(&t, "loom_kv_cache_evictions_total{%s} %ld\n", lab, s->kv.evictions);
+    metric(&t, "loom_num_preemptions_total", "counter",
+           "Sequences that gave back their KV blocks for others to decode, and were computed again.");
+    put(&t, "loom_num_preemptions_total{%s} %ld\n", lab, s->preemptions);
+    metric(&t, "loom_kv_cache_sequences_total", "gauge", "Sequences running at once at most (--max-seqs).");
     put(&t, "loom_kv_cache_sequences_total{%s} %d\n", lab, oc.slots);
     metric(&t, "loom_kv_cache_positions_used", "gauge", "KV-cache positions in use.");
     put(&t, "loom_kv_cache_positions_used{%s} %ld\n", lab, oc.positions_used);
@@ -194,8 +220,10 @@ char *serve_metrics_text(server *s) {
     put(&t, "loom_kv_cache_bytes{%s} %zu\n", lab, loom_infer_cache_bytes(s->inf));
     metric(&t, "loom_prompt_tokens_total", "counter", "Prompt tokens of the requests accepted.");
     put(&t, "loom_prompt_tokens_total{%s} %ld\n", lab, s->prompt_tokens);
-    metric(&t, "loom_prefix_cache_hit_tokens_total", "counter",
-           "Prompt tokens whose keys and values were copied from the cache, not computed.");
+    metric(
+        &t, "loom_prefix_cache_hit_tokens_total", "counter",
+        "Prompt tokens whose keys and values were taken from the cache (shared blocks or a copied part of one), "
+        "not computed.");
     put(&t, "loom_prefix_cache_hit_tokens_total{%s} %ld\n", lab, s->prefix_hit_tokens);
     metric(&t, "loom_prefill_tokens_total", "counter", "Prompt tokens computed (prefill work).");
     put(&t, "loom_prefill_tokens_total{%s} %ld\n", lab, s->prefill_tokens);

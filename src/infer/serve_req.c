@@ -429,15 +429,20 @@ static int make_choices(pctx *x, req *r) {
                     "%d prompts x n=%d = %d choices; the server holds at most %d (--max-seqs + --queue)",
                     r->n_prompts, r->n, total, io->max_seqs + x->s->cfg->queue);
     int max_new = r->max_tokens;
+    /* one sequence alone must fit: the context, and the KV pool's positions */
+    const long pool = (long)io->n_blocks * io->block_size;
+    const int ctx = pool < io->max_len ? (int)pool : io->max_len;
     for (int i = 0; i < r->n_prompts; i++) {
         const size_t pn = r->prompts[i].n;
         if (pn == 0) return fail(x, 400, x->kind == API_CHAT ? "messages" : "prompt", "'prompt' is empty");
-        const int rest = pn < (size_t)io->max_len ? io->max_len - (int)pn : 0;
+        const int rest = pn < (size_t)ctx ? ctx - (int)pn : 0;
         if (r->max_tokens == 0 && rest > 0) max_new = max_new == 0 || rest < max_new ? rest : max_new;
-        if (pn + (size_t)(r->max_tokens ? r->max_tokens : 1) > (size_t)io->max_len)
+        if (pn + (size_t)(r->max_tokens ? r->max_tokens : 1) > (size_t)ctx)
             return fail(x, 400, r->max_tokens ? "max_tokens" : "messages",
-                        "prompt (%zu tokens) + max_tokens (%d) exceeds the context length %d", pn,
-                        r->max_tokens ? r->max_tokens : 1, io->max_len);
+                        "prompt (%zu tokens) + max_tokens (%d) exceeds the context length %d%s", pn,
+                        r->max_tokens ? r->max_tokens : 1, ctx,
+                        ctx < io->max_len ? " (the KV cache's positions: --kv-blocks x --kv-block-size)"
+                                          : "");
     }
     r->max_tokens = max_new;
     r->ch = calloc((size_t)total, sizeof *r->ch);

@@ -106,20 +106,24 @@ static loom_status embed_fwd(loom_gpt *m, loom_gpt_slot *s) {
 }
 
 /* Inference attention: each sequence's new keys and values (from qkv
- * (N,QKV_l), rows [q | k | v]) appended to its cache of local block li,
- * then its new queries over the cached positions they see. */
+ * (N,QKV_l), rows [q | k | v]) written to its positions in the blocks of
+ * local block li's pool, then its new queries over the cached positions
+ * they see, through its block table. */
 static void attention_kv(loom_gpt *m, int li, const loom_gpt_kv *kv, float *atty, const float *qkv) {
-    const int Cl = m->C_l, KV = m->KV_l, W = m->QKV_l;
+    const int Cl = m->C_l, KV = m->KV_l, W = m->QKV_l, bs = kv->block_size;
+    const size_t layer = (size_t)li * kv->n_blocks * bs * KV;
+    float *kc = kv->k + layer, *vc = kv->v + layer; /* (n_blocks, block_size, KV_l) */
     for (int j = 0, r0 = 0; j < kv->n; r0 += kv->n_new[j], j++) {
-        const size_t at = ((size_t)li * kv->max_seqs + (size_t)kv->seq[j]) * (size_t)kv->max_len * KV;
-        float *kc = kv->k + at, *vc = kv->v + at; /* (max_len, KV_l) */
+        const int32_t *tab = kv->table + (size_t)kv->seq[j] * kv->max_blocks;
         for (int i = 0; i < kv->n_new[j]; i++) {
             const float *row = qkv + (size_t)(r0 + i) * W;
-            loom_tensor_copy(m->dev, kc + (size_t)(kv->pos[j] + i) * KV, row + Cl, (size_t)KV);
-            loom_tensor_copy(m->dev, vc + (size_t)(kv->pos[j] + i) * KV, row + Cl + KV, (size_t)KV);
+            const int p = kv->pos[j] + i;
+            const size_t at = ((size_t)tab[p / bs] * bs + (size_t)(p % bs)) * KV;
+            loom_tensor_copy(m->dev, kc + at, row + Cl, (size_t)KV);
+            loom_tensor_copy(m->dev, vc + at, row + Cl + KV, (size_t)KV);
         }
-        loom_attention_kv_fwd(m->dev, atty + (size_t)r0 * Cl, qkv + (size_t)r0 * W, W, kc, vc, kv->pos[j],
-                              kv->n_new[j], Cl, m->NH_l, m->NKV_l, m->cfg.window, kv->scratch);
+        loom_attention_kv_fwd(m->dev, atty + (size_t)r0 * Cl, qkv + (size_t)r0 * W, W, kc, vc, tab, bs,
+                              kv->pos[j], kv->n_new[j], Cl, m->NH_l, m->NKV_l, m->cfg.window, kv->scratch);
     }
 }
 

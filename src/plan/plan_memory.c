@@ -157,7 +157,8 @@ void plan_memory(const loom_plan_model *m, const loom_plan_cluster *c, const loo
         r->mem_other += fmin(full, 2 * bucket) * (l->zero >= 2 ? 2 : 1);
     }
     if (j->serve) {
-        const double ctx = (double)j->seq + j->gen;
+        /* loom serve's paged KV cache holds whole blocks of 16 positions (--kv-block-size) */
+        const double ctx = ceil(((double)j->seq + j->gen) / 16.0) * 16.0;
         const int kvl = m->kv_heads >= l->tp ? m->kv_heads / l->tp : 1;
         const double kv_seq = 2.0 * layers_max * ctx * e->sc.hd * kvl * e->ab;
         const double work = 4.0 * j->seq * m->hidden * e->ab + 2.0 * j->seq * m->ffn / t * e->ab;

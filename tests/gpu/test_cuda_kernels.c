@@ -381,11 +381,12 @@ static void test_attention_parts(int B, int T, int C, int NH) {
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * 4);
     }
     float *scratch = malloc(loom_attention_kv_scratch_floats(cpu->threads, n, T) * 4);
-    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, NH, 0, scratch);
+    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, NULL, 0, p0, n, C, NH, NH, 0,
+                          scratch);
     float *d_kc = dev_from(kc, (size_t)T * C * 4), *d_vc = dev_from(vc, (size_t)T * C * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
-    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH, NH,
-                               0, NULL);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, NULL, 0, p0, n,
+                               C, NH, NH, 0, NULL);
     expect_close("attention_kv_fwd", d_kv_out, kv_out, (size_t)n * C, TOL);
     loom_cuda_free(d_kc), loom_cuda_free(d_vc), loom_cuda_free(d_qkv);
     free(qkv), free(out), free(lse), free(out2), free(lse2), free(mo), free(ml), free(dout), free(dqkv),
@@ -493,17 +494,43 @@ static void test_attention_gqa(int B, int T, int NH, int NKV, int HS, int window
         memcpy(vc + (size_t)t * K, qkv + (size_t)t * W + C + K, (size_t)K * 4);
     }
     float *scratch = malloc(loom_attention_kv_scratch_floats(cpu->threads, n, T) * 4);
-    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * W, W, kc, vc, p0, n, C, NH, NKV, window, scratch);
+    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * W, W, kc, vc, NULL, 0, p0, n, C, NH, NKV, window,
+                          scratch);
     float *d_kc = dev_from(kc, (size_t)T * K * 4), *d_vc = dev_from(vc, (size_t)T * K * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
-    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * W, W, d_kc, d_vc, p0, n, C, NH, NKV,
-                               window, NULL);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * W, W, d_kc, d_vc, NULL, 0, p0, n, C, NH,
+                               NKV, window, NULL);
     snprintf(what, sizeof what, "attention_kv_fwd gqa NH%d NKV%d W%d", NH, NKV, window);
     expect_close(what, d_kv_out, kv_out, (size_t)n * C, TOL);
     /* the cache decode agrees with the training forward's rows */
     int same = 1;
     for (int i = 0; i < n * C; i++) same &= fabsf(kv_out[i] - out[(size_t)p0 * C + i]) <= 1e-5f;
     CHECK(same, "attention_kv_fwd gqa NH%d NKV%d W%d differs from the forward's rows", NH, NKV, window);
+    /* paged: the same rows in blocks of 3 positions, the table in reverse
+     * order inside a pool with a spare block, on the CPU and the GPU */
+    const int bs = 3, nbk = (T + bs - 1) / bs, pool = nbk + 1;
+    int32_t *tab = malloc(sizeof *tab * (size_t)nbk);
+    float *pk = host_rand((size_t)pool * bs * K, 1.0f), *pv = host_rand((size_t)pool * bs * K, 1.0f),
+          *pg_out = malloc((size_t)n * C * 4);
+    for (int b = 0; b < nbk; b++) tab[b] = pool - 1 - b;
+    for (int t = 0; t < T; t++) {
+        memcpy(pk + ((size_t)tab[t / bs] * bs + t % bs) * K, kc + (size_t)t * K, (size_t)K * 4);
+        memcpy(pv + ((size_t)tab[t / bs] * bs + t % bs) * K, vc + (size_t)t * K, (size_t)K * 4);
+    }
+    loom_attention_kv_fwd(cpu, pg_out, qkv + (size_t)p0 * W, W, pk, pv, tab, bs, p0, n, C, NH, NKV, window,
+                          scratch);
+    float *d_pk = dev_from(pk, (size_t)pool * bs * K * 4), *d_pv = dev_from(pv, (size_t)pool * bs * K * 4),
+          *d_lsek = loom_cuda_alloc((size_t)n * NH * 4), *d_pg_out = loom_cuda_alloc((size_t)n * C * 4);
+    loom_cuda_attention_kv_fwd(gpu, d_pg_out, d_qkv + (size_t)p0 * W, W, d_pk, d_pv, tab, bs, p0, n, C, NH,
+                               NKV, window, d_lsek);
+    snprintf(what, sizeof what, "attention_kv_fwd paged gqa NH%d NKV%d W%d", NH, NKV, window);
+    expect_close(what, d_pg_out, kv_out, (size_t)n * C, TOL); /* frees d_pg_out */
+    same = 1;
+    for (int i = 0; i < n * C; i++) same &= fabsf(pg_out[i] - kv_out[i]) <= 1e-5f;
+    CHECK(same, "attention_kv_fwd paged gqa NH%d NKV%d W%d on the CPU differs from the contiguous cache", NH,
+          NKV, window);
+    loom_cuda_free(d_pk), loom_cuda_free(d_pv), loom_cuda_free(d_lsek);
+    free(tab), free(pk), free(pv), free(pg_out);
     loom_cuda_free(d_qkv), loom_cuda_free(d_dout), loom_cuda_free(d_kc), loom_cuda_free(d_vc);
     free(qkv), free(out), free(lse), free(dout), free(dqkv), free(kc), free(vc), free(kv_out), free(scratch);
 }

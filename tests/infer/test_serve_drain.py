@@ -59,12 +59,7 @@ def get(port, path, timeout=30):
 
 
 def post(port, body, timeout=120):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read().decode("utf-8")
-    c.close()
-    return r.status, data
+    return lt.serve_post(port, body, timeout)
 
 
 def metrics(port):

@@ -13,19 +13,19 @@ Checked:
     whole prompt's, which moves the first token's log-probability by ~1e-7);
   - the prefill work, from /metrics: without the cache 32 x 520 prompt tokens
     are computed; with it 520 + 31 x 8 (every request after the first takes
-    its 512-token prefix from a cache), hits 31 x 512, and some starts are
-    copied from another slot (the concurrent ones), not only reused in place;
+    its 512-token prefix from the cache), hits 31 x 512, and each of those 31
+    took the prefix's 32 KV blocks (16 positions each) by reference;
   - then one request for n=4 greedy choices of a new suffix: the same
     answers both ways; with the cache the first choice computes its 8-token
-    suffix and the other three, which wait for it, copy 519 positions and
-    compute 1 token each (11 in all, against 4 x 520);
+    suffix and the other three, which wait for it, share its 32 full blocks,
+    copy the 7 positions of its partly filled block and compute 1 token each
+    (11 in all, against 4 x 520);
   - the TTFT of the 31 requests after the first, both ways, is printed with
     its ratio (a measurement, not asserted: timings are not tests here).
 """
 import http.client
 import json
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -37,12 +37,8 @@ PREFIX, SUFFIX, N = 512, 8, 32
 
 
 def request(port, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read().decode("utf-8")
-    c.close()
-    lt.check(r.status == 200, "status %d: %s" % (r.status, data[:300]))
+    status, data = lt.serve_post(port, body)
+    lt.check(status == 200, "status %d: %s" % (status, data[:300]))
     if not body.get("stream"):
         ch = json.loads(data)["choices"][0]
         return ch["token_ids"], ch["logprobs"]["token_logprobs"], ch["logprobs"]["top_logprobs"], \
@@ -54,16 +50,7 @@ def request(port, body):
 
 
 def counters(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.request("GET", "/health")
-    health = json.loads(c.getresponse().read())
-    c.close()
-    val = {}
-    for name in ("loom_prefill_tokens_total", "loom_prefix_cache_hit_tokens_total"):
-        m = re.search(r"^%s\{[^}]*\} (\S+)$" % name, text, re.M)
-        val[name] = float(m.group(1)) if m else None
+    val, health = lt.serve_metrics(port, ("loom_prefill_tokens_total", "loom_prefix_cache_hit_tokens_total"))
     return val, health["prefix_cache"]
 
 
@@ -129,13 +116,15 @@ def main():
             res["on"], res["off"])) if not close(a, b)][:2])
         on, off = stats["on"][0], stats["off"][0]
         want_on, want_off = PREFIX + SUFFIX + (N - 1) * SUFFIX, N * (PREFIX + SUFFIX)
-        print("prefill work: %d prompt tokens computed with the cache (%d taken from it, %d starts copied from another "
-              "slot), %d without; ratio %.3f" % (
-                  on["loom_prefill_tokens_total"], on["loom_prefix_cache_hit_tokens_total"], stats["on"][1]["copies"],
+        print("prefill work: %d prompt tokens computed with the cache (%d taken from it, %d blocks shared), %d "
+              "without; ratio %.3f" % (
+                  on["loom_prefill_tokens_total"], on["loom_prefix_cache_hit_tokens_total"],
+                  stats["on"][1]["shared_blocks"],
                   off["loom_prefill_tokens_total"], on["loom_prefill_tokens_total"] / off["loom_prefill_tokens_total"]))
         lt.check(on["loom_prefill_tokens_total"] == want_on and off["loom_prefill_tokens_total"] == want_off and
                  on["loom_prefix_cache_hit_tokens_total"] == (N - 1) * PREFIX and
-                 off["loom_prefix_cache_hit_tokens_total"] == 0 and stats["on"][1]["copies"] >= 1 and
+                 off["loom_prefix_cache_hit_tokens_total"] == 0 and
+                 stats["on"][1]["shared_blocks"] == (N - 1) * PREFIX // 16 and
                  stats["on"][1]["enabled"] and not stats["off"][1]["enabled"],
                  "prefill tokens on %s off %s, want %d and %d; health %s" % (on, off, want_on, want_off, stats))
         n_on, n_off = res["on_n"], res["off_n"]
@@ -144,9 +133,10 @@ def main():
         d_on = stats["on_n"][0]["loom_prefill_tokens_total"] - on["loom_prefill_tokens_total"]
         d_off = stats["off_n"][0]["loom_prefill_tokens_total"] - off["loom_prefill_tokens_total"]
         d_hit = stats["on_n"][0]["loom_prefix_cache_hit_tokens_total"] - on["loom_prefix_cache_hit_tokens_total"]
-        print("n=4: the same answers both ways: %s; prompt tokens computed %d with the cache (%d taken from it), %d "
-              "without" % (same_n, d_on, d_hit, d_off))
-        lt.check(same_n and d_on == SUFFIX + 3 and d_hit == PREFIX + 3 * (PREFIX + SUFFIX - 1) and
+        d_copies = stats["on_n"][1]["copies"] - stats["on"][1]["copies"]
+        print("n=4: the same answers both ways: %s; prompt tokens computed %d with the cache (%d taken from it, %d "
+              "partly filled blocks copied), %d without" % (same_n, d_on, d_hit, d_copies, d_off))
+        lt.check(same_n and d_on == SUFFIX + 3 and d_hit == PREFIX + 3 * (PREFIX + SUFFIX - 1) and d_copies == 3 and
                  d_off == 4 * (PREFIX + SUFFIX), "n=4: same %s, computed %d / %d, hits %d" % (same_n, d_on, d_off,
                                                                                            d_hit))
         t_on = [r[3] for r in res["on"][1:N // 2]]

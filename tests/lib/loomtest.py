@@ -110,6 +110,36 @@ class Server:
         return self.finish(timeout, tail)
 
 
+def serve_post(port, body, timeout=300):
+    """POST body (JSON) to a server's /v1/completions: (status, the answer's text)."""
+    import http.client
+    import json
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read().decode("utf-8")
+    c.close()
+    return r.status, data
+
+
+def serve_metrics(port, names):
+    """A server's /metrics values of names (None when absent) and its /health, as a dict each."""
+    import http.client
+    import json
+    import re
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.request("GET", "/health")
+    health = json.loads(c.getresponse().read())
+    c.close()
+    val = {}
+    for name in names:
+        m = re.search(r"^%s\{[^}]*\} (\S+)$" % name, text, re.M)
+        val[name] = float(m.group(1)) if m else None
+    return val, health
+
+
 def make_text_data(tmp, name="train.bin"):
     """A byte-level shard of real English text shipped by every Debian system."""
     out = os.path.join(tmp, name)

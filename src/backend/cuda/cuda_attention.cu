@@ -400,11 +400,24 @@ void loom_cuda_attention_merge(void *ctx, float *out, float *lse, const float *o
 }
 
 /* Decode against a KV cache: the view of n query rows at positions p0.. of
- * one sequence over cache rows 0 .. p0+n-1; no lse needed. */
+ * one sequence over cache rows 0 .. p0+n-1 (no lse needed); paged, one
+ * view per block of the table (read on the host), each continuing the
+ * online softmax of the blocks before it through the lse in scratch. */
 void loom_cuda_attention_kv_fwd(void *ctx, float *out, const float *q, int ldq, const float *kc,
-                                const float *vc, int p0, int n, int C, int NH, int NKV, int window,
-                                float *scratch) {
-    (void)scratch;
-    loom_att_view v = {q, kc, vc, 0, 0, ldq, NKV * (C / NH), 1, n, p0 + n, NH, C / NH, p0, 0, NKV, window};
-    loom_cuda_attention_part_fwd(ctx, &v, out, 0, C, NULL, 0);
+                                const float *vc, const int32_t *blocks, int block_size, int p0, int n, int C,
+                                int NH, int NKV, int window, float *scratch) {
+    const int len = p0 + n, KC = NKV * (C / NH);
+    if (!blocks || len <= block_size) {
+        const size_t at = blocks ? (size_t)blocks[0] * block_size * KC : 0;
+        loom_att_view v = {q, kc + at, vc + at, 0, 0, ldq, KC, 1, n, len, NH, C / NH, p0, 0, NKV, window};
+        loom_cuda_attention_part_fwd(ctx, &v, out, 0, C, NULL, 0);
+        return;
+    }
+    for (int b = 0; b * block_size < len; b++) {
+        const size_t at = (size_t)blocks[b] * block_size * KC;
+        const int w = len - b * block_size < block_size ? len - b * block_size : block_size;
+        loom_att_view v = {
+            q, kc + at, vc + at, 0, 0, ldq, KC, 1, n, w, NH, C / NH, p0, (long)b * block_size, NKV, window};
+        loom_cuda_attention_part_fwd(ctx, &v, out, 0, C, scratch, b > 0);
+    }
 }

@@ -128,7 +128,7 @@ loom_status loom_cuda_event_elapsed(float *ms, loom_cuda_event start, loom_cuda_
  * attention_part_fwd/_bwd take the view struct in host memory (its q, k, v
  * device pointers) and return loom_attention_tiles, the CPU's tile count,
  * so work accounting does not depend on the backend; attention_kv_fwd uses
- * no scratch (may be NULL); sumsq, all_finite and tensor_softmax_lse return
+ * no scratch (may be NULL) unless paged (n*NH floats); sumsq, all_finite and tensor_softmax_lse return
  * host values, so they wait for the stream. The tensor ops without a CUDA
  * kernel yet (tensor_add, _add2, _add_bias_residual, _colsum_acc, _sum_acc)
  * and the kept-operand entries (gemm_keep ...: nothing kept yet, operands
