@@ -25,12 +25,22 @@
  * checks the ages itself, so a start that never returns inside the runtime
  * (test hook: LOOM_COMM_FAULT=stall-start stops the thread at its first) is
  * reported the same way.
+ *
+ * The ages are checked by a second thread, the watchdog, that never enters
+ * the runtime: the watch thread's probe or a start it makes can block inside
+ * MPI (seen across hosts with a link down: a blocking all-reduce reported
+ * 28-47 s late with LOOM_COMM_TIMEOUT=5), and a check that waits for them
+ * would fire late or never. After the report the watchdog asks the
+ * implementation to abort the job; that too can block (Open MPI's abort
+ * waits for its daemons, one of them unreachable), so a timer ends this
+ * process with _Exit after LOOM_ABORT_GRACE_S whatever the abort does.
  */
 #include "comm/comm_watch.h"
 
 #include "comm/comm_job.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +51,7 @@
 
 #define LOOM_COMM_TIMEOUT_DEFAULT 600.0
 #define WATCH_PROBE_MIN_NS 20000L /* first probe period while requests fly */
+#define LOOM_ABORT_GRACE_S 5      /* the abort's time to end the job before this process ends itself */
 
 static double g_timeout_s; /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
 static int g_stall_starts; /* LOOM_COMM_FAULT=stall-start (tests only) */
@@ -49,6 +60,9 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
 static pthread_t g_thread;
+static pthread_t g_dog; /* the watchdog thread (ages only; never in the runtime) */
+static pthread_cond_t g_dog_cv = PTHREAD_COND_INITIALIZER;
+static int g_dog_on;
 static loom_watch_hooks g_hooks;
 static int g_on; /* thread running */
 static int g_stop;
@@ -81,6 +95,28 @@ int loom_watch_progress(void) { return g_progress; }
 
 static int is_p2p(loom_comm_op op);
 
+static void *abort_timer(void *arg) {
+    int code = (int)(intptr_t)arg;
+    struct timespec ts = {.tv_sec = LOOM_ABORT_GRACE_S, .tv_nsec = 0};
+    while (nanosleep(&ts, &ts) != 0) {}
+    fprintf(stderr,
+            "loom: error: rank %d: the job's abort did not end this process within %d s (a host "
+            "unreachable?); exiting with code %d\n",
+            g_hooks.world_rank, LOOM_ABORT_GRACE_S, code);
+    fflush(stderr);
+    _Exit(code);
+    return NULL;
+}
+
+void loom_watch_abort_timer(int code) {
+    pthread_t t;
+    pthread_attr_t a;
+    if (pthread_attr_init(&a) != 0) _Exit(code);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &a, abort_timer, (void *)(intptr_t)code) != 0) _Exit(code);
+    pthread_attr_destroy(&a);
+}
+
 /* Called with g_mu held; does not return. */
 static void watchdog_fire(const loom_watch_node *n, double now) {
     static char who[4096];
@@ -92,6 +128,7 @@ static void watchdog_fire(const loom_watch_node *n, double now) {
             g_timeout_s, g_hooks.host[0] ? " on host " : "", g_hooks.host, who);
     fflush(stderr);
     loom_job_set_state(LOOM_JOB_ABORT, LOOM_EUNAVAIL);
+    loom_watch_abort_timer(LOOM_EUNAVAIL);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
     _Exit(LOOM_EUNAVAIL);
 }
@@ -245,6 +282,23 @@ static void *watch_main(void *arg) {
     return NULL;
 }
 
+/* The watchdog: a timed wait, the ages checked, this rank's heartbeat
+ * stamped; nothing else (no runtime call, no lock held outside g_mu). */
+static void *dog_main(void *arg) {
+    (void)arg;
+    double idle_s = g_timeout_s < 10 ? g_timeout_s / 10 : 1.0;
+    pthread_mutex_lock(&g_mu);
+    while (!g_stop) {
+        watchdog_check();
+        loom_job_tick();
+        struct timespec ts;
+        abs_after(&ts, (long)(idle_s * 1e9));
+        pthread_cond_timedwait(&g_dog_cv, &g_mu, &ts);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
 void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress) {
     g_hooks = *hooks;
     g_progress = progress;
@@ -257,6 +311,10 @@ void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress) {
         return;
     }
     g_on = 1;
+    if (g_timeout_s > 0 && g_progress) { /* else the watch thread never enters the runtime */
+        if (pthread_create(&g_dog, NULL, dog_main, NULL) == 0) g_dog_on = 1;
+        else loom_warn("could not start the hang watchdog's thread: the watch thread checks the ages");
+    }
 }
 
 void loom_watch_stop_thread(void) {
@@ -267,8 +325,11 @@ void loom_watch_stop_thread(void) {
     pthread_mutex_lock(&g_mu);
     g_stop = 1;
     pthread_cond_signal(&g_cv);
+    pthread_cond_signal(&g_dog_cv);
     pthread_mutex_unlock(&g_mu);
     pthread_join(g_thread, NULL);
+    if (g_dog_on) pthread_join(g_dog, NULL);
+    g_dog_on = 0;
     g_on = 0;
     g_progress = 0;
 }
