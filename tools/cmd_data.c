@@ -21,11 +21,14 @@ static void ensure_dir_of(const char *path) {
     mkdir(dir, 0755); /* only the last level, as `mkdir` would; errors surface at write */
 }
 
-/* One input file = one document: "<|endoftext|>" (when the vocabulary has
- * it) then the document's tokens, as llm.c's GPT-2 shards. */
+/* One input file = one document: the tokenizer's beginning-of-text token
+ * when it has one (Llama 3's <|begin_of_text|>, as its post-processor adds),
+ * else "<|endoftext|>" (when the vocabulary has it, as llm.c's GPT-2 shards),
+ * then the document's tokens. */
 static loom_status encode_doc(void *ctx, const char *text, size_t len, loom_ids *out) {
     loom_tokenizer *tok = ctx;
-    if (loom_tokenizer_eot(tok) >= 0) LOOM_TRY(loom_ids_push(out, (uint32_t)loom_tokenizer_eot(tok)));
+    int first = loom_tokenizer_bos(tok) >= 0 ? loom_tokenizer_bos(tok) : loom_tokenizer_eot(tok);
+    if (first >= 0) LOOM_TRY(loom_ids_push(out, (uint32_t)first));
     return loom_tokenizer_encode(tok, text, len, 0, out);
 }
 
@@ -214,15 +217,18 @@ int cmd_data(int argc, char **argv) {
         {"val-fraction", OPT_DOUBLE, &frac, 0, "F",
          "share of tokens, from the end, for validation (default 0.05)"},
         {"tokenizer", OPT_STR, tok, sizeof tok, "DIR",
-         "GPT-2 BPE from DIR's tokenizer.json, vocab.json+merges.txt or encoder.json+vocab.bpe"},
+         "byte-level BPE from DIR's tokenizer.json (GPT-2, Llama 3, Qwen2 kinds), vocab.json+merges.txt or "
+         "encoder.json+vocab.bpe"},
     };
     static const cli_cmd cmd = {
         "data",
         "loom data [--input FILE|DIR|GLOB|@LIST|- ...] [--out PATH] [--val PATH] [--val-fraction F] [--tokenizer DIR]",
-        "Tokenize text byte by byte (vocab 256), or with GPT-2's BPE (--tokenizer), into\n"
+        "Tokenize text byte by byte (vocab 256), or with a byte-level BPE (--tokenizer), into\n"
         "llm.c-format shards: a 256 x int32 header (magic 20240520, version 1, token\n"
-        "count) followed by uint16 tokens. With --tokenizer each input file is one\n"
-        "document, preceded by <|endoftext|> as in llm.c's GPT-2 shards.\n"
+        "count) followed by uint16 tokens (version 2, uint32, when an id passes 65535).\n"
+        "With --tokenizer each input file is one document, preceded by the tokenizer's\n"
+        "beginning-of-text token (Llama 3's <|begin_of_text|>) or else <|endoftext|> as in\n"
+        "llm.c's GPT-2 shards; special-token text in the input stays plain text.\n"
         "Outputs are written to PATH.tmp and renamed when complete.",
         "With no --input, the corpus is every fortune file under " LOOM_DEFAULT_CORPUS_DIR "\n"
         "(Debian packages fortunes-min and fortunes), real English text.\n",

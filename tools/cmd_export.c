@@ -1,5 +1,5 @@
 /* cmd_export.c - `loom export`: a sharded checkpoint to one safetensors file
- * with Hugging Face GPT-2 names and a config.json. */
+ * with Hugging Face names and a config.json. */
 #include <stdio.h>
 #include <string.h>
 
@@ -7,19 +7,20 @@
 #include "loom/ckpt.h"
 #include "loom/log.h"
 
-static const cli_cmd CMD = {
-    "export",
-    "loom export CHECKPOINT OUT.safetensors",
-    "Consolidate the parameters of a sharded checkpoint (written by `loom train\n"
-    "--save-dir DIR`, under any layout) into one safetensors file with Hugging Face\n"
-    "GPT-2 tensor names, as --save-params writes it (loadable with --load-params and\n"
-    "`loom eval`), plus config.json in the same directory. CHECKPOINT is DIR/step_N,\n"
-    "or DIR for its latest complete checkpoint; every file's SHA-256 is verified\n"
-    "first. OUT is written as OUT.tmp and renamed when complete.\n"
-    "One process; no MPI launcher needed. Exit codes as `loom --help`.",
-    NULL,
-    NULL,
-    0};
+static const cli_cmd CMD = {"export",
+                            "loom export CHECKPOINT OUT.safetensors",
+                            "Consolidate the parameters of a sharded checkpoint (written by `loom train\n"
+                            "--save-dir DIR`, under any layout) into one safetensors file with Hugging Face\n"
+                            "tensor names, as --save-params writes it (loadable with --load-params and\n"
+                            "`loom eval`), plus config.json in the same directory (GPT-2's, or the Llama\n"
+                            "family's as the checkpoint saved it: a directory from_pretrained loads).\n"
+                            "CHECKPOINT is DIR/step_N, or DIR for its latest complete checkpoint; every\n"
+                            "file's SHA-256 is verified first. OUT is written as OUT.tmp and renamed when\n"
+                            "complete.\n"
+                            "One process; no MPI launcher needed. Exit codes as `loom --help`.",
+                            NULL,
+                            NULL,
+                            0};
 
 int cmd_export(int argc, char **argv) {
     if (argc == 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0)) {

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "loom/comm.h"
+#include "loom/hf_dir.h"
 #include "loom/infer.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
@@ -48,6 +49,9 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
     for (int i = 0; i < c->prompts.n; i++) {
         if (*n >= cap) return loom_fail(LOOM_EUSAGE, "more than %d prompts", cap);
         if (!tok) return loom_fail(LOOM_EUSAGE, "--prompt needs --tokenizer DIR (or give --ids)");
+        /* the beginning-of-text token first, as Hugging Face's tokenizer(prompt) */
+        if (loom_tokenizer_bos(tok) >= 0)
+            LOOM_TRY(loom_ids_push(&prompts[*n], (uint32_t)loom_tokenizer_bos(tok)));
         LOOM_TRY(loom_tokenizer_encode(tok, c->prompts.items[i], strlen(c->prompts.items[i]), 1,
                                        &prompts[(*n)++]));
     }
@@ -76,7 +80,8 @@ static loom_status collect_prompts(const gen_cfg *c, loom_tokenizer *tok, loom_i
 
 static loom_status check_flags(const gen_cfg *c, int world) {
     (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
-    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (!loom_hf_params_path(c->load_params, c->model)[0])
+        return loom_fail(LOOM_EUSAGE, "--load-params FILE is required (or --model DIR with its weights)");
     if (c->ep < 1) return loom_fail(LOOM_EUSAGE, "--ep %d: must be >= 1", c->ep); /* also the layout's dp */
     if (c->max_tokens < 1) return loom_fail(LOOM_EUSAGE, "--max-tokens %d: must be >= 1", c->max_tokens);
     if (c->threads < 0) return loom_fail(LOOM_EUSAGE, "--threads %d: must be >= 0 (0 = auto)", c->threads);
@@ -123,9 +128,10 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     loom_ids prompts[MAX_PROMPTS] = {{0}}, outs[MAX_PROMPTS] = {{0}}, stop = {0};
     int n = 0;
     loom_status st = loom_model_config_resolve(c->model, &mc);
-    if (st == LOOM_OK && c->tokenizer[0]) st = loom_tokenizer_load(c->tokenizer, &tok);
+    const char *tok_path = loom_hf_tokenizer_path(c->tokenizer, c->model);
+    if (st == LOOM_OK && tok_path[0]) st = loom_tokenizer_load(tok_path, &tok);
     if (st == LOOM_OK && tok && loom_tokenizer_vocab_size(tok) > mc.vocab_size)
-        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
+        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", tok_path,
                        loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
     if (st == LOOM_OK) st = collect_prompts(c, tok, prompts, &n, MAX_PROMPTS);
     int no_stop = strcmp(c->stop, "none") == 0;
@@ -152,7 +158,7 @@ static loom_status run(const gen_cfg *c, loom_device *dev, loom_comm *world) {
     st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     st = loom_comm_agree(world, st);
-    if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
+    if (st == LOOM_OK) st = loom_infer_load(inf, loom_hf_params_path(c->load_params, c->model));
     float *logits = NULL;
     const int V = mc.vocab_size;
     if (st == LOOM_OK && c->logits_out[0] && loom_infer_last_stage(inf)) {
@@ -221,11 +227,12 @@ int cmd_generate(int argc, char **argv) {
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model or HF config.json (default mini)"},
+         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe) (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters, safetensors with HF GPT-2 names (required)"},
+         "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
-         "GPT-2 BPE files for --prompt and text output"},
+         "byte-level BPE (DIR or tokenizer.json; GPT-2, Llama 3, Qwen2 kinds) for --prompt and text output; default: the "
+         "--model directory's tokenizer.json; text prompts get its BOS first"},
         {"prompt", OPT_STRLIST, &c.prompts, 0, "TEXT",
          "prompt text (repeat for several, generated together)"},
         {"ids", OPT_STRLIST, &c.ids, 0, "LIST", "prompt as token ids \"1,2,3\" (repeat for several)"},
@@ -236,7 +243,7 @@ int cmd_generate(int argc, char **argv) {
         {"top-p", OPT_DOUBLE, &c.top_p, 0, "P", "sample in the smallest set of mass >= P (default 1)"},
         {"seed", OPT_U64, &c.seed, 0, "S", "sampling seed (default 1)"},
         {"stop", OPT_STR, c.stop, sizeof c.stop, "LIST",
-         "stop token ids, or none (default <|endoftext|> with --tokenizer)"},
+         "stop token ids, or none (default: the tokenizer's end of text, tokenizer_config.json's eos_token)"},
         {"tp", OPT_INT, &c.tp, 0, "N", "tensor-parallel degree (default 1)"},
         {"pp", OPT_INT, &c.pp, 0, "N", "pipeline stages (default 1); tp x pp x ep = ranks"},
         {"ep", OPT_INT, &c.ep, 0, "N",

@@ -4,10 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "loom/chat_template.h"
 #include "loom/comm.h"
+#include "loom/hf_dir.h"
 #include "loom/infer.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
@@ -25,7 +27,8 @@ typedef struct serve_cfg {
 
 static loom_status check_flags(const serve_cfg *c, int world) {
     (void)world; /* the layout is loom_layout_validate's, once the model is known (run) */
-    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (!loom_hf_params_path(c->load_params, c->model)[0])
+        return loom_fail(LOOM_EUSAGE, "--load-params FILE is required (or --model DIR with its weights)");
     if (c->ep < 1 || c->dp < 1) /* both multiply into the layout's dp */
         return loom_fail(LOOM_EUSAGE, "--dp %d and --ep %d must be >= 1", c->dp, c->ep);
     if (c->port < 0 || (long long)c->port + c->dp - 1 > 65535)
@@ -68,11 +71,22 @@ static void served_name(const serve_cfg *c, const loom_model_config *mc, char *o
 }
 
 /* The chat template: --chat-template FILE, else the tokenizer directory's
- * tokenizer_config.json, else ChatML; with its bos/eos tokens. */
-static loom_status load_chat(const serve_cfg *c, loom_chat_template **t, char **bos, char **eos) {
+ * tokenizer_config.json (--tokenizer's, or --model DIR's), else ChatML; with its bos/eos tokens. */
+static loom_status load_chat(const serve_cfg *c, const char *tok_path, loom_chat_template **t, char **bos,
+                             char **eos) {
     char *src = NULL;
     *bos = *eos = NULL;
-    if (c->tokenizer[0]) LOOM_TRY(loom_chat_config_load(c->tokenizer, &src, bos, eos));
+    if (tok_path[0]) { /* a tokenizer directory, or the directory of a tokenizer.json */
+        char dir[4096];
+        struct stat sb;
+        snprintf(dir, sizeof dir, "%s", tok_path);
+        char *slash = strrchr(dir, '/');
+        if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            if (slash) *slash = '\0';
+            else snprintf(dir, sizeof dir, ".");
+        }
+        LOOM_TRY(loom_chat_config_load(dir, &src, bos, eos));
+    }
     if (c->chat_template[0]) {
         free(src);
         src = NULL;
@@ -105,8 +119,9 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     loom_chat_template *chat = NULL;
     char *bos = NULL, *eos = NULL, name[256];
     loom_status st = loom_model_config_resolve(c->model, &mc);
-    if (st == LOOM_OK && c->tokenizer[0]) st = loom_tokenizer_load(c->tokenizer, &tok);
-    if (st == LOOM_OK) st = load_chat(c, &chat, &bos, &eos);
+    const char *tok_path = loom_hf_tokenizer_path(c->tokenizer, c->model);
+    if (st == LOOM_OK && tok_path[0]) st = loom_tokenizer_load(tok_path, &tok);
+    if (st == LOOM_OK) st = load_chat(c, tok_path, &chat, &bos, &eos);
     if (st == LOOM_OK && tok && !eos &&
         loom_tokenizer_eot(tok) >= 0) { /* GPT-2: <|endoftext|> ends and begins */
         size_t n;
@@ -116,7 +131,7 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     }
     if (st == LOOM_OK) served_name(c, &mc, name, sizeof name);
     if (st == LOOM_OK && tok && loom_tokenizer_vocab_size(tok) > mc.vocab_size)
-        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", c->tokenizer,
+        st = loom_fail(LOOM_EUSAGE, "tokenizer %s has %d tokens, model %s only vocab_size=%d", tok_path,
                        loom_tokenizer_vocab_size(tok), mc.name, mc.vocab_size);
     loom_layout l;
     loom_layout_default(&l);
@@ -137,7 +152,7 @@ static loom_status run(const serve_cfg *c, loom_device *dev, loom_comm *world) {
     if (st == LOOM_OK) st = loom_mesh_create(world, &l, dev, &mesh);
     if (st == LOOM_OK) st = loom_infer_create(&mc, mesh, &io, &inf);
     if (st == LOOM_OK || mesh) st = loom_comm_agree(world, st);
-    if (st == LOOM_OK) st = loom_infer_load(inf, c->load_params);
+    if (st == LOOM_OK) st = loom_infer_load(inf, loom_hf_params_path(c->load_params, c->model));
     const int r = st == LOOM_OK ? mesh->dp_rank / c->ep : 0; /* this rank's replica */
     if (st == LOOM_OK && c->dp > 1) /* the device's group, as the mesh's (device.h) */
         st = loom_device_comm_split(dev, world, r, loom_comm_rank(world), "replica", &replica);
@@ -197,11 +212,12 @@ int cmd_serve(int argc, char **argv) {
     static char device[16] = "cpu";
     static cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model or HF config.json (default mini)"},
+         "built-in model, Hugging Face config.json, or Hugging Face directory (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe) (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters, safetensors with HF GPT-2 names (required)"},
+         "parameters: safetensors with Hugging Face names, or a Hugging Face directory (default: the --model directory's weights)"},
         {"tokenizer", OPT_STR, c.tokenizer, sizeof c.tokenizer, "DIR",
-         "GPT-2 BPE files (without: prompts are bytes or id arrays)"},
+         "byte-level BPE (DIR or tokenizer.json; GPT-2, Llama 3, Qwen2 kinds) for text prompts (without: bytes or id arrays); default: the "
+         "--model directory's tokenizer.json; text prompts get its BOS first"},
         {"port", OPT_INT, &c.port, 0, "P", "TCP port on 127.0.0.1 (default 8000; 0 = any free port)"},
         {"port-file", OPT_STR, c.port_file, sizeof c.port_file, "FILE",
          "write the bound port there (replica r > 0: FILE.r)"},

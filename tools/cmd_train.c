@@ -115,7 +115,7 @@ int cmd_train(int argc, char **argv) {
     snprintf(c.data, sizeof c.data, "%s", LOOM_DEFAULT_TRAIN);
     cli_opt opts[] = {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
-         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe) or a Hugging Face GPT-2 config.json, MoE keys as Mixtral's (default mini)"},
+         "built-in model (tiny, mini, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, mini-moe, tiny-llama, tiny-mistral, tiny-qwen2, ...), a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, mixtral, qwen2_moe; GPT-2 MoE keys as Mixtral's) or a Hugging Face directory: its config.json, and its model.safetensors or sharded model-*-of-*.safetensors as the initial parameters (default mini)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH",
          "token shard, llm.c .bin (default " LOOM_DEFAULT_TRAIN
          ", built from the fortunes corpus if missing)"},
@@ -190,7 +190,7 @@ int cmd_train(int argc, char **argv) {
         {"tensorboard", OPT_STR, c.tensorboard, sizeof c.tensorboard, "DIR",
          "write TensorBoard event files into DIR (created): every number of each step's metrics row as a scalar"},
         {"save-params", OPT_STR, c.save_params, sizeof c.save_params, "FILE",
-         "write final parameters (safetensors, HF GPT-2 names)"},
+         "write final parameters (safetensors, Hugging Face names); a path ending in / or an existing directory gets a Hugging Face directory (model.safetensors + config.json) that transformers' from_pretrained loads"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
          "start from these parameters instead of the seed"},
         {"save-dir", OPT_STR, c.save_dir, sizeof c.save_dir, "DIR",
@@ -213,7 +213,7 @@ int cmd_train(int argc, char **argv) {
     const cli_cmd cmd = {
         "train",
         "loom train [options]   (many ranks: scripts/loomrun -np N build/loom train --dp N ...)",
-        "Train a GPT-2 model. Every layout computes the same run as one device: the\n"
+        "Train a GPT-2 or Llama-family model. Every layout computes the same run as one device: the\n"
         "loss at each step and the final parameters agree with a one-rank run.",
         "A JSON file given with --config FILE holds flag names as keys, e.g.\n"
         "  {\"model\": \"tiny\", \"steps\": 20, \"lr\": 1e-3, \"dp\": 2}\n"
@@ -269,7 +269,7 @@ int cmd_eval(int argc, char **argv) {
         {"model", OPT_STR, c.model, sizeof c.model, "NAME|FILE",
          "built-in model or config.json (default mini)"},
         {"load-params", OPT_STR, c.load_params, sizeof c.load_params, "FILE",
-         "parameters (safetensors) to evaluate (required)"},
+         "parameters (safetensors, or a Hugging Face directory) to evaluate (default: the --model directory's weights)"},
         {"data", OPT_STR, c.data, sizeof c.data, "PATH", "token shard (default " LOOM_DEFAULT_VAL ")"},
         {"batch", OPT_INT, &c.batch, 0, "B", "sequences per batch (default 8)"},
         {"seq", OPT_INT, &c.seq, 0, "T", "sequence length (default 128)"},

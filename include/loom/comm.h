@@ -275,6 +275,12 @@ loom_status loom_comm_iallgather(loom_comm *c, const void *send, void *recv, siz
                                  loom_req **req);
 loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int peer, int tag, loom_req **req);
 loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag, loom_req **req);
+/* As loom_comm_alltoallv; the four arrays, like the buffers, must stay
+ * unchanged until completion (MPI's rule for MPI_Ialltoallv). Not in place
+ * (send and recv must not overlap). */
+loom_status loom_comm_ialltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
+                                 const size_t *send_displ, void *recv, const size_t *recv_bytes,
+                                 const size_t *recv_displ, loom_req **req);
 loom_status loom_comm_wait(loom_req *req);
 /* *done = 1 and req released when complete (or failed: then the status says
  * why); *done = 0 otherwise. */

@@ -13,7 +13,8 @@
  *            log-sum-exps. Backward sends K/V around again, and the dK/dV
  *            accumulated for each block travel with it back to their owner.
  *   ulysses  all-to-all from sequence-sharded to head-sharded q, k, v, full
- *            causal attention on NH/cp local heads, all-to-all back.
+ *            causal attention on NH/cp local heads (NKV/cp key/value
+ *            heads), all-to-all back.
  * Gradients of all parameters are summed over dp x cp.
  */
 #ifndef LOOM_CP_H
@@ -38,9 +39,10 @@ typedef struct loom_cp {
     long tiles;           /* attention tiles computed on this rank, forward + backward */
 } loom_cp;
 
-/* Buffers for a model slice of B sequences of T_l local rows and C_l
- * channels (once, before the step loop); loom_cp_release frees them. */
-loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, int C_l);
+/* Buffers for a model slice of B sequences of T_l local rows with the
+ * attention heads h (its qkv rows, kernel_types.h) (once, before the step
+ * loop); loom_cp_release frees them. */
+loom_status loom_cp_alloc(loom_cp *cp, int B, int T_l, const loom_att_heads *h);
 void loom_cp_release(loom_cp *cp);
 
 /* Global position of local row t of a sequence (T_l local rows). */
@@ -53,11 +55,14 @@ void loom_cp_pos_fwd(const loom_cp *cp, float *out, const float *wpe, int row0, 
 void loom_cp_pos_bwd(const loom_cp *cp, float *dwpe, const float *dout, int row0, int n, int T_l, int C);
 
 /* Causal attention of this rank's rows against the whole sequence, as
- * loom_attention_fwd / _bwd for the local (B,T_l,3C) qkv. Collective over
- * the cp group. lse (B*NH*T_l) has a layout of the implementation's choosing. */
+ * loom_attention_fwd / _bwd for the local (B,T_l,(NH+2NKV)HS) qkv of heads
+ * h (grouped-query, sliding window) into out (B,T_l,NH*HS). Collective over
+ * the cp group. lse (B*NH*T_l) has a layout of the implementation's
+ * choosing. Ulysses needs cp to divide NH and NKV. */
 loom_status loom_cp_attention_fwd(loom_cp *cp, float *out, float *lse, const float *qkv, int B, int T_l,
-                                  int C, int NH);
+                                  const loom_att_heads *h);
 loom_status loom_cp_attention_bwd(loom_cp *cp, float *dqkv, const float *dout, const float *qkv,
-                                  const float *out, const float *lse, int B, int T_l, int C, int NH);
+                                  const float *out, const float *lse, int B, int T_l,
+                                  const loom_att_heads *h);
 
 #endif

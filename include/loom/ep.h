@@ -45,6 +45,7 @@ typedef struct loom_ep {
     loom_comm *comm;  /* the EP group; NULL: one rank, every expert local */
     int size, rank;   /* P and this rank's place in the group */
     int n_local;      /* El: experts per rank */
+    int overlap;      /* the MoE layers use dispatch_start / _finish (LOOM_EP_OVERLAP=0: off) */
     /* host scratch, loom_ep_scratch_bytes of it, set by the group's owner
      * (the MoE blocks carve it with their own bookkeeping) */
     size_t *a2a;   /* (4 P) alltoallv byte counts and displacements */
@@ -67,6 +68,7 @@ typedef struct loom_ep_routes {
 typedef struct loom_ep_tally {
     int64_t bytes;
     double seconds;
+    int64_t overlapped; /* dispatches started non-blocking (loom_ep_dispatch_start over a group) */
 } loom_ep_tally;
 
 /* Host bytes of scratch (a2a, sent) a group of P ranks with El experts each needs. */
@@ -83,6 +85,21 @@ loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_rout
  * source-major). Collective over ep. */
 loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
                              float *out, int width, loom_ep_tally *t);
+/* loom_ep_dispatch in two halves, so that the local experts can compute
+ * while the other ranks' rows are in flight: _start starts the alltoallv
+ * (non-blocking) and puts this rank's own rows (source = ep->rank) in out
+ * at once, expert-major as dispatch would: rows [eoff[me El + j], + rc[me El
+ * + j]) of each local expert j are ready on return; _finish waits and puts
+ * the other sources' rows in out. Between the two, rows, recv, ep->a2a and
+ * r must stay as they are, and no other exchange of ep may run (one
+ * dispatch in flight per group). out ends bit-identical to
+ * loom_ep_dispatch's; bytes are the same, seconds count the start and the
+ * wait only. With no group, _start does the whole dispatch (every row is
+ * this rank's own; *req NULL) and _finish nothing. Both collective over ep. */
+loom_status loom_ep_dispatch_start(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
+                                   float *out, int width, loom_ep_tally *t, loom_req **req);
+loom_status loom_ep_dispatch_finish(const loom_ep *ep, const loom_ep_routes *r, const float *recv, float *out,
+                                    int width, loom_ep_tally *t, loom_req *req);
 /* in (R, width), expert-major -> rows (A, width) back on their senders, in
  * their dispatch order; send (R, width) is scratch (source-major).
  * Collective over ep. */

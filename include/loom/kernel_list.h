@@ -78,6 +78,45 @@ LOOM_KERNEL(void, residual_fwd, (float *out, const float *a, const float *b, siz
 LOOM_KERNEL(void, residual_bwd, (float *da, float *db, const float *dout, size_t n), (da, db, dout, n),
             REQUIRED)
 
+/* ---- Llama-family block parts (llama_ops.c, cuda_llama.cu) --------------- */
+
+/* RMSNorm: out (N,C) = inp * rstd * w, rstd (N) = 1 / sqrt(mean(inp^2) + eps)
+ * per row. writes out, rstd. */
+LOOM_KERNEL(void, rmsnorm_fwd,
+            (float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps),
+            (out, rstd, inp, w, N, C, eps), REQUIRED)
+/* dinp (N,C) +=, dw (C) +=, from the saved rstd; either may be NULL. */
+LOOM_KERNEL(void, rmsnorm_bwd,
+            (float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+             int N, int C),
+            (dinp, dw, dout, inp, w, rstd, N, C), REQUIRED)
+/* A torch.nn.Linear: out (N,OC) = inp (N,C) @ w (OC,C)^T + b (OC), the
+ * weight [out, in]. b may be NULL. writes out. */
+LOOM_KERNEL(void, linear_fwd,
+            (float *out, const float *inp, const float *w, const float *b, int N, int C, int OC),
+            (out, inp, w, b, N, C, OC), REQUIRED)
+/* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; db (OC) += colsum(dout).
+ * dinp, dw, db may be NULL. */
+LOOM_KERNEL(void, linear_bwd,
+            (float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w, int N,
+             int C, int OC),
+            (dinp, dw, db, dout, inp, w, N, C, OC), REQUIRED)
+/* SwiGLU: each row of gu (N,2H) is [gate (H) | up (H)]; out (N,H) WRITES
+ * silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
+LOOM_KERNEL(void, swiglu_fwd, (float *out, const float *gu, int N, int H), (out, gu, N, H), REQUIRED)
+/* dgu (N,2H) WRITES the gradient of gu from dout (N,H). */
+LOOM_KERNEL(void, swiglu_bwd, (float *dgu, const float *gu, const float *dout, int N, int H),
+            (dgu, gu, dout, N, H), REQUIRED)
+/* Rotary positions (Hugging Face's rotate_half convention), in place: on
+ * each of the N rows of x (row stride ld) the heads h < nh of HS floats at
+ * x + h*HS; for i < HS/2 with f = (float)pos[row] * inv_freq[i] (a float
+ * product), (a, b) = (x_i, x_(i+HS/2)) becomes (a cos f - b sin f,
+ * b cos f + a sin f). inverse = 1 rotates by -f: the backward. pos (N) and
+ * inv_freq (HS/2) are device memory. */
+LOOM_KERNEL(void, rope,
+            (float *x, int ld, const int32_t *pos, const float *inv_freq, int N, int nh, int HS, int inverse),
+            (x, ld, pos, inv_freq, N, nh, HS, inverse), REQUIRED)
+
 /* ---- attention ----------------------------------------------------------- */
 
 /* Causal multi-head self-attention with softmax scale 1/sqrt(HS), computed
@@ -118,14 +157,16 @@ LOOM_KERNEL(void, attention_merge,
             (out, lse, out2, lse2, o_bs, o_ld, B, Tq, NH, HS), REQUIRED)
 /* Inference: n new query rows at positions p0 .. p0+n-1 of one sequence,
  * q (n, ldq) holding NH heads of HS = C/NH, against its cache kc, vc
- * (p0+n, C) whose rows p0.. already hold the new keys and values. Row i
- * attends to positions 0 .. p0+i. Writes out (n,C). scratch:
- * loom_attention_kv_scratch_floats(n, p0+n) floats (the GPU uses none: may
- * be NULL there). */
+ * (p0+n, NKV*HS) of NKV key/value heads (query head h reads kv head
+ * h / (NH/NKV); NKV = NH without grouping) whose rows p0.. already hold the
+ * new keys and values. Row i attends to positions 0 .. p0+i, only the last
+ * window + 1 of them when window > 0 (as loom_att_view's window). Writes
+ * out (n,C). scratch: loom_attention_kv_scratch_floats(n, p0+n) floats
+ * (the GPU uses none: may be NULL there). */
 LOOM_KERNEL(void, attention_kv_fwd,
             (float *out, const float *q, int ldq, const float *kc, const float *vc, int p0, int n, int C,
-             int NH, float *scratch),
-            (out, q, ldq, kc, vc, p0, n, C, NH, scratch), REQUIRED)
+             int NH, int NKV, int window, float *scratch),
+            (out, q, ldq, kc, vc, p0, n, C, NH, NKV, window, scratch), REQUIRED)
 
 /* ---- vocabulary-parallel embedding and cross-entropy (kernels.h) -------- */
 

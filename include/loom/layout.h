@@ -141,6 +141,7 @@ typedef struct loom_layout_model {
     int ffn;         /* MLP hidden size (an expert's for MoE) */
     int n_positions; /* longest sequence (training) */
     int n_expert;    /* 0: dense */
+    int n_kv_head;   /* key/value heads (grouped-query attention); 0: n_head */
 } loom_layout_model;
 
 typedef enum loom_layout_purpose {

@@ -40,26 +40,82 @@
 #include "loom/tp.h"
 #include "loom/status.h"
 
+/* The families of tensor names and layouts (docs/families.md). */
+typedef enum {
+    LOOM_FAMILY_GPT2 = 0,  /* GPT-2's names, Conv1D weights [in, out], learned positions, tied head */
+    LOOM_FAMILY_LLAMA = 1, /* Llama's names (model.layers.<l>...), nn.Linear weights [out, in] */
+} loom_family;
+typedef enum { LOOM_NORM_LAYER = 0, LOOM_NORM_RMS = 1 } loom_norm_kind;
+typedef enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 } loom_mlp_kind;
+
 typedef struct loom_model_config {
     char name[256];
     int n_layer, n_head, n_embd, vocab_size, n_positions;
+    /* The block's parts, as data; every zero is GPT-2's (LayerNorm with bias,
+     * GELU MLP of 4 n_embd, learned positions, every bias, tied head). */
+    int family;       /* loom_family */
+    char arch[32];    /* config.json's model_type ("gpt2", "llama", "mistral", "qwen2", ...); "" = gpt2 */
+    int norm;         /* loom_norm_kind */
+    float norm_eps;   /* RMSNorm's epsilon (LayerNorm's is 1e-5) */
+    int mlp;          /* loom_mlp_kind: GELU (c_fc, c_proj) or SwiGLU (gate, up, down) */
+    int ffn;          /* the dense MLP's hidden size; 0: 4 n_embd */
+    int n_kv_head;    /* key/value heads (grouped-query attention); 0: n_head */
+    int rope;         /* 1: rotary positions (no wpe) */
+    float rope_theta; /* RoPE base */
+    /* Llama 3 frequency scaling (rope_scaling {"rope_type": "llama3"}); factor 0: none */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_max;
+    int qkv_bias, o_bias; /* the Llama family's attention biases (q/k/v; o_proj) */
+    int untied;           /* a separate lm_head (tie_word_embeddings false) */
+    int window;           /* sliding-window attention: keys at most this many positions back; 0: none */
+    float init_std;       /* the Llama family's initializer_range; 0: 0.02 */
+    char dir[256];        /* the Hugging Face directory it was read from, "" if none */
     /* Mixture of experts (include/loom/moe.h); n_expert = 0: every block dense. */
     int n_expert, top_k, moe_every, expert_hidden, norm_topk;
+    int shared_hidden; /* Qwen2-MoE: a shared SwiGLU expert this wide, scaled by a sigmoid gate; 0: none */
     float aux_coef, z_coef, capacity_factor; /* capacity_factor 0: dropless */
     float bias_rate; /* aux-loss-free balancing (DeepSeek-V3): selection-bias step, 0 = off */
 } loom_model_config;
 
 /* Built-in names: tiny, mini, gpt2-small (alias gpt2), gpt2-medium,
- * gpt2-large, gpt2-xl. LOOM_EUSAGE for an unknown name, listing the known. */
+ * gpt2-large, gpt2-xl, the MoE ones (moe.h) and the tiny Llama-family ones
+ * (tiny-llama, ...). LOOM_EUSAGE for an unknown name, listing the known. */
 loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg);
-/* A Hugging Face GPT-2 config.json (n_layer, n_head, n_embd, vocab_size,
- * n_positions; other known HF keys are checked where they change the
- * architecture). LOOM_ENOINPUT / LOOM_ECONFIG with the key named. */
+/* A Hugging Face config.json, dispatched on "model_type": gpt2 (or none:
+ * n_layer, n_head, n_embd, vocab_size, n_positions), llama, mistral, qwen2
+ * (config_hf.c). Keys that do not change the math are ignored; keys that
+ * do are checked, and an unknown key or model_type is refused by name.
+ * LOOM_ENOINPUT / LOOM_ECONFIG with the key named. */
 loom_status loom_model_config_load(const char *path, loom_model_config *cfg);
-/* NAME or FILE.json (anything containing '/' or ending in .json is a file). */
+/* NAME, FILE.json (anything containing '/' or ending in .json is a file)
+ * or a Hugging Face directory (its config.json; cfg->dir names it, so its
+ * weights can be loaded: loom_params_load). */
 loom_status loom_model_config_resolve(const char *name_or_path, loom_model_config *cfg);
-/* Sizes positive and bounded, n_head divides n_embd. */
+/* Write cfg as a Hugging Face config.json at path (written to path.tmp,
+ * then renamed): model_type gpt2, llama, mistral or qwen2 with the keys
+ * transformers reads. LOOM_EOS when it cannot be written. */
+loom_status loom_model_config_write_hf(const loom_model_config *cfg, const char *path);
+/* The same config.json as a new cJSON object (the caller owns it); NULL
+ * when out of memory or for a GPT-2 MoE model (no Hugging Face class). */
+struct cJSON *loom_model_config_hf_json(const loom_model_config *cfg);
+/* The inverse: a Llama-family config from a Hugging Face config.json object
+ * (its model_type picks the architecture), as loom_model_config_load reads
+ * one; path names it in messages. */
+loom_status loom_model_config_from_hf_json(const char *path, const struct cJSON *root,
+                                           loom_model_config *cfg);
+/* Sizes positive and bounded, n_head divides n_embd, the parts consistent. */
 loom_status loom_model_config_check(const loom_model_config *cfg);
+/* Derived sizes: key/value heads, head size, the dense MLP's hidden size. */
+int loom_model_kv_heads(const loom_model_config *cfg);
+int loom_model_head_size(const loom_model_config *cfg);
+int loom_model_ffn(const loom_model_config *cfg);
+/* The token embedding's tensor name ("wte.weight" or
+ * "model.embed_tokens.weight"); with a tied head the LM head is it too. */
+const char *loom_model_embed_name(const loom_model_config *cfg);
+/* The Llama family's rotary inverse frequencies (HS/2 floats at out), with
+ * Llama 3's scaling when the config has it, computed in float32 as
+ * Hugging Face computes them. */
+void loom_model_rope_freqs(const loom_model_config *cfg, float *out);
 /* What the layout rules need of the model (layout.h): layers, heads, the
  * MLP's (MoE: an expert's) hidden size, n_positions, experts. The name
  * points into cfg. */
@@ -91,6 +147,7 @@ typedef struct loom_param {
     size_t offset;       /* floats from the start of the flat params (and grads) buffer */
     int split_dim;       /* -1: replicated over tp; 0: rows split; 1: columns split */
     int split_parts;     /* the split axis is this many equal parts, each split over tp (3 for QKV) */
+    int split_rep;       /* tp ranks holding the same slice (key/value heads when tp exceeds them), else 1 */
     int64_t split_valid; /* rows beyond this global extent are padding (vocab), else = shape */
     int sp_partial;      /* replicated, but its gradient is partial per tp rank under SP */
     int unit;            /* LOOM_UNIT_OUTER or the block index */
@@ -103,20 +160,25 @@ typedef struct loom_param {
  * for padding that has no global element. */
 int64_t loom_param_global_index(const loom_param *p, int tp_rank, size_t i);
 
-/* Views of one block's weights (or gradients), local shapes. */
+/* Views of one block's weights (or gradients), local shapes. GPT-2's are
+ * Conv1D [in, out]; the Llama family's nn.Linear [out, in], with q|k|v and
+ * gate|up each packed as one matrix (their tensors are adjacent in the
+ * flat buffer), and NULL where the family has no bias. QKV_l = C_l +
+ * 2 KV_l (GPT-2: 3 C_l); FC_l = H_l (GELU) or 2 H_l (SwiGLU: gate | up). */
 typedef struct loom_gpt_layer_w {
     float *ln1_w, *ln1_b;   /* (C) */
-    float *qkv_w, *qkv_b;   /* (C, 3C_l), (3C_l) */
-    float *proj_w, *proj_b; /* (C_l, C), (C) */
+    float *qkv_w, *qkv_b;   /* (C, QKV_l) or (QKV_l, C), (QKV_l) */
+    float *proj_w, *proj_b; /* (C_l, C) or (C, C_l), (C) */
     float *ln2_w, *ln2_b;   /* (C) */
-    float *fc_w, *fc_b;     /* (C, 4C_l), (4C_l) */
-    float *fcp_w, *fcp_b;   /* (4C_l, C), (C) */
+    float *fc_w, *fc_b;     /* (C, FC_l) or (FC_l, C), (FC_l) */
+    float *fcp_w, *fcp_b;   /* (H_l, C) or (C, H_l), (C) */
 } loom_gpt_layer_w;
 
 typedef struct loom_gpt_weights {
     float *wte;           /* (V_l, C) rows [tp_rank V_l, ...) of the padded vocab */
-    float *wpe;           /* (maxT, C) */
-    float *lnf_w, *lnf_b; /* (C) */
+    float *wpe;           /* (maxT, C); NULL with rotary positions */
+    float *lnf_w, *lnf_b; /* (C); lnf_b NULL for RMSNorm */
+    float *lm_head;       /* (V_l, C) the LM head: wte when tied */
     loom_gpt_layer_w *h;  /* indexed by local block (l - layer_begin) */
 } loom_gpt_weights;
 
@@ -132,12 +194,12 @@ typedef struct loom_gpt_weights {
  * be recomputed from fch, but it already shrinks with tp (4C_l columns). */
 typedef struct loom_gpt_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (Nx,C) (Nx) (Nx) */
-    float *qkv;                       /* (N,3C_l) */
+    float *qkv;                       /* (N,QKV_l), after rotary positions */
     float *atty;                      /* (N,C_l) */
     float *lse;                       /* (B,NH_l,T) attention log-sum-exp per row */
     float *res2;                      /* (Nx,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (Nx,C) (Nx) (Nx) */
-    float *fch, *fch_gelu;            /* (N,4C_l) */
+    float *fch, *fch_gelu;            /* (N,FC_l) (N,H_l): the MLP's first product and activation */
     float *res3;                      /* (Nx,C) */
 } loom_gpt_layer_acts;
 
@@ -148,10 +210,10 @@ typedef struct loom_gpt_layer_acts {
  * with tp too; the shared one of a full backward keeps them gathered. */
 typedef struct loom_gpt_dsave {
     float *dfcp;  /* (N,C) or (Nx,C) sharded: d(mlp c_proj out) */
-    float *dfch;  /* (N,4C_l) d(c_fc out) */
+    float *dfch;  /* (N,FC_l) d(c_fc out) */
     float *dln2;  /* (Nx,C)   d(ln_2 out) */
     float *dproj; /* (N,C) or (Nx,C) sharded: d(attn c_proj out) */
-    float *dqkv;  /* (N,3C_l) d(c_attn out) */
+    float *dqkv;  /* (N,QKV_l) d(c_attn out) */
     float *dln1;  /* (Nx,C)   d(ln_1 out) */
     int sharded;
 } loom_gpt_dsave;
@@ -258,6 +320,12 @@ struct loom_gpt {
     loom_gpt_opts opts;
     int B, T, N, Nx;            /* N = B*T rows; Nx = N / tp with SP, else N */
     int C, C_l, NH_l, V_l, L_l; /* local sizes; L_l local blocks */
+    int HS, NKV_l, KV_l, QKV_l; /* head size; key/value heads and width; q|k|v width */
+    int H_l, FC_l;              /* the MLP's hidden width, its first product's width */
+    loom_att_heads heads;       /* this rank's attention heads (NH_l, NKV_l, HS, window) */
+    int32_t *pos;               /* (N) rotary position of each row (device memory), NULL without RoPE */
+    int32_t *pos_host;          /* (N) host staging for an inference forward's positions */
+    float *inv_freq;            /* (HS/2) rotary frequencies (device memory) */
     int vocab_start;            /* first global vocab row of wte on this rank */
     int n_params;
     loom_param *params;
@@ -270,8 +338,9 @@ struct loom_gpt {
      * slot; dfull (SP: the one gathered (N,C) copy - forward's col_in and
      * row_out rows, backward's re-gathers), dlnfull (N,C), xmax, xsum and
      * scratch_ds's dfcp, dproj (N,C) here. */
-    float *dres, *dfull, *d4c, *datty, *dlnfull, *dlnf; /* (Nx,C) (N,C) (N,4C_l) (N,C_l) (N,C) (Nx,C) */
+    float *dres, *dfull, *d4c, *datty, *dlnfull, *dlnf; /* (Nx,C) (N,C) (N,H_l) (N,C_l) (N,C) (Nx,C) */
     float *xmax, *xsum;        /* (N), (2N): sums then target logits, one all-reduce */
+    float *rep_scratch;        /* (tp * the largest split_rep > 1 slice) or NULL: loom_tp_grad_replica_sum */
     int V_valid_l;             /* real (unpadded) vocab rows on this rank */
     loom_gpt_dsave scratch_ds; /* dsave used when not splitting */
     /* recompute FULL: one block's activations (all but res3) shared by every
@@ -301,6 +370,15 @@ void loom_gpt_init_params(loom_gpt *m, uint64_t seed);
  * keeps only a shard initialises it without ever holding the whole part. */
 void loom_gpt_init_range(const loom_gpt *m, uint64_t seed, size_t lo, size_t n, float *dst);
 const loom_param *loom_gpt_find_param(const loom_gpt *m, const char *name);
+/* out (N,C) = the part's norm of x (LayerNorm: mean, rstd written; RMSNorm:
+ * rstd; b NULL), as its blocks and head compute it (src/model/parts.c). */
+void loom_part_norm_fwd(const loom_gpt *m, float *out, float *mean, float *rstd, const float *x,
+                        const float *w, const float *b, int N);
+/* 1 when p's gradient on this part must stay out of the gradient norm: the
+ * tied embedding's copy on a part without the embedding (its other half is
+ * counted where the embedding lives), or a replicated key/value slice on any
+ * tp rank but the first of its split_rep replicas (each slice counted once). */
+int loom_param_norm_skip(const loom_gpt *m, const loom_param *p);
 /* Float range [*offset, *offset + *count) of a unit in the flat buffers. */
 void loom_gpt_unit_range(const loom_gpt *m, int unit, size_t *offset, size_t *count);
 /* Point a unit's weight views (params) and gradient views (grads) at other

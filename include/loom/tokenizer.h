@@ -1,25 +1,63 @@
-/* tokenizer.h - GPT-2's byte-level BPE tokenizer: encode text to token ids
- * and decode ids to bytes, identical to OpenAI's encoder and Hugging Face's
- * GPT2TokenizerFast.
+/* tokenizer.h - BPE tokenizers: GPT-2's byte-level BPE (identical to
+ * OpenAI's encoder and Hugging Face's GPT2TokenizerFast), the Llama 3 and
+ * Qwen2 kinds of Hugging Face tokenizer.json, and the byte-fallback BPE of
+ * Llama 2 / Mistral tokenizer.json files (identical to the `tokenizers`
+ * library reading the same file).
  *
  * Files it reads (loom_tokenizer_load, given a directory or one file):
  *   tokenizer.json              Hugging Face's single file (model.vocab,
  *                               model.merges as "a b" strings or [a, b] pairs,
- *                               added_tokens)
+ *                               added_tokens, normalizer, pre_tokenizer,
+ *                               post_processor, decoder)
  *   vocab.json + merges.txt     Hugging Face's GPT-2 pair
  *   encoder.json + vocab.bpe    OpenAI's GPT-2 pair (the same content)
  *
- * Encoding: the text is split into pre-tokens by GPT-2's pattern
+ * Pre-tokenization: the text is split by one of three patterns, each
+ * implemented by hand (src/infer/tokenizer.c) over Unicode code points and
+ * chosen by recognising tokenizer.json's pre_tokenizer - ByteLevel
+ * (use_regex) is GPT-2's
  *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- * implemented by hand (src/infer/tokenizer.c) over Unicode code points; letter and
- * number classes come from a generated table (scripts/gen_unicode_table.py,
- * Unicode version in LOOM_UNICODE_VERSION), \s is Unicode's White_Space.
+ * and Sequence [Split(Regex P, Isolated), ByteLevel(use_regex false)] takes
+ * P verbatim: GPT-2's, Llama 3's
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * or Qwen2's (the same with \p{N} for \p{N}{1,3}). Letter and number classes
+ * come from a generated table (scripts/gen_unicode_table.py, Unicode version
+ * in LOOM_UNICODE_VERSION), \s is Unicode's White_Space.
  * Each pre-token's UTF-8 bytes start as one token per byte and the merge with
- * the lowest rank is applied, everywhere in the pre-token, until none applies.
- * A byte that does not start a valid UTF-8 sequence counts as one code point
- * of class "other", so any byte string encodes and decodes back exactly.
- * With allow_special, each occurrence of a special token's text (GPT-2:
- * "<|endoftext|>") becomes that token, as Hugging Face's tokenizer does.
+ * the lowest rank is applied, everywhere in the pre-token, until none applies
+ * (with model.ignore_merges, as Llama 3's file, a pre-token that is itself in
+ * the vocabulary is that token). A byte that does not start a valid UTF-8
+ * sequence counts as one code point of class "other", so any byte string
+ * encodes and decodes back exactly.
+ * With allow_special, each occurrence of an added token's text (added_tokens,
+ * special or not: "<|endoftext|>", "<|begin_of_text|>", "<|im_start|>", ...;
+ * GPT-2's pair files: "<|endoftext|>") becomes that token, leftmost first and
+ * the longest among those starting at one place, as Hugging Face's tokenizer
+ * does; without it they are plain text.
+ * Normalizer: none, or NFC (Qwen2's), which loom checks instead of applying:
+ * text not already in NFC is LOOM_EDATA naming the code point (normalize it
+ * first). The check never passes text that NFC changes; it also refuses the
+ * rare NFC text where a combining mark follows a precomposed letter whose
+ * decomposition ends in a mark of a higher class.
+ *
+ * Byte-fallback BPE (Llama 2, Mistral): model.byte_fallback with the
+ * normalizer Sequence [Prepend U+2581, Replace ' ' by U+2581] and no
+ * pre_tokenizer (a U+2581 before every segment between added tokens), or the
+ * pre_tokenizer Metaspace (U+2581, split false, prepend_scheme first: only
+ * before the text's first segment; always: every segment; neither where the
+ * segment already starts with a space); decoder Sequence [Replace U+2581 by
+ * ' ', ByteFallback, Fuse, Strip one leading space]. Each segment is one word
+ * of characters, each its vocabulary token or else its UTF-8 bytes' <0xXX>
+ * tokens, merged as above; decode turns U+2581 into spaces and <0xXX> into
+ * bytes, and drops one leading space.
+ *
+ * Refused with LOOM_EDATA naming the component (not implemented): other
+ * model types (Unigram, WordPiece), a subword prefix/suffix or dropout,
+ * byte_fallback without the normalizer / pre-tokenizer above (or the reverse),
+ * other pre-tokenizers, split regexes other than the three above, other
+ * normalizers and decoders, added tokens with lstrip, rstrip or
+ * single_word.
  *
  * A tokenizer keeps a cache of encoded pre-tokens: one tokenizer must not be
  * used by two threads at once.
@@ -44,7 +82,13 @@ loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out);
 void loom_tokenizer_free(loom_tokenizer *tok);
 
 int loom_tokenizer_vocab_size(const loom_tokenizer *tok); /* max id + 1 */
-int loom_tokenizer_eot(const loom_tokenizer *tok);        /* "<|endoftext|>" id, or -1 */
+/* End of text: tokenizer_config.json's eos_token (beside tokenizer.json)
+ * when it is an added token, else "<|endoftext|>", else "<|end_of_text|>",
+ * else (byte-fallback BPE) "</s>"; -1 when none. */
+int loom_tokenizer_eot(const loom_tokenizer *tok);
+/* Beginning of text: the special token a TemplateProcessing post_processor
+ * puts first (Llama 3: "<|begin_of_text|>"), or -1. encode never adds it. */
+int loom_tokenizer_bos(const loom_tokenizer *tok);
 
 /* Append the tokens of text[0..len) to ids. LOOM_EOS when out of memory. */
 loom_status loom_tokenizer_encode(loom_tokenizer *tok, const char *text, size_t len, int allow_special,

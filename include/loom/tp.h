@@ -70,6 +70,13 @@ loom_status loom_sp_reduce_scatter_bwd(const loom_tp *tp, const float *dx_l, flo
  * gradients of norms, row-parallel biases and wpe partial). In place. */
 loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n);
 
+/* Sum the partial gradient g (n floats) of a tensor whose slice is
+ * replicated on `rep` consecutive tp ranks (key/value heads when tp
+ * exceeds their number) over those ranks, in place: all-gathered into
+ * scratch (tp * n floats), then added in rank order, so every replica
+ * holds the same bits. */
+loom_status loom_tp_grad_replica_sum(const loom_tp *tp, float *g, float *scratch, size_t n, int rep);
+
 /* Element-wise reduction of n floats over the TP group, in place (the
  * vocab-parallel softmax statistics). */
 loom_status loom_tp_allreduce(const loom_tp *tp, float *x, size_t n, loom_redop op);

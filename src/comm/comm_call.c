@@ -3,7 +3,8 @@
  * (int counts, bf16 sums only), counted and traced here, watched from start
  * to completion (comm_watch.c), and run or started by the group's
  * implementation (c->ops). Collective as comm.h says: every function but
- * send / recv, their non-blocking forms, wait and test.
+ * send / recv, their non-blocking forms, wait and test. Non-blocking:
+ * iallreduce, ireduce_scatter, iallgather, ialltoallv, isend, irecv.
  *
  * Statistics follow comm.h's byte convention: a blocking call counts its
  * calls, bytes and seconds when it returns successfully; a non-blocking call
@@ -192,12 +193,18 @@ loom_status loom_comm_alltoall(loom_comm *c, const void *send, void *recv, size_
     return run_blocking(c, &k);
 }
 
-loom_status loom_comm_alltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
-                                const size_t *send_displ, void *recv, const size_t *recv_bytes,
-                                const size_t *recv_displ) {
+static loom_comm_call alltoallv_call(const void *send, const size_t *send_bytes, const size_t *send_displ,
+                                     void *recv, const size_t *recv_bytes, const size_t *recv_displ) {
     loom_comm_call k = byte_call(LOOM_OP_ALLTOALLV, send, recv, 0);
     k.send_bytes = send_bytes, k.send_displ = send_displ;
     k.recv_bytes = recv_bytes, k.recv_displ = recv_displ;
+    return k;
+}
+
+loom_status loom_comm_alltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
+                                const size_t *send_displ, void *recv, const size_t *recv_bytes,
+                                const size_t *recv_displ) {
+    loom_comm_call k = alltoallv_call(send, send_bytes, send_displ, recv, recv_bytes, recv_displ);
     return run_blocking(c, &k);
 }
 
@@ -251,5 +258,12 @@ loom_status loom_comm_isend(loom_comm *c, const void *buf, size_t bytes, int pee
 loom_status loom_comm_irecv(loom_comm *c, void *buf, size_t bytes, int peer, int tag, loom_req **req) {
     loom_comm_call k = byte_call(LOOM_OP_RECV, NULL, buf, bytes);
     k.peer = peer, k.tag = tag;
+    return run_started(c, &k, req);
+}
+
+loom_status loom_comm_ialltoallv(loom_comm *c, const void *send, const size_t *send_bytes,
+                                 const size_t *send_displ, void *recv, const size_t *recv_bytes,
+                                 const size_t *recv_displ, loom_req **req) {
+    loom_comm_call k = alltoallv_call(send, send_bytes, send_displ, recv, recv_bytes, recv_displ);
     return run_started(c, &k, req);
 }

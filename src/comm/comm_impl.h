@@ -42,9 +42,10 @@ typedef struct loom_comm_ops {
     const char *name; /* "mpi", "staged", "nccl" */
     /* Run k to completion (blocking; barrier included). */
     loom_status (*run)(loom_comm *c, const loom_comm_call *k);
-    /* Start k (allreduce, reduce_scatter, allgather, send, recv) into `req`,
-     * c->req_size bytes the caller keeps until wait, or test reporting done,
-     * has completed it. On failure nothing is left in flight. */
+    /* Start k (allreduce, reduce_scatter, allgather, alltoallv, send, recv)
+     * into `req`, c->req_size bytes the caller keeps until wait, or test
+     * reporting done, has completed it (alltoallv: its four arrays too). On
+     * failure nothing is left in flight. */
     loom_status (*start)(loom_comm *c, const loom_comm_call *k, void *req);
     loom_status (*wait)(loom_comm *c, void *req);
     /* *done = 1 when complete or failed (the status says which). */

@@ -74,6 +74,7 @@ typedef struct mpi_req {
     MPI_Request mpi;
     MPI_Comm comm;
     mpi_call k;
+    int *counts; /* alltoallv: its own (4, size) int arrays, kept until completion */
 } mpi_req;
 
 /* Process-wide state of the runtime, not of any group. */
@@ -131,8 +132,10 @@ static MPI_Op mpi_op(loom_dtype t, loom_redop op) {
 }
 
 /* k as MPI's arguments (every size fits an int: comm_call.c checked). A
- * blocking reduce_scatter and alltoallv use the group's count scratch. */
-static void describe(const loom_comm *c, const loom_comm_call *k, int blocking, mpi_call *m) {
+ * blocking reduce_scatter uses the group's count scratch; alltoallv uses
+ * `counts` (4 size ints: the group's scratch when blocking, the request's
+ * own when started). */
+static void describe(const loom_comm *c, const loom_comm_call *k, int blocking, int *counts, mpi_call *m) {
     mpi_group *g = c->impl;
     *m = (mpi_call){.op = k->op,
                     .send = k->send,
@@ -159,13 +162,13 @@ static void describe(const loom_comm *c, const loom_comm_call *k, int blocking, 
         break;
     case LOOM_OP_ALLTOALLV:
         for (int i = 0; i < n; i++) {
-            g->counts[i] = (int)k->send_bytes[i];
-            g->counts[n + i] = (int)k->send_displ[i];
-            g->counts[2 * n + i] = (int)k->recv_bytes[i];
-            g->counts[3 * n + i] = (int)k->recv_displ[i];
+            counts[i] = (int)k->send_bytes[i];
+            counts[n + i] = (int)k->send_displ[i];
+            counts[2 * n + i] = (int)k->recv_bytes[i];
+            counts[3 * n + i] = (int)k->recv_displ[i];
         }
-        m->send_counts = g->counts, m->send_displs = g->counts + n;
-        m->recv_counts = g->counts + 2 * n, m->recv_displs = g->counts + 3 * n;
+        m->send_counts = counts, m->send_displs = counts + n;
+        m->recv_counts = counts + 2 * n, m->recv_displs = counts + 3 * n;
         break;
     default: break;
     }
@@ -205,6 +208,9 @@ static int start_mpi(const mpi_call *k, MPI_Comm comm, MPI_Request *r) {
         return MPI_Ireduce_scatter_block(k->send, k->recv, k->count, k->type, k->redop, comm, r);
     case LOOM_OP_ALLGATHER:
         return MPI_Iallgather(k->send, k->count, MPI_BYTE, k->recv, k->count, MPI_BYTE, comm, r);
+    case LOOM_OP_ALLTOALLV:
+        return MPI_Ialltoallv(k->send, k->send_counts, k->send_displs, MPI_BYTE, k->recv, k->recv_counts,
+                              k->recv_displs, MPI_BYTE, comm, r);
     case LOOM_OP_SEND: return MPI_Isend(k->send, k->count, MPI_BYTE, k->peer, k->tag, comm, r);
     case LOOM_OP_RECV: return MPI_Irecv(k->recv, k->count, MPI_BYTE, k->peer, k->tag, comm, r);
     default: break; /* the entry points start nothing else */
@@ -217,7 +223,7 @@ static int is_p2p(loom_comm_op op) { return op == LOOM_OP_SEND || op == LOOM_OP_
 static loom_status mpi_run(loom_comm *c, const loom_comm_call *k) {
     mpi_group *g = c->impl;
     mpi_call m;
-    describe(c, k, 1, &m);
+    describe(c, k, 1, g->counts, &m);
     if (!is_p2p(k->op)) loom_watch_flush(&g->queued);
     int err = run_blocking_mpi(&m, g->mpi);
     return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(k->op), err);
@@ -233,8 +239,14 @@ static loom_status mpi_start(loom_comm *c, const loom_comm_call *k, void *req) {
     mpi_group *g = c->impl;
     mpi_req *r = req;
     *r = (mpi_req){.mpi = MPI_REQUEST_NULL, .comm = g->mpi};
-    describe(c, k, 0, &r->k);
-    if (loom_watch_progress() && !is_p2p(k->op)) { /* the watch makes the start (file header) */
+    if (k->op == LOOM_OP_ALLTOALLV && !(r->counts = malloc(4 * (size_t)c->size * sizeof *r->counts)))
+        return loom_fail(LOOM_EOS, "rank %d: alltoallv on group %s: out of memory for its counts",
+                         c->world_rank, c->name);
+    describe(c, k, 0, r->counts, &r->k);
+    /* the watch makes a collective's start (file header), but for alltoallv:
+     * its start (never in place) allocates nothing of the message's size, and
+     * the caller, which starts it to hide it behind compute, pays no hand-off */
+    if (loom_watch_progress() && !is_p2p(k->op) && k->op != LOOM_OP_ALLTOALLV) {
         r->start.make = make_start;
         r->start.queued = &g->queued;
         loom_watch_queue(&r->start);
@@ -242,7 +254,9 @@ static loom_status mpi_start(loom_comm *c, const loom_comm_call *k, void *req) {
     }
     if (!is_p2p(k->op)) loom_watch_flush(&g->queued);
     int err = start_mpi(&r->k, g->mpi, &r->mpi);
-    return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(k->op), err);
+    if (err == MPI_SUCCESS) return LOOM_OK;
+    free(r->counts);
+    return fail_mpi(c, loom_comm_op_name(k->op), err);
 }
 
 static loom_status mpi_wait(loom_comm *c, void *req) {
@@ -250,6 +264,7 @@ static loom_status mpi_wait(loom_comm *c, void *req) {
     loom_watch_await(&r->start);
     int err = r->start.err;
     if (err == MPI_SUCCESS) err = MPI_Wait(&r->mpi, MPI_STATUS_IGNORE);
+    free(r->counts);
     return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(r->k.op), err);
 }
 
@@ -260,6 +275,7 @@ static loom_status mpi_test(loom_comm *c, void *req, int *done) {
     int err = r->start.err, flag = 0;
     if (err == MPI_SUCCESS) err = MPI_Test(&r->mpi, &flag, MPI_STATUS_IGNORE);
     *done = flag || err != MPI_SUCCESS;
+    if (*done) free(r->counts);
     return err == MPI_SUCCESS ? LOOM_OK : fail_mpi(c, loom_comm_op_name(r->k.op), err);
 }
 
@@ -401,7 +417,7 @@ static loom_status place_ranks(int launcher, int size, int *key) {
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     int len = 0;
     if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
-    snprintf(me.name, sizeof me.name, "%s", name);
+    snprintf(me.name, sizeof me.name, "%.*s", (int)sizeof me.name - 1, name); /* a longer host name is cut */
     rank_place *all = calloc((size_t)size, sizeof *all);
     if (!all)
         return loom_fail(LOOM_EOS, "rank %d: out of memory for the placement of %d ranks", launcher, size);

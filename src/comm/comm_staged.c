@@ -43,6 +43,7 @@ typedef struct staged_plan {
 typedef struct staged_req {
     int buf;
     staged_plan plan;
+    const size_t *recv_bytes, *recv_displ; /* alltoallv: its blocks, copied back one by one */
     max_align_t host_req[];
 } staged_req;
 
@@ -112,23 +113,43 @@ static size_t span(const size_t *bytes, const size_t *displ, int n) {
     return end;
 }
 
-/* [send span | recv span]; only the received blocks are copied back (bytes
- * between them in the destination stay as they were). */
-static loom_status run_alltoallv(loom_comm *c, const loom_comm_call *k) {
+/* alltoallv on the host: [send span | recv span] (p->out_off = the send
+ * span); only the received blocks are copied back (bytes between them in
+ * the destination stay as they were). */
+static loom_status alltoallv_in(loom_comm *c, const loom_comm_call *k, int *buf, staged_plan *p,
+                                loom_comm_call *hk) {
     staged *s = c->impl;
     const int n = c->size;
     size_t sspan = span(k->send_bytes, k->send_displ, n), rspan = span(k->recv_bytes, k->recv_displ, n);
-    int b = loom_comm_pool_take(&s->stage, sspan + rspan);
-    if (b < 0) return LOOM_EOS;
-    char *h = s->stage.b[b].p;
+    *p = (staged_plan){.total = sspan + rspan, .out_off = sspan, .out_dst = k->recv};
+    *buf = loom_comm_pool_take(&s->stage, p->total);
+    if (*buf < 0) return LOOM_EOS;
+    char *h = s->stage.b[*buf].p;
+    *hk = *k;
+    hk->send = h, hk->recv = h + sspan;
     loom_status st = sspan ? c->mem.copy_to_host(c->mem.ctx, h, k->send, sspan) : LOOM_OK;
-    loom_comm_call hk = *k;
-    hk.send = h, hk.recv = h + sspan;
-    if (st == LOOM_OK) st = c->host->ops->run(c->host, &hk);
-    for (int p = 0; st == LOOM_OK && p < n; p++)
-        if (k->recv_bytes[p])
-            st = c->mem.copy_from_host(c->mem.ctx, (char *)k->recv + k->recv_displ[p],
-                                       h + sspan + k->recv_displ[p], k->recv_bytes[p]);
+    if (st != LOOM_OK) loom_comm_pool_give(&s->stage, *buf);
+    return st;
+}
+
+static loom_status alltoallv_out(loom_comm *c, const char *h, const staged_plan *p, const size_t *bytes,
+                                 const size_t *displ) {
+    loom_status st = LOOM_OK;
+    for (int q = 0; st == LOOM_OK && q < c->size; q++)
+        if (bytes[q])
+            st = c->mem.copy_from_host(c->mem.ctx, (char *)p->out_dst + displ[q], h + p->out_off + displ[q],
+                                       bytes[q]);
+    return st;
+}
+
+static loom_status run_alltoallv(loom_comm *c, const loom_comm_call *k) {
+    staged *s = c->impl;
+    staged_plan p;
+    loom_comm_call hk;
+    int b = -1;
+    LOOM_TRY(alltoallv_in(c, k, &b, &p, &hk));
+    loom_status st = c->host->ops->run(c->host, &hk);
+    if (st == LOOM_OK) st = alltoallv_out(c, s->stage.b[b].p, &p, k->recv_bytes, k->recv_displ);
     loom_comm_pool_give(&s->stage, b);
     return st;
 }
@@ -153,6 +174,15 @@ static loom_status staged_run(loom_comm *c, const loom_comm_call *k) {
 static loom_status staged_start(loom_comm *c, const loom_comm_call *k, void *req) {
     staged *s = c->impl;
     staged_req *r = req;
+    r->recv_bytes = r->recv_displ = NULL;
+    if (k->op == LOOM_OP_ALLTOALLV) {
+        loom_comm_call hk;
+        LOOM_TRY(alltoallv_in(c, k, &r->buf, &r->plan, &hk));
+        r->recv_bytes = k->recv_bytes, r->recv_displ = k->recv_displ;
+        loom_status st = c->host->ops->start(c->host, &hk, r->host_req);
+        if (st != LOOM_OK) loom_comm_pool_give(&s->stage, r->buf);
+        return st;
+    }
     plan_call(c, k, &r->plan);
     r->buf = loom_comm_pool_take(&s->stage, r->plan.total);
     if (r->buf < 0) return LOOM_EOS;
@@ -167,7 +197,10 @@ static loom_status staged_start(loom_comm *c, const loom_comm_call *k, void *req
 /* A completed host request: the result back, the buffer given back. */
 static loom_status finish(loom_comm *c, staged_req *r, loom_status st) {
     staged *s = c->impl;
-    if (st == LOOM_OK) st = copy_out(c, s->stage.b[r->buf].p, &r->plan);
+    const char *h = s->stage.b[r->buf].p;
+    if (st == LOOM_OK)
+        st = r->recv_bytes ? alltoallv_out(c, h, &r->plan, r->recv_bytes, r->recv_displ)
+                           : copy_out(c, h, &r->plan);
     loom_comm_pool_give(&s->stage, r->buf);
     return st;
 }

@@ -628,7 +628,7 @@ void loom_dp_sumsq_parts(loom_gpt **parts, int n_parts, const float *const *grad
         const float *g = grads ? grads[k] : m->grad_mem;
         for (int i = 0; i < m->n_params; i++) {
             const loom_param *p = &m->params[i];
-            if (!m->part.has_embed && strcmp(p->name, "wte.weight") == 0) continue; /* tied copy */
+            if (loom_param_norm_skip(m, p)) continue; /* a tied copy or a replica */
             sq[p->split_dim < 0] += loom_sumsq(m->dev, g + p->offset, p->numel);
         }
     }

@@ -43,12 +43,12 @@ static int range_has(const loom_gpt *m, size_t lo, size_t n,
 }
 static int is_partial(const loom_gpt *m, const loom_param *q) {
     (void)m;
-    return q->sp_partial;
+    return q->sp_partial || q->split_rep > 1; /* summed over tp, or over the tp ranks sharing a slice */
 }
 /* The tied wte whose other half lives on another part (a pipeline's first
  * and last stage): its gradient is completed by the caller after the backward. */
 static int is_shared_wte(const loom_gpt *m, const loom_param *q) {
-    return !(m->part.has_embed && m->part.has_head) && strcmp(q->name, "wte.weight") == 0;
+    return !(m->part.has_embed && m->part.has_head) && strcmp(q->name, loom_model_embed_name(&m->cfg)) == 0;
 }
 
 /* Early wte (dp_internal.h): decided here, once per part. The rows buffer
@@ -57,14 +57,14 @@ static void plan_early(const loom_dp_engine *e, dp_part *p) {
     const loom_gpt *m = p->m;
     p->early = 0;
     if (e->cfg.zero != 0 || e->N < 2 || e->no_overlap || !m->part.has_embed || !m->part.has_head ||
-        m->opts.split_backward)
+        m->opts.split_backward || m->cfg.untied)
         return;
     size_t rows = (size_t)m->opts.B * (size_t)m->opts.T, lo, n;
     if ((size_t)e->N * rows > (size_t)m->V_l / 2) return;
     loom_gpt_unit_range(m, LOOM_UNIT_OUTER, &lo, &n);
     for (int i = 0; i < m->n_params; i++) {
         const loom_param *q = &m->params[i];
-        if (strcmp(q->name, "wte.weight") != 0 || q->offset != lo) continue;
+        if (strcmp(q->name, loom_model_embed_name(&m->cfg)) != 0 || q->offset != lo) continue;
         p->early = 1;
         p->wte_lo = q->offset;
         p->wte_n = (q->numel + 15) & ~(size_t)15;
@@ -168,7 +168,7 @@ static loom_status build_segs(const loom_dp_engine *e, dp_part *p) {
             s->g_off = zero >= 2 ? s->s_off : b->lo + in_slice;
             s->decay = q->decay;
             s->replicated = q->split_dim < 0;
-            s->skip_norm = !m->part.has_embed && strcmp(q->name, "wte.weight") == 0;
+            s->skip_norm = loom_param_norm_skip(m, q);
             covered += s->n;
         }
     }

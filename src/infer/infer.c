@@ -47,8 +47,8 @@ static void *take(loom_arena *a, size_t bytes) {
 
 static void layout(loom_infer *f) {
     loom_arena *a = &f->arena;
-    const size_t R = (size_t)f->o.max_rows, S = (size_t)f->o.max_seqs, C = (size_t)f->C, Cl = (size_t)f->C_l;
-    const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * Cl;
+    const size_t R = (size_t)f->o.max_rows, S = (size_t)f->o.max_seqs, C = (size_t)f->C;
+    const size_t cache = (size_t)f->L_l * S * (size_t)f->o.max_len * (size_t)f->m->KV_l; /* KV heads' width */
     f->kc = take(a, F(cache));
     f->vc = take(a, F(cache));
     f->att_scratch = take(a, F(loom_attention_kv_scratch_floats(f->o.dev->threads, (int)R, f->o.max_len)));
@@ -177,7 +177,7 @@ int loom_infer_last_stage(const loom_infer *f) { return f->m->part.has_head; }
 const loom_model_config *loom_infer_config(const loom_infer *f) { return &f->cfg; }
 const loom_infer_opts *loom_infer_options(const loom_infer *f) { return &f->o; }
 size_t loom_infer_cache_bytes(const loom_infer *f) {
-    return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->C_l);
+    return 2 * F((size_t)f->L_l * f->o.max_seqs * (size_t)f->o.max_len * f->m->KV_l);
 }
 
 /* ln_f and the tied LM head on each entry's last row; logits gathered over
@@ -189,9 +189,8 @@ static loom_status head_step(loom_infer *f, int n, const int *n_new) {
         r += n_new[j];
         loom_tensor_copy(f->m->dev, f->last + (size_t)j * C, x + (size_t)(r - 1) * C, (size_t)C);
     }
-    loom_layernorm_fwd(f->m->dev, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n,
-                       C);
-    loom_matmul_nt_fwd(f->m->dev, f->logits_l, f->lnf, f->m->w.wte, n, C, Vl);
+    loom_part_norm_fwd(f->m, f->lnf, f->lnf_mean, f->lnf_rstd, f->last, f->m->w.lnf_w, f->m->w.lnf_b, n);
+    loom_matmul_nt_fwd(f->m->dev, f->logits_l, f->lnf, f->m->w.lm_head, n, C, Vl);
     LOOM_TRY(loom_sp_gather_fwd(&f->m->part.tp, f->logits_l, f->gathered, (size_t)n * Vl));
     for (int j = 0; j < n; j++)
         for (int k = 0; k < f->tp; k++) {
@@ -241,7 +240,7 @@ loom_status loom_infer_step(loom_infer *f, int n, const int *seq, const int *n_n
         loom_tensor_upload_i32(f->m->dev, f->rows_tok, tokens, (size_t)R);
         loom_embed_fwd(f->m->dev, x, f->rows_tok, f->m->w.wte, f->m->vocab_start, f->V_l, R, C);
         LOOM_TRY(loom_tp_reduce_fwd(&f->m->part.tp, x, (size_t)R * C));
-        for (int j = 0, r0 = 0; j < n; r0 += n_new[j], j++)
+        for (int j = 0, r0 = 0; j < n && !f->cfg.rope; r0 += n_new[j], j++) /* RoPE: in attention */
             loom_pos_fwd(f->m->dev, x + (size_t)r0 * C, f->m->w.wpe, f->len[seq[j]], n_new[j],
                          f->cfg.n_positions, C);
     } else {

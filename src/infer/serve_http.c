@@ -14,7 +14,6 @@
  * a descriptor that was reused. Every request is touched under the server
  * mutex. Nothing here calls the communicator. */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -395,7 +394,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = '\0';
     if (!g_mhd_started) {
-        snprintf(g_mhd_error, sizeof g_mhd_error, "%s", line);
+        snprintf(g_mhd_error, sizeof g_mhd_error, "%.*s", (int)sizeof g_mhd_error - 1, line);
         return;
     }
     if (strstr(line, "connection closure") || strstr(line, "Connection reset")) return;

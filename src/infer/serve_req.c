@@ -291,7 +291,12 @@ static int encode_text(pctx *x, const char *text, size_t len, loom_ids *ids, con
         return 1;
     }
     pthread_mutex_lock(&s->tok_mu);
-    loom_status st = loom_tokenizer_encode(s->tok, text, len, 1, ids);
+    /* a prompt begins with the tokenizer's BOS, as Hugging Face's tokenizer(prompt)
+     * adds it (Llama 3's <|begin_of_text|>); a chat template writes its own */
+    int bos = strcmp(param, "prompt") == 0 ? loom_tokenizer_bos(s->tok) : -1;
+    loom_status st = LOOM_OK;
+    if (bos >= 0 && loom_ids_push(ids, (uint32_t)bos) != LOOM_OK) st = loom_fail(LOOM_EOS, "out of memory");
+    if (st == LOOM_OK) st = loom_tokenizer_encode(s->tok, text, len, 1, ids);
     pthread_mutex_unlock(&s->tok_mu);
     return st == LOOM_OK ? 1 : fail(x, 400, param, "%s", loom_errmsg());
 }

@@ -106,6 +106,12 @@ loom_status loom_layout_check_tp(const loom_layout_model *m, int tp, int sp, int
     if (tp < 1) return loom_fail(LOOM_EUSAGE, "tp=%d: must be >= 1", tp);
     if (m->n_head % tp)
         return loom_fail(LOOM_EUSAGE, "tp=%d does not divide n_head=%d of model %s", tp, m->n_head, m->name);
+    const int kv = m->n_kv_head > 0 ? m->n_kv_head : m->n_head;
+    if (kv % tp && tp % kv) /* more tp ranks than key/value heads: each head replicated on tp / kv ranks */
+        return loom_fail(LOOM_EUSAGE,
+                         "tp=%d and num_key_value_heads=%d of model %s: one must divide the other "
+                         "(key/value heads are split over tp, or replicated when tp exceeds them)",
+                         tp, kv, m->name);
     if (m->ffn % tp)
         return loom_fail(LOOM_EUSAGE, "tp=%d does not divide ffn=%d (the %s hidden size) of model %s", tp,
                          m->ffn, m->n_expert > 0 ? "experts'" : "MLP's", m->name);
@@ -128,6 +134,12 @@ static loom_status check_cp(const loom_layout *l, const loom_layout_model *m, in
                          "--cp-impl ulysses: cp=%d must divide the heads per tp rank, n_head=%d / "
                          "tp=%d = %d",
                          cp, m->n_head, tp, m->n_head / tp);
+    const int kv = m->n_kv_head > 0 ? m->n_kv_head : m->n_head, kv_l = kv > tp ? kv / tp : 1;
+    if (l->cp_impl == LOOM_CP_ULYSSES && kv_l % cp)
+        return loom_fail(LOOM_EUSAGE,
+                         "--cp-impl ulysses: cp=%d must divide the key/value heads per tp rank, "
+                         "num_key_value_heads=%d / tp=%d = %d",
+                         cp, kv, tp, kv_l);
     if (l->sp && (T / cp) % tp)
         return loom_fail(LOOM_EUSAGE,
                          "--sp with cp=%d: tp=%d must divide the %d local rows "

@@ -1,5 +1,6 @@
-/* config.c - GPT-2 model configurations: built-in names and Hugging Face
- * config.json files. Local, no collectives. */
+/* config.c - model configurations: built-in names, Hugging Face config.json
+ * files and directories (GPT-2 here; the Llama family's keys in
+ * config_hf.c). Local, no collectives. */
 #include "loom/model.h"
 #include "loom/moe.h"
 #include "model/internal.h"
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -28,7 +30,8 @@ static const builtin BUILTINS[] = {
 
 loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) {
     const char *lookup = strcmp(name, "gpt2") == 0 ? "gpt2-small" : name;
-    if (loom_moe_builtin(name, cfg)) return LOOM_OK; /* tiny-moe, mini-moe */
+    if (loom_moe_builtin(name, cfg)) return LOOM_OK;   /* tiny-moe, mini-moe */
+    if (loom_llama_builtin(name, cfg)) return LOOM_OK; /* tiny-llama, llama3-8b, ... */
     for (size_t i = 0; i < N_BUILTINS; i++) {
         const builtin *b = &BUILTINS[i];
         if (strcmp(b->name, lookup) != 0) continue;
@@ -41,14 +44,17 @@ loom_status loom_model_config_builtin(const char *name, loom_model_config *cfg) 
         cfg->n_positions = b->n_positions;
         return LOOM_OK;
     }
-    char known[256] = "";
+    char known[512] = "";
     for (size_t i = 0; i < N_BUILTINS; i++) {
         strncat(known, BUILTINS[i].name, sizeof known - strlen(known) - 3);
         if (i + 1 < N_BUILTINS) strcat(known, ", ");
     }
-    strncat(known, ", tiny-moe, mini-moe", sizeof known - strlen(known) - 1);
-    return loom_fail(LOOM_EUSAGE, "--model %s: unknown model (built-in: %s; or a config.json path)", name,
-                     known);
+    strncat(known, ", tiny-moe, mini-moe, ", sizeof known - strlen(known) - 1);
+    strncat(known, loom_llama_builtin_names(), sizeof known - strlen(known) - 1);
+    return loom_fail(LOOM_EUSAGE,
+                     "--model %s: unknown model (built-in: %s; or a config.json path or a Hugging Face "
+                     "directory)",
+                     name, known);
 }
 
 loom_status loom_model_config_check(const loom_model_config *c) {
@@ -76,6 +82,7 @@ loom_status loom_model_config_check(const loom_model_config *c) {
     if (c->n_embd % c->n_head)
         return loom_fail(LOOM_ECONFIG, "model %s: n_head=%d does not divide n_embd=%d", c->name, c->n_head,
                          c->n_embd);
+    LOOM_TRY(loom_model_parts_check(c));
     return loom_moe_config_check(c);
 }
 
@@ -83,7 +90,8 @@ loom_layout_model loom_model_shape(const loom_model_config *c) {
     return (loom_layout_model){.name = c->name,
                                .n_layer = c->n_layer,
                                .n_head = c->n_head,
-                               .ffn = c->n_expert > 0 ? loom_moe_hidden(c) : 4 * c->n_embd,
+                               .ffn = c->n_expert > 0 ? loom_moe_hidden(c) : loom_model_ffn(c),
+                               .n_kv_head = loom_model_kv_heads(c),
                                .n_positions = c->n_positions,
                                .n_expert = c->n_expert};
 }
@@ -161,7 +169,7 @@ static const char *HF_IGNORED[] = {
 static int is_ignored(const char *key) {
     for (size_t i = 0; i < sizeof HF_IGNORED / sizeof HF_IGNORED[0]; i++)
         if (strcmp(key, HF_IGNORED[i]) == 0) return 1;
-    return 0;
+    return loom_hf_key_ignored(key); /* every PretrainedConfig's */
 }
 
 static loom_status get_int(const char *path, const cJSON *item, int *out) {
@@ -199,6 +207,27 @@ static loom_status check_arch_key(const char *path, const cJSON *it, int n_embd_
     return LOOM_OK;
 }
 
+static loom_status gpt2_load(const char *path, const cJSON *root, loom_model_config *cfg);
+
+/* Another model_type than gpt2: the Llama family's, or refused by name. */
+static loom_status model_type_load(const char *path, const cJSON *root, const cJSON *type,
+                                   loom_model_config *cfg) {
+    static const char *LLAMA[] = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
+    if (!cJSON_IsString(type)) return loom_fail(LOOM_ECONFIG, "%s: \"model_type\" must be a string", path);
+    for (size_t i = 0; i < sizeof LLAMA / sizeof LLAMA[0]; i++)
+        if (!strcmp(type->valuestring, LLAMA[i])) return loom_hf_config_parse(path, root, LLAMA[i], cfg);
+    return loom_fail(
+        LOOM_ECONFIG,
+        "%s: model_type \"%s\" is not an architecture loom has (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe)",
+        path, type->valuestring);
+}
+
+loom_status loom_model_config_from_hf_json(const char *path, const cJSON *root, loom_model_config *cfg) {
+    if (!cJSON_IsObject(root))
+        return loom_fail(LOOM_ECONFIG, "%s: a model config must be a JSON object", path);
+    return model_type_load(path, root, cJSON_GetObjectItem(root, "model_type"), cfg);
+}
+
 loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
     loom_status st;
     char *text = read_file(path, &st);
@@ -226,6 +255,20 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
                 cJSON_Delete(root);
                 return st;
             }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "gpt2") != 0)) {
+        st = model_type_load(path, root, type, cfg);
+        cJSON_Delete(root);
+        return st == LOOM_OK ? loom_model_config_check(cfg) : st;
+    }
+    st = gpt2_load(path, root, cfg);
+    cJSON_Delete(root);
+    return st == LOOM_OK ? loom_model_config_check(cfg) : st;
+}
+
+/* A GPT-2 config.json's keys (the MoE ones in Mixtral's spelling). */
+static loom_status gpt2_load(const char *path, const cJSON *root, loom_model_config *cfg) {
+    loom_status st;
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->name, sizeof cfg->name, "%s", path);
     struct {
@@ -256,12 +299,23 @@ loom_status loom_model_config_load(const char *path, loom_model_config *cfg) {
     if (st == LOOM_OK && n_ctx && n_ctx != cfg->n_positions) /* GPT-2 has one context length */
         st = loom_fail(LOOM_ECONFIG, "%s: \"n_ctx\"=%d must equal \"n_positions\"=%d", path, n_ctx,
                        cfg->n_positions);
-    cJSON_Delete(root);
-    return st == LOOM_OK ? loom_model_config_check(cfg) : st;
+    return st;
 }
 
 loom_status loom_model_config_resolve(const char *s, loom_model_config *cfg) {
     size_t n = strlen(s);
+    struct stat sb;
+    if (stat(s, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face directory */
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s/config.json", s) >= (int)sizeof path)
+            return loom_fail(LOOM_EUSAGE, "--model %s: path too long", s);
+        if (access(path, F_OK) != 0)
+            return loom_fail(LOOM_ENOINPUT, "--model %s: a directory without config.json", s);
+        if (n >= sizeof cfg->dir) return loom_fail(LOOM_EUSAGE, "--model %s: path too long", s);
+        LOOM_TRY(loom_model_config_load(path, cfg));
+        snprintf(cfg->dir, sizeof cfg->dir, "%s", s);
+        return LOOM_OK;
+    }
     if (strchr(s, '/') || (n > 5 && strcmp(s + n - 5, ".json") == 0)) return loom_model_config_load(s, cfg);
     LOOM_TRY(loom_model_config_builtin(s, cfg));
     return loom_model_config_check(cfg);

@@ -41,6 +41,10 @@
 
 /* The experts' hidden units on this TP rank (c_fc by columns, c_proj by rows). */
 static int hidden_l(const loom_gpt *m) { return loom_moe_hidden(&m->cfg) / m->part.tp.size; }
+/* The width of an expert's first product: [gate | up] with SwiGLU (Mixtral's w1 | w3), else H_l. */
+static int first_l(const loom_gpt *m) { return (m->cfg.mlp == LOOM_MLP_SWIGLU ? 2 : 1) * hidden_l(m); }
+/* Qwen2-MoE's shared expert's hidden units on this TP rank (0: none). */
+static int shared_l(const loom_gpt *m) { return m->cfg.shared_hidden / m->part.tp.size; }
 
 /* ---- parameters ------------------------------------------------------------ */
 
@@ -100,9 +104,13 @@ typedef struct {
     int32_t *routed;     /* (G,E) choices per routing group and expert before capacity */
     loom_ep_routes rt;   /* what the local experts receive from each source, and where (ep.h) */
     float *ye;           /* (A,C) expert outputs of the dispatched rows */
-    float *xp, *hp, *gp; /* (R,C) (R,H) (R,H) received inputs, c_fc out, gelu */
-    float *dyp, *dhp;    /* (R,C) (R,H) output gradients kept for W */
+    float *xp, *hp, *gp; /* (R,C) (R,FH) (R,H) received inputs, c_fc out, its activation */
+    float *dyp, *dhp;    /* (R,C) (R,FH) output gradients kept for W */
     float *dlogit;       /* (N,E) kept for W */
+    /* Qwen2-MoE's shared expert (Hs = its hidden units on this TP rank) */
+    float *hs, *as, *ys; /* (N,2Hs) [gate | up] (N,Hs) SwiGLU (N,C) its output, partial over tp */
+    float *sg, *dls;     /* (N) sigmoid gate, d(its logit) kept for W */
+    float *dys, *dhs;    /* (N,C) (N,2Hs) gradients kept for W */
     const float *x;      /* (N,C) the block's input rows (ln_2 output), valid in forward */
     double aux, z;       /* this group's losses */
     int counted;         /* full recompute: its routing is in the stats already,
@@ -110,8 +118,9 @@ typedef struct {
 } moe_acts;
 
 typedef struct {
-    float *router;                        /* (C,E) */
+    float *router;                        /* (C,E), or (E,C) as nn.Linear */
     float **fc_w, **fc_b, **cp_w, **cp_b; /* El each: (C,H) (H) (H,C) (C) */
+    float *sgu, *sdown, *sgate;           /* Qwen2-MoE's shared expert: (2Hs,C) (C,Hs), its gate (1,C) */
 } moe_w;
 
 typedef struct {
@@ -140,6 +149,9 @@ struct loom_moe {
     float *sendA;   /* (A,C) scratch: rows to dispatch, then their gradients */
     float *t1, *t2; /* (R,C) scratch */
     float *tH;      /* (R,H) scratch */
+    int32_t *idrow; /* (N) device: 0 .. N-1, the shared expert's rows for combine_rows */
+    float *sdact;   /* (N,Hs) scratch: d(shared SwiGLU out) */
+    float *sdg;     /* (N) scratch: d(shared gate) */
     loom_moe_stats *stats;
     int64_t *stat_mem;
     void *mem;                    /* one device allocation for every tensor above */
@@ -165,7 +177,8 @@ static void *carve(char *base, size_t *used, size_t n) {
  * counted); returns the device bytes, the host bytes in *hbytes. */
 static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t *hbytes) {
     const size_t N = (size_t)m->N, C = (size_t)m->C, E = (size_t)m->cfg.n_expert, k = (size_t)m->cfg.top_k,
-                 H = (size_t)hidden_l(m), A = N * k, P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax;
+                 H = (size_t)hidden_l(m), A = N * k, P = (size_t)moe->P, El = (size_t)moe->El, R = moe->Rmax,
+                 FH = (size_t)first_l(m);
     size_t used = 0, hu = 0, a2a_bytes, sent_bytes;
     loom_ep_scratch_bytes(moe->P, moe->El, &a2a_bytes, &sent_bytes);
     moe->dgate = carve(p, &used, N * k * 4);
@@ -175,6 +188,12 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
     moe->t2 = carve(p, &used, R * C * 4);
     moe->tH = carve(p, &used, R * H * 4);
     moe->gid_d = carve(p, &used, N * 4);
+    const size_t Hs = (size_t)shared_l(m);
+    if (Hs) {
+        moe->idrow = carve(p, &used, N * 4);
+        moe->sdact = carve(p, &used, N * Hs * 4);
+        moe->sdg = carve(p, &used, N * 4);
+    }
     moe->ep.a2a = carve(h, &hu, a2a_bytes);
     moe->order = carve(h, &hu, N * 4);
     moe->cnt_g = carve(h, &hu, (size_t)moe->G * E * 4);
@@ -208,11 +227,19 @@ static size_t layout(loom_gpt *m, struct loom_moe *moe, char *p, char *h, size_t
             a->rt.estart = carve(h, &hu, (El + 1) * 4);
             a->ye = carve(p, &used, A * C * 4);
             a->xp = carve(p, &used, R * C * 4);
-            a->hp = carve(p, &used, R * H * 4);
+            a->hp = carve(p, &used, R * FH * 4);
             a->gp = carve(p, &used, R * H * 4);
             a->dyp = carve(p, &used, R * C * 4);
-            a->dhp = carve(p, &used, R * H * 4);
+            a->dhp = carve(p, &used, R * FH * 4);
             a->dlogit = carve(p, &used, N * E * 4);
+            if (!Hs) continue;
+            a->hs = carve(p, &used, N * 2 * Hs * 4);
+            a->as = carve(p, &used, N * Hs * 4);
+            a->ys = carve(p, &used, N * C * 4);
+            a->sg = carve(p, &used, N * 4);
+            a->dls = carve(p, &used, N * 4);
+            a->dys = carve(p, &used, N * C * 4);
+            a->dhs = carve(p, &used, N * 2 * Hs * 4);
         }
     }
     *hbytes = hu;
@@ -225,6 +252,9 @@ loom_status loom_moe_create(loom_gpt *m) {
     if (n == 0) return LOOM_OK;
     LOOM_TRY(loom_moe_config_check(&m->cfg)); /* tp divides the experts' hidden size: gpt.c check_part */
     const int P = ep_size(m), E = m->cfg.n_expert, k = m->cfg.top_k;
+    if (m->cfg.shared_hidden % m->part.tp.size)
+        return loom_fail(LOOM_EUSAGE, "tp=%d does not divide shared_expert_intermediate_size=%d of model %s",
+                         m->part.tp.size, m->cfg.shared_hidden, m->cfg.name);
     if (E % P)
         return loom_fail(LOOM_EUSAGE, "ep=%d does not divide num_local_experts=%d of model %s", P, E,
                          m->cfg.name);
@@ -243,7 +273,13 @@ loom_status loom_moe_create(loom_gpt *m) {
     moe->P = P;
     moe->El = E / P;
     moe->e0 = ep_rank(m) * moe->El;
-    moe->ep = (loom_ep){.dev = m->dev, .comm = m->part.ep, .size = P, .rank = ep_rank(m), .n_local = moe->El};
+    const char *ov = getenv("LOOM_EP_OVERLAP");
+    moe->ep = (loom_ep){.dev = m->dev,
+                        .comm = m->part.ep,
+                        .size = P,
+                        .rank = ep_rank(m),
+                        .n_local = moe->El,
+                        .overlap = !(ov && strcmp(ov, "0") == 0)};
     /* each of the P sources sends each local expert at most N rows, and at
      * most N k rows in all */
     moe->Rmax = (size_t)P * m->N * (size_t)(k < moe->El ? k : moe->El);
@@ -279,6 +315,10 @@ loom_status loom_moe_create(loom_gpt *m) {
         int32_t *gid = (int32_t *)moe->hprobs;
         for (int q = 0; q < m->N; q++) gid[G > 1 ? moe->order[q] : q] = q / (m->N / G);
         loom_tensor_upload_i32(m->dev, moe->gid_d, gid, (size_t)m->N);
+        if (moe->idrow) { /* the shared expert's rows: identity */
+            for (int q = 0; q < m->N; q++) gid[q] = q;
+            loom_tensor_upload_i32(m->dev, moe->idrow, gid, (size_t)m->N);
+        }
     }
     loom_gpt_unit_range(m, LOOM_UNIT_EXPERTS, &moe->ex_lo, &moe->ex_n);
     if (moe->ex_n && m->opts.external_params)
@@ -334,16 +374,30 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
     moe_block *bl = block_of(m, l - m->part.layer_begin);
     if (!bl) return 0;
     moe_w *w = grads ? &bl->g : &bl->w;
-    if (strcmp(suffix, "mlp.router.weight") == 0) {
+    if (!strcmp(suffix, "mlp.router.weight") || !strcmp(suffix, "block_sparse_moe.gate.weight") ||
+        !strcmp(suffix, "mlp.gate.weight")) {
         w->router = v;
+        return 1;
+    }
+    if (!strncmp(suffix, "mlp.shared_expert", 17)) { /* Qwen2-MoE: gate_proj | up_proj packed */
+        const char *what = suffix + 17;
+        if (!strcmp(what, ".gate_proj.weight")) w->sgu = v;
+        else if (!strcmp(what, ".down_proj.weight")) w->sdown = v;
+        else if (!strcmp(what, "_gate.weight")) w->sgate = v;
+        else if (strcmp(what, ".up_proj.weight")) return 0; /* read through gate_proj's view */
         return 1;
     }
     int e;
     char what[32];
-    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2) return 0;
+    if (sscanf(suffix, "mlp.experts.%d.%31s", &e, what) != 2 &&
+        sscanf(suffix, "block_sparse_moe.experts.%d.%31s", &e, what) != 2)
+        return 0;
     e -= m->moe->e0;
     if (e < 0 || e >= m->moe->El) return 0;
-    if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
+    if (!strcmp(what, "w1.weight") || !strcmp(what, "gate_proj.weight")) w->fc_w[e] = v; /* [gate | up] */
+    else if (!strcmp(what, "w3.weight") || !strcmp(what, "up_proj.weight")) return 1;    /* through gate's */
+    else if (!strcmp(what, "w2.weight") || !strcmp(what, "down_proj.weight")) w->cp_w[e] = v; /* down */
+    else if (!strcmp(what, "c_fc.weight")) w->fc_w[e] = v;
     else if (!strcmp(what, "c_fc.bias")) w->fc_b[e] = v;
     else if (!strcmp(what, "c_proj.weight")) w->cp_w[e] = v;
     else if (!strcmp(what, "c_proj.bias")) w->cp_b[e] = v;
@@ -353,10 +407,21 @@ int loom_moe_bind(loom_gpt *m, int l, const char *suffix, float *v, int grads) {
 
 /* ---- routing ------------------------------------------------------------------ */
 
-/* probs (N,E) = softmax(x @ router); lse (N); returns the z-loss sum of lse^2. */
-static double route_probs(loom_device *dev, moe_acts *a, const float *router, int N, int C, int E) {
-    loom_matmul_fwd(dev, a->probs, a->x, router, NULL, N, C, E);
-    return loom_tensor_softmax_lse(dev, a->probs, a->lse, N, E);
+/* probs (N,E) = softmax(x @ router) (the router (C,E), or (E,C) as
+ * nn.Linear in the Llama family); lse (N); returns the z-loss sum of lse^2. */
+static double route_probs(const loom_gpt *m, moe_acts *a, const float *router, int N, int C, int E) {
+    loom_part_linear_fwd(m, a->probs, a->x, router, NULL, N, C, E);
+    return loom_tensor_softmax_lse(m->dev, a->probs, a->lse, N, E);
+}
+
+/* h (n,H) = the activation of the first product fc (n,FH); dfc (n,FH) WRITES its gradient from dh. */
+static void expert_act_fwd(const loom_gpt *m, float *h, const float *fc, int n, int H) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) loom_swiglu_fwd(m->dev, h, fc, n, H);
+    else loom_gelu_fwd(m->dev, h, fc, (size_t)n * H);
+}
+static void expert_act_bwd(const loom_gpt *m, float *dfc, const float *fc, const float *dh, int n, int H) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) loom_swiglu_bwd(m->dev, dfc, fc, dh, n, H);
+    else loom_gelu_bwd(m->dev, dfc, fc, dh, (size_t)n * H); /* dfc was zeroed */
 }
 
 /* sel (N,k): each token's top_k experts by probability + bias, ties to the
@@ -408,6 +473,119 @@ static int64_t route_dispatch(struct loom_moe *moe, moe_acts *a, int N, int E, i
     return dropped;
 }
 
+/* ---- Qwen2-MoE's shared expert -------------------------------------------------- */
+
+/* v (n floats) = sigmoid(v), or with g, v * g (1 - g) (the sigmoid's
+ * backward); on the host, through the (N,E) host scratch (E >= 2 with g). */
+static void sigmoid_host(const loom_gpt *m, float *v, const float *g, int n) {
+    float *h = m->moe->hprobs, *hg = h + n;
+    loom_tensor_download(m->dev, h, v, (size_t)n);
+    if (g) loom_tensor_download(m->dev, hg, g, (size_t)n);
+    for (int i = 0; i < n; i++) h[i] = g ? h[i] * hg[i] * (1.0f - hg[i]) : 1.0f / (1.0f + expf(-h[i]));
+    loom_tensor_upload(m->dev, v, h, (size_t)n);
+}
+
+/* out (N,C) += sigmoid(x w_gate) * down(SwiGLU([gate | up](x))); the
+ * shared expert's output is partial over tp like the experts' (its down by
+ * columns), the gate replicated. */
+static void shared_fwd(const loom_gpt *m, moe_block *bl, moe_acts *a, int N, const float *x, float *out) {
+    const int C = m->C, Hs = shared_l(m);
+    loom_part_linear_fwd(m, a->hs, x, bl->w.sgu, NULL, N, C, 2 * Hs);
+    loom_swiglu_fwd(m->dev, a->as, a->hs, N, Hs);
+    loom_part_linear_fwd(m, a->ys, a->as, bl->w.sdown, NULL, N, Hs, C);
+    loom_part_linear_fwd(m, a->sg, x, bl->w.sgate, NULL, N, C, 1);
+    sigmoid_host(m, a->sg, NULL, N);
+    loom_tensor_combine_rows(m->dev, m->moe->sendA, a->ys, m->moe->idrow, a->sg, N, 1, C); /* sendA: free */
+    loom_tensor_add(m->dev, out, m->moe->sendA, (size_t)N * C);
+}
+
+/* dx (N,C) += the shared expert's input gradient from dout (N,C): its MLP's
+ * partial over tp (the caller sums dx), the gate's on tp rank 0 only. */
+static loom_status shared_bwd_input(const loom_gpt *m, moe_block *bl, moe_acts *a, int N, const float *dout,
+                                    float *dx) {
+    struct loom_moe *moe = m->moe;
+    const int C = m->C, Hs = shared_l(m);
+    /* dys = g dout; d(g) = dout . ys, summed over tp (ys is partial) */
+    loom_tensor_combine_rows_bwd(m->dev, a->dys, moe->sdg, dout, a->ys, moe->idrow, a->sg, N, 1, C);
+    LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->sdg, (size_t)N));
+    loom_tensor_copy(m->dev, a->dls, moe->sdg, (size_t)N);
+    sigmoid_host(m, a->dls, a->sg, N); /* d(gate logit) */
+    if (m->part.tp.rank == 0) loom_part_linear_bwd(m, dx, NULL, NULL, a->dls, NULL, bl->w.sgate, N, C, 1);
+    loom_tensor_zero(m->dev, moe->sdact, (size_t)N * Hs);
+    loom_part_linear_bwd(m, moe->sdact, NULL, NULL, a->dys, NULL, bl->w.sdown, N, Hs, C);
+    loom_swiglu_bwd(m->dev, a->dhs, a->hs, moe->sdact, N, Hs);
+    loom_part_linear_bwd(m, dx, NULL, NULL, a->dhs, NULL, bl->w.sgu, N, C, 2 * Hs);
+    return LOOM_OK;
+}
+
+static void shared_bwd_weight(const loom_gpt *m, moe_block *bl, moe_acts *a, int N, const float *x) {
+    const int C = m->C, Hs = shared_l(m);
+    loom_part_linear_bwd(m, NULL, bl->g.sgate, NULL, a->dls, x, bl->w.sgate, N, C, 1);
+    loom_part_linear_bwd(m, NULL, bl->g.sdown, NULL, a->dys, a->as, bl->w.sdown, N, Hs, C);
+    loom_part_linear_bwd(m, NULL, bl->g.sgu, NULL, a->dhs, x, bl->w.sgu, N, C, 2 * Hs);
+}
+
+/* ---- the experts over the rows dispatched to them --------------------------- */
+
+/* Local expert j over its expert-major rows [r0, r0 + n): forward, or the
+ * input gradient. Each row's result depends on that row alone, so the rows
+ * of an expert may be taken in any split. */
+typedef void (*expert_rows_fn)(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n);
+
+static void experts_fwd(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n) {
+    const int C = m->C, H = hidden_l(m), FH = first_l(m);
+    loom_part_linear_fwd(m, a->hp + (size_t)r0 * FH, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j], n,
+                         C, FH);
+    expert_act_fwd(m, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * FH, n, H);
+    /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
+    loom_part_linear_fwd(m, m->moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
+                         m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
+}
+
+static void experts_bwd_input(loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int n) {
+    const int C = m->C, H = hidden_l(m), FH = first_l(m);
+    float *tH = m->moe->tH, *t2 = m->moe->t2;
+    loom_part_linear_bwd(m, tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL, bl->w.cp_w[j], n,
+                         H, C);
+    expert_act_bwd(m, a->dhp + (size_t)r0 * FH, a->hp + (size_t)r0 * FH, tH + (size_t)r0 * H, n, H);
+    loom_part_linear_bwd(m, t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * FH, NULL, bl->w.fc_w[j], n,
+                         C, FH);
+}
+
+static void rows_run(expert_rows_fn fn, loom_gpt *m, moe_block *bl, moe_acts *a, int j, int r0, int r1) {
+    if (r1 > r0) fn(m, bl, a, j, r0, r1 - r0);
+}
+
+/* moe->sendA's rows dispatched to out (expert-major), then fn over each
+ * local expert's rows. With the EP group's overlap on, the rows this rank
+ * sent itself are computed while the others are in flight
+ * (loom_ep_dispatch_start), then the rest; off, one blocking dispatch and
+ * each expert's rows in one call. */
+static loom_status dispatch_run(loom_gpt *m, moe_block *bl, moe_acts *a, loom_moe_stats *st, float *out,
+                                expert_rows_fn fn) {
+    struct loom_moe *moe = m->moe;
+    const loom_ep_routes *rt = &a->rt;
+    const int El = moe->El, me = moe->ep.rank;
+    if (!moe->ep.overlap || !moe->ep.comm) {
+        LOOM_TRY(loom_ep_dispatch(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a));
+        for (int j = 0; j < El; j++) rows_run(fn, m, bl, a, j, rt->estart[j], rt->estart[j + 1]);
+        return LOOM_OK;
+    }
+    loom_req *req = NULL;
+    LOOM_TRY(loom_ep_dispatch_start(&moe->ep, rt, moe->sendA, moe->t1, out, m->C, &st->a2a, &req));
+    for (int j = 0; j < El; j++) {
+        const int own = rt->eoff[me * El + j];
+        rows_run(fn, m, bl, a, j, own, own + rt->rc[me * El + j]);
+    }
+    LOOM_TRY(loom_ep_dispatch_finish(&moe->ep, rt, moe->t1, out, m->C, &st->a2a, req));
+    for (int j = 0; j < El; j++) {
+        const int own = rt->eoff[me * El + j], end = own + rt->rc[me * El + j];
+        rows_run(fn, m, bl, a, j, rt->estart[j], own);
+        rows_run(fn, m, bl, a, j, end, rt->estart[j + 1]);
+    }
+    return LOOM_OK;
+}
+
 /* ---- forward ----------------------------------------------------------------- */
 
 loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const float *x, float *out) {
@@ -416,10 +594,10 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int C = m->C, E = c->n_expert, k = c->top_k;
     const int El = moe->El;
     a->x = x;
-    double zsum = route_probs(m->dev, a, bl->w.router, N, C, E);
+    double zsum = route_probs(m, a, bl->w.router, N, C, E);
     route_topk(m->dev, a, bl->bias, N, E, k, c->norm_topk);
     const int G = moe->G, Ng = N / G;
     const int cap = m->opts.forward_only ? Ng : loom_moe_capacity(c, Ng); /* inference: dropless */
@@ -444,21 +622,12 @@ loom_status loom_moe_fwd(loom_gpt *m, loom_gpt_slot *s, int li, int N, const flo
     const int A = a->start[E];
     loom_tensor_gather_rows(m->dev, moe->sendA, x, a->tok_d, A, C);
     LOOM_TRY(loom_ep_counts(&moe->ep, a->start, &a->rt, &st->a2a));
-    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->xp, C, &st->a2a));
-    /* the local experts, each over its contiguous rows */
-    for (int j = 0; j < El; j++) {
-        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
-        if (n == 0) continue;
-        loom_matmul_fwd(m->dev, a->hp + (size_t)r0 * H, a->xp + (size_t)r0 * C, bl->w.fc_w[j], bl->w.fc_b[j],
-                        n, C, H);
-        loom_gelu_fwd(m->dev, a->gp + (size_t)r0 * H, a->hp + (size_t)r0 * H, (size_t)n * H);
-        /* row-parallel c_proj: partial sums over tp, its bias added once (tp rank 0) */
-        loom_matmul_fwd(m->dev, moe->t2 + (size_t)r0 * C, a->gp + (size_t)r0 * H, bl->w.cp_w[j],
-                        m->part.tp.rank == 0 ? bl->w.cp_b[j] : NULL, n, H, C);
-    }
+    /* the local experts over the rows they receive */
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->xp, experts_fwd));
     /* combine: outputs back to their tokens' ranks, weighted by the gates */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, a->ye, C, &st->a2a));
     loom_tensor_combine_rows(m->dev, out, a->ye, a->row_d, a->gate, N, k, C);
+    if (a->hs) shared_fwd(m, bl, a, N, x, out);
     /* statistics (a2a bytes and time above count every exchange, a recompute's too) */
     if (a->counted) return LOOM_OK; /* the recompute of a counted forward */
     a->counted = m->opts.recompute == LOOM_RECOMPUTE_FULL;
@@ -512,28 +681,18 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
     moe_acts *a = &bl->acts[s - m->slots];
     loom_moe_stats *st = &moe->stats[moe->of_local[li]];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m);
+    const int N = m->N, C = m->C, E = c->n_expert, k = c->top_k, H = hidden_l(m), FH = first_l(m);
     const int El = moe->El, A = a->start[E];
     a->counted = 0; /* the next forward of this slot is a new micro-batch */
     /* combine: d(expert output) = gate dout_i, sent to the experts' owners;
      * dgate = dout_i . ye_r */
     loom_tensor_combine_rows_bwd(m->dev, moe->sendA, moe->dgate, dout, a->ye, a->row_d, a->gate, N, k, C);
-    LOOM_TRY(loom_ep_dispatch(&moe->ep, &a->rt, moe->sendA, moe->t1, a->dyp, C, &st->a2a));
-    /* the local experts' input gradients */
+    /* the local experts' input gradients (accumulated into zeros) */
     const size_t R = (size_t)a->rt.estart[El];
     loom_tensor_zero(m->dev, moe->tH, R * H);
-    loom_tensor_zero(m->dev, a->dhp, R * H);
+    loom_tensor_zero(m->dev, a->dhp, R * FH);
     loom_tensor_zero(m->dev, moe->t2, R * C);
-    for (int j = 0; j < El; j++) {
-        int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
-        if (n == 0) continue;
-        loom_matmul_bwd(m->dev, moe->tH + (size_t)r0 * H, NULL, NULL, a->dyp + (size_t)r0 * C, NULL,
-                        bl->w.cp_w[j], n, H, C);
-        loom_gelu_bwd(m->dev, a->dhp + (size_t)r0 * H, a->hp + (size_t)r0 * H, moe->tH + (size_t)r0 * H,
-                      (size_t)n * H);
-        loom_matmul_bwd(m->dev, moe->t2 + (size_t)r0 * C, NULL, NULL, a->dhp + (size_t)r0 * H, NULL,
-                        bl->w.fc_w[j], n, C, H);
-    }
+    LOOM_TRY(dispatch_run(m, bl, a, st, a->dyp, experts_bwd_input));
     /* back to the tokens' ranks (sendA is free again) */
     LOOM_TRY(loom_ep_combine(&moe->ep, &a->rt, moe->t2, moe->t1, moe->sendA, C, &st->a2a));
     /* un-dispatch: each dispatched row's input gradient back to its token;
@@ -545,7 +704,8 @@ loom_status loom_moe_bwd_input(loom_gpt *m, loom_gpt_slot *s, int li, const floa
      * every rank, joins dx on tp rank 0 only (the caller's sum adds it once) */
     LOOM_TRY(loom_tp_copy_bwd(&m->part.tp, moe->dgate, (size_t)N * k));
     router_bwd(moe, a, c, N, moe->dloss * (float)N);
-    if (m->part.tp.rank == 0) loom_matmul_bwd(m->dev, dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    if (m->part.tp.rank == 0) loom_part_linear_bwd(m, dx, NULL, NULL, a->dlogit, NULL, bl->w.router, N, C, E);
+    if (a->hs) LOOM_TRY(shared_bwd_input(m, bl, a, N, dout, dx));
     return LOOM_OK;
 }
 
@@ -553,15 +713,16 @@ loom_status loom_moe_bwd_weight(loom_gpt *m, loom_gpt_slot *s, int li, const flo
     moe_block *bl = block_of(m, li);
     moe_acts *a = &bl->acts[s - m->slots];
     const loom_model_config *c = &m->cfg;
-    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), El = m->moe->El;
-    loom_matmul_bwd(m->dev, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
+    const int N = m->N, C = m->C, E = c->n_expert, H = hidden_l(m), FH = first_l(m), El = m->moe->El;
+    loom_part_linear_bwd(m, NULL, bl->g.router, NULL, a->dlogit, x, bl->w.router, N, C, E);
+    if (a->hs) shared_bwd_weight(m, bl, a, N, x);
     for (int j = 0; j < El; j++) {
         int r0 = a->rt.estart[j], n = a->rt.estart[j + 1] - r0;
         if (n == 0) continue;
-        loom_matmul_bwd(m->dev, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
-                        a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
-        loom_matmul_bwd(m->dev, NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * H,
-                        a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, H);
+        loom_part_linear_bwd(m, NULL, bl->g.cp_w[j], bl->g.cp_b[j], a->dyp + (size_t)r0 * C,
+                             a->gp + (size_t)r0 * H, bl->w.cp_w[j], n, H, C);
+        loom_part_linear_bwd(m, NULL, bl->g.fc_w[j], bl->g.fc_b[j], a->dhp + (size_t)r0 * FH,
+                             a->xp + (size_t)r0 * C, bl->w.fc_w[j], n, C, FH);
     }
     return LOOM_OK;
 }
@@ -598,6 +759,7 @@ void loom_moe_stats_reset(loom_gpt *m) {
         memset(st->routed, 0, (size_t)2 * st->n_expert * sizeof *st->routed);
         st->assignments = st->dropped = st->sent_rows = st->recv_rows = st->a2a.bytes = 0;
         st->a2a.seconds = 0;
+        st->a2a.overlapped = 0;
         st->aux = st->z = 0;
         st->groups = 0;
         for (int s = 0; s < m->opts.n_slots; s++) m->moe->blocks[b].acts[s].counted = 0;

@@ -1,7 +1,8 @@
 /* ep.c - the expert-parallel dispatch / combine region (include/loom/ep.h):
- * the alltoall of the row counts, the alltoallv of the rows themselves and
- * the reordering between source-major (as received) and expert-major (as
- * the experts read them). Axis: ep. loom_ep_counts, loom_ep_dispatch and
+ * the alltoall of the row counts, the alltoallv of the rows themselves
+ * (blocking, or dispatch's started so that the local experts compute while
+ * it flies) and the reordering between source-major (as received) and
+ * expert-major (as the experts read them). Axis: ep. loom_ep_counts, loom_ep_dispatch and
  * loom_ep_combine are collective over the EP group; with no group they copy.
  */
 #include "loom/ep.h"
@@ -44,11 +45,11 @@ loom_status loom_ep_counts(const loom_ep *ep, const int32_t *start, loom_ep_rout
     return LOOM_OK;
 }
 
-/* One alltoallv of rows of `width` floats: to_experts sends each rank the
- * rows of its experts (destination-major) and receives its own experts'
- * rows source-major; !to_experts sends those back. With no group a copy. */
-static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const float *send, float *recv,
-                            int width, int to_experts, loom_ep_tally *t) {
+/* The byte counts and displacements (ep->a2a) of one alltoallv of rows of
+ * `width` floats: to_experts sends each rank the rows of its experts
+ * (destination-major) and receives its own experts' rows source-major;
+ * !to_experts sends those back. Returns the bytes sent. */
+static size_t plan_exchange(const loom_ep *ep, const loom_ep_routes *r, int width, int to_experts) {
     const int P = ep->size, El = ep->n_local;
     size_t *sb = ep->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
     size_t fl = (size_t)width * sizeof(float), so = 0, ro = 0;
@@ -62,12 +63,24 @@ static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const fl
         so += sb[q];
         ro += rb[q];
     }
+    return so;
+}
+
+/* One alltoallv as plan_exchange describes it; with no group a copy. With
+ * req, started (*req; NULL with no group) rather than run. */
+static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const float *send, float *recv,
+                            int width, int to_experts, loom_ep_tally *t, loom_req **req) {
+    const int P = ep->size;
+    size_t *sb = ep->a2a, *sd = sb + P, *rb = sd + P, *rd = rb + P;
+    size_t so = plan_exchange(ep, r, width, to_experts);
+    if (req) *req = NULL;
     if (!ep->comm) {
         loom_tensor_copy(ep->dev, recv, send, so / sizeof(float));
         return LOOM_OK;
     }
     double t0 = loom_comm_wtime();
-    LOOM_TRY(loom_comm_alltoallv(ep->comm, send, sb, sd, recv, rb, rd));
+    if (req) LOOM_TRY(loom_comm_ialltoallv(ep->comm, send, sb, sd, recv, rb, rd, req));
+    else LOOM_TRY(loom_comm_alltoallv(ep->comm, send, sb, sd, recv, rb, rd));
     if (t) {
         t->seconds += loom_comm_wtime() - t0;
         t->bytes += (int64_t)so;
@@ -75,12 +88,14 @@ static loom_status exchange(const loom_ep *ep, const loom_ep_routes *r, const fl
     return LOOM_OK;
 }
 
-/* Rows between source-major and expert-major order. */
+/* Rows between source-major and expert-major order; the blocks of source
+ * `skip` (-1: none) are left alone. */
 static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src, float *dst, int width,
-                    int to_expert_major) {
+                    int to_expert_major, int skip) {
     const int P = ep->size, El = ep->n_local;
     for (int s = 0; s < P; s++)
         for (int j = 0; j < El; j++) {
+            if (s == skip) continue;
             size_t n = (size_t)r->rc[s * El + j], so = (size_t)r->soff[s * El + j],
                    eo = (size_t)r->eoff[s * El + j];
             size_t from = to_expert_major ? so : eo, to = to_expert_major ? eo : so;
@@ -90,13 +105,40 @@ static void permute(const loom_ep *ep, const loom_ep_routes *r, const float *src
 
 loom_status loom_ep_dispatch(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
                              float *out, int width, loom_ep_tally *t) {
-    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t));
-    permute(ep, r, recv, out, width, 1);
+    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t, NULL));
+    permute(ep, r, recv, out, width, 1, -1);
+    return LOOM_OK;
+}
+
+loom_status loom_ep_dispatch_start(const loom_ep *ep, const loom_ep_routes *r, const float *rows, float *recv,
+                                   float *out, int width, loom_ep_tally *t, loom_req **req) {
+    const int El = ep->n_local, me = ep->rank;
+    LOOM_TRY(exchange(ep, r, rows, recv, width, 1, t, req));
+    if (!*req) { /* no group: copied already, every row is this rank's own */
+        permute(ep, r, recv, out, width, 1, -1);
+        return LOOM_OK;
+    }
+    if (t) t->overlapped++;
+    /* this rank's own rows, straight from the sender's order (expert-major
+     * over the global experts) to theirs in out */
+    for (int j = 0; j < El; j++)
+        loom_tensor_copy(ep->dev, out + (size_t)r->eoff[me * El + j] * width,
+                         rows + (size_t)r->start[me * El + j] * width, (size_t)r->rc[me * El + j] * width);
+    return LOOM_OK;
+}
+
+loom_status loom_ep_dispatch_finish(const loom_ep *ep, const loom_ep_routes *r, const float *recv, float *out,
+                                    int width, loom_ep_tally *t, loom_req *req) {
+    if (!req) return LOOM_OK; /* no group: _start did it all */
+    double t0 = loom_comm_wtime();
+    LOOM_TRY(loom_comm_wait(req));
+    if (t) t->seconds += loom_comm_wtime() - t0;
+    permute(ep, r, recv, out, width, 1, ep->rank);
     return LOOM_OK;
 }
 
 loom_status loom_ep_combine(const loom_ep *ep, const loom_ep_routes *r, const float *in, float *send,
                             float *rows, int width, loom_ep_tally *t) {
-    permute(ep, r, in, send, width, 0);
-    return exchange(ep, r, send, rows, width, 0, t);
+    permute(ep, r, in, send, width, 0, -1);
+    return exchange(ep, r, send, rows, width, 0, t, NULL);
 }

@@ -33,6 +33,15 @@ loom_status loom_tp_grad_allreduce(const loom_tp *tp, float *g, size_t n) {
     return alone(tp) ? LOOM_OK : loom_comm_allreduce(tp->comm, g, n, LOOM_F32, LOOM_SUM);
 }
 
+loom_status loom_tp_grad_replica_sum(const loom_tp *tp, float *g, float *scratch, size_t n, int rep) {
+    if (alone(tp) || rep < 2) return LOOM_OK;
+    LOOM_TRY(loom_comm_allgather_as(tp->comm, g, scratch, n, LOOM_F32));
+    const int first = tp->rank / rep * rep;
+    loom_tensor_copy(tp->dev, g, scratch + (size_t)first * n, n);
+    for (int r = first + 1; r < first + rep; r++) loom_tensor_add(tp->dev, g, scratch + (size_t)r * n, n);
+    return LOOM_OK;
+}
+
 static loom_status gather_rows(const loom_tp *tp, const float *x_l, float *x, size_t n_l) {
     if (alone(tp)) {
         if (x != x_l) loom_tensor_copy(tp->dev, x, x_l, n_l);

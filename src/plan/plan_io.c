@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "loom/model.h"
 #include "loom/version.h"
@@ -116,10 +117,20 @@ static loom_status read_config(const char *path, cJSON **out) {
 
 loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
     cJSON *root = NULL;
-    LOOM_TRY(read_config(path, &root));
+    struct stat sb;
+    char file[4200] = "";
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face directory: its config.json */
+        if (snprintf(file, sizeof file, "%s/config.json", path) >= (int)sizeof file)
+            return loom_fail(LOOM_EUSAGE, "--model %s: path too long", path);
+        LOOM_TRY(read_config(file, &root));
+    } else {
+        LOOM_TRY(read_config(path, &root));
+    }
     memset(m, 0, sizeof *m);
     const char *base = strrchr(path, '/');
     snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    if (file[0]) /* a directory: its path, as --model takes it */
+        snprintf(m->name, sizeof m->name, "%s", path);
     static const char *k_layers[] = {"num_hidden_layers", "n_layer", NULL};
     static const char *k_hidden[] = {"hidden_size", "n_embd", NULL};
     static const char *k_heads[] = {"num_attention_heads", "n_head", NULL};
@@ -154,7 +165,9 @@ loom_status loom_plan_model_load(const char *path, loom_plan_model *m) {
         if (!m->max_seq) m->max_seq = 2048;
         m->gated = !gpt2;
         m->learned_pos = gpt2;
-        m->loom_trains = gpt2;
+        const int llama = !strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2");
+        const int moe = !strcmp(type, "mixtral") || !strcmp(type, "qwen2_moe");
+        m->loom_trains = gpt2 || (llama && !m->experts) || moe; /* loom train runs these */
         const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
         m->tied = tie ? cJSON_IsTrue(tie) : gpt2;
         if (m->experts == 1) m->experts = 0;

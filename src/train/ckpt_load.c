@@ -249,6 +249,14 @@ static loom_status write_hf_config(const char *out, const cJSON *model) {
     else dir[0] = '\0';
     char path[CKPT_PATH + 16];
     snprintf(path, sizeof path, "%sconfig.json", dir);
+    const cJSON *hf = cJSON_GetObjectItem(model, "hf_config"); /* the Llama family's, as saved */
+    if (cJSON_IsObject(hf)) {
+        char *text = cJSON_Print(hf);
+        if (!text) return loom_fail(LOOM_EOS, "out of memory");
+        loom_status st = ckpt_write_text(path, text);
+        free(text);
+        return st;
+    }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
@@ -272,6 +280,13 @@ static loom_status write_hf_config(const char *out, const cJSON *model) {
 /* The model a manifest's run identity describes, checked as any config. */
 static loom_status manifest_model(const cJSON *man, const char *dir, loom_model_config *mc) {
     const cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "run"), "model");
+    const cJSON *hf = cJSON_GetObjectItem(m, "hf_config"); /* the Llama family's, as saved */
+    if (hf) {
+        char what[CKPT_DIR + 64];
+        snprintf(what, sizeof what, "%s/manifest.json: run.model.hf_config", dir);
+        LOOM_TRY(loom_model_config_from_hf_json(what, hf, mc));
+        return loom_moe_config_check(mc);
+    }
     memset(mc, 0, sizeof *mc);
     snprintf(mc->name, sizeof mc->name, "checkpoint");
     struct {

@@ -52,11 +52,7 @@ static loom_status data_identity(const char *path, cJSON *o) {
 static cJSON *make_identity(const loom_train_config *c, const loom_model_config *mc) {
     cJSON *id = cJSON_CreateObject();
     cJSON *m = cJSON_AddObjectToObject(id, "model");
-    num(m, "n_layer", mc->n_layer);
-    num(m, "n_head", mc->n_head);
-    num(m, "n_embd", mc->n_embd);
-    num(m, "vocab_size", mc->vocab_size);
-    num(m, "n_positions", mc->n_positions);
+    loom_train_model_shape_json(m, mc); /* as the metrics header writes it */
     num(m, "n_expert", mc->n_expert);
     num(m, "top_k", mc->top_k);
     num(m, "moe_every", mc->moe_every);
@@ -66,6 +62,8 @@ static cJSON *make_identity(const loom_train_config *c, const loom_model_config 
     num(m, "z_coef", mc->z_coef);
     num(m, "capacity_factor", mc->capacity_factor);
     num(m, "bias_rate", mc->bias_rate);
+    cJSON *hf = mc->family == LOOM_FAMILY_LLAMA ? loom_model_config_hf_json(mc) : NULL;
+    if (hf) cJSON_AddItemToObject(m, "hf_config", hf); /* loom export writes it as config.json */
     cJSON *t = cJSON_AddObjectToObject(id, "train");
     num(t, "steps", c->steps);
     num(t, "batch", c->batch);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "loom/data.h"
+#include "loom/hf_dir.h"
 #include "loom/train.h"
 
 static loom_status eval_check(const loom_eval_config *c, int world, const loom_model_config *mc) {
@@ -24,7 +25,8 @@ static loom_status eval_check(const loom_eval_config *c, int world, const loom_m
         __builtin_mul_overflow(need, (size_t)c->seq, &need) || need == SIZE_MAX)
         return loom_fail(LOOM_EUSAGE, "--batch %d x --batches %d x --seq %d tokens is more than %zu",
                          c->batch, c->batches, c->seq, (size_t)SIZE_MAX);
-    if (!c->load_params[0]) return loom_fail(LOOM_EUSAGE, "--load-params FILE is required");
+    if (!loom_hf_params_path(c->load_params, c->model)[0])
+        return loom_fail(LOOM_EUSAGE, "--load-params FILE is required (or --model DIR with its weights)");
     if (!c->data[0]) return loom_fail(LOOM_EUSAGE, "--data PATH is required");
     return LOOM_OK;
 }
@@ -51,7 +53,8 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm
     /* the language-model loss alone: no MoE router losses (those are training terms) */
     loom_gpt_opts opts = {.B = Bl, .T = T, .n_slots = 1, .loss_lm_only = 1};
     if (st == LOOM_OK) st = loom_gpt_create(&mc, &part, &opts, &m);
-    if (st == LOOM_OK) st = loom_params_load(&m, 1, NULL, NULL, c->load_params);
+    if (st == LOOM_OK)
+        st = loom_params_load(&m, 1, NULL, NULL, loom_hf_params_path(c->load_params, c->model));
     int32_t *in = malloc((size_t)Bl * T * sizeof *in), *tg = malloc((size_t)Bl * T * sizeof *tg);
     if (st == LOOM_OK && (!in || !tg)) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     st = loom_comm_agree(world, st);
@@ -73,7 +76,7 @@ loom_status loom_eval_run(const loom_eval_config *c, loom_device *dev, loom_comm
                             isnan(mean) ? "nan"
                             : mean > 0  ? "inf"
                                         : "-inf",
-                            c->load_params, c->data, c->batch, c->batches, T);
+                            loom_hf_params_path(c->load_params, c->model), c->data, c->batch, c->batches, T);
         st = loom_comm_agree(world, bad);
     }
     if (st == LOOM_OK) *mean_loss = mean;

@@ -58,7 +58,7 @@ loom_status loom_report_open(loom_report *r, const loom_train_config *c, int ran
 struct loom_train_run_state;
 loom_status loom_report_header(loom_report *r, const struct loom_train_run_state *s);
 /* The model's shape into m: name, n_layer, n_head, n_embd, vocab_size,
- * n_positions (the header's and a checkpoint manifest's "model"). */
+ * n_positions (the metrics header's "model" and a checkpoint's run identity). */
 struct cJSON;
 void loom_train_model_shape_json(struct cJSON *m, const loom_model_config *mc);
 loom_status loom_report_step(loom_report *r, int step, const loom_step_stats *s);

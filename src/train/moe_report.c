@@ -11,7 +11,9 @@
  *   aux_loss, z_loss   mean over the routing groups
  *   a2a_bytes  alltoall(v) bytes the block's dispatch and combine sent,
  *              summed over the ranks (moe.h's formula); a2a_ms the largest
- *              rank's time inside them
+ *              rank's time inside them; a2a_overlapped the dispatches started
+ *              non-blocking, the local experts computing while they flew
+ *              (summed over the ranks; 0 with LOOM_EP_OVERLAP=0)
  * and once per step "ep_bytes", the EP group's alltoall(v) bytes over every
  * rank as the communicator counted them (the independent instrument for a2a_bytes),
  * "edp_bytes", this rank's expert-gradient all-reduce bytes, and the step's
@@ -45,8 +47,9 @@ loom_status loom_train_moe_check(const loom_train_config *c, const loom_model_co
     return LOOM_OK;
 }
 
-/* Per block: routed E, kept E, assignments, dropped, aux, z, groups, a2a bytes. */
-#define PER_BLOCK(E) (2 * (E) + 6)
+/* Per block: routed E, kept E, assignments, dropped, aux, z, groups, a2a
+ * bytes, overlapped dispatches. */
+#define PER_BLOCK(E) (2 * (E) + 7)
 
 /* The router losses' share of the step's loss: sum over every part's MoE
  * blocks of (aux + z) summed over the routing groups of the step, over the
@@ -82,6 +85,7 @@ static void block_values(const loom_moe_stats *ms, int n, int E, double *v, doub
         x[2 * E + 3] = ms[b].z;
         x[2 * E + 4] = ms[b].groups;
         x[2 * E + 5] = (double)ms[b].a2a.bytes;
+        x[2 * E + 6] = (double)ms[b].a2a.overlapped;
         tmax[b] = ms[b].a2a.seconds;
     }
 }
@@ -156,8 +160,9 @@ loom_status loom_train_moe_step(loom_train_run_state *s, int step, loom_step_sta
         PUT("], \"routed\": [");
         for (int e = 0; e < E; e++) PUT("%s%.0f", e ? ", " : "", x[e]);
         PUT("], \"imbalance\": %.6g, \"dropped\": %.6g, \"aux_loss\": %.9g, \"z_loss\": %.9g, "
-            "\"a2a_bytes\": %.0f, \"a2a_ms\": %.4f}",
-            imb, drop, x[2 * E + 2] / groups, x[2 * E + 3] / groups, x[2 * E + 5], 1e3 * tmax[b]);
+            "\"a2a_bytes\": %.0f, \"a2a_ms\": %.4f, \"a2a_overlapped\": %.0f}",
+            imb, drop, x[2 * E + 2] / groups, x[2 * E + 3] / groups, x[2 * E + 5], 1e3 * tmax[b],
+            x[2 * E + 6]);
         warn_block(s, step, b, ms[b].layer, imb, drop, st->seconds > 0 ? tmax[b] / st->seconds : 0);
     }
     PUT("], \"ep_bytes\": %.0f, \"edp_bytes\": %.0f, \"router_loss\": %.9g, \"lm_loss\": %.9g, ",

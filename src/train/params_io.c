@@ -17,8 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <sys/stat.h>
+
 #include "loom/device.h"
 #include "loom/dp.h"
+#include "loom/hf_dir.h"
 #include "loom/moe.h"
 #include "loom/safetensors.h"
 #include "loom/train.h"
@@ -56,7 +60,8 @@ static const loom_param *whole_find(const whole_model *w, const char *name) {
 int loom_train_param_holder(const loom_gpt *m, const loom_mesh *mesh, int sharded, const loom_param *p) {
     if (mesh && !sharded && (mesh->dp_rank != 0 || mesh->cp_rank != 0)) return 0;
     if (p->split_dim < 0 && m->part.tp.rank != 0) return 0;
-    return strcmp(p->name, "wte.weight") != 0 || m->part.has_embed;
+    if (p->split_rep > 1 && m->part.tp.rank % p->split_rep != 0) return 0; /* a replica: the first writes */
+    return strcmp(p->name, loom_model_embed_name(&m->cfg)) != 0 || m->part.has_embed;
 }
 
 /* Whether this rank writes p's elements: loom_train_param_holder, and for
@@ -181,6 +186,25 @@ static loom_status write_file(const whole_model *w, const loom_model_config *c, 
     return loom_st_writer_finish(wr);
 }
 
+/* A file, or a Hugging Face directory (path an existing directory or
+ * ending in '/'; created if missing): its model.safetensors and
+ * config.json, which transformers' from_pretrained loads. */
+static loom_status write_dest(const whole_model *w, const loom_model_config *c, const char *path) {
+    struct stat sb;
+    size_t n = strlen(path);
+    if (!(n && path[n - 1] == '/') && !(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
+        return write_file(w, c, path);
+    char file[4200];
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return loom_fail(LOOM_EOS, "--save-params %s: cannot create the directory: %s", path,
+                         strerror(errno));
+    if (snprintf(file, sizeof file, "%s/model.safetensors", path) >= (int)sizeof file)
+        return loom_fail(LOOM_EUSAGE, "--save-params %s: path too long", path);
+    LOOM_TRY(write_file(w, c, file));
+    snprintf(file, sizeof file, "%s/config.json", path);
+    return loom_model_config_write_hf(c, file);
+}
+
 loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mesh *mesh,
                              const loom_dp_engine *dp, const char *path) {
     whole_model w;
@@ -203,20 +227,24 @@ loom_status loom_params_save(loom_gpt *const *parts, int n_parts, const loom_mes
     }
     if (mesh && mesh->world_size > 1)
         st = loom_comm_allreduce(mesh->world, w.full, w.total, LOOM_F32, LOOM_SUM);
-    if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_file(&w, &parts[0]->cfg, path);
+    if (st == LOOM_OK && (!mesh || mesh->rank == 0)) st = write_dest(&w, &parts[0]->cfg, path);
     whole_close(&w);
     return st;
 }
 
-/* Tensors a GPT-2 file may carry that are not parameters of the table. */
-static int is_skippable(const char *name) {
+/* Tensors a file may carry that are not parameters of the table: GPT-2's
+ * attention masks, the Llama family's rotary buffers (older saves), and a
+ * tied head's copy of the embedding. */
+static int is_skippable(const loom_model_config *c, const char *name) {
     size_t n = strlen(name);
-    const char *suffixes[] = {".attn.bias", ".attn.masked_bias"};
-    for (size_t i = 0; i < 2; i++) {
+    const char *gpt2[] = {".attn.bias", ".attn.masked_bias"}, *llama[] = {".rotary_emb.inv_freq"};
+    const int llama_family = c->family == LOOM_FAMILY_LLAMA;
+    const char **suffixes = llama_family ? llama : gpt2;
+    for (size_t i = 0; i < (llama_family ? 1u : 2u); i++) {
         size_t k = strlen(suffixes[i]);
         if (n > k && strcmp(name + n - k, suffixes[i]) == 0) return 1;
     }
-    return strcmp(name, "lm_head.weight") == 0;
+    return !c->untied && strcmp(name, "lm_head.weight") == 0;
 }
 
 static const char *strip_prefix(const char *name) {
@@ -234,7 +262,7 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
 static loom_status read_one(whole_model *w, const loom_model_config *c, const loom_st_file *f,
                             const char *path, const loom_st_tensor *t, unsigned char *seen) {
     const char *name = strip_prefix(t->name);
-    if (is_skippable(name)) return LOOM_OK;
+    if (is_skippable(c, name)) return LOOM_OK;
     const loom_param *p = whole_find(w, name);
     if (!p)
         return loom_fail(LOOM_EDATA, "%s: tensor \"%s\" is not a parameter of model %s", path, t->name,
@@ -259,19 +287,32 @@ static loom_status read_one(whole_model *w, const loom_model_config *c, const lo
     return LOOM_OK;
 }
 
-static loom_status read_file_full(whole_model *w, const loom_model_config *c, const char *path) {
+static loom_status read_one_file(whole_model *w, const loom_model_config *c, const char *path,
+                                 unsigned char *seen) {
     loom_st_file *f;
     LOOM_TRY(loom_st_open(path, &f));
-    unsigned char *seen = calloc((size_t)w->n, 1);
-    loom_status st = seen ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
+    loom_status st = LOOM_OK;
     for (int i = 0; i < loom_st_count(f) && st == LOOM_OK; i++)
         st = read_one(w, c, f, path, loom_st_at(f, i), seen);
+    loom_st_close(f);
+    return st;
+}
+
+/* One safetensors file, or a Hugging Face directory's (sharded) weights. */
+static loom_status read_file_full(whole_model *w, const loom_model_config *c, const char *path) {
+    struct stat sb;
+    loom_hf_files files = {0, NULL};
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) LOOM_TRY(loom_hf_weight_files(path, &files));
+    unsigned char *seen = calloc((size_t)w->n, 1);
+    loom_status st = seen ? LOOM_OK : loom_fail(LOOM_EOS, "out of memory");
+    if (files.n == 0 && st == LOOM_OK) st = read_one_file(w, c, path, seen);
+    for (int i = 0; i < files.n && st == LOOM_OK; i++) st = read_one_file(w, c, files.path[i], seen);
     for (int i = 0; i < w->n && st == LOOM_OK; i++)
         if (!seen[i])
             st = loom_fail(LOOM_EDATA, "%s: missing tensor \"%s\" needed by model %s", path, w->p[i].name,
                            c->name);
     free(seen);
-    loom_st_close(f);
+    loom_hf_files_free(&files);
     return st;
 }
 

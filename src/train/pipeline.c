@@ -117,8 +117,8 @@ static loom_status tie_embeddings(loom_train_run_state *s) {
     }
     if (first == last && first) return LOOM_OK; /* one part holds both: already summed */
     loom_gpt *mine = first ? first : last;
-    if (!mine) return LOOM_OK;
-    const loom_param *p = loom_gpt_find_param(mine, "wte.weight");
+    if (!mine || mine->cfg.untied) return LOOM_OK; /* an untied head: nothing shared */
+    const loom_param *p = loom_gpt_find_param(mine, loom_model_embed_name(&mine->cfg));
     if (first && last) {                           /* both ends on this rank (pp = 1, v > 1) */
         float *a = first->g.wte, *b = last->g.wte; /* same shape on both */
         loom_tensor_add2(s->dev, a, b, p->numel);

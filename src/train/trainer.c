@@ -21,6 +21,7 @@
 #include "loom/data.h"
 #include "loom/dp.h"
 #include "loom/edp.h"
+#include "loom/hf_dir.h"
 #include "loom/kernels.h"
 #include "loom/log.h"
 #include "loom/sysmem.h"
@@ -95,6 +96,8 @@ loom_status loom_check_output_path(const char *path, const char *flag) {
     if (!path[0]) return LOOM_OK;
     char dir[LOOM_PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
+    size_t n = strlen(dir); /* a directory to create ("DIR/"): its parent must be writable */
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = '\0';
     char *slash = strrchr(dir, '/');
     if (!slash) snprintf(dir, sizeof dir, ".");
     else if (slash == dir) dir[1] = '\0';
@@ -122,6 +125,9 @@ static loom_status open_data(const loom_train_config *c, const loom_model_config
 static loom_status init_params(const loom_train_config *c, loom_train_run_state *s) {
     if (c->resume[0]) return loom_ckpt_load(s, &s->start_step);
     if (c->load_params[0]) return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, c->load_params);
+    const char *dir = s->model_cfg.dir;
+    if (dir[0] && loom_hf_has_weights(dir)) /* --model DIR: its weights, as from_pretrained */
+        return loom_params_load(s->parts, s->n_parts, s->mesh, s->dp, dir);
     for (int i = 0; i < s->n_parts; i++) {
         int n;
         const loom_param_run *runs = loom_dp_param_runs(s->dp, i, &n);
@@ -376,10 +382,10 @@ static loom_status setup(loom_train_run_state *s, const loom_train_config *c, lo
         if (!s->inputs || !s->targets) st = loom_fail(LOOM_EOS, "out of memory for the batch");
     }
     LOOM_TRY(loom_comm_agree(world, st));
+    s->model_cfg = mc;
     LOOM_TRY(init_params(c, s));
     if (c->trace[0]) LOOM_TRY(loom_train_trace_setup(s)); /* ranks' clocks aligned, offsets reported */
     s->flops_per_token = loom_gpt_flops_per_token(&mc, c->seq);
-    s->model_cfg = mc;
     return loom_peak_flops(world, s->dev, c->peak_flops, &s->peak_flops, &s->fma_flops);
 }
 

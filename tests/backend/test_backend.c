@@ -366,7 +366,7 @@ static void check_routing(void) {
         {"pos_fwd", 1},
         {"layernorm_fwd", 2 * L + 1},
         {"matmul_fwd", 4 * L},
-        {"attention_fwd", L},
+        {"attention_part_fwd", L}, /* the view kernel: heads, KV heads and positions as data */
         {"gelu_fwd", L},
         {"tensor_add_bias_residual", 2 * L},
         {"matmul_nt_fwd", 1},
@@ -384,7 +384,7 @@ static void check_routing(void) {
         {"layernorm_bwd", 4 * L + 2},
         {"matmul_bwd", 8 * L},
         {"gelu_bwd", L},
-        {"attention_bwd", L},
+        {"attention_part_bwd", L},
         {"tensor_colsum_acc", 2 * L},
         {"embed_bwd", 1},
         {"pos_bwd", 1},
@@ -396,7 +396,8 @@ static void check_routing(void) {
         /* not used by a dense single-device model */
         {"residual_fwd", 0},
         {"residual_bwd", 0},
-        {"attention_part_fwd", 0},
+        {"attention_fwd", 0},
+        {"attention_bwd", 0},
         {"adamw_update", 0},
         {"memcpy_d2h", 0},
     };

@@ -234,29 +234,84 @@ static void test_alltoall(void) {
 /* uneven sizes, zeros included; receive blocks separated by a 2-byte gap */
 static size_t v_bytes(int src, int dst) { return (size_t)((src + 2 * dst) % 4) * 3; }
 
-static void test_alltoallv(void) {
-    size_t *sb = calloc((size_t)n, sizeof *sb), *sd = calloc((size_t)n, sizeof *sd);
-    size_t *rb = calloc((size_t)n, sizeof *rb), *rd = calloc((size_t)n, sizeof *rd);
-    size_t send_total = 0, recv_total = 0;
+/* One alltoallv case: pattern `shift` (v_bytes of src + shift); receive
+ * blocks separated by a 2-byte gap. */
+typedef struct v_case {
+    size_t *sb, *sd, *rb, *rd, send_total, recv_total;
+    unsigned char *send, *recv;
+    int shift;
+} v_case;
+
+static void v_case_make(v_case *v, int shift) {
+    *v = (v_case){.shift = shift};
+    v->sb = calloc((size_t)n, sizeof *v->sb), v->sd = calloc((size_t)n, sizeof *v->sd);
+    v->rb = calloc((size_t)n, sizeof *v->rb), v->rd = calloc((size_t)n, sizeof *v->rd);
     for (int j = 0; j < n; j++) {
-        sb[j] = v_bytes(rank, j), sd[j] = send_total, send_total += sb[j];
-        rb[j] = v_bytes(j, rank), rd[j] = recv_total, recv_total += rb[j] + 2;
+        v->sb[j] = v_bytes(rank + shift, j), v->sd[j] = v->send_total, v->send_total += v->sb[j];
+        v->rb[j] = v_bytes(j + shift, rank), v->rd[j] = v->recv_total, v->recv_total += v->rb[j] + 2;
     }
-    unsigned char *send = malloc(send_total + 1), *recv = malloc(recv_total + 1);
+    v->send = malloc(v->send_total + 1), v->recv = malloc(v->recv_total + 1);
     for (int j = 0; j < n; j++)
-        for (size_t k = 0; k < sb[j]; k++) send[sd[j] + k] = byte_of(rank, j, k);
-    memset(recv, 0xAB, recv_total + 1);
-    loom_comm_stats before = *loom_comm_get_stats(W);
-    loom_status st = loom_comm_alltoallv(W, send, sb, sd, recv, rb, rd);
-    CHECK(st == LOOM_OK, "alltoallv: %s", loom_errmsg());
+        for (size_t k = 0; k < v->sb[j]; k++) v->send[v->sd[j] + k] = byte_of(rank + shift, j, k);
+    memset(v->recv, 0xAB, v->recv_total + 1);
+}
+
+/* wrong bytes in v->recv (the gaps included: they stay 0xAB) */
+static int v_case_bad(const v_case *v) {
     int bad = 0;
     for (int j = 0; j < n; j++) {
-        for (size_t k = 0; k < rb[j]; k++) bad += recv[rd[j] + k] != byte_of(j, rank, k);
-        bad += recv[rd[j] + rb[j]] != 0xAB; /* the gap is untouched */
+        for (size_t k = 0; k < v->rb[j]; k++) bad += v->recv[v->rd[j] + k] != byte_of(j + v->shift, rank, k);
+        bad += v->recv[v->rd[j] + v->rb[j]] != 0xAB;
     }
-    CHECK(bad == 0, "alltoallv: %d wrong bytes", bad);
-    check_delta(W, &before, LOOM_OP_ALLTOALLV, 1, send_total, "alltoallv");
-    free(sb), free(sd), free(rb), free(rd), free(send), free(recv);
+    return bad;
+}
+
+static void v_case_free(v_case *v) {
+    free(v->sb), free(v->sd), free(v->rb), free(v->rd), free(v->send), free(v->recv);
+}
+
+static void test_alltoallv(void) {
+    v_case v;
+    v_case_make(&v, 0);
+    loom_comm_stats before = *loom_comm_get_stats(W);
+    loom_status st = loom_comm_alltoallv(W, v.send, v.sb, v.sd, v.recv, v.rb, v.rd);
+    CHECK(st == LOOM_OK, "alltoallv: %s", loom_errmsg());
+    CHECK(v_case_bad(&v) == 0, "alltoallv: %d wrong bytes", v_case_bad(&v));
+    check_delta(W, &before, LOOM_OP_ALLTOALLV, 1, v.send_total, "alltoallv");
+    v_case_free(&v);
+}
+
+/* ialltoallv against the blocking call: the same bytes (gaps kept), the
+ * same statistics; completed by wait (mode 0) or by test polling (1); two
+ * of different patterns in flight at once, completed in reverse order, so
+ * each request keeps its own counts (the group's scratch is not shared). */
+static void test_ialltoallv(int mode) {
+    v_case ref, a, b;
+    v_case_make(&ref, 1), v_case_make(&a, 1), v_case_make(&b, 2);
+    CHECK(loom_comm_alltoallv(W, ref.send, ref.sb, ref.sd, ref.recv, ref.rb, ref.rd) == LOOM_OK,
+          "alltoallv: %s", loom_errmsg());
+    loom_comm_stats before = *loom_comm_get_stats(W);
+    loom_req *ra = NULL, *rb = NULL;
+    loom_status st = loom_comm_ialltoallv(W, a.send, a.sb, a.sd, a.recv, a.rb, a.rd, &ra);
+    CHECK(st == LOOM_OK && ra, "ialltoallv a: %s", loom_errmsg());
+    st = loom_comm_ialltoallv(W, b.send, b.sb, b.sd, b.recv, b.rb, b.rd, &rb);
+    CHECK(st == LOOM_OK && rb, "ialltoallv b: %s", loom_errmsg());
+    check_delta(W, &before, LOOM_OP_ALLTOALLV, 2, a.send_total + b.send_total, "ialltoallv start");
+    loom_req *order[2] = {rb, ra};
+    for (int i = 0; i < 2; i++) {
+        if (mode == 0) {
+            st = loom_comm_wait(order[i]);
+        } else {
+            int done = 0;
+            while (!done && (st = loom_comm_test(order[i], &done)) == LOOM_OK) {}
+        }
+        CHECK(st == LOOM_OK, "ialltoallv %s: %s", mode ? "test" : "wait", loom_errmsg());
+    }
+    CHECK(memcmp(a.recv, ref.recv, ref.recv_total + 1) == 0, "ialltoallv a differs from alltoallv");
+    CHECK(v_case_bad(&a) == 0 && v_case_bad(&b) == 0, "ialltoallv: %d, %d wrong bytes", v_case_bad(&a),
+          v_case_bad(&b));
+    check_delta(W, &before, LOOM_OP_ALLTOALLV, 2, a.send_total + b.send_total, "ialltoallv");
+    v_case_free(&ref), v_case_free(&a), v_case_free(&b);
 }
 
 static void test_bcast_barrier(void) {
@@ -423,6 +478,8 @@ int main(int argc, char **argv) {
     for (int mode = 0; mode < 4; mode++) test_bf16(mode);
     test_alltoall();
     test_alltoallv();
+    test_ialltoallv(0);
+    test_ialltoallv(1);
     test_bcast_barrier();
     test_ring_blocking();
     test_ring_nonblocking();

@@ -18,6 +18,6 @@ build() { # name sources...
     $CC $flags -o "$out/$name" "$src/tests/fuzz/$name.c" $(for s in "$@"; do printf '%s ' "$src/$s"; done) -lcjson -lm
 }
 build fuzz_safetensors src/io/safetensors.c src/core/status.c
-build fuzz_config src/model/config.c src/model/moe_config.c src/core/status.c
+build fuzz_config src/model/config.c src/model/config_hf.c src/model/moe_config.c src/core/status.c
 build fuzz_manifest src/train/ckpt_manifest.c src/core/sha256.c src/core/status.c
 build fuzz_tokens src/io/data.c src/core/rng.c src/core/status.c src/core/log.c

@@ -338,7 +338,7 @@ static void test_attention_parts(int B, int T, int C, int NH) {
     size_t o_bs = (size_t)Tq * C, nout = (size_t)B * o_bs, nl = (size_t)B * NH * Tq;
     /* host and device views: queries Th..T-1, keys 0..Th-1 then Th..T-1 */
     loom_att_view h1 = {
-        qkv + (size_t)Th * 3 * C, qkv + C, qkv + 2 * C, bs, bs, 3 * C, 3 * C, B, Tq, Th, NH, HS, Th, 0};
+        qkv + (size_t)Th * 3 * C, qkv + C, qkv + 2 * C, bs, bs, 3 * C, 3 * C, B, Tq, Th, NH, HS, Th, 0, 0, 0};
     loom_att_view h2 = h1;
     h2.k = qkv + (size_t)Th * 3 * C + C, h2.v = qkv + (size_t)Th * 3 * C + 2 * C, h2.Tk = Tq, h2.k_pos0 = Th;
     loom_att_view g1 = h1, g2 = h2;
@@ -381,15 +381,131 @@ static void test_attention_parts(int B, int T, int C, int NH) {
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * 4);
     }
     float *scratch = malloc(loom_attention_kv_scratch_floats(cpu->threads, n, T) * 4);
-    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, scratch);
+    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * 3 * C, 3 * C, kc, vc, p0, n, C, NH, NH, 0, scratch);
     float *d_kc = dev_from(kc, (size_t)T * C * 4), *d_vc = dev_from(vc, (size_t)T * C * 4);
     float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
-    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH,
-                               NULL);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * 3 * C, 3 * C, d_kc, d_vc, p0, n, C, NH, NH,
+                               0, NULL);
     expect_close("attention_kv_fwd", d_kv_out, kv_out, (size_t)n * C, TOL);
     loom_cuda_free(d_kc), loom_cuda_free(d_vc), loom_cuda_free(d_qkv);
     free(qkv), free(out), free(lse), free(out2), free(lse2), free(mo), free(ml), free(dout), free(dqkv),
         free(kc), free(vc), free(kv_out), free(scratch);
+}
+
+/* ---- the Llama family's parts -------------------------------------------------- */
+
+static void test_llama_parts(int N, int C, int H, int HS) {
+    const size_t nx = (size_t)N * C, ngu = (size_t)N * 2 * H, nh = (size_t)N * H;
+    float *x = host_rand(nx, 1.5f), *w = host_rand(C, 1.0f), *out = malloc(nx * 4), *rstd = malloc(N * 4);
+    float *d_x = dev_from(x, nx * 4), *d_w = dev_from(w, C * 4), *d_out = loom_cuda_alloc(nx * 4),
+          *d_rstd = loom_cuda_alloc(N * 4);
+    loom_rmsnorm_fwd(cpu, out, rstd, x, w, N, C, 1e-6f);
+    loom_cuda_rmsnorm_fwd(gpu, d_out, d_rstd, d_x, d_w, N, C, 1e-6f);
+    float *dout = host_rand(nx, 1.0f), *dx = host_rand(nx, 0.5f), *dw = host_rand(C, 0.5f);
+    float *d_dout = dev_from(dout, nx * 4), *d_dx = dev_from(dx, nx * 4), *d_dw = dev_from(dw, C * 4);
+    loom_rmsnorm_bwd(cpu, dx, dw, dout, x, w, rstd, N, C);
+    loom_cuda_rmsnorm_bwd(gpu, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, C); /* from the GPU's own rstd */
+    expect_close("rmsnorm_fwd out", d_out, out, nx, TOL);
+    expect_close("rmsnorm_fwd rstd", d_rstd, rstd, N, TOL);
+    expect_close("rmsnorm_bwd dinp", d_dx, dx, nx, TOL);
+    d_dx = dev_from(dx, nx * 4);
+    expect_close("rmsnorm_bwd dw", d_dw, dw, C, TOL);
+    float *gu = host_rand(ngu, 6.0f), *h = malloc(nh * 4), *dh = host_rand(nh, 1.0f), *dgu = malloc(ngu * 4);
+    float *d_gu = dev_from(gu, ngu * 4), *d_h = loom_cuda_alloc(nh * 4), *d_dh = dev_from(dh, nh * 4),
+          *d_dgu = loom_cuda_alloc(ngu * 4);
+    loom_swiglu_fwd(cpu, h, gu, N, H);
+    loom_cuda_swiglu_fwd(gpu, d_h, d_gu, N, H);
+    loom_swiglu_bwd(cpu, dgu, gu, dh, N, H);
+    loom_cuda_swiglu_bwd(gpu, d_dgu, d_gu, d_dh, N, H);
+    expect_close("swiglu_fwd", d_h, h, nh, TOL);
+    expect_close("swiglu_bwd", d_dgu, dgu, ngu, TOL);
+    /* rope on the first 3 heads of rows of 4 heads, positions up to 5000 */
+    const int ld = 4 * HS;
+    int32_t *pos = malloc(N * sizeof *pos);
+    float *f = malloc((size_t)HS / 2 * 4);
+    for (int i = 0; i < N; i++) pos[i] = (i * 977) % 5000;
+    for (int i = 0; i < HS / 2; i++) f[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)HS);
+    float *r = host_rand((size_t)N * ld, 1.0f);
+    float *d_r = dev_from(r, (size_t)N * ld * 4), *d_f = dev_from(f, (size_t)HS / 2 * 4);
+    int32_t *d_pos = dev_from(pos, N * sizeof *pos);
+    loom_rope(cpu, r, ld, pos, f, N, 3, HS, 0);
+    loom_cuda_rope(gpu, d_r, ld, d_pos, d_f, N, 3, HS, 0);
+    expect_close("rope", d_r, r, (size_t)N * ld, TOL);
+    d_r = dev_from(r, (size_t)N * ld * 4);
+    loom_rope(cpu, r, ld, pos, f, N, 3, HS, 1);
+    loom_cuda_rope(gpu, d_r, ld, d_pos, d_f, N, 3, HS, 1);
+    expect_close("rope inverse", d_r, r, (size_t)N * ld, TOL);
+    /* nn.Linear [out, in]: out (N,H) = x (N,C) w (H,C)^T + b */
+    float *lw = host_rand((size_t)H * C, 0.3f), *lb = host_rand(H, 1.0f), *lo = malloc(nh * 4);
+    float *d_lw = dev_from(lw, (size_t)H * C * 4), *d_lb = dev_from(lb, H * 4),
+          *d_lo = loom_cuda_alloc(nh * 4);
+    loom_linear_fwd(cpu, lo, x, lw, lb, N, C, H);
+    loom_cuda_linear_fwd(gpu, d_lo, d_x, d_lw, d_lb, N, C, H);
+    expect_close("linear_fwd", d_lo, lo, nh, TOL);
+    float *ldw = host_rand((size_t)H * C, 0.5f), *ldb = host_rand(H, 0.5f);
+    float *d_ldw = dev_from(ldw, (size_t)H * C * 4), *d_ldb = dev_from(ldb, H * 4);
+    loom_linear_bwd(cpu, dx, ldw, ldb, dh, x, lw, N, C, H);
+    loom_cuda_linear_bwd(gpu, d_dx, d_ldw, d_ldb, d_dh, d_x, d_lw, N, C, H);
+    expect_close("linear_bwd dinp", d_dx, dx, nx, TOL);
+    expect_close("linear_bwd dw", d_ldw, ldw, (size_t)H * C, TOL);
+    expect_close("linear_bwd db", d_ldb, ldb, H, TOL);
+    loom_cuda_free(d_x), loom_cuda_free(d_w), loom_cuda_free(d_dout), loom_cuda_free(d_gu),
+        loom_cuda_free(d_dh);
+    loom_cuda_free(d_f), loom_cuda_free(d_pos), loom_cuda_free(d_lw), loom_cuda_free(d_lb);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw), free(gu), free(h), free(dh),
+        free(dgu);
+    free(pos), free(f), free(r), free(lw), free(lb), free(lo), free(ldw), free(ldb);
+}
+
+/* Grouped-query attention with a sliding window: NH query heads on NKV
+ * key/value heads, packed rows [q | k | v], forward and backward, and the
+ * KV-cache decode of the last rows against the narrower cache. */
+static void test_attention_gqa(int B, int T, int NH, int NKV, int HS, int window) {
+    const int C = NH * HS, K = NKV * HS, W = C + 2 * K;
+    const size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = host_rand(nqkv, 1.5f), *out = malloc(nout * 4), *lse = malloc(nl * 4);
+    float *d_qkv = dev_from(qkv, nqkv * 4), *d_out = loom_cuda_alloc(nout * 4),
+          *d_lse = loom_cuda_alloc(nl * 4);
+    loom_att_view v = {qkv, qkv + C, qkv + C + K, (size_t)T * W, (size_t)T * W, W, W, B, T, T, NH,
+                       HS,  0,       0,           NKV,           window};
+    loom_att_view g = v;
+    g.q = d_qkv, g.k = d_qkv + C, g.v = d_qkv + C + K;
+    loom_attention_part_fwd(cpu, &v, out, (size_t)T * C, C, lse, 0);
+    loom_cuda_attention_part_fwd(gpu, &g, d_out, (size_t)T * C, C, d_lse, 0);
+    char what[96];
+    float *dout = host_rand(nout, 1.0f), *dqkv = host_rand(nqkv, 0.5f);
+    float *d_dout = dev_from(dout, nout * 4), *d_dqkv = dev_from(dqkv, nqkv * 4);
+    loom_attention_part_bwd(cpu, &v, dqkv, dqkv + C, dqkv + C + K, dout, out, (size_t)T * C, C, lse);
+    loom_cuda_attention_part_bwd(gpu, &g, d_dqkv, d_dqkv + C, d_dqkv + C + K, d_dout, d_out, (size_t)T * C, C,
+                                 d_lse); /* from the GPU's own forward */
+    snprintf(what, sizeof what, "attention gqa NH%d NKV%d W%d out", NH, NKV, window);
+    expect_close(what, d_out, out, nout, TOL);
+    snprintf(what, sizeof what, "attention gqa NH%d NKV%d W%d lse", NH, NKV, window);
+    expect_close(what, d_lse, lse, nl, TOL);
+    snprintf(what, sizeof what, "attention gqa NH%d NKV%d W%d dqkv", NH, NKV, window);
+    expect_close(what, d_dqkv, dqkv, nqkv, TOL);
+    /* decode: rows p0.. of sequence 0 against a (T, K) cache */
+    const int p0 = T - 3, n = 3;
+    float *kc = malloc((size_t)T * K * 4), *vc = malloc((size_t)T * K * 4),
+          *kv_out = malloc((size_t)n * C * 4);
+    for (int t = 0; t < T; t++) {
+        memcpy(kc + (size_t)t * K, qkv + (size_t)t * W + C, (size_t)K * 4);
+        memcpy(vc + (size_t)t * K, qkv + (size_t)t * W + C + K, (size_t)K * 4);
+    }
+    float *scratch = malloc(loom_attention_kv_scratch_floats(cpu->threads, n, T) * 4);
+    loom_attention_kv_fwd(cpu, kv_out, qkv + (size_t)p0 * W, W, kc, vc, p0, n, C, NH, NKV, window, scratch);
+    float *d_kc = dev_from(kc, (size_t)T * K * 4), *d_vc = dev_from(vc, (size_t)T * K * 4);
+    float *d_kv_out = loom_cuda_alloc((size_t)n * C * 4);
+    loom_cuda_attention_kv_fwd(gpu, d_kv_out, d_qkv + (size_t)p0 * W, W, d_kc, d_vc, p0, n, C, NH, NKV,
+                               window, NULL);
+    snprintf(what, sizeof what, "attention_kv_fwd gqa NH%d NKV%d W%d", NH, NKV, window);
+    expect_close(what, d_kv_out, kv_out, (size_t)n * C, TOL);
+    /* the cache decode agrees with the training forward's rows */
+    int same = 1;
+    for (int i = 0; i < n * C; i++) same &= fabsf(kv_out[i] - out[(size_t)p0 * C + i]) <= 1e-5f;
+    CHECK(same, "attention_kv_fwd gqa NH%d NKV%d W%d differs from the forward's rows", NH, NKV, window);
+    loom_cuda_free(d_qkv), loom_cuda_free(d_dout), loom_cuda_free(d_kc), loom_cuda_free(d_vc);
+    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(kc), free(vc), free(kv_out), free(scratch);
 }
 
 /* ---- vocabulary-parallel embedding and cross-entropy ----------------------------- */
@@ -527,6 +643,11 @@ int main(void) {
     test_attention(1, 40, 256, 1);  /* HS 256, the largest: over 48 KB of shared memory */
     test_attention(3, 1, 32, 2);    /* T 1: each row sees only itself */
     test_attention_parts(2, 70, 64, 4);
+    test_attention_gqa(2, 70, 4, 2, 16, 0);   /* grouped-query, causal */
+    test_attention_gqa(2, 130, 4, 1, 32, 37); /* one key/value head, a window across tiles */
+    test_attention_gqa(1, 40, 2, 2, 64, 5);   /* plain heads, a short window */
+    test_llama_parts(37, 100, 72, 16);
+    test_llama_parts(5, 64, 33, 128);
     test_vocab();
     test_routing(37, 11, 3, 45);
     test_routing(5, 64, 8, 7); /* 64 experts, top 8 */

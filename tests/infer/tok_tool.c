@@ -2,7 +2,10 @@
  *
  *   tok_tool DIR DOCS OUT   DOCS: records [u32 byte count][bytes]; OUT gets,
  *                           per record, [u32 id count][u32 ids]. Each record
- *                           is also decoded and compared with its bytes.
+ *                           is also decoded and compared with its bytes
+ *                           (unless --no-roundtrip: SentencePiece-style
+ *                           decoding puts a space after a special token;
+ *                           then the decoded records go to OUT.dec).
  *   Prints "docs N bytes B tokens T roundtrip_mismatches M encode_s S".
  * Exit 0 when every record decodes back exactly, 1 otherwise. */
 #include <stdio.h>
@@ -19,8 +22,8 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: tok_tool DIR DOCS OUT\n");
+    if (argc != 4 && !(argc == 5 && strcmp(argv[4], "--no-roundtrip") == 0)) {
+        fprintf(stderr, "usage: tok_tool DIR DOCS OUT [--no-roundtrip]\n");
         return 2;
     }
     loom_tokenizer *tok;
@@ -33,6 +36,16 @@ int main(int argc, char **argv) {
     if (!in || !out) {
         fprintf(stderr, "tok_tool: cannot open %s or %s\n", argv[2], argv[3]);
         return 2;
+    }
+    FILE *decf = NULL;
+    if (argc == 5) {
+        static char path[4096];
+        snprintf(path, sizeof path, "%s.dec", argv[3]);
+        decf = fopen(path, "wb");
+        if (!decf) {
+            fprintf(stderr, "tok_tool: cannot open %s\n", path);
+            return 2;
+        }
     }
     size_t docs = 0, bytes = 0, tokens = 0, bad = 0;
     double enc_s = 0;
@@ -58,10 +71,15 @@ int main(int argc, char **argv) {
         if (ids.n) fwrite(ids.v, 4, ids.n, out);
         char *dec;
         size_t dl;
-        if (loom_tokenizer_decode(tok, ids.v, ids.n, &dec, &dl) != LOOM_OK || dl != n ||
-            (n && memcmp(dec, buf, n))) {
+        if (loom_tokenizer_decode(tok, ids.v, ids.n, &dec, &dl) != LOOM_OK ||
+            (argc == 4 && (dl != n || (n && memcmp(dec, buf, n))))) {
             if (bad < 3) fprintf(stderr, "tok_tool: record %zu does not decode back\n", docs);
             bad++;
+        }
+        if (decf && dec) {
+            uint32_t dn = (uint32_t)dl;
+            fwrite(&dn, 4, 1, decf);
+            fwrite(dec, 1, dl, decf);
         }
         free(dec);
         docs++;
@@ -69,7 +87,7 @@ int main(int argc, char **argv) {
         tokens += ids.n;
     }
     fclose(in);
-    if (fclose(out) != 0) return 2;
+    if (fclose(out) != 0 || (decf && fclose(decf) != 0)) return 2;
     printf("docs %zu bytes %zu tokens %zu roundtrip_mismatches %zu encode_s %.4f\n", docs, bytes, tokens, bad,
            enc_s);
     loom_ids_free(&ids);

@@ -140,6 +140,8 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
                         NH,
                         HS,
                         qa,
+                        0,
+                        0,
                         0};
     loom_att_view p2 = p1;
     p2.k = kv2, p2.v = kv2 + C, p2.kv_bs = (size_t)T2 * 2 * C, p2.kv_ld = 2 * C;
@@ -212,7 +214,7 @@ static void test_partial(int B, int T, int C, int NH, int qa, int mq, int ks) {
  * the 3x3 grid per head; keys wholly after the queries compute none. */
 static void test_tiles(void) {
     float x = 0;
-    loom_att_view v = {&x, &x, &x, 0, 0, 0, 0, 2, 130, 130, 3, 4, 0, 0};
+    loom_att_view v = {&x, &x, &x, 0, 0, 0, 0, 2, 130, 130, 3, 4, 0, 0, 0, 0};
     CHECK(loom_attention_tiles(&v) == 2 * 3 * 6, "causal tiles %ld", loom_attention_tiles(&v));
     v.k_pos0 = 130;
     CHECK(loom_attention_tiles(&v) == 0, "future keys: tiles %ld", loom_attention_tiles(&v));

@@ -14,16 +14,16 @@
 
 /* ---- models --------------------------------------------------------------- */
 
-static const loom_layout_model TINY = {"tiny", 2, 4, 256, 128, 0}; /* loom's tiny */
-static const loom_layout_model TINY4 = {"tiny4", 4, 4, 256, 128, 0};
-static const loom_layout_model MOE = {"moe", 2, 4, 96, 128, 4};    /* 4 experts of hidden 96 */
-static const loom_layout_model ODD_FFN = {"odd", 2, 4, 6, 128, 4}; /* experts of hidden 6 */
-static const loom_layout_model NOLAYER = {"empty", 0, 4, 256, 128, 0};
-static const loom_layout_model DEEP = {"deep", 300, 4, 256, 128, 0};
-static const loom_layout_model LLAMA = {"llama3-70b", 80, 64, 28672, 8192, 0};
-static const loom_layout_model FFN100 = {"ffn100", 80, 64, 100, 8192, 0};
-static const loom_layout_model MIXTRAL = {"mixtral-8x7b", 32, 32, 14336, 32768, 8};
-static const loom_layout_model HUGE = {"huge", 5000, 64, 8192, 8192, 0};
+static const loom_layout_model TINY = {"tiny", 2, 4, 256, 128, 0, 0}; /* loom's tiny */
+static const loom_layout_model TINY4 = {"tiny4", 4, 4, 256, 128, 0, 0};
+static const loom_layout_model MOE = {"moe", 2, 4, 96, 128, 4, 0};    /* 4 experts of hidden 96 */
+static const loom_layout_model ODD_FFN = {"odd", 2, 4, 6, 128, 4, 0}; /* experts of hidden 6 */
+static const loom_layout_model NOLAYER = {"empty", 0, 4, 256, 128, 0, 0};
+static const loom_layout_model DEEP = {"deep", 300, 4, 256, 128, 0, 0};
+static const loom_layout_model LLAMA = {"llama3-70b", 80, 64, 28672, 8192, 0, 0};
+static const loom_layout_model FFN100 = {"ffn100", 80, 64, 100, 8192, 0, 0};
+static const loom_layout_model MIXTRAL = {"mixtral-8x7b", 32, 32, 14336, 32768, 8, 0};
+static const loom_layout_model HUGE = {"huge", 5000, 64, 8192, 8192, 0, 0};
 
 /* ---- devices -------------------------------------------------------------- */
 

@@ -12,6 +12,11 @@
  * With n_expert > 0 the model is MoE (router_aux_loss_coef 0.1, z 0.01 so both
  * losses matter) and the dump also holds each MoE block's per-expert counts
  * (moe.h.<l>.chosen, moe.h.<l>.kept) for the oracle to compare.
+ *
+ *        oracle_dump OUT.safetensors --hf DIR [B T]
+ * reads the model - config and weights - from a Hugging Face directory
+ * (tests/oracle/check_hf_oracle.py makes it with transformers and checks the
+ * dump against transformers' own model).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +30,21 @@
 #include "loom/safetensors.h"
 #include "loom/train.h"
 
+/* The model of --hf DIR, its weights loaded; NULL on failure (printed). */
+static loom_gpt *hf_model(loom_device *dev, const char *dir, int B, int T) {
+    loom_model_config cfg;
+    loom_gpt *m = NULL;
+    loom_status st = loom_model_config_resolve(dir, &cfg);
+    loom_model_part part = loom_model_part_whole(dev, &cfg);
+    loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
+    if (st == LOOM_OK) st = loom_gpt_create(&cfg, &part, &opts, &m);
+    if (st == LOOM_OK) st = loom_params_load(&m, 1, NULL, NULL, dir);
+    if (st == LOOM_OK) return m;
+    fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
+    loom_gpt_free(m);
+    return NULL;
+}
+
 #define MAXP 512
 
 static int arg(int argc, char **argv, int i, int dflt) { return argc > i ? atoi(argv[i]) : dflt; }
@@ -34,13 +54,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: oracle_dump OUT.safetensors [L NH C V maxT B T]\n");
         return 64;
     }
+    const int hf = argc > 3 && !strcmp(argv[2], "--hf");
     loom_model_config cfg = {.name = "oracle"};
     cfg.n_layer = arg(argc, argv, 2, 2);
     cfg.n_head = arg(argc, argv, 3, 4);
     cfg.n_embd = arg(argc, argv, 4, 32);
     cfg.vocab_size = arg(argc, argv, 5, 67);
     cfg.n_positions = arg(argc, argv, 6, 16);
-    const int B = arg(argc, argv, 7, 3), T = arg(argc, argv, 8, 11);
+    const int B = arg(argc, argv, hf ? 4 : 7, 3), T = arg(argc, argv, hf ? 5 : 8, 11);
     cfg.n_expert = arg(argc, argv, 9, 0);
     cfg.top_k = arg(argc, argv, 10, 2);
     cfg.capacity_factor = argc > 11 ? (float)atof(argv[11]) : 0.0f;
@@ -60,13 +81,17 @@ int main(int argc, char **argv) {
     }
     loom_model_part part = loom_model_part_whole(dev, &cfg);
     loom_gpt_opts opts = {.B = B, .T = T, .n_slots = 1};
-    if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK) {
+    if (hf) {
+        if (!(m = hf_model(dev, argv[3], B, T))) return 1;
+        cfg = m->cfg;
+    } else if (loom_gpt_create(&cfg, &part, &opts, &m) != LOOM_OK) {
         fprintf(stderr, "oracle_dump: %s\n", loom_errmsg());
         return 1;
+    } else {
+        loom_gpt_init_params(m, 42);
     }
-    loom_gpt_init_params(m, 42);
-    /* make every parameter matter: jitter all of them */
-    for (int i = 0; i < m->n_params; i++) {
+    /* make every parameter matter: jitter all of them (a directory's are random already) */
+    for (int i = 0; i < m->n_params && !hf; i++) {
         const loom_param *p = &m->params[i];
         loom_rng_key k = loom_rng_key_make(7, p->name);
         for (size_t j = 0; j < p->numel; j++) m->param_mem[p->offset + j] += 0.1f * loom_rng_normal(k, j);

@@ -7,6 +7,8 @@
  *     its experts, and the expert-major layout (estart) they sit in;
  *   - after loom_ep_dispatch each local expert's rows are contiguous,
  *     sources in rank order, each source's rows in its sending order;
+ *   - loom_ep_dispatch_start / _finish give bitwise the same out, this
+ *     rank's own rows already in place when the start returns;
  *   - loom_ep_combine of (rows + 0.5) brings every row back to its sender,
  *     in its sending order;
  *   - the tally counts what comm.h counts: the alltoall of P El int32 and
@@ -58,7 +60,7 @@ static void run(loom_device *dev, loom_comm *world) {
             for (int c = 0; c < W; c++) rows[(size_t)(start[e] + i) * W + c] = cell(r, e, i, c);
     int32_t rc[64], soff[64], eoff[64], estart[EL + 1];
     loom_ep_routes rt = {.rc = rc, .soff = soff, .eoff = eoff, .estart = estart};
-    loom_ep_tally t = {0, 0};
+    loom_ep_tally t = {0, 0, 0};
     CHECK(loom_ep_counts(&ep, start, &rt, &t) == LOOM_OK, "counts: %s", loom_errmsg());
     CHECK(rt.estart[EL] == R, "rank %d receives %d rows, expected %d", r, rt.estart[EL], R);
     for (int s = 0; s < P; s++)
@@ -74,6 +76,29 @@ static void run(loom_device *dev, loom_comm *world) {
                 for (int c = 0; c < W; c++) bad += out[(size_t)q * W + c] != cell(s, r * EL + j, i, c);
     }
     CHECK(bad == 0, "rank %d: %d dispatched values out of place", r, bad);
+    /* the same dispatch in two halves: this rank's own rows in place when
+     * the start returns, all of out bitwise the same after the finish */
+    float *out2 = malloc(((size_t)R + 1) * W * sizeof *out2);
+    for (size_t i = 0; i < ((size_t)R + 1) * W; i++) out2[i] = -1.0f;
+    loom_ep_tally t2 = {0, 0, 0};
+    loom_req *req = NULL;
+    CHECK(loom_ep_dispatch_start(&ep, &rt, rows, recv, out2, W, &t2, &req) == LOOM_OK, "dispatch_start: %s",
+          loom_errmsg());
+    CHECK((req != NULL) == (P > 1), "rank %d: request %p on %d ranks", r, (void *)req, P);
+    bad = 0;
+    for (int j = 0; j < EL; j++) {
+        const size_t own = (size_t)rt.eoff[r * EL + j], n = (size_t)rt.rc[r * EL + j];
+        bad += memcmp(out2 + own * W, out + own * W, n * W * sizeof *out) != 0;
+    }
+    CHECK(bad == 0, "rank %d: %d experts' own rows not in place at the start", r, bad);
+    CHECK(loom_ep_dispatch_finish(&ep, &rt, recv, out2, W, &t2, req) == LOOM_OK, "dispatch_finish: %s",
+          loom_errmsg());
+    CHECK(memcmp(out2, out, (size_t)R * W * sizeof *out) == 0 && out2[(size_t)R * W] == -1.0f,
+          "rank %d: the started dispatch differs from the blocking one", r);
+    CHECK(t2.bytes == (P > 1 ? (int64_t)A * W * 4 : 0) && t2.overlapped == (P > 1),
+          "rank %d: started dispatch tally %lld bytes, %lld overlapped", r, (long long)t2.bytes,
+          (long long)t2.overlapped);
+    free(out2);
     for (size_t i = 0; i < (size_t)R * W; i++) out[i] += 0.5f;
     CHECK(loom_ep_combine(&ep, &rt, out, recv, back, W, &t) == LOOM_OK, "combine: %s", loom_errmsg());
     bad = 0;
@@ -84,10 +109,10 @@ static void run(loom_device *dev, loom_comm *world) {
           (long long)want);
     if (P > 1) {
         const loom_comm_stats *st = loom_comm_get_stats(world);
-        CHECK((int64_t)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]) == want,
-              "rank %d: the communicator counted %llu bytes, the tally %lld", r,
+        CHECK((int64_t)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]) == want + t2.bytes,
+              "rank %d: the communicator counted %llu bytes, the tallies %lld", r,
               (unsigned long long)(st->bytes[LOOM_OP_ALLTOALL] + st->bytes[LOOM_OP_ALLTOALLV]),
-              (long long)want);
+              (long long)(want + t2.bytes));
     }
     free(ep.a2a), free(ep.sent), free(start), free(rows), free(back), free(recv), free(out);
 }

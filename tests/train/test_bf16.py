@@ -6,7 +6,9 @@ little, and every layout still computes the one-rank run at that precision.
 - at bf16, dp=2, tp=2 (with sp) and pp=2 (1f1b, 2 micro-batches) agree with
   the one-rank bf16 run: every final weight within 2^-9, half bf16's unit
   roundoff 2^-8 (norm-wise), every bias within that or a quarter of one Adam step in
-  every element (see BIAS_ABS), and the loss at every step within 1e-4.
+  every element (see BIAS_ABS), and the loss at every step within 1e-4;
+- the same bounds for tiny-llama (RMSNorm, SwiGLU, RoPE, grouped-query
+  attention) at tp=2 with sp and cp=2 against its one-rank bf16 run.
 """
 import os
 import sys
@@ -37,6 +39,7 @@ TOL = 2.0 ** -9
 BIAS_ABS = LR / 4
 LAYOUTS = [("bf16 dp=2", 2, ["--dp", 2]), ("bf16 tp=2 sp", 2, ["--tp", 2, "--sp"]),
            ("bf16 pp=2", 2, ["--pp", 2, "--micro-batches", 2])]
+LLAMA_LAYOUTS = [("tiny-llama bf16 tp=2 sp", 2, ["--tp", 2, "--sp"]), ("tiny-llama bf16 cp=2", 2, ["--cp", 2])]
 
 with tempfile.TemporaryDirectory() as tmp:
     data = lt.make_text_data(tmp)
@@ -52,6 +55,15 @@ with tempfile.TemporaryDirectory() as tmp:
     lt.check(worst < 0.02, "bf16 strays %.2e from fp32" % worst)
     for label, np, flags in LAYOUTS:
         run = lt.train(tmp, label, np, common + ["--precision", "bf16"] + flags)
+        lt.compare_runs(ref[0], ref[1], run[0], run[1], label, tol=TOL, bias_abs=BIAS_ABS)
+        l1 = [r["loss"] for r in lt.read_metrics(run[0])]
+        lt.check(max(abs(a - b) / b for a, b in zip(l1, l16)) <= 1e-4, "%s: loss beyond 1e-4" % label)
+    # the Llama family's parts (RMSNorm, SwiGLU, RoPE, GQA, nn.Linear weights) at bf16, same bounds
+    llama = ["--model", "tiny-llama", "--data", data] + COMMON + ["--precision", "bf16"]
+    ref = lt.train(tmp, "llama bf16", None, llama)
+    l16 = [r["loss"] for r in lt.read_metrics(ref[0])]
+    for label, np, flags in LLAMA_LAYOUTS:
+        run = lt.train(tmp, label, np, llama + flags)
         lt.compare_runs(ref[0], ref[1], run[0], run[1], label, tol=TOL, bias_abs=BIAS_ABS)
         l1 = [r["loss"] for r in lt.read_metrics(run[0])]
         lt.check(max(abs(a - b) / b for a, b in zip(l1, l16)) <= 1e-4, "%s: loss beyond 1e-4" % label)

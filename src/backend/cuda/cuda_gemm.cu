@@ -174,28 +174,46 @@ void lc_colsum_acc(float *db, const float *dout, int N, int OC) {
     lc_launched("bias gradient");
 }
 
-void loom_cuda_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N,
-                          int C, int OC) {
+/* out (N,OC) = inp (N,C) @ the weight + b: w (C,OC) [in, out], or with
+ * out_in (OC,C) [out, in], used transposed. */
+static void lc_mm_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N, int C,
+                      int OC, bool out_in) {
     loom_cuda_ctx *c = lc_ctx(ctx);
     float beta = 0.0f;
-    if (b && lc_lt_bias_fwd(c, out, inp, w, b, N, C, OC)) {
+    if (b && !out_in && lc_lt_bias_fwd(c, out, inp, w, b, N, C, OC)) {
         lc_launched("matmul_fwd (cuBLASLt)");
         return;
     }
-    if (b && N > 0 && OC > 0) {
+    if (b && N > 0 && OC > 0) { /* the bias first, the product added: the CPU's rounding */
         k_bias_rows<<<lc_blocks((size_t)N * OC), LC_THREADS, 0, lc_stream()>>>(out, b, N, OC);
         if (!lc_launched("matmul_fwd bias")) return;
         beta = 1.0f;
     }
-    lc_gemm_rm(c, false, false, N, OC, C, 1.0f, inp, C, w, OC, beta, out, OC, "matmul_fwd");
+    lc_gemm_rm(c, false, out_in, N, OC, C, 1.0f, inp, C, w, out_in ? C : OC, beta, out, OC, "matmul_fwd");
+}
+
+/* lc_mm_fwd's backward: dinp (N,C) +=, dw +=, db (OC) += (each may be NULL). */
+static void lc_mm_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                      const float *w, int N, int C, int OC, bool out_in) {
+    loom_cuda_ctx *c = lc_ctx(ctx);
+    if (dinp)
+        lc_gemm_rm(c, false, !out_in, N, C, OC, 1.0f, dout, OC, w, out_in ? C : OC, 1.0f, dinp, C,
+                   "matmul_bwd dinp");
+    if (dw && out_in)
+        lc_gemm_rm(c, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, "linear_bwd dw");
+    if (dw && !out_in)
+        lc_gemm_rm(c, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC, "matmul_bwd dw");
+    if (db) lc_colsum_acc(db, dout, N, OC);
+}
+
+void loom_cuda_matmul_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N,
+                          int C, int OC) {
+    lc_mm_fwd(ctx, out, inp, w, b, N, C, OC, false);
 }
 
 void loom_cuda_matmul_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                           const float *w, int N, int C, int OC) {
-    loom_cuda_ctx *c = lc_ctx(ctx);
-    if (dinp) lc_gemm_rm(c, false, true, N, C, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, C, "matmul_bwd dinp");
-    if (dw) lc_gemm_rm(c, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, OC, "matmul_bwd dw");
-    if (db) lc_colsum_acc(db, dout, N, OC);
+    lc_mm_bwd(ctx, dinp, dw, db, dout, inp, w, N, C, OC, false);
 }
 
 void loom_cuda_matmul_nt_fwd(void *ctx, float *out, const float *inp, const float *wte, int N, int C, int V) {
@@ -242,4 +260,16 @@ double loom_cuda_calibrate_gemm(loom_cuda_ctx *ctx, int n, int trials) {
     if (e1) cudaEventDestroy(e1);
     loom_cuda_free(a);
     return best;
+}
+
+/* ---- torch.nn.Linear weights [out, in] (the Llama family) --------------------- */
+
+void loom_cuda_linear_fwd(void *ctx, float *out, const float *inp, const float *w, const float *b, int N,
+                          int C, int OC) {
+    lc_mm_fwd(ctx, out, inp, w, b, N, C, OC, true);
+}
+
+void loom_cuda_linear_bwd(void *ctx, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC) {
+    lc_mm_bwd(ctx, dinp, dw, db, dout, inp, w, N, C, OC, true);
 }

@@ -26,13 +26,23 @@
 #define ATT_BQ 64 /* query rows per tile */
 #define ATT_BK 64 /* keys per tile */
 
-/* Keys of tile [j0, j0+n) visible to some query of tile [i0, i0+m)? */
+/* Keys of tile [j0, j0+n) visible to some query of tile [i0, i0+m)? (The
+ * causal right edge; tiles left of the window are skipped by tile_start.) */
 static int tile_visible(const loom_att_view *v, int i0, int m, int j0) {
     return v->k_pos0 + j0 <= v->q_pos0 + i0 + m - 1;
 }
 
+/* The first key tile a query tile starting at i0 may see: 0, or with a
+ * window the tile holding its first query's first visible key. */
+static int tile_start(const loom_att_view *v, int i0) {
+    if (v->window <= 0) return 0;
+    long lo = v->q_pos0 + i0 - v->window - v->k_pos0;
+    return lo <= 0 ? 0 : lo >= v->Tk ? v->Tk : (int)(lo / ATT_BK * ATT_BK);
+}
+
 /* Every key of tile [j0, j0+n) visible to every query of [i0, i0+m)? */
-static int tile_full(const loom_att_view *v, int i0, int j0, int n) {
+static int tile_full(const loom_att_view *v, int i0, int m, int j0, int n) {
+    if (v->window > 0 && v->q_pos0 + i0 + m - 1 - (v->k_pos0 + j0) > v->window) return 0;
     return v->k_pos0 + j0 + n - 1 <= v->q_pos0 + i0;
 }
 
@@ -42,7 +52,7 @@ long loom_attention_tiles(const loom_att_view *v) {
     long tiles = 0;
     for (int i0 = 0; i0 < v->Tq; i0 += ATT_BQ) {
         int m = imin(ATT_BQ, v->Tq - i0);
-        for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) tiles++;
+        for (int j0 = tile_start(v, i0); j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) tiles++;
     }
     return tiles * v->B * v->NH;
 }
@@ -52,10 +62,12 @@ static void tile_scores(float *s, const loom_att_view *v, const float *q, const 
                         int j0, int n, float scale) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, v->HS, scale, q + (size_t)i0 * v->q_ld,
                 v->q_ld, k + (size_t)j0 * v->kv_ld, v->kv_ld, 0.0f, s, ATT_BK);
-    if (tile_full(v, i0, j0, n)) return;
+    if (tile_full(v, i0, m, j0, n)) return;
     for (int i = 0; i < m; i++) {
         long last = v->q_pos0 + i0 + i - v->k_pos0 - j0; /* last visible column */
         for (int j = (int)(last + 1 < 0 ? 0 : last + 1); j < n; j++) s[(size_t)i * ATT_BK + j] = -INFINITY;
+        long first = v->window > 0 ? last - v->window : 0; /* first visible column */
+        for (int j = 0; j < n && j < first; j++) s[(size_t)i * ATT_BK + j] = -INFINITY;
     }
 }
 
@@ -75,7 +87,7 @@ static void tile_fwd(const loom_att_view *v, const float *q, const float *k, con
             mrow[i] = l0, lrow[i] = 1.0f; /* out is already normalised */
         }
     }
-    for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
+    for (int j0 = tile_start(v, i0); j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
         int n = imin(ATT_BK, v->Tk - j0);
         tile_scores(s, v, q, k, i0, m, j0, n, scale);
         for (int i = 0; i < m; i++) {
@@ -115,8 +127,8 @@ long loom_cpu_attention_part_fwd(void *ctx, const loom_att_view *v, float *out, 
     for (int w = 0; w < work; w++) {
         int bh = w / nqt, i0 = (w % nqt) * ATT_BQ;
         int b = bh / v->NH, h = bh % v->NH;
-        size_t hc = (size_t)h * v->HS;
-        tile_fwd(v, v->q + b * v->q_bs + hc, v->k + b * v->kv_bs + hc, v->v + b * v->kv_bs + hc,
+        size_t hc = (size_t)h * v->HS, kc = (size_t)loom_att_kv_head(v, h) * v->HS;
+        tile_fwd(v, v->q + b * v->q_bs + hc, v->k + b * v->kv_bs + kc, v->v + b * v->kv_bs + kc,
                  out + b * o_bs + hc, o_ld, lse + (size_t)bh * v->Tq, i0, imin(ATT_BQ, v->Tq - i0),
                  accumulate, scale);
     }
@@ -133,7 +145,7 @@ static void head_bwd(const loom_att_view *v, const float *q, const float *k, con
         int m = imin(ATT_BQ, v->Tq - i0);
         for (int i = 0; i < m; i++)
             D[i] = kern_dot(dout + (size_t)(i0 + i) * o_ld, o + (size_t)(i0 + i) * o_ld, HS);
-        for (int j0 = 0; j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
+        for (int j0 = tile_start(v, i0); j0 < v->Tk && tile_visible(v, i0, m, j0); j0 += ATT_BK) {
             int n = imin(ATT_BK, v->Tk - j0);
             tile_scores(p, v, q, k, i0, m, j0, n, scale);
             for (int i = 0; i < m; i++) {
@@ -165,13 +177,19 @@ long loom_cpu_attention_part_bwd(void *ctx, const loom_att_view *v, float *dq, f
                                  const float *dout, const float *out, size_t o_bs, int o_ld,
                                  const float *lse) {
     const float scale = 1.0f / sqrtf((float)v->HS);
+    const int nkv = loom_att_nkv(v), rep = v->NH / nkv;
     int nth = kern_threads(ctx);
+    /* a task per (batch, key/value head): the query heads sharing that head
+     * add into its dk, dv one after another */
     KERN_PARALLEL_FOR(nth)
-    for (int bh = 0; bh < v->B * v->NH; bh++) {
-        int b = bh / v->NH, h = bh % v->NH;
-        size_t hc = (size_t)h * v->HS, qo = b * v->q_bs + hc, ko = b * v->kv_bs + hc;
-        head_bwd(v, v->q + qo, v->k + ko, v->v + ko, dq + qo, dk + ko, dv + ko, dout + b * o_bs + hc,
-                 out + b * o_bs + hc, o_ld, lse + (size_t)bh * v->Tq, scale);
+    for (int bg = 0; bg < v->B * nkv; bg++) {
+        int b = bg / nkv, g = bg % nkv;
+        size_t ko = b * v->kv_bs + (size_t)g * v->HS;
+        for (int h = g * rep; h < (g + 1) * rep; h++) {
+            size_t hc = (size_t)h * v->HS, qo = b * v->q_bs + hc;
+            head_bwd(v, v->q + qo, v->k + ko, v->v + ko, dq + qo, dk + ko, dv + ko, dout + b * o_bs + hc,
+                     out + b * o_bs + hc, o_ld, lse + ((size_t)b * v->NH + h) * v->Tq, scale);
+        }
     }
     return loom_attention_tiles(v);
 }
@@ -201,10 +219,8 @@ void loom_cpu_attention_merge(void *ctx, float *out, float *lse, const float *ou
 
 /* The whole causal sequence of a packed qkv (B,T,3C). */
 static loom_att_view qkv_view(const float *qkv, int B, int T, int C, int NH) {
-    loom_att_view v = {
-        qkv, qkv + C, qkv + 2 * C, (size_t)T * 3 * C, (size_t)T * 3 * C, 3 * C, 3 * C, B, T, T, NH, C / NH,
-        0,   0};
-    return v;
+    const loom_att_heads h = {NH, NH, C / NH, 0};
+    return loom_att_packed(qkv, B, T, &h);
 }
 
 void loom_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *qkv, int B, int T, int C,

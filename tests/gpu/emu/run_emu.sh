@@ -16,7 +16,7 @@ root=$(cd "$here/../../.." && pwd)
 build=${1:-$root/build}
 work=$(mktemp -d /tmp/loom-cuda-emu-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-for f in cuda_core.cu cuda_elementwise.cu cuda_gemm.cu cuda_norm.cu cuda_vocab.cu cuda_attention.cu cuda_route.cu cuda_internal.cuh cuda_backend.h; do
+for f in cuda_core.cu cuda_elementwise.cu cuda_gemm.cu cuda_norm.cu cuda_vocab.cu cuda_attention.cu cuda_route.cu cuda_llama.cu cuda_internal.cuh cuda_backend.h; do
     cp "$root/src/backend/cuda/$f" "$work/"
 done
 # kernel<<<cfg>>>(args) -> emu_launch(kernel, emu_cfg(cfg), args); dynamic shared memory
@@ -30,7 +30,7 @@ mpicc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I"$work" -I"$root/inc
     -c "$root/tests/gpu/test_cuda_kernels.c" -o "$work/test.o"
 mpicc -std=c11 -D_GNU_SOURCE -O1 -c "$root/tests/check.c" -I"$root/tests" -o "$work/check.o"
 LIBS="$build/libloom.a -lopenblas -lcjson -lmicrohttpd -lgomp -lmvec -lm -lstdc++ -lpthread"
-kern="$work/cuda_core.cu.o $work/cuda_elementwise.cu.o $work/cuda_gemm.cu.o $work/cuda_norm.cu.o $work/cuda_vocab.cu.o $work/cuda_attention.cu.o $work/cuda_route.cu.o $work/emu_runtime.cpp.o"
+kern="$work/cuda_core.cu.o $work/cuda_elementwise.cu.o $work/cuda_gemm.cu.o $work/cuda_norm.cu.o $work/cuda_vocab.cu.o $work/cuda_attention.cu.o $work/cuda_route.cu.o $work/cuda_llama.cu.o $work/emu_runtime.cpp.o"
 mpicc -o "$work/test_emu" "$work/test.o" "$work/check.o" $kern $LIBS
 "$work/test_emu"
 # the host-staged communicator (src/comm/comm_staged.c, in libloom.a) on
