@@ -34,12 +34,22 @@
  * implementation to abort the job; that too can block (Open MPI's abort
  * waits for its daemons, one of them unreachable), so a timer ends this
  * process with _Exit after LOOM_ABORT_GRACE_S whatever the abort does.
+ *
+ * Both run at a real-time priority (SCHED_FIFO 1, the timer 2) where the
+ * process may set one (root, CAP_SYS_NICE or an RLIMIT_RTPRIO), else as any
+ * thread: ranks spinning in the runtime's progress loop (sched_yield) with
+ * the watch thread waking beside them kept every other ordinary thread of
+ * the machine off both cores for up to a minute (Linux 6.18, 2 cores,
+ * cluster_fail: the watchdog reported 54-67 s after the link went down,
+ * a real-time thread of the same machine woke on time throughout). The
+ * watchdog sleeps between checks, so its priority costs the ranks nothing.
  */
 #include "comm/comm_watch.h"
 
 #include "comm/comm_job.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,13 +118,30 @@ static void *abort_timer(void *arg) {
     return NULL;
 }
 
+/* pthread_create at SCHED_FIFO `prio` where the process may, else with the
+ * default attributes (0 or pthread_create's error). */
+static int create_rt(pthread_t *t, int detached, int prio, void *(*fn)(void *), void *arg) {
+    pthread_attr_t a;
+    struct sched_param sp = {.sched_priority = prio};
+    int err = pthread_attr_init(&a);
+    if (err == 0) {
+        if (detached) pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED);
+        pthread_attr_setschedpolicy(&a, SCHED_FIFO);
+        pthread_attr_setschedparam(&a, &sp);
+        err = pthread_create(t, &a, fn, arg);
+        if (err != 0) { /* EPERM: no real-time priority for this process */
+            pthread_attr_setinheritsched(&a, PTHREAD_INHERIT_SCHED);
+            err = pthread_create(t, &a, fn, arg);
+        }
+        pthread_attr_destroy(&a);
+    }
+    return err;
+}
+
 void loom_watch_abort_timer(int code) {
     pthread_t t;
-    pthread_attr_t a;
-    if (pthread_attr_init(&a) != 0) _Exit(code);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &a, abort_timer, (void *)(intptr_t)code) != 0) _Exit(code);
-    pthread_attr_destroy(&a);
+    if (create_rt(&t, 1, 2, abort_timer, (void *)(intptr_t)code) != 0) _Exit(code);
 }
 
 /* Called with g_mu held; does not return. */
@@ -312,7 +339,7 @@ void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress) {
     }
     g_on = 1;
     if (g_timeout_s > 0 && g_progress) { /* else the watch thread never enters the runtime */
-        if (pthread_create(&g_dog, NULL, dog_main, NULL) == 0) g_dog_on = 1;
+        if (create_rt(&g_dog, 0, 1, dog_main, NULL) == 0) g_dog_on = 1;
         else loom_warn("could not start the hang watchdog's thread: the watch thread checks the ages");
     }
 }
