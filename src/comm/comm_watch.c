@@ -48,6 +48,7 @@
 
 #include "comm/comm_job.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -105,6 +106,21 @@ int loom_watch_progress(void) { return g_progress; }
 
 static int is_p2p(loom_comm_op op);
 
+/* _Exit(code), first putting every thread of this process at SCHED_FIFO 1
+ * where allowed: the process ends only once each of its threads has run
+ * again, and threads left to ordinary scheduling beside spinning ranks kept
+ * a rank that had called _Exit alive for 49 s (cluster_fail). */
+static void exit_promptly(int code) {
+    struct sched_param sp = {.sched_priority = 1};
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        const int tid = atoi(e->d_name);
+        if (tid > 0) sched_setscheduler(tid, SCHED_FIFO, &sp);
+    }
+    if (d) closedir(d);
+    _Exit(code);
+}
+
 static void *abort_timer(void *arg) {
     int code = (int)(intptr_t)arg;
     struct timespec ts = {.tv_sec = LOOM_ABORT_GRACE_S, .tv_nsec = 0};
@@ -114,7 +130,7 @@ static void *abort_timer(void *arg) {
             "unreachable?); exiting with code %d\n",
             g_hooks.world_rank, LOOM_ABORT_GRACE_S, code);
     fflush(stderr);
-    _Exit(code);
+    exit_promptly(code);
     return NULL;
 }
 
@@ -157,7 +173,7 @@ static void watchdog_fire(const loom_watch_node *n, double now) {
     loom_job_set_state(LOOM_JOB_ABORT, LOOM_EUNAVAIL);
     loom_watch_abort_timer(LOOM_EUNAVAIL);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
-    _Exit(LOOM_EUNAVAIL);
+    exit_promptly(LOOM_EUNAVAIL);
 }
 
 /* Fire if any call in flight is older than LOOM_COMM_TIMEOUT (g_mu held). */
