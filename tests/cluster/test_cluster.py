@@ -208,8 +208,8 @@ def calibrate_hosts(tmp):
              % c.get("collectives"))
     step = {}
     for order in ("tp.cp.dp.pp", "dp.tp.cp.pp"):
-        p = subprocess.run([lt.LOOM, "plan", "--model", "mini", "--cluster", f, "--gpus", 4, "--batch", 16,
-                            "--seq", 64, "--precision", "fp32", "--layout", "dp=2,tp=2,order=" + order, "--json"],
+        p = subprocess.run([lt.LOOM, "plan", "--model", "mini", "--cluster", f, "--gpus", "4", "--batch", "16",
+                            "--seq", "64", "--precision", "fp32", "--layout", "dp=2,tp=2,order=" + order, "--json"],
                            capture_output=True, text=True)
         lt.check(p.returncode == 0, "loom plan on the calibrated file failed: %s" % p.stderr[-500:])
         step[order] = json.loads(p.stdout)["time_s"]["step"] if p.returncode == 0 else 0
