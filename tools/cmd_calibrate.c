@@ -93,7 +93,10 @@ int cmd_calibrate(int argc, char **argv) {
         "five sgemm shapes from 32x512x512 to 1024^3, each as a share of the fastest), memory-copy bandwidth, and the latency and bandwidth of all-reduce,\n"
         "all-gather, reduce-scatter and all-to-all for group sizes 2, 4, .., N and of a\n"
         "point-to-point message, each through loom's communicator; rank 0 writes the file\n"
-        "(one node of N devices).",
+        "(one node of N devices). Under a launcher across hosts (the same ranks on each), the\n"
+        "file has one node per host: the link inside a host (ranks 0-1 ping-pong) and between\n"
+        "hosts (every rank exchanging with its peer on the next host at once), no measured\n"
+        "collectives, and hosts on one machine sharing its cores (docs/cluster.md).",
         "Peak records are cached in $XDG_CACHE_HOME/loom (~/.cache/loom) under a name made\n"
         "from the CPU, its flags and the kernel, so another CPU or kernel is measured afresh;\n"
         "`loom train` reads the record for its thread count (or measures it). Measure on an\n"

@@ -680,6 +680,9 @@ void loom_comm_abort(loom_comm *c, int code) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
-    if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    if (inited && !finalized) {
+        loom_watch_abort_timer(code); /* MPI_Abort can block on an unreachable host */
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
     _Exit(code); /* not reached when MPI_Abort works */
 }

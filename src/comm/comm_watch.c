@@ -25,12 +25,33 @@
  * checks the ages itself, so a start that never returns inside the runtime
  * (test hook: LOOM_COMM_FAULT=stall-start stops the thread at its first) is
  * reported the same way.
+ *
+ * The ages are checked by a second thread, the watchdog, that never enters
+ * the runtime: the watch thread's probe or a start it makes can block inside
+ * MPI (seen across hosts with a link down: a blocking all-reduce reported
+ * 28-47 s late with LOOM_COMM_TIMEOUT=5), and a check that waits for them
+ * would fire late or never. After the report the watchdog asks the
+ * implementation to abort the job; that too can block (Open MPI's abort
+ * waits for its daemons, one of them unreachable), so a timer ends this
+ * process with _Exit after LOOM_ABORT_GRACE_S whatever the abort does.
+ *
+ * Both run at a real-time priority (SCHED_FIFO 1, the timer 2) where the
+ * process may set one (root, CAP_SYS_NICE or an RLIMIT_RTPRIO), else as any
+ * thread: ranks spinning in the runtime's progress loop (sched_yield) with
+ * the watch thread waking beside them kept every other ordinary thread of
+ * the machine off both cores for up to a minute (Linux 6.18, 2 cores,
+ * cluster_fail: the watchdog reported 54-67 s after the link went down,
+ * a real-time thread of the same machine woke on time throughout). The
+ * watchdog sleeps between checks, so its priority costs the ranks nothing.
  */
 #include "comm/comm_watch.h"
 
 #include "comm/comm_job.h"
 
+#include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +62,7 @@
 
 #define LOOM_COMM_TIMEOUT_DEFAULT 600.0
 #define WATCH_PROBE_MIN_NS 20000L /* first probe period while requests fly */
+#define LOOM_ABORT_GRACE_S 5      /* the abort's time to end the job before this process ends itself */
 
 static double g_timeout_s; /* LOOM_COMM_TIMEOUT, 0 = no watchdog */
 static int g_stall_starts; /* LOOM_COMM_FAULT=stall-start (tests only) */
@@ -49,6 +71,9 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t g_started_cv = PTHREAD_COND_INITIALIZER; /* a queued start was made */
 static pthread_t g_thread;
+static pthread_t g_dog; /* the watchdog thread (ages only; never in the runtime) */
+static pthread_cond_t g_dog_cv = PTHREAD_COND_INITIALIZER;
+static int g_dog_on;
 static loom_watch_hooks g_hooks;
 static int g_on; /* thread running */
 static int g_stop;
@@ -81,6 +106,60 @@ int loom_watch_progress(void) { return g_progress; }
 
 static int is_p2p(loom_comm_op op);
 
+/* _Exit(code), first putting every thread of this process at SCHED_FIFO 1
+ * where allowed: the process ends only once each of its threads has run
+ * again, and threads left to ordinary scheduling beside spinning ranks kept
+ * a rank that had called _Exit alive for 49 s (cluster_fail). */
+static void exit_promptly(int code) {
+    struct sched_param sp = {.sched_priority = 1};
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        const int tid = atoi(e->d_name);
+        if (tid > 0) sched_setscheduler(tid, SCHED_FIFO, &sp);
+    }
+    if (d) closedir(d);
+    _Exit(code);
+}
+
+static void *abort_timer(void *arg) {
+    int code = (int)(intptr_t)arg;
+    struct timespec ts = {.tv_sec = LOOM_ABORT_GRACE_S, .tv_nsec = 0};
+    while (nanosleep(&ts, &ts) != 0) {}
+    fprintf(stderr,
+            "loom: error: rank %d: the job's abort did not end this process within %d s (a host "
+            "unreachable?); exiting with code %d\n",
+            g_hooks.world_rank, LOOM_ABORT_GRACE_S, code);
+    fflush(stderr);
+    exit_promptly(code);
+    return NULL;
+}
+
+/* pthread_create at SCHED_FIFO `prio` where the process may, else with the
+ * default attributes (0 or pthread_create's error). */
+static int create_rt(pthread_t *t, int detached, int prio, void *(*fn)(void *), void *arg) {
+    pthread_attr_t a;
+    struct sched_param sp = {.sched_priority = prio};
+    int err = pthread_attr_init(&a);
+    if (err == 0) {
+        if (detached) pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED);
+        pthread_attr_setschedpolicy(&a, SCHED_FIFO);
+        pthread_attr_setschedparam(&a, &sp);
+        err = pthread_create(t, &a, fn, arg);
+        if (err != 0) { /* EPERM: no real-time priority for this process */
+            pthread_attr_setinheritsched(&a, PTHREAD_INHERIT_SCHED);
+            err = pthread_create(t, &a, fn, arg);
+        }
+        pthread_attr_destroy(&a);
+    }
+    return err;
+}
+
+void loom_watch_abort_timer(int code) {
+    pthread_t t;
+    if (create_rt(&t, 1, 2, abort_timer, (void *)(intptr_t)code) != 0) _Exit(code);
+}
+
 /* Called with g_mu held; does not return. */
 static void watchdog_fire(const loom_watch_node *n, double now) {
     static char who[4096];
@@ -92,8 +171,9 @@ static void watchdog_fire(const loom_watch_node *n, double now) {
             g_timeout_s, g_hooks.host[0] ? " on host " : "", g_hooks.host, who);
     fflush(stderr);
     loom_job_set_state(LOOM_JOB_ABORT, LOOM_EUNAVAIL);
+    loom_watch_abort_timer(LOOM_EUNAVAIL);
     if (g_hooks.abort) g_hooks.abort(LOOM_EUNAVAIL);
-    _Exit(LOOM_EUNAVAIL);
+    exit_promptly(LOOM_EUNAVAIL);
 }
 
 /* Fire if any call in flight is older than LOOM_COMM_TIMEOUT (g_mu held). */
@@ -245,6 +325,23 @@ static void *watch_main(void *arg) {
     return NULL;
 }
 
+/* The watchdog: a timed wait, the ages checked, this rank's heartbeat
+ * stamped; nothing else (no runtime call, no lock held outside g_mu). */
+static void *dog_main(void *arg) {
+    (void)arg;
+    double idle_s = g_timeout_s < 10 ? g_timeout_s / 10 : 1.0;
+    pthread_mutex_lock(&g_mu);
+    while (!g_stop) {
+        watchdog_check();
+        loom_job_tick();
+        struct timespec ts;
+        abs_after(&ts, (long)(idle_s * 1e9));
+        pthread_cond_timedwait(&g_dog_cv, &g_mu, &ts);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
 void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress) {
     g_hooks = *hooks;
     g_progress = progress;
@@ -257,6 +354,10 @@ void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress) {
         return;
     }
     g_on = 1;
+    if (g_timeout_s > 0 && g_progress) { /* else the watch thread never enters the runtime */
+        if (create_rt(&g_dog, 0, 1, dog_main, NULL) == 0) g_dog_on = 1;
+        else loom_warn("could not start the hang watchdog's thread: the watch thread checks the ages");
+    }
 }
 
 void loom_watch_stop_thread(void) {
@@ -267,8 +368,11 @@ void loom_watch_stop_thread(void) {
     pthread_mutex_lock(&g_mu);
     g_stop = 1;
     pthread_cond_signal(&g_cv);
+    pthread_cond_signal(&g_dog_cv);
     pthread_mutex_unlock(&g_mu);
     pthread_join(g_thread, NULL);
+    if (g_dog_on) pthread_join(g_dog, NULL);
+    g_dog_on = 0;
     g_on = 0;
     g_progress = 0;
 }

@@ -50,6 +50,9 @@ typedef struct loom_watch_hooks {
 /* Read LOOM_COMM_TIMEOUT (default 600 s; LOOM_EUSAGE if not a number) and
  * LOOM_COMM_FAULT. */
 loom_status loom_watch_configure(void);
+/* End this process with _Exit(code) a few seconds from now, whatever else
+ * happens (after a report, before an abort that could block). */
+void loom_watch_abort_timer(int code);
 /* Start the thread (when `progress` or a timeout gives it work). `progress`:
  * it may call hooks->probe and make queued starts. */
 void loom_watch_start_thread(const loom_watch_hooks *hooks, int progress);

@@ -19,6 +19,7 @@
 
 #include "loom/device.h"
 #include "loom/sysmem.h"
+#include "plan_calibrate_links.h"
 
 #define SMALL 64
 #define LARGE (4u << 20)
@@ -296,7 +297,8 @@ static loom_status measure_collectives(loom_comm *world, coll_points *cp, int ve
 
 /* Rank 0: the cluster file (path.tmp, renamed into place). */
 static loom_status write_cluster(const char *path, int n, int cpus, int threads, double bw, double rss,
-                                 double gemm, const double *shape_flops, const coll_points *cp) {
+                                 double gemm, const double *shape_flops, const coll_points *cp,
+                                 const plan_links *lk) {
     const double mem = (double)mem_available() / n;
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -307,20 +309,25 @@ static loom_status write_cluster(const char *path, int n, int cpus, int threads,
     const loom_plan_coll_point *p2p = cp->npts[LOOM_COLL_P2P] ? &cp->pts[LOOM_COLL_P2P][0] : NULL;
     const double p2p_lat = p2p ? p2p->latency : 1e-6;
     const double p2p_bw = p2p ? p2p->bandwidth : bw;
-    fprintf(f, "{\n  \"name\": \"%s: %d ranks (measured by loom calibrate)\",\n", host, n);
-    fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": 1,\n", n);
+    /* across hosts (lk->hosts > 1): a node is a host, its links measured
+     * (plan_calibrate_links.c); hosts on one machine share its processors */
+    const int hosts = lk->hosts > 1 ? lk->hosts : 1, shared = lk->hosts > 1 ? lk->shared : 1;
+    fprintf(f, "{\n  \"name\": \"%s: %d ranks on %d host(s) (measured by loom calibrate)\",\n", host, n,
+            hosts);
+    fprintf(f, "  \"gpus_per_node\": %d,\n  \"nodes\": %d,\n", n / hosts, hosts);
     /* the processors the ranks time-share, in units of one rank's threads
      * (the rates below are each rank's with all n computing) */
-    fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads);
+    fprintf(f, "  \"cores_per_node\": %.6g,\n", (double)cpus / threads / shared);
     /* the time slice a rank woken from a synchronisation waits for a processor in */
     fprintf(f, "  \"sched_slice_us\": %.6g,\n", 1e6 * sched_slice());
     fprintf(f, "  \"memory_gb\": %.4f,\n  \"reserved_gb\": %.4f,\n", mem / 1e9, rss / 1e9);
     fprintf(f, "  \"peak_tflops\": {\"fp32\": %.6g, \"bf16\": %.6g},\n", gemm / 1e12, gemm / 1e12);
     fprintf(f, "  \"hbm_gbps\": %.4g,\n", bw / 1e9);
-    fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9,
-            1e6 * p2p_lat);
-    fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n", p2p_bw / 1e9,
-            1e6 * p2p_lat);
+    const int two = hosts > 1 && lk->per_host >= 2;
+    fprintf(f, "  \"intra_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n",
+            (two ? lk->intra_bw : p2p_bw) / 1e9, 1e6 * (two ? lk->intra_lat : p2p_lat));
+    fprintf(f, "  \"inter_node\": {\"bandwidth_gbps\": %.4g, \"latency_us\": %.4g},\n",
+            (hosts > 1 ? lk->inter_bw : p2p_bw) / 1e9, 1e6 * (hosts > 1 ? lk->inter_lat : p2p_lat));
     fprintf(f, "  \"efficiency\": {\"gemm\": 1, \"collective\": 1, \"overlap\": 0},\n");
     fprintf(f, "  \"gemm_curve\": [");
     for (int i = 0; i < NSHAPE; i++) {
@@ -364,9 +371,14 @@ loom_status loom_plan_calibrate(loom_comm *world, loom_device *dev, const char *
     bw = sum[0] / n;
     const double rss = sum[1] / n;
     coll_points cp = {.npts = {0}};
-    LOOM_TRY(measure_collectives(world, &cp, verbose));
+    plan_links lk;
+    LOOM_TRY(loom_plan_calibrate_links(world, &lk, verbose));
+    /* one host: each collective by group size. Across hosts none: the
+     * planner takes a measured group size for every group of that size,
+     * inside a host or across, so the links above price them instead */
+    if (lk.hosts <= 1) LOOM_TRY(measure_collectives(world, &cp, verbose));
     if (rank != 0) return LOOM_OK;
-    LOOM_TRY(write_cluster(path, n, cpus, dev->threads, bw, rss, gemm, shape_flops, &cp));
+    LOOM_TRY(write_cluster(path, n, cpus, dev->threads, bw, rss, gemm, shape_flops, &cp, &lk));
     if (verbose)
         printf(
             "sgemm %.2f GFLOP/s per rank (the fastest of 5 shapes, all %d at once for %.1f s each, on %d cores), copy %.2f GB/s, "

@@ -185,6 +185,38 @@ def hierarchical(tmp):
              "hierarchical all-reduce sent %d bytes over the link, flat %d" % (crossed["hier"], crossed["flat"]))
 
 
+def calibrate_hosts(tmp):
+    """`loom calibrate --out` across 2 hosts with 100 Mbit/s links (the
+    cluster brought up again with the cap) under `--map-by node`: the file
+    says 2 nodes of 2 ranks, the link between hosts at most 100 Mbit/s (what
+    the kernel lets through) and the one inside a host faster; `loom plan`
+    on that file prices TP across hosts above TP inside a host."""
+    cluster("up", 2, "--link", "100mbit")
+    f = os.path.join(tmp, "calibrated.json")
+    cluster("run", "-np", 4, "--map-by", "node", lt.LOOM, "calibrate", "--out", f, "--quiet")
+    with open(f) as fh:
+        c = json.load(fh)
+    lt.check(c["nodes"] == 2 and c["gpus_per_node"] == 2, "calibrate across hosts: nodes %s x gpus_per_node %s, "
+             "not 2 x 2" % (c["nodes"], c["gpus_per_node"]))
+    inter, intra = c["inter_node"]["bandwidth_gbps"] * 1e9, c["intra_node"]["bandwidth_gbps"] * 1e9
+    # the token bucket's 64 kB burst lets a 1 MiB transfer run at most ~7 % over the rate
+    lt.check(0 < inter <= 1.1 * 100e6 / 8, "calibrate: %.2f MB/s a rank between hosts over a 100 Mbit/s link"
+             % (inter / 1e6))
+    lt.check(intra > 2 * 100e6 / 8, "calibrate: %.2f MB/s inside a host, not above the 100 Mbit/s link's"
+             % (intra / 1e6))
+    lt.check(c.get("collectives") == {}, "calibrate across hosts wrote measured collectives: %s"
+             % c.get("collectives"))
+    step = {}
+    for order in ("tp.cp.dp.pp", "dp.tp.cp.pp"):
+        p = subprocess.run([lt.LOOM, "plan", "--model", "mini", "--cluster", f, "--gpus", "4", "--batch", "16",
+                            "--seq", "64", "--precision", "fp32", "--layout", "dp=2,tp=2,order=" + order, "--json"],
+                           capture_output=True, text=True)
+        lt.check(p.returncode == 0, "loom plan on the calibrated file failed: %s" % p.stderr[-500:])
+        step[order] = json.loads(p.stdout)["time_s"]["step"] if p.returncode == 0 else 0
+    lt.check(step["dp.tp.cp.pp"] > step["tp.cp.dp.pp"] > 0, "loom plan on the calibrated file: TP across hosts "
+             "%.3f s a step, TP inside %.3f s" % (step["dp.tp.cp.pp"], step["tp.cp.dp.pp"]))
+
+
 def left_behind():
     """What of the cluster exists now: namespaces, its state folder, mounts."""
     left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
@@ -263,6 +295,8 @@ def main():
             identical(host_dptp, run, "srun --distribution=cyclic dp=2 tp=2")
             pids = daemons()
             lt.check(len(pids) == 4, "expected munged, slurmctld and 2 slurmd pid files, found %d" % len(pids))
+
+            calibrate_hosts(tmp)
         finally:
             cluster("down", check=False)
         lt.check(not left_behind(), "cluster down left %s" % left_behind())
