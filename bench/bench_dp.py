@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
+from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, random_batch, run  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -159,9 +159,7 @@ def torch_worker(rank, world, port, steps, batch, seq, tokens, out_path):
     rng = np.random.default_rng(rank)
     times = []
     for _ in range(steps):
-        starts = rng.integers(0, len(tokens) - seq - 1, size=batch)
-        chunk = np.stack([tokens[s:s + seq + 1] for s in starts]).astype(np.int64)
-        idx, tgt = torch.from_numpy(chunk[:, :seq].copy()), torch.from_numpy(chunk[:, 1:].copy())
+        idx, tgt = random_batch(tokens, rng, batch, seq)
         t0 = time.perf_counter()
         loss = model(idx, tgt)
         loss.backward()

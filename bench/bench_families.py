@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import TEXT, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
+from benchlib import TEXT, BenchError, cpu_model, median_after_warmup, random_batch, run  # noqa: E402
 from bench_train import calibrate, loom_data  # noqa: E402
 
 LR = 1e-4
@@ -93,9 +93,7 @@ def torch_worker(a):
     B, T = a.worker_B, a.worker_T
     rates = []
     for _ in range(a.steps_run):
-        starts = rng.integers(0, len(tokens) - T - 1, size=B)
-        chunk = np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)
-        idx, tgt = torch.from_numpy(chunk[:, :T].copy()), torch.from_numpy(chunk[:, 1:].copy())
+        idx, tgt = random_batch(tokens, rng, B, T)
         t0 = time.perf_counter()
         if a.worker_bf16:
             with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -55,7 +55,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, run  # noqa: E402
+from benchlib import WARMUP, BenchError, cpu_model, median_after_warmup, random_batch, run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORTUNES = "/usr/share/games/fortunes/fortunes"
@@ -94,9 +94,7 @@ def torch_worker(args):
     opt = torch_gpt2.make_adamw(params, LR, (0.9, 0.95), 1e-8, 0.1)
     rates = []
     for _ in range(args.steps_run):
-        starts = rng.integers(0, len(tokens) - T - 1, size=B)
-        chunk = np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)
-        idx, tgt = torch.from_numpy(chunk[:, :T].copy()), torch.from_numpy(chunk[:, 1:].copy())
+        idx, tgt = random_batch(tokens, rng, B, T)
         t0 = time.perf_counter()
         torch_gpt2.train_step(params, cfg, opt, idx, tgt, clip=1.0, autocast_bf16=args.worker_bf16)
         rates.append(B * T / (time.perf_counter() - t0))

@@ -45,6 +45,17 @@ def median_after_warmup(xs, warmup=WARMUP):
     return statistics.median(xs[warmup:])
 
 
+def random_batch(tokens, rng, B, T):
+    """The PyTorch side's training batch: B windows of T + 1 tokens at random
+    starts of the uint8 token array (numpy Generator rng), as int64 tensors
+    (inputs, targets shifted by one)."""
+    import numpy as np
+    import torch
+    starts = rng.integers(0, len(tokens) - T - 1, size=B)
+    chunk = np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)
+    return torch.from_numpy(chunk[:, :T].copy()), torch.from_numpy(chunk[:, 1:].copy())
+
+
 def train_steps(loom, ranks, flags, base, env, metrics):
     """`loom train BASE FLAGS --metrics METRICS` on `ranks` ranks (through
     loomrun when more than one); returns (command line, rank 0's step records)."""
